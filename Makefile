@@ -1,0 +1,40 @@
+# One entry point for people and CI. `make demo` and `make test` set everything up on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# pip's `torch==2.13.0` is a CPU build; the package metadata keeps torch>=2.4 so GPU users get CUDA builds.
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: setup demo test lint types check bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install --quiet 'torch>=2.4'; \
+	else $(BIN)/pip install --quiet '$(TORCH_CPU)'; fi
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/ppscope demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+types: $(STAMP)
+	$(BIN)/mypy
+
+check: lint types test
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

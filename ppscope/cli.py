@@ -1,0 +1,53 @@
+"""The `ppscope` command: parse, call one library function, print. Named errors become one line.
+
+Each subcommand lives in `ppscope/commands/<name>.py` with `register(subparsers)`; command modules import
+their heavy dependencies (pandas, torch, streamlit) inside the command, so `ppscope --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from ppscope import __version__
+from ppscope.errors import PPScopeError
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+COMMANDS = ("run", "analyze", "rebalance", "simulate", "plan", "export", "dashboard", "demo")
+
+_DESCRIPTION = (
+    "Measure the bubbles of a pipeline-parallel LLM deployment, find the bottleneck stage, and get the "
+    "layer split that removes it."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ppscope", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"ppscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"ppscope.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except PPScopeError as exc:
+        print(f"ppscope {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"ppscope {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `ppscope analyze run | head`
+        return 0
+    return int(code or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

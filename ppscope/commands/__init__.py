@@ -1,0 +1,1 @@
+"""One module per `ppscope` subcommand; each exposes `register(subparsers)`."""

@@ -1,0 +1,86 @@
+"""Named errors of ppscope: every user-facing failure is one of these.
+
+The CLI turns each into a one-line message and its exit code; anything else reaching the top is a bug
+and keeps its traceback. Messages say what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptFileError",
+    "EngineFailedError",
+    "InterruptedRunError",
+    "InvalidConfigError",
+    "InvalidSpanError",
+    "InvalidSplitError",
+    "NotBuiltError",
+    "PPScopeError",
+    "RunExistsError",
+    "RunNotFoundError",
+    "SchemaVersionError",
+    "UnsupportedInputError",
+]
+
+
+class PPScopeError(Exception):
+    """Base of every error ppscope reports to a user as one line."""
+
+    exit_code: int = 1
+
+
+class NotBuiltError(PPScopeError):
+    """A planned command or option that does not exist yet."""
+
+    exit_code = 2
+
+
+class InvalidConfigError(PPScopeError):
+    """A configuration value or command-line option is out of range or inconsistent."""
+
+    exit_code = 2
+
+
+class InvalidSplitError(InvalidConfigError):
+    """A layer split (counts per stage) that does not cover the model's layers."""
+
+
+class InvalidSpanError(PPScopeError):
+    """A span with impossible fields (end before start, unknown kind) at record time."""
+
+
+class RunNotFoundError(PPScopeError):
+    """The path given as a run does not exist or holds no run."""
+
+    exit_code = 2
+
+
+class RunExistsError(PPScopeError):
+    """Refusing to write a run into a directory that already holds data."""
+
+    exit_code = 2
+
+
+class CorruptFileError(PPScopeError):
+    """A file exists but cannot be read as what it claims to be (truncated, not SQLite, bad JSON)."""
+
+
+class SchemaVersionError(PPScopeError):
+    """A run or file written by a newer ppscope schema than this one understands."""
+
+
+class UnsupportedInputError(PPScopeError):
+    """An input whose format ppscope does not recognise or that lacks what is needed."""
+
+    exit_code = 2
+
+
+class EngineFailedError(PPScopeError):
+    """A rank of the engine failed; the message names the rank and its error."""
+
+    exit_code = 3
+
+
+class InterruptedRunError(PPScopeError):
+    """The user interrupted a run (Ctrl-C); what was recorded up to then is kept."""
+
+    exit_code = 130

@@ -1,0 +1,398 @@
+"""The recorder: one NVTX range and one timed span per step of the pipeline, at about a microsecond each.
+
+`Recorder.span()` is a context manager and a decorator. Entering pushes an NVTX range (domain `ppscope`,
+one cached attribute object per kind/stage/micro-batch, colour and category per kind, payload = micro-batch)
+and reads the clock; leaving pops the range and appends a tuple to a lock-free deque. A background thread
+drains the deque into the rank's SQLite file in batches, so the hot path never touches I/O and never
+synchronises a device. GPU timing (CUDA events resolved after the fact) is the engine's job: it hands the
+resolved times to `Recorder.record()`.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ppscope.errors import InvalidSpanError
+from ppscope.trace import SPAN_COLUMNS, SpanKind, lane_of
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ppscope.store import RankWriter
+
+__all__ = ["KIND_COLORS", "Recorder"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# ARGB colours per kind, as Nsight Systems shows them (and the dashboard reuses them).
+KIND_COLORS: dict[str, int] = {
+    SpanKind.FORWARD: 0xFF4C78A8,
+    SpanKind.EMBED: 0xFF72B7B2,
+    SpanKind.HEAD: 0xFFF58518,
+    SpanKind.SAMPLE: 0xFFE45756,
+    SpanKind.SEND: 0xFF54A24B,
+    SpanKind.RECV: 0xFFB279A2,
+    SpanKind.RECV_WAIT: 0xFFBAB0AC,
+    SpanKind.STEP: 0xFF9D755D,
+    SpanKind.HOST: 0xFFFF9DA6,
+    SpanKind.MARK: 0xFF000000,
+}
+_KINDS = frozenset(str(k) for k in SpanKind)
+_FLUSH_BATCH = 8192
+
+
+class _Span:
+    """One open span. Fields may be updated inside the `with` block (e.g. `span.nbytes = n`)."""
+
+    __slots__ = (
+        "_attr",
+        "_rec",
+        "chunk",
+        "kind",
+        "lane",
+        "mb",
+        "name",
+        "nbytes",
+        "peer",
+        "phase",
+        "stage",
+        "start_ns",
+        "step",
+        "tokens",
+    )
+
+    def __init__(
+        self,
+        rec: Recorder,
+        kind: str,
+        stage: int,
+        mb: int,
+        step: int,
+        chunk: int,
+        phase: str,
+        name: str,
+        lane: str,
+        nbytes: int,
+        tokens: int,
+        peer: int,
+    ) -> None:
+        self._rec = rec
+        self.kind = kind
+        self.stage = stage
+        self.mb = mb
+        self.step = step
+        self.chunk = chunk
+        self.phase = phase
+        self.name = name
+        self.lane = lane
+        self.nbytes = nbytes
+        self.tokens = tokens
+        self.peer = peer
+        self.start_ns = 0
+
+    def __enter__(self) -> _Span:
+        rec = self._rec
+        if rec.nvtx:
+            rec._domain.push_range(rec._attributes(self.kind, self.stage, self.mb, self.chunk))
+        self.start_ns = rec._clock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        rec = self._rec
+        end_ns = rec._clock()
+        if rec.nvtx:
+            rec._domain.pop_range()
+        rec._buffer.append(
+            (
+                rec.rank,
+                self.stage,
+                self.lane,
+                self.kind,
+                self.name,
+                self.mb,
+                self.step,
+                self.chunk,
+                self.phase,
+                self.start_ns,
+                end_ns,
+                self.nbytes,
+                self.tokens,
+                self.peer,
+            )
+        )
+
+    def __call__(self, fn: F) -> F:
+        """Use as a decorator: every call of `fn` is one span with these fields."""
+        template = self
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with _Span(
+                template._rec,
+                template.kind,
+                template.stage,
+                template.mb,
+                template.step,
+                template.chunk,
+                template.phase,
+                template.name,
+                template.lane,
+                template.nbytes,
+                template.tokens,
+                template.peer,
+            ):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+class _NullSpan:
+    """What a disabled recorder hands out: does nothing, accepts field updates, decorates transparently."""
+
+    __slots__ = ("chunk", "kind", "lane", "mb", "name", "nbytes", "peer", "phase", "stage", "step", "tokens")
+
+    def __enter__(self) -> _NullSpan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __call__(self, fn: F) -> F:
+        return fn
+
+
+_NULL_SPAN = _NullSpan()
+
+
+class Recorder:
+    """Records spans, counters and marks of one rank.
+
+    sink: where batches go (a `RankWriter`); None keeps everything in memory for `frame()` (tests,
+    benchmarks). enabled=False records nothing and emits no NVTX. stage: default stage of this rank's
+    spans. clock: the time source, `time.perf_counter_ns` (CLOCK_MONOTONIC on Linux: one clock for every
+    process of a host); tests may inject a skewed one.
+    """
+
+    def __init__(
+        self,
+        sink: RankWriter | None = None,
+        *,
+        rank: int = 0,
+        stage: int = -1,
+        enabled: bool = True,
+        nvtx: bool = True,
+        flush_interval_s: float = 0.25,
+        clock: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        self.rank = rank
+        self.stage = stage
+        self.enabled = enabled
+        self.nvtx = enabled and nvtx
+        self._clock = clock
+        self._sink = sink if enabled else None
+        self._buffer: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._counters: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._kept: list[tuple[Any, ...]] = []  # sink-less mode only
+        self._kept_counters: list[tuple[Any, ...]] = []
+        self._attr_cache: dict[tuple[str, int, int, int], Any] = {}
+        self._domain: Any = None
+        if self.nvtx:
+            import nvtx as _nvtx
+
+            self._domain = _nvtx.get_domain("ppscope")
+        self.spans_recorded = 0
+        self.spans_written = 0
+        self._flush_error: BaseException | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # serialises drains (flush thread vs explicit flush)
+        self._thread: threading.Thread | None = None
+        if self._sink is not None:
+            self._interval = flush_interval_s
+            self._thread = threading.Thread(target=self._run, name=f"ppscope-flush-r{rank}", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------ hot path
+
+    def span(
+        self,
+        kind: str,
+        *,
+        stage: int | None = None,
+        mb: int = -1,
+        step: int = -1,
+        chunk: int = 0,
+        phase: str = "",
+        name: str = "",
+        lane: str = "",
+        nbytes: int = 0,
+        tokens: int = 0,
+        peer: int = -1,
+    ) -> Any:
+        """A context manager (or decorator) that records one span of `kind` around its body."""
+        if not self.enabled:
+            return _NULL_SPAN
+        if kind not in _KINDS:
+            raise InvalidSpanError(f"unknown span kind {kind!r}; valid kinds: {sorted(_KINDS)}")
+        return _Span(
+            self,
+            kind,
+            self.stage if stage is None else stage,
+            mb,
+            step,
+            chunk,
+            phase,
+            name or kind,
+            lane or lane_of(kind),
+            nbytes,
+            tokens,
+            peer,
+        )
+
+    def record(
+        self,
+        kind: str,
+        start_ns: int,
+        end_ns: int,
+        *,
+        stage: int | None = None,
+        mb: int = -1,
+        step: int = -1,
+        chunk: int = 0,
+        phase: str = "",
+        name: str = "",
+        lane: str = "",
+        nbytes: int = 0,
+        tokens: int = 0,
+        peer: int = -1,
+    ) -> None:
+        """Record a span whose times were measured elsewhere (e.g. CUDA events resolved to this clock)."""
+        if not self.enabled:
+            return
+        if kind not in _KINDS:
+            raise InvalidSpanError(f"unknown span kind {kind!r}; valid kinds: {sorted(_KINDS)}")
+        if end_ns < start_ns:
+            raise InvalidSpanError(
+                f"{kind} span on rank {self.rank} ends before it starts "
+                f"(start_ns={start_ns}, end_ns={end_ns}): pass the times in order"
+            )
+        self._buffer.append(
+            (
+                self.rank,
+                self.stage if stage is None else stage,
+                lane or lane_of(kind),
+                kind,
+                name or kind,
+                mb,
+                step,
+                chunk,
+                phase,
+                int(start_ns),
+                int(end_ns),
+                nbytes,
+                tokens,
+                peer,
+            )
+        )
+
+    def mark(self, name: str, *, stage: int | None = None, mb: int = -1, step: int = -1) -> None:
+        """A one-off event (a span of zero length, kind `mark`), also an NVTX mark."""
+        if not self.enabled:
+            return
+        now = self._clock()
+        if self.nvtx:
+            self._domain.mark(message=name, color=KIND_COLORS[SpanKind.MARK])
+        self.record(SpanKind.MARK, now, now, stage=stage, mb=mb, step=step, name=name)
+
+    def counter(self, metric: str, value: float, *, device: int = -1, ts_ns: int | None = None) -> None:
+        """One sample of a metric (see `Metric`); device -1 means the host."""
+        if not self.enabled:
+            return
+        ts = self._clock() if ts_ns is None else ts_ns
+        self._counters.append((int(ts), self.rank, int(device), str(metric), float(value)))
+
+    def now_ns(self) -> int:
+        """The recorder's clock, for producers that time things themselves."""
+        return self._clock()
+
+    def _attributes(self, kind: str, stage: int, mb: int, chunk: int) -> Any:
+        key = (kind, stage, mb, chunk)
+        attr = self._attr_cache.get(key)
+        if attr is None:
+            message = f"s{stage} {kind}" + (f" mb{mb}" if mb >= 0 else "") + (f" c{chunk}" if chunk else "")
+            attr = self._domain.get_event_attributes(
+                message=message,
+                color=KIND_COLORS.get(kind, 0xFF888888),
+                category=self._domain.get_category_id(kind),
+                payload=mb,
+            )
+            self._attr_cache[key] = attr
+        return attr
+
+    # ------------------------------------------------------------ flushing
+
+    def _drain(self) -> None:
+        with self._lock:
+            while self._buffer or self._counters:
+                spans = _take(self._buffer, _FLUSH_BATCH)
+                counters = _take(self._counters, _FLUSH_BATCH)
+                self.spans_recorded += len(spans)
+                if self._sink is not None:
+                    self._sink.write(spans, counters)
+                else:
+                    self._kept += spans
+                    self._kept_counters += counters
+                self.spans_written += len(spans)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._drain()
+            except BaseException as exc:  # keep recording in memory; close() reports it
+                self._flush_error = exc
+                return
+
+    def flush(self) -> None:
+        """Write everything recorded so far (blocks until it is in the file)."""
+        if self.enabled:
+            self._drain()
+
+    def close(self) -> None:
+        """Stop the flush thread, write what is left and close the sink. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.enabled and self._flush_error is None:
+            self._drain()
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
+        if self._flush_error is not None:
+            err, self._flush_error = self._flush_error, None
+            raise err
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def frame(self) -> pd.DataFrame:
+        """The spans kept in memory (sink-less mode), as a schema DataFrame."""
+        import pandas as pd
+
+        from ppscope.trace import spans_frame
+
+        self.flush()
+        return spans_frame(pd.DataFrame(self._kept, columns=list(SPAN_COLUMNS)))
+
+
+def _take(dq: collections.deque[tuple[Any, ...]], limit: int) -> list[tuple[Any, ...]]:
+    # deque.popleft is atomic, so producers can append while we drain.
+    n = min(len(dq), limit)
+    return [dq.popleft() for _ in range(n)]

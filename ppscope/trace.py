@@ -1,0 +1,430 @@
+"""The trace model: one schema for spans, counters, requests and run metadata, declared once.
+
+Every producer (our engine through the run store, the nsys and Kineto importers, the simulator) returns a
+`Trace`; every consumer (analyzer, rebalancer, exporters, dashboard) takes one. Bubbles are never stored:
+they are derived from spans. This module knows nothing about where a trace came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ppscope.errors import CorruptFileError, InvalidSpanError, SchemaVersionError
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+
+    class StrEnum(str, enum.Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+__all__ = [
+    "COMM_KINDS",
+    "COMPUTE_KINDS",
+    "COUNTER_COLUMNS",
+    "REQUEST_COLUMNS",
+    "SCHEMA_VERSION",
+    "SPAN_COLUMNS",
+    "ClockInfo",
+    "Lane",
+    "Metric",
+    "Phase",
+    "RankInfo",
+    "RunMeta",
+    "SpanKind",
+    "Trace",
+    "counters_frame",
+    "empty_counters",
+    "empty_requests",
+    "empty_spans",
+    "lane_of",
+    "requests_frame",
+    "spans_frame",
+]
+
+SCHEMA_VERSION = 1
+"""Version of the span/counter/metadata schema written by this ppscope; readers refuse newer ones."""
+
+
+class SpanKind(StrEnum):
+    """What a span measures. Compute kinds make a stage busy; the others explain why it is idle."""
+
+    FORWARD = "forward"  # decoder layers of one chunk on one micro-batch
+    EMBED = "embed"  # token embedding (first stage)
+    HEAD = "head"  # final norm + LM head (last stage)
+    SAMPLE = "sample"  # turning logits into token ids (last stage)
+    SEND = "send"  # posting a send and waiting for it to complete: blocked on the receiver
+    RECV = "recv"  # moving received bytes (transfer proper, when it can be told from waiting)
+    RECV_WAIT = "recv_wait"  # waiting for a predecessor's data to arrive
+    KERNEL = "kernel"  # an imported GPU kernel (compute)
+    NCCL = "nccl"  # an imported communication kernel
+    MEMCPY = "memcpy"  # an imported copy
+    MEMSET = "memset"  # an imported memset
+    RANGE = "range"  # an imported annotation range (NVTX, profiler step, CPU op) with no fixed meaning
+    STEP = "step"  # one scheduler iteration on a rank (host side)
+    HOST = "host"  # host-side work of the engine outside the model (scheduling, bookkeeping)
+    MARK = "mark"  # a one-off event: start_ns == end_ns
+
+
+COMPUTE_KINDS: frozenset[str] = frozenset(
+    {SpanKind.FORWARD, SpanKind.EMBED, SpanKind.HEAD, SpanKind.SAMPLE, SpanKind.KERNEL}
+)
+"""Kinds whose union over a stage is that stage's busy time."""
+
+COMM_KINDS: frozenset[str] = frozenset({SpanKind.SEND, SpanKind.RECV, SpanKind.RECV_WAIT, SpanKind.NCCL})
+"""Kinds that move data between stages."""
+
+
+class Lane(StrEnum):
+    """Timeline row within a rank. Imports may also use a GPU stream name such as `stream 7`."""
+
+    COMPUTE = "compute"
+    SEND = "send"
+    RECV = "recv"
+    HOST = "host"
+
+
+_DEFAULT_LANE: dict[str, str] = {
+    SpanKind.SEND: Lane.SEND,
+    SpanKind.RECV: Lane.RECV,
+    SpanKind.RECV_WAIT: Lane.RECV,
+    SpanKind.STEP: Lane.HOST,
+    SpanKind.HOST: Lane.HOST,
+    SpanKind.MARK: Lane.HOST,
+    SpanKind.RANGE: Lane.HOST,
+}
+
+
+def lane_of(kind: str) -> str:
+    """The lane a span of `kind` goes on unless its producer says otherwise."""
+    return str(_DEFAULT_LANE.get(kind, Lane.COMPUTE))
+
+
+class Phase(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    NONE = ""
+
+
+class Metric(StrEnum):
+    """Counter metrics. GPU ones come from NVML; `cpu_util_pct` is a rank's process CPU use."""
+
+    GPU_UTIL_PCT = "gpu_util_pct"
+    GPU_MEM_USED_BYTES = "gpu_mem_used_bytes"
+    GPU_POWER_W = "gpu_power_w"
+    GPU_SM_CLOCK_MHZ = "gpu_sm_clock_mhz"
+    CPU_UTIL_PCT = "cpu_util_pct"
+    RSS_BYTES = "rss_bytes"
+
+
+# Column name -> dtype. The one declaration of the span schema (DESIGN.md, "The trace model").
+SPAN_COLUMNS: dict[str, Any] = {
+    "rank": np.int32,  # global rank; for imports one per process/GPU
+    "stage": np.int32,  # pipeline stage, virtual stage with interleaving; -1 unknown
+    "lane": str,  # compute / send / recv / host, or a GPU stream
+    "kind": str,  # a SpanKind value
+    "name": str,  # label shown to people
+    "mb": np.int32,  # micro-batch id, -1 none
+    "step": np.int32,  # decode step / iteration, -1 none
+    "chunk": np.int32,  # model chunk on this rank (interleaved PP), else 0
+    "phase": str,  # prefill / decode / ""
+    "start_ns": np.int64,  # on the run's common clock
+    "end_ns": np.int64,
+    "nbytes": np.int64,  # bytes moved, 0 none
+    "tokens": np.int32,  # tokens processed, 0 none
+    "peer": np.int32,  # peer rank of a send/recv, -1 none
+}
+
+COUNTER_COLUMNS: dict[str, Any] = {
+    "ts_ns": np.int64,  # on the run's common clock
+    "rank": np.int32,
+    "device": np.int32,  # GPU index; -1 for the host CPU
+    "metric": str,  # a Metric value
+    "value": np.float64,
+}
+
+REQUEST_COLUMNS: dict[str, Any] = {
+    "id": np.int64,
+    "prompt_len": np.int32,
+    "output_len": np.int32,
+    "arrival_ns": np.int64,  # common clock; -1 unknown
+    "first_token_ns": np.int64,
+    "finish_ns": np.int64,
+}
+
+
+def _frame(columns: Mapping[str, Any], data: Mapping[str, Any] | pd.DataFrame | None) -> pd.DataFrame:
+    if data is None:
+        return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in columns.items()})
+    df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(dict(data))
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise CorruptFileError(f"trace data lacks the column(s) {', '.join(missing)}")
+    out = pd.DataFrame({c: df[c].astype(t, copy=False) for c, t in columns.items()})
+    return out.reset_index(drop=True)
+
+
+def spans_frame(data: Mapping[str, Any] | pd.DataFrame | None = None, *, validate: bool = True) -> pd.DataFrame:
+    """A spans DataFrame with exactly the schema's columns and dtypes (extra columns are dropped)."""
+    df = _frame(SPAN_COLUMNS, data)
+    if validate and len(df):
+        bad = df["end_ns"].to_numpy() < df["start_ns"].to_numpy()
+        if bad.any():
+            row = df[bad].iloc[0]
+            raise InvalidSpanError(
+                f"{int(bad.sum())} span(s) end before they start, e.g. {row['kind']} on rank {row['rank']}: "
+                f"start_ns={row['start_ns']} end_ns={row['end_ns']}"
+            )
+    return df
+
+
+def counters_frame(data: Mapping[str, Any] | pd.DataFrame | None = None) -> pd.DataFrame:
+    return _frame(COUNTER_COLUMNS, data)
+
+
+def requests_frame(data: Mapping[str, Any] | pd.DataFrame | None = None) -> pd.DataFrame:
+    return _frame(REQUEST_COLUMNS, data)
+
+
+def empty_spans() -> pd.DataFrame:
+    return spans_frame(None)
+
+
+def empty_counters() -> pd.DataFrame:
+    return counters_frame(None)
+
+
+def empty_requests() -> pd.DataFrame:
+    return requests_frame(None)
+
+
+@dataclass(kw_only=True)
+class ClockInfo:
+    """How one rank's clock relates to the common clock (rank 0's monotonic clock)."""
+
+    offset_ns: int = 0
+    """This rank's clock minus the common clock: common = local - offset_ns."""
+    uncertainty_ns: int = 0
+    """Half the round trip of the best ping-pong exchange: the true offset lies within ± this."""
+    method: str = "none"
+    """How the offset was found: `none` (same host, same clock), `ping-pong`, `import`."""
+
+
+@dataclass(kw_only=True)
+class RankInfo:
+    """What is known about one rank of a run."""
+
+    rank: int
+    stage: int = -1
+    """First (or only) pipeline stage this rank runs; -1 unknown."""
+    host: str = ""
+    device: str = ""
+    """Device name, e.g. `NVIDIA H100 80GB HBM3` or `cpu`."""
+    pid: int = -1
+    clock: ClockInfo = field(default_factory=ClockInfo)
+
+
+@dataclass(kw_only=True)
+class RunMeta:
+    """Run-level metadata, serialised to `meta.json`. Everything needed to interpret the spans."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str = ""
+    source: str = "ppscope"
+    """Who produced the trace: `ppscope` (our engine), `nsys`, `kineto`, `simulator`."""
+    created_unix_ns: int = 0
+    status: str = "running"
+    """`running`, `finished`, `failed` or `interrupted`."""
+    world_size: int = 1
+    """Number of ranks (processes) that record."""
+    pp_size: int = 1
+    """Pipeline stages (physical, one per rank in our engine)."""
+    schedule: str = ""
+    """`gpipe`, `interleaved`, `serve`, or empty when unknown."""
+    microbatches: int = 0
+    chunks: int = 1
+    """Model chunks per rank (V of interleaved PP)."""
+    split: list[int] = field(default_factory=list)
+    """Layer counts per stage, in the format of VLLM_PP_LAYER_PARTITION."""
+    split_source: str = ""
+    """Where the split came from: `--split`, `PPSCOPE_PP_LAYER_PARTITION`, `vllm-default`, ..."""
+    model: dict[str, Any] = field(default_factory=dict)
+    """Model name and shape (layers, hidden size, heads, ...)."""
+    backend: str = ""
+    ranks: list[RankInfo] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    """The producer's full configuration, for reproducing the run."""
+    error: str = ""
+    """Why the run failed, when it did."""
+
+    def rank_info(self, rank: int) -> RankInfo | None:
+        for info in self.ranks:
+            if info.rank == rank:
+                return info
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "metadata") -> RunMeta:
+        if not isinstance(data, Mapping):
+            raise CorruptFileError(f"{where}: expected a JSON object, found {type(data).__name__}")
+        version = data.get("schema_version", SCHEMA_VERSION)
+        if not isinstance(version, int):
+            raise CorruptFileError(f"{where}: schema_version must be an integer, found {version!r}")
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{where} was written with trace schema {version}, newer than this ppscope's {SCHEMA_VERSION}: "
+                "upgrade ppscope (pip install -U ppscope) to read it"
+            )
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        try:
+            ranks = [_rank_info(r) for r in kwargs.pop("ranks", [])]
+            meta = cls(**kwargs, ranks=ranks)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise CorruptFileError(f"{where}: malformed metadata ({exc})") from None
+        _check_types(meta, where)
+        return meta
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str = "metadata") -> RunMeta:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CorruptFileError(f"{where} is not valid JSON ({exc})") from None
+        return cls.from_dict(data, where=where)
+
+
+def _rank_info(data: Any) -> RankInfo:
+    if not isinstance(data, Mapping):
+        raise TypeError(f"a rank entry must be an object, found {type(data).__name__}")
+    fields = dict(data)
+    clock = fields.pop("clock", {}) or {}
+    if not isinstance(clock, Mapping):
+        raise TypeError("a rank's clock must be an object")
+    return RankInfo(**fields, clock=ClockInfo(**clock))
+
+
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "run_id": str,
+    "source": str,
+    "created_unix_ns": int,
+    "status": str,
+    "world_size": int,
+    "pp_size": int,
+    "schedule": str,
+    "microbatches": int,
+    "chunks": int,
+    "split": list,
+    "split_source": str,
+    "model": dict,
+    "backend": str,
+    "versions": dict,
+    "config": dict,
+    "error": str,
+}
+
+
+def _check_types(meta: RunMeta, where: str) -> None:
+    for name, typ in _FIELD_TYPES.items():
+        value = getattr(meta, name)
+        if not isinstance(value, typ) or (isinstance(value, bool) and typ is int):
+            raise CorruptFileError(f"{where}: field {name!r} has the wrong type ({type(value).__name__})")
+    if not all(isinstance(n, int) for n in meta.split):
+        raise CorruptFileError(f"{where}: split must be a list of integers, found {meta.split!r}")
+    for info in meta.ranks:
+        if not isinstance(info.rank, int) or not isinstance(info.clock.offset_ns, int):
+            raise CorruptFileError(f"{where}: rank entries need integer rank and clock.offset_ns")
+
+
+@dataclass
+class Trace:
+    """A run's spans, counters, requests and metadata, whatever produced it."""
+
+    spans: pd.DataFrame = field(default_factory=empty_spans)
+    counters: pd.DataFrame = field(default_factory=empty_counters)
+    meta: RunMeta = field(default_factory=RunMeta)
+    requests: pd.DataFrame = field(default_factory=empty_requests)
+    warnings: list[str] = field(default_factory=list)
+    """What the loader could not read or had to guess, for the user to see."""
+
+    @classmethod
+    def from_records(
+        cls,
+        spans: Iterable[Sequence[Any]] | Iterable[Mapping[str, Any]] = (),
+        *,
+        meta: RunMeta | None = None,
+        counters: Iterable[Sequence[Any]] = (),
+    ) -> Trace:
+        """Build a trace from rows: tuples in schema order or dicts (missing fields take defaults)."""
+        rows = [_span_row(r) for r in spans]
+        span_df = pd.DataFrame(rows, columns=list(SPAN_COLUMNS)) if rows else None
+        counter_df = pd.DataFrame(list(counters), columns=list(COUNTER_COLUMNS)) if counters else None
+        return cls(
+            spans=spans_frame(span_df),
+            counters=counters_frame(counter_df),
+            meta=meta or RunMeta(),
+        )
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(int(r) for r in self.spans["rank"].unique())
+
+    @property
+    def stages(self) -> list[int]:
+        return sorted(int(s) for s in self.spans["stage"].unique() if s >= 0)
+
+    def sorted(self) -> Trace:
+        """The same trace with spans ordered by (start, rank): the canonical order of every loader."""
+        spans = self.spans.sort_values(["start_ns", "rank", "end_ns"], kind="stable").reset_index(drop=True)
+        counters = self.counters.sort_values(["ts_ns", "rank"], kind="stable").reset_index(drop=True)
+        return dataclasses.replace(self, spans=spans, counters=counters)
+
+
+_SPAN_DEFAULTS: dict[str, Any] = {
+    "rank": 0,
+    "stage": -1,
+    "lane": "",
+    "kind": SpanKind.RANGE,
+    "name": "",
+    "mb": -1,
+    "step": -1,
+    "chunk": 0,
+    "phase": "",
+    "start_ns": 0,
+    "end_ns": 0,
+    "nbytes": 0,
+    "tokens": 0,
+    "peer": -1,
+}
+
+
+def _span_row(row: Sequence[Any] | Mapping[str, Any]) -> tuple[Any, ...]:
+    if not isinstance(row, Mapping):
+        return tuple(row)
+    unknown = set(row) - set(SPAN_COLUMNS)
+    if unknown:
+        raise InvalidSpanError(f"unknown span field(s) {sorted(unknown)}; valid: {list(SPAN_COLUMNS)}")
+    merged = {**_SPAN_DEFAULTS, **row}
+    if not merged["lane"]:
+        merged["lane"] = lane_of(str(merged["kind"]))
+    if not merged["name"]:
+        merged["name"] = str(merged["kind"])
+    return tuple(str(v) if isinstance(v, StrEnum) else v for v in merged.values())
