@@ -1,0 +1,153 @@
+"""Model shapes: the numbers that decide cost and memory of a Llama-style decoder, without any weights.
+
+The engine builds its layers from a `ModelShape`; the planner and the rebalancer count bytes with one.
+Presets carry the published shapes of well-known models; `from_hf_config` reads a Hugging Face
+`config.json`. This module knows nothing about torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ppscope.errors import InvalidConfigError, UnsupportedInputError
+
+__all__ = ["DTYPE_BYTES", "PRESETS", "ModelShape", "dtype_bytes"]
+
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """Shape of a Llama-style decoder (embedding, L x [attention + SwiGLU MLP], final norm, LM head)."""
+
+    name: str
+    layers: int
+    """Decoder layers."""
+    hidden: int
+    """Model width d_model."""
+    heads: int
+    """Attention (query) heads."""
+    kv_heads: int
+    """Key/value heads (grouped-query attention when < heads)."""
+    intermediate: int
+    """SwiGLU MLP inner width."""
+    vocab: int
+    """Vocabulary size."""
+    max_seq_len: int = 2048
+    """Longest sequence (prompt + output) the KV cache holds per request."""
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    """LM head shares the embedding matrix."""
+
+    def __post_init__(self) -> None:
+        for f in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "max_seq_len"):
+            if getattr(self, f) < 1:
+                raise InvalidConfigError(f"model {self.name!r}: {f} must be >= 1, got {getattr(self, f)}")
+        if self.hidden % self.heads:
+            raise InvalidConfigError(
+                f"model {self.name!r}: hidden {self.hidden} is not a multiple of heads {self.heads}"
+            )
+        if self.heads % self.kv_heads:
+            raise InvalidConfigError(
+                f"model {self.name!r}: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer: q, k, v, o projections, gate/up/down MLP, two RMSNorms."""
+        attn = self.hidden * self.hidden * 2 + 2 * self.hidden * self.kv_heads * self.head_dim
+        mlp = 3 * self.hidden * self.intermediate
+        return attn + mlp + 2 * self.hidden
+
+    @property
+    def embed_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def head_params(self) -> int:
+        """Final norm plus LM head (the head's matrix is counted even when tied: the last stage holds it)."""
+        return self.vocab * self.hidden + self.hidden
+
+    @property
+    def params(self) -> int:
+        tied = self.vocab * self.hidden if self.tie_embeddings else 0
+        return self.embed_params + self.layers * self.layer_params + self.head_params - tied
+
+    def kv_bytes_per_token_per_layer(self, dtype: str = "float16") -> int:
+        """K and V of one token in one layer."""
+        return 2 * self.kv_heads * self.head_dim * dtype_bytes(dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_name(cls, name: str) -> ModelShape:
+        try:
+            return PRESETS[name]
+        except KeyError:
+            raise InvalidConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+
+    @classmethod
+    def from_hf_config(cls, path: str | os.PathLike[str]) -> ModelShape:
+        """Read a Hugging Face Llama-format `config.json` (or the directory holding it)."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        try:
+            cfg = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise UnsupportedInputError(f"{p} does not exist: give a model directory with config.json") from None
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise UnsupportedInputError(f"{p} is not a readable JSON config ({exc})") from None
+        try:
+            heads = int(cfg["num_attention_heads"])
+            return cls(
+                name=str(cfg.get("_name_or_path") or p.parent.name),
+                layers=int(cfg["num_hidden_layers"]),
+                hidden=int(cfg["hidden_size"]),
+                heads=heads,
+                kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                intermediate=int(cfg["intermediate_size"]),
+                vocab=int(cfg["vocab_size"]),
+                max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UnsupportedInputError(f"{p}: not a Llama-style config (missing or bad field {exc})") from None
+
+
+def dtype_bytes(dtype: str) -> int:
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise InvalidConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}") from None
+
+
+# `tiny` runs comfortably on a laptop CPU and, like real models, has an LM head worth about two decoder
+# layers (8192 x 256 = 2.1M weights against 0.98M per layer; Llama-3-8B's is 2.4 layers' worth), which is
+# what makes the last stage the bottleneck in real deployments.
+PRESETS: dict[str, ModelShape] = {
+    m.name: m
+    for m in (
+        ModelShape(name="tiny", layers=8, hidden=256, heads=8, kv_heads=4, intermediate=1024, vocab=8192,
+                   max_seq_len=512),
+        ModelShape(name="llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336,
+                   vocab=128256, max_seq_len=8192, rope_theta=500000.0),
+        ModelShape(name="llama3-70b", layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672,
+                   vocab=128256, max_seq_len=8192, rope_theta=500000.0),
+        ModelShape(name="llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8, intermediate=53248,
+                   vocab=128256, max_seq_len=8192, rope_theta=500000.0),
+    )
+}  # fmt: skip
