@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from ppscope import __version__
 from ppscope.errors import PPScopeError
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main", "parse_args"]
 
 COMMANDS = ("run", "analyze", "rebalance", "simulate", "plan", "export", "dashboard", "demo")
 
@@ -33,9 +33,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse; commands that are only planned take any arguments, so they can say they are not built."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "planned", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     try:
         code = args.func(args)
     except PPScopeError as exc:

@@ -43,53 +43,19 @@ KIND_COLORS: dict[str, int] = {
     SpanKind.MARK: 0xFF000000,
 }
 _KINDS = frozenset(str(k) for k in SpanKind)
+_LANES = {str(k): lane_of(k) for k in SpanKind}
+_COMPUTE = lane_of(SpanKind.FORWARD)
 _FLUSH_BATCH = 8192
 
 
 class _Span:
-    """One open span. Fields may be updated inside the `with` block (e.g. `span.nbytes = n`)."""
+    """One open span. `nbytes`, `tokens` and `peer` may be set inside the `with` block (`span.nbytes = n`)."""
 
-    __slots__ = (
-        "_attr",
-        "_rec",
-        "chunk",
-        "kind",
-        "lane",
-        "mb",
-        "name",
-        "nbytes",
-        "peer",
-        "phase",
-        "stage",
-        "start_ns",
-        "step",
-        "tokens",
-    )
+    __slots__ = ("_head", "_rec", "nbytes", "peer", "start_ns", "tokens")
 
-    def __init__(
-        self,
-        rec: Recorder,
-        kind: str,
-        stage: int,
-        mb: int,
-        step: int,
-        chunk: int,
-        phase: str,
-        name: str,
-        lane: str,
-        nbytes: int,
-        tokens: int,
-        peer: int,
-    ) -> None:
+    def __init__(self, rec: Recorder, head: tuple[Any, ...], nbytes: int, tokens: int, peer: int) -> None:
         self._rec = rec
-        self.kind = kind
-        self.stage = stage
-        self.mb = mb
-        self.step = step
-        self.chunk = chunk
-        self.phase = phase
-        self.name = name
-        self.lane = lane
+        self._head = head  # (rank, stage, lane, kind, name, mb, step, chunk, phase): the row up to start_ns
         self.nbytes = nbytes
         self.tokens = tokens
         self.peer = peer
@@ -98,7 +64,8 @@ class _Span:
     def __enter__(self) -> _Span:
         rec = self._rec
         if rec.nvtx:
-            rec._domain.push_range(rec._attributes(self.kind, self.stage, self.mb, self.chunk))
+            _, stage, _, kind, _, mb, _, chunk, _ = self._head
+            rec._domain.push_range(rec._attributes(kind, stage, mb, chunk))
         self.start_ns = rec._clock()
         return self
 
@@ -107,45 +74,15 @@ class _Span:
         end_ns = rec._clock()
         if rec.nvtx:
             rec._domain.pop_range()
-        rec._buffer.append(
-            (
-                rec.rank,
-                self.stage,
-                self.lane,
-                self.kind,
-                self.name,
-                self.mb,
-                self.step,
-                self.chunk,
-                self.phase,
-                self.start_ns,
-                end_ns,
-                self.nbytes,
-                self.tokens,
-                self.peer,
-            )
-        )
+        rec._buffer.append((*self._head, self.start_ns, end_ns, self.nbytes, self.tokens, self.peer))
 
     def __call__(self, fn: F) -> F:
         """Use as a decorator: every call of `fn` is one span with these fields."""
-        template = self
+        rec, head, nbytes, tokens, peer = self._rec, self._head, self.nbytes, self.tokens, self.peer
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _Span(
-                template._rec,
-                template.kind,
-                template.stage,
-                template.mb,
-                template.step,
-                template.chunk,
-                template.phase,
-                template.name,
-                template.lane,
-                template.nbytes,
-                template.tokens,
-                template.peer,
-            ):
+            with _Span(rec, head, nbytes, tokens, peer):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
@@ -154,7 +91,7 @@ class _Span:
 class _NullSpan:
     """What a disabled recorder hands out: does nothing, accepts field updates, decorates transparently."""
 
-    __slots__ = ("chunk", "kind", "lane", "mb", "name", "nbytes", "peer", "phase", "stage", "step", "tokens")
+    __slots__ = ("nbytes", "peer", "tokens")
 
     def __enter__(self) -> _NullSpan:
         return self
@@ -238,20 +175,18 @@ class Recorder:
             return _NULL_SPAN
         if kind not in _KINDS:
             raise InvalidSpanError(f"unknown span kind {kind!r}; valid kinds: {sorted(_KINDS)}")
-        return _Span(
-            self,
-            kind,
+        head = (
+            self.rank,
             self.stage if stage is None else stage,
+            lane or _LANES.get(kind, _COMPUTE),
+            kind,
+            name or kind,
             mb,
             step,
             chunk,
             phase,
-            name or kind,
-            lane or lane_of(kind),
-            nbytes,
-            tokens,
-            peer,
         )
+        return _Span(self, head, nbytes, tokens, peer)
 
     def record(
         self,

@@ -171,7 +171,7 @@ def _frame(columns: Mapping[str, Any], data: Mapping[str, Any] | pd.DataFrame | 
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise CorruptFileError(f"trace data lacks the column(s) {', '.join(missing)}")
-    out = pd.DataFrame({c: df[c].astype(t, copy=False) for c, t in columns.items()})
+    out = pd.DataFrame({c: df[c].astype(t) for c, t in columns.items()})
     return out.reset_index(drop=True)
 
 

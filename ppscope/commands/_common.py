@@ -26,5 +26,5 @@ def add_planned(sub: Any, name: str, help_text: str, example: str) -> argparse.A
         epilog=f"example: {example}",
     )
     parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    parser.set_defaults(func=not_built(name, help_text.lower()))
+    parser.set_defaults(func=not_built(name, help_text.lower()), planned=True)
     return parser

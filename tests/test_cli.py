@@ -1,0 +1,75 @@
+"""The `ppscope` command: every subcommand has help and an example; errors are one line, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ppscope
+from ppscope.cli import COMMANDS, main, parse_args
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ppscope", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_version() -> None:
+    out = _run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"ppscope {ppscope.__version__}"
+
+
+def test_help_lists_every_planned_command() -> None:
+    out = _run("--help")
+    assert out.returncode == 0
+    for name in ("run", "analyze", "rebalance", "simulate", "plan", "export", "dashboard", "demo"):
+        assert name in COMMANDS
+        assert f"    {name}" in out.stdout
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_has_help_and_an_example(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([name, "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert f"usage: ppscope {name}" in text
+    assert "example" in text.lower(), f"`ppscope {name} --help` shows no example"
+
+
+@pytest.mark.parametrize("name", ["analyze", "export", "rebalance", "dashboard"])
+def test_bad_input_is_one_line_without_traceback(name: str, tmp_path: Path) -> None:
+    out = _run(name, str(tmp_path / "no-such-run"))
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"ppscope {name}: error:"), out.stderr
+
+
+def test_planned_command_says_so_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from ppscope.commands._common import add_planned
+
+    parser = argparse.ArgumentParser(prog="ppscope")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_planned(sub, "later", "Do something later", "ppscope later --x 1")
+    args = parse_args(parser, ["later", "--x", "1"])
+    from ppscope.errors import NotBuiltError
+
+    with pytest.raises(NotBuiltError, match="not built yet") as exc:
+        args.func(args)
+    assert exc.value.exit_code == 2
+
+
+def test_import_ppscope_pulls_in_neither_torch_nor_streamlit() -> None:
+    code = (
+        "import sys, ppscope, ppscope.cli, ppscope.store, ppscope.recorder, ppscope.trace, ppscope.models\n"
+        "ppscope.cli.build_parser()\n"
+        "bad = [m for m in ('torch', 'streamlit') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr

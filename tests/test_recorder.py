@@ -1,0 +1,155 @@
+"""The recorder: spans, NVTX ranges, counters, marks, the disabled mode and the flush thread."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ppscope.errors import InvalidSpanError
+from ppscope.recorder import KIND_COLORS, Recorder
+from ppscope.store import RankWriter, create_run, load_run
+from ppscope.trace import RunMeta, SpanKind
+
+
+class SpyDomain:
+    """Stands in for an NVTX domain and remembers what the recorder asked of it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.attributes: list[dict[str, Any]] = []
+
+    def get_category_id(self, name: str) -> int:
+        return hash(name) % 1000
+
+    def get_event_attributes(self, **kw: Any) -> int:
+        self.attributes.append(kw)
+        return len(self.attributes) - 1
+
+    def push_range(self, attr: Any = None) -> None:
+        self.calls.append(("push", attr))
+
+    def pop_range(self) -> None:
+        self.calls.append(("pop", None))
+
+    def mark(self, **kw: Any) -> None:
+        self.calls.append(("mark", kw["message"]))
+
+
+def _fake_clock() -> Any:
+    counter = itertools.count(1_000, 10)
+    return lambda: next(counter)
+
+
+def test_span_records_fields_and_times() -> None:
+    rec = Recorder(rank=2, stage=2, nvtx=False, clock=_fake_clock())
+    with rec.span(SpanKind.SEND, mb=4, step=1, phase="decode", peer=3) as s:
+        s.nbytes = 4096
+    with rec.span("forward", stage=5, chunk=1, tokens=8, name="layers 4-7"):
+        pass
+    df = rec.frame()
+    assert df["kind"].tolist() == ["send", "forward"]
+    assert df["lane"].tolist() == ["send", "compute"]
+    first = df.iloc[0]
+    assert (first["rank"], first["stage"], first["mb"], first["step"], first["peer"]) == (2, 2, 4, 1, 3)
+    assert (first["start_ns"], first["end_ns"], first["nbytes"], first["phase"]) == (1_000, 1_010, 4096, "decode")
+    second = df.iloc[1]
+    assert (second["stage"], second["chunk"], second["tokens"], second["name"]) == (5, 1, 8, "layers 4-7")
+
+
+def test_decorator_records_each_call() -> None:
+    rec = Recorder(rank=0, stage=0, nvtx=False)
+
+    @rec.span("head", phase="decode")
+    def head(x: int) -> int:
+        return x + 1
+
+    assert [head(i) for i in range(3)] == [1, 2, 3]
+    df = rec.frame()
+    assert df["kind"].tolist() == ["head"] * 3 and (df["phase"] == "decode").all()
+
+
+def test_nvtx_ranges_are_pushed_and_popped_with_cached_attributes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nvtx
+
+    spy = SpyDomain()
+    monkeypatch.setattr(nvtx, "get_domain", lambda name: spy if name == "ppscope" else None)
+    rec = Recorder(rank=1, stage=1)
+    for _ in range(2):
+        for mb in range(3):
+            with rec.span("forward", mb=mb):
+                pass
+    rec.mark("prefill done")
+    assert [c[0] for c in spy.calls] == ["push", "pop"] * 6 + ["mark"]
+    assert len(spy.attributes) == 3  # one cached attribute object per (kind, stage, mb)
+    assert spy.attributes[2]["message"] == "s1 forward mb2"
+    assert spy.attributes[2]["payload"] == 2
+    assert spy.attributes[0]["color"] == KIND_COLORS["forward"]
+    assert [c[1] for c in spy.calls if c[0] == "push"] == [0, 1, 2, 0, 1, 2]
+
+
+def test_disabled_recorder_records_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import nvtx
+
+    spy = SpyDomain()
+    monkeypatch.setattr(nvtx, "get_domain", lambda name: spy)
+    run = tmp_path / "run"
+    create_run(run, RunMeta())
+    rec = Recorder(RankWriter(run, 0), enabled=False)
+    with rec.span("forward", mb=1) as s:
+        s.nbytes = 5
+
+    @rec.span("head")
+    def f() -> int:
+        return 7
+
+    assert f() == 7
+    rec.counter("cpu_util_pct", 3.0)
+    rec.mark("x")
+    rec.record("forward", 1, 2)
+    rec.close()
+    assert spy.calls == []
+    assert len(rec.frame()) == 0
+    trace = load_run(run)
+    assert len(trace.spans) == 0 and len(trace.counters) == 0
+
+
+def test_record_rejects_end_before_start() -> None:
+    rec = Recorder(nvtx=False)
+    with pytest.raises(InvalidSpanError, match="ends before it starts"):
+        rec.record("forward", 10, 5)
+
+
+def test_unknown_kind_is_rejected() -> None:
+    rec = Recorder(nvtx=False)
+    with pytest.raises(InvalidSpanError, match="valid kinds"):
+        rec.span("fwd")
+
+
+def test_counters_marks_and_flush_to_store(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta())
+    rec = Recorder(RankWriter(run, 0), rank=0, stage=0, nvtx=False, flush_interval_s=10)
+    rec.counter("gpu_util_pct", 87.5, device=3, ts_ns=123)
+    rec.mark("start")
+    for i in range(20_000):  # more than one flush batch
+        rec.record("forward", i, i + 1, mb=i)
+    assert rec.spans_written == 0  # the flush thread has not run yet: nothing blocked on I/O
+    rec.close()
+    assert rec.spans_recorded == rec.spans_written == 20_001
+    trace = load_run(run)
+    assert len(trace.spans) == 20_001
+    marks = trace.spans[trace.spans["kind"] == "mark"]
+    assert marks["name"].tolist() == ["start"] and (marks["start_ns"] == marks["end_ns"]).all()
+    c = trace.counters.iloc[0]
+    assert (c["ts_ns"], c["device"], c["metric"], c["value"]) == (123, 3, "gpu_util_pct", 87.5)
+
+
+def test_close_is_idempotent(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta())
+    rec = Recorder(RankWriter(run, 0), nvtx=False)
+    rec.close()
+    rec.close()

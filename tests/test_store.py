@@ -1,0 +1,231 @@
+"""The run store: writing, loading, tailing, clock offsets, and every kind of bad run directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ppscope.errors import CorruptFileError, RunExistsError, RunNotFoundError, SchemaVersionError
+from ppscope.recorder import Recorder
+from ppscope.store import (
+    META_FILE,
+    REQUESTS_FILE,
+    RankWriter,
+    RunTail,
+    create_run,
+    load_run,
+    rank_file,
+    read_since,
+    write_meta,
+)
+from ppscope.trace import ClockInfo, RankInfo, RunMeta
+
+
+def _span(rank: int, start: int, end: int, mb: int = 0, kind: str = "forward") -> tuple[object, ...]:
+    return (rank, rank, "compute", kind, kind, mb, -1, 0, "prefill", start, end, 0, 1, -1)
+
+
+def _snapshot(path: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() + str(p.stat().st_mtime_ns) for p in sorted(path.iterdir())
+    }
+
+
+def test_write_and_load_with_clock_offsets(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    meta = RunMeta(world_size=2, ranks=[RankInfo(rank=1, clock=ClockInfo(offset_ns=1_000))])
+    create_run(run, meta)
+    for rank in (0, 1):
+        w = RankWriter(run, rank)
+        w.write([_span(rank, 5_000 + rank, 6_000 + rank, mb=m) for m in range(3)], [(5_500, rank, -1, "cpu", 50.0)])
+        w.close()
+    trace = load_run(run)
+    assert len(trace.spans) == 6 and not trace.warnings
+    r1 = trace.spans[trace.spans["rank"] == 1]
+    assert r1["start_ns"].tolist() == [4_001] * 3 and r1["end_ns"].tolist() == [5_001] * 3
+    assert trace.counters.set_index("rank").loc[1, "ts_ns"] == 4_500
+    assert trace.spans["start_ns"].is_monotonic_increasing
+
+
+def test_loading_never_writes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=1))
+    w = RankWriter(run, 0)
+    w.write([_span(0, 1, 2)])
+    w.close()
+    before = _snapshot(run)
+    load_run(run)
+    read_since(run)
+    assert _snapshot(run) == before
+
+
+def test_never_overwrites(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta())
+    with pytest.raises(RunExistsError, match="never overwrites"):
+        create_run(run, RunMeta())
+    RankWriter(run, 0).close()
+    with pytest.raises(RunExistsError, match="rank-00000"):
+        RankWriter(run, 0)
+
+
+def test_tail_sees_spans_while_writer_is_live(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=1))
+    rec = Recorder(RankWriter(run, 0), rank=0, stage=0, flush_interval_s=0.02)
+    tail = RunTail(run)
+    seen = []
+    for batch in range(3):
+        for mb in range(4):
+            with rec.span("forward", mb=mb, step=batch):
+                pass
+        rec.flush()
+        delta = tail.poll()
+        seen.append(len(delta.spans))
+        assert set(delta.spans["step"]) == {batch}
+    rec.close()
+    assert seen == [4, 4, 4]
+    assert len(tail.poll().spans) == 0
+    assert len(load_run(run).spans) == 12
+
+
+def test_tail_picks_up_requests_line_by_line(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=0))
+    tail = RunTail(run)
+    line = {"id": 1, "prompt_len": 4, "output_len": 2, "arrival_ns": 0, "first_token_ns": 5, "finish_ns": 9}
+    with open(run / REQUESTS_FILE, "w") as f:
+        f.write(json.dumps(line) + "\n" + '{"id": 2, "prompt')  # second line half-written
+    assert tail.poll().requests["id"].tolist() == [1]
+    with open(run / REQUESTS_FILE, "a") as f:
+        f.write('_len": 3}\n')
+    got = tail.poll().requests
+    assert got["id"].tolist() == [2] and got["finish_ns"].tolist() == [-1]
+
+
+def _record_in_process(run: str, rank: int, n: int) -> None:
+    rec = Recorder(RankWriter(run, rank), rank=rank, stage=rank, flush_interval_s=0.01)
+    for i in range(n):
+        with rec.span("forward", mb=i, step=i // 10, phase="decode", tokens=i % 7):
+            pass
+        if i % 50 == 0:
+            time.sleep(0.001)
+    rec.counter("cpu_util_pct", 12.5)
+    rec.close()
+
+
+def test_two_processes_record_concurrently(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=2))
+    n = 2_000
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_record_in_process, args=(str(run), r, n)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    trace = load_run(run)
+    assert len(trace.spans) == 2 * n and len(trace.counters) == 2
+    for rank in (0, 1):
+        mine = trace.spans[trace.spans["rank"] == rank]
+        assert mine["mb"].tolist() == list(range(n))  # every span, in time order
+        assert mine["tokens"].tolist() == [i % 7 for i in range(n)]
+        assert (mine["stage"] == rank).all() and (mine["phase"] == "decode").all()
+    assert trace.spans["start_ns"].is_monotonic_increasing
+
+
+# ---------------------------------------------------------------- bad run directories
+
+
+def test_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(RunNotFoundError, match="does not exist"):
+        load_run(tmp_path / "nope")
+
+
+def test_empty_directory(tmp_path: Path) -> None:
+    with pytest.raises(RunNotFoundError, match="empty"):
+        load_run(tmp_path)
+
+
+def test_directory_without_meta(tmp_path: Path) -> None:
+    (tmp_path / "rank-00000.sqlite").write_bytes(b"")
+    with pytest.raises(RunNotFoundError, match=r"no meta\.json"):
+        load_run(tmp_path)
+
+
+def test_missing_rank_file_loads_the_rest_and_warns(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=3))
+    for rank in (0, 2):
+        w = RankWriter(run, rank)
+        w.write([_span(rank, 10, 20)])
+        w.close()
+    trace = load_run(run)
+    assert trace.ranks == [0, 2]
+    assert len(trace.warnings) == 1 and "rank-00001.sqlite" in trace.warnings[0]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty-tables"])
+def test_damaged_rank_file_is_named(tmp_path: Path, damage: str) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=1))
+    w = RankWriter(run, 0)
+    w.write([_span(0, i, i + 1) for i in range(5_000)])
+    w.close()
+    path = rank_file(run, 0)
+    if damage == "truncate":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 3])
+    elif damage == "garbage":
+        path.write_bytes(b"this is not a database at all" * 100)
+    else:
+        import sqlite3
+
+        path.unlink()
+        sqlite3.connect(path).execute("CREATE TABLE other (x)").connection.commit()
+    with pytest.raises(CorruptFileError, match=r"rank-00000\.sqlite"):
+        load_run(run)
+
+
+def test_rank_file_from_newer_schema(tmp_path: Path) -> None:
+    import sqlite3
+
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=1))
+    RankWriter(run, 0).close()
+    db = sqlite3.connect(rank_file(run, 0))
+    db.execute("UPDATE info SET value = '99' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(SchemaVersionError, match="newer"):
+        load_run(run)
+
+
+def test_meta_from_newer_schema(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta())
+    (run / META_FILE).write_text(json.dumps({"schema_version": 999}))
+    with pytest.raises(SchemaVersionError, match="upgrade"):
+        load_run(run)
+
+
+def test_write_meta_is_atomic_replacement(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta(status="running"))
+    write_meta(run, RunMeta(status="finished"))
+    assert load_run(run).meta.status == "finished"
+    assert sorted(os.listdir(run)) == [META_FILE]  # no temp files left behind
+
+
+def test_not_a_directory(tmp_path: Path) -> None:
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    with pytest.raises(RunNotFoundError, match="not a run directory"):
+        load_run(f)
