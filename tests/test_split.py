@@ -1,0 +1,72 @@
+"""Layer splits: parsing, validation messages, vLLM's default rule, and where a split comes from."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ppscope.errors import InvalidSplitError
+from ppscope.split import (
+    ENV_VAR,
+    parse_split,
+    resolve_split,
+    stage_layer_ranges,
+    validate_split,
+    vllm_default_split,
+)
+
+
+def test_parse_split_accepts_counts_and_spaces() -> None:
+    assert parse_split("5, 4,4 ,3", 16) == [5, 4, 4, 3]
+    assert parse_split("16", 16, 1) == [16]
+
+
+@pytest.mark.parametrize(
+    ("text", "layers", "stages", "fragment"),
+    [
+        ("5,4,4", 16, None, "sums to 13 but the model has 16 layers: add 3"),
+        ("9,4,4", 16, None, "sums to 17 but the model has 16 layers: remove 1"),
+        ("8,8", 16, 4, "has 2 stage(s) but the pipeline has 4"),
+        ("16,0", 16, None, "fewer than 1 layer"),
+        ("a,b", 16, None, "not a list of integers"),
+        ("4,,4", 8, None, "empty entry"),
+        ("", 8, None, "empty"),
+    ],
+)
+def test_invalid_splits_say_what_is_wrong(text: str, layers: int, stages: int | None, fragment: str) -> None:
+    with pytest.raises(InvalidSplitError) as info:
+        parse_split(text, layers, stages)
+    assert fragment in str(info.value)
+
+
+def test_vllm_default_matches_its_rule() -> None:
+    # vLLM: floor(L/P) each, remainder one each from the second-to-last stage backwards.
+    assert vllm_default_split(32, 4) == [8, 8, 8, 8]
+    assert vllm_default_split(10, 4) == [2, 3, 3, 2]
+    assert vllm_default_split(11, 4) == [3, 3, 3, 2]
+    assert vllm_default_split(7, 2) == [4, 3]
+    with pytest.raises(InvalidSplitError, match="at most 3 stage"):
+        vllm_default_split(3, 4)
+
+
+@given(st.integers(1, 200), st.integers(1, 16))
+def test_default_split_covers_every_layer_once(layers: int, stages: int) -> None:
+    if layers < stages:
+        return
+    split = vllm_default_split(layers, stages)
+    validate_split(split, layers, stages)
+    assert max(split) - min(split) <= 1
+    assert split[-1] == layers // stages
+    ranges = stage_layer_ranges(split)
+    covered = [layer for start, end in ranges for layer in range(start, end)]
+    assert covered == list(range(layers))
+
+
+def test_resolve_split_order_cli_env_default() -> None:
+    env = {ENV_VAR: "3,5"}
+    assert resolve_split("6,2", 8, 2, env) == ([6, 2], "--split")
+    assert resolve_split(None, 8, 2, env) == ([3, 5], ENV_VAR)
+    assert resolve_split(None, 8, 2, {}) == ([4, 4], "vllm-default")
+    with pytest.raises(InvalidSplitError, match=ENV_VAR):
+        resolve_split(None, 8, 2, {ENV_VAR: "3,4"})
