@@ -46,43 +46,45 @@ _KINDS = frozenset(str(k) for k in SpanKind)
 _LANES = {str(k): lane_of(k) for k in SpanKind}
 _COMPUTE = lane_of(SpanKind.FORWARD)
 _FLUSH_BATCH = 8192
+_MISSING = object()
 
 
 class _Span:
     """One open span. `nbytes`, `tokens` and `peer` may be set inside the `with` block (`span.nbytes = n`)."""
 
-    __slots__ = ("_head", "_rec", "nbytes", "peer", "start_ns", "tokens")
+    __slots__ = ("_attr", "_head", "_nvtx", "_rec", "nbytes", "peer", "start_ns", "tokens")
 
-    def __init__(self, rec: Recorder, head: tuple[Any, ...], nbytes: int, tokens: int, peer: int) -> None:
+    def __init__(self, rec: Recorder, head: tuple[Any, ...], attr: Any, nbytes: int, tokens: int, peer: int) -> None:
         self._rec = rec
         self._head = head  # (rank, stage, lane, kind, name, mb, step, chunk, phase): the row up to start_ns
+        self._attr = attr  # cached NVTX event attributes (None from a domain no tool listens to)
+        self._nvtx = rec.nvtx
         self.nbytes = nbytes
         self.tokens = tokens
         self.peer = peer
         self.start_ns = 0
 
     def __enter__(self) -> _Span:
-        rec = self._rec
-        if rec.nvtx:
-            _, stage, _, kind, _, mb, _, chunk, _ = self._head
-            rec._domain.push_range(rec._attributes(kind, stage, mb, chunk))
-        self.start_ns = rec._clock()
+        if self._nvtx:
+            self._rec._domain.push_range(self._attr)
+        self.start_ns = self._rec._clock()
         return self
 
     def __exit__(self, *exc: object) -> None:
         rec = self._rec
         end_ns = rec._clock()
-        if rec.nvtx:
+        if self._nvtx:
             rec._domain.pop_range()
         rec._buffer.append((*self._head, self.start_ns, end_ns, self.nbytes, self.tokens, self.peer))
 
     def __call__(self, fn: F) -> F:
         """Use as a decorator: every call of `fn` is one span with these fields."""
-        rec, head, nbytes, tokens, peer = self._rec, self._head, self.nbytes, self.tokens, self.peer
+        rec, head, attr = self._rec, self._head, self._attr
+        nbytes, tokens, peer = self.nbytes, self.tokens, self.peer
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _Span(rec, head, nbytes, tokens, peer):
+            with _Span(rec, head, attr, nbytes, tokens, peer):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
@@ -175,18 +177,15 @@ class Recorder:
             return _NULL_SPAN
         if kind not in _KINDS:
             raise InvalidSpanError(f"unknown span kind {kind!r}; valid kinds: {sorted(_KINDS)}")
-        head = (
-            self.rank,
-            self.stage if stage is None else stage,
-            lane or _LANES.get(kind, _COMPUTE),
-            kind,
-            name or kind,
-            mb,
-            step,
-            chunk,
-            phase,
-        )
-        return _Span(self, head, nbytes, tokens, peer)
+        if stage is None:
+            stage = self.stage
+        attr = None
+        if self.nvtx:
+            attr = self._attr_cache.get((kind, stage, mb, chunk), _MISSING)
+            if attr is _MISSING:
+                attr = self._attributes(kind, stage, mb, chunk)
+        head = (self.rank, stage, lane or _LANES.get(kind, _COMPUTE), kind, name or kind, mb, step, chunk, phase)
+        return _Span(self, head, attr, nbytes, tokens, peer)
 
     def record(
         self,
@@ -256,8 +255,8 @@ class Recorder:
 
     def _attributes(self, kind: str, stage: int, mb: int, chunk: int) -> Any:
         key = (kind, stage, mb, chunk)
-        attr = self._attr_cache.get(key)
-        if attr is None:
+        attr = self._attr_cache.get(key, _MISSING)
+        if attr is _MISSING:
             message = f"s{stage} {kind}" + (f" mb{mb}" if mb >= 0 else "") + (f" c{chunk}" if chunk else "")
             attr = self._domain.get_event_attributes(
                 message=message,
