@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib
 import os
-import platform
 import pkgutil
+import platform
 import sys
 import time
 import traceback

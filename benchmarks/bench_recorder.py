@@ -90,7 +90,8 @@ def main() -> list[str]:
     rf = best.get("torch record_function under active profiler")
     if rf is not None:
         lines.append(f"recorder: record_function under profiler / Recorder (NVTX on, SQLite) = {rf / ours:.1f}x")
-    lines.append(f"recorder: Recorder (NVTX on, SQLite) / nvtx.annotate alone = {ours / best['nvtx.annotate alone']:.2f}x")
+    annotate = best["nvtx.annotate alone"]
+    lines.append(f"recorder: Recorder (NVTX on, SQLite) / nvtx.annotate alone = {ours / annotate:.2f}x")
     return lines
 
 
