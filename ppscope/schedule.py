@@ -264,10 +264,10 @@ def check_plan(plan: Plan) -> None:
         raise InvalidConfigError(f"plan {plan.name} has {len(seen)} distinct actions, expected {expected}")
     finish: dict[Action, int] = {}
     for row in unit_grid(plan):
-        for t, a in enumerate(row):
-            if a is not None:
-                finish[a] = t + 1
-    for a, end in finish.items():
-        for dep in dependencies(plan, a):
+        for t, cell in enumerate(row):
+            if cell is not None:
+                finish[cell] = t + 1
+    for act, end in finish.items():
+        for dep in dependencies(plan, act):
             if finish[dep] > end - 1:
-                raise InvalidConfigError(f"plan {plan.name}: {a} runs before {dep} has finished")
+                raise InvalidConfigError(f"plan {plan.name}: {act} runs before {dep} has finished")
