@@ -1,0 +1,41 @@
+"""The analyzer: bubbles per stage and their causes, the bottleneck stage, theory vs measured, latency.
+
+Pure functions: a `Trace` in, an `AnalysisResult` out. Nothing here prints, plots or writes files; the
+report (`ppscope.report`) and figures (`ppscope.figures`) present the result.
+"""
+
+from __future__ import annotations
+
+from ppscope.analysis.analyzer import AnalysisConfig, analyze
+from ppscope.analysis.result import (
+    CAUSES,
+    AnalysisResult,
+    Cause,
+    HopStats,
+    LatencyStats,
+    RequestLatency,
+    StageResult,
+    Theory,
+    WindowInfo,
+)
+from ppscope.analysis.theory import decode_bubble, gpipe_bubble, interleaved_bubble, theory_for
+from ppscope.analysis.window import parse_window_ms
+
+__all__ = [
+    "CAUSES",
+    "AnalysisConfig",
+    "AnalysisResult",
+    "Cause",
+    "HopStats",
+    "LatencyStats",
+    "RequestLatency",
+    "StageResult",
+    "Theory",
+    "WindowInfo",
+    "analyze",
+    "decode_bubble",
+    "gpipe_bubble",
+    "interleaved_bubble",
+    "parse_window_ms",
+    "theory_for",
+]

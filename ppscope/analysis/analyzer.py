@@ -1,0 +1,212 @@
+"""`analyze(trace)`: the one entry point of the analyzer — a Trace in, an AnalysisResult out.
+
+It picks the window, maps ranks to physical stages, and assembles bubbles, balance, theory, traffic,
+latency and throughput. It prints nothing and draws nothing; user mistakes raise ppscope errors, and what
+the trace cannot tell (no micro-batch ids, no wait spans, missing ranks) becomes a warning in the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from ppscope.analysis.bubbles import _COMPUTE, _RECV, _SEND, _WAIT, StageTimes, span_roles, stage_bubbles
+from ppscope.analysis.latency import request_latency
+from ppscope.analysis.pipeline import balance, hop_stats, measured_inflight, stage_of_ranks
+from ppscope.analysis.result import AnalysisResult, RequestLatency, Theory, WindowInfo
+from ppscope.analysis.theory import theory_for
+from ppscope.analysis.window import full_window, resolve_window, steady_window
+from ppscope.errors import InvalidConfigError
+from ppscope.trace import Phase, SpanKind, Trace
+
+__all__ = ["AnalysisConfig", "analyze"]
+
+
+@dataclass(kw_only=True)
+class AnalysisConfig:
+    """What to analyse."""
+
+    steady: bool = False
+    """Analyse only the steady state (found automatically, see `ppscope.analysis.window`)."""
+    window_ms: tuple[float, float] | None = None
+    """Explicit window (start_ms, end_ms), in ms from the trace's first span."""
+
+    def __post_init__(self) -> None:
+        if self.steady and self.window_ms is not None:
+            raise InvalidConfigError("give either --steady or --window start_ms:end_ms, not both")
+        if self.window_ms is not None and not (0 <= self.window_ms[0] < self.window_ms[1]):
+            raise InvalidConfigError(f"window {self.window_ms} needs 0 <= start_ms < end_ms")
+
+
+def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResult:
+    """Bubbles, causes, bottleneck, theory vs measured, traffic and latency of `trace`."""
+    config = config or AnalysisConfig()
+    warnings = list(trace.warnings)
+    spans, meta = trace.spans, trace.meta
+    latency = request_latency(trace.requests)
+    if len(spans) == 0:
+        warnings.append("the trace holds no spans: nothing to analyse (did the run record anything?)")
+        return _empty(trace, warnings, latency)
+
+    rank_stage = stage_of_ranks(spans, meta, warnings)
+    stage_ids = sorted(set(rank_stage.values()))
+    stages = [(s, sorted(r for r, st in rank_stage.items() if st == s)) for s in stage_ids]
+    p = len(stages)
+    _check_missing(meta.world_size, meta.pp_size, rank_stage, p, warnings)
+
+    rank = spans["rank"].to_numpy()
+    ranks_sorted = np.array(sorted(rank_stage), np.int64)
+    group_of_rank = np.array([stage_ids.index(rank_stage[int(r)]) for r in ranks_sorted], np.int64)
+    group = group_of_rank[np.searchsorted(ranks_sorted, rank)]
+    role = span_roles(spans["kind"])
+    decode = (spans["phase"] == Phase.DECODE).to_numpy()
+    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    mb, step = spans["mb"].to_numpy(np.int64), spans["step"].to_numpy(np.int64)
+    unit = np.where(mb >= 0, mb * (int(step.max()) + 2) + step + 1, -1)
+    times = StageTimes(group=group, role=role, decode=decode, start_ns=start, end_ns=end, unit=unit)
+
+    window = _choose_window(config, times, p, warnings)
+    if window.length_ns <= 0:
+        warnings.append("the trace lasts 0 ns (only instantaneous spans): no ratio can be computed")
+        return _empty(trace, warnings, latency, window=window)
+
+    is_compute = role == _COMPUTE
+    if not is_compute.any():
+        warnings.append("no compute spans (forward/embed/head/sample/kernel): every stage counts as idle")
+    inflight, _ = measured_inflight(mb.astype(np.int32), is_compute & decode, meta)
+    dependency = inflight is not None and inflight < p
+    has_waits = bool(np.isin(role, [_RECV, _WAIT, _SEND]).any())
+    if not has_waits and is_compute.any():
+        warnings.append(
+            "this trace has no recv/send spans: idle time between computes is reported as `unknown` "
+            "(waiting on another stage cannot be told from host overhead)"
+        )
+    if p == 1:
+        warnings.append("one stage only: there is no pipeline; the bubble is that stage's idle time")
+    _check_overlaps(spans, is_compute, warnings)
+
+    results, gaps = stage_bubbles(times, stages, window, dependency=dependency, has_waits=has_waits)
+    imbalance, basis, bottleneck, gain = balance(results)
+    if basis == "busy":
+        warnings.append("spans carry no micro-batch ids: imbalance compares busy time per stage")
+    theory = _theory(meta.schedule, p, meta.microbatches, meta.chunks, inflight, mb[is_compute], window)
+    throughput, basis_tp = _throughput(latency, spans, role, window)
+    in_window = (end > window.start_ns) & (start < window.end_ns)
+    return AnalysisResult(
+        source=meta.source,
+        schedule=meta.schedule,
+        window=window,
+        stages=results,
+        bubble_ratio=sum(s.bubble_ns for s in results) / (p * window.length_ns),
+        imbalance=imbalance,
+        imbalance_basis=basis,
+        bottleneck_stage=bottleneck,
+        balance_gain=gain,
+        theory=theory,
+        throughput_tokens_per_s=throughput,
+        throughput_basis=basis_tp,
+        latency=latency,
+        hops=hop_stats(spans[in_window]),
+        inflight=inflight,
+        warnings=warnings,
+        gaps=gaps,
+    )
+
+
+def _choose_window(config: AnalysisConfig, t: StageTimes, p: int, warnings: list[str]) -> WindowInfo:
+    full = full_window(t.start_ns, t.end_ns)
+    if config.window_ms is not None:
+        return resolve_window(full, config.window_ms, warnings)
+    if not config.steady:
+        return full
+    compute = t.role == _COMPUTE
+    first = np.full(p, np.iinfo(np.int64).max, np.int64)
+    last = np.full(p, np.iinfo(np.int64).min, np.int64)
+    np.minimum.at(first, t.group[compute], t.start_ns[compute])
+    np.maximum.at(last, t.group[compute], t.end_ns[compute])
+    have = last > np.iinfo(np.int64).min
+    steady = steady_window(first[have].tolist(), last[have].tolist()) if have.all() else None
+    if steady is None:
+        warnings.append(
+            "no steady state: the pipeline never has every stage working at once (too few micro-batches, "
+            "or a stage without compute); analysed the whole run instead"
+        )
+        return full
+    return steady
+
+
+def _check_missing(world: int, pp: int, rank_stage: dict[int, int], p: int, warnings: list[str]) -> None:
+    missing = sorted(set(range(world)) - set(rank_stage))
+    if missing:
+        warnings.append(f"rank(s) {', '.join(map(str, missing))} recorded no spans and are left out (P = {p})")
+    if pp > p and not missing:
+        warnings.append(f"the run has {pp} stages but only {p} recorded spans (P = {p})")
+
+
+def _check_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_], warnings: list[str]) -> None:
+    """Warn when compute spans overlap on one (rank, lane): they are counted once (union)."""
+    if is_compute.sum() < 2:
+        return
+    cols = ["rank", "lane", "start_ns", "end_ns"]
+    sub = spans.loc[is_compute, cols].sort_values(cols)
+    keys = sub[["rank", "lane"]]
+    prev_end = sub.groupby(["rank", "lane"], sort=False)["end_ns"].cummax().shift(1)
+    same = (keys == keys.shift(1)).all(axis=1)
+    overlap = same & (sub["start_ns"] < prev_end)
+    n = int(overlap.sum())
+    if n:
+        where = sub.loc[overlap, ["rank", "lane"]].drop_duplicates().head(3)
+        lanes = ", ".join(f"rank {r} lane {la}" for r, la in where.itertuples(index=False))
+        warnings.append(
+            f"{n} compute span(s) overlap an earlier one on the same lane ({lanes}); busy time counts "
+            "overlapping compute once"
+        )
+
+
+def _theory(
+    schedule: str, p: int, m_meta: int, v: int, inflight: int | None, mb: npt.NDArray[np.int64], w: WindowInfo
+) -> Theory:
+    m = m_meta if m_meta > 0 else int(np.unique(mb[mb >= 0]).shape[0])
+    theory = theory_for(schedule, p=p, m=m, v=max(v, 1), inflight=inflight)
+    if w.mode != "full" and schedule in ("gpipe", "interleaved"):
+        theory.note = "the formula counts fill and drain over the whole run; this window leaves part of them out"
+    return theory
+
+
+def _throughput(
+    latency: RequestLatency | None, spans: pd.DataFrame, role: npt.NDArray[np.int8], w: WindowInfo
+) -> tuple[float | None, str]:
+    if latency is not None and latency.tokens_per_s is not None:
+        return latency.tokens_per_s, "requests.jsonl: output tokens / (last finish - first arrival)"
+    end = spans["end_ns"].to_numpy()
+    sample = (spans["kind"] == SpanKind.SAMPLE).to_numpy() & (end > w.start_ns) & (end <= w.end_ns)
+    tokens = int(spans["tokens"].to_numpy()[sample].sum())
+    if tokens <= 0:
+        return None, "unknown: no requests and no `sample` spans with tokens"
+    return tokens / (w.length_ns / 1e9), "tokens of `sample` spans ending in the window / window"
+
+
+def _empty(
+    trace: Trace, warnings: list[str], lat: RequestLatency | None, window: WindowInfo | None = None
+) -> AnalysisResult:
+    return AnalysisResult(
+        source=trace.meta.source,
+        schedule=trace.meta.schedule,
+        window=window,
+        stages=[],
+        bubble_ratio=None,
+        imbalance=None,
+        imbalance_basis="none",
+        bottleneck_stage=None,
+        balance_gain=None,
+        theory=Theory(formula="none (no stages)", bubble_ratio=None),
+        throughput_tokens_per_s=lat.tokens_per_s if lat else None,
+        throughput_basis="requests.jsonl" if lat and lat.tokens_per_s else "unknown",
+        latency=lat,
+        hops=[],
+        inflight=None,
+        warnings=warnings,
+    )

@@ -1,0 +1,167 @@
+"""Per-stage busy time, bubble time and the cause of every idle instant.
+
+Note (cause precedence): busy = union of compute spans (kinds in COMPUTE_KINDS). Every idle instant gets
+exactly one cause. Before the stage's first compute it is `fill`, after its last compute `drain`. Between
+them the first of these that covers the instant wins:
+  1. a `recv` span (the engine timed the transfer itself)          -> comm
+  2. a `recv_wait` span                                           -> upstream, or dependency in decode when
+                                                                     fewer micro-batches are in flight than stages
+  3. a `send` span (blocked until the successor took the data)     -> downstream
+  4. an imported `nccl` / `memcpy` / `memset` kernel               -> comm
+  5. nothing                                                      -> host, or unknown when the source has no
+                                                                     recv/send spans at all (imports), since
+                                                                     waiting cannot be told from host overhead
+Engine wait spans rank above imported comm kernels because an NCCL receive kernel also spins while it waits
+for its sender: the engine's span says why the stage is idle. Causes add up to the bubble exactly (ns).
+This module knows span kinds and times; it does not choose windows or stage numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from ppscope.analysis.intervals import Intervals, Segments, clip, label_segments, merge_runs
+from ppscope.analysis.result import CAUSES, Cause, StageResult, WindowInfo
+from ppscope.trace import COMPUTE_KINDS, SpanKind
+
+__all__ = ["StageTimes", "span_roles", "stage_bubbles"]
+
+# Span roles: what a span kind says about its stage.
+_OTHER, _COMPUTE, _RECV, _WAIT, _SEND, _KERNEL_COMM = range(6)
+_ROLE_OF_KIND = {
+    **{str(k): _COMPUTE for k in COMPUTE_KINDS},
+    str(SpanKind.RECV): _RECV,
+    str(SpanKind.RECV_WAIT): _WAIT,
+    str(SpanKind.SEND): _SEND,
+    str(SpanKind.NCCL): _KERNEL_COMM,
+    str(SpanKind.MEMCPY): _KERNEL_COMM,
+    str(SpanKind.MEMSET): _KERNEL_COMM,
+}
+_CODE = {c: i for i, c in enumerate(CAUSES)}
+_BUSY = len(CAUSES)
+_CAUSE_NAMES = np.array([*CAUSES, "busy"], dtype=object)
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Arrays of the spans that matter for bubbles, one entry per span (any order)."""
+
+    group: npt.NDArray[np.int64]
+    """Index of the span's physical stage in `stages`."""
+    role: npt.NDArray[np.int8]
+    decode: npt.NDArray[np.bool_]
+    start_ns: npt.NDArray[np.int64]
+    end_ns: npt.NDArray[np.int64]
+    unit: npt.NDArray[np.int64]
+    """(mb, step) packed into one int; -1 when the span has no micro-batch id."""
+
+
+def span_roles(kind: pd.Series) -> npt.NDArray[np.int8]:
+    """Role code per span from its kind, via one factorisation (no per-row Python)."""
+    codes, uniques = pd.factorize(kind, sort=False)
+    table = np.array([_ROLE_OF_KIND.get(str(u), _OTHER) for u in uniques] + [_OTHER], np.int8)
+    return table[codes]  # code -1 (missing) picks the trailing _OTHER
+
+
+def stage_bubbles(
+    times: StageTimes,
+    stages: list[tuple[int, list[int]]],
+    window: WindowInfo,
+    *,
+    dependency: bool,
+    has_waits: bool,
+) -> tuple[list[StageResult], pd.DataFrame]:
+    """Busy, bubble and causes for each (stage, ranks) in `stages`, plus the merged idle intervals."""
+    order = np.argsort(times.group, kind="stable")
+    cuts = np.searchsorted(times.group[order], np.arange(len(stages) + 1))
+    results: list[StageResult] = []
+    gaps: list[pd.DataFrame] = []
+    for gi, (stage, ranks) in enumerate(stages):
+        idx = order[cuts[gi] : cuts[gi + 1]]
+        res, gap = _one_stage(times, idx, stage, ranks, window, dependency=dependency, has_waits=has_waits)
+        results.append(res)
+        gaps.append(gap)
+    none = np.empty(0, np.int64)
+    gap_frame = pd.concat(gaps, ignore_index=True) if gaps else _gap_frame(0, none, none, _CAUSE_NAMES[:0])
+    return results, gap_frame
+
+
+def _one_stage(
+    t: StageTimes,
+    idx: npt.NDArray[np.intp],
+    stage: int,
+    ranks: list[int],
+    window: WindowInfo,
+    *,
+    dependency: bool,
+    has_waits: bool,
+) -> tuple[StageResult, pd.DataFrame]:
+    lo, hi = window.start_ns, window.end_ns
+    role, start, end = t.role[idx], t.start_ns[idx], t.end_ns[idx]
+
+    def pick(mask: npt.NDArray[np.bool_]) -> Intervals:
+        return clip(Intervals(start[mask], end[mask]), lo, hi)
+
+    is_compute = role == _COMPUTE
+    compute = pick(is_compute)
+    is_wait = role == _WAIT
+    dep = is_wait & t.decode[idx] if dependency else np.zeros_like(is_wait)
+    levels = [
+        (_CODE[Cause.COMM], pick(role == _RECV)),
+        (_CODE[Cause.UPSTREAM], pick(is_wait & ~dep)),
+        (_CODE[Cause.DEPENDENCY], pick(dep)),
+        (_CODE[Cause.DOWNSTREAM], pick(role == _SEND)),
+        (_CODE[Cause.COMM], pick(role == _KERNEL_COMM)),
+    ]
+    seg = Segments.of(lo, hi, compute, *(iv for _, iv in levels))
+    labels = label_segments(seg, [(_BUSY, compute), *levels], _CODE[Cause.HOST if has_waits else Cause.UNKNOWN])
+    if is_compute.any():
+        # Positional causes: fill/drain are relative to the stage's whole-run compute, not the window's.
+        first, last = start[is_compute].min(), end[is_compute].max()
+        idle = labels != _BUSY
+        labels[idle & (seg.start_ns < first)] = _CODE[Cause.FILL]
+        labels[idle & (seg.start_ns >= last)] = _CODE[Cause.DRAIN]
+    lengths = seg.length_ns
+    causes = {c: int(lengths[labels == _CODE[c]].sum()) for c in CAUSES}
+    busy = int(lengths[labels == _BUSY].sum())
+    length = hi - lo
+    bubble = length - busy
+    units = _units(t.unit[idx][is_compute], start[is_compute], end[is_compute], lo, hi)
+    result = StageResult(
+        stage=stage,
+        ranks=ranks,
+        busy_ns=busy,
+        bubble_ns=bubble,
+        bubble_ratio=bubble / length if length > 0 else 0.0,
+        causes=causes,
+        units=units,
+        time_per_mb_ns=busy / units if units else None,
+    )
+    g_start, g_end, g_label = merge_runs(seg, labels)
+    keep = g_label != _BUSY
+    return result, _gap_frame(stage, g_start[keep], g_end[keep], _CAUSE_NAMES[g_label[keep]])
+
+
+def _units(
+    unit: npt.NDArray[np.int64], start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], lo: int, hi: int
+) -> int:
+    """Distinct (micro-batch, step) pairs among compute spans that overlap the window."""
+    inside = (end > lo) & (start < hi) & (unit >= 0)
+    return int(np.unique(unit[inside]).shape[0])
+
+
+def _gap_frame(
+    stage: int, start_ns: npt.NDArray[np.int64], end_ns: npt.NDArray[np.int64], cause: npt.NDArray[np.object_]
+) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "stage": np.full(start_ns.shape[0], stage, np.int32),
+            "start_ns": start_ns.astype(np.int64),
+            "end_ns": end_ns.astype(np.int64),
+            "cause": pd.Series(cause, dtype=str),
+        }
+    )

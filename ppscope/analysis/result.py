@@ -1,0 +1,239 @@
+"""Typed results of the analyzer and their stable JSON form.
+
+These dataclasses only hold numbers the analyzer computed; they know nothing about how they are printed
+or drawn. `to_json()` gives the documented, stable key set of `ppscope analyze --json`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+    from ppscope.trace import StrEnum
+
+__all__ = [
+    "CAUSES",
+    "AnalysisResult",
+    "Cause",
+    "HopStats",
+    "LatencyStats",
+    "RequestLatency",
+    "StageResult",
+    "Theory",
+    "WindowInfo",
+]
+
+
+class Cause(StrEnum):
+    """Why a stage is idle at one instant (DESIGN.md, "Analysis")."""
+
+    FILL = "fill"  # before the stage's first compute
+    DRAIN = "drain"  # after the stage's last compute
+    UPSTREAM = "upstream"  # waiting in recv for a slower predecessor
+    DEPENDENCY = "dependency"  # decode: waiting for the micro-batch's own previous token (too few in flight)
+    DOWNSTREAM = "downstream"  # blocked in send until the successor takes the data
+    COMM = "comm"  # the transfer itself (recv transfer, NCCL kernel, copies)
+    HOST = "host"  # no span covers it: scheduling or Python overhead
+    UNKNOWN = "unknown"  # no span covers it and the source records no waits to tell host from waiting
+
+
+CAUSES: tuple[str, ...] = tuple(str(c) for c in Cause)
+"""Every cause, in report order; each stage's `causes` has all of them as keys."""
+
+
+@dataclass(kw_only=True)
+class WindowInfo:
+    """The analysed window on the trace's common clock."""
+
+    start_ns: int
+    end_ns: int
+    mode: str
+    """`full` (first to last span), `steady` (found automatically) or `explicit` (given by the user)."""
+    how: str
+    """One sentence saying how the window was chosen."""
+
+    @property
+    def length_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(kw_only=True)
+class StageResult:
+    """Busy time, bubble and its causes for one physical stage (one device, or the ranks sharing a stage)."""
+
+    stage: int
+    ranks: list[int]
+    busy_ns: int
+    bubble_ns: int
+    bubble_ratio: float
+    """bubble_ns / window length."""
+    causes: dict[str, int]
+    """Cause -> ns; values add up to bubble_ns exactly."""
+    units: int
+    """Distinct (micro-batch, step) pairs computed in the window; 0 when spans carry no micro-batch ids."""
+    time_per_mb_ns: float | None
+    """busy_ns / units: the stage's time per micro-batch; None when units is 0."""
+
+
+@dataclass(kw_only=True)
+class Theory:
+    """The bubble ratio a textbook schedule predicts for this run's shape."""
+
+    formula: str
+    """Human-readable formula with its name, e.g. `GPipe (P-1)/(M+P-1)`."""
+    bubble_ratio: float | None
+    """Predicted share of wall time idle; None when the schedule is unknown."""
+    params: dict[str, int] = field(default_factory=dict)
+    """The values plugged in: P, M, V, m."""
+    note: str = ""
+
+
+@dataclass(kw_only=True)
+class HopStats:
+    """Traffic from one rank to another, from send/recv spans."""
+
+    src_rank: int
+    dst_rank: int
+    messages: int
+    nbytes: int
+    send_ns: int
+    """Total time blocked in send on src."""
+    recv_ns: int
+    """Total transfer time (kind `recv`) on dst."""
+    wait_ns: int
+    """Total time waiting (kind `recv_wait`) on dst for this hop."""
+    bandwidth_gbps: float | None
+    """nbytes / transfer time (recv if timed, else send), in GB/s (1e9 bytes/s)."""
+
+
+@dataclass(kw_only=True)
+class LatencyStats:
+    """Summary of one latency measure over requests, in ms."""
+
+    n: int
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+@dataclass(kw_only=True)
+class RequestLatency:
+    """Per-request latency from requests.jsonl."""
+
+    requests: int
+    finished: int
+    output_tokens: int
+    ttft: LatencyStats | None
+    tpot: LatencyStats | None
+    e2e: LatencyStats | None
+    tokens_per_s: float | None
+    """Output tokens of finished requests / (last finish - first arrival)."""
+    table: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
+    """One row per request: id, ttft_ns, tpot_ns, e2e_ns (-1 when unknown)."""
+
+
+@dataclass(kw_only=True)
+class AnalysisResult:
+    """Everything `ppscope analyze` reports about one trace."""
+
+    source: str
+    schedule: str
+    window: WindowInfo | None
+    stages: list[StageResult]
+    bubble_ratio: float | None
+    """Σ bubble / (P × window): share of the P stages' wall time spent idle."""
+    imbalance: float | None
+    """1 - mean(t_s) / max(t_s) over stages."""
+    imbalance_basis: str
+    """`time_per_mb` or `busy` (when spans carry no micro-batch ids)."""
+    bottleneck_stage: int | None
+    balance_gain: float | None
+    """max(t_s) / mean(t_s): the throughput factor perfect balance would give."""
+    theory: Theory
+    throughput_tokens_per_s: float | None
+    throughput_basis: str
+    latency: RequestLatency | None
+    hops: list[HopStats]
+    inflight: int | None
+    """Micro-batches in flight during decode (config max_inflight, or measured)."""
+    warnings: list[str] = field(default_factory=list)
+    gaps: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
+    """Idle intervals: stage, start_ns, end_ns, cause (adjacent same-cause pieces merged)."""
+
+    @property
+    def pp_size(self) -> int:
+        return len(self.stages)
+
+    def stage(self, stage: int) -> StageResult:
+        for s in self.stages:
+            if s.stage == stage:
+                return s
+        raise KeyError(f"no stage {stage}; stages: {[s.stage for s in self.stages]}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON object of `ppscope analyze --json` (documented in the README)."""
+        w = self.window
+        return {
+            "source": self.source,
+            "schedule": self.schedule,
+            "pp_size": self.pp_size,
+            "window_ns": w.length_ns if w else 0,
+            "window": {"start_ns": w.start_ns, "end_ns": w.end_ns, "mode": w.mode, "how": w.how} if w else None,
+            "bubble_ratio": self.bubble_ratio,
+            "bubble_ratio_denominator": "sum(bubble_ns) / (pp_size * window_ns)",
+            "imbalance": self.imbalance,
+            "imbalance_basis": self.imbalance_basis,
+            "bottleneck_stage": self.bottleneck_stage,
+            "balance_gain": self.balance_gain,
+            "theory": {
+                "formula": self.theory.formula,
+                "bubble_ratio": self.theory.bubble_ratio,
+                "params": dict(self.theory.params),
+                "note": self.theory.note,
+            },
+            "throughput_tokens_per_s": self.throughput_tokens_per_s,
+            "throughput_basis": self.throughput_basis,
+            "inflight": self.inflight,
+            "stages": [
+                {
+                    "stage": s.stage,
+                    "ranks": list(s.ranks),
+                    "busy_ns": s.busy_ns,
+                    "bubble_ns": s.bubble_ns,
+                    "bubble_ratio": s.bubble_ratio,
+                    "units": s.units,
+                    "time_per_mb_ns": s.time_per_mb_ns,
+                    "causes": dict(s.causes),
+                }
+                for s in self.stages
+            ],
+            "hops": [vars(h).copy() for h in self.hops],
+            "latency": _latency_json(self.latency),
+            "warnings": list(self.warnings),
+        }
+
+
+def _latency_json(lat: RequestLatency | None) -> dict[str, Any] | None:
+    if lat is None:
+        return None
+
+    def stats(s: LatencyStats | None) -> dict[str, Any] | None:
+        return None if s is None else vars(s).copy()
+
+    return {
+        "requests": lat.requests,
+        "finished": lat.finished,
+        "output_tokens": lat.output_tokens,
+        "tokens_per_s": lat.tokens_per_s,
+        "ttft_ms": stats(lat.ttft),
+        "tpot_ms": stats(lat.tpot),
+        "e2e_ms": stats(lat.e2e),
+    }

@@ -1,0 +1,71 @@
+"""Bad inputs give a clear message or a warning in the result, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppscope.analysis import AnalysisConfig, analyze, parse_window_ms
+from ppscope.errors import InvalidConfigError
+from ppscope.trace import RunMeta, Trace
+
+
+def _fwd(rank: int, start: int, end: int) -> dict[str, object]:
+    return dict(rank=rank, stage=rank, kind="forward", mb=0, start_ns=start, end_ns=end)
+
+
+def test_empty_trace_is_a_warning() -> None:
+    res = analyze(Trace())
+    assert res.stages == [] and res.bubble_ratio is None
+    assert any("no spans" in w for w in res.warnings)
+    assert res.to_json()["window_ns"] == 0
+
+
+def test_single_stage() -> None:
+    res = analyze(Trace.from_records([_fwd(0, 0, 10), _fwd(0, 20, 30)]))
+    assert res.pp_size == 1 and res.imbalance == 0.0
+    assert any("one stage" in w for w in res.warnings)
+
+
+def test_missing_ranks_warned() -> None:
+    meta = RunMeta(world_size=4, pp_size=4)
+    res = analyze(Trace.from_records([_fwd(0, 0, 10), _fwd(2, 10, 20)], meta=meta))
+    assert [s.stage for s in res.stages] == [0, 2]
+    assert any("rank(s) 1, 3 recorded no spans" in w for w in res.warnings)
+
+
+def test_window_outside_trace_raises_clear_error() -> None:
+    tr = Trace.from_records([_fwd(0, 0, 10**6)])
+    with pytest.raises(InvalidConfigError, match="outside the trace"):
+        analyze(tr, AnalysisConfig(window_ms=(5.0, 6.0)))
+    res = analyze(tr, AnalysisConfig(window_ms=(0.5, 6.0)))
+    assert res.window is not None and res.window.length_ns == 5 * 10**5
+    assert any("clipped" in w for w in res.warnings)
+
+
+@pytest.mark.parametrize("text", ["5", "a:b", "5:1", "1:2:3", "-1:2", "nan:3"])
+def test_bad_window_text(text: str) -> None:
+    with pytest.raises(InvalidConfigError):
+        parse_window_ms(text)
+
+
+def test_steady_and_window_together_refused() -> None:
+    with pytest.raises(InvalidConfigError, match="not both"):
+        AnalysisConfig(steady=True, window_ms=(0, 1))
+
+
+def test_no_steady_state_falls_back_with_warning() -> None:
+    # Two stages that never compute at the same time: no steady state.
+    res = analyze(Trace.from_records([_fwd(0, 0, 10), _fwd(1, 10, 20)]), AnalysisConfig(steady=True))
+    assert res.window is not None and res.window.mode == "full"
+    assert any("no steady state" in w for w in res.warnings)
+
+
+def test_instantaneous_trace() -> None:
+    res = analyze(Trace.from_records([dict(rank=0, kind="mark", start_ns=5, end_ns=5)]))
+    assert res.bubble_ratio is None and any("0 ns" in w for w in res.warnings)
+
+
+def test_loader_warnings_are_kept() -> None:
+    tr = Trace.from_records([_fwd(0, 0, 10)])
+    tr.warnings.append("rank 1 has no file")
+    assert "rank 1 has no file" in analyze(tr).warnings

@@ -1,0 +1,185 @@
+"""Hand-built traces with exactly known busy time, bubbles and causes (integer ns, exact equality)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ppscope.analysis import CAUSES, AnalysisConfig, analyze
+from ppscope.analysis.intervals import Intervals, union_length
+from ppscope.trace import RankInfo, RunMeta, Trace
+
+
+def _trace(rows: list[dict[str, Any]], **meta: Any) -> Trace:
+    return Trace.from_records(rows, meta=RunMeta(**meta))
+
+
+def _fwd(rank: int, mb: int, start: int, end: int, **kw: Any) -> dict[str, Any]:
+    return dict(rank=rank, stage=rank, kind="forward", mb=mb, start_ns=start, end_ns=end, **kw)
+
+
+def _gpipe(p: int, m: int, t: int) -> list[dict[str, Any]]:
+    return [_fwd(s, mb, (s + mb) * t, (s + mb + 1) * t) for s in range(p) for mb in range(m)]
+
+
+def test_gpipe_fill_drain_exact() -> None:
+    p, m, t = 4, 3, 1000
+    res = analyze(_trace(_gpipe(p, m, t), pp_size=p, schedule="gpipe", microbatches=m, world_size=p))
+    assert res.window is not None and res.window.length_ns == (m + p - 1) * t
+    for s in res.stages:
+        assert s.busy_ns == m * t
+        assert s.causes["fill"] == s.stage * t
+        assert s.causes["drain"] == (p - 1 - s.stage) * t
+        assert s.bubble_ns == (p - 1) * t
+        assert s.time_per_mb_ns == t
+    assert res.bubble_ratio == (p - 1) / (m + p - 1)
+    assert res.theory.bubble_ratio == res.bubble_ratio
+    assert res.imbalance == 0.0 and res.balance_gain == 1.0
+
+
+def test_every_cause_with_precedence() -> None:
+    # Stage 1, window [0, 100): compute [10,20) and [60,70) and [90,100); stage 0 spans the window.
+    rows = [
+        _fwd(0, 0, 0, 100),
+        _fwd(1, 0, 10, 20),
+        _fwd(1, 1, 60, 70),
+        _fwd(1, 2, 90, 100),
+        dict(rank=1, stage=1, kind="recv_wait", start_ns=0, end_ns=10, peer=0),  # before first compute: fill
+        dict(rank=1, stage=1, kind="send", start_ns=20, end_ns=30, peer=2),  # downstream 10
+        dict(rank=1, stage=1, kind="recv_wait", start_ns=30, end_ns=45, peer=0),  # upstream 15 minus comm 5
+        dict(rank=1, stage=1, kind="recv", start_ns=40, end_ns=50, peer=0),  # comm 10, wins over recv_wait
+        dict(rank=1, stage=1, kind="nccl", lane="stream 7", start_ns=50, end_ns=60),  # imported comm kernel 10
+        dict(rank=1, stage=1, kind="step", start_ns=0, end_ns=100),  # host-side span: explains nothing
+        # [70,90): nothing but the step span -> host 20
+    ]
+    res = analyze(_trace(rows, pp_size=2, world_size=2))
+    s1 = res.stage(1)
+    assert s1.busy_ns == 30
+    assert s1.causes == {
+        "fill": 10,
+        "drain": 0,
+        "upstream": 10,
+        "dependency": 0,
+        "downstream": 10,
+        "comm": 20,
+        "host": 20,
+        "unknown": 0,
+    }
+    assert sum(s1.causes.values()) == s1.bubble_ns == 70
+    gaps = res.gaps[res.gaps["stage"] == 1]
+    assert list(gaps["cause"]) == ["fill", "downstream", "upstream", "comm", "host"]
+    assert list(gaps["start_ns"]) == [0, 20, 30, 40, 70]
+    assert list(gaps["end_ns"]) == [10, 30, 40, 60, 90]
+
+
+def test_decode_dependency_when_fewer_in_flight_than_stages() -> None:
+    # 2 stages, 1 micro-batch circulating in decode: every wait is the ring dependency.
+    rows = []
+    for step in range(3):
+        base = step * 40
+        rows += [
+            _fwd(0, 0, base, base + 10, phase="decode", step=step),
+            dict(rank=0, stage=0, kind="recv_wait", phase="decode", start_ns=base + 10, end_ns=base + 40, peer=1),
+            dict(rank=1, stage=1, kind="recv_wait", phase="decode", start_ns=base, end_ns=base + 20, peer=0),
+            _fwd(1, 0, base + 20, base + 30, phase="decode", step=step),
+        ]
+    res = analyze(_trace(rows, pp_size=2, world_size=2, schedule="serve", config={"max_inflight": 1}))
+    assert res.inflight == 1
+    s0, s1 = res.stage(0), res.stage(1)
+    # Window [0, 120). Stage 0 waits [10,40) and [50,80) for its token; drains after its last compute at 90.
+    assert s0.causes["dependency"] == 60 and s0.causes["drain"] == 30 and s0.bubble_ns == 90
+    # Stage 1 fills [0,20), waits [40,60) and [80,100), has uncovered [30,40) and [70,80), drains [110,120).
+    assert s1.causes["fill"] == 20 and s1.causes["dependency"] == 40 and s1.causes["host"] == 20
+    assert s1.causes["drain"] == 10
+    assert res.theory.bubble_ratio == 0.5
+    # With enough in flight the same waits are `upstream`.
+    res2 = analyze(_trace(rows, pp_size=2, world_size=2, schedule="serve", config={"max_inflight": 2}))
+    assert res2.stage(1).causes["upstream"] == 40 and res2.stage(1).causes["dependency"] == 0
+
+
+def test_import_without_waits_reports_unknown() -> None:
+    rows = [
+        dict(rank=0, kind="kernel", lane="stream 7", start_ns=0, end_ns=10),
+        dict(rank=0, kind="kernel", lane="stream 7", start_ns=30, end_ns=40),
+        dict(rank=0, kind="nccl", lane="stream 9", start_ns=10, end_ns=15),
+        dict(rank=1, kind="kernel", lane="stream 7", start_ns=5, end_ns=40),
+    ]
+    res = analyze(_trace(rows, source="kineto", world_size=2))
+    assert [s.stage for s in res.stages] == [0, 1]
+    assert res.stage(0).causes["comm"] == 5 and res.stage(0).causes["unknown"] == 15
+    assert res.stage(0).causes["host"] == 0
+    assert res.stage(1).causes["fill"] == 5
+    assert any("unknown" in w for w in res.warnings)
+    assert res.imbalance_basis == "busy"
+    assert res.bottleneck_stage == 1
+
+
+def test_meta_stage_mapping_and_interleaved_chunks() -> None:
+    # Ranks 5 and 3 run physical stages 0 and 1; chunk 1 spans carry virtual stages 2 and 3.
+    rows = [
+        dict(rank=5, stage=0, chunk=0, kind="forward", mb=0, start_ns=0, end_ns=10),
+        dict(rank=5, stage=2, chunk=1, kind="forward", mb=0, start_ns=20, end_ns=30),
+        dict(rank=3, stage=1, chunk=0, kind="forward", mb=0, start_ns=10, end_ns=20),
+        dict(rank=3, stage=3, chunk=1, kind="forward", mb=0, start_ns=30, end_ns=40),
+    ]
+    meta = dict(pp_size=2, world_size=2, chunks=2, ranks=[RankInfo(rank=5, stage=0), RankInfo(rank=3, stage=1)])
+    res = analyze(_trace(rows, **meta))
+    assert [(s.stage, s.ranks) for s in res.stages] == [(0, [5]), (1, [3])]
+    assert res.stage(0).busy_ns == 20 and res.stage(0).causes["unknown"] == 10 and res.stage(0).causes["drain"] == 10
+    assert res.stage(1).units == 1 and res.stage(1).time_per_mb_ns == 20
+
+
+def test_overlapping_compute_counted_once_with_warning() -> None:
+    rows = [_fwd(0, 0, 0, 10), _fwd(0, 1, 5, 15), _fwd(0, 2, 20, 30)]
+    res = analyze(_trace(rows))
+    assert res.stage(0).busy_ns == 25 and res.stage(0).causes["unknown"] == 5
+    assert any("overlap" in w for w in res.warnings)
+
+
+def test_causes_sum_to_bubble_on_random_trace() -> None:
+    rng = np.random.default_rng(0)
+    n = 3000
+    start = rng.integers(0, 10**7, n)
+    kinds = rng.choice(["forward", "recv_wait", "send", "recv", "nccl", "step"], n)
+    df = pd.DataFrame(
+        dict(
+            rank=rng.integers(0, 4, n),
+            stage=-1,
+            lane="compute",
+            kind=kinds,
+            name="x",
+            mb=rng.integers(0, 8, n),
+            step=-1,
+            chunk=0,
+            phase="",
+            start_ns=start,
+            end_ns=start + rng.integers(0, 10**5, n),
+            nbytes=0,
+            tokens=0,
+            peer=-1,
+        )
+    )
+    res = analyze(Trace(spans=df))
+    for s in res.stages:
+        assert sum(s.causes.values()) == s.bubble_ns
+        assert set(s.causes) == set(CAUSES)
+        sub = df[(df["rank"] == s.ranks[0]) & (df["kind"] == "forward")]
+        assert s.busy_ns == union_length(Intervals(sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy()))
+
+
+def test_steady_window_excludes_fill_and_drain() -> None:
+    p, m, t = 3, 6, 100
+    res = analyze(_trace(_gpipe(p, m, t), pp_size=p, schedule="gpipe", microbatches=m), AnalysisConfig(steady=True))
+    assert res.window is not None and res.window.mode == "steady"
+    assert (res.window.start_ns, res.window.end_ns) == ((p - 1) * t, m * t)
+    assert res.bubble_ratio == 0.0
+    assert "fill and drain" in res.theory.note
+
+
+def test_explicit_window_clips_spans() -> None:
+    res = analyze(_trace(_gpipe(2, 2, 10**6)), AnalysisConfig(window_ms=(0.5, 2.5)))
+    assert res.window is not None and res.window.length_ns == 2 * 10**6
+    assert res.stage(0).busy_ns == 15 * 10**5 and res.stage(0).causes["drain"] == 5 * 10**5
+    assert res.stage(1).busy_ns == 15 * 10**5 and res.stage(1).causes["fill"] == 5 * 10**5
