@@ -1,0 +1,62 @@
+"""Rebalancer speed on L = 1000 layers and P = 64 stages (target: <= 10 ms), as a ratio to evaluating one
+split with the same cost model, measured in this process (best of several rounds).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+ROUNDS = 7
+
+
+def _best_ms(fn: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter_ns()
+        fn()
+        best = min(best, (time.perf_counter_ns() - t0) / 1e6)
+    return best
+
+
+def main() -> list[str]:
+    from ppscope.balance import BalanceProblem, MemoryModel, balance, evaluate
+    from ppscope.costs import LayerCosts, StageCosts
+    from ppscope.split import vllm_default_split
+
+    rng = random.Random(0)
+    layers, stages = 1000, 64
+    costs = LayerCosts(layer_ms=tuple(rng.uniform(0.5, 1.5) for _ in range(layers)), embed_ms=3.0, head_ms=8.0)
+    plain = BalanceProblem(costs=costs, stages=stages, stage_costs=StageCosts(overhead_ms=0.2, comm_ms=0.1))
+    hetero = BalanceProblem(
+        costs=costs,
+        stages=stages,
+        stage_costs=StageCosts(
+            overhead_ms=0.2, comm_ms=0.1, speed=[rng.choice([0.7, 1.0, 1.3]) for _ in range(stages)]
+        ),
+    )
+    memory = MemoryModel(
+        limit_bytes=(80 << 30,) * stages,
+        layer_bytes=(1 << 30) // 2,
+        kv_bytes_per_token_per_layer=4096,
+        embed_bytes=2 << 30,
+        head_bytes=2 << 30,
+    )
+    with_memory = BalanceProblem(costs=costs, stages=stages, memory=memory)
+    default = vllm_default_split(layers, stages)
+    ref = _best_ms(lambda: [evaluate(plain, default) for _ in range(10)]) / 10
+    lines = [f"balance: reference = evaluating one split of L={layers} over P={stages}: {ref:.3f} ms"]
+    for name, problem in (("uniform GPUs", plain), ("mixed GPU speeds", hetero), ("with memory limits", with_memory)):
+        ms = _best_ms(lambda p=problem: balance(p))  # type: ignore[misc]
+        gain = evaluate(problem, default).max_ms / evaluate(problem, balance(problem)).max_ms
+        lines.append(
+            f"balance L={layers} P={stages} {name}: {ms:.2f} ms (target <= 10 ms) = {ms / ref:.1f}x one evaluation; "
+            f"predicted gain over vLLM default {gain:.3f}x"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    for line in main():
+        print(line)

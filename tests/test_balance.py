@@ -1,0 +1,218 @@
+"""The rebalancer: optimal against brute force on every small case, never worse than the usual rules."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ppscope.balance import (
+    BalanceProblem,
+    MemoryModel,
+    _Model,
+    balance,
+    engine_lines,
+    evaluate,
+    megatron_args,
+    rebalance,
+)
+from ppscope.costs import LayerCosts, StageCosts
+from ppscope.errors import InvalidConfigError
+from ppscope.split import vllm_default_split
+
+
+def all_splits(layers: int, stages: int) -> list[list[int]]:
+    out = []
+    for cuts in itertools.combinations(range(1, layers), stages - 1):
+        ends = [*cuts, layers]
+        out.append([e - s for s, e in zip([0, *cuts], ends, strict=True)])
+    return out
+
+
+def brute_force(problem: BalanceProblem) -> tuple[float, int | None] | None:
+    """(best slowest stage, best KV capacity) by the problem's objective, or None when nothing fits."""
+    evals = [evaluate(problem, s) for s in all_splits(problem.costs.layers, problem.stages)]
+    mem = problem.memory
+    if mem is not None:
+        evals = [e for e in evals if e.kv_capacity is not None and e.kv_capacity >= mem.min_kv_tokens]
+    if not evals:
+        return None
+    if problem.objective == "throughput" or mem is None:
+        best = min(e.max_ms for e in evals)
+        kv = [e.kv_capacity for e in evals if e.max_ms == best]
+        return best, (None if mem is None else max(k for k in kv if k is not None))
+    best_kv = max(e.kv_capacity for e in evals if e.kv_capacity is not None)
+    return min(e.max_ms for e in evals if e.kv_capacity == best_kv), best_kv
+
+
+costs_ms = st.one_of(
+    st.integers(0, 4).map(float),  # small integers: many exact ties, which the tie-break must get right
+    st.floats(0, 10, allow_nan=False, allow_infinity=False),
+)
+
+
+@st.composite
+def problems(draw: st.DrawFn) -> BalanceProblem:
+    layers = draw(st.integers(1, 12))
+    stages = draw(st.integers(1, min(4, layers)))
+    per_stage = st.lists(costs_ms, min_size=stages, max_size=stages)
+    costs = LayerCosts(
+        layer_ms=tuple(draw(st.lists(costs_ms, min_size=layers, max_size=layers))),
+        embed_ms=draw(costs_ms),
+        head_ms=draw(costs_ms),
+        sample_ms=draw(costs_ms),
+    )
+    stage_costs = StageCosts(
+        overhead_ms=draw(st.one_of(costs_ms, per_stage)),
+        comm_ms=draw(st.one_of(costs_ms, per_stage)),
+        speed=draw(st.one_of(st.just(1.0), st.lists(st.sampled_from([0.25, 0.5, 1.0, 1.5, 3.0]), min_size=stages,
+                                                                 max_size=stages))),
+    )  # fmt: skip
+    memory = None
+    if draw(st.booleans()):
+        memory = MemoryModel(
+            limit_bytes=tuple(draw(st.lists(st.integers(0, 120), min_size=stages, max_size=stages))),
+            layer_bytes=draw(st.integers(0, 10)),
+            kv_bytes_per_token_per_layer=draw(st.integers(0, 3)),
+            embed_bytes=draw(st.integers(0, 20)),
+            head_bytes=draw(st.integers(0, 20)),
+            reserve_bytes=draw(st.integers(0, 5)),
+            min_kv_tokens=draw(st.integers(0, 3)),
+        )
+    objective = draw(st.sampled_from(["throughput", "memory"]))
+    return BalanceProblem(costs=costs, stages=stages, stage_costs=stage_costs, memory=memory, objective=objective)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_balance_equals_brute_force(problem: BalanceProblem) -> None:
+    expected = brute_force(problem)
+    if expected is None:
+        with pytest.raises(InvalidConfigError, match="fits the memory limits"):
+            balance(problem)
+        return
+    split = balance(problem)
+    got = evaluate(problem, split)
+    assert sum(split) == problem.costs.layers and min(split) >= 1
+    assert (got.max_ms, got.kv_capacity) == expected
+    if problem.memory is not None:
+        assert got.kv_capacity is not None and got.kv_capacity >= problem.memory.min_kv_tokens
+
+
+@settings(max_examples=200, deadline=None)
+@given(problems())
+def test_never_worse_than_uniform_or_vllm_default(problem: BalanceProblem) -> None:
+    problem = BalanceProblem(costs=problem.costs, stages=problem.stages, stage_costs=problem.stage_costs)
+    best = evaluate(problem, balance(problem)).max_ms
+    assert best <= evaluate(problem, vllm_default_split(problem.costs.layers, problem.stages)).max_ms
+    uniform = [problem.costs.layers // problem.stages] * problem.stages
+    uniform[-1] += problem.costs.layers - sum(uniform)
+    assert best <= evaluate(problem, uniform).max_ms
+
+
+def test_stage_time_formula_by_hand() -> None:
+    costs = LayerCosts(layer_ms=(1.0, 2.0, 3.0, 4.0), embed_ms=0.5, head_ms=1.5, sample_ms=0.25)
+    stage_costs = StageCosts(overhead_ms=[0.1, 0.2], comm_ms=0.3, speed=[1.0, 2.0])
+    got = evaluate(BalanceProblem(costs=costs, stages=2, stage_costs=stage_costs), [3, 1])
+    assert got.stage_ms == pytest.approx(((0.5 + 6 + 0.1) / 1 + 0.3, (4 + 1.75 + 0.2) / 2 + 0.3))
+    assert got.bottleneck == 0
+
+
+def test_last_stage_with_lm_head_gets_fewer_layers() -> None:
+    costs = LayerCosts(layer_ms=(1.0,) * 15, head_ms=3.0)
+    advice = rebalance(BalanceProblem(costs=costs, stages=4))
+    assert advice.current.split == (4, 4, 4, 3)
+    assert advice.current.stage_ms == (4.0, 4.0, 4.0, 6.0)
+    assert advice.proposed.split[-1] == 2 and advice.proposed.max_ms == 5.0
+    assert advice.predicted_speedup == pytest.approx(6.0 / 5.0)
+
+
+def test_heterogeneous_speeds_give_the_fast_gpu_more_layers() -> None:
+    costs = LayerCosts(layer_ms=(1.0,) * 12)
+    split = balance(BalanceProblem(costs=costs, stages=2, stage_costs=StageCosts(speed=[2.0, 1.0])))
+    assert split == [8, 4]
+
+
+def test_ties_go_to_more_kv_capacity() -> None:
+    # Costs 4,0,0,4: [1,3] and [3,1] and [2,2] all take 4 ms; the stage with the head bytes must hold fewer layers.
+    costs = LayerCosts(layer_ms=(4.0, 0.0, 0.0, 4.0))
+    memory = MemoryModel(limit_bytes=(100, 100), layer_bytes=10, kv_bytes_per_token_per_layer=1, head_bytes=40)
+    advice = rebalance(BalanceProblem(costs=costs, stages=2, memory=memory), [2, 2])
+    assert advice.proposed.max_ms == 4.0
+    assert advice.proposed.split == (3, 1)
+    assert advice.proposed.kv_tokens == (23, 50)
+
+
+def test_memory_objective_trades_time_for_capacity() -> None:
+    costs = LayerCosts(layer_ms=(1.0,) * 8, head_ms=4.0)
+    memory = MemoryModel(limit_bytes=(100, 100), layer_bytes=10, kv_bytes_per_token_per_layer=1)
+    fast = balance(BalanceProblem(costs=costs, stages=2, memory=memory))
+    roomy = balance(BalanceProblem(costs=costs, stages=2, memory=memory, objective="memory"))
+    assert fast == [6, 2] and roomy == [4, 4]
+
+
+def test_memory_limit_forces_layers_off_a_small_gpu() -> None:
+    costs = LayerCosts(layer_ms=(1.0,) * 8)
+    memory = MemoryModel(limit_bytes=(25, 200), layer_bytes=10, kv_bytes_per_token_per_layer=0)
+    assert balance(BalanceProblem(costs=costs, stages=2, memory=memory)) == [2, 6]
+
+
+def test_nothing_fits_says_so() -> None:
+    memory = MemoryModel(limit_bytes=(10, 10), layer_bytes=20, kv_bytes_per_token_per_layer=1)
+    with pytest.raises(InvalidConfigError, match="no split of 4 layers over 2 stages fits"):
+        balance(BalanceProblem(costs=LayerCosts(layer_ms=(1.0,) * 4), stages=2, memory=memory))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"layer_ms": (1.0, -1.0)}, "layer 1 cost must be a finite number >= 0"),
+        ({"layer_ms": (1.0, math.nan)}, "layer 1 cost must be a finite number >= 0"),
+        ({"layer_ms": ()}, "layer costs are empty"),
+        ({"layer_ms": (1.0,), "head_ms": -2.0}, "head cost must be"),
+    ],
+)
+def test_bad_costs_are_named(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(InvalidConfigError, match=fragment):
+        LayerCosts(**kwargs)
+
+
+def test_fewer_layers_than_stages_and_wrong_lengths() -> None:
+    costs = LayerCosts(layer_ms=(1.0, 1.0))
+    with pytest.raises(InvalidConfigError, match=r"2 layer cost.* cannot fill 3 stages"):
+        BalanceProblem(costs=costs, stages=3)
+    with pytest.raises(InvalidConfigError, match="speed factor has 3 value"):
+        BalanceProblem(costs=costs, stages=2, stage_costs=StageCosts(speed=[1, 1, 1]))
+    with pytest.raises(InvalidConfigError, match="speed factor of stage 1 must be a finite number > 0"):
+        BalanceProblem(costs=costs, stages=2, stage_costs=StageCosts(speed=[1, 0]))
+    with pytest.raises(InvalidConfigError, match="unknown objective"):
+        BalanceProblem(costs=costs, stages=2, objective="latency")
+
+
+def test_engine_lines() -> None:
+    lines = engine_lines([5, 4, 4, 3])
+    assert lines["vllm_env"] == "VLLM_PP_LAYER_PARTITION=5,4,4,3"
+    assert lines["sglang_env"] == "SGLANG_PP_LAYER_PARTITION=5,4,4,3"
+    assert lines["ppscope_run"] == "ppscope run --split 5,4,4,3"
+    assert megatron_args([5, 4, 4, 3]) == "--decoder-first-pipeline-num-layers 5 --decoder-last-pipeline-num-layers 3"
+    assert megatron_args([5, 4, 3, 3]) is None
+    assert "not expressible" in engine_lines([5, 4, 3, 3])["megatron_args"]
+
+
+def test_large_problem_is_exact_against_a_slow_dp() -> None:
+    # An O(P L^2) dynamic programme over the same stage-time formula, on a size brute force cannot reach.
+    rng = random.Random(7)
+    layers, stages = 60, 7
+    costs = LayerCosts(layer_ms=tuple(rng.uniform(0.5, 2.0) for _ in range(layers)), embed_ms=1.0, head_ms=6.0)
+    problem = BalanceProblem(costs=costs, stages=stages, stage_costs=StageCosts(speed=[1, 1, 2, 1, 1, 0.5, 1]))
+    model = _Model(problem)
+    best = [[math.inf] * (layers + 1) for _ in range(stages + 1)]
+    best[0][0] = -math.inf
+    for s in range(stages):
+        for j in range(1, layers + 1):
+            best[s + 1][j] = min(max(best[s][i], model.time(s, i, j)) for i in range(j))
+    assert evaluate(problem, balance(problem)).max_ms == best[stages][layers]
