@@ -1,0 +1,139 @@
+"""The text report, the JSON keys and the self-contained HTML report, through the CLI on a stored run."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ppscope.analysis import CAUSES, analyze
+from ppscope.cli import main
+from ppscope.report import html_report, render_text
+from ppscope.store import REQUESTS_FILE, RankWriter, create_run
+from ppscope.trace import SPAN_COLUMNS, RankInfo, RunMeta, Trace
+
+P, M, T = 3, 4, 1_000_000  # stages, micro-batches, ns per forward
+
+TOP_KEYS = {
+    "bubble_ratio",
+    "imbalance",
+    "bottleneck_stage",
+    "balance_gain",
+    "theory",
+    "throughput_tokens_per_s",
+    "window_ns",
+    "stages",
+}
+STAGE_KEYS = {"stage", "busy_ns", "bubble_ns", "bubble_ratio", "time_per_mb_ns", "causes"}
+
+
+def _row(rank: int, kind: str, mb: int, start: int, end: int, **kw: object) -> tuple[object, ...]:
+    row = dict(
+        rank=rank,
+        stage=rank,
+        lane="compute",
+        kind=kind,
+        name=f"s{rank} {kind} mb{mb}",
+        mb=mb,
+        step=-1,
+        chunk=0,
+        phase="",
+        start_ns=start,
+        end_ns=end,
+        nbytes=0,
+        tokens=0,
+        peer=-1,
+    )
+    row.update(kw)
+    return tuple(row[c] for c in SPAN_COLUMNS)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    meta = RunMeta(
+        run_id="t",
+        world_size=P,
+        pp_size=P,
+        schedule="gpipe",
+        microbatches=M,
+        status="finished",
+        ranks=[RankInfo(rank=r, stage=r) for r in range(P)],
+    )
+    path = create_run(tmp_path / "run", meta)
+    for r in range(P):
+        w = RankWriter(path, r)
+        rows = [_row(r, "forward", m, (r + m) * T, (r + m + 1) * T, tokens=8) for m in range(M)]
+        if r > 0:
+            rows += [_row(r, "recv_wait", 0, 0, r * T, lane="recv", peer=r - 1, nbytes=4096)]
+        if r == P - 1:
+            rows += [_row(r, "sample", m, (r + m + 1) * T, (r + m + 1) * T, tokens=8) for m in range(M)]
+        w.write(rows)
+        w.close()
+    lines = [
+        json.dumps(
+            dict(id=i, prompt_len=4, output_len=5, arrival_ns=0, first_token_ns=(i + 3) * T, finish_ns=(i + 7) * T)
+        )
+        for i in range(4)
+    ]
+    (path / REQUESTS_FILE).write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_json_keys_and_values(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(run_dir), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= TOP_KEYS
+    assert set(out["theory"]) >= {"formula", "bubble_ratio"}
+    assert out["theory"]["formula"] == "GPipe (P-1)/(M+P-1)"
+    assert out["window_ns"] == (M + P - 1) * T
+    assert out["bubble_ratio"] == pytest.approx((P - 1) / (M + P - 1))
+    assert [s["stage"] for s in out["stages"]] == list(range(P))
+    for s in out["stages"]:
+        assert set(s) >= STAGE_KEYS and set(s["causes"]) == set(CAUSES)
+        assert sum(s["causes"].values()) == s["bubble_ns"]
+    assert out["latency"]["ttft_ms"]["p50_ms"] == pytest.approx(4.5)
+    assert out["throughput_tokens_per_s"] == pytest.approx(20 / (10 * T / 1e9))
+
+
+def test_text_report(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(run_dir), "--steady"]) == 0
+    text = capsys.readouterr().out
+    assert "Σ bubble / (P × window)" in text
+    assert "GPipe (P-1)/(M+P-1)" in text
+    assert "steady state" in text
+    assert "TTFT" in text
+
+
+def test_html_is_self_contained(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report.html"
+    assert main(["analyze", str(run_dir), "--html", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert not re.search(r"<script[^>]+src=", page), "an external script would need a network"
+    assert "Plotly.newPlot" in page and len(page) > 1_000_000  # plotly.js is inlined
+    assert page.count("Plotly.newPlot") == 3  # gantt, stage breakdown, theory vs measured
+
+
+def test_cli_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(run_dir), "--window", "500:600"]) == 2
+    err = capsys.readouterr().err
+    assert "outside the trace" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert main(["analyze", str(run_dir), "--window", "abc"]) == 2
+    assert main(["analyze", str(tmp_path / "nope")]) == 2
+    assert main(["analyze", str(run_dir), "--html", str(tmp_path / "no" / "dir" / "r.html")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+
+
+def test_empty_run_reports_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    create_run(tmp_path / "empty", RunMeta(world_size=1))
+    assert main(["analyze", str(tmp_path / "empty"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stages"] == [] and any("no spans" in w for w in out["warnings"])
+
+
+def test_render_text_and_html_without_trace() -> None:
+    res = analyze(Trace())
+    assert "no spans" in render_text(res)
+    assert "<html>" in html_report(res) or "<html" in html_report(res)
