@@ -1,0 +1,126 @@
+"""Loading for the dashboard: a run is tailed incrementally, an import is read once, results are memoised.
+
+`LiveTrace.refresh()` asks the run store only for rows written since the last call (`RunTail`), appends
+them, and bumps `version` when something arrived, so a page refreshing every second never re-reads a run.
+A run that is deleted or damaged while shown keeps its last good data and reports the problem in `error`.
+This module knows no Streamlit and computes nothing about pipelines: callers pass the functions to memoise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pandas as pd
+
+from ppscope.errors import PPScopeError
+from ppscope.sources import open_trace
+from ppscope.store import RunTail
+from ppscope.trace import RunMeta, Trace
+
+__all__ = ["LiveTrace"]
+
+T = TypeVar("T")
+
+
+class LiveTrace:
+    """One trace shown by the dashboard. Thread-safe: every session of the server may share one instance."""
+
+    def __init__(self, path: Path, *, is_run: bool) -> None:
+        self.path = path
+        self.is_run = is_run
+        self.version = 0
+        """Increases whenever new spans, counters or requests arrive (or the trace is reloaded)."""
+        self.error = ""
+        """Why the last refresh failed (deleted, truncated, damaged); empty when it worked."""
+        self._lock = threading.Lock()
+        self._tail: RunTail | None = None
+        self._offsets: dict[int, int] = {}
+        self._parts: dict[str, list[pd.DataFrame]] = {"spans": [], "counters": [], "requests": []}
+        self._trace = Trace()
+        self._loaded = False
+        self._memo: dict[str, tuple[int, Any]] = {}
+
+    @property
+    def meta(self) -> RunMeta:
+        return self._trace.meta
+
+    @property
+    def live(self) -> bool:
+        """True while the run is being written: the page keeps refreshing."""
+        return self.is_run and self._trace.meta.status == "running" and not self.error
+
+    def refresh(self) -> Trace:
+        """Read what arrived since the last call and return the whole trace so far (cheap when nothing did)."""
+        with self._lock:
+            if self._loaded and not self.is_run:
+                return self._trace
+            try:
+                if self.is_run:
+                    self._poll()
+                else:
+                    self._trace = open_trace(self.path)
+                    self.version += 1
+                self._loaded = True
+                self.error = ""
+            except PPScopeError as exc:
+                self.error = f"{exc} (showing what was read before)" if self._loaded else str(exc)
+            except OSError as exc:  # the directory vanished between the checks and the reads
+                self.error = f"{self.path}: cannot be read ({exc.strerror or exc})"
+            return self._trace
+
+    def memo(self, name: str, fn: Callable[[Trace], T]) -> T:
+        """fn(trace), computed once per version of the trace (so each refresh recomputes only after new data)."""
+        with self._lock:
+            hit = self._memo.get(name)
+            if hit is not None and hit[0] == self.version:
+                return hit[1]
+            trace, version = self._trace, self.version
+        value = fn(trace)
+        with self._lock:
+            self._memo[name] = (version, value)
+        return value
+
+    def _poll(self) -> None:
+        if self._tail is None:
+            self._tail = RunTail(self.path)
+        delta = self._tail.poll()
+        offsets = {info.rank: info.clock.offset_ns for info in delta.meta.ranks}
+        if self._loaded and offsets != self._offsets:
+            # Clock offsets changed after rows were read with the old ones: read everything again, once.
+            self._tail = RunTail(self.path)
+            self._parts = {"spans": [], "counters": [], "requests": []}
+            delta = self._tail.poll()
+            offsets = {info.rank: info.clock.offset_ns for info in delta.meta.ranks}
+            self.version += 1
+        self._offsets = offsets
+        grew = False
+        for name in self._parts:
+            frame = getattr(delta, name)
+            if len(frame):
+                self._parts[name].append(frame)
+                grew = True
+        if grew:
+            self._trace = Trace(
+                spans=_joined(self._parts["spans"], self._trace.spans),
+                counters=_joined(self._parts["counters"], self._trace.counters),
+                requests=_joined(self._parts["requests"], self._trace.requests),
+                meta=delta.meta,
+                warnings=list(delta.warnings),
+            ).sorted()
+            self.version += 1
+        elif not self._loaded or delta.meta != self._trace.meta or delta.warnings != self._trace.warnings:
+            self._trace = dataclasses.replace(self._trace, meta=delta.meta, warnings=list(delta.warnings))
+            self.version += 1
+
+
+def _joined(parts: list[pd.DataFrame], empty: pd.DataFrame) -> pd.DataFrame:
+    """Concatenate the deltas read so far, collapsed to one frame so later joins stay cheap."""
+    if not parts:
+        return empty.iloc[0:0]
+    if len(parts) > 1:
+        parts[:] = [pd.concat(parts, ignore_index=True)]
+    return parts[0]

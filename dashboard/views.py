@@ -1,0 +1,168 @@
+"""The analysis pages of the dashboard: stages, rebalance, compare, requests. Streamlit calls only.
+
+Each page takes a `LiveTrace`, asks `ppscope` for numbers (memoised per version of the trace), and shows
+them with figures from `dashboard.charts`. A piece of the library that is not there yet is named on the
+page instead of being imitated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from dashboard import charts
+from dashboard.data import LiveTrace
+from dashboard.safety import Entry
+from ppscope.errors import PPScopeError
+from ppscope.trace import Trace
+
+if TYPE_CHECKING:
+    from ppscope.analysis import AnalysisResult
+
+__all__ = ["analysis", "compare", "rebalance", "requests", "stages"]
+
+
+def _analyze(trace: Trace) -> tuple[AnalysisResult | None, str]:
+    from ppscope.analysis import analyze
+
+    try:
+        return analyze(trace), ""
+    except PPScopeError as exc:
+        return None, str(exc)
+
+
+def analysis(live: LiveTrace) -> tuple[AnalysisResult | None, str]:
+    """The analyzer's result for the trace as it is now, or None and why not."""
+    return live.memo("analysis", _analyze)
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1%}"
+
+
+def stages(live: LiveTrace) -> None:
+    st.markdown("### Stages: busy time and bubbles")
+    result, problem = analysis(live)
+    if result is None:
+        st.error(f"The analyzer could not read this trace: {problem}")
+        return
+    if not result.stages:
+        st.info("No stages to show: " + "; ".join(result.warnings))
+        return
+    w = result.window
+    cols = st.columns(5)
+    cols[0].metric("Bubble ratio", _pct(result.bubble_ratio), help="Σ bubble over stages / (P × window length)")
+    cols[1].metric("Imbalance", _pct(result.imbalance), help=f"1 - mean/max of stage time ({result.imbalance_basis})")
+    cols[2].metric("Bottleneck", "—" if result.bottleneck_stage is None else f"stage {result.bottleneck_stage}")
+    gain = result.balance_gain
+    cols[3].metric("Balance gain", "—" if gain is None else f"×{gain:.2f}", help="max/mean stage time")
+    tp = result.throughput_tokens_per_s
+    cols[4].metric("Throughput", "—" if tp is None else f"{tp:,.0f} tok/s", help=result.throughput_basis)
+    if w is not None:
+        st.caption(f"Window: {w.length_ns / 1e6:,.2f} ms ({w.mode}): {w.how}")
+    st.plotly_chart(charts.stage_figure(result), key="stages", config={"displaylogo": False})
+    theory = result.theory
+    measured = _pct(result.bubble_ratio)
+    if theory.bubble_ratio is None:
+        st.markdown(f"**Theory vs measured**: measured {measured}; {theory.note or 'no formula for this schedule'}.")
+    else:
+        params = ", ".join(f"{k}={v}" for k, v in theory.params.items())
+        st.markdown(
+            f"**Theory vs measured**: {theory.formula} with {params} predicts {_pct(theory.bubble_ratio)}; "
+            f"measured {measured} (Σ bubble / (P × window))." + (f" {theory.note}." if theory.note else "")
+        )
+    st.dataframe(_stage_table(result), hide_index=True)
+    for warning in result.warnings:
+        st.caption(f"⚠ {warning}")
+
+
+def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:
+    rows = []
+    for s in result.stages:
+        row: dict[str, object] = {
+            "stage": s.stage,
+            "ranks": ", ".join(map(str, s.ranks)),
+            "busy (ms)": round(s.busy_ns / 1e6, 3),
+            "bubble (ms)": round(s.bubble_ns / 1e6, 3),
+            "bubble share": round(s.bubble_ratio, 4),
+            "time per micro-batch (ms)": None if s.time_per_mb_ns is None else round(s.time_per_mb_ns / 1e6, 3),
+        }
+        row.update({f"{cause} (ms)": round(ns / 1e6, 3) for cause, ns in s.causes.items() if ns})
+        rows.append(row)
+    return rows
+
+
+def rebalance(live: LiveTrace) -> None:
+    st.markdown("### Rebalance: what if the layers were split differently")
+    missing = _missing_rebalance_pieces()
+    if missing:
+        st.warning(
+            "Not available yet: this page needs " + " and ".join(missing) + ", which this ppscope does not have. "
+            "It shows nothing rather than an estimate made here."
+        )
+        return
+    st.info("The rebalancer is installed, but this dashboard does not drive it yet.")
+
+
+def _missing_rebalance_pieces() -> list[str]:
+    import importlib.util
+
+    missing = []
+    costs = importlib.import_module("ppscope.costs")
+    if not hasattr(costs, "fit_layer_costs"):
+        missing.append("layer costs fitted from a trace's spans (ppscope.costs.fit_layer_costs)")
+    if importlib.util.find_spec("ppscope.simulate") is None:
+        missing.append("the simulator (ppscope.simulate) for the predicted timeline")
+    return missing
+
+
+def compare(live: LiveTrace, others: Sequence[Entry], opener: Callable[[Entry], LiveTrace]) -> None:
+    st.markdown("### Compare two runs")
+    if not others:
+        st.info(
+            "Only one trace is open. Start the dashboard on two runs (`ppscope dashboard RUN_A RUN_B`) or on a "
+            "folder of runs to compare them."
+        )
+        return
+    label = st.selectbox("Compare with (B)", [e.label for e in others], key="compare_with")
+    other = opener(next(e for e in others if e.label == label))
+    other.refresh()
+    if other.error:
+        st.warning(other.error)
+    a, problem_a = analysis(live)
+    b, problem_b = analysis(other)
+    if a is None or b is None:
+        st.error(f"The analyzer could not read {'A' if a is None else 'B'}: {problem_a or problem_b}")
+        return
+    st.caption("A is the trace picked in the sidebar, B the one chosen here; deltas are B - A.")
+    st.dataframe(charts.compare_table(a, b), hide_index=True)
+    st.plotly_chart(charts.compare_figure(a, b), key="compare", config={"displaylogo": False})
+
+
+def requests(live: LiveTrace) -> None:
+    st.markdown("### Requests: latency")
+    result, problem = analysis(live)
+    if result is None:
+        st.error(f"The analyzer could not read this trace: {problem}")
+        return
+    lat = result.latency
+    if lat is None:
+        st.info("This trace has no requests (requests.jsonl is written by runs of the `serve` schedule).")
+        return
+    cols = st.columns(4)
+    cols[0].metric("Requests", f"{lat.requests:,}", help=f"{lat.finished:,} finished")
+    cols[1].metric("TTFT p50", "—" if lat.ttft is None else f"{lat.ttft.p50_ms:,.1f} ms")
+    cols[2].metric("TPOT p50", "—" if lat.tpot is None else f"{lat.tpot.p50_ms:,.2f} ms")
+    cols[3].metric("Output tokens/s", "—" if lat.tokens_per_s is None else f"{lat.tokens_per_s:,.0f}")
+    fig = charts.latency_figure(lat)
+    if fig is None:
+        st.info("No request has both an arrival and a first token yet.")
+    else:
+        st.plotly_chart(fig, key="latency", config={"displaylogo": False})
+    stats = [("TTFT", lat.ttft), ("TPOT", lat.tpot), ("end to end", lat.e2e)]
+    st.dataframe(
+        [{"measure": name, **vars(s)} for name, s in stats if s is not None],
+        hide_index=True,
+    )

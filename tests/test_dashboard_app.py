@@ -1,0 +1,154 @@
+"""The Streamlit app on recorded runs, through streamlit.testing (no browser): sections, figures, safety."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest
+from test_dashboard_runs import record_gpipe_run, span_count
+
+TIMEOUT_S = 60
+
+
+def _app(*paths: Path) -> AppTest:
+    def script(argv: list[str]) -> None:
+        from dashboard.app import main
+
+        main(argv)
+
+    return AppTest.from_function(script, args=([str(p) for p in paths],), default_timeout=TIMEOUT_S)
+
+
+def _decode(values: Any) -> list[Any]:
+    """A plotly array from the figure spec: a plain list, or {dtype, bdata} typed-array encoding."""
+    if isinstance(values, dict) and "bdata" in values:
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=np.dtype(values["dtype"])).tolist()
+    return list(values)
+
+
+def _span_bars(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [t for t in spec["data"] if t.get("type") == "bar" and (t.get("meta") or {}).get("role") == "spans"]
+
+
+def _chart_specs(at: AppTest) -> list[dict[str, Any]]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def test_timeline_draws_every_span(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run", p=3, m=4)
+    at = _app(run).run()
+    assert not at.exception, at.exception
+    assert at.subheader[0].value == str(run)
+    assert any("Pipeline timeline" in m.value for m in at.markdown)
+    spec = _chart_specs(at)[0]
+    bars = _span_bars(spec)
+    assert sum(len(_decode(t["base"])) for t in bars) == span_count(3, 4)
+    # coloured by micro-batch: one trace per micro-batch
+    assert sorted(t["name"] for t in bars) == [f"mb {m}" for m in range(4)]
+    gap_traces = [t for t in spec["data"] if (t.get("meta") or {}).get("role") == "gap"]
+    assert {t["name"] for t in gap_traces} >= {"idle: fill", "idle: drain"}
+    assert "one bar each" in at.caption[-1].value
+
+
+def test_colour_toggle_and_window(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run", p=2, m=4)
+    at = _app(run).run()
+    at.radio(key="color_by").set_value("kind").run()
+    assert not at.exception
+    names = sorted(t["name"] for t in _span_bars(_chart_specs(at)[0]))
+    assert names == ["forward", "recv_wait", "send"]
+    at.radio(key="window_mode").set_value("Last …").run()
+    at.number_input(key="last_ms").set_value(0.15).run()
+    assert not at.exception
+    shown = sum(len(_decode(t["base"])) for t in _span_bars(_chart_specs(at)[0]))
+    assert 0 < shown < span_count(2, 4)
+
+
+@pytest.mark.parametrize(
+    ("section", "expect"),
+    [
+        ("Stages", "Stages: busy time and bubbles"),
+        ("GPU usage", "Device usage"),
+        ("Rebalance", "Rebalance"),
+        ("Compare", "Compare two runs"),
+        ("Requests", "Requests: latency"),
+    ],
+)
+def test_every_section_renders(tmp_path: Path, section: str, expect: str) -> None:
+    run = record_gpipe_run(tmp_path / "run", p=2, m=4, requests=6)
+    at = _app(run).run()
+    at.sidebar.radio(key="section").set_value(section).run()
+    assert not at.exception, at.exception
+    assert any(expect in m.value for m in at.markdown)
+
+
+def test_stages_section_names_the_theory(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run", p=2, m=4)
+    at = _app(run).run()
+    at.sidebar.radio(key="section").set_value("Stages").run()
+    text = " ".join(m.value for m in at.markdown)
+    assert "GPipe (P-1)/(M+P-1)" in text and "P=2, M=4" in text
+    assert [m.label for m in at.metric][:3] == ["Bubble ratio", "Imbalance", "Bottleneck"]
+    stage_spec = _chart_specs(at)[0]
+    assert stage_spec["data"][0]["name"] == "busy"
+
+
+def test_cpu_usage_is_labelled_as_cpu(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run")
+    at = _app(run).run()
+    at.sidebar.radio(key="section").set_value("GPU usage").run()
+    assert any("no GPU counters" in i.value for i in at.info)
+    spec = _chart_specs(at)[0]
+    assert sorted(t["name"] for t in spec["data"]) == ["rank 0", "rank 1"]
+
+
+def test_requests_section_shows_distributions(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run", requests=6)
+    at = _app(run).run()
+    at.sidebar.radio(key="section").set_value("Requests").run()
+    assert at.metric[0].value == "6"
+    spec = _chart_specs(at)[0]
+    assert [t["type"] for t in spec["data"]] == ["histogram", "histogram"]
+
+
+def test_folder_of_runs_lists_only_runs_inside_it(tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    record_gpipe_run(folder / "a", p=2, m=2)
+    record_gpipe_run(folder / "b", p=2, m=3)
+    outside = record_gpipe_run(tmp_path / "secret", p=2, m=2)
+    (folder / "link").symlink_to(outside)
+    (folder / "notes.txt").write_text("not a run")
+    at = _app(folder).run()
+    assert not at.exception
+    assert sorted(at.sidebar.selectbox(key="trace").options) == ["runs/a", "runs/b"]
+    at.sidebar.selectbox(key="trace").set_value("runs/b").run()
+    assert sum(len(_decode(t["base"])) for t in _span_bars(_chart_specs(at)[0])) == span_count(2, 3)
+    at.sidebar.radio(key="section").set_value("Compare").run()
+    assert not at.exception
+    assert at.dataframe, "the compare table is shown"
+
+
+def test_missing_path_is_a_message(tmp_path: Path) -> None:
+    at = _app(tmp_path / "nope").run()
+    assert not at.exception
+    assert "does not exist" in at.error[0].value
+
+
+def test_run_deleted_while_shown_is_a_message(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run", status="running")
+    at = _app(run).run()
+    assert not at.exception
+    import shutil
+
+    shutil.rmtree(run)
+    at.run()
+    assert not at.exception
+    assert any("does not exist" in w.value for w in at.warning)

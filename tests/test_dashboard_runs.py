@@ -1,0 +1,143 @@
+"""Recorded runs for the dashboard tests, and the dashboard's loading layer (tailing, memo, vanished runs).
+
+`record_gpipe_run` writes a small GPipe-shaped run through the real store (create_run + RankWriter), so
+the other dashboard tests can import it: P ranks, M micro-batches, per micro-batch a recv wait (not on
+rank 0), a forward and a send (not on the last rank), plus CPU counters and, optionally, requests.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dashboard.data import LiveTrace
+from ppscope.store import REQUESTS_FILE, RankWriter, create_run, read_meta, write_meta
+from ppscope.trace import Metric, RankInfo, RunMeta
+
+FWD_NS = 100_000  # 100 µs per forward
+SEND_NS = 20_000
+
+
+def gpipe_spans(rank: int, p: int, m: int, *, step: int = 0, t0: int = 0) -> list[tuple[object, ...]]:
+    """Spans of one rank in schema order: each micro-batch waits for the previous stage, runs, sends on."""
+
+    def row(lane: str, kind: str, mb: int, start: int, end: int, nbytes: int, peer: int) -> tuple[object, ...]:
+        return (rank, rank, lane, kind, kind, mb, step, 0, "prefill", start, end, nbytes, 8, peer)
+
+    rows: list[tuple[object, ...]] = []
+    for mb in range(m):
+        start = t0 + (mb + rank) * (FWD_NS + SEND_NS)
+        if rank > 0:
+            rows.append(row("recv", "recv_wait", mb, start - SEND_NS, start, 4096, rank - 1))
+        rows.append(row("compute", "forward", mb, start, start + FWD_NS, 0, -1))
+        if rank < p - 1:
+            end = start + FWD_NS
+            rows.append(row("send", "send", mb, end, end + SEND_NS, 4096, rank + 1))
+    return rows
+
+
+def span_count(p: int, m: int) -> int:
+    return p * m + 2 * (p - 1) * m
+
+
+def record_gpipe_run(
+    run_dir: Path, *, p: int = 2, m: int = 4, status: str = "finished", requests: int = 0, steps: int = 1
+) -> Path:
+    meta = RunMeta(
+        run_id=run_dir.name,
+        status=status,
+        world_size=p,
+        pp_size=p,
+        schedule="gpipe",
+        microbatches=m,
+        split=[2] * p,
+        ranks=[RankInfo(rank=r, stage=r, device="cpu") for r in range(p)],
+    )
+    create_run(run_dir, meta)
+    for rank in range(p):
+        writer = RankWriter(run_dir, rank)
+        step_ns = (m + p) * (FWD_NS + SEND_NS)
+        spans = [row for s in range(steps) for row in gpipe_spans(rank, p, m, step=s, t0=s * step_ns)]
+        counters = [(i * 50_000, rank, -1, str(Metric.CPU_UTIL_PCT), 50.0 + 10 * rank) for i in range(10)]
+        writer.write(spans, counters)
+        writer.close()
+    if requests:
+        with open(run_dir / REQUESTS_FILE, "w") as f:
+            for i in range(requests):
+                arrival = i * 10_000
+                rec = {
+                    "id": i,
+                    "prompt_len": 8,
+                    "output_len": 4,
+                    "arrival_ns": arrival,
+                    "first_token_ns": arrival + 200_000 + i * 1_000,
+                    "finish_ns": arrival + 500_000 + i * 3_000,
+                }
+                f.write(json.dumps(rec) + "\n")
+    return run_dir
+
+
+def test_live_trace_reads_only_what_arrives(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    meta = RunMeta(world_size=1, pp_size=1, status="running")
+    create_run(run, meta)
+    writer = RankWriter(run, 0)
+    writer.write(gpipe_spans(0, 1, 3))
+    live = LiveTrace(run, is_run=True)
+    first = live.refresh()
+    assert len(first.spans) == 3 and live.live and live.version == 1
+    assert live.refresh() is first and live.version == 1  # nothing new: same object, no reload
+    writer.write(gpipe_spans(0, 1, 2, step=1, t0=10_000_000))
+    second = live.refresh()
+    assert len(second.spans) == 5 and live.version == 2
+    assert second.spans["start_ns"].is_monotonic_increasing
+    writer.close()
+    write_meta(run, RunMeta(**{**vars(read_meta(run)), "status": "finished"}))
+    live.refresh()
+    assert not live.live and live.version == 3
+
+
+def test_memo_recomputes_only_after_new_data(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run")
+    live = LiveTrace(run, is_run=True)
+    live.refresh()
+    calls: list[int] = []
+
+    def count(trace: object) -> int:
+        calls.append(1)
+        return len(calls)
+
+    assert live.memo("n", count) == 1
+    live.refresh()
+    assert live.memo("n", count) == 1 and len(calls) == 1
+
+
+def test_deleted_run_gives_a_message_and_keeps_the_last_data(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run", status="running")
+    live = LiveTrace(run, is_run=True)
+    assert len(live.refresh().spans) == span_count(2, 4)
+    shutil.rmtree(run)
+    trace = live.refresh()
+    assert len(trace.spans) == span_count(2, 4)
+    assert "does not exist" in live.error and "showing what was read before" in live.error
+    assert not live.live  # stops refreshing
+
+
+def test_truncated_rank_file_gives_a_message(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run")
+    (run / "rank-00001.sqlite").write_bytes(b"not sqlite at all")
+    live = LiveTrace(run, is_run=True)
+    trace = live.refresh()
+    assert len(trace.spans) == 0
+    assert "rank-00001.sqlite" in live.error
+
+
+@pytest.mark.parametrize("requests", [0, 5])
+def test_recorded_run_round_trips(tmp_path: Path, requests: int) -> None:
+    run = record_gpipe_run(tmp_path / "run", p=3, m=2, requests=requests)
+    trace = LiveTrace(run, is_run=True).refresh()
+    assert len(trace.spans) == span_count(3, 2)
+    assert len(trace.requests) == requests
