@@ -1,0 +1,211 @@
+"""The ring: rank r receives only from r-1 and sends only to r+1 (the last rank sends sampled tokens to rank 0).
+
+Each message is a fixed-size int64 header (what it is, which micro-batch, which sequences) followed by its
+payload (activations `(N, D)` or token ids `(B,)`). A receiver thread keeps a receive posted from the
+predecessor and queues what arrives; a sender thread sends queued messages to the successor and records
+one `send` span per message (peer, nbytes). So compute never blocks on the network and the ring cannot
+deadlock however many micro-batches circulate. The compute thread records `recv_wait` when it blocks on
+the inbox. The wrap-around link (last rank -> rank 0) uses its own process group so that with two ranks
+the two directions never share a communicator (NCCL orders the operations of one communicator).
+This module knows nothing about models or schedules.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.model import Batch
+from ppscope.recorder import Recorder
+from ppscope.trace import SpanKind
+
+__all__ = ["ACT", "STOP", "TOKENS", "Message", "Ring"]
+
+ACT, TOKENS, STOP = 1, 2, 3
+_FIXED = 8
+_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64]
+
+
+@dataclass
+class Message:
+    kind: int
+    mb: int = -1
+    step: int = -1
+    stage: int = -1
+    """ACT: the virtual stage that consumes it; TOKENS: the virtual stage that produced them."""
+    batch: Batch | None = None
+    payload: torch.Tensor | None = None
+
+    @property
+    def phase(self) -> str:
+        return "prefill" if self.step == 0 else "decode"
+
+
+class Ring:
+    """Point-to-point links of one rank. With one rank, messages go straight to its own inbox."""
+
+    def __init__(
+        self, rank: int, world: int, recorder: Recorder, max_seqs: int, device: torch.device, timeout_s: float
+    ) -> None:
+        self.rank, self.world = rank, world
+        self.prev, self.next = (rank - 1) % world, (rank + 1) % world
+        self.rec = recorder
+        self.max_seqs = max_seqs
+        self.device = device
+        self.timeout_s = timeout_s
+        self.inbox: queue.Queue[Message | BaseException] = queue.Queue()
+        self._outbox: queue.Queue[Message | None] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._groups: tuple[Any, Any] = (None, None)
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        if self.world == 1:
+            return
+        # Every rank must create the groups in the same order.
+        wrap = dist.new_group(list(range(self.world)))
+        self._groups = (None, wrap)
+        for target, name in ((self._recv_loop, "recv"), (self._send_loop, "send")):
+            t = threading.Thread(target=target, name=f"ppscope-{name}-r{self.rank}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _group(self, src: int) -> Any:
+        return self._groups[1] if src == self.world - 1 else self._groups[0]
+
+    # ------------------------------------------------------------ compute-thread side
+
+    def send(self, msg: Message) -> None:
+        if self.world == 1:
+            self.inbox.put(msg)
+        else:
+            if msg.payload is not None and self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
+            self._outbox.put(msg)
+
+    def get(self) -> Message:
+        """The next message from the predecessor; raises if the link failed or nothing came within the timeout."""
+        try:
+            item = self.inbox.get(timeout=self.timeout_s)
+        except queue.Empty:
+            raise TimeoutError(
+                f"rank {self.rank} received nothing from rank {self.prev} for {self.timeout_s:.0f} s "
+                "(a peer failed or hangs; raise --timeout for slow models)"
+            ) from None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def poll(self, timeout_s: float) -> Message | None:
+        """The next message if one arrives within `timeout_s`, else None."""
+        try:
+            item = self.inbox.get(timeout=max(timeout_s, 0.0))
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._outbox.put(None)
+        for t in self._threads:
+            t.join(timeout=self.timeout_s)
+        if self.error is not None:
+            raise self.error
+
+    # ------------------------------------------------------------ wire format
+
+    def _header(self, msg: Message) -> torch.Tensor:
+        h = torch.zeros(_FIXED + 3 * self.max_seqs, dtype=torch.int64)
+        h[0], h[1], h[2], h[3] = msg.kind, msg.mb, msg.step, msg.stage
+        if msg.batch is not None and msg.payload is not None:
+            n = len(msg.batch.lens)
+            h[4], h[5] = n, msg.batch.tokens
+            h[6] = msg.payload.shape[1] if msg.payload.dim() == 2 else 0
+            h[7] = _DTYPES.index(msg.payload.dtype)
+            m = self.max_seqs
+            h[_FIXED : _FIXED + n] = torch.tensor(msg.batch.slots)
+            h[_FIXED + m : _FIXED + m + n] = torch.tensor(msg.batch.starts)
+            h[_FIXED + 2 * m : _FIXED + 2 * m + n] = torch.tensor(msg.batch.lens)
+        return h
+
+    def _parse(self, h: torch.Tensor) -> tuple[Message, list[int] | None, torch.dtype]:
+        v = h.tolist()
+        msg = Message(kind=v[0], mb=v[1], step=v[2], stage=v[3])
+        if msg.kind == STOP:
+            return msg, None, torch.int64
+        n, m = v[4], self.max_seqs
+        msg.batch = Batch(
+            slots=v[_FIXED : _FIXED + n],
+            starts=v[_FIXED + m : _FIXED + m + n],
+            lens=v[_FIXED + 2 * m : _FIXED + 2 * m + n],
+        )
+        shape = [v[5], v[6]] if msg.kind == ACT else [n]
+        return msg, shape, _DTYPES[v[7]]
+
+    def _wire(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.device.type == "cuda" else t.cpu()
+
+    # ------------------------------------------------------------ threads
+
+    def _recv_loop(self) -> None:
+        group = self._group(self.prev)
+        try:
+            while True:
+                header = self._wire(torch.empty(_FIXED + 3 * self.max_seqs, dtype=torch.int64, device=self.device))
+                dist.recv(header, src=self.prev, group=group)
+                msg, shape, dtype = self._parse(header.cpu())
+                if shape is not None:
+                    start = self.rec.now_ns()
+                    payload = torch.empty(shape, dtype=dtype, device=self.device)
+                    dist.recv(payload, src=self.prev, group=group)
+                    if self.device.type == "cuda":
+                        torch.cuda.current_stream(self.device).synchronize()
+                    msg.payload = payload
+                    self.rec.record(
+                        SpanKind.RECV, start, self.rec.now_ns(), mb=msg.mb, step=msg.step, phase=msg.phase,
+                        stage=self._consumer_stage(msg), chunk=self._consumer_stage(msg) // self.world,
+                        peer=self.prev, nbytes=payload.numel() * payload.element_size(),
+                    )  # fmt: skip
+                self.inbox.put(msg)
+                if msg.kind == STOP:
+                    return
+        except BaseException as exc:  # hand the failure to the compute thread
+            self.error = exc
+            self.inbox.put(RuntimeError(f"rank {self.rank}: receive from rank {self.prev} failed: {exc}"))
+
+    def _consumer_stage(self, msg: Message) -> int:
+        return msg.stage if msg.kind == ACT else self.rank
+
+    def _send_loop(self) -> None:
+        group = self._group(self.rank)
+        try:
+            while True:
+                msg = self._outbox.get()
+                if msg is None:
+                    return
+                start = self.rec.now_ns()
+                dist.send(self._header(msg).to(self.device), dst=self.next, group=group)
+                nbytes = 0
+                if msg.payload is not None:
+                    payload = msg.payload.contiguous()
+                    dist.send(payload, dst=self.next, group=group)
+                    nbytes = payload.numel() * payload.element_size()
+                if self.device.type == "cuda":
+                    torch.cuda.current_stream(self.device).synchronize()
+                if msg.kind != STOP:
+                    src_stage = msg.stage - 1 if msg.kind == ACT else msg.stage
+                    self.rec.record(
+                        SpanKind.SEND, start, self.rec.now_ns(), mb=msg.mb, step=msg.step, phase=msg.phase,
+                        stage=src_stage, chunk=max(src_stage, 0) // self.world, peer=self.next, nbytes=nbytes,
+                    )  # fmt: skip
+                if msg.kind == STOP:
+                    return
+        except BaseException as exc:
+            self.error = exc
+            self.inbox.put(RuntimeError(f"rank {self.rank}: send to rank {self.next} failed: {exc}"))

@@ -1,0 +1,222 @@
+"""Start the ranks: spawn one process per stage on this machine, or run as one rank under torchrun.
+
+`run(config)` is what `ppscope run` calls. Locally it checks the configuration (a bad split fails before
+any process starts), creates the run directory, spawns the ranks on a free port, shows a progress bar,
+and, when a rank fails, stops the others at once and raises EngineFailedError naming the rank; what was
+recorded up to then stays readable. Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR set) this process is one
+rank and torchrun does the supervising.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.prepare import Prepared, prepare
+from engine.worker import default_run_dir, run_rank
+from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
+from ppscope.store import create_run, read_meta, write_meta
+
+__all__ = ["free_port", "run", "under_torchrun"]
+
+ProgressHook = Callable[[int, int, int], None]
+"""Called with (requests finished, requests total, tokens generated)."""
+
+
+def under_torchrun() -> bool:
+    env = os.environ
+    return "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
+    """Run the engine to the end and return the run directory."""
+    if under_torchrun():
+        return _run_torchrun(cfg)
+    prep = prepare(cfg, cfg.stages)  # raises before anything starts
+    run_dir = Path(cfg.out) if cfg.out else default_run_dir()
+    create_run(run_dir, prep.meta(cfg.stages))
+    if cfg.stages == 1:
+        return _run_inline(cfg, prep, run_dir, on_progress)
+    ctx = mp.get_context("spawn")
+    events: Any = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_child, args=(cfg.to_dict(), r, cfg.stages, port, str(run_dir), events), name=f"ppscope-rank{r}"
+        )
+        for r in range(cfg.stages)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        _supervise(cfg, procs, events, run_dir, len(prep.requests), on_progress)
+    except KeyboardInterrupt:
+        _stop_all(procs)
+        _mark(run_dir, "interrupted", "interrupted by the user")
+        raise InterruptedRunError(f"interrupted; what was recorded up to then is in {run_dir}") from None
+    except EngineFailedError as exc:
+        _stop_all(procs)
+        _mark(run_dir, "failed", str(exc))
+        raise
+    return run_dir
+
+
+def _run_inline(cfg: EngineConfig, prep: Prepared, run_dir: Path, on_progress: ProgressHook | None) -> Path:
+    """One stage needs no processes: run it here, with the same failure reporting."""
+    total = len(prep.requests)
+    bar = _ProgressBar(total) if cfg.progress and on_progress is None else None
+
+    def progress(finished: int, tokens: int) -> None:
+        if on_progress:
+            on_progress(finished, total, tokens)
+        if bar:
+            bar.update(finished, tokens)
+
+    try:
+        return run_rank(cfg, 0, 1, run_dir=run_dir, progress=progress, prepared=prep)
+    except KeyboardInterrupt:
+        _mark(run_dir, "interrupted", "interrupted by the user")
+        raise InterruptedRunError(f"interrupted; what was recorded up to then is in {run_dir}") from None
+    except Exception as exc:
+        error = f"rank 0 failed: {type(exc).__name__}: {exc}; the trace up to then is in {run_dir}"
+        _mark(run_dir, "failed", error)
+        raise EngineFailedError(error) from exc
+    finally:
+        if bar:
+            bar.close()
+
+
+def _supervise(
+    cfg: EngineConfig, procs: list[Any], events: Any, run_dir: Path, total: int, on_progress: ProgressHook | None
+) -> None:
+    done: set[int] = set()
+    bar = _ProgressBar(total) if cfg.progress and on_progress is None else None
+    try:
+        while len(done) < len(procs):
+            try:
+                event = events.get(timeout=0.1)
+            except queue.Empty:
+                event = None
+            if event is not None:
+                kind = event[0]
+                if kind == "progress":
+                    if on_progress:
+                        on_progress(event[1], total, event[2])
+                    if bar:
+                        bar.update(event[1], event[2])
+                elif kind == "error":
+                    raise EngineFailedError(f"rank {event[1]} failed: {event[2]}; the trace up to then is in {run_dir}")
+                elif kind == "done":
+                    done.add(event[1])
+                    if bar and event[2] >= 0:
+                        bar.update(event[2], event[3])
+                continue
+            for r, p in enumerate(procs):
+                if r not in done and p.exitcode not in (None, 0):
+                    with contextlib.suppress(queue.Empty):  # its error report may still be in the queue
+                        event = events.get(timeout=1.0)
+                        if event[0] == "error":
+                            raise EngineFailedError(
+                                f"rank {event[1]} failed: {event[2]}; the trace up to then is in {run_dir}"
+                            )
+                    raise EngineFailedError(
+                        f"rank {r} exited with code {p.exitcode} without reporting an error (killed? out of memory?); "
+                        f"the trace up to then is in {run_dir}"
+                    )
+    finally:
+        if bar:
+            bar.close()
+    for p in procs:
+        p.join(timeout=cfg.timeout_s)
+
+
+def _stop_all(procs: list[Any]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+
+
+def _mark(run_dir: Path, status: str, error: str) -> None:
+    with contextlib.suppress(PPScopeError, OSError):
+        meta = read_meta(run_dir)
+        meta.status, meta.error = status, error
+        write_meta(run_dir, meta)
+
+
+def _child(cfg_dict: dict[str, Any], rank: int, world: int, port: int, run_dir: str, events: Any) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ["LOCAL_RANK"] = str(rank)
+    os.environ["LOCAL_WORLD_SIZE"] = str(world)
+    last = [0.0]
+    counts = [-1, -1]
+
+    def progress(finished: int, tokens: int) -> None:
+        now = time.monotonic()
+        counts[:] = [finished, tokens]
+        if now - last[0] >= 0.1:
+            last[0] = now
+            events.put(("progress", finished, tokens))
+
+    try:
+        cfg = EngineConfig.from_dict(cfg_dict)
+        run_rank(cfg, rank, world, local_rank=rank, run_dir=Path(run_dir), progress=progress if rank == 0 else None)
+    except BaseException as exc:
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        events.put(("error", rank, detail))
+        events.close()
+        events.join_thread()
+        os._exit(1)
+    events.put(("done", rank, *counts))
+    events.close()
+    events.join_thread()
+
+
+def _run_torchrun(cfg: EngineConfig) -> Path:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    try:
+        return run_rank(cfg, rank, world, local_rank=local, run_dir=None)
+    except PPScopeError:
+        raise
+    except Exception as exc:
+        raise EngineFailedError(f"rank {rank} failed: {type(exc).__name__}: {exc}") from exc
+
+
+class _ProgressBar:
+    """A rich progress bar of requests finished, with tokens generated."""
+
+    def __init__(self, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._p = Progress(
+            TextColumn("requests"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tokens]} tokens"),
+            TimeElapsedColumn(), transient=False,
+        )  # fmt: skip
+        self._task = self._p.add_task("run", total=total, tokens=0)
+        self._p.start()
+
+    def update(self, finished: int, tokens: int) -> None:
+        self._p.update(self._task, completed=finished, tokens=tokens)
+
+    def close(self) -> None:
+        self._p.stop()

@@ -1,0 +1,271 @@
+"""A Llama-style decoder: embedding, RMSNorm, rotary attention with grouped KV heads and a KV cache, SwiGLU MLP,
+final norm and LM head; plus synthetic layers that only take a configured time.
+
+The model knows nothing about pipelining: layers are built one by one from a `LayerSource` (random
+weights seeded per layer, a Hugging Face checkpoint, or synthetic costs) and `engine.split` assembles the
+ones a rank holds. Tokens of a batch are packed: `(N, D)` for N tokens of B sequences, described by a
+`Batch` (cache slot, start position and length of each sequence). Parameter names follow Hugging Face's
+Llama so a checkpoint loads by name.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ppscope.models import ModelShape
+
+__all__ = [
+    "Batch",
+    "DecoderLayer",
+    "Embedding",
+    "Head",
+    "KVCache",
+    "LayerSource",
+    "RMSNorm",
+    "RandomSource",
+    "SyntheticLayer",
+    "SyntheticSource",
+    "sleep_ms",
+]
+
+
+@dataclass
+class Batch:
+    """Which sequences the packed tokens belong to. Sequence b owns tokens [offset_b, offset_b + lens[b])."""
+
+    slots: list[int]
+    """KV-cache slot of each sequence."""
+    starts: list[int]
+    """Position of each sequence's first token in this pass (0 for a prefill)."""
+    lens: list[int]
+    """Tokens of each sequence in this pass (the prompt length for a prefill, 1 for a decode step)."""
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lens)
+
+    def index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per token: sequence index b, index t within the pass, absolute position. Each (N,)."""
+        seq = torch.repeat_interleave(torch.arange(len(self.lens)), torch.tensor(self.lens))
+        offsets = torch.tensor([0, *self.lens[:-1]]).cumsum(0)
+        t = torch.arange(self.tokens) - offsets[seq]
+        pos = torch.tensor(self.starts)[seq] + t
+        return seq.to(device), t.to(device), pos.to(device)
+
+
+class KVCache:
+    """Keys and values of one layer for `slots` sequences of up to `max_len` tokens: (S, max_len, KV, hd)."""
+
+    def __init__(
+        self, slots: int, max_len: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ):
+        self.k = torch.zeros(slots, max_len, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.max_len = max_len
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def _rope(pos: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (N, 1, hd) in Hugging Face's half-split convention."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=pos.device) / head_dim))
+    freqs = pos.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        d, h, kv, hd = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim
+        self.heads, self.kv_heads, self.head_dim, self.theta = h, kv, hd, shape.rope_theta
+        self.q_proj = nn.Linear(d, h * hd, bias=False)
+        self.k_proj = nn.Linear(d, kv * hd, bias=False)
+        self.v_proj = nn.Linear(d, kv * hd, bias=False)
+        self.o_proj = nn.Linear(h * hd, d, bias=False)
+
+    def forward(self, x: torch.Tensor, batch: Batch, index: tuple[torch.Tensor, ...], cache: KVCache) -> torch.Tensor:
+        seq, t, pos = index
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.heads, self.head_dim)  # (N, H, hd)
+        k = self.k_proj(x).view(n, self.kv_heads, self.head_dim)  # (N, KV, hd)
+        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
+        cos, sin = _rope(pos, self.head_dim, self.theta, x.dtype)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        slots = torch.tensor(batch.slots, device=x.device)
+        cache.k[slots[seq], pos] = k
+        cache.v[slots[seq], pos] = v
+        # Pad the packed queries to (B, T, H, hd) and attend to each sequence's cached keys up to its own
+        # position; padded queries see key 0 only and are dropped afterwards.
+        b, t_max = len(batch.lens), max(batch.lens)
+        kv_len = max(s + n_ for s, n_ in zip(batch.starts, batch.lens, strict=True))
+        qp = x.new_zeros(b, t_max, self.heads, self.head_dim)
+        qp[seq, t] = q
+        keys = cache.k[slots, :kv_len]  # (B, S, KV, hd)
+        values = cache.v[slots, :kv_len]
+        rep = self.heads // self.kv_heads
+        keys = keys.repeat_interleave(rep, dim=2).transpose(1, 2)  # (B, H, S, hd)
+        values = values.repeat_interleave(rep, dim=2).transpose(1, 2)
+        qpos = torch.tensor(batch.starts, device=x.device)[:, None] + torch.arange(t_max, device=x.device)[None, :]
+        mask = torch.arange(kv_len, device=x.device)[None, None, :] <= qpos[:, :, None]  # (B, T, S)
+        out = F.scaled_dot_product_attention(qp.transpose(1, 2), keys, values, attn_mask=mask[:, None])
+        out = out.transpose(1, 2)[seq, t]  # (N, H, hd)
+        return self.o_proj(out.reshape(n, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(shape.hidden, shape.intermediate, bias=False)
+        self.up_proj = nn.Linear(shape.hidden, shape.intermediate, bias=False)
+        self.down_proj = nn.Linear(shape.intermediate, shape.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(shape.hidden, shape.norm_eps)
+        self.self_attn = Attention(shape)
+        self.post_attention_layernorm = RMSNorm(shape.hidden, shape.norm_eps)
+        self.mlp = MLP(shape)
+
+    def forward(self, x: torch.Tensor, batch: Batch, index: tuple[torch.Tensor, ...], cache: KVCache) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), batch, index, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Embedding(nn.Module):
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(shape.vocab, shape.hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids)
+
+
+class Head(nn.Module):
+    """Final norm and LM head, applied to the last token of each sequence only."""
+
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.norm = RMSNorm(shape.hidden, shape.norm_eps)
+        self.lm_head = nn.Linear(shape.hidden, shape.vocab, bias=False)
+
+    def forward(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        last = torch.tensor(batch.lens, device=x.device).cumsum(0) - 1
+        return self.lm_head(self.norm(x[last])).float()  # (B, vocab)
+
+
+def sleep_ms(ms: float, device: torch.device) -> None:
+    """Take `ms` of time: a host sleep on CPU, a spinning kernel on a GPU (so the GPU is busy, as in real work)."""
+    if ms <= 0:
+        return
+    if device.type == "cuda":
+        cycles = int(ms * 1e-3 * torch.cuda.get_device_properties(device).clock_rate * 1e3)
+        torch.cuda._sleep(cycles)
+    else:
+        time.sleep(ms * 1e-3)
+
+
+class SyntheticLayer(nn.Module):
+    """A layer that computes nothing and takes `cost_ms` per pass, whatever the tokens."""
+
+    def __init__(self, cost_ms: float) -> None:
+        super().__init__()
+        self.cost_ms = cost_ms
+
+
+class LayerSource(Protocol):
+    """Where a rank's modules come from. Each method builds only what it is asked for."""
+
+    shape: ModelShape
+    synthetic: bool
+
+    def layer(self, index: int) -> nn.Module: ...
+
+    def embedding(self) -> nn.Module: ...
+
+    def head(self) -> nn.Module: ...
+
+
+def _init_(module: nn.Module, seed: int) -> nn.Module:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(module.named_parameters()):
+            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif "embed_tokens" in name:
+                p.normal_(0.0, 1.0, generator=gen)
+            else:
+                p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]), generator=gen)
+    return module
+
+
+class RandomSource:
+    """Random weights seeded per layer: layer i is the same whichever rank builds it, so any split of the
+    model computes exactly what the unsplit model computes."""
+
+    synthetic = False
+
+    def __init__(self, shape: ModelShape, seed: int = 0) -> None:
+        self.shape = shape
+        self.seed = seed
+
+    def layer(self, index: int) -> nn.Module:
+        return _init_(DecoderLayer(self.shape), self.seed * 1_000_003 + index)
+
+    def embedding(self) -> nn.Module:
+        return _init_(Embedding(self.shape), self.seed * 1_000_003 - 1)
+
+    def head(self) -> nn.Module:
+        head = _init_(Head(self.shape), self.seed * 1_000_003 - 2)
+        if self.shape.tie_embeddings:
+            head.lm_head.weight = self.embedding().embed_tokens.weight  # type: ignore[union-attr]
+        return head
+
+
+class SyntheticSource:
+    """Layers that only take time: `layer_cost_ms[i]` per pass of layer i, `embed_cost_ms`, `head_cost_ms`."""
+
+    synthetic = True
+
+    def __init__(self, shape: ModelShape, layer_cost_ms: list[float], embed_cost_ms: float, head_cost_ms: float):
+        self.shape = shape
+        self.layer_cost_ms = layer_cost_ms
+        self.embed_cost_ms = embed_cost_ms
+        self.head_cost_ms = head_cost_ms
+
+    def layer(self, index: int) -> nn.Module:
+        return SyntheticLayer(self.layer_cost_ms[index])
+
+    def embedding(self) -> nn.Module:
+        return SyntheticLayer(self.embed_cost_ms)
+
+    def head(self) -> nn.Module:
+        return SyntheticLayer(self.head_cost_ms)

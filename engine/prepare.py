@@ -1,0 +1,133 @@
+"""Everything decided before any rank starts: model shape, layer split, requests, backend, run metadata.
+
+Deterministic from the config, so the launcher (to fail early with one clear line) and every rank (to agree
+without talking) compute the same answer.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import EngineConfig
+from engine.model import LayerSource, RandomSource, SyntheticSource
+from engine.requests import Request, generate_requests, load_prompts, poisson_arrivals_ns
+from ppscope import __version__
+from ppscope.errors import InvalidConfigError
+from ppscope.models import PRESETS, ModelShape
+from ppscope.split import resolve_split
+from ppscope.trace import RunMeta
+
+__all__ = ["Prepared", "make_source", "prepare", "resolve_backend", "torch_dtype"]
+
+
+@dataclass(kw_only=True)
+class Prepared:
+    cfg: EngineConfig
+    shape: ModelShape
+    split: list[int]
+    """Layer counts per virtual stage."""
+    split_source: str
+    requests: list[Request]
+    arrivals_ns: list[int]
+    """Arrival of each request after the start (serve)."""
+    backend: str
+    max_seqs: int
+    """Most sequences in one micro-batch."""
+    cache_slots: int
+    """KV-cache rows each layer needs."""
+    max_len: int
+    """Longest sequence (prompt + output)."""
+
+    def meta(self, world: int) -> RunMeta:
+        cfg = self.cfg
+        model = {**self.shape.to_dict(), "name": self.shape.name, "synthetic": cfg.synthetic, "source": cfg.model}
+        if cfg.synthetic:
+            model.update(
+                layer_cost_ms=cfg.layer_costs_ms(), embed_cost_ms=cfg.embed_cost_ms, head_cost_ms=cfg.head_cost_ms
+            )
+        config = cfg.to_dict()
+        config["max_inflight"] = cfg.inflight if cfg.schedule == "serve" else cfg.max_inflight
+        config["microbatches"] = cfg.inflight if cfg.schedule != "serve" else cfg.microbatches
+        return RunMeta(
+            run_id="",
+            source="ppscope",
+            status="running",
+            world_size=world,
+            pp_size=world,
+            schedule=cfg.schedule,
+            microbatches=cfg.inflight,
+            chunks=cfg.chunks,
+            split=list(self.split),
+            split_source=self.split_source,
+            model=model,
+            backend=self.backend,
+            versions={"ppscope": __version__, "torch": torch.__version__, "python": platform.python_version()},
+            config=config,
+        )
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        name
+    ]
+
+
+def resolve_backend(requested: str, world: int) -> str:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "nccl" and gpus == 0:
+        raise InvalidConfigError("--backend nccl needs NVIDIA GPUs and none is visible: use --backend gloo (CPU)")
+    if requested == "auto":
+        return "nccl" if gpus >= 1 and (world <= gpus or world == 1) else "gloo"
+    return requested
+
+
+def make_source(cfg: EngineConfig, shape: ModelShape) -> LayerSource:
+    if cfg.synthetic:
+        return SyntheticSource(shape, cfg.layer_costs_ms(), cfg.embed_cost_ms, cfg.head_cost_ms)
+    if cfg.model in PRESETS:
+        return RandomSource(shape, cfg.seed)
+    from engine.hf import CheckpointSource
+
+    return CheckpointSource(cfg.model, shape)
+
+
+def prepare(cfg: EngineConfig, world: int) -> Prepared:
+    """Resolve the split, the requests and the backend; raise a named error for anything inconsistent."""
+    if world != cfg.stages:
+        raise InvalidConfigError(
+            f"--stages {cfg.stages} but {world} ranks were started: "
+            "under torchrun give --stages equal to the world size"
+        )
+    shape = cfg.shape()
+    split, source = resolve_split(cfg.split, shape.layers, cfg.virtual_stages)
+    if cfg.prompts:
+        requests = load_prompts(cfg.prompts, shape.vocab, cfg.max_new_tokens)
+    else:
+        requests = generate_requests(cfg.requests, cfg.prompt_len, cfg.max_new_tokens, shape.vocab, cfg.seed)
+    max_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
+    if max_len > shape.max_seq_len:
+        raise InvalidConfigError(
+            f"a request needs {max_len} positions but model {shape.name} holds {shape.max_seq_len}: "
+            "shorten --prompt-len / --max-new-tokens"
+        )
+    if cfg.schedule == "serve":
+        max_seqs, slots = cfg.max_batch, cfg.inflight * cfg.max_batch
+    else:
+        max_seqs, slots = math.ceil(len(requests) / cfg.inflight), len(requests)
+    arrivals = poisson_arrivals_ns(len(requests), cfg.rate if cfg.schedule == "serve" else 0.0, cfg.seed)
+    return Prepared(
+        cfg=cfg,
+        shape=shape,
+        split=split,
+        split_source=source,
+        requests=requests,
+        arrivals_ns=arrivals,
+        backend=resolve_backend(cfg.backend, world),
+        max_seqs=max_seqs,
+        cache_slots=slots,
+        max_len=max_len,
+    )

@@ -1,0 +1,279 @@
+"""The schedule loops: gpipe, interleaved and serve, every step inside a recorder span.
+
+Rank 0 drives: it embeds prompts and sampled tokens, decides which micro-batch goes next (following its
+rank's list in `ppscope.schedule` for gpipe/interleaved, admitting requests as they arrive for serve) and
+collects the tokens that come back from the last stage. Every other rank follows: it processes whatever
+its predecessor sends, in arrival order, which is its own list of the plan because every rank runs the
+same order. This module knows nothing about processes, files or clocks beyond the recorder's.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.comm import ACT, STOP, TOKENS, Message, Ring
+from engine.model import Batch
+from engine.requests import Request
+from engine.split import StageModule
+from ppscope.recorder import Recorder
+from ppscope.schedule import ServePolicy, make_plan
+from ppscope.trace import SpanKind
+
+__all__ = ["Pipeline", "Sampling", "sample"]
+
+ProgressFn = Callable[[int, int], None]
+"""Called with (requests finished, tokens generated)."""
+
+
+@dataclass(kw_only=True)
+class Sampling:
+    temperature: float = 0.0
+    """0 = greedy (argmax)."""
+    top_p: float = 1.0
+    seed: int = 0
+
+
+def sample(logits: torch.Tensor, cfg: Sampling, gen: torch.Generator | None) -> torch.Tensor:
+    """Token ids (B,) from logits (B, vocab): greedy, or temperature + nucleus sampling with `gen`."""
+    if cfg.temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / cfg.temperature, -1)
+    if cfg.top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < cfg.top_p
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+
+
+@dataclass
+class _Slot:
+    """A micro-batch of requests that circulates; `step` counts its passes (0 = prefill)."""
+
+    requests: list[Request]
+    step: int = 0
+    cache_slots: list[int] = field(default_factory=list)
+
+
+class Pipeline:
+    """One rank's view of the pipeline: its stage module, its ring links and its recorder."""
+
+    def __init__(
+        self,
+        *,
+        module: StageModule,
+        ring: Ring,
+        recorder: Recorder,
+        hidden: int,
+        vocab: int,
+        dtype: torch.dtype,
+        chunks: int,
+        sampling: Sampling,
+    ) -> None:
+        self.m = module
+        self.ring = ring
+        self.rec = recorder
+        self.rank, self.ranks = ring.rank, ring.world
+        self.last_stage = self.ranks * chunks - 1
+        self.hidden, self.vocab, self.dtype, self.chunks = hidden, vocab, dtype, chunks
+        self.sampling = sampling
+        self.gen = torch.Generator().manual_seed(sampling.seed) if sampling.temperature > 0 else None
+        self.cuda = module.device.type == "cuda"
+
+    # ------------------------------------------------------------ one pass of one virtual stage
+
+    def _sync(self) -> None:
+        # On a GPU a compute span ends when its kernels have, so host timestamps bound the device work.
+        if self.cuda:
+            torch.cuda.current_stream(self.m.device).synchronize()
+
+    @torch.no_grad()
+    def run_stage(self, stage: int, mb: int, step: int, batch: Batch, data: torch.Tensor) -> Message:
+        """Run virtual stage `stage` on one micro-batch: embed first if it is stage 0, head and sampling if last."""
+        chunk = stage // self.ranks
+        phase = "prefill" if step == 0 else "decode"
+        n = batch.tokens
+        x = data
+        if stage == 0:
+            with self.rec.span(SpanKind.EMBED, stage=0, mb=mb, step=step, phase=phase, tokens=n):
+                x = self.m.run_embed(data.to(self.m.device), self.hidden, self.dtype)
+                self._sync()
+        with self.rec.span(SpanKind.FORWARD, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
+            x = self.m.run_chunk(chunk, x, batch)
+            self._sync()
+        if stage < self.last_stage:
+            return Message(ACT, mb, step, stage + 1, batch, x)
+        with self.rec.span(SpanKind.HEAD, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
+            logits = self.m.run_head(x, batch, self.vocab)
+            self._sync()
+        with self.rec.span(SpanKind.SAMPLE, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
+            ids = sample(logits, self.sampling, self.gen)
+            self._sync()
+        return Message(TOKENS, mb, step, stage, batch, ids.to(torch.int64))
+
+    def _receive(self, msg_wait: Callable[[], Message | None]) -> Message | None:
+        start = self.rec.now_ns()
+        msg = msg_wait()
+        if msg is not None and msg.kind != STOP:
+            stage = msg.stage if msg.kind == ACT else 0
+            self.rec.record(
+                SpanKind.RECV_WAIT, start, self.rec.now_ns(), stage=stage, chunk=stage // self.ranks, mb=msg.mb,
+                step=msg.step, phase=msg.phase, peer=self.ring.prev, nbytes=_nbytes(msg),
+            )  # fmt: skip
+        return msg
+
+    def _get(self) -> Message:
+        msg = self._receive(self.ring.get)
+        assert msg is not None
+        return msg
+
+    # ------------------------------------------------------------ followers (every rank but 0)
+
+    def follow(self) -> None:
+        """Process what the predecessor sends until it says stop; pass the stop on."""
+        while True:
+            msg = self._get()
+            if msg.kind == STOP:
+                self.ring.send(msg)
+                return
+            if msg.kind != ACT or msg.batch is None or msg.payload is None:
+                raise RuntimeError(f"rank {self.rank} got an unexpected message (kind {msg.kind}) from its predecessor")
+            self.ring.send(self.run_stage(msg.stage, msg.mb, msg.step, msg.batch, msg.payload))
+
+    def _stop(self) -> None:
+        """Send stop round the ring and wait for it to come back, so every rank has finished its work."""
+        self.ring.send(Message(STOP))
+        while self._get().kind != STOP:
+            pass
+
+    # ------------------------------------------------------------ gpipe / interleaved (rank 0)
+
+    def drive_batch(self, schedule: str, requests: list[Request], microbatches: int, progress: ProgressFn) -> None:
+        """gpipe / interleaved: the requests in `microbatches` groups, every step flushed."""
+        groups = [requests[i::microbatches] for i in range(microbatches)]
+        order = make_plan(schedule, self.ranks, microbatches, self.chunks).for_rank(0)
+        start_ns = self.rec.now_ns()
+        for r in requests:
+            r.arrival_ns = start_ns
+        steps = max(r.max_new_tokens for r in requests)
+        done_tokens = 0
+        for step in range(steps):
+            live = {m: [r for r in g if not r.done] for m, g in enumerate(groups)}
+            live = {m: g for m, g in live.items() if g}
+            pending: dict[int, Message] = {}
+            waiting_tokens = set(live)
+            for action in order:
+                reqs = live.get(action.mb)
+                if reqs is None:
+                    continue
+                if action.chunk == 0:
+                    batch, ids = _batch_of(reqs, step, [r.id for r in reqs])
+                    out = self.run_stage(action.stage, action.mb, step, batch, ids)
+                else:
+                    msg = self._take_act(action.mb, action.stage, pending)
+                    assert msg.batch is not None and msg.payload is not None
+                    out = self.run_stage(action.stage, action.mb, step, msg.batch, msg.payload)
+                self.ring.send(out)
+            while waiting_tokens - set(pending):
+                self._take_act(-1, -1, pending)
+            for m in waiting_tokens:
+                done_tokens += self._apply_tokens(live[m], pending[m])
+            progress(sum(r.done for r in requests), done_tokens)
+        self._stop()
+
+    def _take_act(self, mb: int, stage: int, tokens: dict[int, Message]) -> Message:
+        """The activation (mb, stage) from the last rank; tokens that come first are kept in `tokens`."""
+        while True:
+            msg = self._get()
+            if msg.kind == TOKENS:
+                tokens[msg.mb] = msg
+                if mb < 0:
+                    return msg
+                continue
+            if msg.kind != ACT or (msg.mb, msg.stage) != (mb, stage):
+                raise RuntimeError(f"rank 0 expected mb {mb} for stage {stage}, got kind {msg.kind} mb {msg.mb}")
+            return msg
+
+    def _apply_tokens(self, reqs: list[Request], msg: Message) -> int:
+        assert msg.payload is not None
+        now = self.rec.now_ns()
+        for r, tok in zip(reqs, msg.payload.tolist(), strict=True):
+            r.output_ids.append(int(tok))
+            if r.first_token_ns < 0:
+                r.first_token_ns = now
+            if r.done:
+                r.finish_ns = now
+        return len(reqs)
+
+    # ------------------------------------------------------------ serve (rank 0)
+
+    def drive_serve(self, requests: list[Request], arrivals_ns: list[int], policy: ServePolicy, timeout_s: float,
+                    progress: ProgressFn) -> None:  # fmt: skip
+        """Continuous batching: up to `max_inflight` slots circulate; a slot whose requests are all done takes
+        the next arrived ones (FIFO)."""
+        start_ns = self.rec.now_ns()
+        waiting = collections.deque(sorted(zip(arrivals_ns, requests, strict=True), key=lambda p: p[0]))
+        for offset, r in waiting:
+            r.arrival_ns = start_ns + offset
+        slots: list[_Slot | None] = [None] * policy.max_inflight
+        finished = tokens = 0
+        while finished < len(requests):
+            now = self.rec.now_ns()
+            for k, slot in enumerate(slots):
+                if slot is None and waiting and waiting[0][1].arrival_ns <= now:
+                    reqs: list[Request] = []
+                    while waiting and len(reqs) < policy.max_batch and waiting[0][1].arrival_ns <= now:
+                        reqs.append(waiting.popleft()[1])
+                    cache = [k * policy.max_batch + j for j in range(len(reqs))]
+                    slots[k] = _Slot(reqs, 0, cache)
+                    self._launch(k, slots[k])  # type: ignore[arg-type]
+            busy = any(s is not None for s in slots)
+            wait_s = timeout_s if busy else 0.0
+            if waiting and any(s is None for s in slots):
+                wait_s = min(wait_s or timeout_s, max((waiting[0][1].arrival_ns - now) / 1e9, 0.0))
+            if not busy and wait_s > 0:
+                msg = self.ring.poll(wait_s)  # idle until the next arrival: no stage work to wait for
+            elif busy:
+                msg = self._receive(lambda w=wait_s: self.ring.poll(w))  # type: ignore[misc]
+                if msg is None and not (waiting and any(s is None for s in slots)):
+                    raise TimeoutError(f"rank 0 received no tokens for {timeout_s:.0f} s (a peer failed or hangs)")
+            else:
+                continue
+            if msg is None:
+                continue
+            if msg.kind != TOKENS or slots[msg.mb] is None:
+                raise RuntimeError(f"rank 0 expected tokens, got kind {msg.kind} for micro-batch {msg.mb}")
+            slot = slots[msg.mb]
+            assert slot is not None
+            live = [r for r in slot.requests if not r.done]
+            tokens += self._apply_tokens(live, msg)
+            finished += sum(r.done for r in live)
+            slot.step += 1
+            if all(r.done for r in slot.requests):
+                slots[msg.mb] = None
+            else:
+                self._launch(msg.mb, slot)
+            progress(finished, tokens)
+        self._stop()
+
+    def _launch(self, k: int, slot: _Slot) -> None:
+        live = [(r, c) for r, c in zip(slot.requests, slot.cache_slots, strict=True) if not r.done]
+        batch, ids = _batch_of([r for r, _ in live], slot.step, [c for _, c in live])
+        self.ring.send(self.run_stage(0, k, slot.step, batch, ids))
+
+
+def _batch_of(reqs: list[Request], step: int, cache_slots: list[int]) -> tuple[Batch, torch.Tensor]:
+    """The batch and input ids of a pass: whole prompts at step 0, each request's last token after."""
+    if step == 0:
+        ids = [t for r in reqs for t in r.prompt_ids]
+        return Batch(cache_slots, [0] * len(reqs), [len(r.prompt_ids) for r in reqs]), torch.tensor(ids)
+    starts = [len(r.prompt_ids) + len(r.output_ids) - 1 for r in reqs]
+    return Batch(cache_slots, starts, [1] * len(reqs)), torch.tensor([r.output_ids[-1] for r in reqs])
+
+
+def _nbytes(msg: Message) -> int:
+    return 0 if msg.payload is None else msg.payload.numel() * msg.payload.element_size()

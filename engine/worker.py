@@ -1,0 +1,166 @@
+"""One rank's main: process group, clock offset, recorder and counter sampler, stage module, the schedule loop,
+flush. Spawned by `engine.launch` or started by torchrun; the same function either way.
+
+Only rank 0 writes the run's `meta.json` and `requests.jsonl`; every rank writes its own rank file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from engine.clock import measure_offset
+from engine.comm import Ring
+from engine.config import EngineConfig
+from engine.prepare import Prepared, make_source, prepare, torch_dtype
+from engine.requests import write_requests
+from engine.sampler import CounterSampler
+from engine.schedules import Pipeline, Sampling
+from engine.split import build_stage
+from ppscope.recorder import Recorder
+from ppscope.schedule import ServePolicy
+from ppscope.store import RankWriter, create_run, read_meta, write_meta
+from ppscope.trace import RankInfo
+
+__all__ = ["SKEW_ENV", "default_run_dir", "run_rank"]
+
+SKEW_ENV = "PPSCOPE_TEST_CLOCK_SKEW_NS"
+"""Tests only: nanoseconds added to this rank's clock, to check that the offset estimate recovers them."""
+
+ProgressFn = Callable[[int, int], None]
+
+
+def default_run_dir() -> Path:
+    return Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+
+
+def _clock() -> Callable[[], int]:
+    skew = int(os.environ.get(SKEW_ENV, "0") or 0)
+    if not skew:
+        return time.perf_counter_ns
+    return lambda: time.perf_counter_ns() + skew
+
+
+def _device(cfg: EngineConfig, backend: str, local_rank: int) -> torch.device:
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def run_rank(
+    cfg: EngineConfig,
+    rank: int,
+    world: int,
+    *,
+    local_rank: int = 0,
+    run_dir: Path | None = None,
+    progress: ProgressFn | None = None,
+    prepared: Prepared | None = None,
+) -> Path:
+    """Run this rank to the end and return the run directory. With `run_dir` None (torchrun), rank 0 creates
+    it and tells the others. Raises on any failure; the caller reports it."""
+    prep = prepared or prepare(cfg, world)
+    backend = prep.backend
+    device = _device(cfg, backend, local_rank)
+    if device.type == "cpu":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))
+    if world > 1:
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    try:
+        return _run(cfg, prep, rank, world, device, run_dir, progress)
+    finally:
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(
+    cfg: EngineConfig,
+    prep: Prepared,
+    rank: int,
+    world: int,
+    device: torch.device,
+    run_dir: Path | None,
+    progress: ProgressFn | None,
+) -> Path:
+    clock = _clock()
+    clock_info = measure_offset(rank, world, clock, device)
+    if run_dir is None:  # torchrun: rank 0 names and creates the run, the others follow
+        box: list[object] = [None]
+        if rank == 0:
+            path = Path(cfg.out) if cfg.out else default_run_dir()
+            create_run(path, prep.meta(world))
+            box[0] = str(path)
+        if world > 1:
+            dist.broadcast_object_list(box, src=0)
+        run_dir = Path(str(box[0]))
+        run_dir.mkdir(parents=True, exist_ok=True)  # other nodes without a shared file system
+    info = RankInfo(
+        rank=rank,
+        stage=rank,
+        host=socket.gethostname(),
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        pid=os.getpid(),
+        clock=clock_info,
+    )
+    infos: list[RankInfo | None] = [None] * world if rank == 0 else []
+    if world > 1:
+        dist.gather_object(info, infos if rank == 0 else None, dst=0)
+    else:
+        infos = [info]
+    if rank == 0:
+        meta = read_meta(run_dir)
+        meta.ranks = [i for i in infos if i is not None]
+        write_meta(run_dir, meta)
+
+    shape = prep.shape
+    dtype = torch_dtype(cfg.dtype)
+    sink = RankWriter(run_dir, rank) if cfg.record else None
+    rec = Recorder(sink, rank=rank, stage=rank, enabled=cfg.record, nvtx=cfg.nvtx, clock=clock)
+    sampler = CounterSampler(rec, device.index if device.type == "cuda" else None, cfg.sample_interval_ms)
+    try:
+        module = build_stage(make_source(cfg, shape), prep.split, rank, world, cfg.chunks, device, dtype)
+        module.allocate_cache(prep.cache_slots, prep.max_len, dtype, shape.kv_heads, shape.head_dim)
+        ring = Ring(rank, world, rec, prep.max_seqs, device, cfg.timeout_s)
+        pipe = Pipeline(
+            module=module,
+            ring=ring,
+            recorder=rec,
+            hidden=shape.hidden,
+            vocab=shape.vocab,
+            dtype=dtype,
+            chunks=cfg.chunks,
+            sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed),
+        )
+        ring.start()
+        if world > 1:
+            dist.barrier()  # every stage is built: the pipeline's clock starts now for everyone
+        sampler.start()
+        report = progress or (lambda done, tokens: None)
+        if rank != 0:
+            pipe.follow()
+        elif cfg.schedule == "serve":
+            policy = ServePolicy(max_inflight=cfg.inflight, max_batch=cfg.max_batch)
+            pipe.drive_serve(prep.requests, prep.arrivals_ns, policy, cfg.timeout_s, report)
+        else:
+            pipe.drive_batch(cfg.schedule, prep.requests, cfg.inflight, report)
+        ring.close()
+    finally:
+        sampler.stop()
+        rec.close()
+    if world > 1:
+        dist.barrier()
+    if rank == 0:
+        write_requests(run_dir, prep.requests)
+        meta = read_meta(run_dir)
+        meta.status = "finished"
+        write_meta(run_dir, meta)
+    return run_dir
