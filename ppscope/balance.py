@@ -20,6 +20,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -403,6 +404,22 @@ class Rebalance:
     def predicted_speedup(self) -> float:
         """Throughput gain: slowest stage before ÷ after (1.0: no gain)."""
         return self.current.max_ms / self.proposed.max_ms if self.proposed.max_ms > 0 else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The advice as JSON-ready data (keys documented in the README)."""
+        both = {"current": self.current, "proposed": self.proposed}
+        return {
+            "objective": self.objective,
+            "current_split": list(self.current.split),
+            "proposed_split": list(self.proposed.split),
+            "stage_times_ms": {k: list(v.stage_ms) for k, v in both.items()},
+            "bottleneck_stage": {k: v.bottleneck for k, v in both.items()},
+            "max_stage_ms": {k: v.max_ms for k, v in both.items()},
+            "predicted_speedup": self.predicted_speedup,
+            "kv_tokens": {k: None if v.kv_tokens is None else list(v.kv_tokens) for k, v in both.items()},
+            "kv_capacity_tokens": {k: v.kv_capacity for k, v in both.items()},
+            **engine_lines(self.proposed.split),
+        }
 
 
 def rebalance(problem: BalanceProblem, current: Sequence[int] | None = None) -> Rebalance:

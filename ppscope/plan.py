@@ -17,7 +17,7 @@ from ppscope.errors import InvalidConfigError
 from ppscope.models import ModelShape, dtype_bytes
 from ppscope.split import format_split, validate_split, vllm_default_split
 
-__all__ = ["GIB", "Cluster", "Layout", "Plan", "PlanConfig", "StagePlan", "plan"]
+__all__ = ["GIB", "Cluster", "Layout", "Plan", "PlanConfig", "StagePlan", "plan", "stage_memory_model"]
 
 GIB = 1 << 30
 _LOGITS_BYTES = 4  # logits are kept in fp32 for sampling
@@ -220,6 +220,38 @@ def _bytes(cfg: PlanConfig, tp: int, pp: int) -> _Bytes:
         kv_per_token_layer=2 * kv_heads_per_gpu * m.head_dim * dtype_bytes(cfg.kv_dtype or cfg.dtype),
         reserve=int(cfg.reserve_gib * GIB),
         usable=cfg.cluster.usable_bytes,
+    )
+
+
+def stage_memory_model(
+    model: ModelShape,
+    gpu_mem_gib: list[float],
+    *,
+    gpu_memory_utilization: float = 0.9,
+    dtype: str = "fp16",
+    kv_dtype: str = "",
+    tp: int = 1,
+    reserve_gib: float = 1.0,
+    max_num_seqs: int = 256,
+    min_kv_tokens: int = 0,
+) -> MemoryModel:
+    """The rebalancer's memory model of a pipeline with one GPU memory size per stage (heterogeneous GPUs)."""
+    if not gpu_mem_gib:
+        raise InvalidConfigError("give the memory of the stages' GPUs (--gpu-mem-gib), one value or one per stage")
+    clusters = [Cluster(gpus=1, gpu_mem_gib=g, gpu_memory_utilization=gpu_memory_utilization) for g in gpu_mem_gib]
+    cfg = PlanConfig(
+        model=model, cluster=clusters[0], dtype=dtype, kv_dtype=kv_dtype, reserve_gib=reserve_gib,
+        max_num_seqs=max_num_seqs,
+    )  # fmt: skip
+    b = _bytes(cfg, tp, len(gpu_mem_gib))
+    return MemoryModel(
+        limit_bytes=tuple(c.usable_bytes for c in clusters),
+        layer_bytes=b.layer,
+        kv_bytes_per_token_per_layer=b.kv_per_token_layer,
+        embed_bytes=b.embed,
+        head_bytes=b.head,
+        reserve_bytes=b.reserve,
+        min_kv_tokens=min_kv_tokens,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 
@@ -216,3 +217,52 @@ def test_large_problem_is_exact_against_a_slow_dp() -> None:
         for j in range(1, layers + 1):
             best[s + 1][j] = min(max(best[s][i], model.time(s, i, j)) for i in range(j))
     assert evaluate(problem, balance(problem)).max_ms == best[stages][layers]
+
+
+def test_cli_rebalance_from_layer_costs(capsys: pytest.CaptureFixture[str]) -> None:
+    from ppscope.cli import main
+
+    args = ["rebalance", "--layer-costs", ",".join(["1"] * 15), "--head-cost", "3", "--stages", "4"]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["current_split"] == [4, 4, 4, 3] and sum(data["proposed_split"]) == 15
+    assert data["stage_times_ms"]["current"] == [4.0, 4.0, 4.0, 6.0]
+    assert max(data["stage_times_ms"]["proposed"]) == 5.0
+    assert data["predicted_speedup"] == pytest.approx(1.2)
+    assert data["vllm_env"] == "VLLM_PP_LAYER_PARTITION=" + ",".join(map(str, data["proposed_split"]))
+    assert data["sglang_env"].startswith("SGLANG_PP_LAYER_PARTITION=")
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "predicted speedup 1.200x" in text and "VLLM_PP_LAYER_PARTITION=" in text and "ppscope run --split" in text
+
+
+def test_cli_rebalance_with_memory_shows_kv_capacity(capsys: pytest.CaptureFixture[str]) -> None:
+    from ppscope.cli import main
+
+    args = ["rebalance", "--layers", "80", "--layer-cost-ms", "1", "--head-cost", "3", "--stages", "4"]
+    assert main([*args, "--model", "llama3-70b", "--gpu-mem-gib", "40", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["kv_capacity_tokens"]["proposed"] >= data["kv_capacity_tokens"]["current"] > 0
+    assert len(data["kv_tokens"]["proposed"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--layer-costs", "1,nan", "--stages", "2"], "entry 1 is nan"),
+        (["--layer-costs", "1,x", "--stages", "2"], "not a comma-separated list of numbers"),
+        (["--layer-costs", "1,1", "--stages", "3"], "cannot fill 3 stages"),
+        (["--layer-costs", "1,1,1", "--stages", "2", "--current-split", "1,1"], "sums to 2 but the model has 3"),
+        (["--layer-costs", "1,1", "--stages", "2", "--speeds", "1,1,1"], "gives 3 values for 2 stages"),
+        (["--layer-costs", "1,1"], "give --stages P"),
+        ([], "give a RUN"),
+    ],
+)
+def test_cli_rebalance_bad_input_is_one_line(
+    extra: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ppscope.cli import main
+
+    assert main(["rebalance", *extra]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
