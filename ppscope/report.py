@@ -38,7 +38,7 @@ def stage_table(res: AnalysisResult) -> Table:
     causes = _used_causes(res)
     t = Table(title="Stages × causes of idle time (ms)", title_justify="left")
     for col in ["stage", "ranks", "busy", "bubble", "bubble %", "time/mb", *causes]:
-        t.add_column(col, justify="left" if col == "ranks" else "right")
+        t.add_column(col, justify="left" if col == "ranks" else "right", overflow="fold")
     for s in res.stages:
         mark = " ◀" if s.stage == res.bottleneck_stage else ""
         t.add_row(
@@ -85,7 +85,7 @@ def summary_lines(res: AnalysisResult) -> list[str]:
 def hop_table(res: AnalysisResult) -> Table:
     t = Table(title="Per-hop communication", title_justify="left")
     for col in ["hop", "messages", "MB", "send ms", "transfer ms", "wait ms", "GB/s"]:
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", overflow="fold")
     for h in res.hops:
         bw = "-" if h.bandwidth_gbps is None else f"{h.bandwidth_gbps:.2f}"
         t.add_row(
@@ -109,7 +109,7 @@ def latency_table(res: AnalysisResult) -> Table | None:
         title_justify="left",
     )
     for col in ["measure", "n", "mean ms", "p50 ms", "p90 ms", "p99 ms", "max ms"]:
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", overflow="fold")
     for name, st in (("TTFT", lat.ttft), ("TPOT", lat.tpot), ("end to end", lat.e2e)):
         if st is not None:
             t.add_row(name, str(st.n), *(f"{v:,.3f}" for v in (st.mean_ms, st.p50_ms, st.p90_ms, st.p99_ms, st.max_ms)))

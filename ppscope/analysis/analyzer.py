@@ -13,9 +13,13 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from ppscope.analysis.bubbles import _COMPUTE, _RECV, _SEND, _WAIT, StageTimes, span_roles, stage_bubbles
+from ppscope.analysis.bubbles import ROLE_COMPUTE as _COMPUTE
+from ppscope.analysis.bubbles import ROLE_RECV as _RECV
+from ppscope.analysis.bubbles import ROLE_SEND as _SEND
+from ppscope.analysis.bubbles import ROLE_WAIT as _WAIT
+from ppscope.analysis.bubbles import StageTimes, span_roles, stage_bubbles
 from ppscope.analysis.latency import request_latency
-from ppscope.analysis.pipeline import balance, hop_stats, measured_inflight, stage_of_ranks
+from ppscope.analysis.pipeline import balance, count_distinct, hop_stats, measured_inflight, stage_of_ranks
 from ppscope.analysis.result import AnalysisResult, RequestLatency, Theory, WindowInfo
 from ppscope.analysis.theory import theory_for
 from ppscope.analysis.window import full_window, resolve_window, steady_window
@@ -109,7 +113,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
         throughput_tokens_per_s=throughput,
         throughput_basis=basis_tp,
         latency=latency,
-        hops=hop_stats(spans[in_window]),
+        hops=hop_stats(spans[in_window], role[in_window]) if not in_window.all() else hop_stats(spans, role),
         inflight=inflight,
         warnings=warnings,
         gaps=gaps,
@@ -169,7 +173,7 @@ def _check_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_], warn
 def _theory(
     schedule: str, p: int, m_meta: int, v: int, inflight: int | None, mb: npt.NDArray[np.int64], w: WindowInfo
 ) -> Theory:
-    m = m_meta if m_meta > 0 else int(np.unique(mb[mb >= 0]).shape[0])
+    m = m_meta if m_meta > 0 else count_distinct(mb[mb >= 0])
     theory = theory_for(schedule, p=p, m=m, v=max(v, 1), inflight=inflight)
     if w.mode != "full" and schedule in ("gpipe", "interleaved"):
         theory.note = "the formula counts fill and drain over the whole run; this window leaves part of them out"

@@ -28,10 +28,11 @@ from ppscope.analysis.intervals import Intervals, Segments, clip, label_segments
 from ppscope.analysis.result import CAUSES, Cause, StageResult, WindowInfo
 from ppscope.trace import COMPUTE_KINDS, SpanKind
 
-__all__ = ["StageTimes", "span_roles", "stage_bubbles"]
+__all__ = ["ROLE_COMPUTE", "ROLE_RECV", "ROLE_SEND", "ROLE_WAIT", "StageTimes", "span_roles", "stage_bubbles"]
 
 # Span roles: what a span kind says about its stage.
 _OTHER, _COMPUTE, _RECV, _WAIT, _SEND, _KERNEL_COMM = range(6)
+ROLE_COMPUTE, ROLE_RECV, ROLE_WAIT, ROLE_SEND = _COMPUTE, _RECV, _WAIT, _SEND
 _ROLE_OF_KIND = {
     **{str(k): _COMPUTE for k in COMPUTE_KINDS},
     str(SpanKind.RECV): _RECV,
@@ -43,7 +44,6 @@ _ROLE_OF_KIND = {
 }
 _CODE = {c: i for i, c in enumerate(CAUSES)}
 _BUSY = len(CAUSES)
-_CAUSE_NAMES = np.array([*CAUSES, "busy"], dtype=object)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def stage_bubbles(
         results.append(res)
         gaps.append(gap)
     none = np.empty(0, np.int64)
-    gap_frame = pd.concat(gaps, ignore_index=True) if gaps else _gap_frame(0, none, none, _CAUSE_NAMES[:0])
+    gap_frame = pd.concat(gaps, ignore_index=True) if gaps else _gap_frame(0, none, none, np.empty(0, np.int16))
     return results, gap_frame
 
 
@@ -118,7 +118,8 @@ def _one_stage(
         (_CODE[Cause.COMM], pick(role == _KERNEL_COMM)),
     ]
     seg = Segments.of(lo, hi, compute, *(iv for _, iv in levels))
-    labels = label_segments(seg, [(_BUSY, compute), *levels], _CODE[Cause.HOST if has_waits else Cause.UNKNOWN])
+    codes = [_BUSY, *(code for code, _ in levels)]
+    labels = label_segments(seg, codes, _CODE[Cause.HOST if has_waits else Cause.UNKNOWN])
     if is_compute.any():
         # Positional causes: fill/drain are relative to the stage's whole-run compute, not the window's.
         first, last = start[is_compute].min(), end[is_compute].max()
@@ -143,7 +144,7 @@ def _one_stage(
     )
     g_start, g_end, g_label = merge_runs(seg, labels)
     keep = g_label != _BUSY
-    return result, _gap_frame(stage, g_start[keep], g_end[keep], _CAUSE_NAMES[g_label[keep]])
+    return result, _gap_frame(stage, g_start[keep], g_end[keep], g_label[keep])
 
 
 def _units(
@@ -151,17 +152,18 @@ def _units(
 ) -> int:
     """Distinct (micro-batch, step) pairs among compute spans that overlap the window."""
     inside = (end > lo) & (start < hi) & (unit >= 0)
-    return int(np.unique(unit[inside]).shape[0])
+    s = np.sort(unit[inside])
+    return int((s[1:] != s[:-1]).sum()) + 1 if s.shape[0] else 0
 
 
 def _gap_frame(
-    stage: int, start_ns: npt.NDArray[np.int64], end_ns: npt.NDArray[np.int64], cause: npt.NDArray[np.object_]
+    stage: int, start_ns: npt.NDArray[np.int64], end_ns: npt.NDArray[np.int64], cause: npt.NDArray[np.int16]
 ) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "stage": np.full(start_ns.shape[0], stage, np.int32),
             "start_ns": start_ns.astype(np.int64),
             "end_ns": end_ns.astype(np.int64),
-            "cause": pd.Series(cause, dtype=str),
+            "cause": pd.Categorical.from_codes(cause, categories=list(CAUSES)),
         }
     )

@@ -64,9 +64,13 @@ def union_length(iv: Intervals) -> int:
 
 @dataclass(frozen=True)
 class Segments:
-    """Elementary segments of a window: [bounds[i], bounds[i+1]) for i < len(bounds) - 1."""
+    """Elementary segments of a window, [bounds[i], bounds[i+1]), and where each input interval lies in them.
+
+    `index[k]` holds, for the k-th interval set given to `of`, the boundary index of every start and end.
+    """
 
     bounds: I64
+    index: tuple[tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]], ...] = ()
 
     @property
     def start_ns(self) -> I64:
@@ -81,31 +85,38 @@ class Segments:
         return np.diff(self.bounds)
 
     @classmethod
-    def of(cls, lo_ns: int, hi_ns: int, *ivs: Intervals, extra: I64 | None = None) -> Segments:
-        """Segments of [lo_ns, hi_ns) cut at every end of the (already clipped) intervals and `extra` points."""
+    def of(cls, lo_ns: int, hi_ns: int, *ivs: Intervals) -> Segments:
+        """Segments of [lo_ns, hi_ns) cut at every end of `ivs`, which must already be clipped to it."""
         parts = [np.array([lo_ns, hi_ns], np.int64)]
-        parts += [iv.start_ns for iv in ivs] + [iv.end_ns for iv in ivs]
-        if extra is not None:
-            parts.append(np.clip(extra.astype(np.int64), lo_ns, hi_ns))
-        return cls(np.unique(np.concatenate(parts)))
+        for iv in ivs:
+            parts += [iv.start_ns, iv.end_ns]
+        # One sort gives both the boundaries and every end's position among them (no searchsorted).
+        bounds, inverse = np.unique(np.concatenate(parts), return_inverse=True)
+        index = []
+        pos = 2
+        for iv in ivs:
+            n = len(iv)
+            index.append((inverse[pos : pos + n], inverse[pos + n : pos + 2 * n]))
+            pos += 2 * n
+        return cls(bounds, tuple(index))
 
 
-def coverage(seg: Segments, iv: Intervals) -> npt.NDArray[np.bool_]:
-    """For each segment, whether any interval of `iv` covers it (every end of `iv` must be a boundary)."""
+def coverage(seg: Segments, k: int) -> npt.NDArray[np.bool_]:
+    """For each segment, whether any interval of the k-th set given to `Segments.of` covers it."""
     n = seg.bounds.shape[0]
-    if len(iv) == 0 or n < 2:
+    i0, i1 = seg.index[k]
+    if i0.shape[0] == 0 or n < 2:
         return np.zeros(max(n - 1, 0), np.bool_)
-    i0 = np.searchsorted(seg.bounds, iv.start_ns)
-    i1 = np.searchsorted(seg.bounds, iv.end_ns)
     delta = np.bincount(i0, minlength=n) - np.bincount(i1, minlength=n)
     return np.cumsum(delta)[:-1] > 0
 
 
-def label_segments(seg: Segments, levels: list[tuple[int, Intervals]], default: int) -> npt.NDArray[np.int16]:
-    """One label per segment: the first level (highest precedence first) that covers it, else `default`."""
+def label_segments(seg: Segments, codes: list[int], default: int) -> npt.NDArray[np.int16]:
+    """One label per segment: the code of the first interval set (in `Segments.of` order, highest precedence
+    first) that covers it, else `default`. `codes[k]` is the label of set k."""
     labels = np.full(max(seg.bounds.shape[0] - 1, 0), default, np.int16)
-    for code, iv in reversed(levels):
-        labels[coverage(seg, iv)] = code
+    for k in reversed(range(len(codes))):
+        labels[coverage(seg, k)] = codes[k]
     return labels
 
 

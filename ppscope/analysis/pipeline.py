@@ -9,10 +9,19 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from ppscope.analysis.bubbles import ROLE_RECV, ROLE_SEND, ROLE_WAIT, span_roles
 from ppscope.analysis.result import HopStats, StageResult
-from ppscope.trace import RunMeta, SpanKind
+from ppscope.trace import RunMeta
 
-__all__ = ["balance", "hop_stats", "measured_inflight", "stage_of_ranks"]
+__all__ = ["balance", "count_distinct", "hop_stats", "measured_inflight", "stage_of_ranks"]
+
+
+def count_distinct(values: npt.NDArray[np.int64]) -> int:
+    """Number of distinct values, by sorting (faster than hashing for large int arrays)."""
+    if values.shape[0] == 0:
+        return 0
+    s = np.sort(values)
+    return int((s[1:] != s[:-1]).sum()) + 1
 
 
 def stage_of_ranks(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) -> dict[int, int]:
@@ -64,49 +73,56 @@ def balance(stages: list[StageResult]) -> tuple[float | None, str, int | None, f
     return 1.0 - mean / float(t[worst]), basis, stages[worst].stage, float(t[worst]) / mean
 
 
-def hop_stats(spans: pd.DataFrame) -> list[HopStats]:
-    """Messages, bytes, send/transfer/wait time and effective bandwidth per (src rank -> dst rank) hop."""
-    kind = spans["kind"]
+def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) -> list[HopStats]:
+    """Messages, bytes, send/transfer/wait time and effective bandwidth per (src rank -> dst rank) hop.
+
+    `roles` are the span roles from `bubbles.span_roles` when the caller has them already.
+    """
+    role = span_roles(spans["kind"]) if roles is None else roles
     peer = spans["peer"].to_numpy()
-    is_send = (kind == SpanKind.SEND).to_numpy() & (peer >= 0)
-    is_recv = (kind == SpanKind.RECV).to_numpy() & (peer >= 0)
-    is_wait = (kind == SpanKind.RECV_WAIT).to_numpy() & (peer >= 0)
+    is_send = (role == ROLE_SEND) & (peer >= 0)
+    is_recv = (role == ROLE_RECV) & (peer >= 0)
+    is_wait = (role == ROLE_WAIT) & (peer >= 0)
     rows = is_send | is_recv | is_wait
     if not rows.any():
         return []
-    rank = spans["rank"].to_numpy()
-    frame = pd.DataFrame(
-        {
-            "src": np.where(is_send, rank, peer)[rows],
-            "dst": np.where(is_send, peer, rank)[rows],
-            "role": np.select([is_send, is_recv], ["send", "recv"], "wait")[rows],
-            "dur": (spans["end_ns"].to_numpy() - spans["start_ns"].to_numpy())[rows],
-            "nbytes": spans["nbytes"].to_numpy()[rows],
-        }
-    )
-    agg = frame.groupby(["src", "dst", "role"]).agg(n=("dur", "size"), dur=("dur", "sum"), nbytes=("nbytes", "sum"))
+    rank = spans["rank"].to_numpy()[rows].astype(np.int64)
+    peer, is_send, is_recv = peer[rows].astype(np.int64), is_send[rows], is_recv[rows]
+    src, dst = np.where(is_send, rank, peer), np.where(is_send, peer, rank)
+    role_idx = np.select([is_send, is_recv], [0, 1], 2)
+    dur = spans["end_ns"].to_numpy()[rows] - spans["start_ns"].to_numpy()[rows]
+    nbytes = spans["nbytes"].to_numpy()[rows].astype(np.int64)
+    # One integer key per (hop, role); sums stay in int64 (exact ns and bytes).
+    width = int(dst.max()) + 1
+    flat = src * width + dst
+    if int(flat.max()) < 1 << 22:  # small rank numbers: count directly, no sort
+        hop_keys = np.flatnonzero(np.bincount(flat))
+        hop_id = np.searchsorted(hop_keys, flat)
+    else:
+        hop_keys, hop_id = np.unique(flat, return_inverse=True)
+    hops = np.stack([hop_keys // width, hop_keys % width])
+    key = hop_id.reshape(-1) * 3 + role_idx
+    size = hops.shape[1] * 3
+    count = np.bincount(key, minlength=size).reshape(-1, 3)
+    # Float sums are exact below 2**53 (104 days of ns, 9 PB): far beyond one trace.
+    dur_sum = np.rint(np.bincount(key, weights=dur, minlength=size)).astype(np.int64).reshape(-1, 3)
+    byte_sum = np.rint(np.bincount(key, weights=nbytes, minlength=size)).astype(np.int64).reshape(-1, 3)
     out = []
-    for src, dst in sorted({(int(s), int(d)) for s, d, _ in agg.index}):
-
-        def get(role: str, col: str, src: int = src, dst: int = dst) -> int:
-            key = (src, dst, role)
-            return int(agg.loc[key, col]) if key in agg.index else 0
-
-        has_send = get("send", "n") > 0
-        messages = get("send", "n") if has_send else get("recv", "n") or get("wait", "n")
-        nbytes = get("send", "nbytes") if has_send else get("recv", "nbytes") or get("wait", "nbytes")
-        send_ns, recv_ns, wait_ns = get("send", "dur"), get("recv", "dur"), get("wait", "dur")
-        transfer_ns = recv_ns or send_ns
+    for h in range(hops.shape[1]):
+        send, recv, wait = 0, 1, 2
+        src_role = send if count[h, send] else (recv if count[h, recv] else wait)
+        transfer_ns = int(dur_sum[h, recv] or dur_sum[h, send])
+        nb = int(byte_sum[h, src_role])
         out.append(
             HopStats(
-                src_rank=src,
-                dst_rank=dst,
-                messages=messages,
-                nbytes=nbytes,
-                send_ns=send_ns,
-                recv_ns=recv_ns,
-                wait_ns=wait_ns,
-                bandwidth_gbps=nbytes / transfer_ns if transfer_ns > 0 and nbytes > 0 else None,
+                src_rank=int(hops[0, h]),
+                dst_rank=int(hops[1, h]),
+                messages=int(count[h, src_role]),
+                nbytes=nb,
+                send_ns=int(dur_sum[h, send]),
+                recv_ns=int(dur_sum[h, recv]),
+                wait_ns=int(dur_sum[h, wait]),
+                bandwidth_gbps=nb / transfer_ns if transfer_ns > 0 and nb > 0 else None,
             )
         )
     return out
@@ -122,4 +138,4 @@ def measured_inflight(
     ids = mb[decode_compute & (mb >= 0)]
     if ids.shape[0] == 0:
         return None, "no decode spans"
-    return int(np.unique(ids).shape[0]), "distinct decode micro-batch ids"
+    return count_distinct(ids.astype(np.int64)), "distinct decode micro-batch ids"

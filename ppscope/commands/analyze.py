@@ -62,5 +62,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
-        print_report(result, Console())
+        # Piped output gets room for every cause column; a terminal keeps its own width.
+        print_report(result, Console(width=None if sys.stdout.isatty() else 160))
     return 0
