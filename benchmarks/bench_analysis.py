@@ -102,7 +102,8 @@ def _synthetic_lines() -> list[str]:
         f"= {secs / ref:.1f}x the sort; bottleneck found: stage {res.bottleneck_stage} (expected {RANKS // 2})",
         f"analysis: peak traced memory of analyze(): {peak:.0f} MB (target <= 1000 MB) "
         f"= {peak / frame_mb:.2f}x the spans DataFrame ({frame_mb:.0f} MB)",
-        f"analysis: Gantt figure with max_bars=20000 on the same spans: {gantt_s:.2f} s = {gantt_s / ref:.1f}x the sort",
+        f"analysis: Gantt figure with max_bars=20000 on the same spans: {gantt_s:.2f} s "
+        f"= {gantt_s / ref:.1f}x the sort",
     ]
 
 
@@ -129,12 +130,14 @@ def _hta_lines() -> list[str]:
 
     hta_s = _best_s(hta)
     our_s = _best_s(ours)
-    our_an = _best_s(lambda t=open_trace(KINETO): analyze(t))
+    loaded = open_trace(KINETO)
+    our_an = _best_s(lambda: analyze(loaded))
     with contextlib.redirect_stdout(io.StringIO()):
         hta_busy = TraceAnalysis(trace_dir=str(KINETO)).get_temporal_breakdown(visualize=False)
     res = analyze(open_trace(KINETO))
     ours_busy = ", ".join(f"rank {s.ranks[0]} {100 * (1 - s.bubble_ratio):.1f}%" for s in res.stages)
-    hta_busy_txt = ", ".join(f"rank {int(r)} {p:.1f}%" for r, p in zip(hta_busy["rank"], hta_busy["compute_time_pctg"]))
+    pairs = zip(hta_busy["rank"], hta_busy["compute_time_pctg"], strict=True)
+    hta_busy_txt = ", ".join(f"rank {int(r)} {p:.1f}%" for r, p in pairs)
     logging.disable(logging.NOTSET)
     return [
         f"analysis vs HTA on {KINETO.name} (2 Kineto ranks): HTA load + temporal + idle breakdown {hta_s:.3f} s; "
