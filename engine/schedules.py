@@ -83,6 +83,9 @@ class Pipeline:
         self.sampling = sampling
         self.gen = torch.Generator().manual_seed(sampling.seed) if sampling.temperature > 0 else None
         self.cuda = module.device.type == "cuda"
+        self.fail_after = 0
+        """Tests only: raise after this many passes (0 = never)."""
+        self._passes = 0
 
     # ------------------------------------------------------------ one pass of one virtual stage
 
@@ -94,6 +97,9 @@ class Pipeline:
     @torch.no_grad()
     def run_stage(self, stage: int, mb: int, step: int, batch: Batch, data: torch.Tensor) -> Message:
         """Run virtual stage `stage` on one micro-batch: embed first if it is stage 0, head and sampling if last."""
+        self._passes += 1
+        if self.fail_after and self._passes > self.fail_after:
+            raise RuntimeError(f"injected failure after {self.fail_after} passes")
         chunk = stage // self.ranks
         phase = "prefill" if step == 0 else "decode"
         n = batch.tokens

@@ -29,10 +29,12 @@ from ppscope.schedule import ServePolicy
 from ppscope.store import RankWriter, create_run, read_meta, write_meta
 from ppscope.trace import RankInfo
 
-__all__ = ["SKEW_ENV", "default_run_dir", "run_rank"]
+__all__ = ["FAIL_ENV", "SKEW_ENV", "default_run_dir", "run_rank"]
 
 SKEW_ENV = "PPSCOPE_TEST_CLOCK_SKEW_NS"
-"""Tests only: nanoseconds added to this rank's clock, to check that the offset estimate recovers them."""
+"""Tests only: `RANK=NS[,RANK=NS]`, nanoseconds added to a rank's clock, to check the offset estimate."""
+FAIL_ENV = "PPSCOPE_TEST_FAIL"
+"""Tests only: `RANK=N`, that rank raises after N passes, to check failure propagation."""
 
 ProgressFn = Callable[[int, int], None]
 
@@ -41,8 +43,17 @@ def default_run_dir() -> Path:
     return Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
 
 
-def _clock() -> Callable[[], int]:
-    skew = int(os.environ.get(SKEW_ENV, "0") or 0)
+def _test_hook(name: str, rank: int) -> int:
+    """The value for `rank` in a test hook variable `RANK=VALUE[,RANK=VALUE]`, else 0."""
+    for item in os.environ.get(name, "").split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == str(rank) and value.strip():
+            return int(value)
+    return 0
+
+
+def _clock(rank: int) -> Callable[[], int]:
+    skew = _test_hook(SKEW_ENV, rank)
     if not skew:
         return time.perf_counter_ns
     return lambda: time.perf_counter_ns() + skew
@@ -91,7 +102,7 @@ def _run(
     run_dir: Path | None,
     progress: ProgressFn | None,
 ) -> Path:
-    clock = _clock()
+    clock = _clock(rank)
     clock_info = measure_offset(rank, world, clock, device)
     if run_dir is None:  # torchrun: rank 0 names and creates the run, the others follow
         box: list[object] = [None]
@@ -140,6 +151,7 @@ def _run(
             chunks=cfg.chunks,
             sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed),
         )
+        pipe.fail_after = _test_hook(FAIL_ENV, rank)
         ring.start()
         if world > 1:
             dist.barrier()  # every stage is built: the pipeline's clock starts now for everyone
