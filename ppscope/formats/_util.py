@@ -1,0 +1,75 @@
+"""Helpers the exporters share: interval nesting, lane stacking and safe output files.
+
+Nothing here knows a file format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ppscope.errors import RunExistsError
+
+__all__ = ["atomic_output", "nests", "stack_levels"]
+
+
+def nests(starts: np.ndarray, ends: np.ndarray) -> bool:
+    """True when the intervals, taken together, form a proper stack: any two are disjoint or nested."""
+    order = np.lexsort((-ends, starts))
+    stack: list[int] = []
+    for i in order.tolist():
+        s, e = starts[i], ends[i]
+        while stack and ends[stack[-1]] <= s:
+            stack.pop()
+        if stack and ends[stack[-1]] < e:
+            return False
+        stack.append(i)
+    return True
+
+
+def stack_levels(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """A level per interval such that the intervals of each level nest (greedy, first level that fits)."""
+    order = np.lexsort((-ends, starts))
+    levels = np.zeros(len(starts), dtype=np.int64)
+    stacks: list[list[int]] = []
+    for i in order.tolist():
+        s, e = starts[i], ends[i]
+        for level, stack in enumerate(stacks):
+            while stack and ends[stack[-1]] <= s:
+                stack.pop()
+            if not stack or ends[stack[-1]] >= e:
+                stack.append(i)
+                levels[i] = level
+                break
+        else:
+            stacks.append([i])
+            levels[i] = len(stacks) - 1
+    return levels
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; on success it replaces `path` in one rename.
+
+    Refuses an existing `path` unless `force`: exports never overwrite by surprise, and a failed export
+    leaves nothing behind.
+    """
+    out = Path(path)
+    if out.is_dir():
+        raise RunExistsError(f"{out} is a directory: give a file name for --out")
+    if out.exists() and not force:
+        raise RunExistsError(f"{out} already exists: choose another --out or pass --force to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, out)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)

@@ -1,0 +1,115 @@
+"""Tell what a path holds by its content, never its extension: a ppscope run directory, an nsys SQLite
+export, a Kineto (PyTorch profiler) JSON or JSON.gz file, or a directory of per-rank Kineto files.
+
+Detection reads a few bytes of each candidate file and never writes. It does not parse traces: the
+importers do that and name what is missing when a file is what it looks like but incomplete.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sqlite3
+import sys
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ppscope.errors import CorruptFileError, RunNotFoundError, UnsupportedInputError
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+
+    class StrEnum(str, enum.Enum):
+        pass
+
+
+__all__ = ["GZIP_MAGIC", "SQLITE_MAGIC", "Detected", "InputKind", "detect", "open_sqlite_ro", "sniff_file"]
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+GZIP_MAGIC = b"\x1f\x8b"
+_RUN_META = "meta.json"
+
+
+class InputKind(StrEnum):
+    RUN = "run"  # a ppscope run directory (meta.json + rank-*.sqlite)
+    NSYS = "nsys-sqlite"  # one `nsys export --type sqlite` file
+    KINETO = "kineto"  # one or more Kineto JSON(.gz) files, one per rank
+
+
+@dataclass(frozen=True)
+class Detected:
+    kind: InputKind
+    path: Path
+    files: list[Path] = field(default_factory=list)
+    """The trace files to read (one per rank for Kineto; the file itself for nsys)."""
+
+
+def sniff_file(path: Path) -> str:
+    """`sqlite`, `gzip`, `json` or `` (unknown) from the first bytes of `path`."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as exc:
+        raise CorruptFileError(f"{path}: cannot be read ({exc})") from None
+    if head.startswith(SQLITE_MAGIC):
+        return "sqlite"
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
+    stripped = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if stripped.startswith((b"{", b"[")):
+        return "json"
+    return ""
+
+
+def detect(path: str | os.PathLike[str]) -> Detected:
+    """What `path` holds. Raises a one-line error naming the path when it is nothing ppscope reads."""
+    p = Path(path)
+    if not p.exists():
+        raise RunNotFoundError(f"{p} does not exist: give a run directory, an nsys .sqlite or a Kineto trace")
+    if p.is_dir():
+        return _detect_dir(p)
+    kind = sniff_file(p)
+    if kind == "sqlite":
+        return Detected(InputKind.NSYS, p, [p])
+    if kind in ("gzip", "json"):
+        return Detected(InputKind.KINETO, p, [p])
+    raise UnsupportedInputError(
+        f"{p} is not a trace ppscope reads: it is not SQLite (nsys export), gzip or JSON (Kineto); "
+        "give a run directory, an `nsys export --type sqlite` file or a PyTorch profiler trace"
+    )
+
+
+def _detect_dir(p: Path) -> Detected:
+    if (p / _RUN_META).is_file() or any(p.glob("rank-*.sqlite")):
+        return Detected(InputKind.RUN, p, [])
+    files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
+    kineto = [f for f in files if sniff_file(f) in ("gzip", "json")]
+    if kineto:
+        return Detected(InputKind.KINETO, p, kineto)
+    nsys = [f for f in files if sniff_file(f) == "sqlite"]
+    if len(nsys) == 1:
+        return Detected(InputKind.NSYS, nsys[0], nsys)
+    if not any(p.iterdir()):
+        raise RunNotFoundError(f"{p} is empty: it holds no run and no trace files")
+    raise UnsupportedInputError(
+        f"{p} holds no traces: no {_RUN_META} (ppscope run), no Kineto JSON/JSON.gz files"
+        + (f", and {len(nsys)} SQLite files (give one nsys export at a time)" if nsys else ", no nsys .sqlite")
+    )
+
+
+def open_sqlite_ro(path: Path) -> sqlite3.Connection:
+    """Open an SQLite file read-only (immutable: no journal, no lock files), or say why not."""
+    if sniff_file(path) != "sqlite":
+        raise UnsupportedInputError(
+            f"{path} is not an SQLite file, so not an nsys export (`nsys export --type sqlite`)"
+        )
+    uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro&immutable=1"
+    try:
+        db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        db.execute("PRAGMA query_only=1")
+        db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+    except sqlite3.Error as exc:
+        raise CorruptFileError(f"{path}: cannot be opened as SQLite ({exc}); the file is damaged") from None
+    return db

@@ -1,0 +1,262 @@
+"""Read PyTorch profiler (Kineto) traces, one JSON or JSON.gz file per rank, as one Trace.
+
+Events are streamed out of `traceEvents` one at a time, so a large file is never held as one list of
+dicts. GPU events (pid = device, tid = stream) go on `stream N` lanes of their file's rank; kernels whose
+name starts with `nccl` are communication; `ProfilerStep#N` annotations become steps, and GPU work
+inherits the step of the CPU launch that issued it (matched on the correlation id). `ts` is taken as
+relative to `baseTimeNanoseconds` when the file has one, else as absolute microseconds. CPU operator
+events (`cpu_op`, `cuda_runtime`, `python_function`) are read for correlation only, not kept as spans.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import zlib
+from collections.abc import Iterator
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import pandas as pd
+
+from ppscope.errors import CorruptFileError, UnsupportedInputError
+from ppscope.formats.detect import GZIP_MAGIC
+from ppscope.formats.ordering import order_stages
+from ppscope.trace import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
+
+__all__ = ["iter_trace_events", "load_kineto"]
+
+_CHUNK = 1 << 20
+_RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+_GPU_KINDS = {"kernel": SpanKind.KERNEL, "gpu_memcpy": SpanKind.MEMCPY, "gpu_memset": SpanKind.MEMSET}
+_P2P = {"nccl:send": "send", "nccl:recv": "recv", "ncclSend": "send", "ncclRecv": "recv"}
+_DECODER = json.JSONDecoder(parse_float=str)  # keep float text: `ts` in epoch µs needs exact ns
+
+
+def _open_text(path: Path) -> IO[str]:
+    with open(path, "rb") as f:
+        gz = f.read(2) == GZIP_MAGIC
+    raw = gzip.open(path, "rb") if gz else open(path, "rb")  # noqa: SIM115 - closed by the wrapper
+    return io.TextIOWrapper(raw, encoding="utf-8")
+
+
+class _Stream:
+    """A JSON text read in chunks; values are decoded with `raw_decode` as soon as they are complete."""
+
+    def __init__(self, f: IO[str], path: Path) -> None:
+        self.f, self.path = f, path
+        self.buf, self.pos, self.eof = "", 0, False
+
+    def _more(self) -> bool:
+        if self.eof:
+            return False
+        try:
+            chunk = self.f.read(_CHUNK)
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+            raise CorruptFileError(f"{self.path}: truncated or damaged ({exc}); copy the trace again") from None
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf = self.buf[self.pos :] + chunk
+        self.pos = 0
+        return True
+
+    def peek(self) -> str:
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self._more():
+                return ""
+
+    def expect(self, char: str) -> None:
+        if self.peek() != char:
+            found = self.peek() or "end of file"
+            raise CorruptFileError(f"{self.path}: not valid JSON (expected {char!r}, found {found!r})")
+        self.pos += 1
+
+    def value(self) -> Any:
+        self.peek()
+        while True:
+            try:
+                value, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                if self._more():
+                    continue
+                raise CorruptFileError(f"{self.path}: not valid JSON or truncated ({exc.msg})") from None
+            # A number may continue in the next chunk: make sure it ended before the buffer did.
+            if end == len(self.buf) and not self.eof and self._more():
+                continue
+            self.pos = end
+            return value
+
+
+def iter_trace_events(path: Path, top: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Yield each event of `traceEvents`; other top-level keys are stored into `top` as they pass."""
+    with _open_text(path) as f:
+        s = _Stream(f, path)
+        if s.peek() != "{":
+            raise UnsupportedInputError(f"{path} is JSON but not a Kineto trace: it is not a JSON object")
+        s.expect("{")
+        seen = False
+        while s.peek() not in ("}", ""):
+            key = s.value()
+            s.expect(":")
+            if key == "traceEvents" and s.peek() == "[":
+                seen = True
+                s.expect("[")
+                while s.peek() not in ("]", ""):
+                    event = s.value()
+                    if isinstance(event, dict):
+                        yield event
+                    if s.peek() == ",":
+                        s.pos += 1
+                s.expect("]")
+            else:
+                top[str(key)] = s.value()
+            if s.peek() == ",":
+                s.pos += 1
+        s.expect("}")
+    if not seen:
+        raise UnsupportedInputError(f"{path} is JSON but not a Kineto trace: it has no traceEvents list")
+
+
+def _ns(value: Any) -> int:
+    if isinstance(value, int):
+        return value * 1000
+    try:
+        return int((Decimal(str(value)) * 1000).to_integral_value())
+    except (InvalidOperation, ValueError):
+        return 0
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], pd.DataFrame, list[tuple[str, int]]]:
+    """One rank file: top-level keys, its spans (without rank/stage), its p2p evidence."""
+    top: dict[str, Any] = {}
+    gpu: list[tuple[Any, ...]] = []
+    host: list[tuple[Any, ...]] = []
+    launches: dict[int, int] = {}
+    p2p: list[tuple[str, int]] = []
+    for ev in iter_trace_events(path, top):
+        if ev.get("ph") != "X":
+            continue
+        cat, name, args = ev.get("cat"), str(ev.get("name", "")), ev.get("args") or {}
+        start = _ns(ev.get("ts", 0))
+        end = start + _ns(ev.get("dur", 0))
+        if cat in _GPU_KINDS:
+            kind = _GPU_KINDS[cat]
+            if kind == SpanKind.KERNEL and name.startswith("nccl"):
+                kind = SpanKind.NCCL
+            corr = args.get("correlation", -1)
+            nbytes = args.get("bytes", 0) if isinstance(args.get("bytes", 0), int) else 0
+            gpu.append((str(kind), name, start, end, ev.get("pid"), ev.get("tid"), corr, nbytes))
+        elif cat == "cuda_runtime":
+            corr = args.get("correlation")
+            if isinstance(corr, int):
+                launches[corr] = start
+        elif cat == "user_annotation":
+            host.append((name, start, end, ev.get("tid")))
+            if name in _P2P:
+                p2p.append((_P2P[name], start))
+        elif cat == "cpu_op" and name in _P2P:
+            p2p.append((_P2P[name], start))
+    base = top.get("baseTimeNanoseconds")
+    shift = int(base) if isinstance(base, (int, str)) and str(base).lstrip("-").isdigit() else 0
+    spans = _spans(gpu, host, launches, shift)
+    return top, spans, [(op, t + shift) for op, t in p2p]
+
+
+def _spans(
+    gpu: list[tuple[Any, ...]], host: list[tuple[Any, ...]], launches: dict[int, int], shift: int
+) -> pd.DataFrame:
+    g = pd.DataFrame(gpu, columns=["kind", "name", "start_ns", "end_ns", "dev", "stream", "corr", "nbytes"])
+    devices = g["dev"].nunique()
+    lane = "stream " + g["stream"].astype(str)
+    g["lane"] = ("gpu " + g["dev"].astype(str) + " " + lane) if devices > 1 else lane
+    h = pd.DataFrame(host, columns=["name", "start_ns", "end_ns", "tid"])
+    step_no = h["name"].str.extract(_STEP_RE, expand=False)
+    is_step = step_no.notna().to_numpy()
+    h["kind"] = np.where(is_step, str(SpanKind.STEP), str(SpanKind.RANGE))
+    h["step"] = pd.to_numeric(step_no, errors="coerce").fillna(-1).astype(np.int64)
+    threads = h.loc[~is_step, "tid"].nunique()
+    h["lane"] = np.where(is_step | (threads <= 1), "host", "host " + h["tid"].astype(str))
+    # GPU work takes the step of the CPU launch that issued it, else of its own start time.
+    steps = h[is_step].sort_values("start_ns")
+    when = np.array(
+        [launches.get(c, s) if isinstance(c, int) else s for c, s in zip(g["corr"], g["start_ns"], strict=True)]
+    )
+    g["step"] = _step_at(when, steps)
+    out = pd.concat([g.drop(columns=["dev", "stream", "corr"]), h.drop(columns="tid")], ignore_index=True)
+    out["start_ns"] = out["start_ns"].astype(np.int64) + shift
+    out["end_ns"] = out["end_ns"].astype(np.int64) + shift
+    out["nbytes"] = out["nbytes"].fillna(0).astype(np.int64)
+    return out
+
+
+def _step_at(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    out = np.full(len(times), -1, dtype=np.int64)
+    if not len(steps) or not len(times):
+        return out
+    starts, ends, numbers = (steps[c].to_numpy(dtype=np.int64) for c in ("start_ns", "end_ns", "step"))
+    i = np.searchsorted(starts, times, side="right") - 1
+    ok = (i >= 0) & (times <= ends[np.clip(i, 0, None)])
+    out[ok] = numbers[i[ok]]
+    return out
+
+
+def load_kineto(files: list[Path]) -> Trace:
+    """The Kineto trace files (one per rank) as one Trace, ranks ordered into stages."""
+    if not files:
+        raise UnsupportedInputError("no Kineto trace files given")
+    per_rank: dict[int, pd.DataFrame] = {}
+    evidence: list[tuple[int, str, int]] = []
+    warnings: list[str] = []
+    info: dict[str, Any] = {}
+    for i, path in enumerate(sorted(files)):
+        top, spans, p2p = _read_file(path)
+        rank = _rank_of(path, top, i, warnings)
+        if rank in per_rank:
+            raise UnsupportedInputError(f"{path}: rank {rank} appears in two files; give one file per rank")
+        per_rank[rank] = spans
+        evidence += [(rank, op, t) for op, t in p2p]
+        dist = top.get("distributedInfo")
+        if isinstance(dist, dict):
+            info = dist
+    order = order_stages(per_rank, evidence, {r: r for r in per_rank}, "rank")
+    warnings.append(order.explanation)
+    frames = []
+    for rank, spans in per_rank.items():
+        spans = spans.assign(rank=rank, stage=order.stage_of[rank], mb=-1, chunk=0, phase="", tokens=0, peer=-1)
+        frames.append(spans)
+    spans = pd.concat(frames, ignore_index=True) if frames else None
+    ranks = [
+        RankInfo(rank=r, stage=order.stage_of[r], device="cuda", clock=ClockInfo(method="import")) for r in per_rank
+    ]
+    meta = RunMeta(
+        run_id=Path(files[0]).parent.name if len(files) > 1 else Path(files[0]).name.split(".")[0],
+        source="kineto",
+        status="finished",
+        world_size=len(per_rank),
+        pp_size=len(per_rank),
+        backend=str(info.get("backend", "")),
+        ranks=sorted(ranks, key=lambda r: r.rank),
+        config={"files": [str(f) for f in files], "distributedInfo": info, "stage_order": order.explanation},
+    )
+    return Trace(spans=spans_frame(spans), meta=meta, warnings=warnings).sorted()
+
+
+def _rank_of(path: Path, top: dict[str, Any], index: int, warnings: list[str]) -> int:
+    dist = top.get("distributedInfo")
+    if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
+        return int(dist["rank"])
+    m = _RANK_RE.search(path.name)
+    if m:
+        return int(m.group(1))
+    warnings.append(f"{path.name}: no distributedInfo.rank and no rank in the file name; took rank {index}")
+    return index

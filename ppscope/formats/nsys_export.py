@@ -1,0 +1,303 @@
+"""Write a Trace as an `nsys export --type sqlite` file that Nsight-based readers open.
+
+Every span becomes an NVTX range of the `ppscope` domain (push/pop, eventType 59, message like
+`s2 forward mb5`, payload = micro-batch, the remaining fields as JSON in `jsonText`) on one thread per
+lane. Because readers attach NVTX ranges to GPUs through kernel launches, every compute and
+communication span also gets a CUDA runtime launch row on its thread and a kernel row with the same
+times on its rank's device and the lane's stream. Correlation ids are unique in the whole file, so they
+are unique per process as the format requires and readers that join on correlationId alone still work.
+The importer recognises these files and reads the NVTX ranges back, not the shadow kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ppscope import __version__
+from ppscope.formats._util import atomic_output, nests
+from ppscope.formats.nsys_import import PPSCOPE_DOMAIN
+from ppscope.formats.nsys_schema import ENUM_ROWS, EXPORT_SCHEMA_VERSION, TABLES, create_tables_sql
+from ppscope.recorder import KIND_COLORS
+from ppscope.trace import COMM_KINDS, COMPUTE_KINDS, SpanKind, Trace, lane_of
+
+__all__ = ["STREAM_OF_LANE", "export_nsys", "global_tid", "ppscope_message"]
+
+STREAM_OF_LANE = {"compute": 7, "send": 13, "recv": 14, "host": 15}
+"""CUDA stream id written for each of our lanes (other lanes get 20, 21, ...)."""
+_VM_ID = 1
+_DOMAIN_ID = 1
+_LAUNCH = "cudaLaunchKernel_v7000"
+_KIND_INDEX = {str(k): i + 1 for i, k in enumerate(SpanKind)}
+_SHADOW_KINDS = COMPUTE_KINDS | COMM_KINDS
+
+
+def global_tid(pid: int, tid: int, *, hw_id: int = 0, vm_id: int = _VM_ID) -> int:
+    """nsys GlobalId of a thread: (hwId<<56)|(vmId<<48)|(pid<<24)|tid."""
+    return (hw_id << 56) | (vm_id << 48) | ((pid & 0xFFFFFF) << 24) | (tid & 0xFFFFFF)
+
+
+def ppscope_message(stage: int, kind: str, mb: int, chunk: int) -> str:
+    """The NVTX message the recorder writes for a span: `s2 forward mb5` (+ ` c1` for chunk 1)."""
+    return f"s{stage} {kind}" + (f" mb{mb}" if mb >= 0 else "") + (f" c{chunk}" if chunk else "")
+
+
+def export_nsys(trace: Trace, out: str | Path, *, force: bool = False) -> Path:
+    """Write `trace` to `out` as nsys SQLite. Refuses an existing file unless `force`."""
+    with atomic_output(out, force=force) as tmp:
+        db = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=OFF")
+            db.execute("PRAGMA synchronous=OFF")
+            db.executescript(create_tables_sql())
+            db.execute("BEGIN")
+            _Writer(db, trace).write()
+            db.execute("COMMIT")
+        finally:
+            db.close()
+    return Path(out)
+
+
+def _insert(db: sqlite3.Connection, table: str, rows: list[tuple[Any, ...]] | Iterator[tuple[Any, ...]]) -> None:
+    cols = [c for c, _, _ in TABLES[table]] if table in TABLES else ["id", "name", "label"]
+    names = ", ".join(f'"{c}"' for c in cols)
+    db.executemany(f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(cols))})", rows)
+
+
+class _Writer:
+    def __init__(self, db: sqlite3.Connection, trace: Trace) -> None:
+        self.db = db
+        self.trace = trace
+        self.spans = trace.spans
+        self.strings: dict[str, int] = {}
+        ranks = sorted({int(r) for r in self.spans["rank"].unique()} | {i.rank for i in trace.meta.ranks})
+        self.ranks = ranks
+        self.pid_of = self._pids(ranks)
+        self.device_of, self.device_note = self._devices(ranks)
+
+    def string(self, value: str) -> int:
+        sid = self.strings.get(value)
+        if sid is None:
+            sid = self.strings[value] = len(self.strings)
+        return sid
+
+    def _pids(self, ranks: list[int]) -> dict[int, int]:
+        known = {i.rank: i.pid for i in self.trace.meta.ranks if 0 < i.pid < 0xFFFFFF}
+        if len(set(known.values())) == len(known) and set(known) >= set(ranks):
+            return {r: known[r] for r in ranks}
+        return {r: 1000 + i for i, r in enumerate(ranks)}
+
+    def _devices(self, ranks: list[int]) -> tuple[dict[int, int], str]:
+        stage = {i.rank: i.stage for i in self.trace.meta.ranks if i.stage >= 0}
+        first = self.spans[self.spans["stage"] >= 0].groupby("rank")["stage"].min()
+        for r in ranks:
+            if r not in stage and r in first.index:
+                stage[r] = int(first[r])
+        on_cpu = self._on_cpu()
+        if set(stage) >= set(ranks) and len({stage[r] for r in ranks}) == len(ranks):
+            what = (
+                "CPU run: there is no GPU, deviceId is the rank's pipeline stage"
+                if on_cpu
+                else ("deviceId is the rank's pipeline stage (one GPU per stage)")
+            )
+            return {r: stage[r] for r in ranks}, what
+        what = "CPU run: there is no GPU, deviceId is the rank" if on_cpu else "deviceId is the rank (one GPU each)"
+        return {r: i for i, r in enumerate(ranks)}, what
+
+    def _on_cpu(self) -> bool:
+        meta = self.trace.meta
+        devices = {i.device.lower() for i in meta.ranks}
+        return meta.backend == "gloo" or (bool(devices) and all(d in ("", "cpu") for d in devices))
+
+    def write(self) -> None:
+        spans = self.spans
+        t0 = int(spans["start_ns"].min()) if len(spans) else 0
+        t1 = int(spans["end_ns"].max()) if len(spans) else 0
+        lanes = {r: self._lanes(r) for r in self.ranks}
+        self._nvtx_and_kernels(lanes, t0)
+        self._processes(lanes)
+        self._session(t0, t1)
+        _insert(self.db, "StringIds", ((i, s) for s, i in self.strings.items()))
+        for table, rows in ENUM_ROWS.items():
+            _insert(self.db, table, rows)
+
+    def _lanes(self, rank: int) -> dict[str, int]:
+        """lane -> tid for one rank; the compute lane (or the first) is the main thread (tid = pid)."""
+        names = sorted(set(self.spans.loc[self.spans["rank"] == rank, "lane"]), key=lambda n: (n != "compute", n))
+        pid = self.pid_of[rank]
+        return {lane: (pid + i) & 0xFFFFFF for i, lane in enumerate(names or ["compute"])}
+
+    def _stream(self, lane: str, lanes: dict[str, int]) -> int:
+        if lane in STREAM_OF_LANE:
+            return STREAM_OF_LANE[lane]
+        others = [n for n in lanes if n not in STREAM_OF_LANE]
+        return 20 + others.index(lane)
+
+    def _nvtx_and_kernels(self, lanes: dict[int, dict[str, int]], t0: int) -> None:
+        self.string(_LAUNCH)
+        nvtx: list[tuple[Any, ...]] = []
+        runtime: list[tuple[Any, ...]] = []
+        kernels: list[tuple[Any, ...]] = []
+        corr = 0
+        for rank in self.ranks:
+            pid = self.pid_of[rank]
+            main = global_tid(pid, pid)
+            nvtx.append(_nvtx_row(t0, None, 75, main, text=PPSCOPE_DOMAIN, category=None, color=None))
+            rows = self.spans[self.spans["rank"] == rank]
+            for lane, group in rows.groupby("lane", sort=False):
+                gtid = global_tid(pid, lanes[rank][str(lane)])
+                starts, ends = group["start_ns"].to_numpy(), group["end_ns"].to_numpy()
+                event = 59 if nests(starts, ends) else 60
+                stream = self._stream(str(lane), lanes[rank])
+                for s in group.itertuples(index=False):
+                    kind = str(s.kind)
+                    message = ppscope_message(int(s.stage), kind, int(s.mb), int(s.chunk))
+                    extra = _extras(s, message)
+                    is_mark = kind == SpanKind.MARK
+                    nvtx.append(
+                        _nvtx_row(
+                            int(s.start_ns),
+                            None if is_mark else int(s.end_ns),
+                            34 if is_mark else event,
+                            gtid,
+                            text=message,
+                            category=_KIND_INDEX.get(kind, 0),
+                            color=KIND_COLORS.get(kind, 0xFF888888),
+                            mb=int(s.mb),
+                            json_text=extra,
+                        )
+                    )
+                    if kind in _SHADOW_KINDS:
+                        corr += 1
+                        runtime.append(_runtime_row(int(s.start_ns), int(s.end_ns), gtid, corr, self.string(_LAUNCH)))
+                        kernels.append(self._kernel_row(s, rank, stream, corr, message))
+        _insert(self.db, "NVTX_EVENTS", nvtx)
+        _insert(self.db, "CUPTI_ACTIVITY_KIND_RUNTIME", runtime)
+        _insert(self.db, "CUPTI_ACTIVITY_KIND_KERNEL", kernels)
+
+    def _kernel_row(self, s: Any, rank: int, stream: int, corr: int, message: str) -> tuple[Any, ...]:
+        pid = self.pid_of[rank]
+        short = self.string(f"ppscope_{s.kind}")
+        demangled = self.string(f"ppscope::{s.kind}({message})")
+        row: dict[str, Any] = dict.fromkeys((c for c, _, _ in TABLES["CUPTI_ACTIVITY_KIND_KERNEL"]), None)
+        row.update(
+            start=int(s.start_ns),
+            end=int(s.end_ns),
+            deviceId=self.device_of[rank],
+            contextId=1,
+            streamId=stream,
+            correlationId=corr,
+            globalPid=global_tid(pid, 0),
+            demangledName=demangled,
+            shortName=short,
+            launchType=0,
+            cacheConfig=0,
+            registersPerThread=0,
+            gridX=1,
+            gridY=1,
+            gridZ=1,
+            blockX=1,
+            blockY=1,
+            blockZ=1,
+            staticSharedMemory=0,
+            dynamicSharedMemory=0,
+            localMemoryPerThread=0,
+            localMemoryTotal=0,
+            gridId=corr,
+            sharedMemoryLimitConfig=0,
+            tensorSizeMinusOneElements="",
+        )
+        return tuple(row.values())
+
+    def _processes(self, lanes: dict[int, dict[str, int]]) -> None:
+        meta = self.trace.meta
+        procs, threads, gpus, cuda = [], [], [], []
+        for rank in self.ranks:
+            pid = self.pid_of[rank]
+            info = meta.rank_info(rank)
+            stage = self.device_of[rank]
+            procs.append((global_tid(pid, 0), pid, f"ppscope rank {rank}"))
+            for lane, tid in lanes[rank].items():
+                threads.append((self.string(f"rank {rank} {lane}"), 0, global_tid(pid, tid)))
+            device = self.device_of[rank]
+            name = (info.device if info and info.device else "") or f"cpu (stage {stage})"
+            gpus.append((_VM_ID << 48, device, name, "", 0, 0, 0, 0, 0, 0, device, "", 0, "", device))
+            cuda.append((device, device, pid, "", 0))
+        _insert(self.db, "PROCESSES", procs)
+        _insert(self.db, "ThreadNames", threads)
+        _insert(self.db, "TARGET_INFO_GPU", gpus)
+        _insert(self.db, "TARGET_INFO_CUDA_DEVICE", cuda)
+
+    def _session(self, t0: int, t1: int) -> None:
+        meta = self.trace.meta
+        epoch = meta.created_unix_ns or time.time_ns()
+        utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch / 1e9))
+        _insert(self.db, "TARGET_INFO_SESSION_START_TIME", [(epoch, utc, utc, t0)])
+        _insert(self.db, "ANALYSIS_DETAILS", [(_VM_ID << 48, t1 - t0, t0, t1)])
+        major, minor, micro = EXPORT_SCHEMA_VERSION.split(".")
+        rows = [
+            ("EXPORT_PRODUCT_NAME", "ppscope"),
+            ("EXPORT_PRODUCT_VERSION", __version__),
+            ("EXPORT_SCHEMA_VERSION", EXPORT_SCHEMA_VERSION),
+            ("EXPORT_SCHEMA_VERSION_MAJOR", major),
+            ("EXPORT_SCHEMA_VERSION_MINOR", minor),
+            ("EXPORT_SCHEMA_VERSION_MICRO", micro),
+            ("EXPORT_PARAM_EXPORT_TYPE", "SQLite"),
+            ("EXPORT_TIME_UTC", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())),
+            ("PPSCOPE_DEVICE_MAPPING", self.device_note),
+            (
+                "PPSCOPE_SHADOW_KERNELS",
+                "each compute/communication span has a launch + kernel row with the span's times; "
+                "the NVTX ranges of domain ppscope are the spans",
+            ),
+            ("PPSCOPE_RANK_PIDS", json.dumps({str(p): r for r, p in self.pid_of.items()})),
+            ("PPSCOPE_RUN_META", meta.to_json()),
+        ]
+        _insert(self.db, "META_DATA_EXPORT", rows)
+
+
+def _extras(s: Any, message: str) -> str | None:
+    """What the message does not carry, as JSON (only fields that differ from their defaults)."""
+    extra: dict[str, Any] = {}
+    if s.name != message:
+        extra["name"] = str(s.name)
+    if s.lane != lane_of(str(s.kind)):
+        extra["lane"] = str(s.lane)
+    for key, default in (("step", -1), ("phase", ""), ("nbytes", 0), ("tokens", 0), ("peer", -1)):
+        value = getattr(s, key)
+        if value != default:
+            extra[key] = value.item() if isinstance(value, np.generic) else value
+    return json.dumps(extra, separators=(",", ":")) if extra else None
+
+
+def _nvtx_row(
+    start: int,
+    end: int | None,
+    event: int,
+    gtid: int,
+    *,
+    text: str,
+    category: int | None,
+    color: int | None,
+    mb: int = -1,
+    json_text: str | None = None,
+) -> tuple[Any, ...]:
+    payload = mb if mb >= 0 else None
+    # start, end, eventType, rangeId, category, color, text, globalTid, endGlobalTid, textId, domainId,
+    # uint64Value, int64Value, doubleValue, uint32Value, int32Value, floatValue, jsonTextId, jsonText, binaryData
+    return (
+        start, end, event, None, category, color, text, gtid, None, None, _DOMAIN_ID,
+        None, payload, None, None, None, None, None, json_text, None,
+    )  # fmt: skip
+
+
+def _runtime_row(start: int, end: int, gtid: int, corr: int, name_id: int) -> tuple[Any, ...]:
+    # The launch sits at the start of the span, inside it, as a real launch sits inside its NVTX range.
+    launch_end = start + min(max(end - start, 0), 1_000)
+    return (start, launch_end, 0, gtid, corr, name_id, 0, None)

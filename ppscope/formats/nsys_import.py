@@ -1,0 +1,485 @@
+"""Read an `nsys export --type sqlite` file as a Trace: one rank per process that ran GPU work.
+
+Tables and columns are discovered (`sqlite_master`, `pragma table_info`), so optional tables and columns
+that differ between nsys releases are tolerated. GPU work (kernels, NCCL kernels, memcpy, memset) goes on
+`stream N` lanes; NVTX ranges of the `ppscope` domain (`s2 forward mb5`) come back as the spans they
+describe, and kernels launched inside them inherit their stage and micro-batch through the
+RUNTIME<->KERNEL join on (pid, correlationId). Files written by ppscope's own exporter carry the run's
+metadata and come back exactly. This module never writes to the input.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ppscope.errors import CorruptFileError, PPScopeError, UnsupportedInputError
+from ppscope.formats.detect import open_sqlite_ro
+from ppscope.formats.ordering import order_stages
+from ppscope.trace import SPAN_COLUMNS, ClockInfo, RankInfo, RunMeta, SpanKind, Trace, lane_of, spans_frame
+
+__all__ = ["NVTX_RANGE_TYPES", "PPSCOPE_DOMAIN", "load_nsys", "parse_ppscope_message", "pid_of"]
+
+PPSCOPE_DOMAIN = "ppscope"
+NVTX_RANGE_TYPES = (59, 60, 70, 71)
+_NVTX_MARK, _NVTX_DOMAIN = 34, 75
+_KERNEL, _RUNTIME, _NVTX = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"
+_MEMCPY, _MEMSET = "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
+_MESSAGE_RE = re.compile(r"^s(-?\d+) ([a-z_]+)(?: mb(-?\d+))?(?: c(\d+))?$")
+_KINDS = frozenset(str(k) for k in SpanKind)
+_COPY_KINDS = {1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP"}
+_P2P_NAMES = {"ncclSend": "send", "ncclRecv": "recv", "nccl:send": "send", "nccl:recv": "recv"}
+
+
+def pid_of(global_id: Any) -> Any:
+    """The OS pid inside an nsys globalTid/globalPid: bits 24..47."""
+    return (global_id >> 24) & 0xFFFFFF
+
+
+def parse_ppscope_message(text: str) -> tuple[int, str, int, int] | None:
+    """(stage, kind, mb, chunk) from a recorder message like `s2 forward mb5 c1`, None if not one."""
+    m = _MESSAGE_RE.match(text)
+    if not m or m.group(2) not in _KINDS:
+        return None
+    return int(m.group(1)), m.group(2), int(m.group(3) or -1), int(m.group(4) or 0)
+
+
+class _Db:
+    """A read-only nsys file with its discovered tables and columns."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.db = open_sqlite_ro(path)
+        rows = self.query("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+        self.columns: dict[str, set[str]] = {}
+        for (name,) in rows:
+            cols = self.query(f"PRAGMA table_info('{name}')")
+            self.columns[name] = {c[1] for c in cols}
+
+    def query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return self.db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise CorruptFileError(f"{self.path}: unreadable nsys export ({exc})") from None
+
+    def has(self, table: str) -> bool:
+        return table in self.columns
+
+    def col(self, table: str, column: str, alias: str | None = None, default: str = "NULL") -> str:
+        """`column` (NULLs as `default`) when the table has it, else `default`: releases differ in columns.
+
+        Integer columns get an integer default so pandas never turns them into floats (globalTid needs 64
+        bits)."""
+        expr = f'coalesce("{column}", {default})' if column in self.columns.get(table, ()) else default
+        return f"{expr} AS {alias or column}"
+
+    def count(self, table: str) -> int:
+        return int(self.query(f"SELECT count(*) FROM {table}")[0][0]) if self.has(table) else 0
+
+
+def load_nsys(path: str | Path) -> Trace:
+    """The nsys export at `path` as a Trace. Raises a one-line error naming what is missing."""
+    p = Path(path)
+    db = _Db(p)
+    try:
+        return _load(db)
+    finally:
+        db.db.close()
+
+
+def _load(db: _Db) -> Trace:
+    if not (db.has("StringIds") and (db.has(_KERNEL) or db.has(_NVTX) or db.has("META_DATA_EXPORT"))):
+        hint = " (it looks like a ppscope rank file: give its run directory)" if db.has("spans") else ""
+        raise UnsupportedInputError(
+            f"{db.path} is an SQLite file but not an nsys export: it has no StringIds / {_KERNEL} / {_NVTX} "
+            f"tables{hint}"
+        )
+    info = dict(db.query("SELECT name, value FROM META_DATA_EXPORT")) if db.has("META_DATA_EXPORT") else {}
+    strings = _strings(db)
+    nvtx = _nvtx(db, strings)
+    own_export = "PPSCOPE_RUN_META" in info
+    ppscope_rows = nvtx[nvtx["ppscope"]] if len(nvtx) else nvtx
+    if db.count(_KERNEL) == 0 and not len(ppscope_rows):
+        raise UnsupportedInputError(
+            f"{db.path} is an nsys export without GPU kernels ({_KERNEL} is missing or empty) and without "
+            "ppscope NVTX ranges: record with `nsys profile --trace=cuda,nvtx` and export again"
+        )
+    gpu = pd.DataFrame() if own_export else _gpu_work(db, strings)
+    if own_export:
+        return _own_export(db, info, ppscope_rows)
+    return _assemble(db, info, nvtx, gpu)
+
+
+def _strings(db: _Db) -> np.ndarray:
+    """StringIds as an object array indexed by id (ids are small and dense in nsys exports)."""
+    rows = db.query("SELECT id, value FROM StringIds")
+    if not rows:
+        return np.array([""], dtype=object)
+    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+    out = np.full(int(ids.max()) + 1, "", dtype=object)
+    out[ids] = [r[1] for r in rows]
+    return out
+
+
+def _lookup(strings: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    ok = (ids >= 0) & (ids < len(strings))
+    out = np.full(len(ids), "", dtype=object)
+    out[ok] = strings[ids[ok]]
+    return out
+
+
+def _frame(rows: list[tuple[Any, ...]], columns: list[str]) -> pd.DataFrame:
+    return pd.DataFrame.from_records(rows, columns=columns) if rows else pd.DataFrame(columns=columns)
+
+
+def _nvtx(db: _Db, strings: np.ndarray) -> pd.DataFrame:
+    cols = ["start", "end", "eventType", "globalTid", "domainId", "text", "textId", "jsonText", "category"]
+    if not db.has(_NVTX):
+        return pd.DataFrame(columns=[*cols, "pid", "tid", "name", "ppscope"])
+    types = (*NVTX_RANGE_TYPES, _NVTX_MARK, _NVTX_DOMAIN)
+    ints = {"start": "0", "end": '"start"', "eventType": "0", "globalTid": "0", "domainId": "0", "textId": "-1"}
+    select = ", ".join(db.col(_NVTX, c, default=ints.get(c, "NULL")) for c in cols)
+    rows = db.query(f"SELECT {select} FROM {_NVTX} WHERE eventType IN ({', '.join(map(str, types))})")
+    df = _frame(rows, cols)
+    gtid = df["globalTid"].to_numpy(dtype=np.int64)
+    df["pid"], df["tid"] = pid_of(gtid), gtid & 0xFFFFFF
+    text_ids = df["textId"].to_numpy(dtype=np.int64)
+    names = df["text"].to_numpy(dtype=object).copy()
+    missing = pd.isna(names)
+    names[missing] = _lookup(strings, text_ids[missing])
+    df["name"] = names
+    domains = df[df["eventType"] == _NVTX_DOMAIN]
+    ppscope_domains = {(int(r.pid), int(r.domainId)) for r in domains.itertuples() if r.name == PPSCOPE_DOMAIN}
+    df = df[df["eventType"] != _NVTX_DOMAIN].reset_index(drop=True)
+    keys = zip(df["pid"].tolist(), df["domainId"].tolist(), strict=True)
+    df["ppscope"] = np.fromiter(((k in ppscope_domains) for k in keys), dtype=bool, count=len(df))
+    return df
+
+
+def _gpu_work(db: _Db, strings: np.ndarray) -> pd.DataFrame:
+    """Kernels, memcpy and memset rows: pid, device, stream, kind, name, start, end, nbytes, corr."""
+    parts = []
+    if db.has(_KERNEL):
+        sel = ", ".join(
+            [
+                db.col(_KERNEL, "start", default="0"),
+                db.col(_KERNEL, "end", default="0"),
+                db.col(_KERNEL, "deviceId", default="-1"),
+                db.col(_KERNEL, "streamId", default="-1"),
+                db.col(_KERNEL, "globalPid", default="0"),
+                db.col(_KERNEL, "correlationId", default="-1"),
+                db.col(_KERNEL, "shortName" if "shortName" in db.columns[_KERNEL] else "demangledName", "nameId", "-1"),
+            ]
+        )
+        df = _frame(db.query(f"SELECT {sel} FROM {_KERNEL}"), ["start", "end", "dev", "stream", "gpid", "corr", "nid"])
+        names = _lookup(strings, pd.to_numeric(df["nid"], errors="coerce").fillna(-1).astype(np.int64).to_numpy())
+        df["name"] = names
+        nccl = pd.Series(names, dtype=object).str.startswith("nccl").to_numpy(dtype=bool)
+        df["kind"] = np.where(nccl, str(SpanKind.NCCL), str(SpanKind.KERNEL))
+        df["nbytes"] = 0
+        parts.append(df.drop(columns="nid"))
+    for table, kind in ((_MEMCPY, SpanKind.MEMCPY), (_MEMSET, SpanKind.MEMSET)):
+        if not db.has(table):
+            continue
+        extra = db.col(table, "copyKind", "op", "-1") if table == _MEMCPY else "NULL AS op"
+        sel = ", ".join(
+            [
+                db.col(table, "start", default="0"),
+                db.col(table, "end", default="0"),
+                db.col(table, "deviceId", "dev", default="-1"),
+                db.col(table, "streamId", "stream", default="-1"),
+                db.col(table, "globalPid", "gpid", default="0"),
+                db.col(table, "correlationId", "corr", default="-1"),
+                db.col(table, "bytes", "nbytes", default="0"),
+                extra,
+            ]
+        )
+        df = _frame(
+            db.query(f"SELECT {sel} FROM {table}"), ["start", "end", "dev", "stream", "gpid", "corr", "nbytes", "op"]
+        )
+        if kind == SpanKind.MEMCPY:
+            df["name"] = ["Memcpy " + _COPY_KINDS[o] if o in _COPY_KINDS else "Memcpy" for o in df["op"].tolist()]
+        else:
+            df["name"] = "Memset"
+        df["kind"] = str(kind)
+        parts.append(df.drop(columns="op"))
+    if not parts:
+        return pd.DataFrame(columns=["start", "end", "dev", "stream", "gpid", "corr", "name", "kind", "nbytes"])
+    gpu = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else parts[0]
+    for c in ("start", "end", "dev", "stream", "gpid", "corr", "nbytes"):
+        gpu[c] = pd.to_numeric(gpu[c], errors="coerce").fillna(-1 if c in ("corr", "dev", "stream") else 0)
+        gpu[c] = gpu[c].astype(np.int64)
+    gpu["pid"] = pid_of(gpu["gpid"].to_numpy())
+    return gpu
+
+
+def _runtime(db: _Db) -> pd.DataFrame:
+    if not db.has(_RUNTIME):
+        return pd.DataFrame(columns=["rstart", "pid", "tid", "corr"])
+    sel = ", ".join(
+        [
+            db.col(_RUNTIME, "start", default="0"),
+            db.col(_RUNTIME, "globalTid", default="0"),
+            db.col(_RUNTIME, "correlationId", default="-1"),
+        ]
+    )
+    df = _frame(db.query(f"SELECT {sel} FROM {_RUNTIME} WHERE correlationId IS NOT NULL"), ["rstart", "gtid", "corr"])
+    gtid = pd.to_numeric(df["gtid"], errors="coerce").fillna(0).astype(np.int64).to_numpy()
+    df["pid"], df["tid"] = pid_of(gtid), gtid & 0xFFFFFF
+    df["corr"] = df["corr"].astype(np.int64)
+    df["rstart"] = df["rstart"].astype(np.int64)
+    return df.drop(columns="gtid")
+
+
+def _ppscope_fields(rows: pd.DataFrame) -> pd.DataFrame:
+    """Span fields of ppscope-domain NVTX rows: the message, then the JSON payload when present."""
+    out = []
+    for r in rows.itertuples(index=False):
+        parsed = parse_ppscope_message(str(r.name))
+        stage, kind, mb, chunk = parsed if parsed else (-1, str(SpanKind.RANGE), -1, 0)
+        span: dict[str, Any] = {"stage": stage, "kind": kind, "mb": mb, "chunk": chunk, "name": str(r.name)}
+        if isinstance(r.jsonText, str) and r.jsonText:
+            try:
+                extra = json.loads(r.jsonText)
+            except json.JSONDecodeError:
+                extra = {}
+            if isinstance(extra, dict):
+                span.update({k: v for k, v in extra.items() if k in SPAN_COLUMNS})
+        span.setdefault("lane", lane_of(span["kind"]))
+        start = int(r.start)
+        end = start if r.eventType == _NVTX_MARK or pd.isna(r.end) else int(r.end)
+        span.update(pid=int(r.pid), tid=int(r.tid), start_ns=start, end_ns=end)
+        out.append(span)
+    return pd.DataFrame(out)
+
+
+def _own_export(db: _Db, info: dict[str, str], rows: pd.DataFrame) -> Trace:
+    """A file ppscope wrote: spans are the ppscope NVTX ranges; kernel rows are their shadows."""
+    try:
+        meta = RunMeta.from_json(info["PPSCOPE_RUN_META"], where=f"{db.path} (PPSCOPE_RUN_META)")
+        rank_of_pid = {int(k): int(v) for k, v in json.loads(info.get("PPSCOPE_RANK_PIDS", "{}")).items()}
+    except (ValueError, TypeError) as exc:
+        raise CorruptFileError(f"{db.path}: damaged ppscope metadata rows in META_DATA_EXPORT ({exc})") from None
+    spans = _ppscope_fields(rows)
+    if len(spans):
+        spans["rank"] = spans["pid"].map(rank_of_pid).fillna(-1).astype(np.int64)
+        spans = _with_defaults(spans)
+    return Trace(spans=spans_frame(spans if len(spans) else None), meta=meta).sorted()
+
+
+_DEFAULTS: dict[str, Any] = {
+    "stage": -1,
+    "mb": -1,
+    "step": -1,
+    "chunk": 0,
+    "phase": "",
+    "nbytes": 0,
+    "tokens": 0,
+    "peer": -1,
+    "lane": "",
+    "name": "",
+}
+
+
+def _with_defaults(df: pd.DataFrame) -> pd.DataFrame:
+    for c, v in _DEFAULTS.items():
+        if c not in df.columns:
+            df[c] = v
+        else:
+            df[c] = df[c].fillna(v) if isinstance(v, str) else pd.to_numeric(df[c], errors="coerce").fillna(v)
+    return df
+
+
+def _assemble(db: _Db, info: dict[str, str], nvtx: pd.DataFrame, gpu: pd.DataFrame) -> Trace:
+    warnings: list[str] = []
+    own = _ppscope_fields(nvtx[nvtx["ppscope"]]) if len(nvtx) else pd.DataFrame()
+    if len(own):
+        own = _with_defaults(own)
+    pids = sorted(set(gpu["pid"].tolist()) | (set(own["pid"].tolist()) if len(own) else set()))
+    device_of = _devices(gpu, pids)
+    by_device = sorted(pids, key=lambda pid: (device_of[pid], pid))
+    rank_of = {pid: i for i, pid in enumerate(by_device)}
+    other = nvtx[~nvtx["ppscope"] & nvtx["pid"].isin(pids)] if len(nvtx) else nvtx
+    dropped = len(nvtx) - len(other) - (int(nvtx["ppscope"].sum()) if len(nvtx) else 0)
+    if dropped:
+        warnings.append(f"{dropped} NVTX row(s) of processes without GPU work were left out")
+    stage_of_rank, order_note = _stages(rank_of, own, other, device_of)
+    warnings.append(order_note)
+    frames = []
+    if len(gpu):
+        frames.append(_gpu_spans(db, gpu, own, rank_of, stage_of_rank, warnings))
+    if len(own):
+        own = own.copy()
+        own["rank"] = own["pid"].map(rank_of)
+        frames.append(_with_defaults(own))
+    if len(other):
+        frames.append(_range_spans(other, rank_of, stage_of_rank))
+    spans = pd.concat(frames, ignore_index=True) if frames else None
+    meta = _meta(db, info, pids, rank_of, stage_of_rank, device_of, order_note)
+    bad = spans is not None and bool((spans["end_ns"] < spans["start_ns"]).any())
+    if bad and spans is not None:
+        n = int((spans["end_ns"] < spans["start_ns"]).sum())
+        warnings.append(f"{n} row(s) end before they start and were left out")
+        spans = spans[spans["end_ns"] >= spans["start_ns"]]
+    return Trace(spans=spans_frame(spans), meta=meta, warnings=warnings).sorted()
+
+
+def _devices(gpu: pd.DataFrame, pids: list[int]) -> dict[int, int]:
+    """Each process's main device (most rows); processes with ppscope spans only keep -1 + pid order."""
+    out = {pid: -1 for pid in pids}
+    if len(gpu):
+        counts = gpu.groupby(["pid", "dev"]).size().reset_index(name="n").sort_values(["pid", "n"])
+        for row in counts.itertuples():
+            out[int(row.pid)] = int(row.dev)
+    return out
+
+
+def _stages(
+    rank_of: dict[int, int], own: pd.DataFrame, other: pd.DataFrame, device_of: dict[int, int]
+) -> tuple[dict[int, int], str]:
+    if len(own) and (own["stage"] >= 0).any():
+        stage = own[own["stage"] >= 0].groupby("pid")["stage"].min()
+        known = {rank_of[int(pid)]: int(s) for pid, s in stage.items()}
+        if len(known) == len(rank_of):
+            return known, "stages taken from the ppscope NVTX ranges (`sN ...` messages)"
+    p2p = []
+    for frame in (own, other):
+        if not len(frame):
+            continue
+        col = "kind" if "kind" in frame.columns else "name"
+        ops = frame[col].map(lambda v: _P2P_NAMES.get(v, v if v in ("send", "recv") else ""))
+        for pid, op, t in zip(
+            frame["pid"], ops, frame["start"] if "start" in frame else frame["start_ns"], strict=True
+        ):
+            if op:
+                p2p.append((rank_of[int(pid)], op, int(t)))
+    order = order_stages(rank_of.values(), p2p, {rank_of[p]: d for p, d in device_of.items()}, "device id")
+    return order.stage_of, order.explanation
+
+
+def _gpu_spans(
+    db: _Db,
+    gpu: pd.DataFrame,
+    own: pd.DataFrame,
+    rank_of: dict[int, int],
+    stage_of_rank: dict[int, int],
+    warnings: list[str],
+) -> pd.DataFrame:
+    df = gpu.copy()
+    df["rank"] = df["pid"].map(rank_of)
+    df["stage"] = df["rank"].map(stage_of_rank)
+    devices_per_pid = df.groupby("pid")["dev"].nunique()
+    multi = df["pid"].map(devices_per_pid).to_numpy() > 1
+    lanes = "stream " + df["stream"].astype(str)
+    df["lane"] = np.where(multi, "gpu " + df["dev"].astype(str) + " " + lanes, lanes)
+    for c, v in (("mb", -1), ("step", -1), ("chunk", 0), ("phase", "")):
+        df[c] = v
+    if len(own):
+        _attribute(df, _runtime(db), own, warnings)
+    df = df.rename(columns={"start": "start_ns", "end": "end_ns"})
+    df["tokens"], df["peer"] = 0, -1
+    return df
+
+
+def _attribute(df: pd.DataFrame, runtime: pd.DataFrame, own: pd.DataFrame, warnings: list[str]) -> None:
+    """Kernels launched inside a ppscope range take its stage, micro-batch, step, chunk and phase.
+
+    RUNTIME and KERNEL rows meet on (pid, correlationId): correlation ids are unique per process only.
+    """
+    if not len(runtime):
+        warnings.append(f"no {_RUNTIME} rows: kernels could not be attributed to ppscope ranges")
+        return
+    launches = df[["pid", "corr"]].reset_index().merge(runtime, on=["pid", "corr"], how="inner")
+    if not len(launches):
+        return
+    ranges = own[own["kind"].isin(["forward", "embed", "head", "sample", "send", "recv", "recv_wait"])]
+    ranges = ranges.rename(columns={"start_ns": "rstart"}).sort_values("rstart")
+    launches = launches.sort_values("rstart")
+    hit = pd.merge_asof(
+        launches,
+        ranges[["rstart", "end_ns", "pid", "tid", "stage", "mb", "step", "chunk", "phase"]],
+        on="rstart",
+        by=["pid", "tid"],
+        direction="backward",
+    )
+    hit = hit[hit["end_ns"].notna() & (hit["end_ns"] >= hit["rstart"])]
+    idx = hit["index"].to_numpy()
+    for c in ("stage", "mb", "step", "chunk", "phase"):
+        if c in hit.columns:
+            df.loc[idx, c] = hit[c].to_numpy()
+
+
+def _range_spans(other: pd.DataFrame, rank_of: dict[int, int], stage_of_rank: dict[int, int]) -> pd.DataFrame:
+    df = pd.DataFrame(
+        {
+            "rank": other["pid"].map(rank_of).to_numpy(),
+            "start_ns": other["start"].astype(np.int64).to_numpy(),
+            "name": other["name"].astype(str).to_numpy(),
+        }
+    )
+    is_mark = (other["eventType"] == _NVTX_MARK).to_numpy() | other["end"].isna().to_numpy()
+    ends = pd.to_numeric(other["end"], errors="coerce").fillna(0).astype(np.int64).to_numpy()
+    df["end_ns"] = np.where(is_mark, df["start_ns"], ends)
+    df["kind"] = np.where(is_mark, str(SpanKind.MARK), str(SpanKind.RANGE))
+    df["stage"] = df["rank"].map(stage_of_rank)
+    threads = other.groupby("pid")["tid"].nunique()
+    several = other["pid"].map(threads).to_numpy() > 1
+    df["lane"] = np.where(several, "host " + other["tid"].astype(str).to_numpy(), "host")
+    return _with_defaults(df)
+
+
+def _meta(
+    db: _Db,
+    info: dict[str, str],
+    pids: list[int],
+    rank_of: dict[int, int],
+    stage_of_rank: dict[int, int],
+    device_of: dict[int, int],
+    order_note: str,
+) -> RunMeta:
+    names = _gpu_names(db)
+    start = (
+        db.query("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")
+        if db.has("TARGET_INFO_SESSION_START_TIME")
+        else []
+    )
+    ranks = [
+        RankInfo(
+            rank=rank_of[pid],
+            stage=stage_of_rank[rank_of[pid]],
+            device=names.get(device_of[pid], f"cuda:{device_of[pid]}" if device_of[pid] >= 0 else "cpu"),
+            pid=pid,
+            clock=ClockInfo(method="import"),
+        )
+        for pid in pids
+    ]
+    return RunMeta(
+        run_id=db.path.stem,
+        source="nsys",
+        created_unix_ns=int(start[0][0] or 0) if start else 0,
+        status="finished",
+        world_size=len(pids),
+        pp_size=len(set(stage_of_rank.values())) or 1,
+        ranks=sorted(ranks, key=lambda r: r.rank),
+        versions={k: v for k, v in info.items() if k in ("EXPORT_PRODUCT_VERSION", "EXPORT_SCHEMA_VERSION")},
+        config={"input": str(db.path), "stage_order": order_note},
+    )
+
+
+def _gpu_names(db: _Db) -> dict[int, str]:
+    if not (db.has("TARGET_INFO_GPU") and db.has("TARGET_INFO_CUDA_DEVICE")):
+        return {}
+    try:
+        rows = db.query(
+            "SELECT c.cudaId, g.name FROM TARGET_INFO_GPU g JOIN TARGET_INFO_CUDA_DEVICE c ON g.id = c.gpuId"
+        )
+    except PPScopeError:
+        return {}
+    return {int(d): str(n) for d, n in rows if d is not None and n}

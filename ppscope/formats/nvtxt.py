@@ -1,0 +1,99 @@
+"""Write a Trace as NVTXT, the NVTX text format Nsight imports to annotate a report: one file per rank.
+
+Best effort: the file follows the NVTXT format as NVIDIA documents it (comments `#`, `Name = value`
+variables, `@Instruction, Param, ...` implicit parameter lists, one instruction per line), but it has
+NOT been checked against Nsight Systems' importer. Ranges are `RangeStartEnd` instructions (they need not
+nest), one thread per lane, messages as the recorder writes them (`s2 forward mb5`). `read_nvtxt` reads
+back exactly the subset written here, for tests; it is not a general NVTXT parser.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from ppscope import __version__
+from ppscope.errors import CorruptFileError, RunExistsError
+from ppscope.formats.nsys_export import ppscope_message
+from ppscope.trace import SpanKind, Trace
+
+__all__ = ["NVTXT_NOTE", "export_nvtxt", "read_nvtxt"]
+
+NVTXT_NOTE = "best effort: follows NVIDIA's NVTXT description; not checked against Nsight Systems' importer"
+_RANGE = re.compile(r'^RangeStartEnd, (-?\d+), (-?\d+), ThreadId, "(.*)"$')
+_MARK = re.compile(r'^Marker, (-?\d+), ThreadId, "(.*)"$')
+_THREAD = re.compile(r"^ThreadId = (\d+)$")
+
+
+def _quote(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+
+
+def export_nvtxt(trace: Trace, out: str | Path, *, force: bool = False) -> list[Path]:
+    """Write `out/rank-<r>.nvtxt` for every rank. Refuses a non-empty `out` unless `force`."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise RunExistsError(f"{out} is a file: NVTXT export writes a directory (one file per rank)")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise RunExistsError(f"{out} already holds files: choose another --out or pass --force to replace it")
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    written = []
+    try:
+        for rank in trace.ranks:
+            name = f"rank-{rank}.nvtxt"
+            (tmp / name).write_text(_rank_text(trace, rank))
+            written.append(out / name)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return written
+
+
+def _rank_text(trace: Trace, rank: int) -> str:
+    spans = trace.spans[trace.spans["rank"] == rank].sort_values(["lane", "start_ns"], kind="stable")
+    stages = sorted(int(s) for s in spans["stage"].unique() if s >= 0)
+    stage = stages[0] if stages else -1
+    pid = 1000 + rank
+    lines = [
+        f"# NVTXT written by ppscope {__version__}: rank {rank} / stage {stage} of run {trace.meta.run_id!r}",
+        f"# {NVTXT_NOTE}",
+        "# Times are integer ns on the run's common clock (the engine uses the host's monotonic clock).",
+        f'SetFileDisplayName, "ppscope rank {rank} / stage {stage}"',
+        "TimeBase = ClockMonotonicRaw",
+        f"ProcessId = {pid}",
+        "@RangeStartEnd, Start, End, ThreadId, Message",
+        "@Marker, Time, ThreadId, Message",
+    ]
+    for i, (lane, group) in enumerate(spans.groupby("lane", sort=False)):
+        lines.append(f"# lane {lane}")
+        lines.append(f"ThreadId = {pid + i}")
+        for s in group.itertuples(index=False):
+            message = _quote(ppscope_message(int(s.stage), str(s.kind), int(s.mb), int(s.chunk)))
+            if s.kind == SpanKind.MARK:
+                lines.append(f'Marker, {int(s.start_ns)}, ThreadId, "{message}"')
+            else:
+                lines.append(f'RangeStartEnd, {int(s.start_ns)}, {int(s.end_ns)}, ThreadId, "{message}"')
+    return "\n".join(lines) + "\n"
+
+
+def read_nvtxt(path: str | Path) -> list[tuple[int, int, int, str]]:
+    """(thread id, start ns, end ns, message) of every range and marker in a file written by ppscope."""
+    out = []
+    thread = -1
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line or line.startswith(("#", "@", "SetFileDisplayName")) or (" = " in line and not _THREAD.match(line)):
+            continue
+        if m := _THREAD.match(line):
+            thread = int(m.group(1))
+        elif m := _RANGE.match(line):
+            out.append((thread, int(m.group(1)), int(m.group(2)), m.group(3).replace('\\"', '"')))
+        elif m := _MARK.match(line):
+            out.append((thread, int(m.group(1)), int(m.group(1)), m.group(2).replace('\\"', '"')))
+        else:
+            raise CorruptFileError(f"{path}:{lineno}: not an NVTXT line ppscope writes: {line[:60]!r}")
+    return out

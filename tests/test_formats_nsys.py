@@ -1,0 +1,193 @@
+"""nsys SQLite import (real exports + hand-made files) and export (round trip, nsys-tui compatibility)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_formats_helpers import MFU, MOCK, fingerprint, make_run, need, tiny_nsys
+
+from ppscope.formats.nsys_export import export_nsys, global_tid
+from ppscope.formats.nsys_import import load_nsys, pid_of
+from ppscope.formats.nsys_schema import TABLES
+from ppscope.sources import open_trace
+from ppscope.store import load_run
+
+
+def _sql_idle_fraction(path: Path) -> dict[int, float]:
+    """Per device: 1 - |union of kernel intervals| / (last end - first start), computed in SQL alone."""
+    db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    rows = db.execute(
+        """
+        WITH k AS (
+            SELECT deviceId AS dev, start AS s, "end" AS e,
+                   max("end") OVER (PARTITION BY deviceId ORDER BY start, "end"
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+            FROM CUPTI_ACTIVITY_KIND_KERNEL)
+        SELECT dev, sum(max(0, e - max(s, coalesce(reach, s)))), min(s), max(e) FROM k GROUP BY dev
+        """
+    ).fetchall()
+    db.close()
+    return {int(dev): 1 - busy / (hi - lo) for dev, busy, lo, hi in rows}
+
+
+def _union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    prev = np.concatenate([[s[0]], reach[:-1]])
+    return int(np.maximum(0, e - np.maximum(s, prev)).sum())
+
+
+def test_real_two_gpu_export_imports_with_streams_nccl_and_device_order() -> None:
+    trace = load_nsys(need(MFU))
+    spans = trace.spans
+    assert trace.ranks == [0, 1] and trace.stages == [0, 1]
+    assert {r.device for r in trace.meta.ranks} == {"cuda:0", "cuda:1"}  # no TARGET_INFO_GPU: still opens
+    assert any("ordered by device id" in w for w in trace.warnings)  # symmetric send/recv: not inferable
+    gpu = spans[spans["kind"].isin(["kernel", "nccl", "memcpy", "memset"])]
+    assert set(gpu.loc[gpu["rank"] == 0, "lane"]) == {"stream 7"}
+    assert set(gpu.loc[gpu["rank"] == 1, "lane"]) == {"stream 15"}
+    db = sqlite3.connect(f"file:{MFU}?mode=ro&immutable=1", uri=True)
+    n_kernels, n_nccl = db.execute(
+        "SELECT count(*), sum(s.value LIKE 'nccl%') "
+        "FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName"
+    ).fetchone()
+    n_ranges = db.execute("SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN (59, 60, 70, 71)").fetchone()[0]
+    db.close()
+    assert (spans["kind"] == "nccl").sum() == n_nccl > 0
+    assert spans["kind"].isin(["kernel", "nccl"]).sum() == n_kernels
+    assert (spans["kind"] == "range").sum() == n_ranges
+    assert {"ncclSend", "ncclRecv"} <= set(spans.loc[spans["kind"] == "range", "name"])  # names via textId
+
+
+def test_idle_fraction_equals_union_of_kernel_intervals_in_sql() -> None:
+    path = need(MFU)
+    trace = load_nsys(path)
+    expected = _sql_idle_fraction(path)
+    device = {r.rank: int(r.device.split(":")[1]) for r in trace.meta.ranks}
+    for rank in trace.ranks:
+        k = trace.spans[(trace.spans["rank"] == rank) & trace.spans["kind"].isin(["kernel", "nccl"])]
+        s, e = k["start_ns"].to_numpy(), k["end_ns"].to_numpy()
+        idle = 1 - _union_ns(s, e) / (e.max() - s.min())
+        assert idle == pytest.approx(expected[device[rank]], abs=1e-12)
+        assert 0 < idle < 1
+
+
+def test_complete_single_gpu_export_reads_gpu_name() -> None:
+    trace = load_nsys(need(MOCK))
+    assert trace.ranks == [0]
+    assert trace.meta.ranks[0].device == "NVIDIA GeForce RTX 3080"
+    assert (trace.spans["kind"] == "kernel").sum() == 2
+    assert trace.meta.versions["EXPORT_SCHEMA_VERSION"] == "3.24.14"
+
+
+def test_p2p_direction_orders_stages_and_odd_files_are_tolerated(tmp_path: Path) -> None:
+    path = tiny_nsys(tmp_path / "t.sqlite", extra_column=True, negative=True)
+    trace = load_nsys(path)
+    by_pid = {r.pid: r for r in trace.meta.ranks}
+    assert by_pid[200].stage == 0 and by_pid[100].stage == 1  # pid 200 (device 1) sends first
+    assert any("direction of point-to-point traffic" in w for w in trace.warnings)
+    assert trace.spans["start_ns"].min() == -50_000
+    assert set(trace.spans["lane"]) == {"stream 7", "stream 9", "host"}
+
+
+def test_round_trip_gives_back_the_same_spans_and_metadata(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run")
+    before = fingerprint(run)
+    original = load_run(run)
+    out = export_nsys(original, tmp_path / "run.sqlite")
+    assert fingerprint(run) == before
+    back = open_trace(out)  # detected by content
+    pd.testing.assert_frame_equal(back.spans, original.spans)
+    assert back.meta == original.meta
+
+
+def test_export_has_the_nsys_tables_and_filled_not_null_columns(tmp_path: Path) -> None:
+    trace = load_run(make_run(tmp_path / "run"))
+    out = export_nsys(trace, tmp_path / "run.sqlite")
+    db = sqlite3.connect(out)
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert set(TABLES) <= tables and "ENUM_NSYS_EVENT_TYPE" in tables
+    for table, cols in TABLES.items():
+        for col, _, not_null in cols:
+            if not_null:
+                assert db.execute(f'SELECT count(*) FROM {table} WHERE "{col}" IS NULL').fetchone()[0] == 0
+    meta = dict(db.execute("SELECT name, value FROM META_DATA_EXPORT"))
+    assert meta["EXPORT_SCHEMA_VERSION"] == "3.25.0" and "CPU run" in meta["PPSCOPE_DEVICE_MAPPING"]
+    assert db.execute("SELECT count(*) FROM NVTX_EVENTS WHERE eventType = 75 AND text = 'ppscope'").fetchone()[0] == 3
+    shadows = trace.spans["kind"].isin(["forward", "send", "recv_wait"]).sum()
+    assert db.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0] == shadows
+    # every kernel has its launch on the same process, matched on (pid, correlationId), inside its NVTX range
+    joined = db.execute(
+        """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+           ON r.correlationId = k.correlationId AND (r.globalTid >> 24) & 16777215 = (k.globalPid >> 24) & 16777215
+           JOIN NVTX_EVENTS n ON n.globalTid = r.globalTid AND n.start <= r.start AND n."end" >= r."end"
+           AND n.start = k.start AND n."end" = k."end" """
+    ).fetchone()[0]
+    assert joined == shadows
+    # stage = device for a CPU run
+    devs = dict(db.execute("SELECT DISTINCT (globalPid >> 24) & 16777215, deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL"))
+    assert devs == {4000: 0, 4001: 1, 4002: 2}
+    gtid = db.execute("SELECT globalTid FROM NVTX_EVENTS LIMIT 1").fetchone()[0]
+    assert gtid >> 48 == 1 and pid_of(gtid) in (4000, 4001, 4002)
+    db.close()
+    assert global_tid(4000, 4000) == (1 << 48) | (4000 << 24) | 4000
+
+
+def test_nsys_tui_lists_our_stages_ranges_with_their_kernels(tmp_path: Path) -> None:
+    nsys_tui = pytest.importorskip("nsys_tui.profile")
+    tree = pytest.importorskip("nsys_tui.tree")
+    trace = load_run(make_run(tmp_path / "run"))
+    out = export_nsys(trace, tmp_path / "run.sqlite")
+    prof = nsys_tui.open(str(out))
+    try:
+        assert prof.meta.devices == [0, 1, 2]
+        window = (int(trace.spans["start_ns"].min()), int(trace.spans["end_ns"].max()))
+        for stage in range(3):
+            roots = tree.build_nvtx_tree(prof, stage, window)
+            assert roots, f"nsys-tui shows no NVTX range for stage {stage}"
+            for node in roots:
+                assert node["name"].startswith(f"s{stage} ")
+                kernels = [c for c in node["children"] if c["type"] == "kernel"]
+                assert len(kernels) == 1 and kernels[0]["name"].startswith("ppscope_")
+    finally:
+        prof.close()
+
+
+def test_kernels_launched_in_ppscope_ranges_take_their_stage_and_microbatch(tmp_path: Path) -> None:
+    """A capture of our engine by nsys: ppscope NVTX ranges on the CPU, kernels on the GPU."""
+    path = tmp_path / "capture.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+        CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, eventType INTEGER, text TEXT, globalTid INTEGER,
+            textId INTEGER, domainId INTEGER);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER, end INTEGER, globalTid INTEGER,
+            correlationId INTEGER, nameId INTEGER);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, streamId INTEGER,
+            correlationId INTEGER, globalPid INTEGER, shortName INTEGER);
+        INSERT INTO StringIds VALUES (1, 'gemm'), (2, 'cudaLaunchKernel');
+        """
+    )
+    g = global_tid(77, 77)
+    db.executemany(
+        "INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(0, None, 75, "ppscope", g, None, 5), (100, 200, 59, "s1 forward mb3", g, None, 5)],
+    )
+    db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (150, 160, ?, 9, 2)", (g,))
+    db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (250, 260, ?, 10, 2)", (g,))
+    db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (300, 400, 0, 7, 9, ?, 1)", (global_tid(77, 0),))
+    db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (500, 600, 0, 7, 10, ?, 1)", (global_tid(77, 0),))
+    db.commit()
+    db.close()
+    spans = load_nsys(path).spans
+    fwd = spans[spans["kind"] == "forward"].iloc[0]
+    assert (fwd["stage"], fwd["mb"]) == (1, 3)
+    kernels = spans[spans["kind"] == "kernel"].sort_values("start_ns")
+    assert kernels["mb"].tolist() == [3, -1]  # the second launch is outside the range
+    assert kernels["lane"].tolist() == ["stream 7", "stream 7"]
