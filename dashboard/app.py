@@ -21,8 +21,9 @@ from ppscope.errors import PPScopeError
 __all__ = ["SECTIONS", "main"]
 
 SECTIONS = ("Timeline", "Stages", "GPU usage", "Rebalance", "Compare", "Requests")
+# How often the timeline of a run being written re-reads what arrived. (No bare strings at module level:
+# Streamlit's "magic" would print them on the page.)
 REFRESH_S = 1.0
-"""How often the timeline of a run being written re-reads what arrived."""
 
 
 @st.cache_resource(show_spinner=False)

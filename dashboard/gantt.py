@@ -45,15 +45,15 @@ _MB_PALETTE = (
     "#D62728",
 )
 _NO_MB = "#BAB0AC"
-CAUSE_COLORS: dict[str, str] = {
-    "fill": "#FDD0A2",
+CAUSE_COLORS: dict[str, str] = {  # hatched on the Gantt, so they read as idle time next to solid work
+    "fill": "#D9D9D9",
     "drain": "#C6DBEF",
-    "upstream": "#FC9272",
+    "upstream": "#FCBBA1",
     "dependency": "#DADAEB",
-    "downstream": "#FDAE6B",
-    "comm": "#A1D99B",
-    "host": "#D9D9D9",
-    "unknown": "#F0F0F0",
+    "downstream": "#FDD0A2",
+    "comm": "#C7E9C0",
+    "host": "#BDBDBD",
+    "unknown": "#EEEEEE",
 }
 _LANE_ORDER = {str(Lane.COMPUTE): 0, str(Lane.RECV): 1, str(Lane.SEND): 2, str(Lane.HOST): 3}
 _MAX_LEGEND_MB = 32
@@ -214,6 +214,7 @@ def _bar(
     role: str = "spans",
     opacity: float = 1.0,
     showlegend: bool = True,
+    pattern: str = "",
 ) -> go.Bar:
     return go.Bar(
         name=name,
@@ -223,7 +224,11 @@ def _bar(
         orientation="h",
         customdata=custom,
         hovertemplate=hover,
-        marker={"color": color, "line": {"width": 0}},
+        marker={
+            "color": color,
+            "line": {"width": 0},
+            "pattern": {"shape": pattern, "fillmode": "overlay", "fgcolor": "#FFFFFF", "fgopacity": 0.7},
+        },
         opacity=opacity,
         showlegend=showlegend,
         meta={"role": role},
@@ -335,7 +340,7 @@ def _add_gaps(
                 CAUSE_COLORS[cause],
                 _GAP_HOVER,
                 role="gap",
-                opacity=0.6,
+                pattern="/",
             )
         )
         shown += len(rows)

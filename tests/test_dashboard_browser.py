@@ -1,0 +1,73 @@
+"""`ppscope dashboard` in a real browser: start the server on a recorded run, open it in Chromium, count bars.
+
+Skipped only when no Chromium can be found (CI installs Debian's `chromium`); the reason is printed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from test_dashboard_runs import record_gpipe_run, span_count
+
+from ppscope.commands.dashboard import start_dashboard
+
+pytest.importorskip("streamlit")
+
+_CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# Bar traces of the Gantt, as plotly holds them on the chart's div: per trace its role and number of bars.
+_BAR_TRACES_JS = """() => {
+  const gd = document.querySelector('.js-plotly-plot');
+  if (!gd || !gd.data) return null;
+  return gd.data.filter(t => t.type === 'bar')
+    .map(t => ({role: (t.meta || {}).role || '', n: (t.base || []).length}));
+}"""
+
+
+def _chromium() -> str | None:
+    for candidate in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_dashboard_draws_the_gantt_in_chromium(tmp_path: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    executable = _chromium()
+    if executable is None:
+        reason = "no Chromium found (/usr/bin/chromium, chromium, chromium-browser): apt-get install chromium"
+        print(f"SKIP: {reason}")
+        pytest.skip(reason)
+    run = record_gpipe_run(tmp_path / "run", p=3, m=4)
+    board = start_dashboard([run], port=0, quiet=True)
+    try:
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=executable, args=_CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(board.url, wait_until="domcontentloaded", timeout=60_000)
+                page.wait_for_selector(".js-plotly-plot g.barlayer g.point path", timeout=60_000)
+                page.wait_for_timeout(500)  # let plotly finish drawing every trace
+                traces = page.evaluate(_BAR_TRACES_JS)
+                drawn = page.locator(".js-plotly-plot g.barlayer g.point path").count()
+                page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+                text = page.inner_text("body")
+            finally:
+                browser.close()
+    finally:
+        board.stop()
+    assert traces, "the Gantt chart holds no bar traces"
+    assert sum(t["n"] for t in traces if t["role"] == "spans") == span_count(3, 4)
+    assert drawn == sum(t["n"] for t in traces), "every bar in the figure is drawn as an SVG path"
+    assert "Pipeline timeline" in text and "one bar each" in text
+    assert (tmp_path / "dashboard.png").stat().st_size > 10_000

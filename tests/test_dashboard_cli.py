@@ -1,0 +1,78 @@
+"""`ppscope dashboard`: the command line it starts, port and host handling, and the real server answering."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from test_dashboard_runs import record_gpipe_run
+
+from ppscope.commands.dashboard import DEFAULT_HOST, _choose_port, dashboard_command, find_app
+from ppscope.errors import InvalidConfigError, RunNotFoundError
+
+
+def test_command_line_binds_to_loopback_and_passes_only_the_paths(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run")
+    cmd = dashboard_command([run], port=8600)
+    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"]
+    assert Path(cmd[4]) == find_app() and find_app().name == "app.py"
+    opts = dict(zip(cmd[5 : cmd.index("--") : 2], cmd[6 : cmd.index("--") : 2], strict=True))
+    assert opts["--server.address"] == DEFAULT_HOST == "127.0.0.1"
+    assert opts["--server.port"] == "8600"
+    assert opts["--server.headless"] == "true"
+    assert opts["--browser.gatherUsageStats"] == "false"
+    assert cmd[cmd.index("--") + 1 :] == [str(run)]
+
+
+def test_missing_path_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(RunNotFoundError, match="does not exist"):
+        dashboard_command([tmp_path / "nope"])
+    with pytest.raises(RunNotFoundError, match="no trace given"):
+        dashboard_command([])
+
+
+def test_ports() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        with pytest.raises(InvalidConfigError, match=f"port {taken} .* in use"):
+            _choose_port("127.0.0.1", taken)
+    assert 0 < _choose_port("127.0.0.1", 0) < 65536
+    with pytest.raises(InvalidConfigError, match="between 1 and 65535"):
+        _choose_port("127.0.0.1", 70000)
+
+
+@pytest.mark.slow
+def test_cli_prints_the_url_and_serves(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ppscope", "dashboard", str(run), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        url = ""
+        deadline = time.monotonic() + 90
+        assert proc.stdout is not None
+        while time.monotonic() < deadline and not url:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("ppscope dashboard: serving "):
+                url = line.split()[3]
+        assert url.startswith("http://127.0.0.1:"), "no URL printed"
+        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=10) as resp:
+            assert resp.status == 200
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
