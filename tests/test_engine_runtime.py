@@ -1,0 +1,88 @@
+"""The launcher and the run command: failures, options, requests, sampling and the run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.launch import run
+from engine.reference import reference_outputs
+from engine.worker import FAIL_ENV
+from ppscope.cli import main
+from ppscope.errors import EngineFailedError, InvalidConfigError
+from ppscope.store import load_run, read_meta, read_requests
+
+FAST = {"model": "synthetic", "layers": 2, "layer_cost_ms": "0", "progress": False}
+
+
+def test_failed_rank_is_named_and_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FAIL_ENV, "1=3")
+    cfg = EngineConfig(stages=2, schedule="serve", requests=4, max_new_tokens=4, out=str(tmp_path / "run"), **FAST)
+    with pytest.raises(EngineFailedError, match=r"rank 1 failed: RuntimeError: injected failure") as exc:
+        run(cfg)
+    assert exc.value.exit_code != 0
+    meta = read_meta(tmp_path / "run")
+    assert meta.status == "failed" and "rank 1" in meta.error
+    trace = load_run(tmp_path / "run")  # what was recorded up to the failure still opens
+    assert trace.meta.status == "failed"
+
+
+def test_bad_split_fails_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert main(["run", "--stages", "2", "--split", "3,3", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sums to 6 but the model has 8 layers" in err[0]
+    assert not out.exists()
+    with pytest.raises(InvalidConfigError, match="valid: gpipe, interleaved, serve"):
+        EngineConfig(schedule="1f1b")
+    with pytest.raises(InvalidConfigError, match="--schedule interleaved"):
+        EngineConfig(schedule="serve", chunks=2)
+
+
+def test_run_command_json_and_no_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    args = ["run", "--stages", "1", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "0"]
+    assert main([*args, "--requests", "3", "--no-record", "--json", "--no-progress", "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["requests"] == 3 and summary["tokens"] == 24 and summary["status"] == "finished"
+    assert not list(out.glob("rank-*.sqlite"))  # nothing recorded
+    assert main([*args, "--out", str(out), "--no-progress"]) == 2  # never overwrites a run
+    meta = read_meta(out)
+    assert meta.config["record"] is False and meta.config["max_inflight"] == 1
+
+
+def test_prompts_file_with_uneven_lengths_in_one_batch(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"prompt_ids": [1, 2, 3], "max_new_tokens": 4}, {"prompt_ids": [7] * 9, "max_new_tokens": 2},
+            {"prompt_ids": [5, 6], "max_new_tokens": 3}]  # fmt: skip
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = EngineConfig(stages=1, schedule="gpipe", microbatches=1, prompts=str(prompts), progress=False,
+                       out=str(tmp_path / "run"))  # fmt: skip
+    run_dir = run(cfg)
+    lines = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert [r["output_ids"] for r in lines] == reference_outputs(cfg)
+    assert [r["output_len"] for r in lines] == [4, 2, 3]
+    assert set(lines[0]) >= {"id", "prompt_len", "output_len", "arrival_ns", "first_token_ns", "finish_ns",
+                             "prompt_ids", "output_ids"}  # fmt: skip
+
+
+def test_sampling_with_a_seed_is_reproducible(tmp_path: Path) -> None:
+    def outputs(name: str, **kw: float) -> list[list[int]]:
+        cfg = EngineConfig(stages=1, requests=2, max_new_tokens=6, progress=False, out=str(tmp_path / name), **kw)
+        return [json.loads(line)["output_ids"] for line in (run(cfg) / "requests.jsonl").read_text().splitlines()]
+
+    a = outputs("a", temperature=1.0, top_p=0.9)
+    assert a == outputs("b", temperature=1.0, top_p=0.9)
+    assert a != outputs("greedy")
+
+
+def test_poisson_arrivals_are_spread_and_served_after_arrival(tmp_path: Path) -> None:
+    cfg = EngineConfig(stages=1, schedule="serve", rate=200.0, requests=5, max_new_tokens=2,
+                       out=str(tmp_path / "run"), **FAST)  # fmt: skip
+    reqs = read_requests(run(cfg)).sort_values("id")
+    arrivals = reqs["arrival_ns"].to_numpy()
+    assert (arrivals[1:] > arrivals[:-1]).all()
+    assert (reqs["first_token_ns"] >= reqs["arrival_ns"]).all()
