@@ -28,8 +28,13 @@ def add_cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-cost", "--sample-cost-ms", dest="sample_cost", type=float, help="sampling, ms")
 
 
-def costs_from_args(args: argparse.Namespace, fitted: Any = None) -> Any:
-    """LayerCosts from the options, on top of `fitted` costs when given."""
+def costs_from_args(
+    args: argparse.Namespace,
+    fitted: Any = None,
+    *,
+    missing: str = "give a RUN to fit costs from, or --layer-costs MS,MS,... (one per layer)",
+) -> Any:
+    """LayerCosts from the options, on top of `fitted` costs when given; `missing` says what to give."""
     from ppscope.costs import LayerCosts, parse_ms_list
     from ppscope.errors import InvalidConfigError
 
@@ -44,7 +49,7 @@ def costs_from_args(args: argparse.Namespace, fitted: Any = None) -> Any:
     elif fitted is not None:
         layer_ms = fitted.layer_ms
     else:
-        raise InvalidConfigError("give a RUN to fit costs from, or --layer-costs MS,MS,... (one per layer)")
+        raise InvalidConfigError(missing)
     base = fitted or LayerCosts(layer_ms=layer_ms)
 
     def pick(value: float | None, default: float) -> float:

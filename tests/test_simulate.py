@@ -1,0 +1,146 @@
+"""The simulator: textbook bubbles exactly, causality, comm on the wire, and a run directory like any other."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ppscope.cli import main
+from ppscope.costs import LayerCosts, fit_layer_costs
+from ppscope.errors import InvalidConfigError, RunExistsError
+from ppscope.simulate import CommModel, SimConfig, bubble_ratio, simulate, summarize, write_run
+from ppscope.sources import open_trace
+from ppscope.trace import SPAN_COLUMNS
+
+
+def exact_bubble(spans: pd.DataFrame) -> Fraction:
+    """Σ idle / (P × window) from compute spans, in exact integer arithmetic (spans never overlap on a rank)."""
+    comp = spans[spans["lane"] == "compute"]
+    t0, t1 = int(comp["start_ns"].min()), int(comp["end_ns"].max())
+    ranks = comp["rank"].nunique()
+    busy = int((comp["end_ns"] - comp["start_ns"]).sum())
+    return Fraction(ranks * (t1 - t0) - busy, ranks * (t1 - t0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 6), m=st.integers(1, 12), per_stage=st.integers(1, 3), steps=st.integers(1, 3))
+def test_gpipe_bubble_is_the_formula_exactly(p: int, m: int, per_stage: int, steps: int) -> None:
+    cfg = SimConfig(
+        schedule="gpipe", stages=p, microbatches=m, steps=steps, costs=LayerCosts.uniform(p * per_stage, 0.75)
+    )
+    assert exact_bubble(simulate(cfg).spans) == Fraction(p - 1, m + p - 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 5), groups=st.integers(1, 3), v=st.integers(1, 4), steps=st.integers(1, 2))
+def test_interleaved_bubble_is_the_formula_exactly(p: int, groups: int, v: int, steps: int) -> None:
+    m = p * groups  # Megatron's interleaving needs micro-batches in multiples of the stages
+    cfg = SimConfig(
+        schedule="interleaved", stages=p, microbatches=m, chunks=v, steps=steps, costs=LayerCosts.uniform(p * v, 1.5)
+    )
+    assert exact_bubble(simulate(cfg).spans) == Fraction(p - 1, v * m + p - 1)
+
+
+def test_serve_with_fewer_microbatches_than_stages_idles_by_the_ring() -> None:
+    # m in flight on P stages: each stage works m of every P slots once the ring is full.
+    cfg = SimConfig(schedule="serve", stages=4, microbatches=2, steps=200, costs=LayerCosts.uniform(8, 1.0))
+    assert bubble_ratio(simulate(cfg)) == pytest.approx(1 - 2 / 4, abs=0.01)
+    full = SimConfig(schedule="serve", stages=4, microbatches=4, steps=200, costs=LayerCosts.uniform(8, 1.0))
+    assert bubble_ratio(simulate(full)) < 0.01
+
+
+def test_spans_follow_the_engine_schema_and_causality() -> None:
+    costs = LayerCosts(layer_ms=(1.0, 2.0, 1.0, 1.0, 3.0), embed_ms=0.5, head_ms=1.0, sample_ms=0.2)
+    cfg = SimConfig(
+        schedule="gpipe", stages=3, microbatches=4, steps=3, costs=costs, split=(2, 2, 1),
+        comm=CommModel(latency_us=50, bandwidth_gbps=80, activation_bytes=1_000_000),
+    )  # fmt: skip
+    trace = simulate(cfg)
+    s = trace.spans
+    assert list(s.columns) == list(SPAN_COLUMNS)
+    assert trace.meta.source == "simulator" and trace.meta.split == [2, 2, 1] and trace.meta.status == "finished"
+    assert set(s[s["lane"] == "compute"]["kind"]) == {"embed", "forward", "head", "sample"}
+    assert set(s[s["rank"] == 0]["kind"]) >= {"embed", "send", "recv", "recv_wait"}
+    sends = s[(s["kind"] == "send") & (s["nbytes"] == 1_000_000)]
+    assert ((sends["end_ns"] - sends["start_ns"]) == 150_000).all()  # 50 µs + 8 Mbit / 80 Gbit/s
+    fwd = s[s["kind"] == "forward"].set_index(["stage", "mb", "step"])
+    for (stage, mb, step), row in fwd.iterrows():
+        if stage > 0:  # a micro-batch never starts on stage s before stage s-1 finished it and sent it
+            assert row["start_ns"] >= fwd.loc[(stage - 1, mb, step), "end_ns"] + 150_000
+    on_rank = s[s["lane"] == "compute"].sort_values(["rank", "start_ns"])
+    for _, g in on_rank.groupby("rank"):
+        assert (g["start_ns"].to_numpy()[1:] >= g["end_ns"].to_numpy()[:-1]).all()  # no overlap on a rank
+    assert len(trace.requests) == 4 and (trace.requests["finish_ns"] > trace.requests["first_token_ns"]).all()
+
+
+def test_comm_and_speed_change_the_prediction() -> None:
+    base = SimConfig(schedule="gpipe", stages=2, microbatches=4, costs=LayerCosts.uniform(4, 1.0))
+    slow_link = SimConfig(
+        schedule="gpipe", stages=2, microbatches=4, costs=LayerCosts.uniform(4, 1.0), comm=CommModel(latency_us=500)
+    )
+    fast_gpu = SimConfig(schedule="gpipe", stages=2, microbatches=4, costs=LayerCosts.uniform(4, 1.0), speed=(2.0, 2.0))
+    ms = [summarize(c, simulate(c))["makespan_ms"] for c in (base, slow_link, fast_gpu)]
+    assert ms == pytest.approx([10.0, 10.5, 5.0])
+
+
+def test_written_run_loads_back_identically(tmp_path: Path) -> None:
+    cfg = SimConfig(schedule="serve", stages=3, microbatches=3, steps=4, costs=LayerCosts.uniform(6, 1.0, head_ms=2))
+    trace = simulate(cfg)
+    write_run(trace, tmp_path / "sim")
+    back = open_trace(tmp_path / "sim")
+    pd.testing.assert_frame_equal(back.spans, trace.spans)
+    assert back.meta.source == "simulator" and len(back.requests) == 3
+    with pytest.raises(RunExistsError):
+        write_run(trace, tmp_path / "sim")
+
+
+def test_fit_recovers_the_simulated_costs() -> None:
+    layer_ms = tuple(1.0 + 0.1 * i for i in range(12))
+    costs = LayerCosts(layer_ms=layer_ms, embed_ms=0.4, head_ms=2.5, sample_ms=0.3)
+    runs = [
+        simulate(SimConfig(schedule="serve", stages=4, microbatches=4, steps=3, costs=costs, split=split))
+        for split in ((3, 3, 3, 3), (4, 3, 3, 2), (2, 4, 4, 2))
+    ]
+    fit = fit_layer_costs(runs)
+    assert (fit.costs.embed_ms, fit.costs.head_ms, fit.costs.sample_ms) == pytest.approx((0.4, 2.5, 0.3))
+    assert fit.layer_rms_residual_ms == pytest.approx(0.0, abs=1e-6)
+    # the three splits cut the model into these segments and determine each one's cost (full rank)
+    for start, end in ((0, 2), (2, 3), (3, 4), (4, 6), (6, 7), (7, 9), (9, 10), (10, 12)):
+        assert sum(fit.costs.layer_ms[start:end]) == pytest.approx(sum(layer_ms[start:end]), abs=1e-6)
+
+
+def test_bad_configs_are_named() -> None:
+    with pytest.raises(InvalidConfigError, match="needs --schedule interleaved"):
+        SimConfig(schedule="gpipe", stages=2, microbatches=2, chunks=2, costs=LayerCosts.uniform(4, 1.0))
+    with pytest.raises(InvalidConfigError, match="cannot fill 8 virtual stages"):
+        SimConfig(schedule="interleaved", stages=4, microbatches=4, chunks=2, costs=LayerCosts.uniform(6, 1.0))
+    with pytest.raises(InvalidConfigError, match="sums to 5"):
+        SimConfig(schedule="gpipe", stages=2, microbatches=2, costs=LayerCosts.uniform(6, 1.0), split=(2, 3))
+    with pytest.raises(InvalidConfigError, match="bandwidth_gbps"):
+        CommModel(bandwidth_gbps=-1)
+
+
+def test_cli_simulate_then_rebalance_the_prediction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sim"
+    args = ["simulate", "--schedule", "gpipe", "--stages", "4", "--microbatches", "8", "--layers", "16",
+            "--layer-cost-ms", "1", "--head-cost-ms", "3", "--embed-cost-ms", "0.5",
+            "--out", str(out), "--json"]  # fmt: skip
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["split"] == [4, 4, 4, 4] and summary["makespan_ms"] == pytest.approx(4.5 + 4 + 4 + 8 * 7)
+    assert main(["rebalance", str(out), "--json"]) == 0
+    advice = json.loads(capsys.readouterr().out)
+    assert advice["current_split"] == [4, 4, 4, 4]
+    assert advice["stage_times_ms"]["current"] == pytest.approx([4.5, 4.0, 4.0, 7.0])
+    assert max(advice["stage_times_ms"]["proposed"]) == pytest.approx(5.0)
+    assert advice["fit"]["r_squared"] == pytest.approx(1.0) and advice["fit"]["extras_measured"]
+    assert main([*args[:-3], "--out", str(out)]) == 2  # never overwrites a run
+    assert "already holds files" in capsys.readouterr().err
+    assert main(["simulate", "--stages", "2", "--microbatches", "2", "--out", str(tmp_path / "x")]) == 2
+    assert "--layer-costs" in capsys.readouterr().err
