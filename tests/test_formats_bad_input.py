@@ -1,0 +1,87 @@
+"""Bad inputs to every importer: a one-line error naming the file and what is missing, no traceback,
+no write to the input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from test_formats_helpers import fingerprint, tiny_nsys
+
+from ppscope.cli import main
+
+
+def _not_sqlite(tmp: Path) -> Path:
+    p = tmp / "trace.sqlite"
+    p.write_bytes(b"PK\x03\x04 this is a zip, not a database" * 10)
+    return p
+
+
+def _other_sqlite(tmp: Path) -> Path:
+    p = tmp / "notes.sqlite"
+    db = sqlite3.connect(p)
+    db.execute("CREATE TABLE notes (id INTEGER, body TEXT)")
+    db.execute("INSERT INTO notes VALUES (1, 'hello')")
+    db.commit()
+    db.close()
+    return p
+
+
+def _no_kernels(tmp: Path) -> Path:
+    return tiny_nsys(tmp / "nokernels.sqlite", kernels=False)
+
+
+def _json_without_events(tmp: Path) -> Path:
+    p = tmp / "trace.json"
+    p.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": []}))
+    return p
+
+
+def _truncated_gz(tmp: Path) -> Path:
+    p = tmp / "rank0.json.gz"
+    doc = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": f"k{i}", "ts": i, "dur": 1} for i in range(2000)]}
+    data = gzip.compress(json.dumps(doc).encode())
+    p.write_bytes(data[: len(data) // 2])
+    return p
+
+
+def _empty_dir(tmp: Path) -> Path:
+    d = tmp / "traces"
+    d.mkdir()
+    (d / "README.txt").write_text("no traces here\n")
+    return d
+
+
+CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "not sqlite": (_not_sqlite, "not a trace ppscope reads"),
+    "sqlite, not nsys": (_other_sqlite, "not an nsys export"),
+    "nsys without kernels": (_no_kernels, "without GPU kernels"),
+    "json without traceEvents": (_json_without_events, "no traceEvents"),
+    "truncated gz": (_truncated_gz, "truncated"),
+    "directory without traces": (_empty_dir, "holds no traces"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("command", ["export", "analyze"])
+def test_bad_input_is_one_line_naming_the_file(
+    case: str, command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make, what = CASES[case]
+    path = make(tmp_path)
+    before = fingerprint(path)
+    args = [command, str(path)] + (
+        ["--format", "chrome", "--out", str(tmp_path / "o.json")] if command == "export" else []
+    )
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and str(path) in lines[0] and what in lines[0], lines[0]
+    assert fingerprint(path) == before
+    assert not (tmp_path / "o.json").exists()
