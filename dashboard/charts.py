@@ -6,6 +6,7 @@ numbers come from the run's counters and from `ppscope.analysis`; nothing here c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ from ppscope.trace import Metric
 if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult, RequestLatency
 
-__all__ = ["UsageView", "compare_figure", "compare_table", "latency_figure", "stage_figure", "usage_figure"]
+__all__ = ["UsageView", "compare_figure", "compare_table", "latency_figure", "split_figure", "usage_figure"]
 
 _GPU_PANELS: tuple[tuple[str, str, float], ...] = (
     (Metric.GPU_UTIL_PCT, "utilisation (%)", 1.0),
@@ -31,17 +32,6 @@ _CPU_PANELS: tuple[tuple[str, str, float], ...] = (
     (Metric.CPU_UTIL_PCT, "CPU use (%)", 1.0),
     (Metric.RSS_BYTES, "resident memory (GiB)", 1 / 2**30),
 )
-_BUSY_COLOR = "#4C78A8"
-_CAUSE_COLORS = {
-    "fill": "#FDD0A2",
-    "drain": "#C6DBEF",
-    "upstream": "#FC9272",
-    "dependency": "#BCBDDC",
-    "downstream": "#FDAE6B",
-    "comm": "#A1D99B",
-    "host": "#BDBDBD",
-    "unknown": "#E0E0E0",
-}
 
 
 @dataclass(kw_only=True)
@@ -91,41 +81,22 @@ def usage_figure(counters: pd.DataFrame, *, origin_ns: int = 0) -> UsageView | N
     )
 
 
-def stage_figure(result: AnalysisResult) -> go.Figure:
-    """Stacked busy time and each bubble cause per stage (ms), the bottleneck stage outlined and named."""
-    stages = [f"stage {s.stage}" for s in result.stages]
+def split_figure(current_ms: Sequence[float], proposed_ms: Sequence[float]) -> go.Figure:
+    """Predicted time per micro-batch of each stage under the current and the advised split (ms)."""
     fig = go.Figure()
-    outline = [3 if s.stage == result.bottleneck_stage else 0 for s in result.stages]
-    fig.add_trace(
-        go.Bar(
-            x=stages,
-            y=[s.busy_ns / 1e6 for s in result.stages],
-            name="busy",
-            marker={"color": _BUSY_COLOR, "line": {"width": outline, "color": "#D62728"}},
-            hovertemplate="%{x}: busy %{y:,.2f} ms<extra></extra>",
+    for name, values, color in (("current split", current_ms, "#9ECAE1"), ("advised split", proposed_ms, "#3182BD")):
+        x = [f"stage {i}" for i in range(len(values))]
+        fig.add_trace(
+            go.Bar(x=x, y=list(values), name=name, marker={"color": color}, hovertemplate="%{x}: %{y:.3f} ms")
         )
-    )
-    for cause, color in _CAUSE_COLORS.items():
-        ms = [s.causes.get(cause, 0) / 1e6 for s in result.stages]
-        if any(ms):
-            fig.add_trace(
-                go.Bar(
-                    x=stages,
-                    y=ms,
-                    name=cause,
-                    marker={"color": color},
-                    hovertemplate=f"%{{x}}: {cause} %{{y:,.2f}} ms<extra></extra>",
-                )
-            )
-    if result.bottleneck_stage is not None:
-        top = max(s.busy_ns + s.bubble_ns for s in result.stages) / 1e6
-        fig.add_annotation(x=f"stage {result.bottleneck_stage}", y=top, text="bottleneck", showarrow=False, yshift=12)
+    for values, dash in ((current_ms, "dot"), (proposed_ms, "dash")):
+        fig.add_hline(y=max(values), line={"dash": dash, "color": "#555", "width": 1})
     fig.update_layout(
-        barmode="stack",
-        yaxis_title="time in the window (ms)",
-        height=380,
+        barmode="group",
+        yaxis_title="predicted time per micro-batch (ms)",
+        height=340,
         margin={"l": 10, "r": 10, "t": 30, "b": 40},
-        legend={"orientation": "h", "y": -0.2},
+        legend={"orientation": "h", "y": 1.1},
     )
     return fig
 

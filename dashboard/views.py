@@ -12,14 +12,19 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from dashboard import charts
+from dashboard import charts, gantt
 from dashboard.data import LiveTrace
 from dashboard.safety import Entry
+from ppscope import figures
 from ppscope.errors import PPScopeError
 from ppscope.trace import Trace
 
 if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult
+    from ppscope.balance import Rebalance
+    from ppscope.costs import CostFit
+
+    Advice = tuple[Rebalance, CostFit]
 
 __all__ = ["analysis", "compare", "rebalance", "requests", "stages"]
 
@@ -62,7 +67,9 @@ def stages(live: LiveTrace) -> None:
     cols[4].metric("Throughput", "—" if tp is None else f"{tp:,.0f} tok/s", help=result.throughput_basis)
     if w is not None:
         st.caption(f"Window: {w.length_ns / 1e6:,.2f} ms ({w.mode}): {w.how}")
-    st.plotly_chart(charts.stage_figure(result), key="stages", config={"displaylogo": False})
+    left, right = st.columns([3, 2])
+    left.plotly_chart(figures.stage_breakdown(result), key="stages", config={"displaylogo": False})
+    right.plotly_chart(figures.theory_vs_measured(result), key="theory", config={"displaylogo": False})
     theory = result.theory
     measured = _pct(result.bubble_ratio)
     if theory.bubble_ratio is None:
@@ -94,28 +101,64 @@ def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:
     return rows
 
 
+def _advise(trace: Trace) -> tuple[Advice | None, str]:
+    """Fit layer costs from the trace's stage spans and ask the rebalancer, as `ppscope rebalance RUN` does."""
+    from ppscope.balance import BalanceProblem, rebalance
+    from ppscope.costs import fit_layer_costs
+
+    meta = trace.meta
+    if not meta.split:
+        return None, "the trace does not record its layer split (meta.json `split`), so costs cannot be fitted"
+    if meta.chunks > 1:
+        return None, "rebalancing interleaved runs (chunks > 1) is not supported: rebalance a gpipe or serve run"
+    try:
+        fit = fit_layer_costs([trace])
+        advice = rebalance(BalanceProblem(costs=fit.costs, stages=len(meta.split)), list(meta.split))
+    except PPScopeError as exc:
+        return None, str(exc)
+    return (advice, fit), ""
+
+
 def rebalance(live: LiveTrace) -> None:
     st.markdown("### Rebalance: what if the layers were split differently")
-    missing = _missing_rebalance_pieces()
-    if missing:
-        st.warning(
-            "Not available yet: this page needs " + " and ".join(missing) + ", which this ppscope does not have. "
-            "It shows nothing rather than an estimate made here."
-        )
+    got, problem = live.memo("advice", _advise)
+    if got is None:
+        st.error(f"No advice for this trace: {problem}")
         return
-    st.info("The rebalancer is installed, but this dashboard does not drive it yet.")
+    advice, fit = got
+    cur, new = advice.current, advice.proposed
+    cols = st.columns(4)
+    cols[0].metric("Current split", ",".join(map(str, cur.split)))
+    cols[1].metric("Advised split", ",".join(map(str, new.split)))
+    cols[2].metric("Predicted speedup", f"×{advice.predicted_speedup:.3f}", help="slowest stage now / advised")
+    cols[3].metric(
+        "Slowest stage", f"{new.max_ms:.3f} ms", delta=f"{new.max_ms - cur.max_ms:+.3f} ms", delta_color="inverse"
+    )
+    st.caption(
+        f"Costs fitted from this trace's {fit.phase} passes: {fit.uniform_layer_ms:.3f} ms per layer on average, "
+        f"R² {fit.r_squared:.3f}. " + " ".join(f"Note: {n}." for n in fit.notes)
+    )
+    if cur.split == new.split:
+        st.success("The current split is already the fastest one the cost model finds.")
+    st.plotly_chart(charts.split_figure(cur.stage_ms, new.stage_ms), key="split", config={"displaylogo": False})
+    from ppscope.balance import engine_lines
 
-
-def _missing_rebalance_pieces() -> list[str]:
-    import importlib.util
-
-    missing = []
-    costs = importlib.import_module("ppscope.costs")
-    if not hasattr(costs, "fit_layer_costs"):
-        missing.append("layer costs fitted from a trace's spans (ppscope.costs.fit_layer_costs)")
-    if importlib.util.find_spec("ppscope.simulate") is None:
-        missing.append("the simulator (ppscope.simulate) for the predicted timeline")
-    return missing
+    lines = engine_lines(new.split)
+    st.markdown("**Ready to paste**")
+    st.code(f"{lines['vllm_env']}\n{lines['sglang_env']}\n{lines['ppscope_run']}", language="bash")
+    st.caption(f"Megatron-LM: {lines['megatron_args'] or '(one stage: no flags needed)'}")
+    left, right = st.columns(2)
+    with left:
+        st.markdown("**Measured timeline (current split)**")
+        view = gantt.gantt_figure(live.refresh().spans, color_by="kind", max_bars=3000)
+        st.plotly_chart(view.figure, key="measured_gantt", config={"displaylogo": False})
+        st.caption(view.note)
+    with right:
+        st.markdown("**Simulated timeline (advised split)**")
+        st.warning(
+            "Not available yet: the simulator (ppscope.simulate) is not part of this ppscope, so the predicted "
+            "timeline of the advised split cannot be drawn. The per-stage times above are the rebalancer's model."
+        )
 
 
 def compare(live: LiveTrace, others: Sequence[Entry], opener: Callable[[Entry], LiveTrace]) -> None:

@@ -152,3 +152,25 @@ def test_run_deleted_while_shown_is_a_message(tmp_path: Path) -> None:
     at.run()
     assert not at.exception
     assert any("does not exist" in w.value for w in at.warning)
+
+
+def test_rebalance_advises_moving_layers_off_the_slow_stage(tmp_path: Path) -> None:
+    # Stage 2 takes twice as long with the same 2 layers: its layers cost 100 µs each, the others 50 µs.
+    run = record_gpipe_run(tmp_path / "run", p=3, m=4, fwd_ns=[100_000, 100_000, 200_000])
+    at = _app(run).run()
+    at.sidebar.radio(key="section").set_value("Rebalance").run()
+    assert not at.exception, at.exception
+    values = {m.label: m.value for m in at.metric}
+    assert values["Current split"] == "2,2,2"
+    assert values["Advised split"] == "3,2,1"
+    assert values["Predicted speedup"] == "×1.333"
+    code = at.code[0].value
+    assert "VLLM_PP_LAYER_PARTITION=3,2,1" in code and "SGLANG_PP_LAYER_PARTITION=3,2,1" in code
+
+
+def test_rebalance_says_why_when_costs_cannot_be_fitted(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run", p=2, m=4)  # two stages, both first or last: extras not separable
+    at = _app(run).run()
+    at.sidebar.radio(key="section").set_value("Rebalance").run()
+    assert not at.exception
+    assert "No advice for this trace" in at.error[0].value

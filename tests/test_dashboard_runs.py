@@ -21,21 +21,33 @@ FWD_NS = 100_000  # 100 µs per forward
 SEND_NS = 20_000
 
 
-def gpipe_spans(rank: int, p: int, m: int, *, step: int = 0, t0: int = 0) -> list[tuple[object, ...]]:
-    """Spans of one rank in schema order: each micro-batch waits for the previous stage, runs, sends on."""
+def gpipe_spans(
+    rank: int, p: int, m: int, *, step: int = 0, t0: int = 0, fwd_ns: list[int] | None = None
+) -> list[tuple[object, ...]]:
+    """Spans of one rank in schema order: each micro-batch waits for the previous stage, runs, sends on.
 
-    def row(lane: str, kind: str, mb: int, start: int, end: int, nbytes: int, peer: int) -> tuple[object, ...]:
-        return (rank, rank, lane, kind, kind, mb, step, 0, "prefill", start, end, nbytes, 8, peer)
-
+    fwd_ns: forward time of each stage (default FWD_NS everywhere); a slower stage holds up the ones after it.
+    """
+    fwd = fwd_ns or [FWD_NS] * p
+    end = [[0] * m for _ in range(p)]  # end of each forward, per stage and micro-batch
     rows: list[tuple[object, ...]] = []
-    for mb in range(m):
-        start = t0 + (mb + rank) * (FWD_NS + SEND_NS)
-        if rank > 0:
-            rows.append(row("recv", "recv_wait", mb, start - SEND_NS, start, 4096, rank - 1))
-        rows.append(row("compute", "forward", mb, start, start + FWD_NS, 0, -1))
-        if rank < p - 1:
-            end = start + FWD_NS
-            rows.append(row("send", "send", mb, end, end + SEND_NS, 4096, rank + 1))
+    for r in range(rank + 1):
+        for mb in range(m):
+            ready = t0 if r == 0 else end[r - 1][mb] + SEND_NS
+            free = t0 if mb == 0 else end[r][mb - 1] + (SEND_NS if r < p - 1 else 0)
+            start = max(ready, free)
+            end[r][mb] = start + fwd[r]
+            if r != rank:
+                continue
+
+            def row(lane: str, kind: str, a: int, b: int, nbytes: int, peer: int, mb: int = mb) -> tuple[object, ...]:
+                return (rank, rank, lane, kind, kind, mb, step, 0, "prefill", a, b, nbytes, 8, peer)
+
+            if rank > 0:
+                rows.append(row("recv", "recv_wait", min(free, start), start, 4096, rank - 1))
+            rows.append(row("compute", "forward", start, end[r][mb], 0, -1))
+            if rank < p - 1:
+                rows.append(row("send", "send", end[r][mb], end[r][mb] + SEND_NS, 4096, rank + 1))
     return rows
 
 
@@ -44,7 +56,14 @@ def span_count(p: int, m: int) -> int:
 
 
 def record_gpipe_run(
-    run_dir: Path, *, p: int = 2, m: int = 4, status: str = "finished", requests: int = 0, steps: int = 1
+    run_dir: Path,
+    *,
+    p: int = 2,
+    m: int = 4,
+    status: str = "finished",
+    requests: int = 0,
+    steps: int = 1,
+    fwd_ns: list[int] | None = None,
 ) -> Path:
     meta = RunMeta(
         run_id=run_dir.name,
@@ -59,8 +78,8 @@ def record_gpipe_run(
     create_run(run_dir, meta)
     for rank in range(p):
         writer = RankWriter(run_dir, rank)
-        step_ns = (m + p) * (FWD_NS + SEND_NS)
-        spans = [row for s in range(steps) for row in gpipe_spans(rank, p, m, step=s, t0=s * step_ns)]
+        step_ns = (m + p) * (max(fwd_ns or [FWD_NS]) + SEND_NS)
+        spans = [row for s in range(steps) for row in gpipe_spans(rank, p, m, step=s, t0=s * step_ns, fwd_ns=fwd_ns)]
         counters = [(i * 50_000, rank, -1, str(Metric.CPU_UTIL_PCT), 50.0 + 10 * rank) for i in range(10)]
         writer.write(spans, counters)
         writer.close()
