@@ -215,6 +215,9 @@ class LayerSource(Protocol):
 
 
 def _init_(module: nn.Module, seed: int) -> nn.Module:
+    """Fill every parameter from a generator seeded for this module alone (built on the meta device, so the
+    default initialisation is never paid for)."""
+    module = module.to_empty(device="cpu")
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(module.named_parameters()):
@@ -238,13 +241,19 @@ class RandomSource:
         self.seed = seed
 
     def layer(self, index: int) -> nn.Module:
-        return _init_(DecoderLayer(self.shape), self.seed * 1_000_003 + index)
+        with torch.device("meta"):
+            layer = DecoderLayer(self.shape)
+        return _init_(layer, self.seed * 1_000_003 + index)
 
     def embedding(self) -> nn.Module:
-        return _init_(Embedding(self.shape), self.seed * 1_000_003 - 1)
+        with torch.device("meta"):
+            emb = Embedding(self.shape)
+        return _init_(emb, self.seed * 1_000_003 - 1)
 
     def head(self) -> nn.Module:
-        head = _init_(Head(self.shape), self.seed * 1_000_003 - 2)
+        with torch.device("meta"):
+            head = Head(self.shape)
+        head = _init_(head, self.seed * 1_000_003 - 2)
         if self.shape.tie_embeddings:
             head.lm_head.weight = self.embedding().embed_tokens.weight  # type: ignore[union-attr]
         return head

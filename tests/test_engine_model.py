@@ -1,0 +1,114 @@
+"""The model on its own: a Hugging Face checkpoint gives transformers' tokens and logits, each rank reads only
+its own layers, and a packed batch of uneven sequences equals the sequences run one by one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.hf import CheckpointSource
+from engine.model import Batch, RandomSource
+from engine.split import build_stage
+from ppscope.models import ModelShape
+
+CPU = torch.device("cpu")
+
+
+def _forward(stages: list, tokens: list[int], batch: Batch, shape: ModelShape) -> torch.Tensor:  # type: ignore[type-arg]
+    x = stages[0].run_embed(torch.tensor(tokens), shape.hidden, torch.float32)
+    for s in stages:
+        x = s.run_chunk(0, x, batch)
+    return stages[-1].run_head(x, batch, shape.vocab)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    path = tmp_path_factory.mktemp("ckpt")
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@torch.no_grad()
+def test_checkpoint_matches_transformers(checkpoint: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.LlamaForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float32).eval()
+    shape = ModelShape.from_hf_config(checkpoint)
+    src = CheckpointSource(checkpoint, shape)
+    stages = [build_stage(src, [2, 1], r, 2, 1, CPU, torch.float32) for r in range(2)]
+    for s in stages:
+        s.allocate_cache(1, 64, torch.float32, shape.kv_heads, shape.head_dim)
+    prompt = [5, 17, 99, 3, 42, 8]
+    expected_logits = ref(torch.tensor([prompt])).logits[0, -1]
+    logits = _forward(stages, prompt, Batch([0], [0], [len(prompt)]), shape)[0]
+    assert torch.allclose(logits, expected_logits, atol=1e-4, rtol=0)
+    # greedy generation with the KV cache, token by token
+    generated, ids = [], prompt
+    batch = Batch([0], [0], [len(prompt)])
+    for _ in range(6):
+        token = int(_forward(stages, ids, batch, shape)[0].argmax())
+        generated.append(token)
+        ids, batch = [token], Batch([0], [len(prompt) + len(generated) - 1], [1])
+    out = ref.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert generated == out[0, len(prompt) :].tolist()
+
+
+def test_each_rank_reads_only_its_own_tensors(checkpoint: Path) -> None:
+    shape = ModelShape.from_hf_config(checkpoint)
+    per_layer = 9  # 7 projections + 2 norms
+    counts = []
+    for rank in range(2):
+        src = CheckpointSource(checkpoint, shape)
+        build_stage(src, [2, 1], rank, 2, 1, CPU, torch.float32)
+        counts.append(src.tensors_read)
+    assert counts == [2 * per_layer + 1, 1 * per_layer + 2]  # + embedding | + final norm and LM head
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert shape.layers == config["num_hidden_layers"]
+
+
+@torch.no_grad()
+def test_packed_uneven_batch_equals_one_by_one() -> None:
+    shape = ModelShape(name="t", layers=2, hidden=32, heads=4, kv_heads=2, intermediate=48, vocab=64, max_seq_len=32)
+    stage = build_stage(RandomSource(shape, seed=1), [2], 0, 1, 1, CPU, torch.float64)
+    stage.allocate_cache(3, 32, torch.float64, shape.kv_heads, shape.head_dim)
+    seqs = [[1, 2, 3, 4, 5], [9, 8], [7, 7, 7]]
+    alone = []
+    for i, s in enumerate(seqs):
+        x = stage.run_embed(torch.tensor(s), shape.hidden, torch.float64)
+        alone.append(stage.run_head(stage.run_chunk(0, x, Batch([i], [0], [len(s)])), Batch([i], [0], [len(s)]), 64))
+    batch = Batch([2, 0, 1], [0, 0, 0], [len(s) for s in seqs])
+    x = stage.run_embed(torch.tensor([t for s in seqs for t in s]), shape.hidden, torch.float64)
+    packed = stage.run_head(stage.run_chunk(0, x, batch), batch, 64)
+    assert torch.allclose(packed, torch.cat(alone), atol=1e-9)
+    # one decode step for all three at different positions, against the caches filled above
+    step = Batch([2, 0, 1], [len(s) for s in seqs], [1, 1, 1])
+    x = stage.run_embed(torch.tensor([3, 1, 4]), shape.hidden, torch.float64)
+    decoded = stage.run_head(stage.run_chunk(0, x, step), step, 64)
+    one = Batch([2], [len(seqs[0])], [1])
+    x = stage.run_embed(torch.tensor([3]), shape.hidden, torch.float64)
+    assert torch.allclose(decoded[:1], stage.run_head(stage.run_chunk(0, x, one), one, 64), atol=1e-9)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("split", [[8], [4, 4], [3, 3, 2], [1, 2, 4, 1]])
+def test_any_split_of_seeded_layers_equals_the_whole_model(split: list[int]) -> None:
+    shape = ModelShape(name="t", layers=8, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=512, max_seq_len=16)
+    src = RandomSource(shape, seed=5)
+    stages = [build_stage(src, split, r, len(split), 1, CPU, torch.float32) for r in range(len(split))]
+    for s in stages:
+        s.allocate_cache(1, 16, torch.float32, shape.kv_heads, shape.head_dim)
+    whole = build_stage(src, [8], 0, 1, 1, CPU, torch.float32)
+    whole.allocate_cache(1, 16, torch.float32, shape.kv_heads, shape.head_dim)
+    batch = Batch([0], [0], [6])
+    prompt = [11, 400, 80, 3, 77, 124]
+    assert torch.equal(_forward(stages, prompt, batch, shape), _forward([whole], prompt, batch, shape))
