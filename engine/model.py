@@ -217,7 +217,7 @@ class LayerSource(Protocol):
 def _init_(module: nn.Module, seed: int) -> nn.Module:
     """Fill every parameter from a generator seeded for this module alone (built on the meta device, so the
     default initialisation is never paid for)."""
-    module = module.to_empty(device="cpu")
+    module.to_empty(device="cpu")
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(module.named_parameters()):
@@ -253,9 +253,11 @@ class RandomSource:
     def head(self) -> nn.Module:
         with torch.device("meta"):
             head = Head(self.shape)
-        head = _init_(head, self.seed * 1_000_003 - 2)
+        _init_(head, self.seed * 1_000_003 - 2)
         if self.shape.tie_embeddings:
-            head.lm_head.weight = self.embedding().embed_tokens.weight  # type: ignore[union-attr]
+            emb = self.embedding()
+            assert isinstance(emb, Embedding)
+            head.lm_head.weight = emb.embed_tokens.weight
         return head
 
 
