@@ -1,0 +1,165 @@
+"""The dashboard's figure builders on traces with known spans: exactly those bars, or an honest aggregate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dashboard.charts import compare_table, usage_figure
+from dashboard.gantt import gantt_figure, row_labels
+from ppscope.analysis import analyze
+from ppscope.trace import Metric, RunMeta, Trace, counters_frame, spans_frame
+
+SPANS = [
+    # rank, lane, kind, mb, start_ns, end_ns
+    (0, "compute", "forward", 0, 1_000, 1_500),
+    (0, "compute", "forward", 1, 1_600, 2_350),
+    (0, "send", "send", 0, 1_500, 1_620),
+    (1, "recv", "recv_wait", 0, 1_000, 1_620),
+    (1, "compute", "forward", 0, 1_620, 2_000),
+    (1, "host", "mark", -1, 1_700, 1_700),  # zero-length: not drawn
+]
+
+
+def _trace(rows: list[tuple[int, str, str, int, int, int]] = SPANS) -> Trace:
+    return Trace.from_records(
+        [
+            {"rank": r, "stage": r, "lane": lane, "kind": kind, "mb": mb, "start_ns": s, "end_ns": e, "nbytes": 64}
+            for r, lane, kind, mb, s, e in rows
+        ],
+        meta=RunMeta(world_size=2, pp_size=2, schedule="gpipe", microbatches=2),
+    )
+
+
+def _bars(fig: object, role: str = "spans") -> list[tuple[str, float, float]]:
+    out = []
+    for t in fig.data:  # type: ignore[attr-defined]
+        if (t.meta or {}).get("role") == role:
+            out += list(zip(t.y, np.asarray(t.base, float), np.asarray(t.x, float), strict=True))
+    return sorted(out, key=lambda b: (b[1], b[0]))
+
+
+def test_every_span_is_one_bar_with_its_start_width_and_row() -> None:
+    view = gantt_figure(_trace().spans)
+    assert not view.aggregated and view.bars == 5 and view.spans_in_window == 5
+    # x is µs since the first span; widths are durations in µs, to the nanosecond
+    assert _bars(view.figure) == [
+        ("rank 0 · compute", 0.0, 0.5),
+        ("rank 1 · recv", 0.0, 0.62),
+        ("rank 0 · send", 0.5, 0.12),
+        ("rank 0 · compute", 0.6, 0.75),
+        ("rank 1 · compute", 0.62, 0.38),
+    ]
+    for trace in view.figure.data:
+        assert trace.orientation == "h" and trace.type == "bar"
+    assert view.figure.layout.xaxis.type == "linear"
+    assert list(view.figure.layout.yaxis.categoryarray) == [
+        "rank 0 · compute",
+        "rank 0 · send",
+        "rank 1 · compute",
+        "rank 1 · recv",
+    ]  # no row for the mark alone
+
+
+def test_colour_modes_group_bars_by_micro_batch_or_kind() -> None:
+    by_mb = gantt_figure(_trace().spans, color_by="micro-batch").figure
+    assert sorted((t.name, len(t.base)) for t in by_mb.data) == [("mb 0", 4), ("mb 1", 1)]
+    by_kind = gantt_figure(_trace().spans, color_by="kind").figure
+    assert sorted((t.name, len(t.base)) for t in by_kind.data) == [("forward", 3), ("recv_wait", 1), ("send", 1)]
+    with pytest.raises(ValueError, match="valid: micro-batch, kind"):
+        gantt_figure(_trace().spans, color_by="colour")
+
+
+def test_hover_carries_stage_micro_batch_step_phase_duration_and_bytes() -> None:
+    fig = gantt_figure(_trace().spans, color_by="kind").figure
+    send = next(t for t in fig.data if t.name == "send")
+    name, stage, mb, step, phase, dur_us, nbytes = send.customdata[0]
+    assert (name, stage, mb, step, phase, nbytes) == ("send", 0, 0, -1, "", 64)
+    assert dur_us == pytest.approx(0.12)
+    for field in ("stage", "mb", "step", "duration", "bytes"):
+        assert field in send.hovertemplate
+
+
+def test_window_keeps_only_overlapping_spans_on_the_same_axis() -> None:
+    view = gantt_figure(_trace().spans, window_ns=(1_560, 1_610), origin_ns=1_000)
+    assert {row for row, _, _ in _bars(view.figure)} == {"rank 0 · send", "rank 0 · compute", "rank 1 · recv"}
+    assert view.spans_in_window == 3
+    assert list(view.figure.layout.xaxis.range) == [0.56, 0.61]
+
+
+def test_gaps_are_shaded_on_the_compute_rows_of_their_stage() -> None:
+    trace = _trace()
+    result = analyze(trace)
+    stage_ranks = {s.stage: s.ranks for s in result.stages}
+    view = gantt_figure(trace.spans, gaps=result.gaps, stage_ranks=stage_ranks)
+    gaps = _bars(view.figure, role="gap")
+    assert len(gaps) == len(result.gaps)
+    assert {row for row, _, _ in gaps} <= {"rank 0 · compute", "rank 1 · compute"}
+    # the shading is drawn under the spans
+    roles = [(t.meta or {}).get("role") for t in view.figure.data]
+    assert roles == sorted(roles, key=lambda r: r != "gap")
+    total_gap_us = sum(w for _, _, w in gaps)
+    assert total_gap_us == pytest.approx(sum(s.bubble_ns for s in result.stages) / 1e3)
+
+
+def test_large_windows_are_aggregated_into_busy_share_bins() -> None:
+    n = 20_000
+    start = np.arange(n, dtype=np.int64) * 1_000
+    spans = spans_frame(
+        pd.DataFrame(
+            {
+                "rank": np.zeros(n, np.int32),
+                "stage": 0,
+                "lane": "compute",
+                "kind": "forward",
+                "name": "forward",
+                "mb": np.arange(n) % 4,
+                "step": -1,
+                "chunk": 0,
+                "phase": "",
+                "start_ns": start,
+                "end_ns": start + 250,  # busy a quarter of the time
+                "nbytes": 0,
+                "tokens": 0,
+                "peer": -1,
+            }
+        )
+    )
+    view = gantt_figure(spans, max_bars=1_000)
+    assert view.aggregated and view.spans_in_window == n
+    assert view.bars <= 1_000
+    (trace,) = view.figure.data
+    assert trace.meta["role"] == "binned"
+    share = np.asarray(trace.marker.color, float)
+    widths = np.asarray(trace.x, float)
+    # busy time is conserved: Σ share × width = Σ span durations
+    assert float((share * widths).sum()) == pytest.approx(n * 0.25, rel=1e-6)
+    assert "aggregated" in view.note and "20,000 spans" in view.note
+
+
+def test_row_labels_order_ranks_then_lanes() -> None:
+    assert row_labels(_trace().spans)[:3] == ["rank 0 · compute", "rank 0 · send", "rank 1 · compute"]
+
+
+def test_usage_falls_back_to_cpu_and_says_so() -> None:
+    rows = [(t, r, -1, str(Metric.CPU_UTIL_PCT), 10.0 * r) for r in (0, 1) for t in (0, 1_000_000_000)]
+    cpu = usage_figure(counters_frame(pd.DataFrame(rows, columns=["ts_ns", "rank", "device", "metric", "value"])))
+    assert cpu is not None and cpu.device == "cpu" and "no GPU counters" in cpu.label
+    assert sorted(t.name for t in cpu.figure.data) == ["rank 0", "rank 1"]
+    gpu_rows = [*rows, (0, 0, 0, str(Metric.GPU_UTIL_PCT), 90.0), (0, 0, 0, str(Metric.GPU_MEM_USED_BYTES), 2**31)]
+    gpu = usage_figure(counters_frame(pd.DataFrame(gpu_rows, columns=["ts_ns", "rank", "device", "metric", "value"])))
+    assert gpu is not None and gpu.device == "gpu"
+    mem = next(t for t in gpu.figure.data if t.yaxis == "y2")
+    assert list(mem.y) == [2.0]  # GiB
+    assert usage_figure(counters_frame()) is None
+
+
+def test_compare_table_deltas() -> None:
+    a = analyze(_trace())
+    slower = [(r, lane, k, mb, s, s + 2 * (e - s)) for r, lane, k, mb, s, e in SPANS]
+    b = analyze(_trace(slower))
+    table = compare_table(a, b).set_index("measure")
+    row = table.loc["bubble ratio"]
+    assert row["B - A"] == pytest.approx(b.bubble_ratio - a.bubble_ratio)
+    assert table.loc["window (ms)", "B / A"] > 1
