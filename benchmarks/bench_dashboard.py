@@ -1,0 +1,166 @@
+"""Dashboard speed on a 100k-span run: the Gantt figure (built and serialised as Streamlit sends it), a live
+refresh that reads only new rows, and the whole timeline page, each next to a reference measured here.
+
+References: the same Gantt for 1k spans, and `load_run` of the whole run (what a page that re-read the run
+on every refresh would pay). Times are best of a few rounds; the figures that matter are the ratios.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+P = 4
+N_SPANS = 100_000
+ROUNDS = 3
+
+
+def _spans(n: int, p: int = P, t0: int = 0) -> pd.DataFrame:
+    """n spans of a steady pipeline: per rank a forward of 80 µs and a send of 10 µs every 100 µs."""
+    from ppscope.trace import spans_frame
+
+    per_rank = n // (2 * p)
+    i = np.arange(per_rank, dtype=np.int64)
+    parts = []
+    for rank in range(p):
+        start = t0 + i * 100_000 + rank * 20_000
+        for lane, kind, offset, dur in (("compute", "forward", 0, 80_000), ("send", "send", 80_000, 10_000)):
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "rank": rank,
+                        "stage": rank,
+                        "lane": lane,
+                        "kind": kind,
+                        "name": kind,
+                        "mb": i % 8,
+                        "step": i // 8,
+                        "chunk": 0,
+                        "phase": "decode",
+                        "start_ns": start + offset,
+                        "end_ns": start + offset + dur,
+                        "nbytes": 4096 if kind == "send" else 0,
+                        "tokens": 8,
+                        "peer": (rank + 1) % p if kind == "send" else -1,
+                    }
+                )
+            )
+    return spans_frame(pd.concat(parts, ignore_index=True))
+
+
+def _write_run(path: Path, spans: pd.DataFrame, status: str) -> None:
+    from ppscope.store import RankWriter, create_run
+    from ppscope.trace import RankInfo, RunMeta
+
+    meta = RunMeta(
+        status=status, world_size=P, pp_size=P, schedule="serve", ranks=[RankInfo(rank=r, stage=r) for r in range(P)]
+    )
+    create_run(path, meta)
+    for rank in range(P):
+        writer = RankWriter(path, rank)
+        rows = spans[spans["rank"] == rank].itertuples(index=False, name=None)
+        writer.write(list(rows))
+        writer.close()
+
+
+def _best_s(fn: Callable[[], Any], rounds: int = ROUNDS) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _gantt_json(spans: pd.DataFrame, **kw: Any) -> None:
+    from dashboard.gantt import gantt_figure
+
+    gantt_figure(spans, **kw).figure.to_json()
+
+
+def _append_and_refresh(path: Path, live: Any, t0: int) -> None:
+    """Append 1k new spans to rank 0's file, as a live run would, then refresh."""
+    import sqlite3
+
+    from ppscope.store import rank_file
+
+    new = _spans(1_000 * P, t0=t0)
+    new = new[new["rank"] == 0].head(1_000)
+    cols = ", ".join(new.columns)
+    db = sqlite3.connect(rank_file(path, 0))
+    with db:
+        db.executemany(f"INSERT INTO spans ({cols}) VALUES ({', '.join('?' * len(new.columns))})", new.values.tolist())
+    db.close()
+    live.refresh()
+
+
+def main() -> list[str]:
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard.data import LiveTrace
+    from dashboard.gantt import gantt_figure
+    from ppscope.store import load_run
+
+    big, small = _spans(N_SPANS), _spans(1_000)
+    ref_small = _best_s(lambda: _gantt_json(small))
+    t_big = _best_s(lambda: _gantt_json(big))
+    mid = int(big["start_ns"].median())
+    narrow = (mid, mid + 25 * 100_000)  # ~1k spans in the window
+    t_narrow = _best_s(lambda: _gantt_json(big, window_ns=narrow))
+    view = gantt_figure(big)
+    lines = [
+        f"Gantt figure, built + serialised: 1k spans {ref_small * 1e3:.0f} ms (reference, one bar each); "
+        f"100k spans, whole run {t_big * 1e3:.0f} ms = {t_big / ref_small:.2f}x the reference "
+        f"({view.bars:,} busy-share bins, aggregated); 100k spans, 2.5 ms window "
+        f"{t_narrow * 1e3:.0f} ms = {t_narrow / ref_small:.2f}x",
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        _write_run(run, big, status="running")
+        t_load = _best_s(lambda: load_run(run))
+        live = LiveTrace(run, is_run=True)
+        t_first = _best_s(live.refresh, rounds=1)
+        end = int(big["end_ns"].max())
+        t_poll = _best_s(lambda: _append_and_refresh(run, live, t0=end + 1_000_000), rounds=1)
+        t_idle = _best_s(live.refresh)
+        lines.append(
+            f"live refresh of a 100k-span run: load_run of the whole run {t_load * 1e3:.0f} ms (reference); first "
+            f"read {t_first * 1e3:.0f} ms; refresh after 1k new spans {t_poll * 1e3:.0f} ms = "
+            f"{t_poll / t_load:.2f}x; refresh with nothing new {t_idle * 1e3:.1f} ms = {t_idle / t_load:.3f}x"
+        )
+
+        def script(argv: list[str]) -> None:
+            from dashboard.app import main
+
+            main(argv)
+
+        def page() -> None:
+            at = AppTest.from_function(script, args=([str(run)],), default_timeout=120).run()
+            assert not at.exception, at.exception
+
+        import streamlit as st
+
+        def cold_page() -> None:
+            st.cache_resource.clear()  # a first visit: read the run, analyse it, draw
+            page()
+
+        page()  # import everything once
+        t_cold = _best_s(cold_page, rounds=2)
+        t_warm = _best_s(page, rounds=2)
+        lines.append(
+            f"timeline page of the 100k-span run (read, analysis, gap shading, Gantt): first visit {t_cold:.2f} s "
+            f"= {t_cold / t_load:.1f}x load_run; later visits {t_warm:.2f} s = {t_warm / t_load:.1f}x "
+            "(target: <= 3 s)"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    for line in main():
+        print(line)
