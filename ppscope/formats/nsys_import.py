@@ -163,59 +163,67 @@ def _nvtx(db: _Db, strings: np.ndarray) -> pd.DataFrame:
     return df
 
 
+_GPU_COLUMNS = ["start", "end", "dev", "stream", "gpid", "corr", "nbytes", "op"]
+
+
+def _int_rows(db: _Db, table: str, columns: list[tuple[str, str, str]]) -> np.ndarray:
+    """Integer columns `(column, alias, default)` of `table` as one (rows, columns) int64 array.
+
+    Every column is coalesced to an integer in SQL, so the rows convert to numpy in one step: this is
+    the hot path of a million-kernel import."""
+    sel = ", ".join(db.col(table, c, alias, default) for c, alias, default in columns)
+    rows = db.query(f"SELECT {sel} FROM {table}")
+    if not rows:
+        return np.empty((0, len(columns)), dtype=np.int64)
+    try:
+        return np.array(rows, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        raise CorruptFileError(f"{db.path}: {table} holds non-integer values where nsys writes integers") from None
+
+
 def _gpu_work(db: _Db, strings: np.ndarray) -> pd.DataFrame:
     """Kernels, memcpy and memset rows: pid, device, stream, kind, name, start, end, nbytes, corr."""
     parts = []
+    common = [
+        ("start", "start", "0"),
+        ("end", "end", "0"),
+        ("deviceId", "dev", "-1"),
+        ("streamId", "stream", "-1"),
+        ("globalPid", "gpid", "0"),
+        ("correlationId", "corr", "-1"),
+    ]
     if db.has(_KERNEL):
-        sel = ", ".join(
-            [
-                db.col(_KERNEL, "start", default="0"),
-                db.col(_KERNEL, "end", default="0"),
-                db.col(_KERNEL, "deviceId", default="-1"),
-                db.col(_KERNEL, "streamId", default="-1"),
-                db.col(_KERNEL, "globalPid", default="0"),
-                db.col(_KERNEL, "correlationId", default="-1"),
-                db.col(_KERNEL, "shortName" if "shortName" in db.columns[_KERNEL] else "demangledName", "nameId", "-1"),
-            ]
-        )
-        df = _frame(db.query(f"SELECT {sel} FROM {_KERNEL}"), ["start", "end", "dev", "stream", "gpid", "corr", "nid"])
-        names = _lookup(strings, pd.to_numeric(df["nid"], errors="coerce").fillna(-1).astype(np.int64).to_numpy())
-        df["name"] = names
-        nccl = pd.Series(names, dtype=object).str.startswith("nccl").to_numpy(dtype=bool)
+        name_col = "shortName" if "shortName" in db.columns[_KERNEL] else "demangledName"
+        arr = _int_rows(db, _KERNEL, [*common, (name_col, "nid", "-1")])
+        df = pd.DataFrame(arr[:, :6], columns=_GPU_COLUMNS[:6])
+        ids = arr[:, 6]
+        df["name"] = _lookup(strings, ids)
+        # NCCL or not is decided once per distinct name, not once per row.
+        is_nccl = np.array([str(v).startswith("nccl") for v in strings], dtype=bool)
+        ok = (ids >= 0) & (ids < len(strings))
+        nccl = np.zeros(len(ids), dtype=bool)
+        nccl[ok] = is_nccl[ids[ok]]
         df["kind"] = np.where(nccl, str(SpanKind.NCCL), str(SpanKind.KERNEL))
         df["nbytes"] = 0
-        parts.append(df.drop(columns="nid"))
+        parts.append(df)
     for table, kind in ((_MEMCPY, SpanKind.MEMCPY), (_MEMSET, SpanKind.MEMSET)):
         if not db.has(table):
             continue
-        extra = db.col(table, "copyKind", "op", "-1") if table == _MEMCPY else "NULL AS op"
-        sel = ", ".join(
-            [
-                db.col(table, "start", default="0"),
-                db.col(table, "end", default="0"),
-                db.col(table, "deviceId", "dev", default="-1"),
-                db.col(table, "streamId", "stream", default="-1"),
-                db.col(table, "globalPid", "gpid", default="0"),
-                db.col(table, "correlationId", "corr", default="-1"),
-                db.col(table, "bytes", "nbytes", default="0"),
-                extra,
-            ]
-        )
-        df = _frame(
-            db.query(f"SELECT {sel} FROM {table}"), ["start", "end", "dev", "stream", "gpid", "corr", "nbytes", "op"]
-        )
+        op = ("copyKind", "op", "-1") if table == _MEMCPY else ("nonexistent", "op", "-1")
+        arr = _int_rows(db, table, [*common, ("bytes", "nbytes", "0"), op])
+        df = pd.DataFrame(arr[:, :7], columns=_GPU_COLUMNS[:7])
         if kind == SpanKind.MEMCPY:
-            df["name"] = ["Memcpy " + _COPY_KINDS[o] if o in _COPY_KINDS else "Memcpy" for o in df["op"].tolist()]
+            df["name"] = ["Memcpy " + _COPY_KINDS[o] if o in _COPY_KINDS else "Memcpy" for o in arr[:, 7].tolist()]
         else:
             df["name"] = "Memset"
         df["kind"] = str(kind)
-        parts.append(df.drop(columns="op"))
+        parts.append(df)
+    parts = [p for p in parts if len(p)]
     if not parts:
-        return pd.DataFrame(columns=["start", "end", "dev", "stream", "gpid", "corr", "name", "kind", "nbytes"])
-    gpu = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else parts[0]
-    for c in ("start", "end", "dev", "stream", "gpid", "corr", "nbytes"):
-        gpu[c] = pd.to_numeric(gpu[c], errors="coerce").fillna(-1 if c in ("corr", "dev", "stream") else 0)
-        gpu[c] = gpu[c].astype(np.int64)
+        return pd.DataFrame({c: pd.Series([], dtype=np.int64) for c in [*_GPU_COLUMNS[:7], "pid"]}).assign(
+            name="", kind=""
+        )
+    gpu = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
     gpu["pid"] = pid_of(gpu["gpid"].to_numpy())
     return gpu
 
@@ -375,10 +383,15 @@ def _gpu_spans(
     df = gpu.copy()
     df["rank"] = df["pid"].map(rank_of)
     df["stage"] = df["rank"].map(stage_of_rank)
-    devices_per_pid = df.groupby("pid")["dev"].nunique()
-    multi = df["pid"].map(devices_per_pid).to_numpy() > 1
-    lanes = "stream " + df["stream"].astype(str)
-    df["lane"] = np.where(multi, "gpu " + df["dev"].astype(str) + " " + lanes, lanes)
+    # Lane names are built once per distinct (pid, device, stream), then spread by code.
+    combos, codes = _factorize_rows(df["pid"].to_numpy(), df["dev"].to_numpy(), df["stream"].to_numpy())
+    devices_per_pid: dict[int, set[int]] = {}
+    for pid, dev, _ in combos:
+        devices_per_pid.setdefault(pid, set()).add(dev)
+    names = [
+        (f"gpu {dev} " if len(devices_per_pid[pid]) > 1 else "") + f"stream {stream}" for pid, dev, stream in combos
+    ]
+    df["lane"] = np.array(names, dtype=object)[codes]
     for c, v in (("mb", -1), ("step", -1), ("chunk", 0), ("phase", "")):
         df[c] = v
     if len(own):
@@ -386,6 +399,22 @@ def _gpu_spans(
     df = df.rename(columns={"start": "start_ns", "end": "end_ns"})
     df["tokens"], df["peer"] = 0, -1
     return df
+
+
+def _factorize_rows(pid: np.ndarray, dev: np.ndarray, stream: np.ndarray) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """Distinct (pid, device, stream) rows and, per input row, the index of its distinct row.
+
+    The three fit one uint64 (pid: 24 bits, device: 16, stream: 24), so a hash factorize does it in O(n)."""
+    key = (
+        (pid.astype(np.uint64) & np.uint64(0xFFFFFF)) << np.uint64(40)
+        | (dev.astype(np.uint64) & np.uint64(0xFFFF)) << np.uint64(24)
+        | (stream.astype(np.uint64) & np.uint64(0xFFFFFF))
+    )
+    codes, uniques = pd.factorize(key)
+    first = np.zeros(len(uniques), dtype=np.int64)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # the first row of each distinct key
+    combos = [(int(pid[i]), int(dev[i]), int(stream[i])) for i in first.tolist()]
+    return combos, np.asarray(codes)
 
 
 def _attribute(df: pd.DataFrame, runtime: pd.DataFrame, own: pd.DataFrame, warnings: list[str]) -> None:

@@ -1,0 +1,112 @@
+"""nsys import speed on a generated 1-million-row export (target: <= 5 s), as a ratio to a bare SELECT of
+the same rows measured in the same run; plus export speed of the imported trace to nsys SQLite and Chrome.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROWS = 1_000_000
+PROCESSES = 4
+TARGET_S = 5.0
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+    t0 = time.perf_counter_ns()
+    out = fn()
+    return (time.perf_counter_ns() - t0) / 1e9, out
+
+
+def generate(path: Path, rows: int = ROWS, processes: int = PROCESSES, seed: int = 0) -> None:
+    """An nsys-shaped file: `rows` kernels (5% NCCL) over `processes` processes/GPUs, one launch per kernel
+    in RUNTIME, one NVTX range per 20 kernels, 200 distinct kernel names."""
+    from ppscope.formats.nsys_export import global_tid
+    from ppscope.formats.nsys_schema import create_tables_sql
+
+    rng = np.random.default_rng(seed)
+    db = sqlite3.connect(path)
+    db.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;" + create_tables_sql())
+    names = [f"kernel_{i}" for i in range(190)] + [f"ncclDevKernel_SendRecv_{i}" for i in range(10)]
+    db.executemany("INSERT INTO StringIds VALUES (?, ?)", list(enumerate(names)))
+    per = rows // processes
+    for p in range(processes):
+        pid = 1000 + p
+        starts = np.cumsum(rng.integers(2_000, 6_000, per)).astype(np.int64)
+        ends = starts + rng.integers(500, 1_900, per)
+        name = np.where(rng.random(per) < 0.05, rng.integers(190, 200, per), rng.integers(0, 190, per))
+        corr = np.arange(1, per + 1)
+        gpid, gtid = global_tid(pid, 0), global_tid(pid, pid)
+        zeros = [0] * 12
+        db.executemany(
+            'INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, "end", deviceId, contextId, streamId, correlationId, '
+            "globalPid, demangledName, shortName, registersPerThread, gridX, gridY, gridZ, blockX, blockY, blockZ, "
+            "staticSharedMemory, dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId, "
+            "tensorSizeMinusOneElements) VALUES (?, ?, ?, 1, 7, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '')",
+            (
+                (s, e, p, c, gpid, n, n, *zeros)
+                for s, e, c, n in zip(starts.tolist(), ends.tolist(), corr.tolist(), name.tolist(), strict=True)
+            ),
+        )
+        db.executemany(
+            'INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, "end", eventClass, globalTid, correlationId, nameId, '
+            "returnValue) VALUES (?, ?, 0, ?, ?, 0, 0)",
+            ((s - 1_500, s - 1_000, gtid, c) for s, c in zip(starts.tolist(), corr.tolist(), strict=True)),
+        )
+        db.executemany(
+            'INSERT INTO NVTX_EVENTS (start, "end", eventType, text, globalTid, domainId) VALUES (?, ?, 59, ?, ?, 0)',
+            ((int(starts[i]) - 2_000, int(ends[i + 19]), f"layer {i // 20}", gtid) for i in range(0, per - 20, 20)),
+        )
+    db.commit()
+    db.close()
+
+
+def _bare_select(path: Path) -> int:
+    """The reference: fetch the rows and columns the importer reads, and nothing else."""
+    db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    kernels = db.execute(
+        'SELECT start, "end", deviceId, streamId, globalPid, correlationId, shortName FROM CUPTI_ACTIVITY_KIND_KERNEL'
+    ).fetchall()
+    nvtx = db.execute(
+        'SELECT start, "end", eventType, globalTid, domainId, text, textId, jsonText, category FROM NVTX_EVENTS'
+    ).fetchall()
+    db.close()
+    return len(kernels) + len(nvtx)
+
+
+def main() -> list[str]:
+    from ppscope.formats.chrome import export_chrome
+    from ppscope.formats.nsys_export import export_nsys
+    from ppscope.formats.nsys_import import load_nsys
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "big.sqlite"
+        gen_s, _ = _timed(lambda: generate(path))
+        ref_s, n_rows = _timed(lambda: _bare_select(path))
+        load_s, trace = _timed(lambda: load_nsys(path))
+        spans = len(trace.spans)  # type: ignore[attr-defined]
+        small = trace.spans.iloc[:100_000]  # type: ignore[attr-defined]
+        from ppscope.trace import Trace
+
+        part = Trace(spans=small.reset_index(drop=True), meta=trace.meta)  # type: ignore[attr-defined]
+        exp_s, _ = _timed(lambda: export_nsys(part, Path(tmp) / "out.sqlite"))
+        chrome_s, _ = _timed(lambda: export_chrome(part, Path(tmp) / "out.json.gz"))
+    verdict = "meets" if load_s <= TARGET_S else "MISSES"
+    return [
+        f"formats: generated an nsys file with {ROWS:,} kernels, as many launches and {n_rows - ROWS:,} NVTX ranges "
+        f"in {gen_s:.1f} s",
+        f"formats: nsys import of {spans:,} spans: {load_s:.2f} s = {load_s / ref_s:.1f}x a bare SELECT of the same "
+        f"{n_rows:,} rows and columns ({ref_s:.2f} s); {verdict} the <= {TARGET_S:.0f} s target",
+        f"formats: export of 100,000 spans: nsys-sqlite {exp_s:.2f} s ({exp_s / ref_s * 10:.1f}x the per-100k-row "
+        f"SELECT), chrome .json.gz {chrome_s:.2f} s",
+    ]
+
+
+if __name__ == "__main__":
+    for line in main():
+        print(line)
