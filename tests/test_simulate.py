@@ -144,3 +144,41 @@ def test_cli_simulate_then_rebalance_the_prediction(tmp_path: Path, capsys: pyte
     assert "already holds files" in capsys.readouterr().err
     assert main(["simulate", "--stages", "2", "--microbatches", "2", "--out", str(tmp_path / "x")]) == 2
     assert "--layer-costs" in capsys.readouterr().err
+
+
+def test_replaying_a_simulated_run_reproduces_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    costs = LayerCosts(layer_ms=tuple(1.0 + 0.25 * (i % 3) for i in range(9)), embed_ms=0.5, head_ms=2.0, sample_ms=0.1)
+    cfg = SimConfig(
+        schedule="gpipe", stages=3, microbatches=3, steps=4, costs=costs, split=(4, 3, 2), overhead_ms=0.2,
+        comm=CommModel(latency_us=300),
+    )  # fmt: skip
+    write_run(simulate(cfg), tmp_path / "a")
+    assert main(["simulate", "--from", str(tmp_path / "a"), "--out", str(tmp_path / "b"), "--json"]) == 0
+    replay = json.loads(capsys.readouterr().out)
+    assert abs(replay["measured"]["throughput_error"]) < 1e-3
+    assert main(["simulate", "--from", str(tmp_path / "a"), "--split", "3,3,3", "--out", str(tmp_path / "c")]) == 0
+    assert "predicted speedup" in capsys.readouterr().out
+    assert main(["simulate", "--from", str(tmp_path / "a"), "--stages", "2", "--out", str(tmp_path / "d")]) == 2
+    assert "drop --stages" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_replay_predicts_the_synthetic_engine_within_10_percent(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="the engine needs torch")
+    import subprocess
+    import sys
+
+    from ppscope.simulate_calibrate import compare, replay_config
+
+    out = tmp_path / "engine"
+    cmd = [sys.executable, "-m", "ppscope", "run", "--stages", "4", "--model", "synthetic", "--layers", "16",
+           "--layer-cost-ms", "2", "--embed-cost-ms", "1", "--head-cost-ms", "6", "--schedule", "gpipe",
+           "--microbatches", "4", "--requests", "8", "--max-new-tokens", "6", "--backend", "gloo",
+           "--no-progress", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = open_trace(out)
+    cfg = replay_config(measured)
+    assert cfg.split == (4, 4, 4, 4) and cfg.steps == 6 and cfg.microbatches == 4
+    result = compare(measured, simulate(cfg))
+    assert abs(result["throughput_error"]) <= 0.10, result

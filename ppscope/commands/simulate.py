@@ -25,9 +25,16 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "simulate", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
     )
+    p.add_argument(
+        "--from",
+        dest="from_run",
+        metavar="RUN",
+        help="replay a measured run: its schedule, sizes and split, costs fitted from its spans, hop latency and "
+        "host overhead from its gaps (add --split to ask what another split would do)",
+    )
     p.add_argument("--schedule", choices=("gpipe", "interleaved", "serve"), default="gpipe")
-    p.add_argument("--stages", type=int, required=True, help="ranks (physical pipeline stages)")
-    p.add_argument("--microbatches", type=int, required=True, help="micro-batches (serve: micro-batches in flight)")
+    p.add_argument("--stages", type=int, help="ranks (physical pipeline stages)")
+    p.add_argument("--microbatches", type=int, help="micro-batches (serve: micro-batches in flight)")
     p.add_argument("--chunks", type=int, default=1, help="model chunks per rank (interleaved)")
     p.add_argument("--steps", type=int, default=1, help="passes per micro-batch: 1 prefill + decode steps (1)")
     add_cost_arguments(p)
@@ -43,16 +50,59 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from ppscope.costs import parse_ms_list
-    from ppscope.simulate import CommModel, SimConfig, simulate, summarize, write_run
+def _replay(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The replayed config of --from RUN (with --split applied) and the measured trace."""
+    import dataclasses
+
+    from ppscope.errors import InvalidConfigError
+    from ppscope.simulate_calibrate import replay_config
+    from ppscope.sources import open_trace
     from ppscope.split import parse_split
 
+    given = [o for o, v in (("--stages", args.stages), ("--microbatches", args.microbatches), ("--layers", args.layers),
+                            ("--layer-costs", args.layer_costs)) if v is not None]  # fmt: skip
+    if given:
+        raise InvalidConfigError(f"--from RUN takes the pipeline and costs from the run: drop {', '.join(given)}")
+    measured = open_trace(args.from_run)
+    cfg = replay_config(measured)
+    if args.split:
+        cfg = dataclasses.replace(cfg, split=tuple(parse_split(args.split, cfg.costs.layers, len(cfg.split))))
+    return cfg, measured
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppscope.simulate import simulate, summarize, write_run
+    from ppscope.simulate_calibrate import compare
+
+    if args.from_run:
+        cfg, measured = _replay(args)
+    else:
+        cfg, measured = _config(args), None
+    trace = simulate(cfg)
+    path = write_run(trace, args.out)
+    summary = {"run_dir": str(path), **summarize(cfg, trace)}
+    if measured is not None:
+        summary["measured"] = {"run_dir": args.from_run, "split": list(measured.meta.split), **compare(measured, trace)}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    _print(cfg, summary)
+    return 0
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from ppscope.costs import parse_ms_list
+    from ppscope.errors import InvalidConfigError
+    from ppscope.simulate import CommModel, SimConfig
+    from ppscope.split import parse_split
+
+    if args.stages is None or args.microbatches is None:
+        raise InvalidConfigError("give --stages P and --microbatches M (or --from RUN to replay a run)")
     costs = costs_from_args(
         args, missing="give the costs: --layer-costs MS,MS,... (one per layer) or --layers N --layer-cost-ms MS"
     )
     virtual = args.stages * args.chunks
-    cfg = SimConfig(
+    return SimConfig(
         schedule=args.schedule,
         stages=args.stages,
         microbatches=args.microbatches,
@@ -69,12 +119,10 @@ def run(args: argparse.Namespace) -> int:
             activation_bytes=args.activation_bytes,
         ),
     )
-    trace = simulate(cfg)
-    path = write_run(trace, args.out)
-    summary = {"run_dir": str(path), **summarize(cfg, trace)}
-    if args.json:
-        print(json.dumps(summary, indent=2))
-        return 0
+
+
+def _print(cfg: Any, summary: dict[str, Any]) -> None:
+    path = summary["run_dir"]
     print(
         f"{cfg.schedule}: {cfg.stages} stage(s), {cfg.microbatches} micro-batch(es)"
         + (f", {cfg.chunks} chunks" if cfg.chunks > 1 else "")
@@ -87,5 +135,17 @@ def run(args: argparse.Namespace) -> int:
     )
     busy = ", ".join(f"{b:.3f}" for b in summary["busy_ms_per_rank"])
     print(f"busy per rank (ms): {busy}")
+    m = summary.get("measured")
+    if m is not None:
+        same = m["split"] == summary["split"]
+        print(
+            f"measured run {m['run_dir']} (split {','.join(map(str, m['split']))}): {m['measured_ms']:.3f} ms; "
+            f"predicted {m['predicted_ms']:.3f} ms"
+            + (
+                f": throughput error {m['throughput_error']:+.1%} (the model's fidelity on this run)"
+                if same
+                else f" with split {','.join(map(str, summary['split']))}: predicted speedup "
+                f"{m['measured_ms'] / m['predicted_ms']:.3f}x"
+            )
+        )
     print(f"wrote {path}: inspect it with `ppscope analyze {path}`")
-    return 0

@@ -1,0 +1,85 @@
+"""Calibrating the simulator on a measured run: the same pipeline with costs and comm taken from its spans.
+
+`replay_config` reads a run's schedule, sizes and split from its metadata, fits layer costs from its compute
+spans (`ppscope.costs`), takes the hop latency from its `recv` (transfer) spans and the per-action host
+overhead from the gaps no span covers; `compare` sets a
+simulated trace against the measured one. Change the split of the replayed config to ask "what would this
+run have done with another split". This module knows nothing about the engine that made the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from ppscope.costs import fit_layer_costs
+from ppscope.errors import UnsupportedInputError
+from ppscope.simulate import CommModel, SimConfig
+from ppscope.trace import SpanKind, Trace
+
+__all__ = ["compare", "makespan_ns", "replay_config"]
+
+
+def replay_config(trace: Trace, *, phase: str = "all") -> SimConfig:
+    """A SimConfig that reproduces `trace`: same schedule, sizes and split, fitted costs, measured hops."""
+    meta = trace.meta
+    if meta.schedule not in ("gpipe", "interleaved", "serve"):
+        raise UnsupportedInputError(
+            f"the run's schedule is {meta.schedule or 'unknown'!r}: only gpipe, interleaved and serve runs replay"
+        )
+    fit = fit_layer_costs([trace], phase=phase)
+    spans = trace.spans
+    recv = spans[spans["kind"] == SpanKind.RECV]
+    latency_us = float((recv["end_ns"] - recv["start_ns"]).mean()) / 1e3 if len(recv) else 0.0
+    overhead_ms = _host_gap_ms(spans)
+    steps = int(spans["step"].max()) + 1 if len(spans) and spans["step"].max() >= 0 else 1
+    return SimConfig(
+        schedule=meta.schedule,
+        stages=meta.pp_size,
+        microbatches=max(meta.microbatches, 1),
+        chunks=meta.chunks,
+        steps=steps,
+        costs=fit.costs,
+        split=tuple(meta.split),
+        overhead_ms=overhead_ms,
+        comm=CommModel(latency_us=latency_us),
+    )
+
+
+def _host_gap_ms(spans: pd.DataFrame) -> float:
+    """Mean time a rank spends between being able to start an action and starting it (no span covers it)."""
+    comp = spans[spans["lane"] == "compute"]
+    keys = ["rank", "stage", "mb", "step"]
+    acts = comp.groupby(keys, sort=False).agg(start=("start_ns", "min"), end=("end_ns", "max")).reset_index()
+    waits = spans[spans["kind"] == SpanKind.RECV_WAIT].groupby(keys)["end_ns"].max().rename("arrived")
+    acts = acts.join(waits, on=keys).sort_values(["rank", "start"])
+    prev_end = acts.groupby("rank")["end"].shift(1)
+    ready = pd.concat([prev_end, acts["arrived"]], axis=1).max(axis=1)
+    gaps = (acts["start"] - ready).dropna()
+    gaps = gaps[gaps >= 0]
+    return float(gaps.mean()) / 1e6 if len(gaps) else 0.0
+
+
+def makespan_ns(trace: Trace) -> int:
+    """From the first arrival to the last finish (requests), else from the first to the last compute span."""
+    req = trace.requests
+    if len(req) and (req["finish_ns"] >= 0).all():
+        start = req["arrival_ns"][req["arrival_ns"] >= 0]
+        first = int(start.min()) if len(start) else int(trace.spans["start_ns"].min())
+        return int(req["finish_ns"].max()) - first
+    comp = trace.spans[trace.spans["lane"] == "compute"]
+    if comp.empty:
+        raise UnsupportedInputError("the trace has no compute spans and no finished requests: nothing to time")
+    return int(comp["end_ns"].max() - comp["start_ns"].min())
+
+
+def compare(measured: Trace, predicted: Trace) -> dict[str, Any]:
+    """Predicted vs measured time for the same work. `throughput_error` = predicted throughput ÷ measured − 1
+    (= measured time ÷ predicted time − 1): +0.05 means the simulator is 5% optimistic."""
+    m, p = makespan_ns(measured), makespan_ns(predicted)
+    return {
+        "measured_ms": m / 1e6,
+        "predicted_ms": p / 1e6,
+        "throughput_error": m / p - 1.0 if p else float("inf"),
+    }
