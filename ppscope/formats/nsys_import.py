@@ -401,7 +401,9 @@ def _gpu_spans(
     return df
 
 
-def _factorize_rows(pid: np.ndarray, dev: np.ndarray, stream: np.ndarray) -> tuple[list[tuple[int, ...]], np.ndarray]:
+def _factorize_rows(
+    pid: np.ndarray, dev: np.ndarray, stream: np.ndarray
+) -> tuple[list[tuple[int, int, int]], np.ndarray]:
     """Distinct (pid, device, stream) rows and, per input row, the index of its distinct row.
 
     The three fit one uint64 (pid: 24 bits, device: 16, stream: 24), so a hash factorize does it in O(n)."""
