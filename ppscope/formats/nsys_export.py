@@ -18,8 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ppscope import __version__
 from ppscope.formats._util import atomic_output, nests
 from ppscope.formats.nsys_import import PPSCOPE_DOMAIN
@@ -68,6 +66,28 @@ def _insert(db: sqlite3.Connection, table: str, rows: list[tuple[Any, ...]] | It
     cols = [c for c, _, _ in TABLES[table]] if table in TABLES else ["id", "name", "label"]
     names = ", ".join(f'"{c}"' for c in cols)
     db.executemany(f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(cols))})", rows)
+
+
+_NVTX_INSERT = (
+    'INSERT INTO NVTX_EVENTS (start, "end", eventType, category, color, text, globalTid, domainId, int64Value, '
+    "jsonText) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_RUNTIME_INSERT = (
+    'INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, "end", eventClass, globalTid, correlationId, nameId, '
+    "returnValue) VALUES (?, ?, 0, ?, ?, ?, 0)"
+)
+# Constant columns are SQL literals: a kernel row binds only what varies. gridId = correlationId.
+_KERNEL_INSERT = (
+    'INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, "end", deviceId, contextId, streamId, correlationId, globalPid, '
+    "demangledName, shortName, launchType, cacheConfig, registersPerThread, gridX, gridY, gridZ, blockX, blockY, "
+    "blockZ, staticSharedMemory, dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId, "
+    "sharedMemoryLimitConfig, tensorSizeMinusOneElements) "
+    "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, ?, 0, '')"
+)
+
+
+def _insert_sql(db: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    db.executemany(sql, rows)
 
 
 class _Writer:
@@ -140,80 +160,53 @@ class _Writer:
         return 20 + others.index(lane)
 
     def _nvtx_and_kernels(self, lanes: dict[int, dict[str, int]], t0: int) -> None:
-        self.string(_LAUNCH)
+        launch = self.string(_LAUNCH)
         nvtx: list[tuple[Any, ...]] = []
         runtime: list[tuple[Any, ...]] = []
         kernels: list[tuple[Any, ...]] = []
         corr = 0
         for rank in self.ranks:
             pid = self.pid_of[rank]
-            main = global_tid(pid, pid)
-            nvtx.append(_nvtx_row(t0, None, 75, main, text=PPSCOPE_DOMAIN, category=None, color=None))
+            nvtx.append((t0, None, 75, None, None, PPSCOPE_DOMAIN, global_tid(pid, pid), _DOMAIN_ID, None, None))
             rows = self.spans[self.spans["rank"] == rank]
+            device, gpid = self.device_of[rank], global_tid(pid, 0)
             for lane, group in rows.groupby("lane", sort=False):
                 gtid = global_tid(pid, lanes[rank][str(lane)])
                 starts, ends = group["start_ns"].to_numpy(), group["end_ns"].to_numpy()
                 event = 59 if nests(starts, ends) else 60
                 stream = self._stream(str(lane), lanes[rank])
-                for s in group.itertuples(index=False):
-                    kind = str(s.kind)
-                    message = ppscope_message(int(s.stage), kind, int(s.mb), int(s.chunk))
-                    extra = _extras(s, message)
-                    is_mark = kind == SpanKind.MARK
+                cols = {c: group[c].tolist() for c in group.columns}
+                for i, (start, end, kind) in enumerate(
+                    zip(cols["start_ns"], cols["end_ns"], cols["kind"], strict=True)
+                ):
+                    message = ppscope_message(cols["stage"][i], kind, cols["mb"][i], cols["chunk"][i])
+                    mb = cols["mb"][i]
+                    mark = kind == SpanKind.MARK
                     nvtx.append(
-                        _nvtx_row(
-                            int(s.start_ns),
-                            None if is_mark else int(s.end_ns),
-                            34 if is_mark else event,
+                        (
+                            start,
+                            None if mark else end,
+                            34 if mark else event,
+                            _KIND_INDEX.get(kind, 0),
+                            KIND_COLORS.get(kind, 0xFF888888),
+                            message,
                             gtid,
-                            text=message,
-                            category=_KIND_INDEX.get(kind, 0),
-                            color=KIND_COLORS.get(kind, 0xFF888888),
-                            mb=int(s.mb),
-                            json_text=extra,
+                            _DOMAIN_ID,
+                            mb if mb >= 0 else None,
+                            _extras(cols, i, message, str(lane)),
                         )
                     )
                     if kind in _SHADOW_KINDS:
                         corr += 1
-                        runtime.append(_runtime_row(int(s.start_ns), int(s.end_ns), gtid, corr, self.string(_LAUNCH)))
-                        kernels.append(self._kernel_row(s, rank, stream, corr, message))
-        _insert(self.db, "NVTX_EVENTS", nvtx)
-        _insert(self.db, "CUPTI_ACTIVITY_KIND_RUNTIME", runtime)
-        _insert(self.db, "CUPTI_ACTIVITY_KIND_KERNEL", kernels)
-
-    def _kernel_row(self, s: Any, rank: int, stream: int, corr: int, message: str) -> tuple[Any, ...]:
-        pid = self.pid_of[rank]
-        short = self.string(f"ppscope_{s.kind}")
-        demangled = self.string(f"ppscope::{s.kind}({message})")
-        row: dict[str, Any] = dict.fromkeys((c for c, _, _ in TABLES["CUPTI_ACTIVITY_KIND_KERNEL"]), None)
-        row.update(
-            start=int(s.start_ns),
-            end=int(s.end_ns),
-            deviceId=self.device_of[rank],
-            contextId=1,
-            streamId=stream,
-            correlationId=corr,
-            globalPid=global_tid(pid, 0),
-            demangledName=demangled,
-            shortName=short,
-            launchType=0,
-            cacheConfig=0,
-            registersPerThread=0,
-            gridX=1,
-            gridY=1,
-            gridZ=1,
-            blockX=1,
-            blockY=1,
-            blockZ=1,
-            staticSharedMemory=0,
-            dynamicSharedMemory=0,
-            localMemoryPerThread=0,
-            localMemoryTotal=0,
-            gridId=corr,
-            sharedMemoryLimitConfig=0,
-            tensorSizeMinusOneElements="",
-        )
-        return tuple(row.values())
+                        # The launch sits at the start of the span, inside it, as a real launch sits inside
+                        # its NVTX range; the kernel has the span's own times.
+                        runtime.append((start, start + min(max(end - start, 0), 1_000), gtid, corr, launch))
+                        short = self.string(f"ppscope_{kind}")
+                        demangled = self.string(f"ppscope::{kind}({message})")
+                        kernels.append((start, end, device, stream, corr, gpid, demangled, short, corr))
+        _insert_sql(self.db, _NVTX_INSERT, nvtx)
+        _insert_sql(self.db, _RUNTIME_INSERT, runtime)
+        _insert_sql(self.db, _KERNEL_INSERT, kernels)
 
     def _processes(self, lanes: dict[int, dict[str, int]]) -> None:
         meta = self.trace.meta
@@ -262,42 +255,14 @@ class _Writer:
         _insert(self.db, "META_DATA_EXPORT", rows)
 
 
-def _extras(s: Any, message: str) -> str | None:
+def _extras(cols: dict[str, list[Any]], i: int, message: str, lane: str) -> str | None:
     """What the message does not carry, as JSON (only fields that differ from their defaults)."""
     extra: dict[str, Any] = {}
-    if s.name != message:
-        extra["name"] = str(s.name)
-    if s.lane != lane_of(str(s.kind)):
-        extra["lane"] = str(s.lane)
+    if cols["name"][i] != message:
+        extra["name"] = cols["name"][i]
+    if lane != lane_of(cols["kind"][i]):
+        extra["lane"] = lane
     for key, default in (("step", -1), ("phase", ""), ("nbytes", 0), ("tokens", 0), ("peer", -1)):
-        value = getattr(s, key)
-        if value != default:
-            extra[key] = value.item() if isinstance(value, np.generic) else value
+        if cols[key][i] != default:
+            extra[key] = cols[key][i]
     return json.dumps(extra, separators=(",", ":")) if extra else None
-
-
-def _nvtx_row(
-    start: int,
-    end: int | None,
-    event: int,
-    gtid: int,
-    *,
-    text: str,
-    category: int | None,
-    color: int | None,
-    mb: int = -1,
-    json_text: str | None = None,
-) -> tuple[Any, ...]:
-    payload = mb if mb >= 0 else None
-    # start, end, eventType, rangeId, category, color, text, globalTid, endGlobalTid, textId, domainId,
-    # uint64Value, int64Value, doubleValue, uint32Value, int32Value, floatValue, jsonTextId, jsonText, binaryData
-    return (
-        start, end, event, None, category, color, text, gtid, None, None, _DOMAIN_ID,
-        None, payload, None, None, None, None, None, json_text, None,
-    )  # fmt: skip
-
-
-def _runtime_row(start: int, end: int, gtid: int, corr: int, name_id: int) -> tuple[Any, ...]:
-    # The launch sits at the start of the span, inside it, as a real launch sits inside its NVTX range.
-    launch_end = start + min(max(end - start, 0), 1_000)
-    return (start, launch_end, 0, gtid, corr, name_id, 0, None)
