@@ -31,6 +31,15 @@ _BAR_TRACES_JS = """() => {
     .map(t => ({role: (t.meta || {}).role || '', n: (t.base || []).length}));
 }"""
 
+# True once the Gantt on the page holds exactly n span bars (gap shading excluded).
+_SPAN_BARS_ARE = """() => {{
+  const gd = document.querySelector('.js-plotly-plot');
+  if (!gd || !gd.data) return false;
+  const n = gd.data.filter(t => t.type === 'bar' && (t.meta || {{}}).role === 'spans')
+    .reduce((acc, t) => acc + (t.base || []).length, 0);
+  return n === {n};
+}}"""
+
 
 def _chromium() -> str | None:
     for candidate in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
@@ -71,3 +80,45 @@ def test_dashboard_draws_the_gantt_in_chromium(tmp_path: Path) -> None:
     assert drawn == sum(t["n"] for t in traces), "every bar in the figure is drawn as an SVG path"
     assert "Pipeline timeline" in text and "one bar each" in text
     assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_live_run_refreshes_until_it_finishes(tmp_path: Path) -> None:
+    from test_dashboard_runs import gpipe_spans
+
+    from ppscope.store import RankWriter, create_run, read_meta, write_meta
+    from ppscope.trace import RunMeta
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    executable = _chromium()
+    if executable is None:
+        pytest.skip("no Chromium found (/usr/bin/chromium, chromium, chromium-browser): apt-get install chromium")
+    run = tmp_path / "live"
+    create_run(run, RunMeta(world_size=1, pp_size=1, status="running", schedule="gpipe", microbatches=4))
+    writer = RankWriter(run, 0)
+    writer.write(gpipe_spans(0, 1, 4))
+    board = start_dashboard([run], port=0, quiet=True)
+    bars = ".js-plotly-plot g.barlayer g.point path"
+    try:
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=executable, args=_CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.goto(board.url, wait_until="domcontentloaded", timeout=60_000)
+                page.wait_for_selector(bars, timeout=60_000)
+                page.wait_for_function(_SPAN_BARS_ARE.format(n=4), timeout=30_000)
+                assert "Live: refreshing" in page.inner_text("body")
+                writer.write(gpipe_spans(0, 1, 3, step=1, t0=10_000_000))  # the run goes on: no reload
+                page.wait_for_function(_SPAN_BARS_ARE.format(n=7), timeout=30_000)
+                writer.close()
+                write_meta(run, RunMeta(**{**vars(read_meta(run)), "status": "finished"}))
+                page.wait_for_function(
+                    "!document.body.innerText.includes('Live: refreshing')", timeout=30_000
+                )  # finished: the timer stops
+                assert "status finished" in page.inner_text("body")
+                page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
+            finally:
+                browser.close()
+    finally:
+        board.stop()
