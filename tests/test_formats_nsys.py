@@ -188,6 +188,7 @@ def test_kernels_launched_in_ppscope_ranges_take_their_stage_and_microbatch(tmp_
     spans = load_nsys(path).spans
     fwd = spans[spans["kind"] == "forward"].iloc[0]
     assert (fwd["stage"], fwd["mb"]) == (1, 3)
+    assert (fwd["start_ns"], fwd["end_ns"]) == (300, 400)  # moved from CPU time (100-200) to its kernel's
     kernels = spans[spans["kind"] == "kernel"].sort_values("start_ns")
     assert kernels["mb"].tolist() == [3, -1]  # the second launch is outside the range
     assert kernels["lane"].tolist() == ["stream 7", "stream 7"]

@@ -3,8 +3,9 @@
 Tables and columns are discovered (`sqlite_master`, `pragma table_info`), so optional tables and columns
 that differ between nsys releases are tolerated. GPU work (kernels, NCCL kernels, memcpy, memset) goes on
 `stream N` lanes; NVTX ranges of the `ppscope` domain (`s2 forward mb5`) come back as the spans they
-describe, and kernels launched inside them inherit their stage and micro-batch through the
-RUNTIME<->KERNEL join on (pid, correlationId). Files written by ppscope's own exporter carry the run's
+describe, kernels launched inside them inherit their stage and micro-batch through the RUNTIME<->KERNEL
+join on (pid, correlationId), and the range moves from CPU time to the GPU extent of those kernels (the
+CPU side of asynchronous work is not when the stage was busy). Files written by ppscope's own exporter carry the run's
 metadata and come back exactly. This module never writes to the input.
 """
 
@@ -321,11 +322,20 @@ def _assemble(db: _Db, info: dict[str, str], nvtx: pd.DataFrame, gpu: pd.DataFra
     stage_of_rank, order_note = _stages(rank_of, own, other, device_of)
     warnings.append(order_note)
     frames = []
+    extent = None
     if len(gpu):
-        frames.append(_gpu_spans(db, gpu, own, rank_of, stage_of_rank, warnings))
+        kernels, extent = _gpu_spans(db, gpu, own, rank_of, stage_of_rank, warnings)
+        frames.append(kernels)
     if len(own):
         own = own.copy()
         own["rank"] = own["pid"].map(rank_of)
+        if extent is not None and len(extent):
+            # A ppscope range in a capture is CPU time; the GPU work it launched is when the stage was busy.
+            own.loc[extent.index, "start_ns"] = extent["gpu_start"].to_numpy()
+            own.loc[extent.index, "end_ns"] = extent["gpu_end"].to_numpy()
+            warnings.append(
+                f"{len(extent)} ppscope range(s) moved from CPU to GPU time: the extent of the kernels they launched"
+            )
         frames.append(_with_defaults(own))
     if len(other):
         frames.append(_range_spans(other, rank_of, stage_of_rank))
@@ -379,7 +389,7 @@ def _gpu_spans(
     rank_of: dict[int, int],
     stage_of_rank: dict[int, int],
     warnings: list[str],
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     df = gpu.copy()
     df["rank"] = df["pid"].map(rank_of)
     df["stage"] = df["rank"].map(stage_of_rank)
@@ -394,11 +404,10 @@ def _gpu_spans(
     df["lane"] = np.array(names, dtype=object)[codes]
     for c, v in (("mb", -1), ("step", -1), ("chunk", 0), ("phase", "")):
         df[c] = v
-    if len(own):
-        _attribute(df, _runtime(db), own, warnings)
+    extent = _attribute(df, _runtime(db), own, warnings) if len(own) else None
     df = df.rename(columns={"start": "start_ns", "end": "end_ns"})
     df["tokens"], df["peer"] = 0, -1
-    return df
+    return df, extent
 
 
 def _factorize_rows(
@@ -419,23 +428,25 @@ def _factorize_rows(
     return combos, np.asarray(codes)
 
 
-def _attribute(df: pd.DataFrame, runtime: pd.DataFrame, own: pd.DataFrame, warnings: list[str]) -> None:
+def _attribute(df: pd.DataFrame, runtime: pd.DataFrame, own: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
     """Kernels launched inside a ppscope range take its stage, micro-batch, step, chunk and phase.
 
     RUNTIME and KERNEL rows meet on (pid, correlationId): correlation ids are unique per process only.
+    Returns, per range (index of `own`) that launched GPU work, the GPU extent of that work.
     """
+    none = pd.DataFrame({"gpu_start": pd.Series([], dtype=np.int64), "gpu_end": pd.Series([], dtype=np.int64)})
     if not len(runtime):
         warnings.append(f"no {_RUNTIME} rows: kernels could not be attributed to ppscope ranges")
-        return
-    launches = df[["pid", "corr"]].reset_index().merge(runtime, on=["pid", "corr"], how="inner")
+        return none
+    launches = df[["pid", "corr", "start", "end"]].reset_index().merge(runtime, on=["pid", "corr"], how="inner")
     if not len(launches):
-        return
+        return none
     ranges = own[own["kind"].isin(["forward", "embed", "head", "sample", "send", "recv", "recv_wait"])]
-    ranges = ranges.rename(columns={"start_ns": "rstart"}).sort_values("rstart")
+    ranges = ranges.rename(columns={"start_ns": "rstart"}).assign(ridx=ranges.index).sort_values("rstart")
     launches = launches.sort_values("rstart")
     hit = pd.merge_asof(
         launches,
-        ranges[["rstart", "end_ns", "pid", "tid", "stage", "mb", "step", "chunk", "phase"]],
+        ranges[["rstart", "end_ns", "pid", "tid", "stage", "mb", "step", "chunk", "phase", "ridx"]],
         on="rstart",
         by=["pid", "tid"],
         direction="backward",
@@ -445,6 +456,9 @@ def _attribute(df: pd.DataFrame, runtime: pd.DataFrame, own: pd.DataFrame, warni
     for c in ("stage", "mb", "step", "chunk", "phase"):
         if c in hit.columns:
             df.loc[idx, c] = hit[c].to_numpy()
+    extent = hit.groupby("ridx").agg(gpu_start=("start", "min"), gpu_end=("end", "max"))
+    extent.index = extent.index.astype(np.int64)
+    return extent
 
 
 def _range_spans(other: pd.DataFrame, rank_of: dict[int, int], stage_of_rank: dict[int, int]) -> pd.DataFrame:
