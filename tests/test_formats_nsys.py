@@ -192,3 +192,22 @@ def test_kernels_launched_in_ppscope_ranges_take_their_stage_and_microbatch(tmp_
     kernels = spans[spans["kind"] == "kernel"].sort_values("start_ns")
     assert kernels["mb"].tolist() == [3, -1]  # the second launch is outside the range
     assert kernels["lane"].tolist() == ["stream 7", "stream 7"]
+
+
+def test_exported_tables_have_the_columns_of_real_nsys_exports(tmp_path: Path) -> None:
+    """Same column names, types and NOT NULL flags as Nsight's own exports (3.25 first, else 3.24)."""
+    refs = [sqlite3.connect(f"file:{need(p)}?mode=ro&immutable=1", uri=True) for p in (MFU, MOCK)]
+    out = export_nsys(load_run(make_run(tmp_path / "run")), tmp_path / "run.sqlite")
+    ours = sqlite3.connect(out)
+    checked = 0
+    for (table,) in ours.execute("SELECT name FROM sqlite_master WHERE type = 'table'"):
+        mine = [(r[1], r[2], r[3]) for r in ours.execute(f"PRAGMA table_info('{table}')")]
+        for ref in refs:
+            theirs = [(r[1], r[2], r[3]) for r in ref.execute(f"PRAGMA table_info('{table}')")]
+            if theirs:
+                assert mine == theirs, table
+                checked += 1
+                break
+    assert checked == len(TABLES) + 5  # every declared table and every ENUM table exists in a real export
+    for db in (*refs, ours):
+        db.close()

@@ -63,7 +63,12 @@ def export_nsys(trace: Trace, out: str | Path, *, force: bool = False) -> Path:
 
 
 def _insert(db: sqlite3.Connection, table: str, rows: list[tuple[Any, ...]] | Iterator[tuple[Any, ...]]) -> None:
+    """Rows fill the table's leading columns in declaration order; the rest stay NULL."""
+    rows = list(rows)
+    if not rows:
+        return
     cols = [c for c, _, _ in TABLES[table]] if table in TABLES else ["id", "name", "label"]
+    cols = cols[: len(rows[0])]
     names = ", ".join(f'"{c}"' for c in cols)
     db.executemany(f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(cols))})", rows)
 
