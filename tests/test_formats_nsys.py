@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +158,12 @@ def test_nsys_tui_lists_our_stages_ranges_with_their_kernels(tmp_path: Path) -> 
                 assert len(kernels) == 1 and kernels[0]["name"].startswith("ppscope_")
     finally:
         prof.close()
+    # and its command line, non-interactively: one section per stage's device, our kernels listed
+    cli = subprocess.run(
+        [sys.executable, "-m", "nsys_tui", "summary", str(out)], capture_output=True, text=True, timeout=60
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert all(f"GPU {d}" in cli.stdout for d in range(3)) and "ppscope_forward" in cli.stdout
 
 
 def test_kernels_launched_in_ppscope_ranges_take_their_stage_and_microbatch(tmp_path: Path) -> None:
