@@ -44,10 +44,22 @@ def main() -> list[str]:
         head_bytes=2 << 30,
     )
     with_memory = BalanceProblem(costs=costs, stages=stages, memory=memory)
+    spiky_ms = list(costs.layer_ms)
+    spiky_ms[500] = 50.0  # one layer worth 50 others, and a first GPU ten times slower
+    spiky = BalanceProblem(
+        costs=LayerCosts(layer_ms=tuple(spiky_ms), embed_ms=10.0),
+        stages=stages,
+        stage_costs=StageCosts(speed=[0.1] + [1.0] * (stages - 1)),
+    )
     default = vllm_default_split(layers, stages)
     ref = _best_ms(lambda: [evaluate(plain, default) for _ in range(10)]) / 10
     lines = [f"balance: reference = evaluating one split of L={layers} over P={stages}: {ref:.3f} ms"]
-    for name, problem in (("uniform GPUs", plain), ("mixed GPU speeds", hetero), ("with memory limits", with_memory)):
+    for name, problem in (
+        ("uniform GPUs", plain),
+        ("mixed GPU speeds", hetero),
+        ("with memory limits", with_memory),
+        ("one huge layer, one slow GPU", spiky),
+    ):
         ms = _best_ms(lambda p=problem: balance(p))  # type: ignore[misc]
         gain = evaluate(problem, default).max_ms / evaluate(problem, balance(problem)).max_ms
         lines.append(

@@ -158,6 +158,7 @@ class _Model:
         p = self.stages = problem.stages
         self.layers = problem.costs.layers
         self.prefix = [0.0, *itertools.accumulate(problem.costs.layer_ms)]
+        self.prefix_array = np.asarray(self.prefix)
         self.overhead, self.comm, self.speed = problem.stage_costs.resolve(p)
         self.extra = [0.0] * p
         self.extra[0] += problem.costs.embed_ms
@@ -197,32 +198,68 @@ class _Model:
             j -= 1
         return j
 
-    def singles_max(self) -> float:
-        """The slowest single layer any stage could hold (stage s holds only layers s .. L-P+s)."""
+    def times(self, s: int, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """`time` for many segments at once; numpy float64 rounds exactly as Python floats do."""
+        pre = self.prefix_array
+        return (self.extra[s] + (pre[j] - pre[i]) + self.overhead[s]) / self.speed[s] + self.comm[s]
+
+    def far_many(self, s: int, starts: np.ndarray, limit_ms: float) -> np.ndarray:
+        """`far` for many starts at once."""
+        n = self.layers
+        if limit_ms == math.inf:
+            return np.full(len(starts), n, dtype=np.int64)
+        pre = self.prefix_array
+        target = (limit_ms - self.comm[s]) * self.speed[s] - self.extra[s] - self.overhead[s]
+        j = np.clip(np.searchsorted(pre, pre[starts] + target, side="right") - 1, starts, n).astype(np.int64)
+        while True:  # the guess may be off by rounding: step until exact
+            up = (j < n) & (self.times(s, starts, np.minimum(j + 1, n)) <= limit_ms)
+            if not up.any():
+                break
+            j += up
+        while True:
+            down = (j > starts) & (self.times(s, starts, j) > limit_ms)
+            if not down.any():
+                break
+            j -= down
+        return j
+
+    def prepare_search(self) -> None:
+        """Single-layer times, a lower bound on any split's slowest stage, and a range-maximum table."""
         p, n = self.stages, self.layers
-        pre = np.asarray(self.prefix)
+        pre = self.prefix_array
         seg = pre[1:] - pre[:-1]
-        best = -math.inf
+        # Stage s can only hold layers s .. n-p+s; the layer's best stage bounds every split from below.
+        best = np.full(n, math.inf)
         for s in range(p):
-            part = seg[s : n - p + s + 1]
-            t = (self.extra[s] + part + self.overhead[s]) / self.speed[s] + self.comm[s]
-            best = max(best, float(t.max()))
-        return best
+            t = (self.extra[s] + seg[s : n - p + s + 1] + self.overhead[s]) / self.speed[s] + self.comm[s]
+            best[s : n - p + s + 1] = np.minimum(best[s : n - p + s + 1], t)
+        self.lower_bound_ms = float(best.max())
+        self._table = [seg]  # _table[k][i] = max(seg[i : i + 2**k])
+        while 2 ** len(self._table) <= n:
+            prev, half = self._table[-1], 2 ** (len(self._table) - 1)
+            self._table.append(np.maximum(prev[:-half], prev[half:]))
+
+    def single_max_ms(self, s: int, first: int, last: int) -> float:
+        """The slowest single layer of first..last (inclusive) on stage s: rounding is monotone, so it is the
+        stage time of the largest layer cost there."""
+        k = (last - first + 1).bit_length() - 1
+        seg = max(self._table[k][first], self._table[k][last - 2**k + 1])
+        return (self.extra[s] + seg + self.overhead[s]) / self.speed[s] + self.comm[s]
 
 
-def _probe(
-    model: _Model, limit_ms: float, kv_tokens: int, singles_ms: float, *, even: bool = False
-) -> list[int] | None:
+def _probe(model: _Model, limit_ms: float, kv_tokens: int, *, even: bool = False) -> list[int] | None:
     """A split whose every stage takes <= limit_ms and holds >= kv_tokens tokens of KV cache, or None.
 
     With `even`, among the splits that qualify prefer one that spreads the cost evenly (slower to build).
     """
     nmax = model.max_layers(kv_tokens)
-    if min(nmax) < 1:
+    if min(nmax) < 1 or limit_ms < model.lower_bound_ms:
         return None
-    if limit_ms >= singles_ms:
-        return _probe_greedy(model, limit_ms, nmax, even=even)
-    return _probe_sets(model, limit_ms, nmax)
+    found = _probe_greedy(model, limit_ms, nmax, even=even)
+    return _probe_sets(model, limit_ms, nmax) if found is _NOT_GREEDY else found
+
+
+_NOT_GREEDY = object()
 
 
 def _counts(ends: list[int]) -> list[int]:
@@ -230,12 +267,15 @@ def _counts(ends: list[int]) -> list[int]:
     return [e - s for s, e in zip([0, *ends[:-1]], ends, strict=True)]
 
 
-def _probe_greedy(model: _Model, limit_ms: float, nmax: list[int], *, even: bool) -> list[int] | None:
-    # Every stage can hold any single layer it might get, so the ends reachable after stage s form the
-    # interval [s+1, b_s] and b_s = farthest end from b_{s-1}: the greedy reach decides feasibility.
+def _probe_greedy(model: _Model, limit_ms: float, nmax: list[int], *, even: bool) -> Any:
+    # While stage s can hold each single layer it might start at (layers s .. b_{s-1}), the ends reachable
+    # after it form the interval [s+1, b_s] with b_s the farthest end from b_{s-1}: the greedy reach decides
+    # feasibility. Otherwise the reachable ends may have gaps, and the caller tracks them as sets.
     p, n = model.stages, model.layers
     reach, b = [], 0
     for s in range(p):
+        if model.single_max_ms(s, s, b) > limit_ms:
+            return _NOT_GREEDY
         b = min(model.far(s, b, limit_ms), b + nmax[s], n - (p - 1 - s))
         reach.append(b)
     if reach[-1] != n:
@@ -276,7 +316,7 @@ def _probe_sets(model: _Model, limit_ms: float, nmax: list[int]) -> list[int] | 
     history = []
     for s in range(p):
         starts = np.flatnonzero(reach)
-        hi = np.array([min(model.far(s, int(i), limit_ms), int(i) + nmax[s]) for i in starts], dtype=np.int64)
+        hi = np.minimum(model.far_many(s, starts, limit_ms), starts + nmax[s])
         diff = np.zeros(n + 2, dtype=np.int64)
         ok = hi > starts
         np.add.at(diff, starts[ok] + 1, 1)
@@ -298,43 +338,48 @@ def _probe_sets(model: _Model, limit_ms: float, nmax: list[int]) -> list[int] | 
     return _counts(ends)
 
 
-def _min_time(model: _Model, kv_tokens: int, singles_ms: float) -> list[int] | None:
+def _min_time(model: _Model, kv_tokens: int) -> list[int] | None:
     """The split with the smallest slowest stage among those keeping kv_tokens per stage (None: none)."""
-    split = _probe(model, math.inf, kv_tokens, singles_ms)
+    split = _probe(model, math.inf, kv_tokens)
     if split is None:
         return None
     hi = max(model.split_times(split))
-    # Any split has its first layer on stage 0 and its last on the last stage: a valid lower bound.
-    lo = math.nextafter(
-        max(model.time(0, 0, 1), model.time(model.stages - 1, model.layers - 1, model.layers)), -math.inf
-    )
+    lo = math.nextafter(model.lower_bound_ms, -math.inf)  # known infeasible
     while True:
         mid = lo + (hi - lo) / 2 if hi - lo > 1e-9 * abs(hi) else math.nextafter(hi, -math.inf)
         if mid <= lo or mid >= hi:
             return split
-        found = _probe(model, mid, kv_tokens, singles_ms)
+        found = _probe(model, mid, kv_tokens)
         if found is None:
             lo = mid
         else:
             split, hi = found, max(model.split_times(found))
 
 
-def _max_kv(model: _Model, limit_ms: float, singles_ms: float) -> int:
+def _max_kv(model: _Model, limit_ms: float) -> int:
     """The most KV tokens every stage can keep with all stages within limit_ms (-1: nothing fits)."""
     mem = model.memory
     assert mem is not None
-    lo = mem.min_kv_tokens
-    if _probe(model, limit_ms, lo, singles_ms) is None:
+    found = _probe(model, limit_ms, mem.min_kv_tokens)
+    if found is None:
         return -1
     if mem.kv_bytes_per_token_per_layer == 0:
         return _UNLIMITED
-    hi = max(mem.kv_tokens(s, model.stages, 1) for s in range(model.stages)) + 1  # never feasible
+
+    def capacity(split: list[int]) -> int:
+        return min(mem.kv_tokens(s, model.stages, n) for s, n in enumerate(split))
+
+    lo = capacity(found)  # achieved, so feasible
+    # Some stage of every split holds at least ceil(L/P) layers, which caps the pipeline's capacity.
+    most = -(-model.layers // model.stages)
+    hi = max(mem.kv_tokens(s, model.stages, most) for s in range(model.stages)) + 1  # never feasible
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _probe(model, limit_ms, mid, singles_ms) is None:
+        found = _probe(model, limit_ms, mid)
+        if found is None:
             hi = mid
         else:
-            lo = mid
+            lo = capacity(found)
     return lo
 
 
@@ -356,28 +401,28 @@ def _no_fit_error(model: _Model) -> InvalidConfigError:
 def balance(problem: BalanceProblem) -> list[int]:
     """The optimal split (layer counts per stage) for `problem`; see the module docstring."""
     model = _Model(problem)
-    singles = model.singles_max()
+    model.prepare_search()
     if model.memory is None:
-        split = _min_time(model, 0, singles)
+        split = _min_time(model, 0)
         assert split is not None  # without memory limits every split is feasible
-        return _final(model, split, 0, singles)
+        return _final(model, split, 0)
     if problem.objective == "throughput":
-        split = _min_time(model, model.memory.min_kv_tokens, singles)
+        split = _min_time(model, model.memory.min_kv_tokens)
         if split is None:
             raise _no_fit_error(model)
-        kv = _max_kv(model, max(model.split_times(split)), singles)
+        kv = _max_kv(model, max(model.split_times(split)))
     else:
-        kv = _max_kv(model, math.inf, singles)
+        kv = _max_kv(model, math.inf)
         if kv < 0:
             raise _no_fit_error(model)
-        split = _min_time(model, kv, singles)
+        split = _min_time(model, kv)
         assert split is not None
-    return _final(model, split, kv, singles)
+    return _final(model, split, kv)
 
 
-def _final(model: _Model, split: list[int], kv_tokens: int, singles_ms: float) -> list[int]:
+def _final(model: _Model, split: list[int], kv_tokens: int) -> list[int]:
     """The evenest split as fast as `split` keeping kv_tokens per stage."""
-    best = _probe(model, max(model.split_times(split)), kv_tokens, singles_ms, even=True)
+    best = _probe(model, max(model.split_times(split)), kv_tokens, even=True)
     assert best is not None, "a limit met by one split is met by the probe"
     return best
 
