@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ppscope.balance import BalanceProblem, balance, evaluate
 from ppscope.cli import main
 from ppscope.costs import LayerCosts, fit_layer_costs
 from ppscope.errors import InvalidConfigError, RunExistsError
@@ -182,3 +183,22 @@ def test_replay_predicts_the_synthetic_engine_within_10_percent(tmp_path: Path) 
     assert cfg.split == (4, 4, 4, 4) and cfg.steps == 6 and cfg.microbatches == 4
     result = compare(measured, simulate(cfg))
     assert abs(result["throughput_error"]) <= 0.10, result
+
+
+def test_cli_rebalance_fits_two_runs_and_shows_measured_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Layer costs the rebalancer never sees directly: two simulated runs with different splits reveal them.
+    costs = LayerCosts(layer_ms=(1.0,) * 6 + (2.0,) * 6, embed_ms=0.5, head_ms=3.0)
+    for name, split in (("a", (3, 3, 3, 3)), ("b", (4, 4, 2, 2))):
+        cfg = SimConfig(schedule="serve", stages=4, microbatches=4, steps=3, costs=costs, split=split)
+        write_run(simulate(cfg), tmp_path / name)
+    assert main(["rebalance", str(tmp_path / "a"), str(tmp_path / "b"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["current_split"] == [4, 4, 2, 2] and data["fit"]["runs"] == 2
+    assert data["measured_stage_ms"] == pytest.approx([4.5, 6.0, 4.0, 7.0])
+    assert data["stage_times_ms"]["current"] == pytest.approx(data["measured_stage_ms"])
+    truth = BalanceProblem(costs=costs, stages=4)  # the optimum under the true costs
+    assert max(data["stage_times_ms"]["proposed"]) == pytest.approx(evaluate(truth, balance(truth)).max_ms)
+    assert main(["rebalance", str(tmp_path / "a")]) == 0
+    assert "measured ms" in capsys.readouterr().out

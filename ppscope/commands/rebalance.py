@@ -80,7 +80,7 @@ def register(sub: Any) -> None:
     mem.add_argument("--model", help="preset or config.json giving weight and KV sizes (default: the run's model)")
     mem.add_argument("--gpu-mem-gib", help="GPU memory per stage, GiB: one value or one per stage")
     mem.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    mem.add_argument("--dtype", default="fp16")
+    mem.add_argument("--dtype", help="weights and KV dtype (default: the run's, else fp16)")
     mem.add_argument("--tp", type=int, default=1, help="tensor-parallel size within each stage")
     mem.add_argument("--reserve-gib", type=float, default=1.0, help="per GPU, for activations and runtime")
     mem.add_argument("--min-kv-tokens", type=int, default=0, help="KV tokens every stage must hold")
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.sources import open_trace
     from ppscope.split import parse_split
 
-    fit, run_model, current = None, {}, None
+    fit, run_model, current, measured = None, {}, None, None
     stages = args.stages
     if args.runs:
         traces = [open_trace(r) for r in args.runs]
@@ -131,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
             )
         fit = fit_layer_costs(traces, phase=args.phase)
         run_model, current = meta.model, list(meta.split)
+        args.dtype = args.dtype or str(meta.config.get("dtype") or "") or None
+        last_run = [o for o in fit.observations if o.run == len(traces) - 1]
+        measured = [o.forward_ms + (o.embed_ms or 0.0) + (o.head_ms or 0.0) + (o.sample_ms or 0.0) for o in last_run]
         if stages is not None and stages != len(current):
             raise InvalidConfigError(f"--stages {stages} differs from the run's {len(current)} stages")
         stages = len(current)
@@ -141,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         current = parse_split(args.current_split, costs.layers, stages)
     elif current is not None and sum(current) != costs.layers:
         current = None
+    args.dtype = args.dtype or "fp16"
     shape = _model_shape(args, run_model)
     memory = None
     if args.gpu_mem_gib:
@@ -181,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         None if shape is None else [n * shape.kv_bytes_per_token_per_layer(args.dtype) for n in advice.proposed.split]
     )
     out["fit"] = None
+    out["measured_stage_ms"] = measured
     if fit is not None:
         out["fit"] = {
             "phase": fit.phase,
@@ -218,10 +223,13 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
         f"{c['sample_ms']:.3f} ms (last stage), layers {sum(c['layer_ms']):.3f} ms in all"
     )
     table = Table(title=f"objective: {d['objective']}")
-    cols = ["stage", "current layers", "current ms", "proposed layers", "proposed ms"]
+    cols = ["stage", "layers now", "ms now", "layers new", "ms new"]
+    measured = d["measured_stage_ms"]
+    if measured is not None and len(measured) == len(d["current_split"]):
+        cols.insert(3, "measured ms")  # what the last run's spans show, next to the model's "ms now"
     kv = d["kv_tokens"]
     if kv["current"] is not None:
-        cols += ["KV tokens now", "KV tokens proposed"]
+        cols += ["KV tokens now", "KV tokens new"]
     for col in cols:
         table.add_column(col, justify="right")
     for s in range(len(d["proposed_split"])):
@@ -229,6 +237,7 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
             str(s),
             str(d["current_split"][s]),
             f"{d['stage_times_ms']['current'][s]:.3f}",
+            *([f"{measured[s]:.3f}"] if "measured ms" in cols else []),
             str(d["proposed_split"][s]),
             f"{d['stage_times_ms']['proposed'][s]:.3f}",
         ]
