@@ -156,7 +156,10 @@ def usage(live: LiveTrace) -> None:
     origin = int(trace.spans["start_ns"].min()) if len(trace.spans) else 0
     view = live.memo("usage", lambda t: charts.usage_figure(t.counters, origin_ns=origin))
     if view is None:
-        st.info("This trace holds no GPU or CPU counters (the recorder samples them while a run goes on).")
+        if live.is_run:
+            st.info("This run recorded no GPU or CPU counters (the engine samples them while it runs).")
+        else:
+            st.info(f"This {live.meta.source} trace carries no GPU or CPU counters that ppscope imports.")
         return
     (st.success if view.device == "gpu" else st.info)(view.label)
     st.plotly_chart(view.figure, key="usage", config={"displaylogo": False})

@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ppscope.recorder import KIND_COLORS
-from ppscope.trace import Lane, SpanKind
+from ppscope.trace import COMPUTE_KINDS, Lane, SpanKind
 
 __all__ = [
     "CAUSE_COLORS",
@@ -124,6 +124,7 @@ def gantt_figure(
     spans = spans[spans["kind"].to_numpy() != str(SpanKind.MARK)]
     origin = int(spans["start_ns"].min()) if origin_ns is None and len(spans) else int(origin_ns or 0)
     rows = row_labels(spans)
+    busy_rows = _busy_rows(spans)
     if window_ns is not None:
         lo, hi = window_ns
         keep = (spans["end_ns"].to_numpy() >= lo) & (spans["start_ns"].to_numpy() <= hi)
@@ -141,14 +142,14 @@ def gantt_figure(
         note = (
             f"{n:,} spans in the window, more than the {max_bars:,} bars a browser draws quickly: each row is "
             f"aggregated into bins of {_fmt_us(resolution_us)} coloured by the share of the bin it is busy "
-            f"({bars:,} bars). "
+            f"({bars:,} bars; the colour choice applies when each span is drawn). "
             "Narrow the time window to see each span."
         )
     else:
         bars = _add_spans(fig, spans, origin, color_by)
         note = f"{n:,} spans in the window, one bar each."
     if gaps is not None and stage_ranks and len(gaps):
-        shown = _add_gaps(fig, gaps, stage_ranks, origin, window_ns, min_ns=int(resolution_us * 1e3))
+        shown = _add_gaps(fig, gaps, stage_ranks, busy_rows, origin, window_ns, min_ns=int(resolution_us * 1e3))
         if aggregated and shown < len(gaps):
             note += f" Idle gaps shorter than {_fmt_us(resolution_us)} are not shaded."
         # Shading goes under the bars.
@@ -300,10 +301,21 @@ def _busy_before(starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], x: 
     return (ns * xf - ps[ns]) - (ne * xf - pe[ne])
 
 
+def _busy_rows(spans: pd.DataFrame) -> dict[int, str]:
+    """Per rank with compute spans, the row its idle gaps are shaded on: the `compute` lane, else the lane
+    holding most of its compute spans (imports put kernels on GPU stream lanes)."""
+    compute = spans[spans["kind"].isin(list(COMPUTE_KINDS))]
+    counts = compute.groupby(["rank", "lane"], sort=True).size().reset_index(name="n")
+    counts["preferred"] = counts["lane"] == str(Lane.COMPUTE)
+    first = counts.sort_values(["rank", "preferred", "n"], ascending=[True, False, False]).drop_duplicates("rank")
+    return {int(r): _row_label(int(r), str(lane)) for r, lane in zip(first["rank"], first["lane"], strict=True)}
+
+
 def _add_gaps(
     fig: go.Figure,
     gaps: pd.DataFrame,
     stage_ranks: Mapping[int, Sequence[int]],
+    busy_rows: Mapping[int, str],
     origin_ns: int,
     window_ns: tuple[int, int] | None,
     *,
@@ -323,7 +335,9 @@ def _add_gaps(
         ends: list[npt.NDArray[np.int64]] = []
         for stage, part in sel.groupby("stage", sort=True):
             for rank in stage_ranks.get(int(stage), ()):
-                rows += [_row_label(int(rank), str(Lane.COMPUTE))] * len(part)
+                if int(rank) not in busy_rows:
+                    continue  # a rank without compute spans has no row to shade
+                rows += [busy_rows[int(rank)]] * len(part)
                 starts.append(part["start_ns"].to_numpy(np.int64))
                 ends.append(part["end_ns"].to_numpy(np.int64))
         if not rows:

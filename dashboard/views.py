@@ -108,7 +108,11 @@ def _advise(trace: Trace) -> tuple[Advice | None, str]:
 
     meta = trace.meta
     if not meta.split:
-        return None, "the trace does not record its layer split (meta.json `split`), so costs cannot be fitted"
+        return None, (
+            "the trace does not say how its layers are split across stages (ppscope runs record it; nsys and "
+            "Kineto imports cannot), so layer costs cannot be fitted from it. Give the costs yourself: "
+            "`ppscope rebalance --layer-costs MS,MS,... --stages P`"
+        )
     if meta.chunks > 1:
         return None, "rebalancing interleaved runs (chunks > 1) is not supported: rebalance a gpipe or serve run"
     try:

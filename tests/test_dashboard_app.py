@@ -174,3 +174,24 @@ def test_rebalance_says_why_when_costs_cannot_be_fitted(tmp_path: Path) -> None:
     at.sidebar.radio(key="section").set_value("Rebalance").run()
     assert not at.exception
     assert "No advice for this trace" in at.error[0].value
+
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.mark.slow
+def test_real_nsys_export_renders_aggregated(tmp_path: Path) -> None:
+    path = DATA / "nsys" / "mfu_2gpu_after.sqlite"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (the shared real traces are not next to this checkout)")
+    at = _app(path).run()
+    assert not at.exception, at.exception
+    spec = _chart_specs(at)[0]
+    rows = set(spec["layout"]["yaxis"]["categoryarray"])
+    assert any(t.get("meta", {}).get("role") == "binned" for t in spec["data"])
+    for trace in spec["data"]:
+        assert set(trace["y"] if isinstance(trace["y"], list) else []) <= rows, "no bar outside the rows"
+    assert "aggregated" in at.caption[-1].value
+    for section in ("Stages", "GPU usage", "Rebalance", "Requests"):
+        at.sidebar.radio(key="section").set_value(section).run()
+        assert not at.exception, (section, at.exception)

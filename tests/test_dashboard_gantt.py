@@ -163,3 +163,17 @@ def test_compare_table_deltas() -> None:
     row = table.loc["bubble ratio"]
     assert row["B - A"] == pytest.approx(b.bubble_ratio - a.bubble_ratio)
     assert table.loc["window (ms)", "B / A"] > 1
+
+
+def test_imported_kernels_on_stream_lanes_get_their_gaps_shaded_there() -> None:
+    rows = [
+        (0, "stream 7", "kernel", -1, 0, 100),
+        (0, "stream 7", "kernel", -1, 300, 400),
+        (0, "host", "range", -1, 0, 400),
+    ]
+    trace = _trace(rows)
+    result = analyze(trace)
+    view = gantt_figure(trace.spans, gaps=result.gaps, stage_ranks={s.stage: s.ranks for s in result.stages})
+    gaps = _bars(view.figure, role="gap")
+    assert [row for row, _, _ in gaps] == ["rank 0 · stream 7"]
+    assert list(view.figure.layout.yaxis.categoryarray) == ["rank 0 · host", "rank 0 · stream 7"]
