@@ -219,3 +219,11 @@ def test_exported_tables_have_the_columns_of_real_nsys_exports(tmp_path: Path) -
     assert checked == len(TABLES) + 5  # every declared table and every ENUM table exists in a real export
     for db in (*refs, ours):
         db.close()
+
+
+def test_real_import_survives_our_export_exactly(tmp_path: Path) -> None:
+    """Third-party nsys -> Trace -> our nsys -> Trace: the same spans, to the ns."""
+    first = load_nsys(need(MFU))
+    back = load_nsys(export_nsys(first, tmp_path / "again.sqlite"))
+    pd.testing.assert_frame_equal(back.spans, first.spans)
+    assert back.meta == first.meta

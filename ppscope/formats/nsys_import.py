@@ -5,312 +5,96 @@ that differ between nsys releases are tolerated. GPU work (kernels, NCCL kernels
 `stream N` lanes; NVTX ranges of the `ppscope` domain (`s2 forward mb5`) come back as the spans they
 describe, kernels launched inside them inherit their stage and micro-batch through the RUNTIME<->KERNEL
 join on (pid, correlationId), and the range moves from CPU time to the GPU extent of those kernels (the
-CPU side of asynchronous work is not when the stage was busy). Files written by ppscope's own exporter carry the run's
-metadata and come back exactly. This module never writes to the input.
+CPU side of asynchronous work is not when the stage was busy). Files written by ppscope's own exporter
+carry the run's metadata and come back exactly. Reading the tables is `nsys_tables`' job; this module
+decides ranks, stages and kinds. It never writes to the input.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import sqlite3
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ppscope.errors import CorruptFileError, PPScopeError, UnsupportedInputError
-from ppscope.formats.detect import open_sqlite_ro
+from ppscope.formats.nsys_tables import (
+    KERNEL,
+    NVTX,
+    NVTX_MARK,
+    NVTX_RANGE_TYPES,
+    PPSCOPE_DOMAIN,
+    RUNTIME,
+    NsysDb,
+    gpu_work,
+    nvtx_rows,
+    parse_ppscope_message,
+    pid_of,
+    ppscope_fields,
+    read_strings,
+    runtime_rows,
+    with_defaults,
+)
 from ppscope.formats.ordering import order_stages
-from ppscope.trace import SPAN_COLUMNS, ClockInfo, RankInfo, RunMeta, SpanKind, Trace, lane_of, spans_frame
+from ppscope.trace import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
 
 __all__ = ["NVTX_RANGE_TYPES", "PPSCOPE_DOMAIN", "load_nsys", "parse_ppscope_message", "pid_of"]
 
-PPSCOPE_DOMAIN = "ppscope"
-NVTX_RANGE_TYPES = (59, 60, 70, 71)
-_NVTX_MARK, _NVTX_DOMAIN = 34, 75
-_KERNEL, _RUNTIME, _NVTX = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"
-_MEMCPY, _MEMSET = "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
-_MESSAGE_RE = re.compile(r"^s(-?\d+) ([a-z_]+)(?: mb(-?\d+))?(?: c(\d+))?$")
-_KINDS = frozenset(str(k) for k in SpanKind)
-_COPY_KINDS = {1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP"}
 _P2P_NAMES = {"ncclSend": "send", "ncclRecv": "recv", "nccl:send": "send", "nccl:recv": "recv"}
-
-
-def pid_of(global_id: Any) -> Any:
-    """The OS pid inside an nsys globalTid/globalPid: bits 24..47."""
-    return (global_id >> 24) & 0xFFFFFF
-
-
-def parse_ppscope_message(text: str) -> tuple[int, str, int, int] | None:
-    """(stage, kind, mb, chunk) from a recorder message like `s2 forward mb5 c1`, None if not one."""
-    m = _MESSAGE_RE.match(text)
-    if not m or m.group(2) not in _KINDS:
-        return None
-    return int(m.group(1)), m.group(2), int(m.group(3) or -1), int(m.group(4) or 0)
-
-
-class _Db:
-    """A read-only nsys file with its discovered tables and columns."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.db = open_sqlite_ro(path)
-        rows = self.query("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
-        self.columns: dict[str, set[str]] = {}
-        for (name,) in rows:
-            cols = self.query(f"PRAGMA table_info('{name}')")
-            self.columns[name] = {c[1] for c in cols}
-
-    def query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        try:
-            return self.db.execute(sql, args).fetchall()
-        except sqlite3.Error as exc:
-            raise CorruptFileError(f"{self.path}: unreadable nsys export ({exc})") from None
-
-    def has(self, table: str) -> bool:
-        return table in self.columns
-
-    def col(self, table: str, column: str, alias: str | None = None, default: str = "NULL") -> str:
-        """`column` (NULLs as `default`) when the table has it, else `default`: releases differ in columns.
-
-        Integer columns get an integer default so pandas never turns them into floats (globalTid needs 64
-        bits)."""
-        expr = f'coalesce("{column}", {default})' if column in self.columns.get(table, ()) else default
-        return f"{expr} AS {alias or column}"
-
-    def count(self, table: str) -> int:
-        return int(self.query(f"SELECT count(*) FROM {table}")[0][0]) if self.has(table) else 0
 
 
 def load_nsys(path: str | Path) -> Trace:
     """The nsys export at `path` as a Trace. Raises a one-line error naming what is missing."""
     p = Path(path)
-    db = _Db(p)
+    db = NsysDb(p)
     try:
         return _load(db)
     finally:
         db.db.close()
 
 
-def _load(db: _Db) -> Trace:
-    if not (db.has("StringIds") and (db.has(_KERNEL) or db.has(_NVTX) or db.has("META_DATA_EXPORT"))):
+def _load(db: NsysDb) -> Trace:
+    if not (db.has("StringIds") and (db.has(KERNEL) or db.has(NVTX) or db.has("META_DATA_EXPORT"))):
         hint = " (it looks like a ppscope rank file: give its run directory)" if db.has("spans") else ""
         raise UnsupportedInputError(
-            f"{db.path} is an SQLite file but not an nsys export: it has no StringIds / {_KERNEL} / {_NVTX} "
-            f"tables{hint}"
+            f"{db.path} is an SQLite file but not an nsys export: it has no StringIds / {KERNEL} / {NVTX} tables{hint}"
         )
     info = dict(db.query("SELECT name, value FROM META_DATA_EXPORT")) if db.has("META_DATA_EXPORT") else {}
-    strings = _strings(db)
-    nvtx = _nvtx(db, strings)
+    strings = read_strings(db)
+    nvtx = nvtx_rows(db, strings)
     own_export = "PPSCOPE_RUN_META" in info
     ppscope_rows = nvtx[nvtx["ppscope"]] if len(nvtx) else nvtx
-    if db.count(_KERNEL) == 0 and not len(ppscope_rows):
+    if db.count(KERNEL) == 0 and not len(ppscope_rows):
         raise UnsupportedInputError(
-            f"{db.path} is an nsys export without GPU kernels ({_KERNEL} is missing or empty) and without "
+            f"{db.path} is an nsys export without GPU kernels ({KERNEL} is missing or empty) and without "
             "ppscope NVTX ranges: record with `nsys profile --trace=cuda,nvtx` and export again"
         )
-    gpu = pd.DataFrame() if own_export else _gpu_work(db, strings)
+    gpu = pd.DataFrame() if own_export else gpu_work(db, strings)
     if own_export:
         return _own_export(db, info, ppscope_rows)
     return _assemble(db, info, nvtx, gpu)
 
 
-def _strings(db: _Db) -> np.ndarray:
-    """StringIds as an object array indexed by id (ids are small and dense in nsys exports)."""
-    rows = db.query("SELECT id, value FROM StringIds")
-    if not rows:
-        return np.array([""], dtype=object)
-    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-    out = np.full(int(ids.max()) + 1, "", dtype=object)
-    out[ids] = [r[1] for r in rows]
-    return out
-
-
-def _lookup(strings: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    ok = (ids >= 0) & (ids < len(strings))
-    out = np.full(len(ids), "", dtype=object)
-    out[ok] = strings[ids[ok]]
-    return out
-
-
-def _frame(rows: list[tuple[Any, ...]], columns: list[str]) -> pd.DataFrame:
-    return pd.DataFrame.from_records(rows, columns=columns) if rows else pd.DataFrame(columns=columns)
-
-
-def _nvtx(db: _Db, strings: np.ndarray) -> pd.DataFrame:
-    cols = ["start", "end", "eventType", "globalTid", "domainId", "text", "textId", "jsonText", "category"]
-    if not db.has(_NVTX):
-        return pd.DataFrame(columns=[*cols, "pid", "tid", "name", "ppscope"])
-    types = (*NVTX_RANGE_TYPES, _NVTX_MARK, _NVTX_DOMAIN)
-    ints = {"start": "0", "end": '"start"', "eventType": "0", "globalTid": "0", "domainId": "0", "textId": "-1"}
-    select = ", ".join(db.col(_NVTX, c, default=ints.get(c, "NULL")) for c in cols)
-    rows = db.query(f"SELECT {select} FROM {_NVTX} WHERE eventType IN ({', '.join(map(str, types))})")
-    df = _frame(rows, cols)
-    gtid = df["globalTid"].to_numpy(dtype=np.int64)
-    df["pid"], df["tid"] = pid_of(gtid), gtid & 0xFFFFFF
-    text_ids = df["textId"].to_numpy(dtype=np.int64)
-    names = df["text"].to_numpy(dtype=object).copy()
-    missing = pd.isna(names)
-    names[missing] = _lookup(strings, text_ids[missing])
-    df["name"] = names
-    domains = df[df["eventType"] == _NVTX_DOMAIN]
-    ppscope_domains = {(int(r.pid), int(r.domainId)) for r in domains.itertuples() if r.name == PPSCOPE_DOMAIN}
-    df = df[df["eventType"] != _NVTX_DOMAIN].reset_index(drop=True)
-    keys = zip(df["pid"].tolist(), df["domainId"].tolist(), strict=True)
-    df["ppscope"] = np.fromiter(((k in ppscope_domains) for k in keys), dtype=bool, count=len(df))
-    return df
-
-
-_GPU_COLUMNS = ["start", "end", "dev", "stream", "gpid", "corr", "nbytes", "op"]
-
-
-def _int_rows(db: _Db, table: str, columns: list[tuple[str, str, str]]) -> np.ndarray:
-    """Integer columns `(column, alias, default)` of `table` as one (rows, columns) int64 array.
-
-    Every column is coalesced to an integer in SQL, so the rows convert to numpy in one step: this is
-    the hot path of a million-kernel import."""
-    sel = ", ".join(db.col(table, c, alias, default) for c, alias, default in columns)
-    rows = db.query(f"SELECT {sel} FROM {table}")
-    if not rows:
-        return np.empty((0, len(columns)), dtype=np.int64)
-    try:
-        return np.array(rows, dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
-        raise CorruptFileError(f"{db.path}: {table} holds non-integer values where nsys writes integers") from None
-
-
-def _gpu_work(db: _Db, strings: np.ndarray) -> pd.DataFrame:
-    """Kernels, memcpy and memset rows: pid, device, stream, kind, name, start, end, nbytes, corr."""
-    parts = []
-    common = [
-        ("start", "start", "0"),
-        ("end", "end", "0"),
-        ("deviceId", "dev", "-1"),
-        ("streamId", "stream", "-1"),
-        ("globalPid", "gpid", "0"),
-        ("correlationId", "corr", "-1"),
-    ]
-    if db.has(_KERNEL):
-        name_col = "shortName" if "shortName" in db.columns[_KERNEL] else "demangledName"
-        arr = _int_rows(db, _KERNEL, [*common, (name_col, "nid", "-1")])
-        df = pd.DataFrame(arr[:, :6], columns=_GPU_COLUMNS[:6])
-        ids = arr[:, 6]
-        df["name"] = _lookup(strings, ids)
-        # NCCL or not is decided once per distinct name, not once per row.
-        is_nccl = np.array([str(v).startswith("nccl") for v in strings], dtype=bool)
-        ok = (ids >= 0) & (ids < len(strings))
-        nccl = np.zeros(len(ids), dtype=bool)
-        nccl[ok] = is_nccl[ids[ok]]
-        df["kind"] = np.where(nccl, str(SpanKind.NCCL), str(SpanKind.KERNEL))
-        df["nbytes"] = 0
-        parts.append(df)
-    for table, kind in ((_MEMCPY, SpanKind.MEMCPY), (_MEMSET, SpanKind.MEMSET)):
-        if not db.has(table):
-            continue
-        op = ("copyKind", "op", "-1") if table == _MEMCPY else ("nonexistent", "op", "-1")
-        arr = _int_rows(db, table, [*common, ("bytes", "nbytes", "0"), op])
-        df = pd.DataFrame(arr[:, :7], columns=_GPU_COLUMNS[:7])
-        if kind == SpanKind.MEMCPY:
-            df["name"] = ["Memcpy " + _COPY_KINDS[o] if o in _COPY_KINDS else "Memcpy" for o in arr[:, 7].tolist()]
-        else:
-            df["name"] = "Memset"
-        df["kind"] = str(kind)
-        parts.append(df)
-    parts = [p for p in parts if len(p)]
-    if not parts:
-        return pd.DataFrame({c: pd.Series([], dtype=np.int64) for c in [*_GPU_COLUMNS[:7], "pid"]}).assign(
-            name="", kind=""
-        )
-    gpu = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    gpu["pid"] = pid_of(gpu["gpid"].to_numpy())
-    return gpu
-
-
-def _runtime(db: _Db) -> pd.DataFrame:
-    if not db.has(_RUNTIME):
-        return pd.DataFrame(columns=["rstart", "pid", "tid", "corr"])
-    sel = ", ".join(
-        [
-            db.col(_RUNTIME, "start", default="0"),
-            db.col(_RUNTIME, "globalTid", default="0"),
-            db.col(_RUNTIME, "correlationId", default="-1"),
-        ]
-    )
-    df = _frame(db.query(f"SELECT {sel} FROM {_RUNTIME} WHERE correlationId IS NOT NULL"), ["rstart", "gtid", "corr"])
-    gtid = pd.to_numeric(df["gtid"], errors="coerce").fillna(0).astype(np.int64).to_numpy()
-    df["pid"], df["tid"] = pid_of(gtid), gtid & 0xFFFFFF
-    df["corr"] = df["corr"].astype(np.int64)
-    df["rstart"] = df["rstart"].astype(np.int64)
-    return df.drop(columns="gtid")
-
-
-def _ppscope_fields(rows: pd.DataFrame) -> pd.DataFrame:
-    """Span fields of ppscope-domain NVTX rows: the message, then the JSON payload when present."""
-    out = []
-    for r in rows.itertuples(index=False):
-        parsed = parse_ppscope_message(str(r.name))
-        stage, kind, mb, chunk = parsed if parsed else (-1, str(SpanKind.RANGE), -1, 0)
-        span: dict[str, Any] = {"stage": stage, "kind": kind, "mb": mb, "chunk": chunk, "name": str(r.name)}
-        if isinstance(r.jsonText, str) and r.jsonText:
-            try:
-                extra = json.loads(r.jsonText)
-            except json.JSONDecodeError:
-                extra = {}
-            if isinstance(extra, dict):
-                span.update({k: v for k, v in extra.items() if k in SPAN_COLUMNS})
-        span.setdefault("lane", lane_of(span["kind"]))
-        start = int(r.start)
-        end = start if r.eventType == _NVTX_MARK or pd.isna(r.end) else int(r.end)
-        span.update(pid=int(r.pid), tid=int(r.tid), start_ns=start, end_ns=end)
-        out.append(span)
-    return pd.DataFrame(out)
-
-
-def _own_export(db: _Db, info: dict[str, str], rows: pd.DataFrame) -> Trace:
+def _own_export(db: NsysDb, info: dict[str, str], rows: pd.DataFrame) -> Trace:
     """A file ppscope wrote: spans are the ppscope NVTX ranges; kernel rows are their shadows."""
     try:
         meta = RunMeta.from_json(info["PPSCOPE_RUN_META"], where=f"{db.path} (PPSCOPE_RUN_META)")
         rank_of_pid = {int(k): int(v) for k, v in json.loads(info.get("PPSCOPE_RANK_PIDS", "{}")).items()}
     except (ValueError, TypeError) as exc:
         raise CorruptFileError(f"{db.path}: damaged ppscope metadata rows in META_DATA_EXPORT ({exc})") from None
-    spans = _ppscope_fields(rows)
+    spans = ppscope_fields(rows)
     if len(spans):
         spans["rank"] = spans["pid"].map(rank_of_pid).fillna(-1).astype(np.int64)
-        spans = _with_defaults(spans)
+        spans = with_defaults(spans)
     return Trace(spans=spans_frame(spans if len(spans) else None), meta=meta).sorted()
 
 
-_DEFAULTS: dict[str, Any] = {
-    "stage": -1,
-    "mb": -1,
-    "step": -1,
-    "chunk": 0,
-    "phase": "",
-    "nbytes": 0,
-    "tokens": 0,
-    "peer": -1,
-    "lane": "",
-    "name": "",
-}
-
-
-def _with_defaults(df: pd.DataFrame) -> pd.DataFrame:
-    for c, v in _DEFAULTS.items():
-        if c not in df.columns:
-            df[c] = v
-        else:
-            df[c] = df[c].fillna(v) if isinstance(v, str) else pd.to_numeric(df[c], errors="coerce").fillna(v)
-    return df
-
-
-def _assemble(db: _Db, info: dict[str, str], nvtx: pd.DataFrame, gpu: pd.DataFrame) -> Trace:
+def _assemble(db: NsysDb, info: dict[str, str], nvtx: pd.DataFrame, gpu: pd.DataFrame) -> Trace:
     warnings: list[str] = []
-    own = _ppscope_fields(nvtx[nvtx["ppscope"]]) if len(nvtx) else pd.DataFrame()
+    own = ppscope_fields(nvtx[nvtx["ppscope"]]) if len(nvtx) else pd.DataFrame()
     if len(own):
-        own = _with_defaults(own)
+        own = with_defaults(own)
     pids = sorted(set(gpu["pid"].tolist()) | (set(own["pid"].tolist()) if len(own) else set()))
     device_of = _devices(gpu, pids)
     by_device = sorted(pids, key=lambda pid: (device_of[pid], pid))
@@ -336,7 +120,7 @@ def _assemble(db: _Db, info: dict[str, str], nvtx: pd.DataFrame, gpu: pd.DataFra
             warnings.append(
                 f"{len(extent)} ppscope range(s) moved from CPU to GPU time: the extent of the kernels they launched"
             )
-        frames.append(_with_defaults(own))
+        frames.append(with_defaults(own))
     if len(other):
         frames.append(_range_spans(other, rank_of, stage_of_rank))
     spans = pd.concat(frames, ignore_index=True) if frames else None
@@ -383,7 +167,7 @@ def _stages(
 
 
 def _gpu_spans(
-    db: _Db,
+    db: NsysDb,
     gpu: pd.DataFrame,
     own: pd.DataFrame,
     rank_of: dict[int, int],
@@ -404,7 +188,7 @@ def _gpu_spans(
     df["lane"] = np.array(names, dtype=object)[codes]
     for c, v in (("mb", -1), ("step", -1), ("chunk", 0), ("phase", "")):
         df[c] = v
-    extent = _attribute(df, _runtime(db), own, warnings) if len(own) else None
+    extent = _attribute(df, runtime_rows(db), own, warnings) if len(own) else None
     df = df.rename(columns={"start": "start_ns", "end": "end_ns"})
     df["tokens"], df["peer"] = 0, -1
     return df, extent
@@ -436,7 +220,7 @@ def _attribute(df: pd.DataFrame, runtime: pd.DataFrame, own: pd.DataFrame, warni
     """
     none = pd.DataFrame({"gpu_start": pd.Series([], dtype=np.int64), "gpu_end": pd.Series([], dtype=np.int64)})
     if not len(runtime):
-        warnings.append(f"no {_RUNTIME} rows: kernels could not be attributed to ppscope ranges")
+        warnings.append(f"no {RUNTIME} rows: kernels could not be attributed to ppscope ranges")
         return none
     launches = df[["pid", "corr", "start", "end"]].reset_index().merge(runtime, on=["pid", "corr"], how="inner")
     if not len(launches):
@@ -469,7 +253,7 @@ def _range_spans(other: pd.DataFrame, rank_of: dict[int, int], stage_of_rank: di
             "name": other["name"].astype(str).to_numpy(),
         }
     )
-    is_mark = (other["eventType"] == _NVTX_MARK).to_numpy() | other["end"].isna().to_numpy()
+    is_mark = (other["eventType"] == NVTX_MARK).to_numpy() | other["end"].isna().to_numpy()
     ends = pd.to_numeric(other["end"], errors="coerce").fillna(0).astype(np.int64).to_numpy()
     df["end_ns"] = np.where(is_mark, df["start_ns"], ends)
     df["kind"] = np.where(is_mark, str(SpanKind.MARK), str(SpanKind.RANGE))
@@ -477,11 +261,11 @@ def _range_spans(other: pd.DataFrame, rank_of: dict[int, int], stage_of_rank: di
     threads = other.groupby("pid")["tid"].nunique()
     several = other["pid"].map(threads).to_numpy() > 1
     df["lane"] = np.where(several, "host " + other["tid"].astype(str).to_numpy(), "host")
-    return _with_defaults(df)
+    return with_defaults(df)
 
 
 def _meta(
-    db: _Db,
+    db: NsysDb,
     info: dict[str, str],
     pids: list[int],
     rank_of: dict[int, int],
@@ -518,7 +302,7 @@ def _meta(
     )
 
 
-def _gpu_names(db: _Db) -> dict[int, str]:
+def _gpu_names(db: NsysDb) -> dict[int, str]:
     if not (db.has("TARGET_INFO_GPU") and db.has("TARGET_INFO_CUDA_DEVICE")):
         return {}
     try:
