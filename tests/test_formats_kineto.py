@@ -94,3 +94,13 @@ def test_streaming_across_tiny_chunks_gives_the_same_result(tmp_path: Path, monk
     monkeypatch.setattr(kineto, "_CHUNK", 7)
     pieces = load_kineto([path]).spans
     assert whole.equals(pieces) and len(whole) == 3
+
+
+def test_other_json_files_next_to_the_traces_are_skipped(tmp_path: Path) -> None:
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    _write(folder / "rank0.json", _doc(0, None, 10.0))
+    (folder / "config.json").write_text('{"lr": 0.1}')
+    trace = open_trace(folder)
+    assert trace.ranks == [0]
+    assert any("config.json" in w for w in trace.warnings)

@@ -218,8 +218,15 @@ def load_kineto(files: list[Path]) -> Trace:
     evidence: list[tuple[int, str, int]] = []
     warnings: list[str] = []
     info: dict[str, Any] = {}
+    skipped: list[str] = []
     for i, path in enumerate(sorted(files)):
-        top, spans, p2p = _read_file(path)
+        try:
+            top, spans, p2p = _read_file(path)
+        except UnsupportedInputError:
+            if len(files) == 1:
+                raise
+            skipped.append(path.name)  # another JSON file next to the traces (a config, a summary)
+            continue
         rank = _rank_of(path, top, i, warnings)
         if rank in per_rank:
             raise UnsupportedInputError(f"{path}: rank {rank} appears in two files; give one file per rank")
@@ -228,6 +235,11 @@ def load_kineto(files: list[Path]) -> Trace:
         dist = top.get("distributedInfo")
         if isinstance(dist, dict):
             info = dist
+    if not per_rank:
+        folder = Path(files[0]).parent
+        raise UnsupportedInputError(f"{folder} holds no traces: none of its JSON files has a traceEvents list")
+    if skipped:
+        warnings.append(f"skipped {len(skipped)} JSON file(s) without traceEvents: {', '.join(skipped[:5])}")
     order = order_stages(per_rank, evidence, {r: r for r in per_rank}, "rank")
     warnings.append(order.explanation)
     frames = []
