@@ -265,14 +265,15 @@ def bubble_ratio(trace: Trace, ranks: Sequence[int] | None = None) -> float:
     return 1.0 - busy / (len(ranks) * (t1 - t0)) if t1 > t0 else 0.0
 
 
-def theory_bubble_ratio(cfg: SimConfig) -> float | None:
-    """The textbook fill/drain bubble of balanced stages with free transfers (None for serve)."""
+def theory_bubble_ratio(cfg: SimConfig) -> tuple[float, str]:
+    """The textbook bubble of balanced stages with free transfers, and its formula. For serve it is a lower
+    bound of the steady state (imbalance, fill and drain come on top)."""
     p, m, v = cfg.stages, cfg.microbatches, cfg.chunks
     if cfg.schedule == "gpipe":
-        return (p - 1) / (m + p - 1)
+        return (p - 1) / (m + p - 1), "(P-1)/(M+P-1)"
     if cfg.schedule == "interleaved":
-        return (p - 1) / (v * m + p - 1)
-    return None
+        return (p - 1) / (v * m + p - 1), "(P-1)/(V*M+P-1)"
+    return max(0.0, 1 - m / p), "max(0, 1-m/P), a lower bound"
 
 
 def summarize(cfg: SimConfig, trace: Trace) -> dict[str, Any]:
@@ -281,6 +282,7 @@ def summarize(cfg: SimConfig, trace: Trace) -> dict[str, Any]:
     t0, t1 = int(comp["start_ns"].min()), int(comp["end_ns"].max())
     busy = [float((g["end_ns"] - g["start_ns"]).sum()) / _NS_PER_MS for _, g in comp.groupby("rank", sort=True)]
     passes = cfg.microbatches * cfg.steps
+    theory = theory_bubble_ratio(cfg)
     return {
         "schedule": cfg.schedule,
         "stages": cfg.stages,
@@ -292,5 +294,6 @@ def summarize(cfg: SimConfig, trace: Trace) -> dict[str, Any]:
         "passes_per_s": passes / ((t1 - t0) / 1e9) if t1 > t0 else 0.0,
         "busy_ms_per_rank": busy,
         "bubble_ratio": bubble_ratio(trace),
-        "theory_bubble_ratio": theory_bubble_ratio(cfg),
+        "theory_bubble_ratio": theory[0],
+        "theory_formula": theory[1],
     }

@@ -131,7 +131,7 @@ def _print(cfg: Any, summary: dict[str, Any]) -> None:
     print(
         f"makespan {summary['makespan_ms']:.3f} ms; {summary['passes_per_s']:.1f} micro-batch passes/s; "
         f"bubble ratio {summary['bubble_ratio']:.4f} (Σ idle / (P × window), from compute spans)"
-        + (f"; theory {summary['theory_bubble_ratio']:.4f}" if summary["theory_bubble_ratio"] is not None else "")
+        + f"; theory {summary['theory_bubble_ratio']:.4f} = {summary['theory_formula']}"
     )
     busy = ", ".join(f"{b:.3f}" for b in summary["busy_ms_per_rank"])
     print(f"busy per rank (ms): {busy}")
