@@ -8,8 +8,7 @@ import pytest
 from test_formats_helpers import make_run
 
 from ppscope.errors import RunExistsError
-from ppscope.formats.nsys_export import ppscope_message
-from ppscope.formats.nvtxt import NVTXT_NOTE, export_nvtxt, read_nvtxt
+from ppscope.formats.nvtxt import NVTXT_NOTE, export_nvtxt, nvtxt_message, read_nvtxt
 from ppscope.store import load_run
 
 
@@ -23,7 +22,7 @@ def test_one_file_per_rank_with_every_span(tmp_path: Path) -> None:
         got = sorted((s, e, m) for _, s, e, m in read_nvtxt(f))
         spans = trace.spans[trace.spans["rank"] == rank]
         want = sorted(
-            (int(r.start_ns), int(r.end_ns), ppscope_message(int(r.stage), str(r.kind), int(r.mb), int(r.chunk)))
+            (int(r.start_ns), int(r.end_ns), nvtxt_message(r.kind, r.name, r.stage, r.mb, r.chunk))
             for r in spans.itertuples()
         )
         assert got == want
@@ -41,3 +40,24 @@ def test_refuses_a_non_empty_directory_without_force(tmp_path: Path) -> None:
     assert (out / "mine.txt").read_text() == "keep"
     export_nvtxt(trace, out, force=True)
     assert sorted(p.name for p in out.iterdir()) == ["rank-0.nvtxt", "rank-1.nvtxt", "rank-2.nvtxt"]
+
+
+def test_imported_spans_keep_their_names(tmp_path: Path) -> None:
+    from ppscope.trace import Trace
+
+    trace = Trace.from_records(
+        [
+            {
+                "rank": 0,
+                "stage": 0,
+                "kind": "kernel",
+                "name": 'gemm<"f16">',
+                "lane": "stream 7",
+                "start_ns": 5,
+                "end_ns": 9,
+            },
+            {"rank": 0, "stage": 0, "kind": "forward", "mb": 2, "start_ns": 10, "end_ns": 20},
+        ]
+    )
+    (f,) = export_nvtxt(trace, tmp_path / "n")
+    assert sorted(m for *_, m in read_nvtxt(f)) == ['gemm<"f16">', "s0 forward mb2"]

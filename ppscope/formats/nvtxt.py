@@ -3,8 +3,9 @@
 Best effort: the file follows the NVTXT format as NVIDIA documents it (comments `#`, `Name = value`
 variables, `@Instruction, Param, ...` implicit parameter lists, one instruction per line), but it has
 NOT been checked against Nsight Systems' importer. Ranges are `RangeStartEnd` instructions (they need not
-nest), one thread per lane, messages as the recorder writes them (`s2 forward mb5`). `read_nvtxt` reads
-back exactly the subset written here, for tests; it is not a general NVTXT parser.
+nest), one thread per lane, messages as the recorder writes them (`s2 forward mb5`), imported spans
+under their own names. `read_nvtxt` reads back exactly the subset written here, for tests; it is not a
+general NVTXT parser.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ppscope.errors import CorruptFileError, RunExistsError
 from ppscope.formats.nsys_export import ppscope_message
 from ppscope.trace import SpanKind, Trace
 
-__all__ = ["NVTXT_NOTE", "export_nvtxt", "read_nvtxt"]
+__all__ = ["NVTXT_NOTE", "export_nvtxt", "nvtxt_message", "read_nvtxt"]
 
 NVTXT_NOTE = "best effort: follows NVIDIA's NVTXT description; not checked against Nsight Systems' importer"
 _RANGE = re.compile(r'^RangeStartEnd, (-?\d+), (-?\d+), ThreadId, "(.*)"$')
@@ -73,12 +74,22 @@ def _rank_text(trace: Trace, rank: int) -> str:
         lines.append(f"# lane {lane}")
         lines.append(f"ThreadId = {pid + i}")
         for s in group.itertuples(index=False):
-            message = _quote(ppscope_message(int(s.stage), str(s.kind), int(s.mb), int(s.chunk)))
+            message = _quote(nvtxt_message(s.kind, s.name, s.stage, s.mb, s.chunk))
             if s.kind == SpanKind.MARK:
                 lines.append(f'Marker, {int(s.start_ns)}, ThreadId, "{message}"')
             else:
                 lines.append(f'RangeStartEnd, {int(s.start_ns)}, {int(s.end_ns)}, ThreadId, "{message}"')
     return "\n".join(lines) + "\n"
+
+
+_IMPORTED_KINDS = frozenset({SpanKind.KERNEL, SpanKind.NCCL, SpanKind.MEMCPY, SpanKind.MEMSET, SpanKind.RANGE})
+
+
+def nvtxt_message(kind: str, name: str, stage: int, mb: int, chunk: int) -> str:
+    """The recorder's message (`s2 forward mb5`) for our spans; the original name for imported ones."""
+    if kind in _IMPORTED_KINDS:
+        return str(name)
+    return ppscope_message(int(stage), str(kind), int(mb), int(chunk))
 
 
 def read_nvtxt(path: str | Path) -> list[tuple[int, int, int, str]]:
