@@ -7,10 +7,13 @@ minimum over stages. `balance` returns the split with the smallest max_s t_s, ti
 capacity (objective `throughput`), or the largest KV capacity, ties going to the fastest (`memory`).
 It knows nothing about where costs come from (`ppscope.costs`) or how engines run a split.
 
-Note on exactness: every stage time is computed by one formula from prefix sums (`stage_times_ms`).
+Note on exactness: every stage time is computed by one formula from prefix sums (`_Model.time`).
 Floating-point rounding is monotone, so "stage s can take layers [i, j) within T" is monotone in i, j and T,
 and a search over T that always snaps to the slowest stage of a split it found ends on an achieved value
-with the next smaller double infeasible: the optimum itself, not an approximation of it.
+with the next smaller double infeasible: the optimum itself, not an approximation of it. The probe "is there
+a split within T keeping C tokens of KV cache per stage" is a greedy O(P log L) reach while every stage can
+hold each single layer it might start at (checked with a range-maximum table), else an exact O(P·L) pass
+over every reachable stage end. KV capacity is an integer, searched the same way.
 """
 
 from __future__ import annotations
