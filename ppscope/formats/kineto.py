@@ -151,7 +151,7 @@ def _read_file(path: Path) -> tuple[dict[str, Any], pd.DataFrame, list[tuple[str
         end = start + _ns(ev.get("dur", 0))
         if cat in _GPU_KINDS:
             kind = _GPU_KINDS[cat]
-            if kind == SpanKind.KERNEL and name.startswith("nccl"):
+            if kind == SpanKind.KERNEL and name.startswith(("nccl", "void nccl")):
                 kind = SpanKind.NCCL
             corr = args.get("correlation", -1)
             nbytes = args.get("bytes", 0) if isinstance(args.get("bytes", 0), int) else 0
