@@ -177,7 +177,7 @@ def gpu_work(db: NsysDb, strings: np.ndarray) -> pd.DataFrame:
         ids = arr[:, 6]
         df["name"] = _lookup(strings, ids)
         # NCCL or not is decided once per distinct name, not once per row.
-        is_nccl = np.array([str(v).startswith("nccl") for v in strings], dtype=bool)
+        is_nccl = np.array([str(v).startswith(("nccl", "void nccl")) for v in strings], dtype=bool)
         ok = (ids >= 0) & (ids < len(strings))
         nccl = np.zeros(len(ids), dtype=bool)
         nccl[ok] = is_nccl[ids[ok]]
