@@ -42,7 +42,8 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _model(text: str) -> Any:
+def model_shape(text: str) -> Any:
+    """A preset name or a config.json / model directory as a ModelShape."""
     from ppscope.models import PRESETS, ModelShape
 
     if text in PRESETS or not (text.endswith(".json") or Path(text).is_dir()):
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.plan import Cluster, PlanConfig, plan
     from ppscope.split import parse_split
 
-    model = _model(args.model)
+    model = model_shape(args.model)
     split = tuple(parse_split(args.split, model.layers, args.pp or None)) if args.split else ()
     cfg = PlanConfig(
         model=model,

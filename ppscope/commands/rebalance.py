@@ -101,11 +101,11 @@ def _per_stage(text: str, what: str, stages: int) -> float | list[float]:
 
 
 def _model_shape(args: argparse.Namespace, run_model: dict[str, Any]) -> Any:
-    from ppscope.commands.plan import _model
+    from ppscope.commands.plan import model_shape
     from ppscope.models import ModelShape
 
     if args.model:
-        return _model(args.model)
+        return model_shape(args.model)
     fields = {"name", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab"}
     if fields <= set(run_model):
         return ModelShape(**{k: run_model[k] for k in fields | {"tie_embeddings"} if k in run_model})
