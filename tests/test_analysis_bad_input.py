@@ -49,7 +49,7 @@ def test_bad_window_text(text: str) -> None:
 
 
 def test_steady_and_window_together_refused() -> None:
-    with pytest.raises(InvalidConfigError, match="not both"):
+    with pytest.raises(InvalidConfigError, match="at most one"):
         AnalysisConfig(steady=True, window_ms=(0, 1))
 
 

@@ -183,3 +183,16 @@ def test_explicit_window_clips_spans() -> None:
     assert res.window is not None and res.window.length_ns == 2 * 10**6
     assert res.stage(0).busy_ns == 15 * 10**5 and res.stage(0).causes["drain"] == 5 * 10**5
     assert res.stage(1).busy_ns == 15 * 10**5 and res.stage(1).causes["fill"] == 5 * 10**5
+
+
+def test_active_window_leaves_out_start_up() -> None:
+    rows = [
+        dict(rank=1, stage=1, kind="recv_wait", start_ns=0, end_ns=60, peer=0),  # posted before anything runs
+        _fwd(0, 0, 40, 50),
+        _fwd(1, 0, 60, 70),
+    ]
+    full = analyze(_trace(rows))
+    active = analyze(_trace(rows), AnalysisConfig(active=True))
+    assert full.window is not None and full.window.length_ns == 70
+    assert active.window is not None and (active.window.start_ns, active.window.end_ns) == (40, 70)
+    assert active.stage(1).causes["fill"] == 20 and active.stage(0).causes["drain"] == 20

@@ -22,7 +22,7 @@ from ppscope.analysis.latency import request_latency
 from ppscope.analysis.pipeline import balance, count_distinct, hop_stats, measured_inflight, stage_of_ranks
 from ppscope.analysis.result import AnalysisResult, RequestLatency, Theory, WindowInfo
 from ppscope.analysis.theory import theory_for
-from ppscope.analysis.window import full_window, resolve_window, steady_window
+from ppscope.analysis.window import active_window, full_window, resolve_window, steady_window
 from ppscope.errors import InvalidConfigError
 from ppscope.trace import Phase, SpanKind, Trace
 
@@ -35,12 +35,14 @@ class AnalysisConfig:
 
     steady: bool = False
     """Analyse only the steady state (found automatically, see `ppscope.analysis.window`)."""
+    active: bool = False
+    """Analyse from the first compute of any stage to the last: start-up and shut-down left out."""
     window_ms: tuple[float, float] | None = None
     """Explicit window (start_ms, end_ms), in ms from the trace's first span."""
 
     def __post_init__(self) -> None:
-        if self.steady and self.window_ms is not None:
-            raise InvalidConfigError("give either --steady or --window start_ms:end_ms, not both")
+        if self.steady + self.active + (self.window_ms is not None) > 1:
+            raise InvalidConfigError("give at most one of --steady, --active and --window start_ms:end_ms")
         if self.window_ms is not None and not (0 <= self.window_ms[0] < self.window_ms[1]):
             raise InvalidConfigError(f"window {self.window_ms} needs 0 <= start_ms < end_ms")
 
@@ -124,9 +126,13 @@ def _choose_window(config: AnalysisConfig, t: StageTimes, p: int, warnings: list
     full = full_window(t.start_ns, t.end_ns)
     if config.window_ms is not None:
         return resolve_window(full, config.window_ms, warnings)
+    compute = t.role == _COMPUTE
+    if config.active and compute.any():
+        return active_window(t.start_ns[compute], t.end_ns[compute])
+    if config.active:
+        warnings.append("no compute spans: the active window is the whole run")
     if not config.steady:
         return full
-    compute = t.role == _COMPUTE
     first = np.full(p, np.iinfo(np.int64).max, np.int64)
     last = np.full(p, np.iinfo(np.int64).min, np.int64)
     np.minimum.at(first, t.group[compute], t.start_ns[compute])

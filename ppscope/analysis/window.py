@@ -1,8 +1,10 @@
-"""Choosing the analysed window: the whole run, the steady state, or one the user gives in ms.
+"""Choosing the analysed window: the whole run, the active part, the steady state, or one given in ms.
 
-Steady state is found from compute spans alone: it starts at the first instant by which every stage has
-begun computing (the pipeline has filled) and ends at the last instant at which every stage is still to
-finish its last compute (before the first stage drains). This module knows spans' times and stage ids only.
+Whole run: first to last span of any stage. Active: first to last compute of any stage, leaving out start-up
+(ranks waiting before anything computes) and shut-down. Steady state is found from compute spans alone: it
+starts at the first instant by which every stage has begun computing (the pipeline has filled) and ends at
+the instant the first stage finishes its last compute (before it drains). This module knows spans' times
+and stage ids only.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy.typing as npt
 from ppscope.analysis.result import WindowInfo
 from ppscope.errors import InvalidConfigError
 
-__all__ = ["full_window", "parse_window_ms", "resolve_window", "steady_window"]
+__all__ = ["active_window", "full_window", "parse_window_ms", "resolve_window", "steady_window"]
 
 
 def parse_window_ms(text: str) -> tuple[float, float]:
@@ -39,6 +41,16 @@ def full_window(start_ns: npt.NDArray[np.int64], end_ns: npt.NDArray[np.int64]) 
         end_ns=int(end_ns.max()),
         mode="full",
         how="whole run: from the first span of any stage to the last",
+    )
+
+
+def active_window(start_ns: npt.NDArray[np.int64], end_ns: npt.NDArray[np.int64]) -> WindowInfo:
+    """First to last compute span of any stage (pass compute spans only)."""
+    return WindowInfo(
+        start_ns=int(start_ns.min()),
+        end_ns=int(end_ns.max()),
+        mode="active",
+        how="active: from the first compute of any stage to the last (start-up and shut-down left out)",
     )
 
 

@@ -26,6 +26,9 @@ def register(sub: Any) -> None:
     win = p.add_mutually_exclusive_group()
     win.add_argument("--steady", action="store_true", help="analyse the steady state only (found automatically)")
     win.add_argument(
+        "--active", action="store_true", help="analyse from the first compute of any stage to the last (no start-up)"
+    )
+    win.add_argument(
         "--window", metavar="START_MS:END_MS", help="analyse this window, in ms from the trace's first span"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_bars < 1:
         raise InvalidConfigError(f"--max-bars must be >= 1, got {args.max_bars}")
     window_ms = parse_window_ms(args.window) if args.window else None
-    config = AnalysisConfig(steady=args.steady, window_ms=window_ms)
+    config = AnalysisConfig(steady=args.steady, active=args.active, window_ms=window_ms)
     trace = open_trace(args.run)
     result = analyze(trace, config)
     if args.html:
