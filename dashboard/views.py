@@ -16,6 +16,7 @@ from dashboard import charts, gantt
 from dashboard.data import LiveTrace
 from dashboard.safety import Entry
 from ppscope import figures
+from ppscope.analysis import CAUSES
 from ppscope.errors import PPScopeError
 from ppscope.trace import Trace
 
@@ -47,6 +48,13 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x:.1%}"
 
 
+def _si(x: float) -> str:
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
 def stages(live: LiveTrace) -> None:
     st.markdown("### Stages: busy time and bubbles")
     result, problem = analysis(live)
@@ -64,7 +72,7 @@ def stages(live: LiveTrace) -> None:
     gain = result.balance_gain
     cols[3].metric("Balance gain", "—" if gain is None else f"×{gain:.2f}", help="max/mean stage time")
     tp = result.throughput_tokens_per_s
-    cols[4].metric("Throughput", "—" if tp is None else f"{tp:,.0f} tok/s", help=result.throughput_basis)
+    cols[4].metric("Throughput", "—" if tp is None else _si(tp) + " tok/s", help=result.throughput_basis)
     if w is not None:
         st.caption(f"Window: {w.length_ns / 1e6:,.2f} ms ({w.mode}): {w.how}")
     left, right = st.columns([3, 2])
@@ -86,6 +94,7 @@ def stages(live: LiveTrace) -> None:
 
 
 def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:
+    causes = [c for c in CAUSES if any(s.causes.get(c, 0) for s in result.stages)]
     rows = []
     for s in result.stages:
         row: dict[str, object] = {
@@ -96,7 +105,7 @@ def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:
             "bubble share": round(s.bubble_ratio, 4),
             "time per micro-batch (ms)": None if s.time_per_mb_ns is None else round(s.time_per_mb_ns / 1e6, 3),
         }
-        row.update({f"{cause} (ms)": round(ns / 1e6, 3) for cause, ns in s.causes.items() if ns})
+        row.update({f"{cause} (ms)": round(s.causes.get(cause, 0) / 1e6, 3) for cause in causes})
         rows.append(row)
     return rows
 
@@ -135,11 +144,17 @@ def rebalance(live: LiveTrace) -> None:
     cols[0].metric("Current split", ",".join(map(str, cur.split)))
     cols[1].metric("Advised split", ",".join(map(str, new.split)))
     cols[2].metric("Predicted speedup", f"×{advice.predicted_speedup:.3f}", help="slowest stage now / advised")
+    change = new.max_ms - cur.max_ms
     cols[3].metric(
-        "Slowest stage", f"{new.max_ms:.3f} ms", delta=f"{new.max_ms - cur.max_ms:+.3f} ms", delta_color="inverse"
+        "Slowest stage",
+        f"{new.max_ms:.3f} ms",
+        delta=f"{change:+.3f} ms" if abs(change) >= 5e-4 else None,
+        delta_color="inverse",
+        help="predicted time per micro-batch of the slowest stage with the advised split (change from now)",
     )
+    passes = "all passes" if fit.phase == "all" else f"the {fit.phase} passes"
     st.caption(
-        f"Costs fitted from this trace's {fit.phase} passes: {fit.uniform_layer_ms:.3f} ms per layer on average, "
+        f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer on average, "
         f"R² {fit.r_squared:.3f}. " + " ".join(f"Note: {n}." for n in fit.notes)
     )
     if cur.split == new.split:
@@ -184,8 +199,13 @@ def compare(live: LiveTrace, others: Sequence[Entry], opener: Callable[[Entry], 
         st.error(f"The analyzer could not read {'A' if a is None else 'B'}: {problem_a or problem_b}")
         return
     st.caption("A is the trace picked in the sidebar, B the one chosen here; deltas are B - A.")
-    st.dataframe(charts.compare_table(a, b), hide_index=True)
-    st.plotly_chart(charts.compare_figure(a, b), key="compare", config={"displaylogo": False})
+    st.dataframe(charts.compare_table(a, b).round(4), hide_index=True)
+    names = (f"A: {_short(live.path.name)}", f"B: {_short(label)}")
+    st.plotly_chart(charts.compare_figure(a, b, names=names), key="compare", config={"displaylogo": False})
+
+
+def _short(text: str, limit: int = 28) -> str:
+    return text if len(text) <= limit else "…" + text[-(limit - 1) :]
 
 
 def requests(live: LiveTrace) -> None:
