@@ -227,3 +227,27 @@ def test_real_import_survives_our_export_exactly(tmp_path: Path) -> None:
     back = load_nsys(export_nsys(first, tmp_path / "again.sqlite"))
     pd.testing.assert_frame_equal(back.spans, first.spans)
     assert back.meta == first.meta
+
+
+def test_cpu_capture_of_our_engine_has_no_kernels_but_opens(tmp_path: Path) -> None:
+    """nsys on a CPU (gloo) run records NVTX only: the ppscope ranges are the trace."""
+    path = tmp_path / "cpu.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+        CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, eventType INTEGER, text TEXT, globalTid INTEGER,
+            textId INTEGER, domainId INTEGER);
+        INSERT INTO StringIds VALUES (1, 's1 forward mb0'), (2, 's0 send mb0');
+        """
+    )
+    for pid in (10, 11):
+        db.execute("INSERT INTO NVTX_EVENTS VALUES (0, NULL, 75, 'ppscope', ?, NULL, 3)", (global_tid(pid, pid),))
+    db.execute("INSERT INTO NVTX_EVENTS VALUES (100, 200, 59, NULL, ?, 2, 3)", (global_tid(10, 10),))
+    db.execute("INSERT INTO NVTX_EVENTS VALUES (300, 400, 59, NULL, ?, 1, 3)", (global_tid(11, 11),))
+    db.commit()
+    db.close()
+    trace = load_nsys(path)
+    got = trace.spans[["rank", "stage", "kind", "mb", "lane", "start_ns", "end_ns"]].values.tolist()
+    assert got == [[0, 0, "send", 0, "send", 100, 200], [1, 1, "forward", 0, "compute", 300, 400]]
+    assert any("ppscope NVTX ranges" in w for w in trace.warnings)
