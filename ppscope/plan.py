@@ -148,6 +148,13 @@ class Plan:
     def fits(self) -> bool:
         return all(s.fits for s in self.stages)
 
+    @property
+    def kv_verdict(self) -> str:
+        """`out of memory`, `almost none` (some stage is tight, see `warnings`) or `ample`."""
+        if not self.fits:
+            return "out of memory"
+        return "almost none" if any("almost no room" in w for w in self.warnings) else "ample"
+
     def to_dict(self) -> dict[str, Any]:
         cfg = self.config
 
@@ -174,6 +181,7 @@ class Plan:
             "pipeline_kv_tokens": self.pipeline_kv_tokens,
             "pipeline_kv_sequences": self.pipeline_kv_sequences,
             "fits": self.fits,
+            "kv_verdict": self.kv_verdict,
             "fix_split": None if self.fix_split is None else list(self.fix_split),
             "fix_vllm_env": None
             if self.fix_split is None

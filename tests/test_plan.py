@@ -34,7 +34,7 @@ def test_70b_pp4_has_almost_no_kv_room_on_40_gib_and_ample_on_80() -> None:
     assert small.config.cluster.usable_bytes == int(36 * GIB)
     assert any("almost no room for KV cache" in w for w in small.warnings)
     assert small.pipeline_kv_sequences <= 4
-    assert not large.warnings
+    assert not large.warnings and large.kv_verdict == "ample" and small.kv_verdict == "almost none"
     assert large.pipeline_kv_sequences >= 10 * max(small.pipeline_kv_sequences, 1)
     # the ends carry the embedding and the LM head: moving a layer off each end raises the pipeline's capacity
     assert small.fix_split is not None and small.fix_split[0] < 20 and small.fix_split[-1] < 20
@@ -47,6 +47,7 @@ def test_a_stage_that_runs_out_of_memory_is_named_with_the_fixing_split() -> Non
     result = plan(cfg)
     oom = [w for w in result.warnings if "runs out of memory" in w]
     assert oom and all(("stage 0" in w) or ("stage 3" in w) for w in oom)
+    assert result.kv_verdict == "out of memory"
     assert result.fix_split is not None and result.fix_stages is not None
     assert all(s.fits for s in result.fix_stages)
     assert result.to_dict()["fix_vllm_env"].startswith("VLLM_PP_LAYER_PARTITION=")
@@ -101,7 +102,12 @@ def test_cli_plan_json_and_text(capsys: pytest.CaptureFixture[str], tmp_path) ->
     assert data["stages"][1]["weights_bytes"] == pytest.approx(35e9, rel=0.05)
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "almost no room for KV cache" in text and "VLLM_PP_LAYER_PARTITION=" in text and "Assumptions" in text
+    assert (
+        "room for KV cache is ALMOST NONE" in text
+        and "almost no room for KV cache" in text
+        and "VLLM_PP_LAYER_PARTITION=" in text
+        and "Assumptions" in text
+    )
     config = tmp_path / "config.json"
     config.write_text(
         json.dumps(

@@ -131,7 +131,7 @@ def _print(d: dict[str, Any]) -> None:
     _stage_table(f"per GPU, split {','.join(map(str, d['split']))}", d["stages"])
     print(
         f"pipeline KV capacity: {d['pipeline_kv_tokens']:,} tokens = {d['pipeline_kv_sequences']} sequence(s) of "
-        f"{d['max_model_len']} tokens (the smallest stage's)"
+        f"{d['max_model_len']} tokens (the smallest stage's): room for KV cache is {d['kv_verdict'].upper()}"
     )
     for w in d["warnings"]:
         print(f"warning: {w}")
