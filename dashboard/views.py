@@ -8,6 +8,7 @@ page instead of being imitated.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import streamlit as st
@@ -166,6 +167,16 @@ def rebalance(live: LiveTrace) -> None:
     st.markdown("**Ready to paste**")
     st.code(f"{lines['vllm_env']}\n{lines['sglang_env']}\n{lines['ppscope_run']}", language="bash")
     st.caption(f"Megatron-LM: {lines['megatron_args'] or '(one stage: no flags needed)'}")
+    sim, problem = live.memo("simulated", lambda t: _simulate_advised(t, new.split))
+    if sim is None:
+        st.warning(f"No simulated timeline for this trace: {problem}")
+    else:
+        st.markdown(
+            f"**Simulated replay** (the run's schedule and sizes, costs fitted from its spans, measured hops): "
+            f"current split {sim.current_ms:,.3f} ms against {sim.measured_ms:,.3f} ms measured "
+            f"({sim.error:+.1%} simulator error); advised split {sim.advised_ms:,.3f} ms, "
+            f"×{sim.current_ms / sim.advised_ms if sim.advised_ms else 1.0:.3f}."
+        )
     left, right = st.columns(2)
     with left:
         st.markdown("**Measured timeline (current split)**")
@@ -174,10 +185,43 @@ def rebalance(live: LiveTrace) -> None:
         st.caption(view.note)
     with right:
         st.markdown("**Simulated timeline (advised split)**")
-        st.warning(
-            "Not available yet: the simulator (ppscope.simulate) is not part of this ppscope, so the predicted "
-            "timeline of the advised split cannot be drawn. The per-stage times above are the rebalancer's model."
-        )
+        if sim is not None:
+            view = gantt.gantt_figure(sim.advised.spans, color_by="kind", max_bars=3000)
+            st.plotly_chart(view.figure, key="simulated_gantt", config={"displaylogo": False})
+            st.caption(view.note + " Predicted by ppscope.simulate, not measured.")
+
+
+@dataclass(kw_only=True)
+class _Replay:
+    advised: Trace
+    measured_ms: float
+    current_ms: float
+    advised_ms: float
+    error: float
+    """Simulator error on the current split: measured time ÷ simulated time - 1."""
+
+
+def _simulate_advised(trace: Trace, split: Sequence[int]) -> tuple[_Replay | None, str]:
+    """Replay the run with the simulator, as it is and with `split` (what `ppscope simulate --from` does)."""
+    import dataclasses
+
+    from ppscope.simulate import simulate
+    from ppscope.simulate_calibrate import makespan_ns, replay_config
+
+    try:
+        cfg = replay_config(trace)
+        current = simulate(cfg)
+        advised = simulate(dataclasses.replace(cfg, split=tuple(split)))
+        measured_ns, current_ns, advised_ns = makespan_ns(trace), makespan_ns(current), makespan_ns(advised)
+    except PPScopeError as exc:
+        return None, str(exc)
+    return _Replay(
+        advised=advised,
+        measured_ms=measured_ns / 1e6,
+        current_ms=current_ns / 1e6,
+        advised_ms=advised_ns / 1e6,
+        error=measured_ns / current_ns - 1.0 if current_ns else float("inf"),
+    ), ""
 
 
 def compare(live: LiveTrace, others: Sequence[Entry], opener: Callable[[Entry], LiveTrace]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,15 @@ def test_rebalance_advises_moving_layers_off_the_slow_stage(tmp_path: Path) -> N
     assert values["Predicted speedup"] == "×1.333"
     code = at.code[0].value
     assert "VLLM_PP_LAYER_PARTITION=3,2,1" in code and "SGLANG_PP_LAYER_PARTITION=3,2,1" in code
+    # the simulated timeline of the advised split sits beside the measured one
+    specs = _chart_specs(at)
+    assert len(specs) == 3  # predicted stage times, measured Gantt, simulated Gantt
+    measured, simulated = specs[1], specs[2]
+    assert sum(len(_decode(t["base"])) for t in _span_bars(measured)) == span_count(3, 4)
+    assert _span_bars(simulated), "the simulated Gantt has bars"
+    replay = next(m.value for m in at.markdown if "Simulated replay" in m.value)
+    current_ms, advised_ms = (float(x) for x in re.findall(r"split ([0-9.]+) ms", replay))
+    assert advised_ms < current_ms
 
 
 def test_rebalance_says_why_when_costs_cannot_be_fitted(tmp_path: Path) -> None:
