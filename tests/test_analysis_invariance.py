@@ -53,13 +53,13 @@ def _key(trace: Trace, config: AnalysisConfig) -> dict[str, object]:
     rows=st.lists(span, min_size=1, max_size=40),
     perm_seed=st.integers(0, 2**32 - 1),
     shift=st.integers(-(10**15), 10**15),
-    steady=st.booleans(),
+    mode=st.sampled_from(["full", "steady", "active"]),
 )
 def test_invariant_to_order_and_clock_shift(
-    rows: list[tuple[int, str, int, int, int, str]], perm_seed: int, shift: int, steady: bool
+    rows: list[tuple[int, str, int, int, int, str]], perm_seed: int, shift: int, mode: str
 ) -> None:
     meta = RunMeta(pp_size=4, schedule="serve", world_size=4)
-    config = AnalysisConfig(steady=steady)
+    config = AnalysisConfig(steady=mode == "steady", active=mode == "active")
     base = _key(Trace(spans=_frame(rows), meta=meta), config)
     shuffled = _frame(rows, shift).sample(frac=1.0, random_state=perm_seed % 2**32).reset_index(drop=True)
     moved = _key(Trace(spans=shuffled, meta=meta), config)

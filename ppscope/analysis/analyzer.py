@@ -70,9 +70,10 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     role = span_roles(spans["kind"])
     decode = (spans["phase"] == Phase.DECODE).to_numpy()
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
-    mb, step = spans["mb"].to_numpy(np.int64), spans["step"].to_numpy(np.int64)
-    unit = np.where(mb >= 0, mb * (int(step.max()) + 2) + step + 1, -1)
-    times = StageTimes(group=group, role=role, decode=decode, start_ns=start, end_ns=end, unit=unit)
+    mb = spans["mb"].to_numpy(np.int64)
+    forward = (spans["kind"] == SpanKind.FORWARD).to_numpy()
+    chunk = spans["chunk"].to_numpy(np.int64)
+    times = StageTimes(group=group, role=role, decode=decode, start_ns=start, end_ns=end, forward=forward, chunk=chunk)
 
     window = _choose_window(config, times, p, warnings)
     if window.length_ns <= 0:
@@ -97,7 +98,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     results, gaps = stage_bubbles(times, stages, window, dependency=dependency, has_waits=has_waits)
     imbalance, basis, bottleneck, gain = balance(results)
     if basis == "busy":
-        warnings.append("spans carry no micro-batch ids: imbalance compares busy time per stage")
+        warnings.append("no `forward` spans on some stage: imbalance compares busy time per stage")
     theory = _theory(meta.schedule, p, meta.microbatches, meta.chunks, inflight, mb[is_compute], window)
     throughput, basis_tp = _throughput(latency, spans, role, window)
     in_window = (end > window.start_ns) & (start < window.end_ns)

@@ -56,8 +56,9 @@ class StageTimes:
     decode: npt.NDArray[np.bool_]
     start_ns: npt.NDArray[np.int64]
     end_ns: npt.NDArray[np.int64]
-    unit: npt.NDArray[np.int64]
-    """(mb, step) packed into one int; -1 when the span has no micro-batch id."""
+    forward: npt.NDArray[np.bool_]
+    """The span is a `forward` (one micro-batch through one model chunk)."""
+    chunk: npt.NDArray[np.int64]
 
 
 def span_roles(kind: pd.Series) -> npt.NDArray[np.int8]:
@@ -131,7 +132,8 @@ def _one_stage(
     busy = int(lengths[labels == _BUSY].sum())
     length = hi - lo
     bubble = length - busy
-    units = _units(t.unit[idx][is_compute], start[is_compute], end[is_compute], lo, hi)
+    fwd = t.forward[idx]
+    units = _passes(start[fwd], end[fwd], t.chunk[idx][fwd], lo, hi)
     result = StageResult(
         stage=stage,
         ranks=ranks,
@@ -147,13 +149,22 @@ def _one_stage(
     return result, _gap_frame(stage, g_start[keep], g_end[keep], g_label[keep])
 
 
-def _units(
-    unit: npt.NDArray[np.int64], start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], lo: int, hi: int
-) -> int:
-    """Distinct (micro-batch, step) pairs among compute spans that overlap the window."""
-    inside = (end > lo) & (start < hi) & (unit >= 0)
-    s = np.sort(unit[inside])
-    return int((s[1:] != s[:-1]).sum()) + 1 if s.shape[0] else 0
+def _passes(
+    start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], chunk: npt.NDArray[np.int64], lo: int, hi: int
+) -> float:
+    """Micro-batch passes through the stage inside [lo, hi): forward spans / model chunks on the stage.
+
+    A forward cut by the window counts for the part inside it, so time per pass stays right for any window.
+    """
+    dur = end - start
+    inside = np.minimum(end, hi) - np.maximum(start, lo)
+    point = (dur == 0) & (start >= lo) & (start < hi)
+    frac = np.where(dur > 0, np.clip(inside, 0, None) / np.maximum(dur, 1), point.astype(np.float64))
+    used = frac > 0
+    if not used.any():
+        return 0.0
+    chunks = np.unique(chunk[used]).shape[0]
+    return float(np.sort(frac).sum()) / chunks  # sorted: the same sum whatever the span order
 
 
 def _gap_frame(

@@ -54,7 +54,7 @@ def stage_of_ranks(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) -> d
 def balance(stages: list[StageResult]) -> tuple[float | None, str, int | None, float | None]:
     """(imbalance, basis, bottleneck stage, balance gain) from per-micro-batch stage times.
 
-    t_s is the stage's busy time per (micro-batch, step) unit; when some stage has no micro-batch ids, the
+    t_s is the stage's busy time per micro-batch pass; when some stage has no `forward` spans (imports), the
     busy times themselves are compared (basis `busy`), which is the same ratio when every stage processes
     the same micro-batches.
     """

@@ -75,8 +75,9 @@ class StageResult:
     """bubble_ns / window length."""
     causes: dict[str, int]
     """Cause -> ns; values add up to bubble_ns exactly."""
-    units: int
-    """Distinct (micro-batch, step) pairs computed in the window; 0 when spans carry no micro-batch ids."""
+    units: float
+    """Micro-batch passes in the window: `forward` spans / model chunks on the stage, a forward cut by the
+    window counting for its part inside; 0 when the stage has no `forward` spans (imports)."""
     time_per_mb_ns: float | None
     """busy_ns / units: the stage's time per micro-batch; None when units is 0."""
 
