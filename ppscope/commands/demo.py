@@ -1,14 +1,78 @@
-"""`ppscope demo`: run, find the bottleneck, rebalance, re-run and show the measured gain."""
+"""`ppscope demo`: the whole loop on the default tiny model on this machine, then the dashboard.
+
+Runs the engine with its default split, finds the bottleneck, rebalances on measured per-layer costs,
+re-runs with the advised split, prints measured vs predicted gain and opens the dashboard on both runs.
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
+import time
+from pathlib import Path
 from typing import Any
 
-from ppscope.commands._common import add_planned
-
-HELP = "Run, find the bottleneck, rebalance, re-run and show the measured gain"
-EXAMPLE = "ppscope demo"
+HELP = "Run, find the bottleneck, rebalance, re-run and show the measured gain, then open the dashboard"
+EXAMPLE = "ppscope demo --no-dashboard"
 
 
 def register(sub: Any) -> None:
-    add_planned(sub, "demo", HELP, EXAMPLE)
+    from ppscope.commands.tune import add_tune_arguments
+
+    p: argparse.ArgumentParser = sub.add_parser("demo", help=HELP, description=f"{HELP}.", epilog=f"example: {EXAMPLE}")
+    p.add_argument(
+        "--stages", type=int, default=None, help="pipeline stages (default 4; without a GPU at most the CPU cores)"
+    )
+    p.add_argument("--model", default="tiny", help="model preset, `synthetic` or a checkpoint directory (default tiny)")
+    p.add_argument("--requests", type=int, default=16, help="requests (default 16)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per request (default 32)")
+    p.add_argument("--out", default=None, help="folder for the runs (default runs/demo-<timestamp>)")
+    p.add_argument("--no-dashboard", dest="dashboard", action="store_false", help="do not open the dashboard")
+    p.add_argument("--port", type=int, default=None, help="dashboard port (default 8501 or the next free one)")
+    add_tune_arguments(p)
+    p.set_defaults(func=run)
+
+
+def default_stages() -> int:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return min(4, torch.cuda.device_count()) if torch.cuda.device_count() > 1 else 2
+    except ImportError:
+        pass
+    return max(2, min(4, os.cpu_count() or 2))
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.config import EngineConfig
+    from ppscope.report_tune import print_tune
+    from ppscope.tune import tune
+
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    cfg = EngineConfig(
+        stages=args.stages or default_stages(),
+        schedule="serve",
+        model=args.model,
+        requests=args.requests,
+        max_new_tokens=args.max_new_tokens,
+        prompt_len=16,
+        progress=True,
+    )
+
+    def step(msg: str) -> None:
+        print(f"• {msg}", flush=True)
+
+    result = tune(cfg, out_dir=out, cost_source=args.costs, phase=args.phase, on_step=step)
+    print_tune(result)
+    if not args.dashboard:
+        return 0
+    from ppscope.commands.dashboard import start_dashboard
+
+    board = start_dashboard([str(out)], port=args.port, quiet=True)
+    print(f"dashboard: {board.url}  (both runs are listed there; Ctrl-C to stop)", flush=True)
+    try:
+        return board.process.wait()
+    except KeyboardInterrupt:
+        board.stop()
+        return 0

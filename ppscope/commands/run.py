@@ -28,6 +28,15 @@ def register(sub: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_engine_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_run)
+
+
+def add_engine_arguments(
+    p: argparse.ArgumentParser, *, out_help: str = "run directory (default runs/<timestamp>; never overwritten)"
+) -> None:
+    """The options of one engine run (shared with `ppscope tune`)."""
     g = p.add_argument_group("pipeline")
     g.add_argument("--stages", type=int, default=2, help="pipeline stages = processes (default 2)")
     g.add_argument("--schedule", default="serve", help="gpipe | interleaved | serve (default serve)")
@@ -62,12 +71,10 @@ def register(sub: Any) -> None:
     r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1)")
     r.add_argument("--seed", type=int, default=0, help="seeds weights, prompts, arrivals and sampling (default 0)")
     o = p.add_argument_group("output")
-    o.add_argument("--out", default=None, help="run directory (default runs/<timestamp>; never overwritten)")
+    o.add_argument("--out", default=None, help=out_help)
     o.add_argument("--no-record", dest="record", action="store_false", help="record nothing (overhead baseline)")
     o.add_argument("--no-nvtx", dest="nvtx", action="store_false", help="record spans without NVTX ranges")
     o.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    o.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -1,0 +1,145 @@
+"""Per-layer cost profile: time each decoder layer, the embedding and the LM head + sampling on the device.
+
+Like torchgpipe's `balance_by_time`, but per phase (a prefill of N tokens and a decode step of B sequences)
+and with the ends of the model included, because the embedding and the head are what make the first and
+last stage differ. One process builds one layer at a time (so a model larger than one device still
+profiles), runs warm-up passes, then takes the median of timed passes: CUDA events on a GPU (the profile
+is a separate phase, so synchronising is allowed here), `perf_counter_ns` on a CPU. The result is written
+to the run directory as `profile.json`; `ppscope.profile` reads it without torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.config import EngineConfig
+from engine.model import Batch, KVCache, sleep_ms
+from engine.prepare import make_source, torch_dtype
+from engine.schedules import Sampling, sample
+from engine.split import StageModule
+from ppscope.profile import PROFILE_FILE, LayerProfile, PhaseCosts
+
+__all__ = ["profile_layers", "write_profile"]
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
+    """A function that runs `fn` once and returns its duration in ms on `device`."""
+    if device.type == "cuda":
+
+        def cuda_ms(fn: Callable[[], Any]) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return float(start.elapsed_time(end))
+
+        return cuda_ms
+
+    def cpu_ms(fn: Callable[[], Any]) -> float:
+        t0 = time.perf_counter_ns()
+        fn()
+        return (time.perf_counter_ns() - t0) / 1e6
+
+    return cpu_ms
+
+
+def _median_ms(timer: Callable[[Callable[[], Any]], float], fn: Callable[[], Any], warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        fn()
+    return statistics.median(timer(fn) for _ in range(repeats))
+
+
+def _phase(
+    cfg: EngineConfig, device: torch.device, *, batch: Batch, warmup: int, repeats: int
+) -> tuple[list[float], float, float, float]:
+    """(layer_ms, embed_ms, head_ms, sample_ms) for one kind of pass."""
+    shape = cfg.shape()
+    dtype = torch_dtype(cfg.dtype)
+    source = make_source(cfg, shape)
+    timer = _timer(device)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    ids = torch.randint(0, shape.vocab, (batch.tokens,), generator=gen).to(device)
+    slots, max_len = max(batch.slots) + 1, max(s + n for s, n in zip(batch.starts, batch.lens, strict=True))
+    with torch.inference_mode():
+        ends = _ends(source, device, dtype)
+        x = ends.run_embed(ids, shape.hidden, dtype)
+        embed_ms = _median_ms(timer, lambda: ends.run_embed(ids, shape.hidden, dtype), warmup, repeats)
+        index = batch.index(device)
+        layer_ms = []
+        for i in range(shape.layers):
+            layer = source.layer(i).to(device=device, dtype=dtype).eval()
+            if source.synthetic:
+                cost = float(getattr(layer, "cost_ms", 0.0))
+                layer_ms.append(_median_ms(timer, functools.partial(sleep_ms, cost, device), warmup, repeats))
+                continue
+            cache = KVCache(slots, max_len, shape.kv_heads, shape.head_dim, dtype, device)
+            layer_ms.append(_median_ms(timer, _bind(layer, x, batch, index, cache), warmup, repeats))
+            del layer, cache
+        logits = ends.run_head(x, batch, shape.vocab)
+        head_ms = _median_ms(timer, lambda: ends.run_head(x, batch, shape.vocab), warmup, repeats)
+        sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
+        sample_gen = torch.Generator().manual_seed(cfg.seed)
+        sample_ms = _median_ms(timer, lambda: sample(logits, sampling, sample_gen), warmup, repeats)
+    return layer_ms, embed_ms, head_ms, sample_ms
+
+
+def _bind(layer: Any, x: torch.Tensor, batch: Batch, index: Any, cache: KVCache) -> Callable[[], Any]:
+    return lambda: layer(x, batch, index, cache)
+
+
+def _ends(source: Any, device: torch.device, dtype: torch.dtype) -> StageModule:
+    """A one-rank stage module holding only the embedding and the head: no decoder layer is built."""
+    embed = source.embedding().to(device=device, dtype=dtype).eval()
+    head = source.head().to(device=device, dtype=dtype).eval()
+    return StageModule(rank=0, ranks=1, chunks={}, embed=embed, head=head, synthetic=source.synthetic, device=device)
+
+
+def profile_layers(
+    cfg: EngineConfig,
+    *,
+    prefill_tokens: int | None = None,
+    decode_batch: int | None = None,
+    warmup: int = 2,
+    repeats: int = 5,
+    device: str | None = None,
+) -> LayerProfile:
+    """Time every layer and both ends for a prefill of `prefill_tokens` tokens and a decode step of
+    `decode_batch` sequences (defaults: the run's prompt length and requests per micro-batch)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    n = prefill_tokens or cfg.prompt_len
+    b = decode_batch or cfg.max_batch
+    prefill = Batch(slots=[0], starts=[0], lens=[n])
+    decode = Batch(slots=list(range(b)), starts=[n] * b, lens=[1] * b)
+    phases = {}
+    for name, batch in (("prefill", prefill), ("decode", decode)):
+        layer_ms, embed_ms, head_ms, sample_ms = _phase(cfg, dev, batch=batch, warmup=warmup, repeats=repeats)
+        phases[name] = PhaseCosts(
+            layer_ms=tuple(layer_ms), embed_ms=embed_ms, head_ms=head_ms, sample_ms=sample_ms, tokens=batch.tokens
+        )
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    return LayerProfile(
+        model=cfg.shape().name,
+        device=name,
+        dtype=cfg.dtype,
+        method="cuda-events" if dev.type == "cuda" else "perf_counter",
+        repeats=repeats,
+        prefill=phases["prefill"],
+        decode=phases["decode"],
+    )
+
+
+def write_profile(profile: LayerProfile, run_dir: str | Path) -> Path:
+    """Store the profile beside the run's spans (never over an existing one)."""
+    path = Path(run_dir) / PROFILE_FILE
+    with open(path, "x") as f:
+        json.dump(profile.to_dict(), f, indent=2)
+    return path

@@ -1,0 +1,64 @@
+"""Print a `TuneResult` for people: the two runs side by side, predicted vs measured gain, paste-ready lines."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from ppscope.tune import TuneResult
+
+__all__ = ["print_tune"]
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "—" if value is None else f"{value:{spec}}{suffix}"
+
+
+def print_tune(result: TuneResult, console: Console | None = None) -> None:
+    out = console or Console()
+    advice = result.advice
+    table = Table(title="Before and after rebalancing", title_justify="left")
+    table.add_column("")
+    table.add_column("run 1 (as given)", justify="right")
+    table.add_column("run 2 (advised)", justify="right")
+    before, after = result.before, result.after
+    rows: list[tuple[str, str, str]] = [
+        ("split", ",".join(map(str, before.split)), ",".join(map(str, after.split)) if after else "(same)"),
+        (
+            "predicted slowest stage",
+            f"{advice.current.max_ms:.3f} ms (stage {advice.current.bottleneck})",
+            f"{advice.proposed.max_ms:.3f} ms (stage {advice.proposed.bottleneck})",
+        ),
+        (
+            "measured bottleneck stage",
+            _fmt(before.bottleneck_stage, "d"),
+            _fmt(after.bottleneck_stage if after else None, "d"),
+        ),
+        (
+            "measured bubble ratio",
+            _fmt(before.bubble_ratio and 100 * before.bubble_ratio, ".1f", "%"),
+            _fmt(after.bubble_ratio and 100 * after.bubble_ratio if after else None, ".1f", "%"),
+        ),
+        (
+            "measured throughput",
+            _fmt(before.throughput_tokens_per_s, ".1f", " tok/s"),
+            _fmt(after.throughput_tokens_per_s if after else None, ".1f", " tok/s"),
+        ),
+        ("run directory", str(before.run_dir), str(after.run_dir) if after else ""),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
+    for note in result.notes:
+        out.print(f"note: {note}")
+    measured, realised = result.measured_speedup, result.realised
+    out.print(
+        f"predicted speedup ×{result.predicted_speedup:.3f}   measured ×{_fmt(measured, '.3f')}"
+        + (f"   ({100 * realised:.0f}% of the predicted gain realised)" if realised is not None else "")
+    )
+    stage_ms = ", ".join(f"{t:.3f}" for t in advice.proposed.stage_ms)
+    out.print(f"advised split, predicted stage times (ms): {stage_ms}")
+    from ppscope.balance import engine_lines
+
+    for line in engine_lines(advice.proposed.split).values():
+        out.print(f"  {line}", highlight=False, soft_wrap=True)

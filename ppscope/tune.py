@@ -1,0 +1,154 @@
+"""The closed tuning loop: run, measure costs, rebalance, re-run with the advised split, compare.
+
+`tune` is the promise of ppscope checked by measurement: the rebalancer's split is provably the best for
+the costs it was given, and the second run says how much of the predicted gain was real. Costs come from a
+per-layer profile on the device (default) or are fitted from the first run's stage spans. The engine is
+imported only when the loop runs, so this module stays importable without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ppscope.analysis import AnalysisResult, analyze
+from ppscope.balance import BalanceProblem, Rebalance, engine_lines, rebalance
+from ppscope.costs import LayerCosts, fit_layer_costs
+from ppscope.errors import InvalidConfigError
+from ppscope.store import load_run
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+
+__all__ = ["COST_SOURCES", "RunSummary", "TuneResult", "tune"]
+
+COST_SOURCES = ("profile", "fit")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary:
+    """What one run of the loop measured."""
+
+    run_dir: Path
+    split: tuple[int, ...]
+    throughput_tokens_per_s: float | None
+    bubble_ratio: float | None
+    bottleneck_stage: int | None
+    stage_busy_ms: tuple[float, ...]
+    """Per-stage busy time per micro-batch pass (the analyzer's time_per_mb), ms."""
+
+    @classmethod
+    def of(cls, run_dir: Path, result: AnalysisResult, split: tuple[int, ...]) -> RunSummary:
+        return cls(
+            run_dir=run_dir,
+            split=split,
+            throughput_tokens_per_s=result.throughput_tokens_per_s,
+            bubble_ratio=result.bubble_ratio,
+            bottleneck_stage=result.bottleneck_stage,
+            stage_busy_ms=tuple((s.time_per_mb_ns or 0) / 1e6 for s in result.stages),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneResult:
+    before: RunSummary
+    after: RunSummary | None
+    """None when the split was already the best one: nothing to re-run."""
+    advice: Rebalance
+    costs: LayerCosts
+    cost_source: str
+    """`profile` (timed layer by layer on the device) or `fit` (from the first run's spans)."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.advice.predicted_speedup
+
+    @property
+    def measured_speedup(self) -> float | None:
+        if self.after is None:
+            return 1.0
+        a, b = self.after.throughput_tokens_per_s, self.before.throughput_tokens_per_s
+        return a / b if a and b else None
+
+    @property
+    def realised(self) -> float | None:
+        """Share of the predicted gain that the measurement shows: (measured − 1) / (predicted − 1)."""
+        measured = self.measured_speedup
+        if measured is None or self.predicted_speedup <= 1.0:
+            return None
+        return (measured - 1.0) / (self.predicted_speedup - 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        def run(s: RunSummary | None) -> dict[str, Any] | None:
+            return None if s is None else {**dataclasses.asdict(s), "run_dir": str(s.run_dir)}
+
+        return {
+            "before": run(self.before),
+            "after": run(self.after),
+            "cost_source": self.cost_source,
+            "layer_costs_ms": list(self.costs.layer_ms),
+            "embed_cost_ms": self.costs.embed_ms,
+            "head_cost_ms": self.costs.head_ms,
+            "sample_cost_ms": self.costs.sample_ms,
+            "predicted_speedup": self.predicted_speedup,
+            "measured_speedup": self.measured_speedup,
+            "realised_share_of_predicted_gain": self.realised,
+            "advice": self.advice.to_dict(),
+            "lines": engine_lines(self.advice.proposed.split),
+            "notes": self.notes,
+        }
+
+
+Step = Callable[[str], None]
+
+
+def _costs(cfg: EngineConfig, run_dir: Path, source: str, phase: str, step: Step) -> tuple[LayerCosts, list[str]]:
+    if source == "profile":
+        from engine.profile import profile_layers, write_profile
+
+        step(f"profiling every layer, the embedding and the head on the device ({phase} pass)")
+        profile = profile_layers(cfg)
+        write_profile(profile, run_dir)
+        return profile.phase(phase).costs(), [f"costs: {phase} pass timed layer by layer ({profile.method})"]
+    fit = fit_layer_costs([load_run(run_dir)], phase=phase)
+    note = f"costs: fitted from the run's {fit.phase} spans, R² = {fit.r_squared:.3f}"
+    return fit.costs, [note, *fit.notes]
+
+
+def tune(
+    cfg: EngineConfig,
+    *,
+    out_dir: str | Path,
+    cost_source: str = "profile",
+    phase: str = "decode",
+    on_step: Step | None = None,
+) -> TuneResult:
+    """Run `cfg` as given, rebalance on measured costs, run again with the advised split, compare."""
+    from engine.launch import run
+
+    if cost_source not in COST_SOURCES:
+        raise InvalidConfigError(f"unknown cost source {cost_source!r}; valid: {', '.join(COST_SOURCES)}")
+    if cfg.chunks != 1:
+        raise InvalidConfigError("tune balances one chunk per rank: use --schedule gpipe or serve, not interleaved")
+    step = on_step or (lambda _msg: None)
+    out = Path(out_dir)
+    step(f"run 1: {cfg.model} on {cfg.stages} stages, {cfg.schedule} schedule, split as given")
+    before_dir = run(dataclasses.replace(cfg, out=str(out / "1-before")))
+    before_trace = load_run(before_dir)
+    split = tuple(before_trace.meta.split)
+    before = RunSummary.of(before_dir, analyze(before_trace), split)
+    costs, notes = _costs(cfg, before_dir, cost_source, phase, step)
+    advice = rebalance(BalanceProblem(costs=costs, stages=cfg.stages), current=split)
+    proposed = tuple(advice.proposed.split)
+    if proposed == split:
+        notes.append("the split is already the best one for these costs: no second run")
+        return TuneResult(before=before, after=None, advice=advice, costs=costs, cost_source=cost_source, notes=notes)
+    step(f"run 2: advised split {','.join(map(str, proposed))} (predicted ×{advice.predicted_speedup:.3f})")
+    split_text = ",".join(map(str, proposed))
+    after_dir = run(dataclasses.replace(cfg, split=split_text, out=str(out / "2-after")))
+    after = RunSummary.of(after_dir, analyze(load_run(after_dir)), proposed)
+    return TuneResult(before=before, after=after, advice=advice, costs=costs, cost_source=cost_source, notes=notes)

@@ -1,0 +1,79 @@
+"""The closed loop on the synthetic model: profile, rebalance, re-run, and the per-layer profile itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from engine.config import EngineConfig
+from engine.profile import profile_layers, write_profile
+from ppscope.errors import CorruptFileError, InvalidConfigError
+from ppscope.profile import PROFILE_FILE, read_profile
+from ppscope.tune import tune
+
+
+def _synthetic(**kw: object) -> EngineConfig:
+    base = dict(model="synthetic", layers=6, layer_cost_ms="1,1,1,1,1,1", head_cost_ms=3.0, stages=3,
+                requests=4, prompt_len=4, max_new_tokens=4, progress=False, nvtx=False)  # fmt: skip
+    base.update(kw)
+    return EngineConfig(**base)  # type: ignore[arg-type]
+
+
+def test_profile_times_each_layer_and_the_ends(tmp_path: Path) -> None:
+    cfg = _synthetic(layer_cost_ms="1,1,4,1,1,1", embed_cost_ms=2.0)
+    prof = profile_layers(cfg, warmup=1, repeats=3)
+    for phase in ("prefill", "decode"):
+        costs = prof.phase(phase).costs()
+        assert costs.layers == 6
+        # sleeping layers take at least their cost; the 4 ms layer stands out from the 1 ms ones
+        assert costs.layer_ms[2] >= 4.0 and max(costs.layer_ms[i] for i in (0, 1, 3, 4, 5)) < 4.0
+        assert costs.embed_ms >= 2.0 and costs.head_ms >= 3.0
+    write_profile(prof, tmp_path)
+    back = read_profile(tmp_path)
+    assert back == prof
+    with pytest.raises(FileExistsError):
+        write_profile(prof, tmp_path)
+
+
+def test_real_model_profile_has_positive_costs() -> None:
+    prof = profile_layers(EngineConfig(model="tiny", prompt_len=8, progress=False), warmup=1, repeats=2)
+    assert len(prof.decode.layer_ms) == 8 and all(t > 0 for t in prof.decode.layer_ms)
+    assert prof.decode.head_ms > 0 and prof.method == "perf_counter" and prof.device == "cpu"
+
+
+def test_unreadable_profile_is_a_named_error(tmp_path: Path) -> None:
+    (tmp_path / PROFILE_FILE).write_text(json.dumps({"model": "x"}))
+    with pytest.raises(CorruptFileError, match="profile"):
+        read_profile(tmp_path)
+    assert read_profile(tmp_path / "nowhere") is None
+
+
+@pytest.mark.slow
+def test_tune_moves_layers_off_the_slow_last_stage(tmp_path: Path) -> None:
+    result = tune(_synthetic(), out_dir=tmp_path / "t", cost_source="profile")
+    assert result.before.split == (2, 2, 2)
+    assert result.after is not None
+    # the head costs three layers: the last stage must give layers away
+    assert result.after.split[-1] < 2 and sum(result.after.split) == 6
+    assert result.predicted_speedup > 1.2
+    assert result.after.throughput_tokens_per_s and result.before.throughput_tokens_per_s
+    assert (tmp_path / "t" / "1-before" / PROFILE_FILE).is_file()
+    data = result.to_dict()
+    assert data["lines"]["vllm_env"] == "VLLM_PP_LAYER_PARTITION=" + ",".join(map(str, result.after.split))
+
+
+def test_tune_with_a_balanced_split_does_not_rerun(tmp_path: Path) -> None:
+    cfg = _synthetic(stages=2, layers=2, layer_cost_ms="1,1", head_cost_ms=0.0, requests=2, max_new_tokens=2)
+    result = tune(cfg, out_dir=tmp_path / "t", cost_source="fit")
+    assert result.after is None and result.measured_speedup == 1.0
+    assert any("already the best" in n for n in result.notes)
+
+
+def test_tune_refuses_interleaved(tmp_path: Path) -> None:
+    cfg = _synthetic(schedule="interleaved", chunks=2, stages=3, layers=6)
+    with pytest.raises(InvalidConfigError, match="interleaved"):
+        tune(cfg, out_dir=tmp_path / "t")
