@@ -137,3 +137,37 @@ def test_render_text_and_html_without_trace() -> None:
     res = analyze(Trace())
     assert "no spans" in render_text(res)
     assert "<html>" in html_report(res) or "<html" in html_report(res)
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    for name in ("/usr/bin/chromium", "chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_html_report_draws_offline_in_chromium(run_dir: Path, tmp_path: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    executable = _chromium()
+    if executable is None:
+        pytest.skip("no Chromium found (/usr/bin/chromium, chromium, chromium-browser): apt-get install chromium")
+    out = tmp_path / "report.html"
+    assert main(["analyze", str(run_dir), "--html", str(out), "--json"]) == 0
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable)
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: None if r.url.startswith(("file:", "data:")) else errors.append(r.url))
+        page.goto(out.as_uri())
+        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+        plots = page.locator(".js-plotly-plot").count()
+        bars = page.locator(".js-plotly-plot .barlayer .point").count()
+        browser.close()
+    assert errors == [], "the report must open without a server or network"
+    assert plots == 3 and bars > 0
