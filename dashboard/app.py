@@ -59,12 +59,12 @@ def main(argv: Sequence[str]) -> None:
         return
     labels = [e.label for e in entries]
     label = st.sidebar.selectbox("Trace", labels, key="trace")
-    entry = catalog.pick(label)
+    entry = catalog.pick(label, entries)
     section = st.sidebar.radio("Section", SECTIONS, key="section")
     live = live_trace(entry)
     live.refresh()
     _header(entry, live)
-    if live.error and not len(live.refresh().spans):
+    if live.error and not len(live.trace.spans):
         return
     if section == "Timeline":
         timeline(live)
@@ -94,7 +94,7 @@ def _header(entry: Entry, live: LiveTrace) -> None:
     st.caption(" · ".join(bits))
     if live.error:
         st.warning(live.error)
-    for warning in live.refresh().warnings:
+    for warning in live.trace.warnings:
         st.caption(f"⚠ {warning}")
 
 
@@ -152,7 +152,7 @@ def _window(mode: str, origin_ns: int, end_ns: int, last_ms: float) -> tuple[int
 
 def usage(live: LiveTrace) -> None:
     st.markdown("### Device usage")
-    trace = live.refresh()
+    trace = live.trace
     origin = int(trace.spans["start_ns"].min()) if len(trace.spans) else 0
     view = live.memo("usage", lambda t: charts.usage_figure(t.counters, origin_ns=origin))
     if view is None:

@@ -49,6 +49,11 @@ class LiveTrace:
         return self._trace.meta
 
     @property
+    def trace(self) -> Trace:
+        """The trace as of the last `refresh()` (reads nothing)."""
+        return self._trace
+
+    @property
     def live(self) -> bool:
         """True while the run is being written: the page keeps refreshing."""
         return self.is_run and self._trace.meta.status == "running" and not self.error

@@ -47,9 +47,9 @@ class Catalog:
             found += _scan(folder)
         return found
 
-    def pick(self, label: str) -> Entry:
-        """The entry shown as `label`; anything else is refused (the page can only hand back a listed label)."""
-        for entry in self.entries():
+    def pick(self, label: str, entries: list[Entry] | None = None) -> Entry:
+        """The entry shown as `label` among `entries` (default: as listed now); anything else is refused."""
+        for entry in self.entries() if entries is None else entries:
             if entry.label == label:
                 return entry
         raise RunNotFoundError(f"{label!r} is not among the traces this dashboard was started on")

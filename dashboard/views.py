@@ -180,7 +180,7 @@ def rebalance(live: LiveTrace) -> None:
     left, right = st.columns(2)
     with left:
         st.markdown("**Measured timeline (current split)**")
-        view = gantt.gantt_figure(live.refresh().spans, color_by="kind", max_bars=3000)
+        view = gantt.gantt_figure(live.trace.spans, color_by="kind", max_bars=3000)
         st.plotly_chart(view.figure, key="measured_gantt", config={"displaylogo": False})
         st.caption(view.note)
     with right:

@@ -205,3 +205,15 @@ def test_real_nsys_export_renders_aggregated(tmp_path: Path) -> None:
     for section in ("Stages", "GPU usage", "Rebalance", "Requests"):
         at.sidebar.radio(key="section").set_value(section).run()
         assert not at.exception, (section, at.exception)
+
+
+def test_range_window_slider(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run", p=2, m=4)
+    at = _app(run).run()
+    at.radio(key="window_mode").set_value("Range").run()
+    slider = at.slider(key="range_ms")
+    assert slider.value[0] == 0.0 and slider.max == pytest.approx(slider.value[1])
+    slider.set_value((0.0, 0.05)).run()  # the first 50 µs: rank 0's first forward, rank 1 waiting for it
+    assert not at.exception
+    bars = _span_bars(_chart_specs(at)[0])
+    assert sorted(y for t in bars for y in t["y"]) == ["rank 0 · compute", "rank 1 · recv"]
