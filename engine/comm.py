@@ -28,6 +28,7 @@ __all__ = ["ACT", "STOP", "TOKENS", "Message", "Ring"]
 
 ACT, TOKENS, STOP = 1, 2, 3
 _FIXED = 8
+_INLINE = 1 << 8  # flag in the dtype word: the payload travels inside the header
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64]
 
 
@@ -50,12 +51,21 @@ class Ring:
     """Point-to-point links of one rank. With one rank, messages go straight to its own inbox."""
 
     def __init__(
-        self, rank: int, world: int, recorder: Recorder, max_seqs: int, device: torch.device, timeout_s: float
+        self,
+        rank: int,
+        world: int,
+        recorder: Recorder,
+        max_seqs: int,
+        device: torch.device,
+        timeout_s: float,
+        inline_nbytes: int = 0,
     ) -> None:
         self.rank, self.world = rank, world
         self.prev, self.next = (rank - 1) % world, (rank + 1) % world
         self.rec = recorder
         self.max_seqs = max_seqs
+        self.inline_nbytes = -(-max(inline_nbytes, 8 * max_seqs) // 8) * 8
+        """Payloads up to this size ride in the header: one message per hop instead of two (CPU only)."""
         self.device = device
         self.timeout_s = timeout_s
         self.inbox: queue.Queue[Message | BaseException] = queue.Queue()
@@ -120,22 +130,35 @@ class Ring:
 
     # ------------------------------------------------------------ wire format
 
-    def _header(self, msg: Message) -> torch.Tensor:
-        h = torch.zeros(_FIXED + 3 * self.max_seqs, dtype=torch.int64)
+    def _meta_words(self) -> int:
+        return _FIXED + 3 * self.max_seqs
+
+    def _header(self, msg: Message) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The header, with the payload inside it when it fits (decode steps, tokens), else also the payload."""
+        words = self._meta_words()
+        h = torch.zeros(words + self.inline_nbytes // 8, dtype=torch.int64)
         h[0], h[1], h[2], h[3] = msg.kind, msg.mb, msg.step, msg.stage
-        if msg.batch is not None and msg.payload is not None:
-            n = len(msg.batch.lens)
-            h[4], h[5] = n, msg.batch.tokens
-            h[6] = msg.payload.shape[1] if msg.payload.dim() == 2 else 0
-            h[7] = _DTYPES.index(msg.payload.dtype)
-            m = self.max_seqs
-            h[_FIXED : _FIXED + n] = torch.tensor(msg.batch.slots)
-            h[_FIXED + m : _FIXED + m + n] = torch.tensor(msg.batch.starts)
-            h[_FIXED + 2 * m : _FIXED + 2 * m + n] = torch.tensor(msg.batch.lens)
-        return h
+        if msg.batch is None or msg.payload is None:
+            return h, None
+        n, m = len(msg.batch.lens), self.max_seqs
+        payload = msg.payload.detach().contiguous().cpu() if self.device.type != "cuda" else msg.payload.contiguous()
+        nbytes = payload.numel() * payload.element_size()
+        inline = nbytes <= self.inline_nbytes and self.device.type != "cuda"
+        h[4], h[5] = n, msg.batch.tokens
+        h[6] = payload.shape[1] if payload.dim() == 2 else 0
+        h[7] = _DTYPES.index(payload.dtype) | (_INLINE if inline else 0)
+        h[_FIXED : _FIXED + n] = torch.tensor(msg.batch.slots)
+        h[_FIXED + m : _FIXED + m + n] = torch.tensor(msg.batch.starts)
+        h[_FIXED + 2 * m : _FIXED + 2 * m + n] = torch.tensor(msg.batch.lens)
+        if inline:
+            h.view(torch.uint8)[words * 8 : words * 8 + nbytes] = payload.view(-1).view(torch.uint8)
+            return h, None
+        return h, payload
 
     def _parse(self, h: torch.Tensor) -> tuple[Message, list[int] | None, torch.dtype]:
-        v = h.tolist()
+        """The message; when its payload follows separately, also the payload's shape and dtype."""
+        words = self._meta_words()
+        v = h[:words].tolist()
         msg = Message(kind=v[0], mb=v[1], step=v[2], stage=v[3])
         if msg.kind == STOP:
             return msg, None, torch.int64
@@ -146,18 +169,22 @@ class Ring:
             lens=v[_FIXED + 2 * m : _FIXED + 2 * m + n],
         )
         shape = [v[5], v[6]] if msg.kind == ACT else [n]
-        return msg, shape, _DTYPES[v[7]]
-
-    def _wire(self, t: torch.Tensor) -> torch.Tensor:
-        return t if self.device.type == "cuda" else t.cpu()
+        dtype = _DTYPES[v[7] & ~_INLINE]
+        if v[7] & _INLINE:
+            nbytes = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
+            raw = h.view(torch.uint8)[words * 8 : words * 8 + nbytes].clone()
+            msg.payload = raw.view(dtype).reshape(shape)
+            return msg, None, dtype
+        return msg, shape, dtype
 
     # ------------------------------------------------------------ threads
 
     def _recv_loop(self) -> None:
         group = self._group(self.prev)
+        size = self._meta_words() + self.inline_nbytes // 8
         try:
             while True:
-                header = self._wire(torch.empty(_FIXED + 3 * self.max_seqs, dtype=torch.int64, device=self.device))
+                header = torch.empty(size, dtype=torch.int64, device=self.device)
                 dist.recv(header, src=self.prev, group=group)
                 msg, shape, dtype = self._parse(header.cpu())
                 if shape is not None:
@@ -190,12 +217,11 @@ class Ring:
                 if msg is None:
                     return
                 start = self.rec.now_ns()
-                dist.send(self._header(msg).to(self.device), dst=self.next, group=group)
-                nbytes = 0
-                if msg.payload is not None:
-                    payload = msg.payload.contiguous()
+                header, payload = self._header(msg)
+                dist.send(header.to(self.device), dst=self.next, group=group)
+                nbytes = _nbytes(msg.payload)
+                if payload is not None:
                     dist.send(payload, dst=self.next, group=group)
-                    nbytes = payload.numel() * payload.element_size()
                 if self.device.type == "cuda":
                     torch.cuda.current_stream(self.device).synchronize()
                 if msg.kind != STOP:
@@ -209,3 +235,14 @@ class Ring:
         except BaseException as exc:
             self.error = exc
             self.inbox.put(RuntimeError(f"rank {self.rank}: send to rank {self.next} failed: {exc}"))
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()

@@ -52,7 +52,7 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
     create_run(run_dir, prep.meta(cfg.stages))
     if cfg.stages == 1:
         return _run_inline(cfg, prep, run_dir, on_progress)
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     events: Any = ctx.Queue()
     port = free_port()
     procs = [
@@ -74,6 +74,16 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
         _mark(run_dir, "failed", str(exc))
         raise
     return run_dir
+
+
+def _context() -> Any:
+    """forkserver where there is one: a server with torch imported forks each rank in milliseconds, and it
+    never ran a kernel, so no thread pool or CUDA context is copied. Elsewhere spawn."""
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["engine.worker"])
+        return ctx
+    return mp.get_context("spawn")
 
 
 def _run_inline(cfg: EngineConfig, prep: Prepared, run_dir: Path, on_progress: ProgressHook | None) -> Path:

@@ -140,7 +140,7 @@ def _run(
     try:
         module = build_stage(make_source(cfg, shape), prep.split, rank, world, cfg.chunks, device, dtype)
         module.allocate_cache(prep.cache_slots, prep.max_len, dtype, shape.kv_heads, shape.head_dim)
-        ring = Ring(rank, world, rec, prep.max_seqs, device, cfg.timeout_s)
+        ring = Ring(rank, world, rec, prep.max_seqs, device, cfg.timeout_s, prep.max_seqs * shape.hidden * 8)
         pipe = Pipeline(
             module=module,
             ring=ring,

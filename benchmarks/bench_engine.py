@@ -1,0 +1,129 @@
+"""Engine benchmarks: schedule efficiency against the ideal, recording overhead, measured vs analytic bubble.
+
+Every figure is a ratio to a reference measured or derived in the same run: the synthetic model's stage
+time is known exactly (it sleeps), so the ideal throughput and the analytic bubble are too.
+Run: `python -m benchmarks.bench_engine`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ppscope.store import load_run, read_requests
+from ppscope.trace import COMPUTE_KINDS, SpanKind
+
+STAGE_MS = 5.0
+
+
+def _run(out: Path, **kw: object) -> Path:
+    from engine.config import EngineConfig
+    from engine.launch import run
+
+    return run(EngineConfig(progress=False, out=str(out), timeout_s=120, **kw))  # type: ignore[arg-type]
+
+
+def _compute(spans: pd.DataFrame) -> pd.DataFrame:
+    return spans[spans["kind"].isin([str(k) for k in COMPUTE_KINDS])]
+
+
+def measured_bubble(spans: pd.DataFrame, ranks: int) -> float:
+    """Σ idle / (P x window) over compute spans, the window being first to last compute span of any rank."""
+    comp = _compute(spans)
+    lo, hi = int(comp["start_ns"].min()), int(comp["end_ns"].max())
+    idle = 0
+    for _, g in comp.groupby("rank"):
+        busy, cur_s, cur_e = 0, -1, -1
+        for s, e in sorted(zip(g["start_ns"].to_numpy(), g["end_ns"].to_numpy(), strict=True)):
+            if s > cur_e:
+                busy += max(cur_e - cur_s, 0)
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        busy += max(cur_e - cur_s, 0)
+        idle += (hi - lo) - busy
+    return idle / (ranks * (hi - lo))
+
+
+def _synthetic(stages: int, chunks: int = 1) -> dict[str, object]:
+    layers = stages * chunks
+    return {"model": "synthetic", "layers": layers, "layer_cost_ms": str(STAGE_MS / chunks), "stages": stages}
+
+
+def efficiency_gpipe(tmp: Path) -> str:
+    p, m, steps = 4, 8, 6
+    run_dir = _run(tmp / "eff-gpipe", schedule="gpipe", microbatches=m, requests=m, prompt_len=4,
+                   max_new_tokens=steps, **_synthetic(p))  # fmt: skip
+    spans = load_run(run_dir).spans
+    comp = _compute(spans)
+    window_s = (comp["end_ns"].max() - comp["start_ns"].min()) / 1e9
+    measured = m * steps / window_s  # micro-batch steps per second
+    ideal = m / ((m + p - 1) * STAGE_MS / 1e3)
+    return f"efficiency gpipe P={p} M={m} {STAGE_MS:g} ms/stage: measured/ideal throughput = {measured / ideal:.3f}"
+
+
+def efficiency_serve(tmp: Path) -> str:
+    p = 4
+    run_dir = _run(tmp / "eff-serve", schedule="serve", max_inflight=p, requests=p, prompt_len=4, max_new_tokens=40,
+                   **_synthetic(p))  # fmt: skip
+    spans = load_run(run_dir).spans
+    starts = np.sort(spans[(spans["kind"] == SpanKind.FORWARD) & (spans["rank"] == 0)]["start_ns"].to_numpy())
+    lo, hi = starts[len(starts) // 5], starts[-len(starts) // 5]  # steady state: drop the first and last fifth
+    n = int(((starts >= lo) & (starts < hi)).sum())
+    measured = n / ((hi - lo) / 1e9)
+    ideal = 1e3 / STAGE_MS
+    return f"efficiency serve P={p} in flight={p} {STAGE_MS:g} ms/stage: steady measured/ideal = {measured / ideal:.3f}"
+
+
+def _tokens_per_s(run_dir: Path) -> float:
+    reqs = read_requests(run_dir)
+    return float(reqs["output_len"].sum() / ((reqs["finish_ns"].max() - reqs["arrival_ns"].min()) / 1e9))
+
+
+def overhead(tmp: Path) -> str:
+    on, off = [], []
+    for i in range(3):
+        for record, sink in ((True, on), (False, off)):
+            run_dir = _run(tmp / f"ovh-{i}-{record}", stages=2, schedule="serve", requests=8, prompt_len=16,
+                           max_new_tokens=24, record=record)  # fmt: skip
+            sink.append(_tokens_per_s(run_dir))
+    ratio = statistics.median(on) / statistics.median(off)
+    return f"recording overhead, tiny model, serve P=2: throughput on/off = {ratio:.3f} (median of 3 each)"
+
+
+def bubbles(tmp: Path) -> list[str]:
+    from ppscope.analysis import gpipe_bubble, interleaved_bubble
+
+    lines = []
+    p = 4
+    for m in (1, 2, 4, 8, 16):
+        run_dir = _run(tmp / f"bub-g{m}", schedule="gpipe", microbatches=m, requests=m, prompt_len=4,
+                       max_new_tokens=2, **_synthetic(p))  # fmt: skip
+        meas, theory = measured_bubble(load_run(run_dir).spans, p), gpipe_bubble(p, m)
+        lines.append(
+            f"bubble gpipe P={p} M={m}: measured {meas:.3f} vs analytic {theory:.3f} (ratio {meas / theory:.2f})"
+        )
+    for m in (4, 8):
+        run_dir = _run(tmp / f"bub-i{m}", schedule="interleaved", chunks=2, microbatches=m, requests=m, prompt_len=4,
+                       max_new_tokens=2, **_synthetic(p, chunks=2))  # fmt: skip
+        meas, theory = measured_bubble(load_run(run_dir).spans, p), interleaved_bubble(p, m, 2)
+        lines.append(
+            f"bubble interleaved P={p} V=2 M={m}: measured {meas:.3f} vs analytic {theory:.3f} "
+            f"(ratio {meas / theory:.2f})"
+        )
+    return lines
+
+
+def main() -> list[str]:
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        return [efficiency_gpipe(tmp), efficiency_serve(tmp), overhead(tmp), *bubbles(tmp)]
+
+
+if __name__ == "__main__":
+    for line in main():
+        print(line)
