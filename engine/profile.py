@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -120,11 +121,17 @@ def profile_layers(
     prefill = Batch(slots=[0], starts=[0], lens=[n])
     decode = Batch(slots=list(range(b)), starts=[n] * b, lens=[1] * b)
     phases = {}
-    for name, batch in (("prefill", prefill), ("decode", decode)):
-        layer_ms, embed_ms, head_ms, sample_ms = _phase(cfg, dev, batch=batch, warmup=warmup, repeats=repeats)
-        phases[name] = PhaseCosts(
-            layer_ms=tuple(layer_ms), embed_ms=embed_ms, head_ms=head_ms, sample_ms=sample_ms, tokens=batch.tokens
-        )
+    threads = torch.get_num_threads()
+    if dev.type == "cpu":  # as many threads as each rank of the pipeline gets (engine.worker does the same)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.stages))
+    try:
+        for name, batch in (("prefill", prefill), ("decode", decode)):
+            layer_ms, embed_ms, head_ms, sample_ms = _phase(cfg, dev, batch=batch, warmup=warmup, repeats=repeats)
+            phases[name] = PhaseCosts(
+                layer_ms=tuple(layer_ms), embed_ms=embed_ms, head_ms=head_ms, sample_ms=sample_ms, tokens=batch.tokens
+            )
+    finally:
+        torch.set_num_threads(threads)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     return LayerProfile(
         model=cfg.shape().name,
