@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ppscope.formats import EXPORT_FORMATS as FORMATS
+
 HELP = "Export a run to nsys SQLite, Chrome/Perfetto JSON or NVTXT"
 EXAMPLE = "ppscope export runs/r1 --format chrome --out r1.json.gz"
-FORMATS = ("nsys-sqlite", "chrome", "nvtxt")
 _DEFAULT_SUFFIX = {"nsys-sqlite": ".nsys.sqlite", "chrome": ".trace.json.gz", "nvtxt": "-nvtxt"}
 
 _DESCRIPTION = (
@@ -35,6 +36,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ppscope.errors import InvalidConfigError
+    from ppscope.formats import export_trace
     from ppscope.formats.detect import detect
     from ppscope.sources import open_trace
 
@@ -59,19 +61,3 @@ def _refuse_input(out: Path, src: Path, files: list[Path]) -> None:
     inputs = {src.resolve(), *(f.resolve() for f in files)}
     if target in inputs or (src.is_dir() and src.resolve() in target.parents):
         raise InvalidConfigError(f"--out {out} would write into the input {src}: give a path outside it")
-
-
-def export_trace(trace: Any, fmt: str, out: Path, *, force: bool = False) -> Path:
-    """Write `trace` in format `fmt` to `out`; returns what was written (nvtxt: the directory)."""
-    if fmt == "nsys-sqlite":
-        from ppscope.formats.nsys_export import export_nsys
-
-        return export_nsys(trace, out, force=force)
-    if fmt == "chrome":
-        from ppscope.formats.chrome import export_chrome
-
-        return export_chrome(trace, out, force=force)
-    from ppscope.formats.nvtxt import export_nvtxt
-
-    export_nvtxt(trace, out, force=force)
-    return out

@@ -2,12 +2,41 @@
 
 Importers turn third-party traces into a `Trace`; exporters write a `Trace` for the tools people already
 use. Detection by content lives in `detect`; `ppscope.sources.open_trace` is the one entry point commands
-use to read.
+use to read, `export_trace` the one they use to write. Submodules load pandas lazily through it.
 """
 
 from __future__ import annotations
 
-__all__ = ["EXPORT_FORMATS"]
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ppscope.errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    from ppscope.trace import Trace
+
+__all__ = ["EXPORT_FORMATS", "export_trace"]
 
 EXPORT_FORMATS = ("nsys-sqlite", "chrome", "nvtxt")
 """Values of `ppscope export --format`."""
+
+
+def export_trace(trace: Trace, fmt: str, out: str | Path, *, force: bool = False) -> Path:
+    """Write `trace` as `fmt` to `out` (nvtxt: a directory, one file per rank); returns what was written.
+
+    Refuses an existing output unless `force`; a failed export leaves nothing behind."""
+    out = Path(out)
+    if fmt == "nsys-sqlite":
+        from ppscope.formats.nsys_export import export_nsys
+
+        return export_nsys(trace, out, force=force)
+    if fmt == "chrome":
+        from ppscope.formats.chrome import export_chrome
+
+        return export_chrome(trace, out, force=force)
+    if fmt == "nvtxt":
+        from ppscope.formats.nvtxt import export_nvtxt
+
+        export_nvtxt(trace, out, force=force)
+        return out
+    raise InvalidConfigError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORT_FORMATS)}")
