@@ -187,10 +187,27 @@ def sleep_ms(ms: float, device: torch.device) -> None:
     if ms <= 0:
         return
     if device.type == "cuda":
-        cycles = int(ms * 1e-3 * torch.cuda.get_device_properties(device).clock_rate * 1e3)
-        torch.cuda._sleep(cycles)
+        torch.cuda._sleep(int(ms * _cycles_per_ms(device)))
     else:
         time.sleep(ms * 1e-3)
+
+
+_CYCLES_PER_MS: dict[int, float] = {}
+
+
+def _cycles_per_ms(device: torch.device) -> float:
+    """GPU clock cycles of `torch.cuda._sleep` per millisecond, measured once per device with CUDA events."""
+    index = device.index or 0
+    if index not in _CYCLES_PER_MS:
+        cycles = 10_000_000
+        torch.cuda._sleep(cycles)  # warm-up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_MS[index] = cycles / max(start.elapsed_time(end), 1e-3)
+    return _CYCLES_PER_MS[index]
 
 
 class SyntheticLayer(nn.Module):
