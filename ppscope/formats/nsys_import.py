@@ -41,7 +41,16 @@ from ppscope.trace import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_f
 
 __all__ = ["NVTX_RANGE_TYPES", "PPSCOPE_DOMAIN", "load_nsys", "parse_ppscope_message", "pid_of"]
 
-_P2P_NAMES = {"ncclSend": "send", "ncclRecv": "recv", "nccl:send": "send", "nccl:recv": "recv"}
+# Point-to-point evidence for stage order: NCCL's own NVTX ranges, PyTorch's, and our span kinds.
+_P2P_NAMES = {
+    "ncclSend": "send",
+    "ncclRecv": "recv",
+    "nccl:send": "send",
+    "nccl:recv": "recv",
+    "send": "send",
+    "recv": "recv",
+    "recv_wait": "recv",
+}
 
 
 def load_nsys(path: str | Path) -> Trace:
@@ -70,10 +79,9 @@ def _load(db: NsysDb) -> Trace:
             f"{db.path} is an nsys export without GPU kernels ({KERNEL} is missing or empty) and without "
             "ppscope NVTX ranges: record with `nsys profile --trace=cuda,nvtx` and export again"
         )
-    gpu = pd.DataFrame() if own_export else gpu_work(db, strings)
     if own_export:
         return _own_export(db, info, ppscope_rows)
-    return _assemble(db, info, nvtx, gpu)
+    return _assemble(db, info, nvtx, gpu_work(db, strings))
 
 
 def _own_export(db: NsysDb, info: dict[str, str], rows: pd.DataFrame) -> Trace:
@@ -156,12 +164,11 @@ def _stages(
         if not len(frame):
             continue
         col = "kind" if "kind" in frame.columns else "name"
-        ops = frame[col].map(lambda v: _P2P_NAMES.get(v, v if v in ("send", "recv") else ""))
-        for pid, op, t in zip(
-            frame["pid"], ops, frame["start"] if "start" in frame else frame["start_ns"], strict=True
-        ):
-            if op:
-                p2p.append((rank_of[int(pid)], op, int(t)))
+        ops = frame[col].map(_P2P_NAMES)
+        hits = frame[ops.notna().to_numpy()]
+        times = hits["start"] if "start" in hits else hits["start_ns"]
+        for pid, op, t in zip(hits["pid"].tolist(), ops.dropna().tolist(), times.tolist(), strict=True):
+            p2p.append((rank_of[int(pid)], op, int(t)))
     order = order_stages(rank_of.values(), p2p, {rank_of[p]: d for p, d in device_of.items()}, "device id")
     return order.stage_of, order.explanation
 
