@@ -75,11 +75,17 @@ def register(sub: Any) -> None:
     p.add_argument("--overhead-ms", default="0", help="fixed time per stage: one value or one per stage")
     p.add_argument("--comm-ms", default="0", help="time of each stage's hop to the next: one value or one per stage")
     p.add_argument("--speeds", default="1", help="relative speed of each stage's GPU: one value or one per stage")
-    p.add_argument("--objective", choices=("throughput", "memory"), default="throughput")
+    p.add_argument(
+        "--objective",
+        choices=("throughput", "memory"),
+        default="throughput",
+        help="throughput: fastest slowest stage, ties to more KV cache (default); memory: most KV cache, ties to "
+        "the fastest",
+    )
     mem = p.add_argument_group("memory (for KV capacity and memory limits)")
     mem.add_argument("--model", help="preset or config.json giving weight and KV sizes (default: the run's model)")
     mem.add_argument("--gpu-mem-gib", help="GPU memory per stage, GiB: one value or one per stage")
-    mem.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    mem.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory usable (0.9)")
     mem.add_argument("--dtype", help="weights and KV dtype (default: the run's, else fp16)")
     mem.add_argument("--tp", type=int, default=1, help="tensor-parallel size within each stage")
     mem.add_argument("--reserve-gib", type=float, default=1.0, help="per GPU, for activations and runtime")
