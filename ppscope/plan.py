@@ -351,6 +351,11 @@ def plan(cfg: PlanConfig) -> Plan:
             raise InvalidConfigError(f"TP {tp} x PP {pp} needs {tp * pp} GPUs but --gpus is {c.gpus}")
         if pp > cfg.model.layers:
             raise InvalidConfigError(f"PP {pp} exceeds the model's {cfg.model.layers} layers")
+        if cfg.model.heads % tp:
+            valid = ", ".join(str(t) for t in range(1, cfg.model.heads + 1) if cfg.model.heads % t == 0 and t <= 64)
+            raise InvalidConfigError(
+                f"TP {tp} does not divide the model's {cfg.model.heads} attention heads; valid: {valid}"
+            )
         layout = Layout(tp=tp, pp=pp, replicas=c.gpus // (tp * pp), reason="as given")
     else:
         layout = _recommend(cfg)
