@@ -53,9 +53,7 @@ def main(argv: Sequence[str]) -> None:
     entries = catalog.entries()
     st.sidebar.title("ppscope")
     if not entries:
-        folders = ", ".join(str(f) for f in catalog.folders)
-        st.info(f"No runs or traces found in {folders} yet. This page lists them as they appear.")
-        st.button("Look again")
+        _wait_for_runs(catalog)
         return
     labels = [e.label for e in entries]
     label = st.sidebar.selectbox("Trace", labels, key="trace")
@@ -78,6 +76,18 @@ def main(argv: Sequence[str]) -> None:
         views.compare(live, [e for e in entries if e.label != entry.label], live_trace)
     else:
         views.requests(live)
+
+
+def _wait_for_runs(catalog: Catalog) -> None:
+    folders = ", ".join(str(f) for f in catalog.folders)
+    st.info(f"No runs or traces in {folders} yet. This page shows them as they appear.")
+
+    @st.fragment(run_every=REFRESH_S * 2)
+    def look() -> None:
+        if catalog.entries():
+            st.rerun()
+
+    look()
 
 
 def _header(entry: Entry, live: LiveTrace) -> None:

@@ -149,9 +149,14 @@ def gantt_figure(
         bars = _add_spans(fig, spans, origin, color_by)
         note = f"{n:,} spans in the window, one bar each."
     if gaps is not None and stage_ranks and len(gaps):
-        shown = _add_gaps(fig, gaps, stage_ranks, busy_rows, origin, window_ns, min_ns=int(resolution_us * 1e3))
-        if aggregated and shown < len(gaps):
-            note += f" Idle gaps shorter than {_fmt_us(resolution_us)} are not shaded."
+        budget = max(max_bars - bars, max_bars // 4)  # shading counts towards what the browser draws
+        shown, dropped_ns = _add_gaps(
+            fig, gaps, stage_ranks, busy_rows, origin, window_ns, min_ns=int(resolution_us * 1e3), limit=budget
+        )
+        if aggregated and dropped_ns:
+            note += f" Idle gaps shorter than {_fmt_us(max(resolution_us, dropped_ns / 1e3))} are not shaded."
+        elif dropped_ns:
+            note += f" Only the {shown:,} longest idle gaps are shaded (none shorter than {_fmt_us(dropped_ns / 1e3)})."
         # Shading goes under the bars.
         fig.data = tuple(sorted(fig.data, key=lambda t: (t.meta or {}).get("role") != "gap"))
     _layout(fig, rows, origin, window_ns, title)
@@ -320,13 +325,25 @@ def _add_gaps(
     window_ns: tuple[int, int] | None,
     *,
     min_ns: int,
-) -> int:
+    limit: int,
+) -> tuple[int, int]:
+    """Shade gaps at least `min_ns` long, at most `limit` of them (the longest); returns how many bars were
+    drawn and the length of the shortest gap drawn when some were left out (0 when none were)."""
     g_start = gaps["start_ns"].to_numpy(np.int64)
     g_end = gaps["end_ns"].to_numpy(np.int64)
-    keep = (g_end - g_start) >= max(min_ns, 1)
+    inside = np.ones(len(gaps), dtype=bool)
     if window_ns is not None:
-        keep &= (g_end >= window_ns[0]) & (g_start <= window_ns[1])
+        inside = (g_end >= window_ns[0]) & (g_start <= window_ns[1])
+    keep = inside & ((g_end - g_start) >= max(min_ns, 1))
+    if keep.sum() > limit:
+        length = np.where(keep, g_end - g_start, -1)
+        keep = np.zeros(len(gaps), dtype=bool)
+        keep[np.argsort(-length, kind="stable")[:limit]] = True
+    dropped = bool((inside & ~keep).any())
     gaps = gaps[keep]
+    shortest = 0
+    if dropped:
+        shortest = int((gaps["end_ns"] - gaps["start_ns"]).min()) if len(gaps) else max(min_ns, 1)
     shown = 0
     for cause in [c for c in CAUSE_COLORS if c in set(gaps["cause"])]:
         sel = gaps[gaps["cause"].to_numpy() == cause]
@@ -358,11 +375,17 @@ def _add_gaps(
             )
         )
         shown += len(rows)
-    return shown
+    return shown, shortest
 
 
 def _layout(fig: go.Figure, rows: list[str], origin_ns: int, window_ns: tuple[int, int] | None, title: str) -> None:
-    xaxis: dict[str, object] = {"title": "time since run start (µs)", "type": "linear", "zeroline": False}
+    xaxis: dict[str, object] = {
+        "title": "time since run start (µs)",
+        "type": "linear",
+        "zeroline": False,
+        "exponentformat": "none",  # 500,000 µs, not 0.5M µs
+        "separatethousands": True,
+    }
     if window_ns is not None:
         xaxis["range"] = [(window_ns[0] - origin_ns) / 1e3, (window_ns[1] - origin_ns) / 1e3]
     fig.update_layout(

@@ -177,3 +177,19 @@ def test_imported_kernels_on_stream_lanes_get_their_gaps_shaded_there() -> None:
     gaps = _bars(view.figure, role="gap")
     assert [row for row, _, _ in gaps] == ["rank 0 · stream 7"]
     assert list(view.figure.layout.yaxis.categoryarray) == ["rank 0 · host", "rank 0 · stream 7"]
+
+
+def test_gap_shading_counts_towards_the_bar_budget_keeping_the_longest() -> None:
+    # 300 forwards with gaps of 1..299 ns between them: 299 idle gaps on one stage.
+    rows, t = [], 0
+    for i in range(300):
+        rows.append((0, "compute", "forward", i % 4, t, t + 100))
+        t += 100 + (i + 1)
+    trace = _trace(rows)
+    result = analyze(trace)
+    assert len(result.gaps) == 299
+    view = gantt_figure(trace.spans, gaps=result.gaps, stage_ranks={0: [0]}, max_bars=400)
+    assert not view.aggregated and view.bars == 300
+    widths_ns = sorted(round(w * 1e3) for _, _, w in _bars(view.figure, role="gap"))
+    assert widths_ns == list(range(200, 300))  # the 100 longest: budget = max(400 - 300, 400 // 4)
+    assert "Only the 100 longest idle gaps are shaded" in view.note
