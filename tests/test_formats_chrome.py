@@ -9,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_formats_helpers import MFU, make_run, need
 
-from ppscope.formats._util import nests
+from ppscope.formats._util import nests, stack_levels
 from ppscope.formats.chrome import export_chrome, match_flows
 from ppscope.formats.nsys_import import load_nsys
 from ppscope.store import load_run
@@ -110,3 +112,15 @@ def test_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     assert out.read_text() == "keep"
     export_chrome(trace, out, force=True)
     assert _events(out)
+
+
+@given(st.lists(st.tuples(st.integers(0, 1_000), st.integers(0, 300)), min_size=1, max_size=60))
+@settings(max_examples=60, deadline=None)
+def test_stack_levels_always_nest(pairs: list[tuple[int, int]]) -> None:
+    starts = np.array([s for s, _ in pairs], dtype=np.int64)
+    ends = starts + np.array([d for _, d in pairs], dtype=np.int64)
+    levels = stack_levels(starts, ends)
+    for level in set(levels.tolist()):
+        assert nests(starts[levels == level], ends[levels == level])
+    if nests(starts, ends):
+        assert set(levels.tolist()) == {0}
