@@ -77,6 +77,8 @@ def test_too_big_says_what_to_do() -> None:
         plan(cfg)
     with pytest.raises(InvalidConfigError, match="needs 8 GPUs but --gpus is 4"):
         plan(PlanConfig(model=LLAMA70, cluster=Cluster(gpus=4), tp=2, pp=4))
+    with pytest.raises(InvalidConfigError, match="TP 3 does not divide the model's 64 attention heads"):
+        plan(PlanConfig(model=LLAMA70, cluster=Cluster(gpus=8), tp=3))
     with pytest.raises(InvalidConfigError, match="gpu-memory-utilization"):
         Cluster(gpus=4, gpu_memory_utilization=1.5)
 
