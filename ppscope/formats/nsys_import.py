@@ -181,7 +181,7 @@ def _gpu_spans(
     stage_of_rank: dict[int, int],
     warnings: list[str],
 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    df = gpu.copy()
+    df = gpu  # not used after this: extended in place
     df["rank"] = df["pid"].map(rank_of)
     df["stage"] = df["rank"].map(stage_of_rank)
     # Lane names are built once per distinct (pid, device, stream), then spread by code.
