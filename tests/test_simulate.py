@@ -202,3 +202,25 @@ def test_cli_rebalance_fits_two_runs_and_shows_measured_times(
     assert max(data["stage_times_ms"]["proposed"]) == pytest.approx(evaluate(truth, balance(truth)).max_ms)
     assert main(["rebalance", str(tmp_path / "a")]) == 0
     assert "measured ms" in capsys.readouterr().out
+
+
+def test_cli_rebalance_prefers_the_runs_layer_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ppscope.profile import PROFILE_FILE, LayerProfile, PhaseCosts
+
+    cfg = SimConfig(schedule="gpipe", stages=2, microbatches=2, costs=LayerCosts.uniform(6, 1.0))
+    run_dir = write_run(simulate(cfg), tmp_path / "run")
+    decode = PhaseCosts(layer_ms=(3.0, 1.0, 1.0, 1.0, 1.0, 1.0), embed_ms=0.0, head_ms=0.0, sample_ms=0.0, tokens=1)
+    profile = LayerProfile(model="m", device="cpu", dtype="float32", method="perf_counter", repeats=3,
+                           prefill=decode, decode=decode)  # fmt: skip
+    (run_dir / PROFILE_FILE).write_text(json.dumps(profile.to_dict()))
+    assert main(["rebalance", str(run_dir), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cost_source"] == "profile" and data["costs"]["layer_ms"][0] == 3.0
+    assert data["proposed_split"] == [2, 4]  # 3+1 = 4 ms against 4 x 1 ms
+    # two stages without embed/head spans cannot be fitted, but the profile does not need the fit
+    assert data["fit"] is None and data["measured_stage_ms"] is None
+    assert main(["rebalance", str(run_dir), "--costs", "fit"]) == 2
+    assert "cannot separate the embedding/LM-head cost" in capsys.readouterr().err
+    (run_dir / PROFILE_FILE).unlink()
+    assert main(["rebalance", str(run_dir), "--costs", "profile"]) == 2
+    assert "has no profile.json" in capsys.readouterr().err

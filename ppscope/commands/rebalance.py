@@ -71,7 +71,14 @@ def register(sub: Any) -> None:
     add_cost_arguments(p)
     p.add_argument("--stages", type=int, help="pipeline stages (default: the run's)")
     p.add_argument("--current-split", help="layer counts per stage now (default: the run's, else vLLM's rule)")
-    p.add_argument("--phase", choices=("decode", "prefill", "all"), help="passes to fit from (default: decode)")
+    p.add_argument(
+        "--costs",
+        choices=("auto", "profile", "fit"),
+        default="auto",
+        help="with RUN: the run's per-layer profile (profile.json, written by `ppscope tune`), a least-squares fit "
+        "of its stage spans, or auto: the profile when the last run has one (default)",
+    )
+    p.add_argument("--phase", choices=("decode", "prefill", "all"), help="passes to use (default: decode)")
     p.add_argument("--overhead-ms", default="0", help="fixed time per stage: one value or one per stage")
     p.add_argument("--comm-ms", default="0", help="time of each stage's hop to the next: one value or one per stage")
     p.add_argument("--speeds", default="1", help="relative speed of each stage's GPU: one value or one per stage")
@@ -118,15 +125,37 @@ def _model_shape(args: argparse.Namespace, run_model: dict[str, Any]) -> Any:
     return None
 
 
+def _profile_costs(args: argparse.Namespace) -> Any:
+    """The last run's profiled LayerCosts for --phase (decode by default), or None when --costs says fit."""
+    from pathlib import Path
+
+    from ppscope.errors import UnsupportedInputError
+    from ppscope.profile import PROFILE_FILE, read_profile
+
+    if args.costs == "fit":
+        return None
+    last = Path(args.runs[-1])
+    profile = read_profile(last) if last.is_dir() else None
+    if profile is None:
+        if args.costs == "profile":
+            raise UnsupportedInputError(
+                f"{last} has no {PROFILE_FILE}: profile the model with `ppscope tune`, or use --costs fit"
+            )
+        return None
+    if args.phase == "all":
+        raise UnsupportedInputError("a profile has a prefill and a decode phase, not `all`: give --phase decode")
+    return profile.phase(args.phase or "decode").costs()
+
+
 def run(args: argparse.Namespace) -> int:
     from ppscope.balance import BalanceProblem, rebalance
     from ppscope.costs import StageCosts, fit_layer_costs
-    from ppscope.errors import InvalidConfigError
+    from ppscope.errors import InvalidConfigError, UnsupportedInputError
     from ppscope.plan import stage_memory_model
     from ppscope.sources import open_trace
     from ppscope.split import parse_split
 
-    fit, run_model, current, measured = None, {}, None, None
+    fit, profiled, run_model, current, measured = None, None, {}, None, None
     stages = args.stages
     if args.runs:
         traces = [open_trace(r) for r in args.runs]
@@ -135,15 +164,25 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidConfigError(
                 "rebalancing interleaved runs (chunks > 1) is not supported: rebalance a gpipe or serve run"
             )
-        fit = fit_layer_costs(traces, phase=args.phase)
+        profiled = _profile_costs(args)
+        try:
+            fit = fit_layer_costs(traces, phase=args.phase)
+        except UnsupportedInputError:
+            if profiled is None:
+                raise
+            fit = None  # the profile is enough; the spans just cannot be fitted
         run_model, current = meta.model, list(meta.split)
         args.dtype = args.dtype or str(meta.config.get("dtype") or "") or None
-        last_run = [o for o in fit.observations if o.run == len(traces) - 1]
-        measured = [o.forward_ms + (o.embed_ms or 0.0) + (o.head_ms or 0.0) + (o.sample_ms or 0.0) for o in last_run]
+        if fit is not None:
+            last_run = [o for o in fit.observations if o.run == len(traces) - 1]
+            measured = [
+                o.forward_ms + (o.embed_ms or 0.0) + (o.head_ms or 0.0) + (o.sample_ms or 0.0) for o in last_run
+            ]
         if stages is not None and stages != len(current):
             raise InvalidConfigError(f"--stages {stages} differs from the run's {len(current)} stages")
         stages = len(current)
-    costs = costs_from_args(args, fit.costs if fit else None)
+    base = profiled if profiled is not None else (fit.costs if fit else None)
+    costs = costs_from_args(args, base)
     if stages is None:
         raise InvalidConfigError("give --stages P with --layer-costs")
     if args.current_split:
@@ -191,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         None if shape is None else [n * shape.kv_bytes_per_token_per_layer(args.dtype) for n in advice.proposed.split]
     )
     out["fit"] = None
+    out["cost_source"] = "profile" if profiled is not None else ("fit" if fit is not None else "given")
     out["measured_stage_ms"] = measured
     if fit is not None:
         out["fit"] = {
@@ -215,6 +255,8 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     from rich.table import Table
 
     fit = d["fit"]
+    if d["cost_source"] == "profile":
+        print("costs: the run's per-layer profile (profile.json); the fit from its stage spans is for comparison")
     if fit is not None:
         print(
             f"costs fitted from {fit['runs']} run(s), {fit['phase']} passes: {fit['uniform_layer_ms']:.3f} ms per "
