@@ -8,8 +8,6 @@ rank and lane; above `max_bars` spans it merges neighbours on a row (see `aggreg
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -65,10 +63,17 @@ def gantt_rows(spans: pd.DataFrame) -> pd.Series:
     return "rank " + spans["rank"].astype(str) + " · " + spans["lane"].astype(str)
 
 
-def _row_order(spans: pd.DataFrame) -> list[str]:
-    keys = spans[["rank", "lane"]].drop_duplicates()
-    keys = keys.assign(o=keys["lane"].map(_LANE_ORDER).fillna(9)).sort_values(["rank", "o", "lane"])
-    return list(gantt_rows(keys))
+def _row_keys(spans: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """The distinct (rank, lane) rows in display order with their labels, and each span's row index."""
+    lane_code, lane_names = pd.factorize(spans["lane"])
+    width = max(len(lane_names), 1)
+    pair = spans["rank"].to_numpy(np.int64) * width + lane_code
+    uniq, inverse = np.unique(pair, return_inverse=True)
+    keys = pd.DataFrame({"rank": uniq // width, "lane": np.asarray(lane_names, dtype=object)[uniq % width]})
+    keys["label"] = gantt_rows(keys)
+    keys["o"] = keys["lane"].map(_LANE_ORDER).fillna(9)
+    order = keys.sort_values(["rank", "o", "lane"]).index.to_numpy()
+    return keys.loc[order].reset_index(drop=True), np.argsort(order)[inverse.reshape(-1)]
 
 
 def aggregate_bars(bars: pd.DataFrame, max_bars: int, span_ns: int) -> pd.DataFrame:
@@ -82,15 +87,30 @@ def aggregate_bars(bars: pd.DataFrame, max_bars: int, span_ns: int) -> pd.DataFr
     bars = bars.assign(n=1)
     if len(bars) <= max_bars:
         return bars
-    rows = max(int(bars["row"].nunique()), 1)
-    tol = max(span_ns // max(max_bars // rows, 1), 1)
-    b = bars.sort_values(["row", "key", "start_ns"], kind="stable").reset_index(drop=True)
-    run_end = b.groupby(["row", "key"], sort=False)["end_ns"].cummax()
-    same = (b["row"] == b["row"].shift(1)) & (b["key"] == b["key"].shift(1))
-    new = ~same | (b["start_ns"] > run_end.shift(1) + tol)
-    gid = new.cumsum()
-    agg = {c: "first" for c in b.columns if c not in ("start_ns", "end_ns", "n")}
-    merged = b.groupby(gid, sort=False).agg({**agg, "start_ns": "min", "end_ns": "max", "n": "sum"})
+    row_code, row_names = pd.factorize(bars["row"])
+    key_code, key_names = pd.factorize(bars["key"])
+    start = bars["start_ns"].to_numpy(np.int64)
+    end = bars["end_ns"].to_numpy(np.int64)
+    tol = max(span_ns // max(max_bars // max(len(row_names), 1), 1), 1)
+    group = row_code.astype(np.int64) * max(len(key_names), 1) + key_code
+    order = np.lexsort((start, group))
+    g, s, e = group[order], start[order], end[order]
+    # Running max of ends within each (row, key) group in one pass: offsetting each group by more than the
+    # whole time range keeps earlier groups from leaking into later ones.
+    t0 = int(s.min())
+    step = int(e.max()) - t0 + 2
+    if int(g.max()) * step < 2**62:
+        offset = g * step
+        run_end = np.maximum.accumulate(e - t0 + offset) - offset + t0
+    else:  # pragma: no cover - absurd time ranges; exact but slower
+        run_end = pd.Series(e).groupby(g).cummax().to_numpy()
+    new = np.ones(len(g), np.bool_)
+    new[1:] = (g[1:] != g[:-1]) | (s[1:] > run_end[:-1] + tol)
+    first = np.flatnonzero(new)
+    merged = bars.iloc[order[first]].copy()
+    merged["start_ns"] = s[first]
+    merged["end_ns"] = np.maximum.reduceat(e, first)
+    merged["n"] = np.diff(np.append(first, len(g)))
     if len(merged) > max_bars:
         merged = merged.assign(_d=merged["end_ns"] - merged["start_ns"]).nlargest(max_bars, "_d").drop(columns="_d")
     return merged.reset_index(drop=True)
@@ -118,21 +138,26 @@ def gantt(
     t1 = int(spans["end_ns"].max()) if window_ns is None else window_ns[1]
     if window_ns is not None:
         spans = spans[(spans["end_ns"] > t0) & (spans["start_ns"] < t1)]
-    rows = _row_order(spans)
-    bars = spans.assign(row=gantt_rows(spans), key=spans["kind"] if color_by == "kind" else spans["mb"].astype(str))
+    keys, row = _row_keys(spans)
+    labels = keys["label"].to_numpy()
+    mb = spans["mb"].to_numpy()
+    slot = np.where(mb >= 0, mb % len(_MB_PALETTE), -1)  # micro-batches sharing a colour may merge
+    bars = spans.assign(row=row, key=spans["kind"] if color_by == "kind" else slot)
     bars = aggregate_bars(bars, max_bars, max(t1 - t0, 1))
+    bars["row"] = labels[bars["row"].to_numpy()]
     if show_gaps and result is not None and len(result.gaps):
-        _add_gaps(fig, result, spans, t0, t1, max_bars)
-    for key, part in bars.groupby("key", sort=True):
-        color: Any = KIND_COLORS.get(str(key), "#999999")
-        if color_by == "mb":
-            mb = part["mb"].to_numpy()
-            color = np.where(mb >= 0, np.array(_MB_PALETTE, dtype=object)[mb % len(_MB_PALETTE)], "#999999")
-        fig.add_trace(_bar(part, t0, str(key) if color_by == "kind" else f"mb {key}", color, color_by == "mb"))
-    return _layout(fig, "Pipeline timeline", rows)
+        _add_gaps(fig, result, keys, t0, t1, max_bars)
+    if color_by == "kind":
+        for key, part in bars.groupby("key", sort=True):
+            fig.add_trace(_bar(part, t0, str(key), KIND_COLORS.get(str(key), "#999999")))
+    else:  # one trace per palette colour, not per micro-batch: thousands of traces would stall the browser
+        for k, part in bars.groupby("key", sort=True):
+            name = "no mb" if k < 0 else f"mb ≡ {k} (mod {len(_MB_PALETTE)})"
+            fig.add_trace(_bar(part, t0, name, "#999999" if k < 0 else _MB_PALETTE[int(k)]))
+    return _layout(fig, "Pipeline timeline", list(labels))
 
 
-def _bar(part: pd.DataFrame, t0: int, name: str, color: Any, hide_legend: bool) -> go.Bar:
+def _bar(part: pd.DataFrame, t0: int, name: str, color: str) -> go.Bar:
     dur = part["end_ns"].to_numpy() - part["start_ns"].to_numpy()
     custom = np.stack(
         [
@@ -156,7 +181,6 @@ def _bar(part: pd.DataFrame, t0: int, name: str, color: Any, hide_legend: bool) 
         name=name,
         marker={"color": color, "line": {"width": 0}},
         customdata=custom,
-        showlegend=not hide_legend,
         hovertemplate=(
             "%{customdata[8]}<br>kind %{customdata[0]} · stage %{customdata[1]} · mb %{customdata[2]}"
             " · step %{customdata[3]} · %{customdata[4]}<br>start %{base:.1f} µs · %{customdata[5]:.1f} µs"
@@ -165,17 +189,18 @@ def _bar(part: pd.DataFrame, t0: int, name: str, color: Any, hide_legend: bool) 
     )
 
 
-def _add_gaps(fig: go.Figure, result: AnalysisResult, spans: pd.DataFrame, t0: int, t1: int, max_bars: int) -> None:
+def _add_gaps(fig: go.Figure, result: AnalysisResult, keys: pd.DataFrame, t0: int, t1: int, max_bars: int) -> None:
     gaps = result.gaps[(result.gaps["end_ns"] > t0) & (result.gaps["start_ns"] < t1)]
     if len(gaps) > max_bars:
         gaps = gaps.assign(_d=gaps["end_ns"] - gaps["start_ns"]).nlargest(max_bars, "_d")
-    present = set(zip(spans["rank"], spans["lane"], strict=True))
+    lanes = keys.groupby("rank")["lane"].agg(list).to_dict()
     for cause, part in gaps.groupby("cause", sort=False):
         pieces = []
         for st in result.stages:
             sub = part[part["stage"] == st.stage]
             for r in st.ranks:
-                lane = "compute" if (r, "compute") in present else next((la for rr, la in present if rr == r), None)
+                on_rank = lanes.get(r, [])
+                lane = "compute" if "compute" in on_rank else (on_rank[0] if on_rank else None)
                 if lane is not None and len(sub):
                     pieces.append(sub.assign(row=f"rank {r} · {lane}"))
         if not pieces:

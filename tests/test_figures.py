@@ -40,7 +40,8 @@ def test_gantt_bars_are_horizontal_on_linear_us_axis() -> None:
 def test_gantt_colour_by_mb_and_bad_option() -> None:
     tr = _gpipe()
     fig = gantt(tr, color_by="mb")
-    assert any(d.name == "mb 2" for d in fig.data)
+    names = [d.name for d in fig.data]
+    assert "mb ≡ 2 (mod 9)" in names and len({d.marker.color for d in fig.data}) == len(names) == 5
     with pytest.raises(InvalidConfigError, match="color_by"):
         gantt(tr, color_by="lane")
 
