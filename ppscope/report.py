@@ -69,6 +69,13 @@ def summary_lines(res: AnalysisResult) -> list[str]:
         total = res.pp_size * res.window.length_ns
         shares = [f"{c} {_pct(sum(s.causes[c] for s in res.stages) / total)}" for c in _used_causes(res)]
         lines.append("measured bubble by cause (share of P × window): " + (", ".join(shares) or "none"))
+        if th.bubble_ratio is not None:
+            other = sum(s.causes[c] for s in res.stages for c in CAUSES if c not in ("fill", "drain")) / total
+            lines.append(
+                f"gap to theory: {100 * (res.bubble_ratio - th.bubble_ratio):+.1f} points: {100 * other:.1f} from waits "
+                "other than fill/drain, the rest from fill/drain longer than the formula's (start-up skew, per-hop "
+                "latency, uneven stages)"
+            )
     if res.bottleneck_stage is not None:
         basis = "busy time per micro-batch" if res.imbalance_basis == "time_per_mb" else "busy time"
         lines.append(
