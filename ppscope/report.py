@@ -71,8 +71,9 @@ def summary_lines(res: AnalysisResult) -> list[str]:
         lines.append("measured bubble by cause (share of P × window): " + (", ".join(shares) or "none"))
         if th.bubble_ratio is not None:
             other = sum(s.causes[c] for s in res.stages for c in CAUSES if c not in ("fill", "drain")) / total
+            gap = 100 * (res.bubble_ratio - th.bubble_ratio)
             lines.append(
-                f"gap to theory: {100 * (res.bubble_ratio - th.bubble_ratio):+.1f} points: {100 * other:.1f} from waits "
+                f"gap to theory: {gap:+.1f} points: {100 * other:.1f} from waits "
                 "other than fill/drain, the rest from fill/drain longer than the formula's (start-up skew, per-hop "
                 "latency, uneven stages)"
             )
