@@ -7,7 +7,7 @@ minimum over stages. `balance` returns the split with the smallest max_s t_s, ti
 capacity (objective `throughput`), or the largest KV capacity, ties going to the fastest (`memory`).
 It knows nothing about where costs come from (`ppscope.costs`) or how engines run a split.
 
-Note on exactness: every stage time is computed by one formula from prefix sums (`_Model.time`).
+Note on exactness: every stage time is computed by one formula from prefix sums (`balance_search.CostModel`).
 Floating-point rounding is monotone, so "stage s can take layers [i, j) within T" is monotone in i, j and T,
 and a search over T that always snaps to the slowest stage of a split it found ends on an achieved value
 with the next smaller double infeasible: the optimum itself, not an approximation of it. The probe "is there
@@ -18,15 +18,12 @@ over every reachable stage end. KV capacity is an integer, searched the same way
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from ppscope.balance_search import UNLIMITED_TOKENS, CostModel, evenest, max_kv, min_time
 from ppscope.costs import LayerCosts, StageCosts
 from ppscope.errors import InvalidConfigError
 from ppscope.split import format_split, validate_split, vllm_default_split
@@ -45,7 +42,6 @@ __all__ = [
 ]
 
 OBJECTIVES = ("throughput", "memory")
-_UNLIMITED = 1 << 62  # KV capacity of a stage without a memory model, or with no KV cache
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +84,7 @@ class MemoryModel:
         if left < 0:
             return -1
         per_token = layers * self.kv_bytes_per_token_per_layer
-        return left // per_token if per_token else _UNLIMITED
+        return left // per_token if per_token else UNLIMITED_TOKENS
 
     def max_layers(self, stage: int, stages: int, kv_tokens: int) -> int:
         """Most layers the stage can hold and still keep `kv_tokens` tokens of KV cache."""
@@ -96,7 +92,7 @@ class MemoryModel:
         if free < 0:
             return 0
         per_layer = self.layer_bytes + self.kv_bytes_per_token_per_layer * kv_tokens
-        return free // per_layer if per_layer else _UNLIMITED
+        return free // per_layer if per_layer else UNLIMITED_TOKENS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,239 +150,7 @@ class SplitEval:
         return self.kv_tokens is None or min(self.kv_tokens) >= 0
 
 
-class _Model:
-    """The problem flattened into lists for the search's inner loops."""
-
-    def __init__(self, problem: BalanceProblem) -> None:
-        p = self.stages = problem.stages
-        self.layers = problem.costs.layers
-        self.prefix = [0.0, *itertools.accumulate(problem.costs.layer_ms)]
-        self.prefix_array = np.asarray(self.prefix)
-        self.overhead, self.comm, self.speed = problem.stage_costs.resolve(p)
-        self.extra = [0.0] * p
-        self.extra[0] += problem.costs.embed_ms
-        self.extra[-1] += problem.costs.last_extra_ms
-        self.memory = problem.memory
-
-    def time(self, s: int, i: int, j: int) -> float:
-        """The one formula for a stage's time (see the module note on exactness)."""
-        return (self.extra[s] + (self.prefix[j] - self.prefix[i]) + self.overhead[s]) / self.speed[s] + self.comm[s]
-
-    def split_times(self, split: Sequence[int]) -> list[float]:
-        out, i = [], 0
-        for s, n in enumerate(split):
-            out.append(self.time(s, i, i + n))
-            i += n
-        return out
-
-    def kv_tokens(self, split: Sequence[int]) -> list[int] | None:
-        if self.memory is None:
-            return None
-        return [self.memory.kv_tokens(s, self.stages, n) for s, n in enumerate(split)]
-
-    def max_layers(self, kv_tokens: int) -> list[int]:
-        if self.memory is None:
-            return [self.layers] * self.stages
-        return [min(self.layers, self.memory.max_layers(s, self.stages, kv_tokens)) for s in range(self.stages)]
-
-    def far(self, s: int, i: int, limit_ms: float) -> int:
-        """The largest j with time(s, i, j) <= limit_ms (i when not even one layer fits)."""
-        if limit_ms == math.inf:
-            return self.layers
-        target = (limit_ms - self.comm[s]) * self.speed[s] - self.extra[s] - self.overhead[s]
-        j = max(i, bisect.bisect_right(self.prefix, self.prefix[i] + target, i, self.layers + 1) - 1)
-        while j < self.layers and self.time(s, i, j + 1) <= limit_ms:  # the guess may be off by rounding
-            j += 1
-        while j > i and self.time(s, i, j) > limit_ms:
-            j -= 1
-        return j
-
-    def times(self, s: int, i: np.ndarray, j: np.ndarray) -> np.ndarray:
-        """`time` for many segments at once; numpy float64 rounds exactly as Python floats do."""
-        pre = self.prefix_array
-        return (self.extra[s] + (pre[j] - pre[i]) + self.overhead[s]) / self.speed[s] + self.comm[s]
-
-    def far_many(self, s: int, starts: np.ndarray, limit_ms: float) -> np.ndarray:
-        """`far` for many starts at once."""
-        n = self.layers
-        if limit_ms == math.inf:
-            return np.full(len(starts), n, dtype=np.int64)
-        pre = self.prefix_array
-        target = (limit_ms - self.comm[s]) * self.speed[s] - self.extra[s] - self.overhead[s]
-        j = np.clip(np.searchsorted(pre, pre[starts] + target, side="right") - 1, starts, n).astype(np.int64)
-        while True:  # the guess may be off by rounding: step until exact
-            up = (j < n) & (self.times(s, starts, np.minimum(j + 1, n)) <= limit_ms)
-            if not up.any():
-                break
-            j += up
-        while True:
-            down = (j > starts) & (self.times(s, starts, j) > limit_ms)
-            if not down.any():
-                break
-            j -= down
-        return j
-
-    def prepare_search(self) -> None:
-        """Single-layer times, a lower bound on any split's slowest stage, and a range-maximum table."""
-        p, n = self.stages, self.layers
-        pre = self.prefix_array
-        seg = pre[1:] - pre[:-1]
-        # Stage s can only hold layers s .. n-p+s; the layer's best stage bounds every split from below.
-        best = np.full(n, math.inf)
-        for s in range(p):
-            t = (self.extra[s] + seg[s : n - p + s + 1] + self.overhead[s]) / self.speed[s] + self.comm[s]
-            best[s : n - p + s + 1] = np.minimum(best[s : n - p + s + 1], t)
-        self.lower_bound_ms = float(best.max())
-        self._table = [seg]  # _table[k][i] = max(seg[i : i + 2**k])
-        while 2 ** len(self._table) <= n:
-            prev, half = self._table[-1], 2 ** (len(self._table) - 1)
-            self._table.append(np.maximum(prev[:-half], prev[half:]))
-
-    def single_max_ms(self, s: int, first: int, last: int) -> float:
-        """The slowest single layer of first..last (inclusive) on stage s: rounding is monotone, so it is the
-        stage time of the largest layer cost there."""
-        k = (last - first + 1).bit_length() - 1
-        seg = max(self._table[k][first], self._table[k][last - 2**k + 1])
-        return (self.extra[s] + seg + self.overhead[s]) / self.speed[s] + self.comm[s]
-
-
-def _probe(model: _Model, limit_ms: float, kv_tokens: int, *, even: bool = False) -> list[int] | None:
-    """A split whose every stage takes <= limit_ms and holds >= kv_tokens tokens of KV cache, or None.
-
-    With `even`, among the splits that qualify prefer one that spreads the cost evenly (slower to build).
-    """
-    nmax = model.max_layers(kv_tokens)
-    if min(nmax) < 1 or limit_ms < model.lower_bound_ms:
-        return None
-    found = _probe_greedy(model, limit_ms, nmax, even=even)
-    return _probe_sets(model, limit_ms, nmax) if found is _NOT_GREEDY else found
-
-
-_NOT_GREEDY = object()
-
-
-def _counts(ends: list[int]) -> list[int]:
-    """Layer counts from the end positions of each stage."""
-    return [e - s for s, e in zip([0, *ends[:-1]], ends, strict=True)]
-
-
-def _probe_greedy(model: _Model, limit_ms: float, nmax: list[int], *, even: bool) -> Any:
-    # While stage s can hold each single layer it might start at (layers s .. b_{s-1}), the ends reachable
-    # after it form the interval [s+1, b_s] with b_s the farthest end from b_{s-1}: the greedy reach decides
-    # feasibility. Otherwise the reachable ends may have gaps, and the caller tracks them as sets.
-    p, n = model.stages, model.layers
-    reach, b = [], 0
-    for s in range(p):
-        if model.single_max_ms(s, s, b) > limit_ms:
-            return _NOT_GREEDY
-        b = min(model.far(s, b, limit_ms), b + nmax[s], n - (p - 1 - s))
-        reach.append(b)
-    if reach[-1] != n:
-        return None
-    ends = [n]
-    for s in range(p - 1, 0, -1):
-        # Stage s may start anywhere in [first, last]: every such start is reachable and fits.
-        e = ends[-1]
-        last = min(reach[s - 1], e - 1)
-        first = last
-        if even:
-            first = max(s, e - nmax[s], _first_start(model, s, e, limit_ms))
-            share = model.prefix[e] * s / (s + 1)  # the cost left for stages < s, shared out evenly
-            last = min(last, max(first, bisect.bisect_left(model.prefix, share)))
-        ends.append(last)
-    ends.reverse()
-    return _counts(ends)
-
-
-def _first_start(model: _Model, s: int, e: int, limit_ms: float) -> int:
-    """The smallest i with time(s, i, e) <= limit_ms (time falls as i grows)."""
-    lo, hi = 0, e - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if model.time(s, mid, e) <= limit_ms:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def _probe_sets(model: _Model, limit_ms: float, nmax: list[int]) -> list[int] | None:
-    # General case (a single layer may not fit on some stage): track every reachable end explicitly.
-    p, n = model.stages, model.layers
-    pos = np.arange(n + 1)
-    reach = np.zeros(n + 1, dtype=bool)
-    reach[0] = True
-    history = []
-    for s in range(p):
-        starts = np.flatnonzero(reach)
-        hi = np.minimum(model.far_many(s, starts, limit_ms), starts + nmax[s])
-        diff = np.zeros(n + 2, dtype=np.int64)
-        ok = hi > starts
-        np.add.at(diff, starts[ok] + 1, 1)
-        np.add.at(diff, hi[ok] + 1, -1)
-        history.append((starts, hi))
-        reach = np.cumsum(diff)[: n + 1] > 0
-        reach &= pos <= n - (p - 1 - s)
-        if not reach.any():
-            return None
-    if not reach[n]:
-        return None
-    ends = [n]
-    for s in range(p - 1, 0, -1):
-        starts, hi = history[s]
-        e = ends[-1]
-        ok = (starts < e) & (hi >= e)
-        ends.append(int(starts[ok].max()))
-    ends.reverse()
-    return _counts(ends)
-
-
-def _min_time(model: _Model, kv_tokens: int) -> list[int] | None:
-    """The split with the smallest slowest stage among those keeping kv_tokens per stage (None: none)."""
-    split = _probe(model, math.inf, kv_tokens)
-    if split is None:
-        return None
-    hi = max(model.split_times(split))
-    lo = math.nextafter(model.lower_bound_ms, -math.inf)  # known infeasible
-    while True:
-        mid = lo + (hi - lo) / 2 if hi - lo > 1e-9 * abs(hi) else math.nextafter(hi, -math.inf)
-        if mid <= lo or mid >= hi:
-            return split
-        found = _probe(model, mid, kv_tokens)
-        if found is None:
-            lo = mid
-        else:
-            split, hi = found, max(model.split_times(found))
-
-
-def _max_kv(model: _Model, limit_ms: float) -> int:
-    """The most KV tokens every stage can keep with all stages within limit_ms (-1: nothing fits)."""
-    mem = model.memory
-    assert mem is not None
-    found = _probe(model, limit_ms, mem.min_kv_tokens)
-    if found is None:
-        return -1
-    if mem.kv_bytes_per_token_per_layer == 0:
-        return _UNLIMITED
-
-    def capacity(split: list[int]) -> int:
-        return min(mem.kv_tokens(s, model.stages, n) for s, n in enumerate(split))
-
-    lo = capacity(found)  # achieved, so feasible
-    # Some stage of every split holds at least ceil(L/P) layers, which caps the pipeline's capacity.
-    most = -(-model.layers // model.stages)
-    hi = max(mem.kv_tokens(s, model.stages, most) for s in range(model.stages)) + 1  # never feasible
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        found = _probe(model, limit_ms, mid)
-        if found is None:
-            hi = mid
-        else:
-            lo = capacity(found)
-    return lo
-
-
-def _no_fit_error(model: _Model) -> InvalidConfigError:
+def _no_fit_error(model: CostModel) -> InvalidConfigError:
     mem = model.memory
     assert mem is not None
     need = [
@@ -403,37 +167,30 @@ def _no_fit_error(model: _Model) -> InvalidConfigError:
 
 def balance(problem: BalanceProblem) -> list[int]:
     """The optimal split (layer counts per stage) for `problem`; see the module docstring."""
-    model = _Model(problem)
+    model = CostModel(problem)
     model.prepare_search()
     if model.memory is None:
-        split = _min_time(model, 0)
+        split = min_time(model, 0)
         assert split is not None  # without memory limits every split is feasible
-        return _final(model, split, 0)
+        return evenest(model, split, 0)
     if problem.objective == "throughput":
-        split = _min_time(model, model.memory.min_kv_tokens)
+        split = min_time(model, model.memory.min_kv_tokens)
         if split is None:
             raise _no_fit_error(model)
-        kv = _max_kv(model, max(model.split_times(split)))
+        kv = max_kv(model, max(model.split_times(split)))
     else:
-        kv = _max_kv(model, math.inf)
+        kv = max_kv(model, math.inf)
         if kv < 0:
             raise _no_fit_error(model)
-        split = _min_time(model, kv)
+        split = min_time(model, kv)
         assert split is not None
-    return _final(model, split, kv)
-
-
-def _final(model: _Model, split: list[int], kv_tokens: int) -> list[int]:
-    """The evenest split as fast as `split` keeping kv_tokens per stage."""
-    best = _probe(model, max(model.split_times(split)), kv_tokens, even=True)
-    assert best is not None, "a limit met by one split is met by the probe"
-    return best
+    return evenest(model, split, kv)
 
 
 def evaluate(problem: BalanceProblem, split: Sequence[int]) -> SplitEval:
     """Predicted stage times and KV capacity of `split` under `problem`'s cost model."""
     validate_split(split, problem.costs.layers, problem.stages)
-    model = _Model(problem)
+    model = CostModel(problem)
     kv = model.kv_tokens(split)
     return SplitEval(
         split=tuple(split), stage_ms=tuple(model.split_times(split)), kv_tokens=None if kv is None else tuple(kv)

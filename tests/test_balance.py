@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 from ppscope.balance import (
     BalanceProblem,
     MemoryModel,
-    _Model,
     balance,
     engine_lines,
     evaluate,
     megatron_args,
     rebalance,
 )
+from ppscope.balance_search import CostModel
 from ppscope.costs import LayerCosts, StageCosts
 from ppscope.errors import InvalidConfigError
 from ppscope.split import vllm_default_split
@@ -210,7 +210,7 @@ def test_large_problem_is_exact_against_a_slow_dp() -> None:
     layers, stages = 60, 7
     costs = LayerCosts(layer_ms=tuple(rng.uniform(0.5, 2.0) for _ in range(layers)), embed_ms=1.0, head_ms=6.0)
     problem = BalanceProblem(costs=costs, stages=stages, stage_costs=StageCosts(speed=[1, 1, 2, 1, 1, 0.5, 1]))
-    model = _Model(problem)
+    model = CostModel(problem)
     best = [[math.inf] * (layers + 1) for _ in range(stages + 1)]
     best[0][0] = -math.inf
     for s in range(stages):
