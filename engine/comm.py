@@ -1,8 +1,9 @@
 """The ring: rank r receives only from r-1 and sends only to r+1 (the last rank sends sampled tokens to rank 0).
 
 Each message is a fixed-size int64 header (what it is, which micro-batch, which sequences) followed by its
-payload (activations `(N, D)` or token ids `(B,)`). A receiver thread keeps a receive posted from the
-predecessor and queues what arrives; a sender thread sends queued messages to the successor and records
+payload (activations `(N, D)` or token ids `(B,)`); a payload that fits rides inside the header, so a
+decode hop is one message. A receiver thread keeps a receive posted from the predecessor and queues what
+arrives; the compute thread posts its sends with `isend` and a reaper thread waits for them and records
 one `send` span per message (peer, nbytes). So compute never blocks on the network and the ring cannot
 deadlock however many micro-batches circulate. The compute thread records `recv_wait` when it blocks on
 the inbox. The wrap-around link (last rank -> rank 0) uses its own process group so that with two ranks
@@ -69,7 +70,7 @@ class Ring:
         self.device = device
         self.timeout_s = timeout_s
         self.inbox: queue.Queue[Message | BaseException] = queue.Queue()
-        self._outbox: queue.Queue[Message | None] = queue.Queue()
+        self._outbox: queue.Queue[_Posted | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._groups: tuple[Any, Any] = (None, None)
         self.error: BaseException | None = None
@@ -80,7 +81,7 @@ class Ring:
         # Every rank must create the groups in the same order.
         wrap = dist.new_group(list(range(self.world)))
         self._groups = (None, wrap)
-        for target, name in ((self._recv_loop, "recv"), (self._send_loop, "send")):
+        for target, name in ((self._recv_loop, "recv"), (self._reap_loop, "send")):
             t = threading.Thread(target=target, name=f"ppscope-{name}-r{self.rank}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -93,10 +94,17 @@ class Ring:
     def send(self, msg: Message) -> None:
         if self.world == 1:
             self.inbox.put(msg)
-        else:
-            if msg.payload is not None and self.device.type == "cuda":
-                torch.cuda.current_stream(self.device).synchronize()
-            self._outbox.put(msg)
+            return
+        # Post the sends here (they return at once) so no thread hop sits on the critical path; the reaper
+        # thread waits for their completion and records the send span.
+        start = self.rec.now_ns()
+        group = self._group(self.rank)
+        header, payload = self._header(msg)
+        header = header.to(self.device)
+        works = [dist.isend(header, dst=self.next, group=group)]
+        if payload is not None:
+            works.append(dist.isend(payload, dst=self.next, group=group))
+        self._outbox.put(_Posted(msg, start, works, (header, payload)))
 
     def get(self) -> Message:
         """The next message from the predecessor; raises if the link failed or nothing came within the timeout."""
@@ -209,32 +217,38 @@ class Ring:
     def _consumer_stage(self, msg: Message) -> int:
         return msg.stage if msg.kind == ACT else self.rank
 
-    def _send_loop(self) -> None:
-        group = self._group(self.rank)
+    def _reap_loop(self) -> None:
         try:
             while True:
-                msg = self._outbox.get()
-                if msg is None:
+                posted = self._outbox.get()
+                if posted is None:
                     return
-                start = self.rec.now_ns()
-                header, payload = self._header(msg)
-                dist.send(header.to(self.device), dst=self.next, group=group)
-                nbytes = _nbytes(msg.payload)
-                if payload is not None:
-                    dist.send(payload, dst=self.next, group=group)
+                for work in posted.works:
+                    work.wait()
                 if self.device.type == "cuda":
                     torch.cuda.current_stream(self.device).synchronize()
-                if msg.kind != STOP:
-                    src_stage = msg.stage - 1 if msg.kind == ACT else msg.stage
-                    self.rec.record(
-                        SpanKind.SEND, start, self.rec.now_ns(), mb=msg.mb, step=msg.step, phase=msg.phase,
-                        stage=src_stage, chunk=max(src_stage, 0) // self.world, peer=self.next, nbytes=nbytes,
-                    )  # fmt: skip
+                msg = posted.msg
                 if msg.kind == STOP:
-                    return
+                    continue
+                src_stage = msg.stage - 1 if msg.kind == ACT else msg.stage
+                self.rec.record(
+                    SpanKind.SEND, posted.start_ns, self.rec.now_ns(), mb=msg.mb, step=msg.step, phase=msg.phase,
+                    stage=src_stage, chunk=max(src_stage, 0) // self.world, peer=self.next, nbytes=_nbytes(msg.payload),
+                )  # fmt: skip
         except BaseException as exc:
             self.error = exc
             self.inbox.put(RuntimeError(f"rank {self.rank}: send to rank {self.next} failed: {exc}"))
+
+
+@dataclass
+class _Posted:
+    """Sends posted by the compute thread, waiting for completion."""
+
+    msg: Message
+    start_ns: int
+    works: list[Any]
+    keep: tuple[Any, ...]
+    """The tensors being sent, alive until the sends complete."""
 
 
 def _numel(shape: list[int]) -> int:

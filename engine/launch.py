@@ -57,7 +57,9 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
     port = free_port()
     procs = [
         ctx.Process(
-            target=_child, args=(cfg.to_dict(), r, cfg.stages, port, str(run_dir), events), name=f"ppscope-rank{r}"
+            target=_child,
+            args=(cfg.to_dict(), r, cfg.stages, port, str(run_dir), events, dict(os.environ)),
+            name=f"ppscope-rank{r}",
         )
         for r in range(cfg.stages)
     ]
@@ -172,7 +174,13 @@ def _mark(run_dir: Path, status: str, error: str) -> None:
         write_meta(run_dir, meta)
 
 
-def _child(cfg_dict: dict[str, Any], rank: int, world: int, port: int, run_dir: str, events: Any) -> None:
+def _child(
+    cfg_dict: dict[str, Any], rank: int, world: int, port: int, run_dir: str, events: Any, env: dict[str, str]
+) -> None:
+    # A forkserver child inherits the server's environment, fixed when it started: take the caller's.
+    for key in set(os.environ) - set(env):
+        del os.environ[key]
+    os.environ.update(env)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ["LOCAL_RANK"] = str(rank)
