@@ -13,11 +13,15 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from ppscope.analysis.bubbles import ROLE_COMPUTE as _COMPUTE
-from ppscope.analysis.bubbles import ROLE_RECV as _RECV
-from ppscope.analysis.bubbles import ROLE_SEND as _SEND
-from ppscope.analysis.bubbles import ROLE_WAIT as _WAIT
-from ppscope.analysis.bubbles import StageTimes, span_roles, stage_bubbles
+from ppscope.analysis.bubbles import (
+    ROLE_COMPUTE,
+    ROLE_RECV,
+    ROLE_SEND,
+    ROLE_WAIT,
+    StageTimes,
+    span_roles,
+    stage_bubbles,
+)
 from ppscope.analysis.latency import request_latency
 from ppscope.analysis.pipeline import balance, count_distinct, hop_stats, measured_inflight, stage_of_ranks
 from ppscope.analysis.result import AnalysisResult, RequestLatency, Theory, WindowInfo
@@ -80,12 +84,12 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
         warnings.append("the trace lasts 0 ns (only instantaneous spans): no ratio can be computed")
         return _empty(trace, warnings, latency, window=window)
 
-    is_compute = role == _COMPUTE
+    is_compute = role == ROLE_COMPUTE
     if not is_compute.any():
         warnings.append("no compute spans (forward/embed/head/sample/kernel): every stage counts as idle")
     inflight, _ = measured_inflight(mb.astype(np.int32), is_compute & decode, meta)
     dependency = inflight is not None and inflight < p
-    has_waits = bool(np.isin(role, [_RECV, _WAIT, _SEND]).any())
+    has_waits = bool(np.isin(role, [ROLE_RECV, ROLE_WAIT, ROLE_SEND]).any())
     if not has_waits and is_compute.any():
         warnings.append(
             "this trace has no recv/send spans: idle time between computes is reported as `unknown` "
@@ -127,7 +131,7 @@ def _choose_window(config: AnalysisConfig, t: StageTimes, p: int, warnings: list
     full = full_window(t.start_ns, t.end_ns)
     if config.window_ms is not None:
         return resolve_window(full, config.window_ms, warnings)
-    compute = t.role == _COMPUTE
+    compute = t.role == ROLE_COMPUTE
     if config.active and compute.any():
         return active_window(t.start_ns[compute], t.end_ns[compute])
     if config.active:
