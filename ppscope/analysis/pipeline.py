@@ -92,15 +92,16 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
     role_idx = np.select([is_send, is_recv], [0, 1], 2)
     dur = spans["end_ns"].to_numpy()[rows] - spans["start_ns"].to_numpy()[rows]
     nbytes = spans["nbytes"].to_numpy()[rows].astype(np.int64)
-    # One integer key per (hop, role); sums stay in int64 (exact ns and bytes).
-    width = int(dst.max()) + 1
-    flat = src * width + dst
+    # One integer key per (hop, role), from rank numbers shifted to start at 0.
+    low = int(min(src.min(), dst.min()))
+    width = int(max(src.max(), dst.max())) - low + 1
+    flat = (src - low) * width + (dst - low)
     if int(flat.max()) < 1 << 22:  # small rank numbers: count directly, no sort
         hop_keys = np.flatnonzero(np.bincount(flat))
         hop_id = np.searchsorted(hop_keys, flat)
     else:
         hop_keys, hop_id = np.unique(flat, return_inverse=True)
-    hops = np.stack([hop_keys // width, hop_keys % width])
+    hops = np.stack([hop_keys // width + low, hop_keys % width + low])
     key = hop_id.reshape(-1) * 3 + role_idx
     size = hops.shape[1] * 3
     count = np.bincount(key, minlength=size).reshape(-1, 3)

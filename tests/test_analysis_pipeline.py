@@ -1,0 +1,72 @@
+"""Pipeline-level figures: per-hop traffic, balance, stage mapping."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppscope.analysis import analyze
+from ppscope.analysis.pipeline import balance, count_distinct, hop_stats
+from ppscope.analysis.result import StageResult
+from ppscope.trace import RunMeta, Trace
+
+
+def test_hop_stats_exact() -> None:
+    rows = [
+        dict(rank=0, kind="send", start_ns=0, end_ns=10, peer=1, nbytes=1000),
+        dict(rank=0, kind="send", start_ns=20, end_ns=25, peer=1, nbytes=1000),
+        dict(rank=1, kind="recv_wait", start_ns=0, end_ns=4, peer=0),
+        dict(rank=1, kind="recv", start_ns=4, end_ns=10, peer=0, nbytes=1000),
+        dict(rank=1, kind="recv", start_ns=20, end_ns=24, peer=0, nbytes=1000),
+        dict(rank=1, kind="send", start_ns=30, end_ns=31, peer=0, nbytes=8),  # tokens back round the ring
+        dict(rank=1, kind="send", start_ns=40, end_ns=41, peer=-1, nbytes=8),  # no peer: left out
+    ]
+    hops = hop_stats(Trace.from_records(rows).spans)
+    assert [(h.src_rank, h.dst_rank) for h in hops] == [(0, 1), (1, 0)]
+    h = hops[0]
+    assert (h.messages, h.nbytes, h.send_ns, h.recv_ns, h.wait_ns) == (2, 2000, 15, 10, 4)
+    assert h.bandwidth_gbps == pytest.approx(2000 / 10)  # bytes per ns = GB/s, over the timed transfer
+    back = hops[1]
+    assert (back.messages, back.nbytes, back.send_ns, back.bandwidth_gbps) == (1, 8, 1, 8.0)
+
+
+def test_hop_stats_without_comm() -> None:
+    assert hop_stats(Trace.from_records([dict(rank=0, kind="forward", start_ns=0, end_ns=1)]).spans) == []
+
+
+def _stage(stage: int, busy: int, per_mb: float | None) -> StageResult:
+    return StageResult(
+        stage=stage,
+        ranks=[stage],
+        busy_ns=busy,
+        bubble_ns=0,
+        bubble_ratio=0.0,
+        causes={},
+        units=1.0,
+        time_per_mb_ns=per_mb,
+    )
+
+
+def test_balance() -> None:
+    imb, basis, worst, gain = balance([_stage(0, 10, 10.0), _stage(1, 10, 20.0), _stage(2, 10, 30.0)])
+    assert basis == "time_per_mb" and worst == 2
+    assert imb == pytest.approx(1 - 20 / 30) and gain == pytest.approx(30 / 20)
+    imb, basis, worst, gain = balance([_stage(0, 10, None), _stage(1, 40, 20.0)])
+    assert basis == "busy" and worst == 1 and gain == pytest.approx(40 / 25)
+    assert balance([]) == (None, "none", None, None)
+
+
+def test_count_distinct() -> None:
+    import numpy as np
+
+    assert count_distinct(np.array([3, 1, 3, 2, 1], np.int64)) == 3
+    assert count_distinct(np.array([], np.int64)) == 0
+
+
+def test_stage_from_span_stage_when_meta_has_none() -> None:
+    rows = [
+        dict(rank=0, stage=1, kind="forward", start_ns=0, end_ns=10),
+        dict(rank=0, stage=3, chunk=1, kind="forward", start_ns=20, end_ns=30),  # virtual stage of chunk 1
+        dict(rank=1, stage=0, kind="forward", start_ns=0, end_ns=10),
+    ]
+    res = analyze(Trace.from_records(rows, meta=RunMeta(world_size=2)))
+    assert [(s.stage, s.ranks) for s in res.stages] == [(0, [1]), (1, [0])]
