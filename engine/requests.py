@@ -14,7 +14,7 @@ from typing import Any
 from ppscope.errors import InvalidConfigError
 from ppscope.store import REQUESTS_FILE
 
-__all__ = ["Request", "generate_requests", "load_prompts", "poisson_arrivals_ns", "write_requests"]
+__all__ = ["Request", "RequestLog", "generate_requests", "load_prompts", "poisson_arrivals_ns"]
 
 
 @dataclass
@@ -88,8 +88,16 @@ def poisson_arrivals_ns(n: int, rate_per_s: float, seed: int) -> list[int]:
     return out
 
 
-def write_requests(run_dir: str | Path, requests: list[Request]) -> None:
-    """Append the finished requests to `requests.jsonl`, one JSON object per line."""
-    with open(Path(run_dir) / REQUESTS_FILE, "a") as f:
-        for r in requests:
-            f.write(json.dumps(r.record()) + "\n")
+class RequestLog:
+    """Appends each finished request to the run's `requests.jsonl` as it finishes, one JSON object a line,
+    so a live reader sees them during the run. Whole lines only: a reader never sees half a record."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self._f = open(Path(run_dir) / REQUESTS_FILE, "a")  # noqa: SIM115 - closed in close()
+
+    def __call__(self, request: Request) -> None:
+        self._f.write(json.dumps(request.record()) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()

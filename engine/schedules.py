@@ -10,6 +10,7 @@ same order. This module knows nothing about processes, files or clocks beyond th
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -83,6 +84,8 @@ class Pipeline:
         self.sampling = sampling
         self.gen = torch.Generator().manual_seed(sampling.seed) if sampling.temperature > 0 else None
         self.cuda = module.device.type == "cuda"
+        self.on_finish: Callable[[Request], None] = lambda request: None
+        """Called on rank 0 when a request has its last token (the worker appends it to requests.jsonl)."""
         self.fail_after = 0
         """Tests only: raise after this many passes (0 = never)."""
         self._passes = 0
@@ -213,6 +216,7 @@ class Pipeline:
                 r.first_token_ns = now
             if r.done:
                 r.finish_ns = now
+                self.on_finish(r)
         return len(reqs)
 
     # ------------------------------------------------------------ serve (rank 0)
@@ -244,7 +248,7 @@ class Pipeline:
             if not busy and wait_s > 0:
                 msg = self.ring.poll(wait_s)  # idle until the next arrival: no stage work to wait for
             elif busy:
-                msg = self._receive(lambda w=wait_s: self.ring.poll(w))  # type: ignore[misc]
+                msg = self._receive(functools.partial(self.ring.poll, wait_s))
                 if msg is None and not (waiting and any(s is None for s in slots)):
                     raise TimeoutError(f"rank 0 received no tokens for {timeout_s:.0f} s (a peer failed or hangs)")
             else:

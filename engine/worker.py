@@ -20,7 +20,7 @@ from engine.clock import measure_offset
 from engine.comm import Ring
 from engine.config import EngineConfig
 from engine.prepare import Prepared, make_source, prepare, torch_dtype
-from engine.requests import write_requests
+from engine.requests import RequestLog
 from engine.sampler import CounterSampler
 from engine.schedules import Pipeline, Sampling
 from engine.split import build_stage
@@ -135,6 +135,7 @@ def _run(
     shape = prep.shape
     dtype = torch_dtype(cfg.dtype)
     sink = RankWriter(run_dir, rank) if cfg.record else None
+    log: RequestLog | None = None
     rec = Recorder(sink, rank=rank, stage=rank, enabled=cfg.record, nvtx=cfg.nvtx, clock=clock)
     sampler = CounterSampler(rec, device.index if device.type == "cuda" else None, cfg.sample_interval_ms)
     try:
@@ -152,6 +153,9 @@ def _run(
             sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed),
         )
         pipe.fail_after = _test_hook(FAIL_ENV, rank)
+        if rank == 0:
+            log = RequestLog(run_dir)
+            pipe.on_finish = log
         ring.start()
         if world > 1:
             dist.barrier()  # every stage is built: the pipeline's clock starts now for everyone
@@ -168,10 +172,11 @@ def _run(
     finally:
         sampler.stop()
         rec.close()
+        if log is not None:
+            log.close()
     if world > 1:
         dist.barrier()
     if rank == 0:
-        write_requests(run_dir, prep.requests)
         meta = read_meta(run_dir)
         meta.status = "finished"
         write_meta(run_dir, meta)

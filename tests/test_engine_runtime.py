@@ -40,6 +40,12 @@ def test_bad_split_fails_before_anything_starts(tmp_path: Path, capsys: pytest.C
         EngineConfig(schedule="1f1b")
     with pytest.raises(InvalidConfigError, match="--schedule interleaved"):
         EngineConfig(schedule="serve", chunks=2)
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidConfigError, match="--backend nccl needs NVIDIA GPUs"):
+            run(EngineConfig(stages=2, backend="nccl", out=str(tmp_path / "nccl"), **FAST))
+        assert not (tmp_path / "nccl").exists()
 
 
 def test_run_command_json_and_no_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -62,7 +68,9 @@ def test_prompts_file_with_uneven_lengths_in_one_batch(tmp_path: Path) -> None:
     cfg = EngineConfig(stages=1, schedule="gpipe", microbatches=1, prompts=str(prompts), progress=False,
                        out=str(tmp_path / "run"))  # fmt: skip
     run_dir = run(cfg)
-    lines = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    finish_order = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in finish_order] == [1, 2, 0]  # written as each finishes
+    lines = sorted(finish_order, key=lambda r: r["id"])
     assert [r["output_ids"] for r in lines] == reference_outputs(cfg)
     assert [r["output_len"] for r in lines] == [4, 2, 3]
     assert set(lines[0]) >= {"id", "prompt_len", "output_len", "arrival_ns", "first_token_ns", "finish_ns",
@@ -72,7 +80,8 @@ def test_prompts_file_with_uneven_lengths_in_one_batch(tmp_path: Path) -> None:
 def test_sampling_with_a_seed_is_reproducible(tmp_path: Path) -> None:
     def outputs(name: str, **kw: float) -> list[list[int]]:
         cfg = EngineConfig(stages=1, requests=2, max_new_tokens=6, progress=False, out=str(tmp_path / name), **kw)
-        return [json.loads(line)["output_ids"] for line in (run(cfg) / "requests.jsonl").read_text().splitlines()]
+        lines = [json.loads(line) for line in (run(cfg) / "requests.jsonl").read_text().splitlines()]
+        return [r["output_ids"] for r in sorted(lines, key=lambda r: r["id"])]
 
     a = outputs("a", temperature=1.0, top_p=0.9)
     assert a == outputs("b", temperature=1.0, top_p=0.9)
