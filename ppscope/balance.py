@@ -115,6 +115,10 @@ class BalanceProblem:
             )
         if self.objective not in OBJECTIVES:
             raise InvalidConfigError(f"unknown objective {self.objective!r}; valid: {', '.join(OBJECTIVES)}")
+        if self.objective == "memory" and self.memory is None:
+            raise InvalidConfigError(
+                "objective `memory` maximises KV capacity, which needs a memory model (--model and --gpu-mem-gib)"
+            )
         if self.memory is not None and len(self.memory.limit_bytes) != self.stages:
             raise InvalidConfigError(
                 f"memory model has {len(self.memory.limit_bytes)} stage limit(s) but the pipeline has {self.stages}"

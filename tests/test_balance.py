@@ -84,7 +84,7 @@ def problems(draw: st.DrawFn) -> BalanceProblem:
             reserve_bytes=draw(st.integers(0, 5)),
             min_kv_tokens=draw(st.integers(0, 3)),
         )
-    objective = draw(st.sampled_from(["throughput", "memory"]))
+    objective = draw(st.sampled_from(["throughput", "memory"])) if memory is not None else "throughput"
     return BalanceProblem(costs=costs, stages=stages, stage_costs=stage_costs, memory=memory, objective=objective)
 
 
@@ -190,6 +190,8 @@ def test_fewer_layers_than_stages_and_wrong_lengths() -> None:
         BalanceProblem(costs=costs, stages=2, stage_costs=StageCosts(speed=[1, 1, 1]))
     with pytest.raises(InvalidConfigError, match="speed factor of stage 1 must be a finite number > 0"):
         BalanceProblem(costs=costs, stages=2, stage_costs=StageCosts(speed=[1, 0]))
+    with pytest.raises(InvalidConfigError, match="needs a memory model"):
+        BalanceProblem(costs=costs, stages=2, objective="memory")
     with pytest.raises(InvalidConfigError, match="unknown objective"):
         BalanceProblem(costs=costs, stages=2, objective="latency")
 
