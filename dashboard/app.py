@@ -62,7 +62,7 @@ def main(argv: Sequence[str]) -> None:
     live = live_trace(entry)
     live.refresh()
     _header(entry, live)
-    if live.error and not len(live.trace.spans):
+    if live.error and not len(live.trace.spans) and not live.live:
         return
     if section == "Timeline":
         timeline(live)
@@ -91,21 +91,27 @@ def _wait_for_runs(catalog: Catalog) -> None:
 
 
 def _header(entry: Entry, live: LiveTrace) -> None:
-    meta = live.meta
     st.subheader(entry.label)
-    bits = [
-        f"source **{meta.source}**",
-        f"status **{meta.status}**" if entry.is_run else "imported trace",
-        f"PP {meta.pp_size}",
-        f"schedule {meta.schedule or 'unknown'}",
-    ]
-    if meta.split:
-        bits.append(f"split {','.join(map(str, meta.split))}")
-    st.caption(" · ".join(bits))
-    if live.error:
-        st.warning(live.error)
-    for warning in live.trace.warnings:
-        st.caption(f"⚠ {warning}")
+
+    # While the run is written, the status line follows what the timeline's refresh has read.
+    @st.fragment(run_every=REFRESH_S if live.live else None)
+    def status() -> None:
+        meta = live.meta
+        bits = [
+            f"source **{meta.source}**",
+            f"status **{meta.status}**" if entry.is_run else "imported trace",
+            f"PP {meta.pp_size}",
+            f"schedule {meta.schedule or 'unknown'}",
+        ]
+        if meta.split:
+            bits.append(f"split {','.join(map(str, meta.split))}")
+        st.caption(" · ".join(bits))
+        if live.error:
+            st.warning(live.error)
+        for warning in live.trace.warnings:
+            st.caption(f"⚠ {warning}")
+
+    status()
 
 
 def timeline(live: LiveTrace) -> None:

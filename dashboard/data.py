@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from ppscope.errors import PPScopeError
+from ppscope.errors import PPScopeError, RunNotFoundError
 from ppscope.sources import open_trace
-from ppscope.store import RunTail
+from ppscope.store import RunTail, read_meta
 from ppscope.trace import RunMeta, Trace
 
 __all__ = ["LiveTrace"]
@@ -36,6 +36,8 @@ class LiveTrace:
         """Increases whenever new spans, counters or requests arrive (or the trace is reloaded)."""
         self.error = ""
         """Why the last refresh failed (deleted, truncated, damaged); empty when it worked."""
+        self.gone = False
+        """The run directory no longer exists: nothing more will arrive."""
         self._lock = threading.Lock()
         self._tail: RunTail | None = None
         self._offsets: dict[int, int] = {}
@@ -56,7 +58,7 @@ class LiveTrace:
     @property
     def live(self) -> bool:
         """True while the run is being written: the page keeps refreshing."""
-        return self.is_run and self._trace.meta.status == "running" and not self.error
+        return self.is_run and self._trace.meta.status == "running" and not self.gone
 
     def refresh(self) -> Trace:
         """Read what arrived since the last call and return the whole trace so far (cheap when nothing did)."""
@@ -73,9 +75,25 @@ class LiveTrace:
                 self.error = ""
             except PPScopeError as exc:
                 self.error = f"{exc} (showing what was read before)" if self._loaded else str(exc)
+                self.gone = isinstance(exc, RunNotFoundError)
+                self._follow_status()
             except OSError as exc:  # the directory vanished between the checks and the reads
                 self.error = f"{self.path}: cannot be read ({exc.strerror or exc})"
+                self.gone = not self.path.exists()
             return self._trace
+
+    def _follow_status(self) -> None:
+        """After a failed read, still learn whether the run goes on: a rank file that is being created
+        reads as damaged for a moment, and the page must keep refreshing until the run says it ended."""
+        if not self.is_run or self.gone:
+            return
+        try:
+            meta = read_meta(self.path)
+        except (PPScopeError, OSError):
+            return
+        if meta != self._trace.meta:
+            self._trace = dataclasses.replace(self._trace, meta=meta)
+            self.version += 1
 
     def memo(self, name: str, fn: Callable[[Trace], T]) -> T:
         """fn(trace), computed once per version of the trace (so each refresh recomputes only after new data)."""

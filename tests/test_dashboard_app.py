@@ -217,3 +217,16 @@ def test_range_window_slider(tmp_path: Path) -> None:
     assert not at.exception
     bars = _span_bars(_chart_specs(at)[0])
     assert sorted(y for t in bars for y in t["y"]) == ["rank 0 · compute", "rank 1 · recv"]
+
+
+def test_empty_folder_waits_for_runs(tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    at = _app(folder).run()
+    assert not at.exception
+    assert "No runs or traces" in at.info[0].value
+    record_gpipe_run(folder / "first", p=2, m=2)
+    at.run()
+    assert not at.exception
+    assert at.sidebar.selectbox(key="trace").value == "runs/first"
+    assert sum(len(_decode(t["base"])) for t in _span_bars(_chart_specs(at)[0])) == span_count(2, 2)

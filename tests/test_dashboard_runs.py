@@ -152,6 +152,7 @@ def test_truncated_rank_file_gives_a_message(tmp_path: Path) -> None:
     trace = live.refresh()
     assert len(trace.spans) == 0
     assert "rank-00001.sqlite" in live.error
+    assert not live.live  # the run says it finished: no point refreshing
 
 
 @pytest.mark.parametrize("requests", [0, 5])
@@ -160,3 +161,18 @@ def test_recorded_run_round_trips(tmp_path: Path, requests: int) -> None:
     trace = LiveTrace(run, is_run=True).refresh()
     assert len(trace.spans) == span_count(3, 2)
     assert len(trace.requests) == requests
+
+
+def test_rank_file_being_created_does_not_stop_a_live_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=1, status="running"))
+    (run / "rank-00000.sqlite").touch()  # created, header not written yet
+    live = LiveTrace(run, is_run=True)
+    assert len(live.refresh().spans) == 0
+    assert "rank-00000.sqlite" in live.error
+    assert live.live, "a running run keeps refreshing through a transient read error"
+    (run / "rank-00000.sqlite").unlink()
+    writer = RankWriter(run, 0)
+    writer.write(gpipe_spans(0, 1, 2))
+    assert len(live.refresh().spans) == 2 and live.error == ""
+    writer.close()
