@@ -127,7 +127,8 @@ def gantt(
 ) -> go.Figure:
     """Pipeline timeline: one row per rank and lane, bars coloured by `kind` or micro-batch (`mb`), idle
     gaps of each stage (from `result`) shaded by cause on its ranks' compute rows. Times in µs from the
-    start of the trace (or of `window_ns`)."""
+    start of the trace (or of `window_ns`). At most `max_bars` span bars (see `aggregate_bars`) plus at most
+    `max_bars` idle-gap bars (the longest)."""
     if color_by not in ("kind", "mb"):
         raise InvalidConfigError(f"color_by must be 'kind' or 'mb', got {color_by!r}")
     spans = trace.spans
