@@ -3,12 +3,12 @@
 Each message is a fixed-size int64 header (what it is, which micro-batch, which sequences) followed by its
 payload (activations `(N, D)` or token ids `(B,)`); a payload that fits rides inside the header, so a
 decode hop is one message. A receiver thread keeps a receive posted from the predecessor and queues what
-arrives; the compute thread posts its sends with `isend` and a reaper thread waits for them and records
-one `send` span per message (peer, nbytes). So compute never blocks on the network and the ring cannot
-deadlock however many micro-batches circulate. The compute thread records `recv_wait` when it blocks on
-the inbox. The wrap-around link (last rank -> rank 0) uses its own process group so that with two ranks
-the two directions never share a communicator (NCCL orders the operations of one communicator).
-This module knows nothing about models or schedules.
+arrives; the compute thread posts its sends with `isend` (its `send` span is the time it is blocked:
+posting) and a reaper thread waits for their completion, keeping the tensors alive until then. So compute
+never blocks on the network and the ring cannot deadlock however many micro-batches circulate. The
+compute thread records `recv_wait` when it blocks on the inbox. The wrap-around link (last rank -> rank 0)
+uses its own process group so that with two ranks the two directions never share a communicator (NCCL
+orders the operations of one communicator). This module knows nothing about models or schedules.
 """
 
 from __future__ import annotations
@@ -104,6 +104,14 @@ class Ring:
         works = [dist.isend(header, dst=self.next, group=group)]
         if payload is not None:
             works.append(dist.isend(payload, dst=self.next, group=group))
+        if msg.kind != STOP:
+            # The stage is blocked only while posting: the receiver always has a receive posted, so a send
+            # never waits for it. The transfer shows as the receiver's `recv` span.
+            src_stage = msg.stage - 1 if msg.kind == ACT else msg.stage
+            self.rec.record(
+                SpanKind.SEND, start, self.rec.now_ns(), mb=msg.mb, step=msg.step, phase=msg.phase,
+                stage=src_stage, chunk=max(src_stage, 0) // self.world, peer=self.next, nbytes=_nbytes(msg.payload),
+            )  # fmt: skip
         self._outbox.put(_Posted(msg, start, works, (header, payload)))
 
     def get(self) -> Message:
@@ -225,16 +233,6 @@ class Ring:
                     return
                 for work in posted.works:
                     work.wait()
-                if self.device.type == "cuda":
-                    torch.cuda.current_stream(self.device).synchronize()
-                msg = posted.msg
-                if msg.kind == STOP:
-                    continue
-                src_stage = msg.stage - 1 if msg.kind == ACT else msg.stage
-                self.rec.record(
-                    SpanKind.SEND, posted.start_ns, self.rec.now_ns(), mb=msg.mb, step=msg.step, phase=msg.phase,
-                    stage=src_stage, chunk=max(src_stage, 0) // self.world, peer=self.next, nbytes=_nbytes(msg.payload),
-                )  # fmt: skip
         except BaseException as exc:
             self.error = exc
             self.inbox.put(RuntimeError(f"rank {self.rank}: send to rank {self.next} failed: {exc}"))
