@@ -195,7 +195,12 @@ class Ring:
 
     # ------------------------------------------------------------ threads
 
+    def _thread_device(self) -> None:
+        if self.device.type == "cuda":  # the current device is per thread
+            torch.cuda.set_device(self.device)
+
     def _recv_loop(self) -> None:
+        self._thread_device()
         group = self._group(self.prev)
         size = self._meta_words() + self.inline_nbytes // 8
         try:
@@ -226,6 +231,7 @@ class Ring:
         return msg.stage if msg.kind == ACT else self.rank
 
     def _reap_loop(self) -> None:
+        self._thread_device()
         try:
             while True:
                 posted = self._outbox.get()
