@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import pandas as pd
 
 from ppscope.trace import ClockInfo, SpanKind
@@ -29,27 +28,30 @@ def estimate_offset(samples: Sequence[tuple[int, int, int]]) -> ClockInfo:
     return ClockInfo(offset_ns=(t1 + t2) // 2 - t0, uncertainty_ns=(t2 - t1 + 1) // 2, method="ping-pong")
 
 
+_KEYS = ["src", "dst", "mb", "step"]
+
+
 def causality_violations(spans: pd.DataFrame, slack_ns: int = 0) -> pd.DataFrame:
-    """Receives that end before the matching send started (on the common clock), matched by the pair of
-    ranks and the order of messages between them. Empty when the clocks are consistent."""
+    """Receives (`recv` or `recv_wait`) that end before their matching send started, on the common clock.
+
+    A receive on rank d from peer s matches the send on rank s to peer d with the same micro-batch and step,
+    in order when several share them. Empty when the clocks are consistent (within `slack_ns`).
+    """
+    cols = ["src", "dst", "mb", "step", "kind", "send_start_ns", "recv_end_ns"]
     send = spans[spans["kind"] == str(SpanKind.SEND)]
-    recv = spans[spans["kind"] == str(SpanKind.RECV)]
     rows = []
-    for (src, dst), s in send.groupby(["rank", "peer"]):
-        r = recv[(recv["rank"] == dst) & (recv["peer"] == src)].sort_values("start_ns")
-        s = s.sort_values("start_ns")
-        n = min(len(s), len(r))
-        if not n:
+    for kind in (SpanKind.RECV, SpanKind.RECV_WAIT):
+        recv = spans[spans["kind"] == str(kind)]
+        if recv.empty or send.empty:
             continue
-        bad = r["end_ns"].to_numpy()[:n] + slack_ns < s["start_ns"].to_numpy()[:n]
-        for i in np.flatnonzero(bad):
-            rows.append(
-                {
-                    "src": int(src),
-                    "dst": int(dst),
-                    "index": int(i),
-                    "send_start_ns": int(s["start_ns"].iloc[i]),
-                    "recv_end_ns": int(r["end_ns"].iloc[i]),
-                }
-            )
-    return pd.DataFrame(rows, columns=["src", "dst", "index", "send_start_ns", "recv_end_ns"])
+        left = send.rename(columns={"rank": "src", "peer": "dst"})[["src", "dst", "mb", "step", "start_ns"]]
+        right = recv.rename(columns={"peer": "src", "rank": "dst"})[["src", "dst", "mb", "step", "end_ns"]]
+        left = left.sort_values("start_ns")
+        left["n"] = left.groupby(_KEYS).cumcount()
+        right = right.sort_values("end_ns")
+        right["n"] = right.groupby(_KEYS).cumcount()
+        both = left.merge(right, on=[*_KEYS, "n"])
+        bad = both[both["end_ns"] + slack_ns < both["start_ns"]]
+        for r in bad.itertuples():
+            rows.append((int(r.src), int(r.dst), int(r.mb), int(r.step), str(kind), int(r.start_ns), int(r.end_ns)))
+    return pd.DataFrame(rows, columns=cols)

@@ -25,13 +25,14 @@ def test_estimate_keeps_the_fastest_round_trip() -> None:
 
 def test_causality_violations_match_sends_to_receives_in_order() -> None:
     rows = [
-        {"rank": 0, "kind": SpanKind.SEND, "peer": 1, "start_ns": 100, "end_ns": 110},
-        {"rank": 0, "kind": SpanKind.SEND, "peer": 1, "start_ns": 200, "end_ns": 210},
-        {"rank": 1, "kind": SpanKind.RECV, "peer": 0, "start_ns": 105, "end_ns": 120},
-        {"rank": 1, "kind": SpanKind.RECV, "peer": 0, "start_ns": 150, "end_ns": 190},  # ends before its send
+        {"rank": 0, "kind": SpanKind.SEND, "peer": 1, "mb": 0, "step": 0, "start_ns": 100, "end_ns": 110},
+        {"rank": 0, "kind": SpanKind.SEND, "peer": 1, "mb": 1, "step": 0, "start_ns": 200, "end_ns": 210},
+        {"rank": 1, "kind": SpanKind.RECV_WAIT, "peer": 0, "mb": 0, "step": 0, "start_ns": 90, "end_ns": 120},
+        {"rank": 1, "kind": SpanKind.RECV, "peer": 0, "mb": 1, "step": 0, "start_ns": 150, "end_ns": 190},  # too early
+        {"rank": 0, "kind": SpanKind.RECV, "peer": 1, "mb": 1, "step": 0, "start_ns": 0, "end_ns": 10},  # no send
     ]
     bad = causality_violations(Trace.from_records(rows).spans)
-    assert list(bad["index"]) == [1] and list(bad["src"]) == [0]
+    assert bad[["src", "dst", "mb", "kind"]].values.tolist() == [[0, 1, 1, "recv"]]
     assert causality_violations(Trace.from_records(rows).spans, slack_ns=20).empty
 
 
