@@ -61,6 +61,9 @@ def test_injected_skew_is_recovered_and_undone(tmp_path: Path, monkeypatch: pyte
     assert r0["start_ns"].min() - slack_ns <= r1["start_ns"].min()
     assert r1["end_ns"].max() <= r0["end_ns"].max() + slack_ns
     assert causality_violations(spans, slack_ns=clock.uncertainty_ns).empty
+    raw = spans.copy()  # on the rank's own clock, rank 0 would get tokens 3 s before rank 1 sent them
+    raw.loc[raw["rank"] == 1, ["start_ns", "end_ns"]] += clock.offset_ns
+    assert not causality_violations(raw).empty
     # no GPU here: each rank's CPU use, on the host device, labelled as such
     cpu = trace.counters[trace.counters["metric"] == Metric.CPU_UTIL_PCT]
     assert set(cpu["rank"]) == {0, 1} and set(cpu["device"]) == {-1}
