@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import streamlit as st
 
@@ -181,10 +180,5 @@ def usage(live: LiveTrace) -> None:
     st.plotly_chart(view.figure, key="usage", config={"displaylogo": False})
 
 
-def _argv() -> list[str]:
-    args: Any = sys.argv[1:]
-    return [str(a) for a in args]
-
-
 if __name__ == "__main__":
-    main(_argv())
+    main(sys.argv[1:])
