@@ -112,3 +112,20 @@ def test_any_split_of_seeded_layers_equals_the_whole_model(split: list[int]) -> 
     batch = Batch([0], [0], [6])
     prompt = [11, 400, 80, 3, 77, 124]
     assert torch.equal(_forward(stages, prompt, batch, shape), _forward([whole], prompt, batch, shape))
+
+
+def test_checkpoint_runs_pipelined_through_the_launcher(checkpoint: Path, tmp_path: Path) -> None:
+    from engine.config import EngineConfig
+    from engine.launch import run
+    from engine.reference import reference_outputs
+    from ppscope.store import read_meta
+
+    cfg = EngineConfig(stages=2, schedule="serve", model=str(checkpoint), requests=3, prompt_len=5, max_new_tokens=4,
+                       progress=False, out=str(tmp_path / "run"))  # fmt: skip
+    run_dir = run(cfg)
+    lines = sorted(
+        (json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines()), key=lambda r: r["id"]
+    )
+    assert [r["output_ids"] for r in lines] == reference_outputs(cfg)
+    meta = read_meta(run_dir)
+    assert meta.model["layers"] == 3 and meta.split == [2, 1] and meta.model["synthetic"] is False

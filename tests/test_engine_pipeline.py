@@ -79,3 +79,12 @@ def test_uneven_split_and_batched_serve_match(expected: list[list[int]], tmp_pat
     assert _outputs(run_dir) == expected
     meta = read_meta(run_dir)
     assert (meta.split, meta.split_source) == ([6, 2], "--split")
+
+
+def test_interleaved_with_uneven_groups_and_split(expected: list[list[int]], tmp_path: Path) -> None:
+    # 3 micro-batches on 2 ranks: the last group of Megatron's order is short; virtual stages get 3,1,2,2 layers
+    cfg = EngineConfig(
+        stages=2, schedule="interleaved", chunks=2, microbatches=3, split="3,1,2,2", progress=False,
+        out=str(tmp_path / "run"), **REQUESTS,
+    )  # fmt: skip
+    assert _outputs(run(cfg)) == expected
