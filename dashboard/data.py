@@ -40,7 +40,7 @@ class LiveTrace:
         """The run directory no longer exists: nothing more will arrive."""
         self._lock = threading.Lock()
         self._tail: RunTail | None = None
-        self._offsets: dict[int, int] = {}
+        self._identity: tuple[object, ...] = ()
         self._parts: dict[str, list[pd.DataFrame]] = {"spans": [], "counters": [], "requests": []}
         self._trace = Trace()
         self._loaded = False
@@ -111,15 +111,15 @@ class LiveTrace:
         if self._tail is None:
             self._tail = RunTail(self.path)
         delta = self._tail.poll()
-        offsets = {info.rank: info.clock.offset_ns for info in delta.meta.ranks}
-        if self._loaded and offsets != self._offsets:
-            # Clock offsets changed after rows were read with the old ones: read everything again, once.
+        if self._loaded and _identity(delta.meta) != self._identity:
+            # Clock offsets changed after rows were read with the old ones, or the run was replaced by
+            # another one at the same path (row ids restart): read everything again, once.
             self._tail = RunTail(self.path)
             self._parts = {"spans": [], "counters": [], "requests": []}
+            self._trace = Trace(meta=delta.meta)
             delta = self._tail.poll()
-            offsets = {info.rank: info.clock.offset_ns for info in delta.meta.ranks}
             self.version += 1
-        self._offsets = offsets
+        self._identity = _identity(delta.meta)
         grew = False
         for name in self._parts:
             frame = getattr(delta, name)
@@ -138,6 +138,12 @@ class LiveTrace:
         elif not self._loaded or delta.meta != self._trace.meta or delta.warnings != self._trace.warnings:
             self._trace = dataclasses.replace(self._trace, meta=delta.meta, warnings=list(delta.warnings))
             self.version += 1
+
+
+def _identity(meta: RunMeta) -> tuple[object, ...]:
+    """What makes rows already read still valid: the same run, with the same clock offsets."""
+    offsets = tuple(sorted((info.rank, info.clock.offset_ns) for info in meta.ranks))
+    return (meta.run_id, meta.created_unix_ns, offsets)
 
 
 def _joined(parts: list[pd.DataFrame], empty: pd.DataFrame) -> pd.DataFrame:

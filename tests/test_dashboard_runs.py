@@ -176,3 +176,27 @@ def test_rank_file_being_created_does_not_stop_a_live_run(tmp_path: Path) -> Non
     writer.write(gpipe_spans(0, 1, 2))
     assert len(live.refresh().spans) == 2 and live.error == ""
     writer.close()
+
+
+def test_run_replaced_at_the_same_path_is_read_again(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run", p=2, m=4)
+    live = LiveTrace(run, is_run=True)
+    assert len(live.refresh().spans) == span_count(2, 4)
+    shutil.rmtree(run)
+    record_gpipe_run(run, p=2, m=2)  # a new run: same path, different id, row ids start again
+    meta = read_meta(run)
+    write_meta(run, RunMeta(**{**vars(meta), "run_id": "second"}))
+    assert len(live.refresh().spans) == span_count(2, 2)
+
+
+def test_clock_offsets_written_late_are_applied_to_rows_read_before(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run", p=2, m=2, status="running")
+    live = LiveTrace(run, is_run=True)
+    before = live.refresh().spans
+    meta = read_meta(run)
+    meta.ranks[1].clock.offset_ns = 5_000
+    write_meta(run, meta)
+    after = live.refresh().spans
+    r1_before = before[before["rank"] == 1]["start_ns"].to_numpy()
+    r1_after = after[after["rank"] == 1]["start_ns"].to_numpy()
+    assert len(after) == len(before) and (r1_after == r1_before - 5_000).all()
