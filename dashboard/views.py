@@ -246,6 +246,14 @@ def compare(live: LiveTrace, others: Sequence[Entry], opener: Callable[[Entry], 
     st.dataframe(charts.compare_table(a, b).round(4), hide_index=True)
     names = (f"A: {_short(live.path.name)}", f"B: {_short(label)}")
     st.plotly_chart(charts.compare_figure(a, b, names=names), key="compare", config={"displaylogo": False})
+    for column, name, trace, key in zip(
+        st.columns(2), names, (live.trace, other.trace), ("gantt_a", "gantt_b"), strict=True
+    ):
+        with column:
+            st.markdown(f"**{name}**")
+            view = gantt.gantt_figure(trace.spans, color_by="kind", max_bars=3000)
+            st.plotly_chart(view.figure, key=key, config={"displaylogo": False})
+            st.caption(view.note)
 
 
 def _short(text: str, limit: int = 28) -> str:

@@ -135,6 +135,10 @@ def test_folder_of_runs_lists_only_runs_inside_it(tmp_path: Path) -> None:
     at.sidebar.radio(key="section").set_value("Compare").run()
     assert not at.exception
     assert at.dataframe, "the compare table is shown"
+    assert at.selectbox(key="compare_with").options == ["runs/a"]
+    _, gantt_a, gantt_b = _chart_specs(at)  # per-stage bars, then each run's timeline side by side
+    assert sum(len(_decode(t["base"])) for t in _span_bars(gantt_a)) == span_count(2, 3)
+    assert sum(len(_decode(t["base"])) for t in _span_bars(gantt_b)) == span_count(2, 2)
 
 
 def test_missing_path_is_a_message(tmp_path: Path) -> None:
