@@ -69,3 +69,9 @@ def test_loader_warnings_are_kept() -> None:
     tr = Trace.from_records([_fwd(0, 0, 10)])
     tr.warnings.append("rank 1 has no file")
     assert "rank 1 has no file" in analyze(tr).warnings
+
+
+def test_failed_run_is_said() -> None:
+    meta = RunMeta(status="failed", error="rank 1 failed: boom")
+    res = analyze(Trace.from_records([_fwd(0, 0, 10)], meta=meta))
+    assert any("run failed" in w and "boom" in w for w in res.warnings)

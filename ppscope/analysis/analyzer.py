@@ -32,6 +32,12 @@ from ppscope.trace import Phase, SpanKind, Trace
 
 __all__ = ["AnalysisConfig", "analyze"]
 
+_STATUS_NOTES = {
+    "running": "the run is still being recorded: this is a snapshot of what was flushed so far",
+    "failed": "the run failed: the analysis covers what was recorded before the failure",
+    "interrupted": "the run was interrupted: the analysis covers what was recorded before the interruption",
+}
+
 
 @dataclass(kw_only=True)
 class AnalysisConfig:
@@ -57,6 +63,8 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     warnings = list(trace.warnings)
     spans, meta = trace.spans, trace.meta
     latency = request_latency(trace.requests)
+    if meta.status in _STATUS_NOTES and (meta.status != "running" or meta.source == "ppscope"):
+        warnings.append(_STATUS_NOTES[meta.status] + (f" ({meta.error})" if meta.error else ""))
     if len(spans) == 0:
         warnings.append("the trace holds no spans: nothing to analyse (did the run record anything?)")
         return _empty(trace, warnings, latency)
