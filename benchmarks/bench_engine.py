@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ppscope.store import load_run, read_requests
-from ppscope.trace import COMPUTE_KINDS, SpanKind
+from ppscope.trace import COMPUTE_KINDS, SpanKind, Trace
 
 STAGE_MS = 5.0
 
@@ -121,6 +121,13 @@ def overhead(tmp: Path, pairs: int = 4) -> str:
     )
 
 
+def _analyzer_bubble(trace: Trace) -> float:
+    from ppscope.analysis import analyze
+
+    ratio = analyze(trace).bubble_ratio
+    return float("nan") if ratio is None else ratio
+
+
 def bubbles(tmp: Path) -> list[str]:
     from ppscope.analysis import gpipe_bubble, interleaved_bubble
 
@@ -136,10 +143,11 @@ def bubbles(tmp: Path) -> list[str]:
     for m in (4, 8):
         run_dir = _run(tmp / f"bub-i{m}", schedule="interleaved", chunks=2, microbatches=m, requests=m, prompt_len=4,
                        max_new_tokens=2, **_synthetic(p, chunks=2))  # fmt: skip
-        meas, theory = measured_bubble(load_run(run_dir).spans, p), interleaved_bubble(p, m, 2)
+        trace = load_run(run_dir)
+        meas, theory = measured_bubble(trace.spans, p), interleaved_bubble(p, m, 2)
         lines.append(
             f"bubble interleaved P={p} V=2 M={m}: measured {meas:.3f} vs analytic {theory:.3f} "
-            f"(ratio {meas / theory:.2f})"
+            f"(ratio {meas / theory:.2f}; analyzer {_analyzer_bubble(trace):.3f})"
         )
     return lines
 
