@@ -58,7 +58,7 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
     procs = [
         ctx.Process(
             target=_child,
-            args=(cfg.to_dict(), r, cfg.stages, port, str(run_dir), events, dict(os.environ)),
+            args=(cfg.to_dict(), r, cfg.stages, port, str(run_dir.resolve()), events, dict(os.environ), os.getcwd()),
             name=f"ppscope-rank{r}",
         )
         for r in range(cfg.stages)
@@ -175,12 +175,21 @@ def _mark(run_dir: Path, status: str, error: str) -> None:
 
 
 def _child(
-    cfg_dict: dict[str, Any], rank: int, world: int, port: int, run_dir: str, events: Any, env: dict[str, str]
+    cfg_dict: dict[str, Any],
+    rank: int,
+    world: int,
+    port: int,
+    run_dir: str,
+    events: Any,
+    env: dict[str, str],
+    cwd: str,
 ) -> None:
-    # A forkserver child inherits the server's environment, fixed when it started: take the caller's.
+    # A forkserver child inherits the server's environment and directory, fixed when it started: take the
+    # caller's, so relative paths (--prompts, --model) and test hooks mean what they meant to the caller.
     for key in set(os.environ) - set(env):
         del os.environ[key]
     os.environ.update(env)
+    os.chdir(cwd)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ["LOCAL_RANK"] = str(rank)
