@@ -21,6 +21,7 @@ from ppscope.recorder import KIND_COLORS
 from ppscope.trace import COMPUTE_KINDS, Lane, SpanKind
 
 __all__ = [
+    "AGGREGATE_BINS",
     "CAUSE_COLORS",
     "COLOR_MODES",
     "GanttView",
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 COLOR_MODES = ("micro-batch", "kind")
+AGGREGATE_BINS = 1000
+"""Time bins per row when a window holds too many spans to draw one bar each (about a pixel each)."""
 _MB_PALETTE = (
     "#4C78A8",
     "#F58518",
@@ -62,10 +65,7 @@ _HOVER = (
     " · %{customdata[4]}<br>start %{base:,.1f} µs · duration %{customdata[5]:,.1f} µs"
     "<br>%{customdata[6]:,} bytes<extra></extra>"
 )
-_BINNED_HOVER = (
-    "%{y}<br>from %{base:,.1f} µs for %{x:,.1f} µs<br>busy %{customdata[0]:.0%} · "
-    "%{customdata[1]:,.0f} spans start here<extra></extra>"
-)
+_BINNED_HOVER = "%{y}<br>around %{x:,.1f} µs: busy %{z:.0%}, %{customdata:,} spans start here<extra></extra>"
 _GAP_HOVER = "idle: %{customdata[0]}<br>%{y}<br>start %{base:,.1f} µs · length %{x:,.1f} µs<extra></extra>"
 
 
@@ -95,7 +95,7 @@ class GanttView:
     figure: go.Figure
     spans_in_window: int
     bars: int
-    """Bars drawn for spans (bins with work in them, when `aggregated`)."""
+    """Bars drawn for spans; when `aggregated`, the (row, bin) cells with work in them."""
     aggregated: bool
     resolution_us: float
     """When aggregated: the width of one time bin."""
@@ -136,20 +136,20 @@ def gantt_figure(
     if aggregated:
         lo_ns = window_ns[0] if window_ns else int(spans["start_ns"].min())
         hi_ns = window_ns[1] if window_ns else int(spans["end_ns"].max())
-        bins = max(50, max_bars // max(1, len(rows)))
-        resolution_us = (hi_ns - lo_ns) / bins / 1e3
-        bars = _add_binned(fig, spans, origin, lo_ns, hi_ns, bins)
+        resolution_us = (hi_ns - lo_ns) / AGGREGATE_BINS / 1e3
+        bars = _add_binned(fig, spans, origin, lo_ns, hi_ns, AGGREGATE_BINS)
         note = (
             f"{n:,} spans in the window, more than the {max_bars:,} bars a browser draws quickly: each row is "
-            f"aggregated into bins of {_fmt_us(resolution_us)} coloured by the share of the bin it is busy "
-            f"({bars:,} bars; the colour choice applies when each span is drawn). "
-            "Narrow the time window to see each span."
+            f"aggregated into {AGGREGATE_BINS:,} bins of {_fmt_us(resolution_us)}, coloured by the share of the "
+            "bin it is busy (the colour choice applies when each span is drawn). Narrow the time window to see "
+            "each span."
         )
     else:
         bars = _add_spans(fig, spans, origin, color_by)
         note = f"{n:,} spans in the window, one bar each."
     if gaps is not None and stage_ranks and len(gaps):
-        budget = max(max_bars - bars, max_bars // 4)  # shading counts towards what the browser draws
+        # Shading counts towards what the browser draws (bars are SVG; the aggregate is one image).
+        budget = max_bars // 8 if aggregated else max(max_bars - bars, max_bars // 4)
         shown, dropped_ns = _add_gaps(
             fig, gaps, stage_ranks, busy_rows, origin, window_ns, min_ns=int(resolution_us * 1e3), limit=budget
         )
@@ -242,61 +242,52 @@ def _bar(
 
 
 def _add_binned(fig: go.Figure, spans: pd.DataFrame, origin_ns: int, lo_ns: int, hi_ns: int, bins: int) -> int:
-    """One bar per (row, time bin) with any work in it, coloured by the share of the bin the row is busy.
+    """A heatmap over (row, time bin): the share of each bin the row is busy; empty where it does nothing.
 
+    A heatmap is one image for the browser, so this costs the same for ten bins or ten thousand.
     Busy time up to x is B(x) = Σ clamp(x - start, 0, duration) = Σ_{start<x} (x - start) - Σ_{end<x} (x - end),
     evaluated at every bin edge from sorted starts and ends with prefix sums; B(edge[i+1]) - B(edge[i]) is
     the busy time in bin i. Overlapping spans of one row count twice, so the share is capped at 1.
+    Returns the number of bins with work in them.
     """
-    edges = np.linspace(lo_ns, hi_ns, bins + 1).round().astype(np.int64)
-    edges = np.unique(edges)
-    labels = _labels(spans)
-    codes, names = pd.factorize(pd.Series(labels))
+    edges = np.linspace(lo_ns, hi_ns, bins + 1)
+    width_ns = (hi_ns - lo_ns) / bins
+    codes, names = pd.factorize(pd.Series(_labels(spans)))
     starts_all = spans["start_ns"].to_numpy(np.int64)
     ends_all = spans["end_ns"].to_numpy(np.int64)
-    ys, bases, widths, shares, counts = [], [], [], [], []
-    for code, name in enumerate(names):
+    share = np.full((len(names), bins), np.nan)
+    starting = np.zeros((len(names), bins), dtype=np.int64)
+    for code in range(len(names)):
         sel = codes == code
-        busy = _busy_before(np.sort(starts_all[sel]), np.sort(ends_all[sel]), edges)
-        per_bin = np.diff(busy)
-        width = np.diff(edges)
-        n_in = np.diff(np.searchsorted(np.sort(starts_all[sel]), edges, side="left"))
-        keep = per_bin > 0
-        ys += [name] * int(keep.sum())
-        bases.append(edges[:-1][keep])
-        widths.append(width[keep])
-        shares.append(np.minimum(per_bin[keep] / np.maximum(width[keep], 1), 1.0))
-        counts.append(n_in[keep])
-    if not ys:
-        return 0
-    base = np.concatenate(bases)
-    share = np.concatenate(shares)
-    custom = np.column_stack([share, np.concatenate(counts)])
+        starts = np.sort(starts_all[sel])
+        per_bin = np.diff(_busy_before(starts, np.sort(ends_all[sel]), edges))
+        busy = per_bin > 0
+        share[code, busy] = np.minimum(per_bin[busy] / max(width_ns, 1e-9), 1.0)
+        starting[code] = np.diff(np.searchsorted(starts, edges, side="left"))
     fig.add_trace(
-        go.Bar(
+        go.Heatmap(
             name="busy share",
-            y=np.array(ys, dtype=object),
-            base=(base - origin_ns) / 1e3,
-            x=np.concatenate(widths) / 1e3,
-            orientation="h",
-            customdata=custom,
+            z=share,
+            y=list(names),
+            x0=(lo_ns - origin_ns + width_ns / 2) / 1e3,
+            dx=width_ns / 1e3,
+            customdata=starting,
             hovertemplate=_BINNED_HOVER,
-            marker={
-                "color": share,
-                "colorscale": "Blues",
-                "cmin": 0.0,
-                "cmax": 1.0,
-                "line": {"width": 0},
-                "colorbar": {"title": {"text": "busy"}, "tickformat": ".0%", "len": 0.6},
-            },
-            showlegend=False,
+            colorscale="Blues",
+            zmin=0.0,
+            zmax=1.0,
+            colorbar={"title": {"text": "busy"}, "tickformat": ".0%", "len": 0.6},
+            hoverongaps=False,
+            ygap=4,
             meta={"role": "binned"},
         )
     )
-    return len(ys)
+    return int(np.isfinite(share).sum())
 
 
-def _busy_before(starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], x: npt.NDArray[np.int64]) -> npt.NDArray:
+def _busy_before(
+    starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], x: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
     """Σ clamp(x - start, 0, end - start) over spans, for each x (starts and ends sorted)."""
     ps = np.concatenate([[0], np.cumsum(starts, dtype=np.float64)])
     pe = np.concatenate([[0], np.cumsum(ends, dtype=np.float64)])
