@@ -73,6 +73,11 @@ def test_cli_prints_the_url_and_serves(tmp_path: Path) -> None:
         assert url.startswith("http://127.0.0.1:"), "no URL printed"
         with urllib.request.urlopen(f"{url}/_stcore/health", timeout=10) as resp:
             assert resp.status == 200
+        proc.terminate()  # only the ppscope process: it must take its server down with it
+        assert proc.wait(30) == 0
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=5)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)

@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import ipaddress
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -70,12 +71,19 @@ def run(args: argparse.Namespace) -> int:
         )
     board = start_dashboard(args.paths, host=args.host, port=args.port)
     print(f"ppscope dashboard: serving {board.url}  (Ctrl-C to stop)", flush=True)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server too, not only Ctrl-C
     try:
         return board.process.wait()
     except KeyboardInterrupt:
         board.stop()
         print("ppscope dashboard: stopped", file=sys.stderr)
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def find_app() -> Path:
