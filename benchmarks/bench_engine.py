@@ -106,7 +106,7 @@ def _tokens_per_s(run_dir: Path) -> float:
 
 def overhead(tmp: Path, pairs: int = 4) -> str:
     def once(name: str, record: bool) -> float:
-        run_dir = _run(tmp / name, stages=2, schedule="serve", requests=8, prompt_len=16, max_new_tokens=24,
+        run_dir = _run(tmp / name, stages=2, schedule="serve", requests=8, prompt_len=16, max_new_tokens=48,
                        record=record)  # fmt: skip
         return _tokens_per_s(run_dir)
 
@@ -115,9 +115,10 @@ def overhead(tmp: Path, pairs: int = 4) -> str:
     for i in range(pairs):  # alternate on/off so both see the same machine load
         on.append(once(f"ovh-{i}-on", True))
         off.append(once(f"ovh-{i}-off", False))
+    median = statistics.median(on) / statistics.median(off)
     return (
-        f"recording overhead, tiny model, serve P=2: throughput on/off = {max(on) / max(off):.3f} best of {pairs} "
-        f"(median {statistics.median(on) / statistics.median(off):.3f})"
+        f"recording overhead, tiny model, serve P=2: throughput on/off = {median:.3f} "
+        f"median of {pairs} alternating pairs (best of each: {max(on) / max(off):.3f})"
     )
 
 
@@ -136,9 +137,11 @@ def bubbles(tmp: Path) -> list[str]:
     for m in (1, 2, 4, 8, 16):
         run_dir = _run(tmp / f"bub-g{m}", schedule="gpipe", microbatches=m, requests=m, prompt_len=4,
                        max_new_tokens=2, **_synthetic(p))  # fmt: skip
-        meas, theory = measured_bubble(load_run(run_dir).spans, p), gpipe_bubble(p, m)
+        trace = load_run(run_dir)
+        meas, theory = measured_bubble(trace.spans, p), gpipe_bubble(p, m)
         lines.append(
-            f"bubble gpipe P={p} M={m}: measured {meas:.3f} vs analytic {theory:.3f} (ratio {meas / theory:.2f})"
+            f"bubble gpipe P={p} M={m}: measured {meas:.3f} vs analytic {theory:.3f} (ratio {meas / theory:.2f}; "
+            f"analyzer {_analyzer_bubble(trace):.3f})"
         )
     for m in (4, 8):
         run_dir = _run(tmp / f"bub-i{m}", schedule="interleaved", chunks=2, microbatches=m, requests=m, prompt_len=4,
