@@ -14,7 +14,7 @@ import streamlit as st
 
 from dashboard import charts, gantt, views
 from dashboard.data import LiveTrace
-from dashboard.safety import Catalog, Entry, catalog_from_args
+from dashboard.safety import Catalog, Entry, catalog_from_args, md
 from ppscope.errors import PPScopeError
 
 __all__ = ["SECTIONS", "main"]
@@ -47,7 +47,7 @@ def main(argv: Sequence[str]) -> None:
     try:
         catalog = _catalog(tuple(argv))
     except PPScopeError as exc:
-        st.error(f"ppscope dashboard: {exc}")
+        st.error(f"ppscope dashboard: {md(exc)}")
         return
     entries = catalog.entries()
     st.sidebar.title("ppscope")
@@ -78,7 +78,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def _wait_for_runs(catalog: Catalog) -> None:
-    folders = ", ".join(str(f) for f in catalog.folders)
+    folders = ", ".join(md(f) for f in catalog.folders)
     st.info(f"No runs or traces in {folders} yet. This page shows them as they appear.")
 
     @st.fragment(run_every=REFRESH_S * 2)
@@ -90,25 +90,25 @@ def _wait_for_runs(catalog: Catalog) -> None:
 
 
 def _header(entry: Entry, live: LiveTrace) -> None:
-    st.subheader(entry.label)
+    st.subheader(md(entry.label))
 
     # While the run is written, the status line follows what the timeline's refresh has read.
     @st.fragment(run_every=REFRESH_S if live.live else None)
     def status() -> None:
         meta = live.meta
         bits = [
-            f"source **{meta.source}**",
-            f"status **{meta.status}**" if entry.is_run else "imported trace",
+            f"source **{md(meta.source)}**",
+            f"status **{md(meta.status)}**" if entry.is_run else "imported trace",
             f"PP {meta.pp_size}",
-            f"schedule {meta.schedule or 'unknown'}",
+            f"schedule {md(meta.schedule or 'unknown')}",
         ]
         if meta.split:
             bits.append(f"split {','.join(map(str, meta.split))}")
         st.caption(" · ".join(bits))
         if live.error:
-            st.warning(live.error)
+            st.warning(md(live.error))
         for warning in live.trace.warnings:
-            st.caption(f"⚠ {warning}")
+            st.caption(f"⚠ {md(warning)}")
 
     status()
 
@@ -140,7 +140,7 @@ def timeline(live: LiveTrace) -> None:
             if result is not None:
                 gaps, stage_ranks = result.gaps, {s.stage: s.ranks for s in result.stages}
             else:
-                st.caption(f"Idle gaps are not shaded: {problem}")
+                st.caption(f"Idle gaps are not shaded: {md(problem)}")
         view = gantt.gantt_figure(
             spans,
             color_by=color_by,
@@ -174,7 +174,7 @@ def usage(live: LiveTrace) -> None:
         if live.is_run:
             st.info("This run recorded no GPU or CPU counters (the engine samples them while it runs).")
         else:
-            st.info(f"This {live.meta.source} trace carries no GPU or CPU counters that ppscope imports.")
+            st.info(f"This {md(live.meta.source)} trace carries no GPU or CPU counters that ppscope imports.")
         return
     (st.success if view.device == "gpu" else st.info)(view.label)
     st.plotly_chart(view.figure, key="usage", config={"displaylogo": False})

@@ -8,6 +8,7 @@ pointing elsewhere is left out). This module knows paths only: it does not load 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from ppscope.errors import RunNotFoundError
 from ppscope.store import is_run_dir
 
-__all__ = ["MAX_ENTRIES", "Catalog", "Entry", "catalog_from_args"]
+__all__ = ["MAX_ENTRIES", "Catalog", "Entry", "catalog_from_args", "md"]
 
 MAX_ENTRIES = 500
 """A folder lists at most this many runs (newest first), so a huge folder cannot stall the page."""
@@ -53,6 +54,15 @@ class Catalog:
             if entry.label == label:
                 return entry
         raise RunNotFoundError(f"{label!r} is not among the traces this dashboard was started on")
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~:$])")
+
+
+def md(text: object) -> str:
+    """`text` made literal for Streamlit's markdown: paths, run names and messages from files may hold
+    `*`, `[link](…)`, `$math$` or `:colour[…]`, which must show as written, never as formatting."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text))
 
 
 def catalog_from_args(paths: Sequence[str | os.PathLike[str]]) -> Catalog:

@@ -15,7 +15,7 @@ import streamlit as st
 
 from dashboard import charts, gantt
 from dashboard.data import LiveTrace
-from dashboard.safety import Entry
+from dashboard.safety import Entry, md
 from ppscope import figures
 from ppscope.analysis import CAUSES
 from ppscope.errors import PPScopeError
@@ -60,10 +60,10 @@ def stages(live: LiveTrace) -> None:
     st.markdown("### Stages: busy time and bubbles")
     result, problem = analysis(live)
     if result is None:
-        st.error(f"The analyzer could not read this trace: {problem}")
+        st.error(f"The analyzer could not read this trace: {md(problem)}")
         return
     if not result.stages:
-        st.info("No stages to show: " + "; ".join(result.warnings))
+        st.info("No stages to show: " + md("; ".join(result.warnings)))
         return
     w = result.window
     cols = st.columns(5)
@@ -75,23 +75,25 @@ def stages(live: LiveTrace) -> None:
     tp = result.throughput_tokens_per_s
     cols[4].metric("Throughput", "—" if tp is None else _si(tp) + " tok/s", help=result.throughput_basis)
     if w is not None:
-        st.caption(f"Window: {w.length_ns / 1e6:,.2f} ms ({w.mode}): {w.how}")
+        st.caption(f"Window: {w.length_ns / 1e6:,.2f} ms ({w.mode}): {md(w.how)}")
     left, right = st.columns([3, 2])
     left.plotly_chart(figures.stage_breakdown(result), key="stages", config={"displaylogo": False})
     right.plotly_chart(figures.theory_vs_measured(result), key="theory", config={"displaylogo": False})
     theory = result.theory
     measured = _pct(result.bubble_ratio)
     if theory.bubble_ratio is None:
-        st.markdown(f"**Theory vs measured**: measured {measured}; {theory.note or 'no formula for this schedule'}.")
+        st.markdown(
+            f"**Theory vs measured**: measured {measured}; {md(theory.note or 'no formula for this schedule')}."
+        )
     else:
         params = ", ".join(f"{k}={v}" for k, v in theory.params.items())
         st.markdown(
-            f"**Theory vs measured**: {theory.formula} with {params} predicts {_pct(theory.bubble_ratio)}; "
-            f"measured {measured} (Σ bubble / (P × window))." + (f" {theory.note}." if theory.note else "")
+            f"**Theory vs measured**: `{theory.formula}` with {params} predicts {_pct(theory.bubble_ratio)}; "
+            f"measured {measured} (Σ bubble / (P × window))." + (f" {md(theory.note)}." if theory.note else "")
         )
     st.dataframe(_stage_table(result), hide_index=True)
     for warning in result.warnings:
-        st.caption(f"⚠ {warning}")
+        st.caption(f"⚠ {md(warning)}")
 
 
 def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:
@@ -137,7 +139,7 @@ def rebalance(live: LiveTrace) -> None:
     st.markdown("### Rebalance: what if the layers were split differently")
     got, problem = live.memo("advice", _advise)
     if got is None:
-        st.error(f"No advice for this trace: {problem}")
+        st.error(f"No advice for this trace: {md(problem)}")
         return
     advice, fit = got
     cur, new = advice.current, advice.proposed
@@ -156,7 +158,7 @@ def rebalance(live: LiveTrace) -> None:
     passes = "all passes" if fit.phase == "all" else f"the {fit.phase} passes"
     st.caption(
         f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer on average, "
-        f"R² {fit.r_squared:.3f}. " + " ".join(f"Note: {n}." for n in fit.notes)
+        f"R² {fit.r_squared:.3f}. " + " ".join(f"Note: {md(n)}." for n in fit.notes)
     )
     if cur.split == new.split:
         st.success("The current split is already the fastest one the cost model finds.")
@@ -169,7 +171,7 @@ def rebalance(live: LiveTrace) -> None:
     st.caption(f"Megatron-LM: {lines['megatron_args'] or '(one stage: no flags needed)'}")
     sim, problem = live.memo("simulated", lambda t: _simulate_advised(t, new.split))
     if sim is None:
-        st.warning(f"No simulated timeline for this trace: {problem}")
+        st.warning(f"No simulated timeline for this trace: {md(problem)}")
     else:
         st.markdown(
             f"**Simulated replay** (the run's schedule and sizes, costs fitted from its spans, measured hops): "
@@ -236,11 +238,11 @@ def compare(live: LiveTrace, others: Sequence[Entry], opener: Callable[[Entry], 
     other = opener(next(e for e in others if e.label == label))
     other.refresh()
     if other.error:
-        st.warning(other.error)
+        st.warning(md(other.error))
     a, problem_a = analysis(live)
     b, problem_b = analysis(other)
     if a is None or b is None:
-        st.error(f"The analyzer could not read {'A' if a is None else 'B'}: {problem_a or problem_b}")
+        st.error(f"The analyzer could not read {'A' if a is None else 'B'}: {md(problem_a or problem_b)}")
         return
     st.caption("A is the trace picked in the sidebar, B the one chosen here; deltas are B - A.")
     st.dataframe(charts.compare_table(a, b).round(4), hide_index=True)
@@ -250,7 +252,7 @@ def compare(live: LiveTrace, others: Sequence[Entry], opener: Callable[[Entry], 
         st.columns(2), names, (live.trace, other.trace), ("gantt_a", "gantt_b"), strict=True
     ):
         with column:
-            st.markdown(f"**{name}**")
+            st.markdown(f"**{md(name)}**")
             view = gantt.gantt_figure(trace.spans, color_by="kind", max_bars=3000)
             st.plotly_chart(view.figure, key=key, config={"displaylogo": False})
             st.caption(view.note)
@@ -264,7 +266,7 @@ def requests(live: LiveTrace) -> None:
     st.markdown("### Requests: latency")
     result, problem = analysis(live)
     if result is None:
-        st.error(f"The analyzer could not read this trace: {problem}")
+        st.error(f"The analyzer could not read this trace: {md(problem)}")
         return
     lat = result.latency
     if lat is None:

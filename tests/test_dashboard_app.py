@@ -15,6 +15,8 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest
 from test_dashboard_runs import record_gpipe_run, span_count
 
+from dashboard.safety import md
+
 TIMEOUT_S = 60
 
 
@@ -46,7 +48,7 @@ def test_timeline_draws_every_span(tmp_path: Path) -> None:
     run = record_gpipe_run(tmp_path / "run", p=3, m=4)
     at = _app(run).run()
     assert not at.exception, at.exception
-    assert at.subheader[0].value == str(run)
+    assert at.subheader[0].value == md(str(run))
     assert any("Pipeline timeline" in m.value for m in at.markdown)
     spec = _chart_specs(at)[0]
     bars = _span_bars(spec)
@@ -234,3 +236,12 @@ def test_empty_folder_waits_for_runs(tmp_path: Path) -> None:
     assert not at.exception
     assert at.sidebar.selectbox(key="trace").value == "runs/first"
     assert sum(len(_decode(t["base"])) for t in _span_bars(_chart_specs(at)[0])) == span_count(2, 2)
+
+
+def test_names_from_files_show_as_written_not_as_markdown(tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    record_gpipe_run(folder / "x*y_[link](http:z)$a$", p=2, m=2)
+    at = _app(folder).run()
+    assert not at.exception
+    assert at.subheader[0].value == r"runs/x\*y\_\[link\]\(http\:z\)\$a\$"
