@@ -93,7 +93,9 @@ def test_live_run_refreshes_until_it_finishes(tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     executable = _chromium()
     if executable is None:
-        pytest.skip("no Chromium found (/usr/bin/chromium, chromium, chromium-browser): apt-get install chromium")
+        reason = "no Chromium found (/usr/bin/chromium, chromium, chromium-browser): apt-get install chromium"
+        print(f"SKIP: {reason}")
+        pytest.skip(reason)
     run = tmp_path / "live"
     create_run(run, RunMeta(world_size=1, pp_size=1, status="running", schedule="gpipe", microbatches=4))
     writer = RankWriter(run, 0)
