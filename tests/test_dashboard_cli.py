@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -48,6 +49,8 @@ def test_ports() -> None:
     assert 0 < _choose_port("127.0.0.1", 0) < 65536
     with pytest.raises(InvalidConfigError, match="between 1 and 65535"):
         _choose_port("127.0.0.1", 70000)
+    with pytest.raises(InvalidConfigError, match=re.escape("cannot listen on '203.0.113.7'")):
+        _choose_port("203.0.113.7", None)  # not an address of this machine
 
 
 @pytest.mark.slow

@@ -63,14 +63,14 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    board = start_dashboard(args.paths, host=args.host, port=args.port)
+    print(f"ppscope dashboard: serving {board.url}  (Ctrl-C to stop)", flush=True)
     if not _is_loopback(args.host):
         print(
             f"ppscope dashboard: warning: listening on {args.host}: anyone who can reach this machine can see "
             "these traces (there is no login)",
             file=sys.stderr,
         )
-    board = start_dashboard(args.paths, host=args.host, port=args.port)
-    print(f"ppscope dashboard: serving {board.url}  (Ctrl-C to stop)", flush=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server too, not only Ctrl-C
     try:
         return board.process.wait()
@@ -223,14 +223,16 @@ def _port_free(host: str, port: int) -> bool:
 
 
 def _choose_port(host: str, port: int | None) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, 0))  # also tells a bad --host from busy ports
+        except (OSError, OverflowError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise InvalidConfigError(f"cannot listen on {host!r}: {why}; give an address of this machine") from None
+        any_port = int(s.getsockname()[1])
     if port == 0:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, 0))
-            except OSError as exc:
-                raise InvalidConfigError(f"cannot listen on {host}: {exc.strerror}; check --host") from None
-            return int(s.getsockname()[1])
+        return any_port
     if port is not None:
         if not 0 < port < 65536:
             raise InvalidConfigError(f"--port must be between 1 and 65535, got {port}")
