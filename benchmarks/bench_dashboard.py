@@ -80,7 +80,7 @@ def _best_s(fn: Callable[[], Any], rounds: int = ROUNDS) -> float:
 
 
 def _gantt_json(spans: pd.DataFrame, **kw: Any) -> None:
-    from dashboard.gantt import gantt_figure
+    from ppscope.gantt import gantt_figure
 
     gantt_figure(spans, **kw).figure.to_json()
 
@@ -105,7 +105,7 @@ def main() -> list[str]:
     from streamlit.testing.v1 import AppTest
 
     from dashboard.data import LiveTrace
-    from dashboard.gantt import gantt_figure
+    from ppscope.gantt import gantt_figure
     from ppscope.store import load_run
 
     big, small = _spans(N_SPANS), _spans(1_000)

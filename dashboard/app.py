@@ -2,7 +2,7 @@
 
 Started as `streamlit run dashboard/app.py -- PATH...`; only those paths (and runs inside folders among
 them) can be opened, picked from a list. Loading and tailing live in `dashboard.data`, figures in
-`dashboard.gantt` and `dashboard.charts`, numbers in `ppscope.analysis`. No analysis happens here.
+`ppscope.gantt` and `dashboard.charts`, numbers in `ppscope.analysis`. No analysis happens here.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 import streamlit as st
 
-from dashboard import charts, gantt, views
+from dashboard import charts, views
 from dashboard.data import LiveTrace
 from dashboard.safety import Catalog, Entry, catalog_from_args, md
+from ppscope import gantt
 from ppscope.errors import PPScopeError
 
 __all__ = ["SECTIONS", "main"]

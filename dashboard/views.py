@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from dashboard import charts, gantt
+from dashboard import charts
 from dashboard.data import LiveTrace
 from dashboard.safety import Entry, md
-from ppscope import figures
+from ppscope import figures, gantt
 from ppscope.analysis import CAUSES
 from ppscope.errors import PPScopeError
 from ppscope.trace import Trace

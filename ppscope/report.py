@@ -154,6 +154,7 @@ def _table_html(t: Table) -> str:
     return f"<h3>{html.escape(str(t.title or ''))}</h3><table><tr>{heads}</tr>{rows}</table>"
 
 
+_GANTT = "Pipeline timeline: compute, receive and send per rank; idle time hatched by cause"
 _CSS = (
     "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0}"
     "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}th{background:#f3f3f3}"
@@ -166,10 +167,13 @@ def html_report(res: AnalysisResult, trace: Trace | None = None, *, max_bars: in
     import plotly.offline
 
     from ppscope import figures
+    from ppscope.gantt import gantt_figure
 
     figs = []
     if trace is not None and len(trace.spans):
-        figs.append(figures.gantt(trace, res, max_bars=max_bars))
+        stage_ranks = {s.stage: s.ranks for s in res.stages}
+        view = gantt_figure(trace.spans, gaps=res.gaps, stage_ranks=stage_ranks, max_bars=max_bars, title=_GANTT)
+        figs.append(view.figure)
     if res.stages:
         figs += [figures.stage_breakdown(res), figures.theory_vs_measured(res)]
     parts = [

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from dashboard.charts import compare_table, usage_figure
-from dashboard.gantt import AGGREGATE_BINS, gantt_figure, row_labels
 from ppscope.analysis import analyze
+from ppscope.gantt import AGGREGATE_BINS, gantt_figure, row_labels
 from ppscope.trace import Metric, RunMeta, Trace, counters_frame, spans_frame
 
 SPANS = [

@@ -1,15 +1,14 @@
-"""Figure builders: linear µs Gantt bars, aggregation above max_bars, stage breakdown, theory vs measured."""
+"""Figure builders: the Gantt with the analyzer's gaps, stage breakdown, theory vs measured."""
 
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from ppscope.analysis import analyze
-from ppscope.errors import InvalidConfigError
-from ppscope.figures import aggregate_bars, gantt, stage_breakdown, theory_vs_measured
-from ppscope.trace import RunMeta, Trace, spans_frame
+from ppscope.figures import stage_breakdown, theory_vs_measured
+from ppscope.gantt import gantt_figure
+from ppscope.trace import RunMeta, Trace
 
 
 def _gpipe(p: int = 3, m: int = 4, t: int = 1000) -> Trace:
@@ -22,65 +21,16 @@ def _gpipe(p: int = 3, m: int = 4, t: int = 1000) -> Trace:
     return Trace.from_records(rows, meta=RunMeta(pp_size=p, schedule="gpipe", microbatches=m))
 
 
-def test_gantt_bars_are_horizontal_on_linear_us_axis() -> None:
+def test_gantt_shades_the_analyzers_gaps_under_the_bars() -> None:
     tr = _gpipe()
-    fig = gantt(tr, analyze(tr))
-    bars = [d for d in fig.data if d.name == "forward"]
-    assert len(bars) == 1 and bars[0].orientation == "h"
-    assert fig.layout.xaxis.type == "linear"
-    base = np.asarray(bars[0].base)
-    assert sorted(base.tolist()) == sorted(float(s + mb) for s in range(3) for mb in range(4))  # µs
-    assert np.all(np.asarray(bars[0].x) == 1.0)
-    assert set(bars[0].y) == {"rank 0 · compute", "rank 1 · compute", "rank 2 · compute"}
-    idle = {d.name for d in fig.data if d.name.startswith("idle")}
-    assert idle == {"idle: fill", "idle: drain"}
-    assert "stage" in bars[0].hovertemplate and "bytes" in bars[0].hovertemplate
-
-
-def test_gantt_colour_by_mb_and_bad_option() -> None:
-    tr = _gpipe()
-    fig = gantt(tr, color_by="mb")
-    names = [d.name for d in fig.data]
-    assert "mb ≡ 2 (mod 9)" in names and len({d.marker.color for d in fig.data}) == len(names) == 5
-    with pytest.raises(InvalidConfigError, match="color_by"):
-        gantt(tr, color_by="lane")
-
-
-def test_aggregation_keeps_under_max_bars_and_counts_spans() -> None:
-    n = 100_000
-    start = np.arange(n, dtype=np.int64) * 100
-    df = spans_frame(
-        dict(
-            rank=np.arange(n) % 4,
-            stage=np.arange(n) % 4,
-            lane="compute",
-            kind="forward",
-            name="f",
-            mb=0,
-            step=0,
-            chunk=0,
-            phase="",
-            start_ns=start,
-            end_ns=start + 90,
-            nbytes=0,
-            tokens=0,
-            peer=-1,
-        )
-    )
-    fig = gantt(Trace(spans=df), max_bars=2000)
-    total = sum(len(d.x) for d in fig.data)
-    assert 0 < total <= 2000
-    bars = df.assign(row=df["rank"].astype(str), key="forward")
-    merged = aggregate_bars(bars, 2000, int(start[-1] + 90))
-    assert len(merged) <= 2000 and int(merged["n"].sum()) == n
-
-
-def test_aggregate_small_input_untouched() -> None:
-    bars = pd.DataFrame(dict(row=["a", "a"], key=["k", "k"], start_ns=[0, 10], end_ns=[5, 20]))
-    out = aggregate_bars(bars, 10, 20)
-    assert list(out["n"]) == [1, 1] and len(out) == 2
-    with pytest.raises(InvalidConfigError):
-        aggregate_bars(bars, 0, 20)
+    res = analyze(tr)
+    view = gantt_figure(tr.spans, gaps=res.gaps, stage_ranks={s.stage: s.ranks for s in res.stages})
+    fig = view.figure
+    assert fig.layout.xaxis.type == "linear" and not view.aggregated
+    gap_traces = [d for d in fig.data if (d.meta or {}).get("role") == "gap"]
+    assert gap_traces and fig.data[: len(gap_traces)] == tuple(gap_traces)  # shading is drawn first, under bars
+    shaded_us = sum(float(np.sum(d.x)) for d in gap_traces)
+    assert shaded_us == pytest.approx(sum(s.bubble_ns for s in res.stages) / 1e3)
 
 
 def test_stage_breakdown_and_theory() -> None:
@@ -103,5 +53,5 @@ def test_stage_breakdown_and_theory() -> None:
 
 def test_empty_trace_figures() -> None:
     res = analyze(Trace())
-    assert len(gantt(Trace(), res).data) == 0
+    assert len(gantt_figure(Trace().spans).figure.data) == 0
     assert len(theory_vs_measured(res).data) == 0

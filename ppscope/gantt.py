@@ -1,4 +1,6 @@
-"""The dashboard's pipeline Gantt: spans in, a plotly Figure out, no Streamlit, no analysis.
+"""The pipeline Gantt chart: spans in, a plotly Figure out, no Streamlit, no analysis.
+
+The dashboard and the HTML report both draw it from here.
 
 It draws one horizontal bar per span (`go.Bar(base=start, x=duration, orientation="h")`)
 on a linear µs axis: `plotly.express.timeline` would turn numbers into dates and round widths to whole
