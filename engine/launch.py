@@ -14,9 +14,10 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,9 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
         )
         for r in range(cfg.stages)
     ]
-    for p in procs:
-        p.start()
+    with _main_not_reimported():
+        for p in procs:
+            p.start()
     try:
         _supervise(cfg, procs, events, run_dir, len(prep.requests), on_progress)
     except KeyboardInterrupt:
@@ -76,6 +78,26 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
         _mark(run_dir, "failed", str(exc))
         raise
     return run_dir
+
+
+@contextlib.contextmanager
+def _main_not_reimported() -> Iterator[None]:
+    """Start children without re-running the caller's `__main__` (multiprocessing does by default): the ranks
+    need only `engine`, and the caller's main may be a script that cannot run twice (a notebook, a test
+    harness, an app server)."""
+    main = sys.modules.get("__main__")
+    saved: dict[str, Any] = {
+        k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__
+    }
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            main.__dict__["__spec__"] = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
 
 
 def _context() -> Any:
