@@ -16,7 +16,7 @@ from engine.config import EngineConfig
 from engine.model import LayerSource, RandomSource, SyntheticSource
 from engine.requests import Request, generate_requests, load_prompts, poisson_arrivals_ns
 from ppscope import __version__
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import InvalidConfigError, InvalidSplitError
 from ppscope.models import PRESETS, ModelShape
 from ppscope.split import resolve_split
 from ppscope.trace import RunMeta
@@ -103,7 +103,16 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
             "under torchrun give --stages equal to the world size"
         )
     shape = cfg.shape()
-    split, source = resolve_split(cfg.split, shape.layers, cfg.virtual_stages)
+    try:
+        split, source = resolve_split(cfg.split, shape.layers, cfg.virtual_stages)
+    except InvalidSplitError as exc:
+        if cfg.chunks == 1:
+            raise
+        raise InvalidSplitError(
+            f"{exc} (with --chunks {cfg.chunks} the split gives one count per virtual stage: "
+            f"{cfg.stages} stages x {cfg.chunks} chunks = {cfg.virtual_stages} entries, ordered rank 0..P-1 for chunk 0, "
+            "then for chunk 1, ...)"
+        ) from None
     if cfg.prompts:
         requests = load_prompts(cfg.prompts, shape.vocab, cfg.max_new_tokens)
     else:
