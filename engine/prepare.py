@@ -110,8 +110,8 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
             raise
         raise InvalidSplitError(
             f"{exc} (with --chunks {cfg.chunks} the split gives one count per virtual stage: "
-            f"{cfg.stages} stages x {cfg.chunks} chunks = {cfg.virtual_stages} entries, ordered rank 0..P-1 for chunk 0, "
-            "then for chunk 1, ...)"
+            f"{cfg.stages} stages x {cfg.chunks} chunks = {cfg.virtual_stages} entries, "
+            "ordered rank 0..P-1 for chunk 0, then for chunk 1, ...)"
         ) from None
     if cfg.prompts:
         requests = load_prompts(cfg.prompts, shape.vocab, cfg.max_new_tokens)
