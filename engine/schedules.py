@@ -238,9 +238,9 @@ class Pipeline:
                     reqs: list[Request] = []
                     while waiting and len(reqs) < policy.max_batch and waiting[0][1].arrival_ns <= now:
                         reqs.append(waiting.popleft()[1])
-                    cache = [k * policy.max_batch + j for j in range(len(reqs))]
-                    slots[k] = _Slot(reqs, 0, cache)
-                    self._launch(k, slots[k])  # type: ignore[arg-type]
+                    new = _Slot(reqs, 0, [k * policy.max_batch + j for j in range(len(reqs))])
+                    slots[k] = new
+                    self._launch(k, new)
             busy = any(s is not None for s in slots)
             wait_s = timeout_s if busy else 0.0
             if waiting and any(s is None for s in slots):
