@@ -27,7 +27,7 @@ from engine.split import build_stage
 from ppscope.recorder import Recorder
 from ppscope.schedule import ServePolicy
 from ppscope.store import RankWriter, create_run, read_meta, write_meta
-from ppscope.trace import RankInfo
+from ppscope.trace import ClockInfo, RankInfo
 
 __all__ = ["FAIL_ENV", "SKEW_ENV", "default_run_dir", "run_rank"]
 
@@ -104,6 +104,7 @@ def _run(
 ) -> Path:
     clock = _clock(rank)
     clock_info = measure_offset(rank, world, clock, device)
+    supervised = run_dir is not None
     if run_dir is None:  # torchrun: rank 0 names and creates the run, the others follow
         box: list[object] = [None]
         if rank == 0:
@@ -114,6 +115,30 @@ def _run(
             dist.broadcast_object_list(box, src=0)
         run_dir = Path(str(box[0]))
         run_dir.mkdir(parents=True, exist_ok=True)  # other nodes without a shared file system
+    try:
+        return _run_pipeline(cfg, prep, rank, world, device, run_dir, progress, clock, clock_info)
+    except BaseException as exc:
+        if supervised or rank != 0:
+            raise
+        # torchrun: nobody else writes the run's status
+        meta = read_meta(run_dir)
+        meta.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        meta.error = f"rank 0: {type(exc).__name__}: {exc}"
+        write_meta(run_dir, meta)
+        raise
+
+
+def _run_pipeline(
+    cfg: EngineConfig,
+    prep: Prepared,
+    rank: int,
+    world: int,
+    device: torch.device,
+    run_dir: Path,
+    progress: ProgressFn | None,
+    clock: Callable[[], int],
+    clock_info: ClockInfo,
+) -> Path:
     info = RankInfo(
         rank=rank,
         stage=rank,
