@@ -173,8 +173,13 @@ class Pipeline:
         for step in range(steps):
             live = {m: [r for r in g if not r.done] for m, g in enumerate(groups)}
             live = {m: g for m, g in live.items() if g}
-            pending: dict[int, Message] = {}
-            waiting_tokens = set(live)
+            back: set[int] = set()
+
+            def on_tokens(msg: Message, live: dict[int, list[Request]] = live, back: set[int] = back) -> None:
+                nonlocal done_tokens
+                done_tokens += self._apply_tokens(live[msg.mb], msg)  # stamped when they arrive
+                back.add(msg.mb)
+
             for action in order:
                 reqs = live.get(action.mb)
                 if reqs is None:
@@ -183,23 +188,22 @@ class Pipeline:
                     batch, ids = _batch_of(reqs, step, [r.id for r in reqs])
                     out = self.run_stage(action.stage, action.mb, step, batch, ids)
                 else:
-                    msg = self._take_act(action.mb, action.stage, pending)
+                    msg = self._take_act(action.mb, action.stage, on_tokens)
                     assert msg.batch is not None and msg.payload is not None
                     out = self.run_stage(action.stage, action.mb, step, msg.batch, msg.payload)
                 self.ring.send(out)
-            while waiting_tokens - set(pending):
-                self._take_act(-1, -1, pending)
-            for m in waiting_tokens:
-                done_tokens += self._apply_tokens(live[m], pending[m])
+            while back != set(live):  # the flush: every micro-batch's token is back before the next step
+                self._take_act(-1, -1, on_tokens)
             progress(sum(r.done for r in requests), done_tokens)
         self._stop()
 
-    def _take_act(self, mb: int, stage: int, tokens: dict[int, Message]) -> Message:
-        """The activation (mb, stage) from the last rank; tokens that come first are kept in `tokens`."""
+    def _take_act(self, mb: int, stage: int, on_tokens: Callable[[Message], None]) -> Message:
+        """The activation (mb, stage) from the last rank (mb -1: any message); tokens that come first go to
+        `on_tokens`."""
         while True:
             msg = self._get()
             if msg.kind == TOKENS:
-                tokens[msg.mb] = msg
+                on_tokens(msg)
                 if mb < 0:
                     return msg
                 continue
