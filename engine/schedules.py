@@ -38,8 +38,14 @@ class Sampling:
     seed: int = 0
 
 
-def sample(logits: torch.Tensor, cfg: Sampling, gen: torch.Generator | None) -> torch.Tensor:
-    """Token ids (B,) from logits (B, vocab): greedy, or temperature + nucleus sampling with `gen`."""
+def sample(
+    logits: torch.Tensor, cfg: Sampling, gen: torch.Generator | None, keys: list[int] | None = None
+) -> torch.Tensor:
+    """Token ids (B,) from logits (B, vocab): greedy, or temperature + nucleus sampling with `gen`.
+
+    With `keys` (one per row), row b draws from a generator seeded by (cfg.seed, keys[b]) instead, so a
+    sequence samples the same tokens whatever order the micro-batches reach the last stage in.
+    """
     if cfg.temperature <= 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / cfg.temperature, -1)
@@ -48,7 +54,14 @@ def sample(logits: torch.Tensor, cfg: Sampling, gen: torch.Generator | None) -> 
         keep = sorted_p.cumsum(-1) - sorted_p < cfg.top_p
         sorted_p = sorted_p * keep
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+    probs = probs.cpu()
+    if keys is None:
+        return torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(logits.device)
+    rows = [
+        torch.multinomial(probs[b], 1, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + key))
+        for b, key in enumerate(keys)
+    ]
+    return torch.cat(rows).to(logits.device)
 
 
 @dataclass
@@ -120,7 +133,9 @@ class Pipeline:
             logits = self.m.run_head(x, batch, self.vocab)
             self._sync()
         with self.rec.span(SpanKind.SAMPLE, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
-            ids = sample(logits, self.sampling, self.gen)
+            # key: cache slot and position of the new token, known on every stage whatever the schedule
+            keys = [slot * 65_537 + s + n for slot, s, n in zip(batch.slots, batch.starts, batch.lens, strict=True)]
+            ids = sample(logits, self.sampling, self.gen, keys)
             self._sync()
         return Message(TOKENS, mb, step, stage, batch, ids.to(torch.int64))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,14 +79,19 @@ def test_prompts_file_with_uneven_lengths_in_one_batch(tmp_path: Path) -> None:
 
 
 def test_sampling_with_a_seed_is_reproducible(tmp_path: Path) -> None:
-    def outputs(name: str, **kw: float) -> list[list[int]]:
-        cfg = EngineConfig(stages=1, requests=2, max_new_tokens=6, progress=False, out=str(tmp_path / name), **kw)
+    def outputs(name: str, **kw: Any) -> list[list[int]]:
+        kw = {"stages": 1, "requests": 2, **kw}
+        cfg = EngineConfig(max_new_tokens=6, progress=False, out=str(tmp_path / name), **kw)
         lines = [json.loads(line) for line in (run(cfg) / "requests.jsonl").read_text().splitlines()]
         return [r["output_ids"] for r in sorted(lines, key=lambda r: r["id"])]
 
     a = outputs("a", temperature=1.0, top_p=0.9)
     assert a == outputs("b", temperature=1.0, top_p=0.9)
     assert a != outputs("greedy")
+    # a sequence draws the same tokens however the pipeline is split (rows seeded by slot and position)
+    # (1 micro-batch samples requests 0,1,2,3 in one call; 2 micro-batches sample 0,2 then 1,3 on rank 1)
+    one = outputs("p1", temperature=1.0, schedule="gpipe", microbatches=1, requests=4)
+    assert one == outputs("p2", temperature=1.0, schedule="gpipe", stages=2, requests=4)
 
 
 def test_poisson_arrivals_are_spread_and_served_after_arrival(tmp_path: Path) -> None:
