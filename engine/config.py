@@ -1,7 +1,7 @@
 """The engine's configuration: one validated dataclass that the CLI fills and every rank receives.
 
 Validation happens here, before any process starts, so a bad option is one clear line. This module knows
-nothing about processes or tensors (it imports torch only to check --backend against the hardware).
+nothing about processes, tensors or hardware (whether NCCL can run is decided in `engine.prepare`).
 """
 
 from __future__ import annotations
