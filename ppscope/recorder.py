@@ -66,7 +66,7 @@ class _Span:
 
     def __enter__(self) -> _Span:
         if self._nvtx:
-            self._rec._domain.push_range(self._attr)
+            self._rec._push(self._attr)
         self.start_ns = self._rec._clock()
         return self
 
@@ -74,8 +74,9 @@ class _Span:
         rec = self._rec
         end_ns = rec._clock()
         if self._nvtx:
-            rec._domain.pop_range()
-        rec._buffer.append((*self._head, self.start_ns, end_ns, self.nbytes, self.tokens, self.peer))
+            rec._pop()
+        # Flattened into a schema row by the flush thread, off the hot path.
+        rec._append((self._head, self.start_ns, end_ns, self.nbytes, self.tokens, self.peer))
 
     def __call__(self, fn: F) -> F:
         """Use as a decorator: every call of `fn` is one span with these fields."""
@@ -144,6 +145,9 @@ class Recorder:
             import nvtx as _nvtx
 
             self._domain = _nvtx.get_domain("ppscope")
+            self._push = self._domain.push_range
+            self._pop = self._domain.pop_range
+        self._append = self._buffer.append
         self.spans_recorded = 0
         self.spans_written = 0
         self._flush_error: BaseException | None = None
@@ -214,24 +218,9 @@ class Recorder:
                 f"{kind} span on rank {self.rank} ends before it starts "
                 f"(start_ns={start_ns}, end_ns={end_ns}): pass the times in order"
             )
-        self._buffer.append(
-            (
-                self.rank,
-                self.stage if stage is None else stage,
-                lane or lane_of(kind),
-                kind,
-                name or kind,
-                mb,
-                step,
-                chunk,
-                phase,
-                int(start_ns),
-                int(end_ns),
-                nbytes,
-                tokens,
-                peer,
-            )
-        )
+        st = self.stage if stage is None else stage
+        head = (self.rank, st, lane or lane_of(kind), kind, name or kind, mb, step, chunk, phase)
+        self._append((head, int(start_ns), int(end_ns), nbytes, tokens, peer))
 
     def mark(self, name: str, *, stage: int | None = None, mb: int = -1, step: int = -1) -> None:
         """A one-off event (a span of zero length, kind `mark`), also an NVTX mark."""
@@ -272,7 +261,7 @@ class Recorder:
     def _drain(self) -> None:
         with self._lock:
             while self._buffer or self._counters:
-                spans = _take(self._buffer, _FLUSH_BATCH)
+                spans = [(*head, *rest) for head, *rest in _take(self._buffer, _FLUSH_BATCH)]
                 counters = _take(self._counters, _FLUSH_BATCH)
                 self.spans_recorded += len(spans)
                 if self._sink is not None:
