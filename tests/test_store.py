@@ -6,7 +6,9 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -120,7 +122,9 @@ def _record_in_process(run: str, rank: int, n: int) -> None:
     rec.close()
 
 
-def test_two_processes_record_concurrently(tmp_path: Path) -> None:
+def test_two_processes_record_concurrently(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Children must not re-run whatever `__main__` is now (Streamlit's AppTest swaps in a script of its own).
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
     run = tmp_path / "run"
     create_run(run, RunMeta(world_size=2))
     n = 2_000

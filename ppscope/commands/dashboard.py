@@ -94,7 +94,7 @@ def find_app() -> Path:
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for location in locations:
         app = Path(location) / "app.py"
-        if app.is_file() and (Path(location) / "gantt.py").is_file():
+        if app.is_file() and (Path(location) / "views.py").is_file():
             return app
     raise PPScopeError("the ppscope dashboard app is not installed: reinstall with pip install 'ppscope[dashboard]'")
 
