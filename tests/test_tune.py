@@ -77,3 +77,22 @@ def test_tune_refuses_interleaved(tmp_path: Path) -> None:
     cfg = _synthetic(schedule="interleaved", chunks=2, stages=3, layers=6)
     with pytest.raises(InvalidConfigError, match="interleaved"):
         tune(cfg, out_dir=tmp_path / "t")
+
+
+def test_run_profile_layers_feeds_rebalance(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "r"
+    common = [sys.executable, "-m", "ppscope"]
+    args = ["run", "--stages", "2", "--model", "synthetic", "--layers", "4", "--layer-cost-ms", "1,1,1,4",
+            "--head-cost-ms", "2", "--requests", "2", "--max-new-tokens", "2", "--no-progress", "--profile-layers",
+            "--out", str(run_dir)]  # fmt: skip
+    out = subprocess.run(common + args, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    prof = read_profile(run_dir)
+    assert prof is not None and prof.decode.layer_ms[3] >= 4.0
+    out = subprocess.run([*common, "rebalance", str(run_dir), "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    advice = json.loads(out.stdout)
+    assert advice["cost_source"] == "profile" and advice["proposed_split"] == [3, 1]

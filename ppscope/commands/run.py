@@ -29,6 +29,12 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_engine_arguments(p)
+    p.add_argument(
+        "--profile-layers",
+        action="store_true",
+        help="after the run, time every layer, the embedding and the LM head + sampling on this device for a "
+        "prefill and a decode pass, into the run's profile.json (what `ppscope rebalance RUN` balances on)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_run)
 
@@ -81,12 +87,16 @@ def _run(args: argparse.Namespace) -> int:
     from engine.config import EngineConfig
     from engine.launch import run
 
-    fields = {k: v for k, v in vars(args).items() if k not in ("func", "command", "json")}
+    fields = {k: v for k, v in vars(args).items() if k not in ("func", "command", "json", "profile_layers")}
     cfg = EngineConfig(**fields)
     start = time.perf_counter()
     run_dir = run(cfg)
     wall_s = time.perf_counter() - start
     summary = _summary(run_dir, wall_s)
+    if args.profile_layers and summary:  # rank 0 only under torchrun
+        from engine.profile import profile_layers, write_profile
+
+        summary["profile"] = str(write_profile(profile_layers(cfg), run_dir))
     if args.json:
         print(json.dumps(summary, indent=2))
     elif summary:
