@@ -1,0 +1,261 @@
+"""Faults while the real engine runs (CPU, synthetic model): a rank killed, Ctrl-C, a dashboard tailing a run
+that is written and then deleted, and two analyzers reading a run while it is written.
+
+Each test starts `ppscope run` as a subprocess in its own session, so signals reach it as they would from a
+terminal, and kills what is left of its process group at the end whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dashboard.data import LiveTrace
+from ppscope.errors import PPScopeError, RunNotFoundError
+from ppscope.store import RunTail, load_run, read_meta
+
+pytestmark = pytest.mark.timeout(120)
+
+PYTHON = sys.executable
+TIMEOUT_S = 10
+
+
+def _run_cmd(out: Path, *, requests: int = 400, layer_cost_ms: str = "2") -> list[str]:
+    return [
+        PYTHON, "-m", "ppscope", "run", "--stages", "2", "--schedule", "serve", "--model", "synthetic",
+        "--layers", "2", "--layer-cost-ms", layer_cost_ms, "--requests", str(requests), "--max-new-tokens", "16",
+        "--timeout", str(TIMEOUT_S), "--no-progress", "--out", str(out),
+    ]  # fmt: skip
+
+
+def _children(pid: int) -> set[int]:
+    """Every live descendant of `pid`, read from /proc (ranks are children of the forkserver, not the launcher)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@dataclass(kw_only=True)
+class Started:
+    proc: subprocess.Popen[bytes]
+    out: Path
+    rank_pids: list[int]
+    family: set[int]
+
+
+@contextlib.contextmanager
+def _started(out: Path, **kw: object) -> Iterator[Started]:
+    """Start `ppscope run`, wait until every rank wrote its pid and spans, and clean up whatever happens."""
+    proc = subprocess.Popen(_run_cmd(out, **kw), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # type: ignore[arg-type]
+    family: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        pids: list[int] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            family |= _children(proc.pid)
+            with contextlib.suppress(OSError, ValueError, PPScopeError):
+                ranks = json.loads((out / "meta.json").read_text()).get("ranks") or []
+                pids = [int(r["pid"]) for r in ranks]
+                if len(pids) == 2 and all((out / f"rank-0000{r}.sqlite").exists() for r in range(2)):
+                    break
+            time.sleep(0.05)
+        assert len(pids) == 2, f"the ranks never started: {proc.communicate(timeout=30)}"
+        time.sleep(1.0)  # spans are flushed in the background: let some reach the files
+        family |= _children(proc.pid)
+        yield Started(proc=proc, out=out, rank_pids=pids, family=family)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def _wait_gone(pids: set[int], timeout_s: float = 10.0) -> set[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = {p for p in pids if _alive(p)}
+        if not left:
+            return left
+        time.sleep(0.05)
+    return {p for p in pids if _alive(p)}
+
+
+@dataclass(kw_only=True)
+class Outcome:
+    rc: int
+    stderr: str
+    seconds: float
+    left: set[int]
+    out: Path
+
+
+def _signal_run(out: Path, how: str) -> Outcome:
+    with _started(out) as run:
+        t0 = time.monotonic()
+        if how == "kill":
+            os.kill(run.rank_pids[1], signal.SIGKILL)
+        else:
+            os.killpg(run.proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, err = run.proc.communicate(timeout=TIMEOUT_S + 30)
+        seconds = time.monotonic() - t0
+        left = _wait_gone(run.family | set(run.rank_pids))
+        return Outcome(rc=run.proc.returncode, stderr=err.decode(), seconds=seconds, left=left, out=out)
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    return _signal_run(tmp_path_factory.mktemp("kill") / "run", "kill")
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    return _signal_run(tmp_path_factory.mktemp("int") / "run", "int")
+
+
+def test_sigkilled_rank_fails_the_run_within_its_timeout(killed: Outcome) -> None:
+    assert killed.rc == 3, killed.stderr
+    assert killed.seconds < TIMEOUT_S + 5
+    lines = killed.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rank" in lines[0] and str(killed.out) in lines[0]
+    assert not killed.left, f"processes left behind: {killed.left}"
+    meta = read_meta(killed.out)
+    assert meta.status == "failed" and "rank" in meta.error
+    trace = load_run(killed.out)  # the killed rank's spans up to the kill are there
+    per_rank = trace.spans.groupby("rank").size().to_dict()
+    assert per_rank.get(0, 0) > 0 and per_rank.get(1, 0) > 0
+    done = subprocess.run([PYTHON, "-m", "ppscope", "analyze", str(killed.out), "--json"],
+                          capture_output=True, timeout=120, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine/launch.py _supervise names the first rank that reports an error (rank 0, whose send to the "
+    "killed rank failed) before it looks at exit codes; it should prefer a rank that died of a signal",
+)
+def test_sigkilled_rank_is_the_one_named(killed: Outcome) -> None:
+    assert "rank 1 exited" in killed.stderr or "rank 1 was killed" in killed.stderr, killed.stderr
+
+
+def test_ctrl_c_marks_the_run_interrupted(interrupted: Outcome) -> None:
+    assert interrupted.rc == 130, interrupted.stderr
+    assert "interrupted" in interrupted.stderr
+    assert not interrupted.left, f"processes left behind: {interrupted.left}"
+    meta = read_meta(interrupted.out)
+    assert meta.status == "interrupted"
+    trace = load_run(interrupted.out)
+    assert set(trace.spans["rank"].unique()) == {0, 1}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine/launch.py terminates the ranks (SIGTERM) as soon as it sees KeyboardInterrupt, and a rank "
+    "interrupted twice stops in the middle of its flush: no rank closes its file (its WAL is left behind)",
+)
+def test_ctrl_c_lets_every_rank_flush_and_close(interrupted: Outcome) -> None:
+    left = sorted(p.name for p in interrupted.out.glob("rank-*.sqlite-wal"))
+    assert not left, f"ranks that did not flush and close their file: {left}"
+
+
+@pytest.mark.slow
+def test_dashboard_tails_a_run_while_written_then_deleted(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with _started(out, requests=60) as run:
+        live = LiveTrace(out, is_run=True)
+        versions = []
+        while run.proc.poll() is None:
+            live.refresh()  # never raises; a transient error is said in .error
+            versions.append(live.version)
+            time.sleep(0.05)
+        assert run.proc.returncode == 0, run.proc.communicate()[1]
+        live.refresh()
+        assert live.error == "" and not live.live
+        assert live.meta.status == "finished"
+        assert len(live.trace.spans) == len(load_run(out).spans) > 0
+        assert versions == sorted(versions) and versions[-1] > 1  # it grew while the run was written
+
+    out2 = tmp_path / "run2"
+    with _started(out2, requests=400) as run:
+        live = LiveTrace(out2, is_run=True)
+        live.refresh()
+        shown = len(live.trace.spans)
+        tail = RunTail(out2)
+        tail.poll()
+        shutil.rmtree(out2)
+        for _ in range(5):
+            live.refresh()
+        assert live.gone and "does not exist" in live.error
+        assert len(live.trace.spans) == shown  # the last good data is kept
+        with pytest.raises(RunNotFoundError):
+            tail.poll()
+
+
+def _fingerprint(run_dir: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run_dir.iterdir()) if p.is_file()}
+
+
+def _two_analyzers(run_dir: Path) -> list[subprocess.CompletedProcess[str]]:
+    cmd = [PYTHON, "-m", "ppscope", "analyze", str(run_dir), "--json"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    done = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=90)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return done
+
+
+@pytest.mark.slow
+def test_two_analyzers_read_a_run_while_it_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with _started(out, requests=150) as run:
+        while_written = _two_analyzers(out)
+        still_running = run.proc.poll() is None
+        _, err = run.proc.communicate(timeout=120)
+        assert run.proc.returncode == 0, err
+    for done in while_written:
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)
+    assert still_running, "the run ended before the readers: make it longer"
+    before = _fingerprint(out)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    for done in _two_analyzers(out):  # a reader-only period: nothing may change
+        assert done.returncode == 0, done.stderr
+    assert _fingerprint(out) == before
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == mtimes
