@@ -350,8 +350,13 @@ def _check_types(meta: RunMeta, where: str) -> None:
     if not all(isinstance(n, int) for n in meta.split):
         raise CorruptFileError(f"{where}: split must be a list of integers, found {meta.split!r}")
     for info in meta.ranks:
-        if not isinstance(info.rank, int) or not isinstance(info.clock.offset_ns, int):
-            raise CorruptFileError(f"{where}: rank entries need integer rank and clock.offset_ns")
+        values = (info.rank, info.stage, info.pid, info.clock.offset_ns, info.clock.uncertainty_ns)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise CorruptFileError(
+                f"{where}: rank entries need integer rank, stage, pid, clock.offset_ns and clock.uncertainty_ns"
+            )
+        if not all(isinstance(v, str) for v in (info.host, info.device, info.clock.method)):
+            raise CorruptFileError(f"{where}: rank entries need text host, device and clock.method")
 
 
 @dataclass

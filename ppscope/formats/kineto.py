@@ -16,7 +16,7 @@ import json
 import re
 import zlib
 from collections.abc import Iterator
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, DecimalException
 from pathlib import Path
 from typing import IO, Any
 
@@ -127,13 +127,22 @@ def iter_trace_events(path: Path, top: dict[str, Any]) -> Iterator[dict[str, Any
         raise UnsupportedInputError(f"{path} is JSON but not a Kineto trace: it has no traceEvents list")
 
 
-def _ns(value: Any) -> int:
-    if isinstance(value, int):
-        return value * 1000
+_NS_LIMIT = 1 << 62
+"""Times beyond ±2^62 ns (146 years) are damage, not data; below it a base plus a time still fits int64."""
+_US_LIMIT = Decimal(_NS_LIMIT) / 1000
+
+
+def _ns(value: Any, path: Path, what: str) -> int:
+    """µs (int, or float text kept exact) to ns; a value that is not a number reads as 0."""
     try:
-        return int((Decimal(str(value)) * 1000).to_integral_value())
-    except (InvalidOperation, ValueError):
+        us = Decimal(value) if isinstance(value, int) else Decimal(str(value))
+    except DecimalException:  # not a number
         return 0
+    if not us.is_finite():
+        return 0
+    if us.copy_abs() >= _US_LIMIT:  # compared first: 1e999999999 must not become a billion-digit int
+        raise CorruptFileError(f"{path}: {what} {value!r} µs is out of range; the trace is damaged")
+    return int((us * 1000).to_integral_value())
 
 
 def _read_file(path: Path) -> tuple[dict[str, Any], pd.DataFrame, list[tuple[str, int]]]:
@@ -146,9 +155,11 @@ def _read_file(path: Path) -> tuple[dict[str, Any], pd.DataFrame, list[tuple[str
     for ev in iter_trace_events(path, top):
         if ev.get("ph") != "X":
             continue
-        cat, name, args = ev.get("cat"), str(ev.get("name", "")), ev.get("args") or {}
-        start = _ns(ev.get("ts", 0))
-        end = start + _ns(ev.get("dur", 0))
+        cat, name, args = ev.get("cat"), str(ev.get("name", "")), ev.get("args")
+        cat = cat if isinstance(cat, str) else ""  # a category of another type matches none
+        args = args if isinstance(args, dict) else {}
+        start = _ns(ev.get("ts", 0), path, f"event {name[:40]!r}: ts")
+        end = start + _ns(ev.get("dur", 0), path, f"event {name[:40]!r}: dur")
         if cat in _GPU_KINDS:
             kind = _GPU_KINDS[cat]
             if kind == SpanKind.KERNEL and name.startswith(("nccl", "void nccl")):
@@ -167,7 +178,12 @@ def _read_file(path: Path) -> tuple[dict[str, Any], pd.DataFrame, list[tuple[str
         elif cat == "cpu_op" and name in _P2P:
             p2p.append((_P2P[name], start))
     base = top.get("baseTimeNanoseconds")
-    shift = int(base) if isinstance(base, (int, str)) and str(base).lstrip("-").isdigit() else 0
+    try:
+        shift = int(base) if isinstance(base, (int, str)) and str(base).lstrip("-").isdecimal() else 0
+    except ValueError:  # more digits than Python converts
+        shift = _NS_LIMIT
+    if not -_NS_LIMIT < shift < _NS_LIMIT:
+        raise CorruptFileError(f"{path}: baseTimeNanoseconds {base!r} is out of range; the trace is damaged")
     spans = _spans(gpu, host, launches, shift)
     return top, spans, [(op, t + shift) for op, t in p2p]
 

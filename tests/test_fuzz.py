@@ -1,0 +1,257 @@
+"""Bad input, many at a time: property tests of every importer and of `load_run`.
+
+Each case copies a real file (the third-party traces in ../shared/data, or a run the engine just recorded)
+into a fresh directory, damages it (truncation, bit flips, overwritten bytes, random bytes, JSON with wrong
+types or missing fields) and loads it. Every case must end in a named ppscope error or a Trace the
+analyzer takes; no other exception, no hang, no write to the input. Cases are derandomized: the same ones
+run every time. `pytest -s` prints how many ran.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fuzz_helpers import CASES, DATA, FUZZ, OUTCOMES, check_input, mutated
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.config import EngineConfig
+from engine.launch import run
+from ppscope.sources import open_trace
+from ppscope.store import load_run
+
+pytestmark = pytest.mark.timeout(240)
+
+NSYS_SMALL = DATA / "nsys" / "mock.sqlite"
+NSYS_BIG = DATA / "nsys" / "mfu_2gpu_after.sqlite"
+KINETO = DATA / "kineto" / "trace_filter" / "sampled_rank-0.json.gz"
+KINETO_1 = DATA / "kineto" / "trace_filter" / "sampled_rank-1.json.gz"
+
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"the real traces are not here ({DATA} is absent)")
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tally() -> Iterator[None]:
+    yield
+    print(f"\nbad-input cases run: {sum(CASES.values())}")
+    for name, outcomes in OUTCOMES.items():
+        print(f"  {name}: {CASES[name]} cases, {dict(outcomes)}")
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small two-stage run recorded by the engine (spans, counters, requests)."""
+    out = tmp_path_factory.mktemp("recorded") / "run"
+    fast = {"model": "synthetic", "layers": 2, "layer_cost_ms": "0", "progress": False}
+    run(EngineConfig(stages=2, schedule="serve", requests=6, max_new_tokens=4, out=str(out), **fast))
+    return out
+
+
+def _copy_in(src: Path, tmp: Path, name: str | None = None) -> Path:
+    dst = tmp / (name or src.name)
+    if src.is_dir():
+        shutil.copytree(src, dst)
+    else:
+        shutil.copyfile(src, dst)
+    dst.chmod(0o644)
+    return dst
+
+
+# ---------------------------------------------------------------- nsys SQLite
+
+
+@needs_data
+@settings(FUZZ, max_examples=120)
+@given(data=st.data())
+def test_damaged_nsys_export(data: st.DataObject) -> None:
+    original = NSYS_SMALL.read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.sqlite"
+        path.write_bytes(data.draw(mutated(original)))
+        check_input("nsys mock.sqlite", path, open_trace)
+
+
+@pytest.mark.slow
+@needs_data
+@settings(FUZZ, max_examples=30)
+@given(data=st.data())
+def test_damaged_big_nsys_export(data: st.DataObject) -> None:
+    original = NSYS_BIG.read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.sqlite"
+        path.write_bytes(data.draw(mutated(original)))
+        check_input("nsys mfu_2gpu_after.sqlite", path, open_trace)
+
+
+# ---------------------------------------------------------------- Kineto JSON / JSON.gz
+
+
+@needs_data
+@settings(FUZZ, max_examples=80)
+@given(data=st.data(), as_gzip=st.booleans())
+def test_damaged_kineto_bytes(data: st.DataObject, as_gzip: bool) -> None:
+    """Damage to the compressed file (gzip errors) and to the JSON text inside (syntax, encoding)."""
+    raw = KINETO.read_bytes() if as_gzip else gzip.decompress(KINETO.read_bytes())
+    damaged = data.draw(mutated(raw))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / ("rank-0.json.gz" if as_gzip else "rank-0.json")
+        path.write_bytes(damaged)
+        check_input("kineto bytes", path, open_trace)
+
+
+@pytest.fixture(scope="module")
+def kineto_doc() -> dict[str, Any]:
+    if not DATA.is_dir():
+        pytest.skip(f"the real traces are not here ({DATA} is absent)")
+    doc: dict[str, Any] = json.loads(gzip.decompress(KINETO.read_bytes()))
+    return doc
+
+
+EVENT_KEYS = ["ph", "name", "ts", "dur", "pid", "tid", "args", "cat", "id", "bp", "s"]
+TOP_KEYS = ["traceEvents", "distributedInfo", "baseTimeNanoseconds", "schemaVersion", "deviceProperties"]
+
+
+def _reshape(data: st.DataObject, doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` with a few values replaced by wrong types, or fields removed, at the top, in events or args."""
+    doc = copy.copy(doc)
+    events = list(doc.get("traceEvents", []))
+    for _ in range(data.draw(st.integers(1, 4), label="edits")):
+        where = data.draw(st.sampled_from(["top", "event", "args", "events"]), label="where")
+        delete = data.draw(st.booleans(), label="delete")
+        value = None if delete else data.draw(JSON_VALUES, label="value")
+        if where == "events":
+            doc["traceEvents"] = events = value if not delete else []  # type: ignore[assignment]
+            continue
+        if where == "top":
+            target: Any = doc
+            key = data.draw(st.sampled_from(TOP_KEYS) | st.text(max_size=4), label="key")
+        elif not isinstance(events, list) or not events:
+            continue
+        else:
+            i = data.draw(st.integers(0, len(events) - 1), label="event")
+            events[i] = target = dict(events[i]) if isinstance(events[i], dict) else {}
+            key = data.draw(st.sampled_from(EVENT_KEYS), label="key")
+            if where == "args":
+                target["args"] = target = dict(target.get("args") or {}) if isinstance(target.get("args"), dict) else {}
+                key = data.draw(st.sampled_from(["rank", "stream", "device", "External id", "In msg nelems"]))
+        if delete:
+            target.pop(key, None)
+        else:
+            target[key] = value
+        if where != "top":
+            doc["traceEvents"] = events
+    return doc
+
+
+@needs_data
+@settings(FUZZ, max_examples=150)
+@given(data=st.data())
+def test_kineto_with_wrong_types_and_missing_fields(kineto_doc: dict[str, Any], data: st.DataObject) -> None:
+    doc = _reshape(data, kineto_doc)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rank-0.json"
+        path.write_text(json.dumps(doc))
+        check_input("kineto shapes", path, open_trace)
+
+
+@needs_data
+@settings(FUZZ, max_examples=30)
+@given(data=st.data())
+def test_kineto_directory_with_one_damaged_rank(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "traces"
+        folder.mkdir()
+        _copy_in(KINETO, folder)
+        (folder / KINETO_1.name).write_bytes(data.draw(mutated(KINETO_1.read_bytes())))
+        check_input("kineto directory", folder, open_trace)
+
+
+# ---------------------------------------------------------------- our own runs
+
+
+@settings(FUZZ, max_examples=80)
+@given(data=st.data(), rank=st.integers(0, 1))
+def test_run_with_a_damaged_rank_file(recorded: Path, data: st.DataObject, rank: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = _copy_in(recorded, Path(tmp))
+        path = run_dir / f"rank-{rank:05d}.sqlite"
+        path.write_bytes(data.draw(mutated(path.read_bytes())))
+        check_input("run rank file", run_dir, load_run)
+
+
+@settings(FUZZ, max_examples=60)
+@given(data=st.data(), name=st.sampled_from(["meta.json", "requests.jsonl"]))
+def test_run_with_damaged_json_bytes(recorded: Path, data: st.DataObject, name: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = _copy_in(recorded, Path(tmp))
+        path = run_dir / name
+        path.write_bytes(data.draw(mutated(path.read_bytes())))
+        check_input(f"run {name} bytes", run_dir, open_trace)
+
+
+META_PATHS = [
+    ("backend",), ("chunks",), ("config",), ("created_unix_ns",), ("error",), ("microbatches",), ("model",),
+    ("pp_size",), ("ranks",), ("run_id",), ("schedule",), ("schema_version",), ("source",), ("split",),
+    ("split_source",), ("status",), ("versions",), ("world_size",), ("ranks", 0), ("ranks", 0, "clock"),
+    ("ranks", 0, "rank"), ("ranks", 0, "stage"), ("ranks", 0, "pid"), ("ranks", 1, "clock", "offset_ns"),
+    ("ranks", 1, "clock", "uncertainty_ns"), ("ranks", 1, "device"), ("split", 0), ("model", "layers"),
+]  # fmt: skip
+
+
+def _set_path(doc: Any, path: tuple[Any, ...], value: Any, delete: bool) -> None:
+    for step in path[:-1]:
+        try:
+            doc = doc[step]
+        except (KeyError, IndexError, TypeError):
+            return
+    try:
+        if delete:
+            del doc[path[-1]]
+        else:
+            doc[path[-1]] = value
+    except (KeyError, IndexError, TypeError):
+        return
+
+
+@settings(FUZZ, max_examples=120)
+@given(data=st.data())
+def test_run_meta_with_wrong_types_and_missing_fields(recorded: Path, data: st.DataObject) -> None:
+    meta = json.loads((recorded / "meta.json").read_text())
+    for _ in range(data.draw(st.integers(1, 3), label="edits")):
+        path = data.draw(st.sampled_from(META_PATHS), label="path")
+        delete = data.draw(st.booleans(), label="delete")
+        _set_path(meta, path, None if delete else data.draw(JSON_VALUES, label="value"), delete)
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = _copy_in(recorded, Path(tmp))
+        (run_dir / "meta.json").write_text(json.dumps(meta))
+        check_input("run meta shapes", run_dir, load_run)
+
+
+@settings(FUZZ, max_examples=40)
+@given(data=st.data())
+def test_run_requests_with_wrong_types(recorded: Path, data: st.DataObject) -> None:
+    lines = [json.loads(line) for line in (recorded / "requests.jsonl").read_text().splitlines()]
+    i = data.draw(st.integers(0, len(lines) - 1))
+    key = data.draw(st.sampled_from(["id", "prompt_len", "output_len", "arrival_ns", "first_token_ns", "finish_ns"]))
+    if data.draw(st.booleans()):
+        lines[i].pop(key, None)
+    else:
+        lines[i][key] = data.draw(JSON_VALUES)
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = _copy_in(recorded, Path(tmp))
+        (run_dir / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        check_input("run requests shapes", run_dir, load_run)
