@@ -2,19 +2,22 @@
 
 Each message is a fixed-size int64 header (what it is, which micro-batch, which sequences) followed by its
 payload (activations `(N, D)` or token ids `(B,)`); a payload that fits rides inside the header, so a
-decode hop is one message. A receiver thread keeps a receive posted from the predecessor and queues what
-arrives; the compute thread posts its sends with `isend` (its `send` span is the time it is blocked:
-posting) and a reaper thread waits for their completion, keeping the tensors alive until then. So compute
-never blocks on the network and the ring cannot deadlock however many micro-batches circulate. The
-compute thread records `recv_wait` when it blocks on the inbox. The wrap-around link (last rank -> rank 0)
-uses its own process group so that with two ranks the two directions never share a communicator (NCCL
-orders the operations of one communicator). This module knows nothing about models or schedules.
+decode hop is one message. The compute thread keeps the receive of the next header posted (`irecv`, posted
+again as soon as one lands, before the stage computes) and waits on it itself, so an arriving message
+wakes no other thread of ours; it records `recv_wait` while it blocks there and `recv` while a separate
+payload transfers. It posts its sends with `isend` (its `send` span is the time it is blocked: posting) and
+a reaper thread waits for their completion, keeping the tensors alive until then. So compute never blocks
+on a send and the ring cannot deadlock however many micro-batches circulate. The wrap-around link (last
+rank -> rank 0) uses its own process group so that with two ranks the two directions never share a
+communicator (NCCL orders the operations of one communicator). This module knows nothing about models or schedules.
 """
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +52,7 @@ class Message:
 
 
 class Ring:
-    """Point-to-point links of one rank. With one rank, messages go straight to its own inbox."""
+    """Point-to-point links of one rank. With one rank, messages go straight to its own queue."""
 
     def __init__(
         self,
@@ -69,10 +72,14 @@ class Ring:
         """Payloads up to this size ride in the header: one message per hop instead of two (CPU only)."""
         self.device = device
         self.timeout_s = timeout_s
-        self.inbox: queue.Queue[Message | BaseException] = queue.Queue()
+        self._local: collections.deque[Message] = collections.deque()
         self._outbox: queue.Queue[_Posted | None] = queue.Queue()
-        self._threads: list[threading.Thread] = []
+        self._reaper: threading.Thread | None = None
         self._groups: tuple[Any, Any] = (None, None)
+        self._header: torch.Tensor | None = None
+        self._posted: Any = None
+        """The receive of the next header, posted ahead so that it lands while this rank computes."""
+        self._waiter: _Waiter | None = None
         self.error: BaseException | None = None
 
     def start(self) -> None:
@@ -81,10 +88,9 @@ class Ring:
         # Every rank must create the groups in the same order.
         wrap = dist.new_group(list(range(self.world)))
         self._groups = (None, wrap)
-        for target, name in ((self._recv_loop, "recv"), (self._reap_loop, "send")):
-            t = threading.Thread(target=target, name=f"ppscope-{name}-r{self.rank}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        self._reaper = threading.Thread(target=self._reap_loop, name=f"ppscope-send-r{self.rank}", daemon=True)
+        self._reaper.start()
+        self._post_header()
 
     def _group(self, src: int) -> Any:
         return self._groups[1] if src == self.world - 1 else self._groups[0]
@@ -93,63 +99,124 @@ class Ring:
 
     def send(self, msg: Message) -> None:
         if self.world == 1:
-            self.inbox.put(msg)
+            self._local.append(msg)
             return
+        if self.error is not None:
+            raise RuntimeError(f"rank {self.rank}: send to rank {self.next} failed: {self.error}")
         # Post the sends here (they return at once) so no thread hop sits on the critical path; the reaper
-        # thread waits for their completion and records the send span.
+        # thread waits for their completion, keeping the tensors alive until then.
         start = self.rec.now_ns()
         group = self._group(self.rank)
-        header, payload = self._header(msg)
+        header, payload = self._pack(msg)
         header = header.to(self.device)
         works = [dist.isend(header, dst=self.next, group=group)]
         if payload is not None:
             works.append(dist.isend(payload, dst=self.next, group=group))
         if msg.kind != STOP:
-            # The stage is blocked only while posting: the receiver always has a receive posted, so a send
+            # The stage is blocked only while posting: the successor always has a receive posted, so a send
             # never waits for it. The transfer shows as the receiver's `recv` span.
             src_stage = msg.stage - 1 if msg.kind == ACT else msg.stage
             self.rec.record(
                 SpanKind.SEND, start, self.rec.now_ns(), mb=msg.mb, step=msg.step, phase=msg.phase,
                 stage=src_stage, chunk=max(src_stage, 0) // self.world, peer=self.next, nbytes=_nbytes(msg.payload),
             )  # fmt: skip
-        self._outbox.put(_Posted(msg, start, works, (header, payload)))
+        self._outbox.put(_Posted(works, (header, payload)))
 
     def get(self) -> Message:
         """The next message from the predecessor; raises if the link failed or nothing came within the timeout."""
-        try:
-            item = self.inbox.get(timeout=self.timeout_s)
-        except queue.Empty:
-            raise TimeoutError(
-                f"rank {self.rank} received nothing from rank {self.prev} for {self.timeout_s:.0f} s "
-                "(a peer failed or hangs; raise --timeout for slow models)"
-            ) from None
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        if self.world == 1:
+            if not self._local:
+                raise RuntimeError("rank 0 waits for a message that nobody sent (a schedule bug)")
+            return self._local.popleft()
+        msg = self._take(None)
+        assert msg is not None
+        return msg
 
     def poll(self, timeout_s: float) -> Message | None:
         """The next message if one arrives within `timeout_s`, else None."""
-        try:
-            item = self.inbox.get(timeout=max(timeout_s, 0.0))
-        except queue.Empty:
+        if self.world == 1:
+            if self._local:
+                return self._local.popleft()
+            time.sleep(max(timeout_s, 0.0))  # a single rank has nobody else to hear from
             return None
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        return self._take(max(timeout_s, 0.0))
 
     def close(self) -> None:
         self._outbox.put(None)
-        for t in self._threads:
-            t.join(timeout=self.timeout_s)
+        if self._reaper is not None:
+            self._reaper.join(timeout=self.timeout_s)
         if self.error is not None:
             raise self.error
+
+    # ------------------------------------------------------------ receiving, on the compute thread
+
+    def _post_header(self) -> None:
+        self._header = torch.empty(self._meta_words() + self.inline_nbytes // 8, dtype=torch.int64, device=self.device)
+        self._posted = dist.irecv(self._header, src=self.prev, group=self._group(self.prev))
+
+    def _take(self, timeout_s: float | None) -> Message | None:
+        """The next message. The compute thread waits on the posted receive itself (no thread hop) unless it
+        must give up after `timeout_s` shorter than the link's timeout: then a waiter thread waits for it."""
+        if self._posted is None:
+            raise RuntimeError(f"rank {self.rank} waits for rank {self.prev} after the ring stopped (a schedule bug)")
+        if timeout_s is not None and timeout_s >= self.timeout_s:
+            timeout_s = None  # the process group's own timeout applies
+        if timeout_s is None and self._waiter is None:
+            self._wait(self._posted)
+        else:
+            if self._waiter is None:
+                self._waiter = _Waiter(self._posted, self.device)
+            if not self._waiter.done.wait(self.timeout_s if timeout_s is None else timeout_s):
+                if timeout_s is None:
+                    raise self._timeout()
+                return None
+            waiter, self._waiter = self._waiter, None
+            if waiter.error is not None:
+                raise self._failed(waiter.error)
+        assert self._header is not None
+        msg, shape, dtype = self._parse(self._header.cpu())
+        self._posted = None
+        if shape is None:
+            if msg.kind != STOP:
+                self._post_header()
+            return msg
+        start = self.rec.now_ns()
+        payload = torch.empty(shape, dtype=dtype, device=self.device)
+        work = dist.irecv(payload, src=self.prev, group=self._group(self.prev))
+        if msg.kind != STOP:
+            self._post_header()  # after the payload's receive: receives from one peer match in order
+        self._wait(work)
+        msg.payload = payload
+        self.rec.record(
+            SpanKind.RECV, start, self.rec.now_ns(), mb=msg.mb, step=msg.step, phase=msg.phase,
+            stage=self._consumer_stage(msg), chunk=self._consumer_stage(msg) // self.world,
+            peer=self.prev, nbytes=payload.numel() * payload.element_size(),
+        )  # fmt: skip
+        return msg
+
+    def _wait(self, work: Any) -> None:
+        try:
+            work.wait()
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
+        except Exception as exc:
+            raise self._timeout() if "timed out" in str(exc).lower() else self._failed(exc) from exc
+
+    def _timeout(self) -> TimeoutError:
+        return TimeoutError(
+            f"rank {self.rank} received nothing from rank {self.prev} for {self.timeout_s:.0f} s "
+            "(a peer failed or hangs; raise --timeout for slow models)"
+        )
+
+    def _failed(self, exc: BaseException) -> RuntimeError:
+        return RuntimeError(f"rank {self.rank}: receive from rank {self.prev} failed: {exc}")
 
     # ------------------------------------------------------------ wire format
 
     def _meta_words(self) -> int:
         return _FIXED + 3 * self.max_seqs
 
-    def _header(self, msg: Message) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _pack(self, msg: Message) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The header, with the payload inside it when it fits (decode steps, tokens), else also the payload."""
         words, m = self._meta_words(), self.max_seqs
         meta = [0] * words  # built as a list: one tensor op instead of a dozen on the hot path
@@ -195,45 +262,14 @@ class Ring:
             return msg, None, dtype
         return msg, shape, dtype
 
-    # ------------------------------------------------------------ threads
-
-    def _thread_device(self) -> None:
-        if self.device.type == "cuda":  # the current device is per thread
-            torch.cuda.set_device(self.device)
-
-    def _recv_loop(self) -> None:
-        self._thread_device()
-        group = self._group(self.prev)
-        size = self._meta_words() + self.inline_nbytes // 8
-        try:
-            while True:
-                header = torch.empty(size, dtype=torch.int64, device=self.device)
-                dist.recv(header, src=self.prev, group=group)
-                msg, shape, dtype = self._parse(header.cpu())
-                if shape is not None:
-                    start = self.rec.now_ns()
-                    payload = torch.empty(shape, dtype=dtype, device=self.device)
-                    dist.recv(payload, src=self.prev, group=group)
-                    if self.device.type == "cuda":
-                        torch.cuda.current_stream(self.device).synchronize()
-                    msg.payload = payload
-                    self.rec.record(
-                        SpanKind.RECV, start, self.rec.now_ns(), mb=msg.mb, step=msg.step, phase=msg.phase,
-                        stage=self._consumer_stage(msg), chunk=self._consumer_stage(msg) // self.world,
-                        peer=self.prev, nbytes=payload.numel() * payload.element_size(),
-                    )  # fmt: skip
-                self.inbox.put(msg)
-                if msg.kind == STOP:
-                    return
-        except BaseException as exc:  # hand the failure to the compute thread
-            self.error = exc
-            self.inbox.put(RuntimeError(f"rank {self.rank}: receive from rank {self.prev} failed: {exc}"))
-
     def _consumer_stage(self, msg: Message) -> int:
         return msg.stage if msg.kind == ACT else self.rank
 
+    # ------------------------------------------------------------ the reaper thread
+
     def _reap_loop(self) -> None:
-        self._thread_device()
+        if self.device.type == "cuda":  # the current device is per thread
+            torch.cuda.set_device(self.device)
         try:
             while True:
                 posted = self._outbox.get()
@@ -241,17 +277,35 @@ class Ring:
                     return
                 for work in posted.works:
                     work.wait()
+        except BaseException as exc:  # the compute thread raises it at its next send or close
+            self.error = exc
+
+
+class _Waiter:
+    """A thread that waits for one posted receive, so that the compute thread can give up waiting for it."""
+
+    def __init__(self, work: Any, device: torch.device) -> None:
+        self.work, self.device = work, device
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        threading.Thread(target=self._wait, name="ppscope-recv-wait", daemon=True).start()
+
+    def _wait(self) -> None:
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            self.work.wait()
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
         except BaseException as exc:
             self.error = exc
-            self.inbox.put(RuntimeError(f"rank {self.rank}: send to rank {self.next} failed: {exc}"))
+        self.done.set()
 
 
 @dataclass
 class _Posted:
     """Sends posted by the compute thread, waiting for completion."""
 
-    msg: Message
-    start_ns: int
     works: list[Any]
     keep: tuple[Any, ...]
     """The tensors being sent, alive until the sends complete."""

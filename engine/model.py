@@ -189,9 +189,16 @@ def sleep_ms(ms: float, device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda._sleep(int(ms * _cycles_per_ms(device)))
     else:
-        time.sleep(ms * 1e-3)
+        # time.sleep overshoots by ~0.1 ms (timer slack, wake-up): sleep short of the deadline, then spin to it.
+        deadline = time.perf_counter() + ms * 1e-3
+        if ms > _SPIN_MS:
+            time.sleep((ms - _SPIN_MS) * 1e-3)
+        while time.perf_counter() < deadline:
+            pass
 
 
+_SPIN_MS = 0.3
+"""The last part of a CPU synthetic sleep, spun instead of slept so that it ends on time."""
 _CYCLES_PER_MS: dict[int, float] = {}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,8 @@ FAIL_ENV = "PPSCOPE_TEST_FAIL"
 """Tests only: `RANK=N`, that rank raises after N passes, to check failure propagation."""
 
 ProgressFn = Callable[[int, int], None]
+SWITCH_INTERVAL_S = 1e-4
+"""How long a thread holding the GIL runs before it must hand it to a waiting one (Python's default: 5 ms)."""
 
 
 def default_run_dir() -> Path:
@@ -86,9 +89,14 @@ def run_rank(
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))
     if world > 1:
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    # A thread that wakes (a message landed, a send completed) waits for the GIL up to the switch interval
+    # (5 ms by default, a whole stage of a small model): let the holder hand it over much sooner.
+    switch_s = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         return _run(cfg, prep, rank, world, device, run_dir, progress)
     finally:
+        sys.setswitchinterval(switch_s)
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
