@@ -238,7 +238,12 @@ def _query(db: sqlite3.Connection, path: Path, sql: str, args: Sequence[Any] = (
 
 def _check_rank_schema(db: sqlite3.Connection, path: Path) -> None:
     rows = _query(db, path, "SELECT value FROM info WHERE key = 'schema_version'")
-    version = int(json.loads(rows[0][0])) if rows else SCHEMA_VERSION
+    try:
+        version = int(json.loads(rows[0][0])) if rows else SCHEMA_VERSION
+    except (ValueError, TypeError, OverflowError):  # not JSON, not a number, a blob
+        raise CorruptFileError(
+            f"{path}: its schema_version {rows[0][0]!r:.40} is not a number; the file is damaged"
+        ) from None
     if version > SCHEMA_VERSION:
         raise SchemaVersionError(
             f"{path} was written with trace schema {version}, newer than this ppscope's {SCHEMA_VERSION}: "
@@ -292,6 +297,25 @@ def _to_frames(
     return spans_frame(spans, validate=False), counters_frame(counters)
 
 
+def _wrong_type(
+    files: dict[int, Path],
+    read: dict[int, tuple[int, int]],
+    span_rows: list[tuple[Any, ...]],
+    counter_rows: list[tuple[Any, ...]],
+    exc: Exception,
+) -> str:
+    """The message for rows that do not convert to the schema's types, naming the rank file they came from
+    (found by converting each file's rows alone: only on this error path)."""
+    bounds = [*read.values(), (len(span_rows), len(counter_rows))]
+    for (rank, (s0, c0)), (s1, c1) in zip(read.items(), bounds[1:], strict=True):
+        try:
+            _to_frames(span_rows[s0:s1], counter_rows[c0:c1])
+        except (ValueError, TypeError, OverflowError) as own:
+            exc = own
+            return f"{files[rank]}: a span or counter holds a value of the wrong type ({exc}); the file is damaged"
+    return f"a rank file holds a value of the wrong type ({exc}); the run is damaged"
+
+
 def _apply_offsets(spans: pd.DataFrame, counters: pd.DataFrame, meta: RunMeta) -> None:
     for info in meta.ranks:
         offset = np.int64(info.clock.offset_ns)
@@ -321,13 +345,18 @@ def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> 
     span_rows: list[tuple[Any, ...]] = []
     counter_rows: list[tuple[Any, ...]] = []
     span_pos, counter_pos = dict(since.spans), dict(since.counters)
+    read: dict[int, tuple[int, int]] = {}
     for rank in sorted(files):
         s, c, span_pos[rank], counter_pos[rank] = _read_rank(
             files[rank], since.spans.get(rank, 0), since.counters.get(rank, 0)
         )
+        read[rank] = (len(span_rows), len(counter_rows))
         span_rows += s
         counter_rows += c
-    spans, counters = _to_frames(span_rows, counter_rows)
+    try:
+        spans, counters = _to_frames(span_rows, counter_rows)
+    except (ValueError, TypeError, OverflowError) as exc:  # SQLite stores any type in any column
+        raise CorruptFileError(_wrong_type(files, read, span_rows, counter_rows, exc)) from None
     _apply_offsets(spans, counters, meta)
     requests, req_pos = _read_requests(path, since.requests_bytes)
     trace = Trace(spans=spans, counters=counters, meta=meta, requests=requests, warnings=warnings).sorted()

@@ -9,10 +9,12 @@ run every time. `pytest -s` prints how many ran.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gzip
 import json
 import shutil
+import sqlite3
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -255,3 +257,76 @@ def test_run_requests_with_wrong_types(recorded: Path, data: st.DataObject) -> N
         run_dir = _copy_in(recorded, Path(tmp))
         (run_dir / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
         check_input("run requests shapes", run_dir, load_run)
+
+
+# ---------------------------------------------------------------- wrongly typed cells in SQLite files
+
+SQL_VALUES = (
+    st.none()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.sampled_from([0, -1, 2**63 - 1, -(2**63), 1 << 62])
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12)
+    | st.binary(max_size=12)
+)
+
+
+def _damage_cells(path: Path, data: st.DataObject) -> str:
+    """In a copy of an SQLite file: give a column a wrong value in some rows, empty a table, or drop a table
+    or a column. Returns what was done (for the failure report)."""
+    db = sqlite3.connect(path)
+    try:
+        tables = sorted(r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'"))
+        tables = [t for t in tables if not t.startswith("sqlite_")]
+        table = data.draw(st.sampled_from(tables), label="table")
+        columns = [r[1] for r in db.execute(f'PRAGMA table_info("{table}")')]
+        column = data.draw(st.sampled_from(columns), label="column")
+        how = data.draw(st.sampled_from(["set", "set", "set", "set all", "empty", "drop table", "drop column"]))
+        with contextlib.suppress(sqlite3.Error):  # a schema that refuses the edit: load it unchanged
+            if how == "set":
+                value = data.draw(SQL_VALUES, label="value")
+                rows = data.draw(st.integers(1, 20), label="rows")
+                db.execute(f'UPDATE "{table}" SET "{column}" = ? WHERE rowid IN '
+                           f'(SELECT rowid FROM "{table}" ORDER BY random() LIMIT ?)', (value, rows))  # fmt: skip
+            elif how == "set all":
+                db.execute(f'UPDATE "{table}" SET "{column}" = ?', (data.draw(SQL_VALUES, label="value"),))
+            elif how == "empty":
+                db.execute(f'DELETE FROM "{table}"')
+            elif how == "drop table":
+                db.execute(f'DROP TABLE "{table}"')
+            else:
+                db.execute(f'ALTER TABLE "{table}" DROP COLUMN "{column}"')
+        db.commit()
+    finally:
+        db.close()
+    return f"{how} {table}.{column}"
+
+
+@needs_data
+@settings(FUZZ, max_examples=150)
+@given(data=st.data())
+def test_nsys_export_with_wrong_cells(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _copy_in(NSYS_SMALL, Path(tmp), "trace.sqlite")
+        _damage_cells(path, data)
+        check_input("nsys mock.sqlite cells", path, open_trace)
+
+
+@pytest.mark.slow
+@needs_data
+@settings(FUZZ, max_examples=40)
+@given(data=st.data())
+def test_big_nsys_export_with_wrong_cells(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _copy_in(NSYS_BIG, Path(tmp), "trace.sqlite")
+        _damage_cells(path, data)
+        check_input("nsys mfu_2gpu_after.sqlite cells", path, open_trace)
+
+
+@settings(FUZZ, max_examples=150)
+@given(data=st.data(), rank=st.integers(0, 1))
+def test_run_rank_file_with_wrong_cells(recorded: Path, data: st.DataObject, rank: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = _copy_in(recorded, Path(tmp))
+        _damage_cells(run_dir / f"rank-{rank:05d}.sqlite", data)
+        check_input("run rank file cells", run_dir, load_run)
