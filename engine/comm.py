@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -219,31 +220,29 @@ class Ring:
     def _pack(self, msg: Message) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The header, with the payload inside it when it fits (decode steps, tokens), else also the payload."""
         words, m = self._meta_words(), self.max_seqs
-        meta = [0] * words  # built as a list: one tensor op instead of a dozen on the hot path
-        meta[:4] = [msg.kind, msg.mb, msg.step, msg.stage]
+        h = np.zeros(words + self.inline_nbytes // 8, dtype=np.int64)  # numpy: a few µs less per hop than torch
+        h[:4] = (msg.kind, msg.mb, msg.step, msg.stage)
         if msg.batch is None or msg.payload is None:
-            return torch.tensor(meta + [0] * (self.inline_nbytes // 8), dtype=torch.int64), None
+            return torch.from_numpy(h), None
         n = len(msg.batch.lens)
         payload = msg.payload.detach().contiguous()
         payload = payload if self.device.type == "cuda" else payload.cpu()
         nbytes = payload.numel() * payload.element_size()
         inline = nbytes <= self.inline_nbytes and self.device.type != "cuda"
         width = payload.shape[1] if payload.dim() == 2 else 0
-        meta[4:8] = [n, msg.batch.tokens, width, _DTYPES.index(payload.dtype) | (_INLINE if inline else 0)]
-        meta[_FIXED : _FIXED + n] = msg.batch.slots
-        meta[_FIXED + m : _FIXED + m + n] = msg.batch.starts
-        meta[_FIXED + 2 * m : _FIXED + 2 * m + n] = msg.batch.lens
-        h = torch.zeros(words + self.inline_nbytes // 8, dtype=torch.int64)
-        h[:words] = torch.tensor(meta, dtype=torch.int64)
+        h[4:8] = (n, msg.batch.tokens, width, _DTYPES.index(payload.dtype) | (_INLINE if inline else 0))
+        h[_FIXED : _FIXED + n] = msg.batch.slots
+        h[_FIXED + m : _FIXED + m + n] = msg.batch.starts
+        h[_FIXED + 2 * m : _FIXED + 2 * m + n] = msg.batch.lens
         if inline:
-            h.view(torch.uint8)[words * 8 : words * 8 + nbytes] = payload.view(-1).view(torch.uint8)
-            return h, None
-        return h, payload
+            h.view(np.uint8)[words * 8 : words * 8 + nbytes] = payload.view(-1).view(torch.uint8).numpy()
+            return torch.from_numpy(h), None
+        return torch.from_numpy(h), payload
 
     def _parse(self, h: torch.Tensor) -> tuple[Message, list[int] | None, torch.dtype]:
         """The message; when its payload follows separately, also the payload's shape and dtype."""
-        words = self._meta_words()
-        v = h[:words].tolist()
+        words, hn = self._meta_words(), h.numpy()
+        v = hn[:words].tolist()
         msg = Message(kind=v[0], mb=v[1], step=v[2], stage=v[3])
         if msg.kind == STOP:
             return msg, None, torch.int64
@@ -256,9 +255,9 @@ class Ring:
         shape = [v[5], v[6]] if msg.kind == ACT else [n]
         dtype = _DTYPES[v[7] & ~_INLINE]
         if v[7] & _INLINE:
-            nbytes = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
-            raw = h.view(torch.uint8)[words * 8 : words * 8 + nbytes].clone()
-            msg.payload = raw.view(dtype).reshape(shape)
+            nbytes = _numel(shape) * dtype.itemsize
+            raw = hn.view(np.uint8)[words * 8 : words * 8 + nbytes].copy()
+            msg.payload = torch.from_numpy(raw).view(dtype).reshape(shape)
             return msg, None, dtype
         return msg, shape, dtype
 

@@ -197,7 +197,7 @@ def sleep_ms(ms: float, device: torch.device) -> None:
             pass
 
 
-_SPIN_MS = 0.3
+_SPIN_MS = 0.2
 """The last part of a CPU synthetic sleep, spun instead of slept so that it ends on time."""
 _CYCLES_PER_MS: dict[int, float] = {}
 
