@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.launch import run
+from ppscope.formats.nsys_export import export_nsys
 from ppscope.sources import open_trace
 from ppscope.store import load_run
 
@@ -261,6 +262,13 @@ def test_run_requests_with_wrong_types(recorded: Path, data: st.DataObject) -> N
 
 # ---------------------------------------------------------------- wrongly typed cells in SQLite files
 
+READ_TABLES = {
+    "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "StringIds", "META_DATA_EXPORT", "TARGET_INFO_GPU",
+    "TARGET_INFO_CUDA_DEVICE", "TARGET_INFO_SESSION_START_TIME", "spans", "counters", "info",
+}  # fmt: skip
+"""The tables the importers read: damage lands there most of the time."""
+
 SQL_VALUES = (
     st.none()
     | st.integers(-(2**63), 2**63 - 1)
@@ -278,7 +286,8 @@ def _damage_cells(path: Path, data: st.DataObject) -> str:
     try:
         tables = sorted(r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'"))
         tables = [t for t in tables if not t.startswith("sqlite_")]
-        table = data.draw(st.sampled_from(tables), label="table")
+        read = [t for t in tables if t in READ_TABLES] or tables
+        table = data.draw(st.sampled_from(read) | st.sampled_from(tables), label="table")
         columns = [r[1] for r in db.execute(f'PRAGMA table_info("{table}")')]
         column = data.draw(st.sampled_from(columns), label="column")
         how = data.draw(st.sampled_from(["set", "set", "set", "set all", "empty", "drop table", "drop column"]))
@@ -330,3 +339,27 @@ def test_run_rank_file_with_wrong_cells(recorded: Path, data: st.DataObject, ran
         run_dir = _copy_in(recorded, Path(tmp))
         _damage_cells(run_dir / f"rank-{rank:05d}.sqlite", data)
         check_input("run rank file cells", run_dir, load_run)
+
+
+@pytest.fixture(scope="module")
+def own_export(recorded: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The recorded run exported as an nsys SQLite file by ppscope (read back through its own-export path)."""
+    return export_nsys(load_run(recorded), tmp_path_factory.mktemp("export") / "run.nsys.sqlite")
+
+
+@settings(FUZZ, max_examples=100)
+@given(data=st.data())
+def test_own_nsys_export_with_wrong_cells(own_export: Path, data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _copy_in(own_export, Path(tmp), "trace.sqlite")
+        _damage_cells(path, data)
+        check_input("own nsys export cells", path, open_trace)
+
+
+@settings(FUZZ, max_examples=60)
+@given(data=st.data())
+def test_own_nsys_export_damaged(own_export: Path, data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.sqlite"
+        path.write_bytes(data.draw(mutated(own_export.read_bytes())))
+        check_input("own nsys export bytes", path, open_trace)

@@ -89,7 +89,7 @@ def _own_export(db: NsysDb, info: dict[str, str], rows: pd.DataFrame) -> Trace:
     try:
         meta = RunMeta.from_json(info["PPSCOPE_RUN_META"], where=f"{db.path} (PPSCOPE_RUN_META)")
         rank_of_pid = {int(k): int(v) for k, v in json.loads(info.get("PPSCOPE_RANK_PIDS", "{}")).items()}
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
         raise CorruptFileError(f"{db.path}: damaged ppscope metadata rows in META_DATA_EXPORT ({exc})") from None
     spans = ppscope_fields(rows)
     if len(spans):
@@ -318,4 +318,4 @@ def _gpu_names(db: NsysDb) -> dict[int, str]:
         )
     except PPScopeError:
         return {}
-    return {int(d): str(n) for d, n in rows if d is not None and n}
+    return {d: str(n) for d, n in rows if isinstance(d, int) and n}  # names are optional: skip damaged rows

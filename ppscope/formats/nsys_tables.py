@@ -97,13 +97,26 @@ class NsysDb:
 
 def read_strings(db: NsysDb) -> np.ndarray:
     """StringIds as an object array indexed by id (ids are small and dense in nsys exports)."""
-    rows = db.query("SELECT id, value FROM StringIds")
+    rows = db.query("SELECT id, value FROM StringIds WHERE typeof(id) = 'integer' AND id >= 0")
     if not rows:
         return np.array([""], dtype=object)
     ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+    if int(ids.max()) > max(1 << 24, 64 * len(rows)):  # a window cut from a bigger export leaves gaps, not this
+        raise CorruptFileError(
+            f"{db.path}: StringIds ids reach {int(ids.max())} for {len(rows)} strings; the file is damaged"
+        )
     out = np.full(int(ids.max()) + 1, "", dtype=object)
-    out[ids] = [r[1] for r in rows]
+    out[ids] = [_text(r[1]) for r in rows]
     return out
+
+
+def _text(value: Any) -> str:
+    """A text cell as str: SQLite stores any type in any column, and a damaged file may hold blobs."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
 
 
 def _lookup(strings: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -117,6 +130,18 @@ def _frame(rows: list[tuple[Any, ...]], columns: list[str]) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows, columns=columns) if rows else pd.DataFrame(columns=columns)
 
 
+def _check_ints(db: NsysDb, table: str, df: pd.DataFrame, columns: list[str]) -> None:
+    """Columns nsys writes as integers (NULLs already coalesced in SQL) must have come back as integers: pandas
+    gives a column of Python ints an integer dtype, so one look at the dtype finds text, blobs or reals."""
+    if not len(df):
+        return
+    bad = [c for c in columns if df[c].dtype.kind not in "iu"]
+    if bad:
+        raise CorruptFileError(
+            f"{db.path}: {table}.{bad[0]} holds non-integer values where nsys writes integers; the file is damaged"
+        )
+
+
 def nvtx_rows(db: NsysDb, strings: np.ndarray) -> pd.DataFrame:
     cols = ["start", "end", "eventType", "globalTid", "domainId", "text", "textId", "jsonText", "category"]
     if not db.has(NVTX):
@@ -126,11 +151,14 @@ def nvtx_rows(db: NsysDb, strings: np.ndarray) -> pd.DataFrame:
     select = ", ".join(db.col(NVTX, c, default=ints.get(c, "NULL")) for c in cols)
     rows = db.query(f"SELECT {select} FROM {NVTX} WHERE eventType IN ({', '.join(map(str, types))})")
     df = _frame(rows, cols)
+    _check_ints(db, NVTX, df, list(ints))
     gtid = df["globalTid"].to_numpy(dtype=np.int64)
     df["pid"], df["tid"] = pid_of(gtid), gtid & 0xFFFFFF
     text_ids = df["textId"].to_numpy(dtype=np.int64)
     names = df["text"].to_numpy(dtype=object).copy()
     missing = pd.isna(names)
+    odd = ~missing & ~df["text"].map(lambda v: isinstance(v, str)).to_numpy(dtype=bool)
+    names[odd] = [_text(v) for v in names[odd]]
     names[missing] = _lookup(strings, text_ids[missing])
     df["name"] = names
     domains = df[df["eventType"] == NVTX_DOMAIN]
@@ -217,6 +245,7 @@ def runtime_rows(db: NsysDb) -> pd.DataFrame:
         ]
     )
     df = _frame(db.query(f"SELECT {sel} FROM {RUNTIME} WHERE correlationId IS NOT NULL"), ["rstart", "gtid", "corr"])
+    _check_ints(db, RUNTIME, df, ["rstart", "corr"])
     gtid = pd.to_numeric(df["gtid"], errors="coerce").fillna(0).astype(np.int64).to_numpy()
     df["pid"], df["tid"] = pid_of(gtid), gtid & 0xFFFFFF
     df["corr"] = df["corr"].astype(np.int64)
@@ -237,13 +266,21 @@ def ppscope_fields(rows: pd.DataFrame) -> pd.DataFrame:
             except json.JSONDecodeError:
                 extra = {}
             if isinstance(extra, dict):
-                span.update({k: v for k, v in extra.items() if k in SPAN_COLUMNS})
+                span.update({k: v for k, v in extra.items() if k in SPAN_COLUMNS and _fits(k, v)})
         span.setdefault("lane", lane_of(span["kind"]))
         start = int(r.start)
         end = start if r.eventType == NVTX_MARK or pd.isna(r.end) else int(r.end)
         span.update(pid=int(r.pid), tid=int(r.tid), start_ns=start, end_ns=end)
         out.append(span)
     return pd.DataFrame(out)
+
+
+def _fits(column: str, value: Any) -> bool:
+    """A payload value of the schema's type for `column` (a damaged payload's other values are ignored)."""
+    if SPAN_COLUMNS[column] is str:
+        return isinstance(value, str)
+    info = np.iinfo(SPAN_COLUMNS[column])
+    return isinstance(value, int) and not isinstance(value, bool) and info.min <= value <= info.max
 
 
 _DEFAULTS: dict[str, Any] = {
