@@ -6,16 +6,16 @@ decode hop is one message. The compute thread keeps the receive of the next head
 again as soon as one lands, before the stage computes) and waits on it itself, so an arriving message
 wakes no other thread of ours; it records `recv_wait` while it blocks there and `recv` while a separate
 payload transfers. It posts its sends with `isend` (its `send` span is the time it is blocked: posting) and
-a reaper thread waits for their completion, keeping the tensors alive until then. So compute never blocks
-on a send and the ring cannot deadlock however many micro-batches circulate. The wrap-around link (last
-rank -> rank 0) uses its own process group so that with two ranks the two directions never share a
-communicator (NCCL orders the operations of one communicator). This module knows nothing about models or schedules.
+a reaper thread, waking every REAP_S, waits for their completion, keeping the tensors alive until then. So
+compute never blocks on a send and the ring cannot deadlock however many micro-batches circulate. The
+wrap-around link (last rank -> rank 0) uses its own process group so that with two ranks the two directions
+never share a communicator (NCCL orders the operations of one communicator).
+This module knows nothing about models or schedules.
 """
 
 from __future__ import annotations
 
 import collections
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -34,6 +34,8 @@ __all__ = ["ACT", "STOP", "TOKENS", "Message", "Ring"]
 ACT, TOKENS, STOP = 1, 2, 3
 _FIXED = 8
 _INLINE = 1 << 8  # flag in the dtype word: the payload travels inside the header
+REAP_S = 0.02
+"""How often the reaper thread waits for the completion of the sends posted since it last looked."""
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64]
 
 
@@ -74,7 +76,8 @@ class Ring:
         self.device = device
         self.timeout_s = timeout_s
         self._local: collections.deque[Message] = collections.deque()
-        self._outbox: queue.Queue[_Posted | None] = queue.Queue()
+        self._sent: collections.deque[_Posted] = collections.deque()
+        self._closing = threading.Event()
         self._reaper: threading.Thread | None = None
         self._groups: tuple[Any, Any] = (None, None)
         self._header: torch.Tensor | None = None
@@ -121,7 +124,7 @@ class Ring:
                 SpanKind.SEND, start, self.rec.now_ns(), mb=msg.mb, step=msg.step, phase=msg.phase,
                 stage=src_stage, chunk=max(src_stage, 0) // self.world, peer=self.next, nbytes=_nbytes(msg.payload),
             )  # fmt: skip
-        self._outbox.put(_Posted(works, (header, payload)))
+        self._sent.append(_Posted(works, (header, payload)))  # no wake-up: the reaper looks every REAP_S
 
     def get(self) -> Message:
         """The next message from the predecessor; raises if the link failed or nothing came within the timeout."""
@@ -143,7 +146,7 @@ class Ring:
         return self._take(max(timeout_s, 0.0))
 
     def close(self) -> None:
-        self._outbox.put(None)
+        self._closing.set()
         if self._reaper is not None:
             self._reaper.join(timeout=self.timeout_s)
         if self.error is not None:
@@ -271,11 +274,15 @@ class Ring:
             torch.cuda.set_device(self.device)
         try:
             while True:
-                posted = self._outbox.get()
-                if posted is None:
+                # Wake up on a timer, not per send: a wake-up per hop would compete for the CPU with the
+                # ranks' own work at the moment a message moves.
+                closing = self._closing.wait(REAP_S)
+                while self._sent:
+                    for work in self._sent[0].works:
+                        work.wait()
+                    self._sent.popleft()
+                if closing:
                     return
-                for work in posted.works:
-                    work.wait()
         except BaseException as exc:  # the compute thread raises it at its next send or close
             self.error = exc
 
