@@ -226,14 +226,22 @@ def _connect_ro(path: Path) -> sqlite3.Connection:
         db.execute("PRAGMA query_only=1")
         return db
     except sqlite3.Error as exc:
-        raise CorruptFileError(f"{path}: cannot be opened as SQLite ({exc})") from None
+        raise CorruptFileError(f"{path}: cannot be opened as SQLite ({_brief(exc)})") from None
+
+
+def _brief(exc: BaseException, limit: int = 200) -> str:
+    """SQLite's message on one line, shortened: it quotes a damaged schema, newlines and all."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _query(db: sqlite3.Connection, path: Path, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     try:
         return db.execute(sql, args).fetchall()
     except sqlite3.Error as exc:
-        raise CorruptFileError(f"{path}: unreadable ({exc}); the file is damaged or not a ppscope rank file") from None
+        raise CorruptFileError(
+            f"{path}: unreadable ({_brief(exc)}); the file is damaged or not a ppscope rank file"
+        ) from None
 
 
 def _check_rank_schema(db: sqlite3.Connection, path: Path) -> None:

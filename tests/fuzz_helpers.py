@@ -17,7 +17,7 @@ from ppscope.analysis import analyze
 from ppscope.errors import PPScopeError
 from ppscope.trace import Trace
 
-__all__ = ["CASES", "DATA", "FUZZ", "OUTCOMES", "check_input", "fingerprint", "mutated"]
+__all__ = ["CASES", "DATA", "FUZZ", "OUTCOMES", "Damaged", "check_input", "examples", "fingerprint", "mutated"]
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 CASES: Counter[str] = Counter()
@@ -25,32 +25,59 @@ CASES: Counter[str] = Counter()
 OUTCOMES: dict[str, Counter[str]] = {}
 """Per test, how its cases ended (`ok`, or the error class)."""
 
+SCALE = float(os.environ.get("PPSCOPE_FUZZ_SCALE", "1"))
+"""Multiplies every test's case count. Set (e.g. 20) for a longer campaign: cases are then drawn at random,
+not the fixed set the suite runs."""
+
 FUZZ = settings(
     deadline=20_000,  # ms: a case that takes this long is a hang, not a slow machine
-    derandomize=True,  # the same cases at every run: the suite stays green or red, never flaky
+    derandomize=SCALE == 1,  # the suite runs the same cases every time: green or red, never flaky
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
 )
 
 
+def examples(n: int) -> int:
+    """`n` cases, times PPSCOPE_FUZZ_SCALE."""
+    return max(1, round(n * SCALE))
+
+
+class Damaged(bytes):
+    """Damaged bytes that print as what was done to them, not as a megabyte of data."""
+
+    what = ""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} bytes: {self.what}>"
+
+
 @st.composite
-def mutated(draw: st.DrawFn, original: bytes) -> bytes:
+def mutated(draw: st.DrawFn, original: bytes) -> Damaged:
     """`original` truncated, with bits flipped, a run of bytes overwritten, or replaced by random bytes."""
     how = draw(st.sampled_from(["truncate", "flip", "overwrite", "random", "flip+truncate"]))
     data = bytearray(original)
     n = len(data)
+    done = []
     if how == "random":
-        return draw(st.binary(max_size=4096))
+        data = bytearray(draw(st.binary(max_size=4096)))
+        done.append(f"random {bytes(data[:16])!r}…")
     if how in ("flip", "flip+truncate"):
         for _ in range(draw(st.integers(1, 16))):
-            i = draw(st.integers(0, n - 1))
-            data[i] ^= 1 << draw(st.integers(0, 7))
+            i, bit = draw(st.integers(0, n - 1)), draw(st.integers(0, 7))
+            data[i] ^= 1 << bit
+            done.append(f"flip {i}:{bit}")
     if how == "overwrite":
         start = draw(st.integers(0, n - 1))
-        data[start : start + draw(st.integers(1, 4096))] = draw(st.binary(min_size=1, max_size=4096))
+        length = draw(st.integers(1, 4096))
+        data[start : start + length] = draw(st.binary(min_size=1, max_size=4096))
+        done.append(f"overwrite {start}+{length}")
     if how in ("truncate", "flip+truncate"):
-        data = data[: draw(st.integers(0, n - 1))]
-    return bytes(data)
+        keep = draw(st.integers(0, n - 1))
+        data = data[:keep]
+        done.append(f"truncate to {keep}")
+    out = Damaged(data)
+    out.what = ", ".join(done)
+    return out
 
 
 def fingerprint(path: Path) -> dict[str, str]:

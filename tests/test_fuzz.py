@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fuzz_helpers import CASES, DATA, FUZZ, OUTCOMES, check_input, mutated
+from fuzz_helpers import CASES, DATA, FUZZ, OUTCOMES, check_input, examples, mutated
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,7 +78,7 @@ def _copy_in(src: Path, tmp: Path, name: str | None = None) -> Path:
 
 
 @needs_data
-@settings(FUZZ, max_examples=120)
+@settings(FUZZ, max_examples=examples(120))
 @given(data=st.data())
 def test_damaged_nsys_export(data: st.DataObject) -> None:
     original = NSYS_SMALL.read_bytes()
@@ -90,7 +90,7 @@ def test_damaged_nsys_export(data: st.DataObject) -> None:
 
 @pytest.mark.slow
 @needs_data
-@settings(FUZZ, max_examples=30)
+@settings(FUZZ, max_examples=examples(30))
 @given(data=st.data())
 def test_damaged_big_nsys_export(data: st.DataObject) -> None:
     original = NSYS_BIG.read_bytes()
@@ -104,7 +104,7 @@ def test_damaged_big_nsys_export(data: st.DataObject) -> None:
 
 
 @needs_data
-@settings(FUZZ, max_examples=80)
+@settings(FUZZ, max_examples=examples(80))
 @given(data=st.data(), as_gzip=st.booleans())
 def test_damaged_kineto_bytes(data: st.DataObject, as_gzip: bool) -> None:
     """Damage to the compressed file (gzip errors) and to the JSON text inside (syntax, encoding)."""
@@ -161,7 +161,7 @@ def _reshape(data: st.DataObject, doc: dict[str, Any]) -> dict[str, Any]:
 
 
 @needs_data
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=examples(150))
 @given(data=st.data())
 def test_kineto_with_wrong_types_and_missing_fields(kineto_doc: dict[str, Any], data: st.DataObject) -> None:
     doc = _reshape(data, kineto_doc)
@@ -172,7 +172,7 @@ def test_kineto_with_wrong_types_and_missing_fields(kineto_doc: dict[str, Any], 
 
 
 @needs_data
-@settings(FUZZ, max_examples=30)
+@settings(FUZZ, max_examples=examples(30))
 @given(data=st.data())
 def test_kineto_directory_with_one_damaged_rank(data: st.DataObject) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -186,7 +186,7 @@ def test_kineto_directory_with_one_damaged_rank(data: st.DataObject) -> None:
 # ---------------------------------------------------------------- our own runs
 
 
-@settings(FUZZ, max_examples=80)
+@settings(FUZZ, max_examples=examples(80))
 @given(data=st.data(), rank=st.integers(0, 1))
 def test_run_with_a_damaged_rank_file(recorded: Path, data: st.DataObject, rank: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -196,7 +196,7 @@ def test_run_with_a_damaged_rank_file(recorded: Path, data: st.DataObject, rank:
         check_input("run rank file", run_dir, load_run)
 
 
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ, max_examples=examples(60))
 @given(data=st.data(), name=st.sampled_from(["meta.json", "requests.jsonl"]))
 def test_run_with_damaged_json_bytes(recorded: Path, data: st.DataObject, name: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -230,7 +230,7 @@ def _set_path(doc: Any, path: tuple[Any, ...], value: Any, delete: bool) -> None
         return
 
 
-@settings(FUZZ, max_examples=120)
+@settings(FUZZ, max_examples=examples(120))
 @given(data=st.data())
 def test_run_meta_with_wrong_types_and_missing_fields(recorded: Path, data: st.DataObject) -> None:
     meta = json.loads((recorded / "meta.json").read_text())
@@ -244,7 +244,7 @@ def test_run_meta_with_wrong_types_and_missing_fields(recorded: Path, data: st.D
         check_input("run meta shapes", run_dir, load_run)
 
 
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=examples(40))
 @given(data=st.data())
 def test_run_requests_with_wrong_types(recorded: Path, data: st.DataObject) -> None:
     lines = [json.loads(line) for line in (recorded / "requests.jsonl").read_text().splitlines()]
@@ -312,7 +312,7 @@ def _damage_cells(path: Path, data: st.DataObject) -> str:
 
 
 @needs_data
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=examples(150))
 @given(data=st.data())
 def test_nsys_export_with_wrong_cells(data: st.DataObject) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -323,7 +323,7 @@ def test_nsys_export_with_wrong_cells(data: st.DataObject) -> None:
 
 @pytest.mark.slow
 @needs_data
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=examples(40))
 @given(data=st.data())
 def test_big_nsys_export_with_wrong_cells(data: st.DataObject) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -332,7 +332,7 @@ def test_big_nsys_export_with_wrong_cells(data: st.DataObject) -> None:
         check_input("nsys mfu_2gpu_after.sqlite cells", path, open_trace)
 
 
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=examples(150))
 @given(data=st.data(), rank=st.integers(0, 1))
 def test_run_rank_file_with_wrong_cells(recorded: Path, data: st.DataObject, rank: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -347,7 +347,7 @@ def own_export(recorded: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return export_nsys(load_run(recorded), tmp_path_factory.mktemp("export") / "run.nsys.sqlite")
 
 
-@settings(FUZZ, max_examples=100)
+@settings(FUZZ, max_examples=examples(100))
 @given(data=st.data())
 def test_own_nsys_export_with_wrong_cells(own_export: Path, data: st.DataObject) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -356,7 +356,7 @@ def test_own_nsys_export_with_wrong_cells(own_export: Path, data: st.DataObject)
         check_input("own nsys export cells", path, open_trace)
 
 
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ, max_examples=examples(60))
 @given(data=st.data())
 def test_own_nsys_export_damaged(own_export: Path, data: st.DataObject) -> None:
     with tempfile.TemporaryDirectory() as tmp:

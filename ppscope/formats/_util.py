@@ -15,7 +15,14 @@ import numpy as np
 
 from ppscope.errors import RunExistsError
 
-__all__ = ["atomic_output", "nests", "stack_levels"]
+__all__ = ["atomic_output", "brief", "nests", "stack_levels"]
+
+
+def brief(exc: BaseException, limit: int = 200) -> str:
+    """An exception's text on one line and at most `limit` characters: SQLite quotes a damaged schema, newlines
+    and all, into its messages."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def nests(starts: np.ndarray, ends: np.ndarray) -> bool:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ppscope.errors import CorruptFileError, RunNotFoundError, UnsupportedInputError
+from ppscope.formats._util import brief
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -111,5 +112,5 @@ def open_sqlite_ro(path: Path) -> sqlite3.Connection:
         db.execute("PRAGMA query_only=1")
         db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
     except sqlite3.Error as exc:
-        raise CorruptFileError(f"{path}: cannot be opened as SQLite ({exc}); the file is damaged") from None
+        raise CorruptFileError(f"{path}: cannot be opened as SQLite ({brief(exc)}); the file is damaged") from None
     return db

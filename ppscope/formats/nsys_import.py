@@ -299,7 +299,7 @@ def _meta(
     return RunMeta(
         run_id=db.path.stem,
         source="nsys",
-        created_unix_ns=int(start[0][0] or 0) if start else 0,
+        created_unix_ns=start[0][0] if start and isinstance(start[0][0], int) else 0,  # optional: 0 when damaged
         status="finished",
         world_size=len(pids),
         pp_size=len(set(stage_of_rank.values())) or 1,

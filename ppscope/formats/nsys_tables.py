@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ppscope.errors import CorruptFileError
+from ppscope.formats._util import brief
 from ppscope.formats.detect import open_sqlite_ro
 from ppscope.trace import SPAN_COLUMNS, SpanKind, lane_of
 
@@ -78,7 +79,7 @@ class NsysDb:
         try:
             return self.db.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
-            raise CorruptFileError(f"{self.path}: unreadable nsys export ({exc})") from None
+            raise CorruptFileError(f"{self.path}: unreadable nsys export ({brief(exc)})") from None
 
     def has(self, table: str) -> bool:
         return table in self.columns
