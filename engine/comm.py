@@ -29,11 +29,14 @@ from engine.model import Batch
 from ppscope.recorder import Recorder
 from ppscope.trace import SpanKind
 
-__all__ = ["ACT", "STOP", "TOKENS", "Message", "Ring"]
+__all__ = ["ACT", "MAX_INLINE_NBYTES", "REAP_S", "STOP", "TOKENS", "Message", "Ring"]
 
 ACT, TOKENS, STOP = 1, 2, 3
 _FIXED = 8
 _INLINE = 1 << 8  # flag in the dtype word: the payload travels inside the header
+MAX_INLINE_NBYTES = 4 << 20
+"""The largest payload that rides in its header (the receive posted ahead has room for it); larger ones
+follow in a second message, whose receive is posted only when the header has said its size."""
 REAP_S = 0.02
 """How often the reaper thread waits for the completion of the sends posted since it last looked."""
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64]
@@ -71,8 +74,11 @@ class Ring:
         self.prev, self.next = (rank - 1) % world, (rank + 1) % world
         self.rec = recorder
         self.max_seqs = max_seqs
-        self.inline_nbytes = -(-max(inline_nbytes, 8 * max_seqs) // 8) * 8
-        """Payloads up to this size ride in the header: one message per hop instead of two (CPU only)."""
+        wanted = min(max(inline_nbytes, 8 * max_seqs), MAX_INLINE_NBYTES) if device.type != "cuda" else 0
+        self.inline_nbytes = -(-wanted // 8) * 8
+        """Payloads up to this size ride in the header: one message per hop instead of two (CPU only: a gloo
+        receive may be larger than what arrives, so each message is sent at its own length, while the
+        receive posted ahead has room for the largest; NCCL sizes must match, so there headers are fixed)."""
         self.device = device
         self.timeout_s = timeout_s
         self._local: collections.deque[Message] = collections.deque()
@@ -155,7 +161,9 @@ class Ring:
     # ------------------------------------------------------------ receiving, on the compute thread
 
     def _post_header(self) -> None:
-        self._header = torch.empty(self._meta_words() + self.inline_nbytes // 8, dtype=torch.int64, device=self.device)
+        if self._header is None:  # one buffer, reused: a message is parsed (copied out) before the next lands
+            size = self._meta_words() + self.inline_nbytes // 8
+            self._header = torch.empty(size, dtype=torch.int64, device=self.device)
         self._posted = dist.irecv(self._header, src=self.prev, group=self._group(self.prev))
 
     def _take(self, timeout_s: float | None) -> Message | None:
@@ -221,26 +229,28 @@ class Ring:
         return _FIXED + 3 * self.max_seqs
 
     def _pack(self, msg: Message) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The header, with the payload inside it when it fits (decode steps, tokens), else also the payload."""
+        """The header, with the payload inside it when it fits, else also the payload."""
         words, m = self._meta_words(), self.max_seqs
-        h = np.zeros(words + self.inline_nbytes // 8, dtype=np.int64)  # numpy: a few µs less per hop than torch
-        h[:4] = (msg.kind, msg.mb, msg.step, msg.stage)
         if msg.batch is None or msg.payload is None:
+            h = np.zeros(words, dtype=np.int64)  # numpy: a few µs less per hop than torch
+            h[:4] = (msg.kind, msg.mb, msg.step, msg.stage)
             return torch.from_numpy(h), None
         n = len(msg.batch.lens)
         payload = msg.payload.detach().contiguous()
         payload = payload if self.device.type == "cuda" else payload.cpu()
         nbytes = payload.numel() * payload.element_size()
-        inline = nbytes <= self.inline_nbytes and self.device.type != "cuda"
+        inline = nbytes <= self.inline_nbytes
+        h = np.zeros(words + (-(-nbytes // 8) if inline else 0), dtype=np.int64)
         width = payload.shape[1] if payload.dim() == 2 else 0
-        h[4:8] = (n, msg.batch.tokens, width, _DTYPES.index(payload.dtype) | (_INLINE if inline else 0))
+        flags = _DTYPES.index(payload.dtype) | (_INLINE if inline else 0)
+        h[:8] = (msg.kind, msg.mb, msg.step, msg.stage, n, msg.batch.tokens, width, flags)
         h[_FIXED : _FIXED + n] = msg.batch.slots
         h[_FIXED + m : _FIXED + m + n] = msg.batch.starts
         h[_FIXED + 2 * m : _FIXED + 2 * m + n] = msg.batch.lens
-        if inline:
-            h.view(np.uint8)[words * 8 : words * 8 + nbytes] = payload.view(-1).view(torch.uint8).numpy()
-            return torch.from_numpy(h), None
-        return torch.from_numpy(h), payload
+        if not inline:
+            return torch.from_numpy(h), payload
+        h.view(np.uint8)[words * 8 : words * 8 + nbytes] = payload.view(-1).view(torch.uint8).numpy()
+        return torch.from_numpy(h), None
 
     def _parse(self, h: torch.Tensor) -> tuple[Message, list[int] | None, torch.dtype]:
         """The message; when its payload follows separately, also the payload's shape and dtype."""

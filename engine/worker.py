@@ -174,7 +174,10 @@ def _run_pipeline(
     try:
         module = build_stage(make_source(cfg, shape), prep.split, rank, world, cfg.chunks, device, dtype)
         module.allocate_cache(prep.cache_slots, prep.max_len, dtype, shape.kv_heads, shape.head_dim)
-        ring = Ring(rank, world, rec, prep.max_seqs, device, cfg.timeout_s, prep.max_seqs * shape.hidden * 8)
+        # room in the receive posted ahead for the largest activation (a prefill of the longest prompts)
+        longest = max((len(r.prompt_ids) for r in prep.requests), default=1)
+        act_nbytes = prep.max_seqs * max(longest, 1) * shape.hidden * dtype.itemsize
+        ring = Ring(rank, world, rec, prep.max_seqs, device, cfg.timeout_s, act_nbytes)
         pipe = Pipeline(
             module=module,
             ring=ring,

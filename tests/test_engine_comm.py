@@ -1,0 +1,100 @@
+"""The ring's wire format over gloo between two real processes: payloads inside the header, payloads too big
+for it (a second message), tokens on the wrap-around link, and stop; each arrives intact and in order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.comm import ACT, STOP, TOKENS, Message, Ring
+from engine.model import Batch
+from ppscope.recorder import Recorder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_CHILD = r"""
+import datetime, os, sys
+import torch, torch.distributed as dist
+from engine.comm import ACT, STOP, TOKENS, Message, Ring
+from engine.model import Batch
+from ppscope.recorder import Recorder
+
+rank, port = int(sys.argv[1]), sys.argv[2]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))
+ring = Ring(rank, 2, Recorder(None, rank=rank, stage=rank), 4, torch.device("cpu"), 30, inline_nbytes=4 * 16 * 4)
+ring.start()
+batch = Batch([0, 1], [0, 0], [3, 5])
+g = torch.Generator().manual_seed(7)
+small = torch.randn(8, 16, generator=g).to(torch.bfloat16)  # 256 bytes: inside the header
+big = torch.randn(8, 64, generator=g)  # 2 KiB: a second message
+if rank == 0:
+    for mb, x in enumerate((small, big, small, big)):
+        ring.send(Message(ACT, mb, 0, 1, batch, x))
+    for mb in range(4):
+        msg = ring.get()
+        assert (msg.kind, msg.mb, msg.stage) == (TOKENS, mb, 1), msg
+        assert msg.payload.tolist() == [mb, 10 * mb], msg.payload
+    ring.send(Message(STOP))
+    assert ring.get().kind == STOP
+else:
+    for mb, x in enumerate((small, big, small, big)):
+        msg = ring.get()
+        assert (msg.kind, msg.mb, msg.step, msg.stage) == (ACT, mb, 0, 1), msg
+        assert msg.batch == batch and msg.payload.dtype == x.dtype and torch.equal(msg.payload, x), mb
+        ring.send(Message(TOKENS, mb, 0, 1, batch, torch.tensor([mb, 10 * mb])))
+    assert ring.get().kind == STOP
+    ring.send(Message(STOP))
+ring.close()
+dist.destroy_process_group()
+print("ok", rank)
+"""
+
+
+def test_messages_cross_two_processes_intact(tmp_path: Path) -> None:
+    from engine.launch import free_port
+
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(r), port],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=90) for p in procs]
+    for r, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0 and f"ok {r}" in out, f"rank {r}: {err[-2000:]}"
+
+
+def test_single_rank_ring_loops_back() -> None:
+    ring = Ring(0, 1, Recorder(None, rank=0, stage=0), 2, torch.device("cpu"), 5)
+    ring.start()
+    ring.send(Message(TOKENS, 3, 1, 0, Batch([0], [4], [1]), torch.tensor([9])))
+    assert ring.get().mb == 3
+    assert ring.poll(0.0) is None
+    with pytest.raises(RuntimeError, match="nobody sent"):
+        ring.get()
+    ring.close()
+
+
+def test_header_holds_the_payload_only_when_it_fits() -> None:
+    ring = Ring(0, 2, Recorder(None, rank=0, stage=0), 4, torch.device("cpu"), 5, inline_nbytes=256)
+    batch = Batch([2, 0], [5, 9], [1, 1])
+    for x in (torch.randn(2, 32), torch.randn(2, 64)):  # 256 bytes fit, 512 do not
+        header, payload = ring._pack(Message(ACT, 1, 3, 2, batch, x))
+        msg, shape, dtype = ring._parse(header)
+        assert (msg.kind, msg.mb, msg.step, msg.stage, msg.batch) == (ACT, 1, 3, 2, batch)
+        if x.numel() * 4 <= 256:
+            assert payload is None and shape is None and torch.equal(msg.payload, x)
+        else:
+            assert payload is not None and torch.equal(payload, x) and shape == [2, 64] and dtype == torch.float32
+    header, payload = ring._pack(Message(STOP))
+    assert payload is None and ring._parse(header)[0].kind == STOP
