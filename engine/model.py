@@ -189,16 +189,28 @@ def sleep_ms(ms: float, device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda._sleep(int(ms * _cycles_per_ms(device)))
     else:
-        # time.sleep overshoots by ~0.1 ms (timer slack, wake-up): sleep short of the deadline, then spin to it.
-        deadline = time.perf_counter() + ms * 1e-3
-        if ms > _SPIN_MS:
-            time.sleep((ms - _SPIN_MS) * 1e-3)
-        while time.perf_counter() < deadline:
-            pass
+        _host_sleep(ms * 1e-3)
 
 
-_SPIN_MS = 0.2
-"""The last part of a CPU synthetic sleep, spun instead of slept so that it ends on time."""
+def _host_sleep(seconds: float) -> None:
+    """Sleep `seconds`, ending on time: time.sleep wakes ~0.1 ms late (timer slack, wake-up), so sleep short
+    of the deadline by the lateness seen so far plus a margin, then spin the rest (about the margin)."""
+    deadline = time.perf_counter() + seconds
+    ahead = seconds - _LATE_S[0] - _SPIN_MARGIN_S
+    if ahead > 0:
+        start = time.perf_counter()
+        time.sleep(ahead)
+        late = min(max(time.perf_counter() - start - ahead, 0.0), _LATE_MAX_S)
+        _LATE_S[0] += 0.1 * (late - _LATE_S[0])
+    while time.perf_counter() < deadline:
+        pass
+
+
+_LATE_S = [1e-4]
+"""Running mean of how late time.sleep wakes up here (clipped, so one preemption does not make it spin)."""
+_LATE_MAX_S = 3e-4
+_SPIN_MARGIN_S = 5e-5
+"""Spun on top of the expected lateness: covers its jitter."""
 _CYCLES_PER_MS: dict[int, float] = {}
 
 
