@@ -238,7 +238,7 @@ def _brief(exc: BaseException, limit: int = 200) -> str:
 def _query(db: sqlite3.Connection, path: Path, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     try:
         return db.execute(sql, args).fetchall()
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, UnicodeDecodeError) as exc:  # text cells that are not UTF-8 fail as they are fetched
         raise CorruptFileError(
             f"{path}: unreadable ({_brief(exc)}); the file is damaged or not a ppscope rank file"
         ) from None
@@ -381,6 +381,9 @@ def read_requests(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     return _read_requests(Path(run_dir), 0)[0]
 
 
+_REQUEST_BOUNDS = {c: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for c, t in REQUEST_COLUMNS.items()}
+
+
 def _read_requests(path: Path, offset: int) -> tuple[pd.DataFrame, int]:
     """Complete lines of `requests.jsonl` after byte `offset`; a half-written last line waits for later."""
     req_path = path / REQUESTS_FILE
@@ -396,9 +399,13 @@ def _read_requests(path: Path, offset: int) -> tuple[pd.DataFrame, int]:
             continue
         try:
             obj = json.loads(line)
-            rows.append({c: int(obj.get(c, -1) if obj.get(c) is not None else -1) for c in REQUEST_COLUMNS})
-        except (json.JSONDecodeError, TypeError, ValueError, AttributeError):
+            row = {c: int(obj.get(c, -1) if obj.get(c) is not None else -1) for c in REQUEST_COLUMNS}
+        except (json.JSONDecodeError, TypeError, ValueError, AttributeError, OverflowError):
             raise CorruptFileError(f"{req_path}: line {lineno} after byte {offset} is not a request record") from None
+        wide = [c for c, v in row.items() if not _REQUEST_BOUNDS[c][0] <= v <= _REQUEST_BOUNDS[c][1]]
+        if wide:
+            raise CorruptFileError(f"{req_path}: line {lineno} after byte {offset}: {wide[0]} is out of range")
+        rows.append(row)
     frame = requests_frame(pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))) if rows else requests_frame()
     return frame, offset + end
 

@@ -319,6 +319,10 @@ def _rank_info(data: Any) -> RankInfo:
     clock = fields.pop("clock", {}) or {}
     if not isinstance(clock, Mapping):
         raise TypeError("a rank's clock must be an object")
+    for given, cls in ((fields, RankInfo), (clock, ClockInfo)):
+        unknown = set(given) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:  # named here, as repr: a key may hold any character, newlines included
+            raise TypeError(f"unknown {cls.__name__} field(s) {', '.join(sorted(map(repr, unknown)))}")
     return RankInfo(**fields, clock=ClockInfo(**clock))
 
 

@@ -111,6 +111,6 @@ def open_sqlite_ro(path: Path) -> sqlite3.Connection:
         db = sqlite3.connect(uri, uri=True, check_same_thread=False)
         db.execute("PRAGMA query_only=1")
         db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, UnicodeDecodeError) as exc:
         raise CorruptFileError(f"{path}: cannot be opened as SQLite ({brief(exc)}); the file is damaged") from None
     return db

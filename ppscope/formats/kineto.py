@@ -145,6 +145,11 @@ def _ns(value: Any, path: Path, what: str) -> int:
     return int((us * 1000).to_integral_value())
 
 
+def _key(value: Any) -> Any:
+    """A pid or tid as a value that groups: a list or object where a number belongs reads as its text."""
+    return value if value is None or isinstance(value, (int, float, str)) else json.dumps(value)
+
+
 def _read_file(path: Path) -> tuple[dict[str, Any], pd.DataFrame, list[tuple[str, int]]]:
     """One rank file: top-level keys, its spans (without rank/stage), its p2p evidence."""
     top: dict[str, Any] = {}
@@ -166,13 +171,13 @@ def _read_file(path: Path) -> tuple[dict[str, Any], pd.DataFrame, list[tuple[str
                 kind = SpanKind.NCCL
             corr = args.get("correlation", -1)
             nbytes = args.get("bytes", 0) if isinstance(args.get("bytes", 0), int) else 0
-            gpu.append((str(kind), name, start, end, ev.get("pid"), ev.get("tid"), corr, nbytes))
+            gpu.append((str(kind), name, start, end, _key(ev.get("pid")), _key(ev.get("tid")), corr, nbytes))
         elif cat == "cuda_runtime":
             corr = args.get("correlation")
             if isinstance(corr, int):
                 launches[corr] = start
         elif cat == "user_annotation":
-            host.append((name, start, end, ev.get("tid")))
+            host.append((name, start, end, _key(ev.get("tid"))))
             if name in _P2P:
                 p2p.append((_P2P[name], start))
         elif cat == "cpu_op" and name in _P2P:

@@ -78,7 +78,7 @@ class NsysDb:
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         try:
             return self.db.execute(sql, args).fetchall()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:  # text cells that are not UTF-8 fail as they are fetched
             raise CorruptFileError(f"{self.path}: unreadable nsys export ({brief(exc)})") from None
 
     def has(self, table: str) -> bool:
