@@ -155,10 +155,15 @@ def test_sigkilled_rank_fails_the_run_within_its_timeout(killed: Outcome) -> Non
     trace = load_run(killed.out)  # the killed rank's spans up to the kill are there
     per_rank = trace.spans.groupby("rank").size().to_dict()
     assert per_rank.get(0, 0) > 0 and per_rank.get(1, 0) > 0
+    # The killed rank left its WAL behind. A reader may rebuild the WAL index (-shm, SQLite's shared memory,
+    # not data) but must change nothing else.
+    data_files = [p for p in killed.out.iterdir() if not p.name.endswith("-shm")]
+    before = {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in data_files}
     done = subprocess.run([PYTHON, "-m", "ppscope", "analyze", str(killed.out), "--json"],
                           capture_output=True, timeout=120, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)
+    assert {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in data_files} == before
 
 
 @pytest.mark.xfail(
