@@ -29,14 +29,16 @@ from engine.model import Batch
 from ppscope.recorder import Recorder
 from ppscope.trace import SpanKind
 
-__all__ = ["ACT", "MAX_INLINE_NBYTES", "REAP_S", "STOP", "TOKENS", "Message", "Ring"]
+__all__ = ["ACT", "MAX_DEPTH", "MAX_INLINE_NBYTES", "REAP_S", "STOP", "TOKENS", "Message", "Ring"]
 
 ACT, TOKENS, STOP = 1, 2, 3
 _FIXED = 8
 _INLINE = 1 << 8  # flag in the dtype word: the payload travels inside the header
-MAX_INLINE_NBYTES = 4 << 20
+MAX_INLINE_NBYTES = 1 << 20
 """The largest payload that rides in its header (the receive posted ahead has room for it); larger ones
 follow in a second message, whose receive is posted only when the header has said its size."""
+MAX_DEPTH = 16
+"""At most this many header receives posted ahead (each has room for MAX_INLINE_NBYTES)."""
 REAP_S = 0.02
 """How often the reaper thread waits for the completion of the sends posted since it last looked."""
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64]
@@ -69,6 +71,7 @@ class Ring:
         device: torch.device,
         timeout_s: float,
         inline_nbytes: int = 0,
+        depth: int = 1,
     ) -> None:
         self.rank, self.world = rank, world
         self.prev, self.next = (rank - 1) % world, (rank + 1) % world
@@ -86,9 +89,16 @@ class Ring:
         self._closing = threading.Event()
         self._reaper: threading.Thread | None = None
         self._groups: tuple[Any, Any] = (None, None)
-        self._header: torch.Tensor | None = None
-        self._posted: Any = None
-        """The receive of the next header, posted ahead so that it lands while this rank computes."""
+        self.depth = min(max(depth, 1), MAX_DEPTH) if device.type != "cuda" else 1
+        """Header receives kept posted (CPU): as many as messages may queue here, so none waits for a
+        receive to be posted (gloo moves a message only once its receive is posted: a round trip)."""
+        self._payload_tag = 1 if device.type != "cuda" else 0
+        """Separate payloads travel under their own tag, so the headers posted ahead never take them (NCCL
+        has no tags: there one header is posted at a time and its payload's receive goes first)."""
+        self._posted: collections.deque[tuple[torch.Tensor, Any]] = collections.deque()
+        """Receives of the next headers (buffer, work), in arrival order, posted ahead to land while the
+        rank computes."""
+        self._spare: list[torch.Tensor] = []
         self._waiter: _Waiter | None = None
         self.error: BaseException | None = None
 
@@ -100,7 +110,8 @@ class Ring:
         self._groups = (None, wrap)
         self._reaper = threading.Thread(target=self._reap_loop, name=f"ppscope-send-r{self.rank}", daemon=True)
         self._reaper.start()
-        self._post_header()
+        for _ in range(self.depth):
+            self._post_header()
 
     def _group(self, src: int) -> Any:
         return self._groups[1] if src == self.world - 1 else self._groups[0]
@@ -121,7 +132,7 @@ class Ring:
         header = header.to(self.device)
         works = [dist.isend(header, dst=self.next, group=group)]
         if payload is not None:
-            works.append(dist.isend(payload, dst=self.next, group=group))
+            works.append(dist.isend(payload, dst=self.next, group=group, tag=self._payload_tag))
         if msg.kind != STOP:
             # The stage is blocked only while posting: the successor always has a receive posted, so a send
             # never waits for it. The transfer shows as the receiver's `recv` span.
@@ -161,23 +172,26 @@ class Ring:
     # ------------------------------------------------------------ receiving, on the compute thread
 
     def _post_header(self) -> None:
-        if self._header is None:  # one buffer, reused: a message is parsed (copied out) before the next lands
+        # buffers are reused: a message is parsed (copied out) before its buffer is posted again
+        buf = self._spare.pop() if self._spare else None
+        if buf is None:
             size = self._meta_words() + self.inline_nbytes // 8
-            self._header = torch.empty(size, dtype=torch.int64, device=self.device)
-        self._posted = dist.irecv(self._header, src=self.prev, group=self._group(self.prev))
+            buf = torch.empty(size, dtype=torch.int64, device=self.device)
+        self._posted.append((buf, dist.irecv(buf, src=self.prev, group=self._group(self.prev))))
 
     def _take(self, timeout_s: float | None) -> Message | None:
         """The next message. The compute thread waits on the posted receive itself (no thread hop) unless it
         must give up after `timeout_s` shorter than the link's timeout: then a waiter thread waits for it."""
-        if self._posted is None:
+        if not self._posted:
             raise RuntimeError(f"rank {self.rank} waits for rank {self.prev} after the ring stopped (a schedule bug)")
+        buf, posted = self._posted[0]
         if timeout_s is not None and timeout_s >= self.timeout_s:
             timeout_s = None  # the process group's own timeout applies
         if timeout_s is None and self._waiter is None:
-            self._wait(self._posted)
+            self._wait(posted)
         else:
             if self._waiter is None:
-                self._waiter = _Waiter(self._posted, self.device)
+                self._waiter = _Waiter(posted, self.device)
             if not self._waiter.done.wait(self.timeout_s if timeout_s is None else timeout_s):
                 if timeout_s is None:
                     raise self._timeout()
@@ -185,18 +199,18 @@ class Ring:
             waiter, self._waiter = self._waiter, None
             if waiter.error is not None:
                 raise self._failed(waiter.error)
-        assert self._header is not None
-        msg, shape, dtype = self._parse(self._header.cpu())
-        self._posted = None
+        msg, shape, dtype = self._parse(buf.cpu())
+        self._posted.popleft()
+        self._spare.append(buf)
         if shape is None:
             if msg.kind != STOP:
                 self._post_header()
             return msg
         start = self.rec.now_ns()
         payload = torch.empty(shape, dtype=dtype, device=self.device)
-        work = dist.irecv(payload, src=self.prev, group=self._group(self.prev))
+        work = dist.irecv(payload, src=self.prev, group=self._group(self.prev), tag=self._payload_tag)
         if msg.kind != STOP:
-            self._post_header()  # after the payload's receive: receives from one peer match in order
+            self._post_header()  # after the payload's receive: without tags (NCCL) receives match in order
         self._wait(work)
         msg.payload = payload
         self.rec.record(

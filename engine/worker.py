@@ -177,7 +177,8 @@ def _run_pipeline(
         # room in the receive posted ahead for the largest activation (a prefill of the longest prompts)
         longest = max((len(r.prompt_ids) for r in prep.requests), default=1)
         act_nbytes = prep.max_seqs * max(longest, 1) * shape.hidden * dtype.itemsize
-        ring = Ring(rank, world, rec, prep.max_seqs, device, cfg.timeout_s, act_nbytes)
+        # as many receives posted ahead as messages may queue at a rank: every micro-batch in flight, and stop
+        ring = Ring(rank, world, rec, prep.max_seqs, device, cfg.timeout_s, act_nbytes, depth=cfg.inflight + 1)
         pipe = Pipeline(
             module=module,
             ring=ring,

@@ -1,5 +1,6 @@
-"""The ring's wire format over gloo between two real processes: payloads inside the header, payloads too big
-for it (a second message), tokens on the wrap-around link, and stop; each arrives intact and in order."""
+"""The ring's wire format over gloo between two real processes, three header receives posted ahead: payloads
+inside the header, payloads too big for it (a second message, own tag), tokens on the wrap-around link, and
+stop; each arrives intact and in order."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ppscope.recorder import Recorder
 rank, port = int(sys.argv[1]), sys.argv[2]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))
-ring = Ring(rank, 2, Recorder(None, rank=rank, stage=rank), 4, torch.device("cpu"), 30, inline_nbytes=4 * 16 * 4)
+ring = Ring(rank, 2, Recorder(None, rank=rank, stage=rank), 4, torch.device("cpu"), 30, inline_nbytes=256, depth=3)
 ring.start()
 batch = Batch([0, 1], [0, 0], [3, 5])
 g = torch.Generator().manual_seed(7)
