@@ -324,6 +324,18 @@ def _wrong_type(
     return f"a rank file holds a value of the wrong type ({exc}); the run is damaged"
 
 
+def _drop_reversed(spans: pd.DataFrame, files: dict[int, Path], warnings: list[str]) -> pd.DataFrame:
+    """Spans that end before they start can only come from a damaged file (the recorder refuses them): leave
+    them out and say so, rather than refuse the whole run."""
+    bad = spans["end_ns"].to_numpy() < spans["start_ns"].to_numpy()
+    if not bad.any():
+        return spans
+    ranks = sorted(set(spans.loc[bad, "rank"].tolist()))
+    where = ", ".join(files[r].name if r in files else f"rank {r}" for r in ranks)
+    warnings.append(f"{int(bad.sum())} span(s) in {where} end before they start (a damaged file); left them out")
+    return spans[~bad].reset_index(drop=True)
+
+
 def _apply_offsets(spans: pd.DataFrame, counters: pd.DataFrame, meta: RunMeta) -> None:
     for info in meta.ranks:
         offset = np.int64(info.clock.offset_ns)
@@ -365,6 +377,7 @@ def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> 
         spans, counters = _to_frames(span_rows, counter_rows)
     except (ValueError, TypeError, OverflowError) as exc:  # SQLite stores any type in any column
         raise CorruptFileError(_wrong_type(files, read, span_rows, counter_rows, exc)) from None
+    spans = _drop_reversed(spans, files, warnings)
     _apply_offsets(spans, counters, meta)
     requests, req_pos = _read_requests(path, since.requests_bytes)
     trace = Trace(spans=spans, counters=counters, meta=meta, requests=requests, warnings=warnings).sorted()

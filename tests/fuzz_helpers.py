@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ppscope.analysis import analyze
 from ppscope.errors import PPScopeError
-from ppscope.trace import Trace
+from ppscope.trace import Trace, spans_frame
 
 __all__ = ["CASES", "DATA", "FUZZ", "OUTCOMES", "Damaged", "check_input", "examples", "fingerprint", "mutated"]
 
@@ -100,6 +100,7 @@ def check_input(name: str, path: Path, load: Callable[[Path], Trace]) -> str:
         outcome = type(exc).__name__
     else:
         assert isinstance(trace, Trace)
+        spans_frame(trace.spans, validate=True)  # a valid Trace: schema types, no span ending before it starts
         try:
             analyze(trace)
             outcome = "ok"

@@ -363,3 +363,15 @@ def test_own_nsys_export_damaged(own_export: Path, data: st.DataObject) -> None:
         path = Path(tmp) / "trace.sqlite"
         path.write_bytes(data.draw(mutated(own_export.read_bytes())))
         check_input("own nsys export bytes", path, open_trace)
+
+
+def test_span_ending_before_it_starts_is_left_out_with_a_warning(recorded: Path, tmp_path: Path) -> None:
+    run_dir = _copy_in(recorded, tmp_path)
+    whole = len(load_run(run_dir).spans)
+    db = sqlite3.connect(run_dir / "rank-00001.sqlite")
+    db.execute("UPDATE spans SET end_ns = start_ns - 5 WHERE id IN (1, 2)")
+    db.commit()
+    db.close()
+    trace = load_run(run_dir)
+    assert len(trace.spans) == whole - 2
+    assert any("2 span(s) in rank-00001.sqlite end before they start" in w for w in trace.warnings)
