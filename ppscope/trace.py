@@ -351,6 +351,10 @@ def _check_types(meta: RunMeta, where: str) -> None:
         value = getattr(meta, name)
         if not isinstance(value, typ) or (isinstance(value, bool) and typ is int):
             raise CorruptFileError(f"{where}: field {name!r} has the wrong type ({type(value).__name__})")
+    wide = [n for n, t in _FIELD_TYPES.items() if t is int and not -(1 << 63) <= getattr(meta, n) < 1 << 63]
+    wide += [n for n in ("world_size", "pp_size") if not 0 <= getattr(meta, n) < 1 << 31]
+    if wide:
+        raise CorruptFileError(f"{where}: field {wide[0]!r} is out of range ({getattr(meta, wide[0])})")
     if not all(isinstance(n, int) for n in meta.split):
         raise CorruptFileError(f"{where}: split must be a list of integers, found {meta.split!r}")
     for info in meta.ranks:
@@ -361,6 +365,9 @@ def _check_types(meta: RunMeta, where: str) -> None:
             )
         if not all(isinstance(v, str) for v in (info.host, info.device, info.clock.method)):
             raise CorruptFileError(f"{where}: rank entries need text host, device and clock.method")
+        limits = ((info.rank, 1 << 31), (info.stage, 1 << 31), (info.clock.offset_ns, 1 << 62))
+        if not all(-limit < v < limit for v, limit in (*limits, (info.clock.uncertainty_ns, 1 << 62))):
+            raise CorruptFileError(f"{where}: rank {info.rank}: rank, stage or clock offset out of range")
 
 
 @dataclass
