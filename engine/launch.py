@@ -13,6 +13,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
 import sys
 import time
@@ -26,6 +27,9 @@ from engine.prepare import Prepared, prepare
 from engine.worker import default_run_dir, run_rank
 from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
 from ppscope.store import create_run, read_meta, write_meta
+
+_INTERRUPT_GRACE_S = 15.0
+"""How long ranks get to flush and close their files after Ctrl-C before they are terminated."""
 
 __all__ = ["free_port", "run", "under_torchrun"]
 
@@ -70,7 +74,7 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
     try:
         _supervise(cfg, procs, events, run_dir, len(prep.requests), on_progress)
     except KeyboardInterrupt:
-        _stop_all(procs)
+        _interrupt_all(procs, grace_s=min(cfg.timeout_s, _INTERRUPT_GRACE_S))
         _mark(run_dir, "interrupted", "interrupted by the user")
         raise InterruptedRunError(f"interrupted; what was recorded up to then is in {run_dir}") from None
     except EngineFailedError as exc:
@@ -154,7 +158,7 @@ def _supervise(
                     if bar:
                         bar.update(event[1], event[2])
                 elif kind == "error":
-                    raise EngineFailedError(f"rank {event[1]} failed: {event[2]}; the trace up to then is in {run_dir}")
+                    raise _failure(procs, event[1], event[2], run_dir)
                 elif kind == "done":
                     done.add(event[1])
                     if bar and event[2] >= 0:
@@ -165,9 +169,7 @@ def _supervise(
                     with contextlib.suppress(queue.Empty):  # its error report may still be in the queue
                         event = events.get(timeout=1.0)
                         if event[0] == "error":
-                            raise EngineFailedError(
-                                f"rank {event[1]} failed: {event[2]}; the trace up to then is in {run_dir}"
-                            )
+                            raise _failure(procs, event[1], event[2], run_dir)
                     raise EngineFailedError(
                         f"rank {r} exited with code {p.exitcode} without reporting an error (killed? out of memory?); "
                         f"the trace up to then is in {run_dir}"
@@ -177,6 +179,43 @@ def _supervise(
             bar.close()
     for p in procs:
         p.join(timeout=cfg.timeout_s)
+
+
+def _interrupt_all(procs: list[Any], grace_s: float) -> None:
+    """Ctrl-C: pass SIGINT on (ranks in another process group did not get it) and give every rank time to
+    flush and close its file before anything harder; a rank that has not exited by then is terminated."""
+    for p in procs:
+        if p.is_alive() and p.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    _stop_all(procs)
+
+
+def _killed_rank(procs: list[Any], wait_s: float) -> tuple[int, int] | None:
+    """(rank, signal) of a rank that died of a signal, waiting up to `wait_s` for one to show: when a rank
+    is killed its peers fail too, and their error often arrives first."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for r, p in enumerate(procs):
+            if p.exitcode is not None and p.exitcode < 0:
+                return r, -p.exitcode
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
+
+
+def _failure(procs: list[Any], rank: int, detail: str, run_dir: Path) -> EngineFailedError:
+    killed = _killed_rank(procs, wait_s=1.0)
+    if killed is not None and killed[0] != rank:
+        name = signal.Signals(killed[1]).name if killed[1] in signal.valid_signals() else f"signal {killed[1]}"
+        return EngineFailedError(
+            f"rank {killed[0]} was killed by {name}; rank {rank} then failed: {detail}; "
+            f"the trace up to then is in {run_dir}"
+        )
+    return EngineFailedError(f"rank {rank} failed: {detail}; the trace up to then is in {run_dir}")
 
 
 def _stop_all(procs: list[Any]) -> None:
@@ -194,6 +233,12 @@ def _mark(run_dir: Path, status: str, error: str) -> None:
         meta = read_meta(run_dir)
         meta.status, meta.error = status, error
         write_meta(run_dir, meta)
+
+
+def _interrupt_once(signum: int, frame: Any) -> None:
+    """A rank stops at the first Ctrl-C and ignores any further one, so it finishes flushing its spans."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _child(
@@ -216,6 +261,7 @@ def _child(
     os.environ["MASTER_PORT"] = str(port)
     os.environ["LOCAL_RANK"] = str(rank)
     os.environ["LOCAL_WORLD_SIZE"] = str(world)
+    signal.signal(signal.SIGINT, _interrupt_once)
     last = [0.0]
     counts = [-1, -1]
 

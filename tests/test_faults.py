@@ -166,11 +166,6 @@ def test_sigkilled_rank_fails_the_run_within_its_timeout(killed: Outcome) -> Non
     assert {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in data_files} == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine/launch.py _supervise names the first rank that reports an error (rank 0, whose send to the "
-    "killed rank failed) before it looks at exit codes; it should prefer a rank that died of a signal",
-)
 def test_sigkilled_rank_is_the_one_named(killed: Outcome) -> None:
     assert "rank 1 exited" in killed.stderr or "rank 1 was killed" in killed.stderr, killed.stderr
 
@@ -185,11 +180,6 @@ def test_ctrl_c_marks_the_run_interrupted(interrupted: Outcome) -> None:
     assert set(trace.spans["rank"].unique()) == {0, 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine/launch.py terminates the ranks (SIGTERM) as soon as it sees KeyboardInterrupt, and a rank "
-    "interrupted twice stops in the middle of its flush: no rank closes its file (its WAL is left behind)",
-)
 def test_ctrl_c_lets_every_rank_flush_and_close(interrupted: Outcome) -> None:
     left = sorted(p.name for p in interrupted.out.glob("rank-*.sqlite-wal"))
     assert not left, f"ranks that did not flush and close their file: {left}"
