@@ -1,0 +1,96 @@
+"""A run of 5 million spans: write it to the run store, load it, analyse it, draw its Gantt.
+
+Each step runs in a fresh process so its peak memory (ru_maxrss) is its own; the reference is the time and
+memory of building the same spans as a DataFrame in memory, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SPANS = 5_000_000
+RANKS = 8
+
+_STEP = r"""
+import json, resource, sys, time
+from pathlib import Path
+from benchmarks.bench_analysis import synthetic_spans
+step, run_dir, spans, ranks = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+t0 = time.perf_counter()
+if step == "build":
+    frame = synthetic_spans(spans, ranks)
+elif step == "write":
+    from ppscope.store import RankWriter, create_run
+    from ppscope.trace import RunMeta
+    frame = synthetic_spans(spans, ranks)
+    t0 = time.perf_counter()
+    create_run(run_dir, RunMeta(world_size=ranks, pp_size=ranks, schedule="gpipe"))
+    for r, part in frame.groupby("rank"):
+        w = RankWriter(run_dir, int(r))
+        rows = list(part.itertuples(index=False, name=None))
+        for i in range(0, len(rows), 100_000):
+            w.write(rows[i : i + 100_000])
+        w.close()
+else:
+    from ppscope.store import load_run
+    trace = load_run(run_dir)
+    t1 = time.perf_counter()
+    if step == "analyze":
+        from ppscope.analysis import analyze
+        t1 = time.perf_counter()
+        res = analyze(trace)
+    elif step == "gantt":
+        from ppscope.analysis import analyze
+        from ppscope.gantt import gantt_figure
+        res = analyze(trace)
+        t1 = time.perf_counter()
+        view = gantt_figure(trace.spans, gaps=res.gaps, stage_ranks={s.stage: s.ranks for s in res.stages})
+        view.figure.to_json()
+    t0 = t1 if step != "load" else t0
+print(json.dumps({"s": time.perf_counter() - t0, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def _step(step: str, run_dir: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", _STEP, step, str(run_dir), str(SPANS), str(RANKS)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"step {step} failed: {out.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> list[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        ref = _step("build", run_dir)
+        got = {step: _step(step, run_dir) for step in ("write", "load", "analyze", "gantt")}
+    lines = [
+        f"load: reference = building {SPANS:,} spans over {RANKS} ranks as a DataFrame: {ref['s']:.1f} s, "
+        f"peak {ref['peak_mb']:,.0f} MB (process)"
+    ]
+    what = {
+        "write": "write them to the run store (8 rank files, 100k-row batches)",
+        "load": "load_run of the whole run",
+        "analyze": "analyze() after load_run (time of analyze alone)",
+        "gantt": "Gantt figure, aggregated, gaps shaded, serialised (time of the figure alone)",
+    }
+    for step, r in got.items():
+        lines.append(
+            f"load: {what[step]}: {r['s']:.1f} s = {r['s'] / ref['s']:.1f}x the reference; "
+            f"process peak {r['peak_mb']:,.0f} MB = {r['peak_mb'] / ref['peak_mb']:.1f}x"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(main()))
