@@ -59,38 +59,50 @@ def _median_ms(timer: Callable[[Callable[[], Any]], float], fn: Callable[[], Any
     return statistics.median(timer(fn) for _ in range(repeats))
 
 
-def _phase(
-    cfg: EngineConfig, device: torch.device, *, batch: Batch, warmup: int, repeats: int
-) -> tuple[list[float], float, float, float]:
-    """(layer_ms, embed_ms, head_ms, sample_ms) for one kind of pass."""
+def _profile(
+    cfg: EngineConfig, device: torch.device, batches: dict[str, Batch], *, warmup: int, repeats: int
+) -> dict[str, PhaseCosts]:
+    """PhaseCosts per kind of pass. Each module is built (read from a checkpoint) once and timed for every
+    pass while it is in memory, one decoder layer at a time."""
     shape = cfg.shape()
     dtype = torch_dtype(cfg.dtype)
     source = make_source(cfg, shape)
     timer = _timer(device)
     gen = torch.Generator().manual_seed(cfg.seed)
-    ids = torch.randint(0, shape.vocab, (batch.tokens,), generator=gen).to(device)
-    slots, max_len = max(batch.slots) + 1, max(s + n for s, n in zip(batch.starts, batch.lens, strict=True))
+    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
+    layer_ms: dict[str, list[float]] = {name: [] for name in batches}
     with torch.inference_mode():
         ends = _ends(source, device, dtype)
-        x = ends.run_embed(ids, shape.hidden, dtype)
-        embed_ms = _median_ms(timer, lambda: ends.run_embed(ids, shape.hidden, dtype), warmup, repeats)
-        index = batch.index(device)
-        layer_ms = []
+        ids = {n: torch.randint(0, shape.vocab, (b.tokens,), generator=gen).to(device) for n, b in batches.items()}
+        x = {n: ends.run_embed(ids[n], shape.hidden, dtype) for n in batches}
+        index = {n: b.index(device) for n, b in batches.items()}
         for i in range(shape.layers):
             layer = source.layer(i).to(device=device, dtype=dtype).eval()
-            if source.synthetic:
-                cost = float(getattr(layer, "cost_ms", 0.0))
-                layer_ms.append(_median_ms(timer, functools.partial(sleep_ms, cost, device), warmup, repeats))
-                continue
-            cache = KVCache(slots, max_len, shape.kv_heads, shape.head_dim, dtype, device)
-            layer_ms.append(_median_ms(timer, _bind(layer, x, batch, index, cache), warmup, repeats))
-            del layer, cache
-        logits = ends.run_head(x, batch, shape.vocab)
-        head_ms = _median_ms(timer, lambda: ends.run_head(x, batch, shape.vocab), warmup, repeats)
-        sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
-        sample_gen = torch.Generator().manual_seed(cfg.seed)
-        sample_ms = _median_ms(timer, lambda: sample(logits, sampling, sample_gen), warmup, repeats)
-    return layer_ms, embed_ms, head_ms, sample_ms
+            for n, batch in batches.items():
+                if source.synthetic:
+                    run = functools.partial(sleep_ms, float(getattr(layer, "cost_ms", 0.0)), device)
+                    layer_ms[n].append(_median_ms(timer, run, warmup, repeats))
+                    continue
+                max_len = max(st + ln for st, ln in zip(batch.starts, batch.lens, strict=True))
+                cache = KVCache(max(batch.slots) + 1, max_len, shape.kv_heads, shape.head_dim, dtype, device)
+                layer_ms[n].append(_median_ms(timer, _bind(layer, x[n], batch, index[n], cache), warmup, repeats))
+                del cache
+            del layer
+        phases = {}
+        for n, batch in batches.items():
+            logits = ends.run_head(x[n], batch, shape.vocab)
+            sample_gen = torch.Generator().manual_seed(cfg.seed)
+            embed = functools.partial(ends.run_embed, ids[n], shape.hidden, dtype)
+            head = functools.partial(ends.run_head, x[n], batch, shape.vocab)
+            pick = functools.partial(sample, logits, sampling, sample_gen)
+            phases[n] = PhaseCosts(
+                layer_ms=tuple(layer_ms[n]),
+                embed_ms=_median_ms(timer, embed, warmup, repeats),
+                head_ms=_median_ms(timer, head, warmup, repeats),
+                sample_ms=_median_ms(timer, pick, warmup, repeats),
+                tokens=batch.tokens,
+            )
+    return phases
 
 
 def _bind(layer: Any, x: torch.Tensor, batch: Batch, index: Any, cache: KVCache) -> Callable[[], Any]:
@@ -120,16 +132,11 @@ def profile_layers(
     b = decode_batch or cfg.max_batch
     prefill = Batch(slots=[0], starts=[0], lens=[n])
     decode = Batch(slots=list(range(b)), starts=[n] * b, lens=[1] * b)
-    phases = {}
     threads = torch.get_num_threads()
     if dev.type == "cpu":  # as many threads as each rank of the pipeline gets (engine.worker does the same)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.stages))
     try:
-        for name, batch in (("prefill", prefill), ("decode", decode)):
-            layer_ms, embed_ms, head_ms, sample_ms = _phase(cfg, dev, batch=batch, warmup=warmup, repeats=repeats)
-            phases[name] = PhaseCosts(
-                layer_ms=tuple(layer_ms), embed_ms=embed_ms, head_ms=head_ms, sample_ms=sample_ms, tokens=batch.tokens
-            )
+        phases = _profile(cfg, dev, {"prefill": prefill, "decode": decode}, warmup=warmup, repeats=repeats)
     finally:
         torch.set_num_threads(threads)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
