@@ -1,0 +1,142 @@
+"""The columnar, chunked read of big runs: it gives exactly what a row-by-row read gives, in the schema's
+dtypes, whatever the chunking, the ties in start times, the gaps in row ids or the odd cell."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import ppscope.store as store
+from ppscope.errors import CorruptFileError
+from ppscope.store import RankWriter, RunTail, create_run, load_run, rank_file, read_since
+from ppscope.trace import ClockInfo, RankInfo, RunMeta, spans_frame
+
+LANES = ["compute", "send", "stream 7", "é→ü"]
+NAMES = ["a", "b,c", "", "名前", "x" * 40, "forward"]
+
+
+def _write_run(run: Path, n: int, ranks: int = 3, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    meta = RunMeta(world_size=ranks, ranks=[RankInfo(rank=r, clock=ClockInfo(offset_ns=r * 777)) for r in range(ranks)])
+    create_run(run, meta)
+    for r in range(ranks):
+        w = RankWriter(run, r)
+        rows = []
+        for _ in range(n):
+            start = rng.randrange(0, n // 4)  # many spans share a start: the tie-breaking is tested too
+            rows.append(
+                (r, rng.choice([r, -1]), rng.choice(LANES), rng.choice(["forward", "send", "mark"]),
+                 rng.choice(NAMES), rng.randrange(-1, 5), rng.randrange(-1, 3), 0,
+                 rng.choice(["", "prefill", "decode"]), start, start + rng.randrange(0, 3),
+                 rng.choice([0, 2**62, -5]), rng.randrange(0, 9), rng.randrange(-1, 4))
+            )  # fmt: skip
+        for i in range(0, n, 97):
+            w.write(rows[i : i + 97], [(i, r, -1, "cpu_util_pct", 1.5)])
+        w.close()
+
+
+def _row_by_row(run: Path, monkeypatch: pytest.MonkeyPatch) -> pd.DataFrame:
+    with monkeypatch.context() as m:
+        m.setattr(store, "_read_chunks", lambda *a: False)
+        return load_run(run).spans
+
+
+@pytest.fixture()
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(store, "_CHUNK_ROWS", 100)  # many chunks per file
+    _write_run(tmp_path / "run", 1_000)
+    return tmp_path / "run"
+
+
+def test_chunked_read_equals_row_by_row_read(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = load_run(run)
+    assert len(trace.spans) == 3_000 and not trace.warnings
+    pd.testing.assert_frame_equal(trace.spans, _row_by_row(run, monkeypatch))
+    assert trace.spans.dtypes.to_dict() == spans_frame().dtypes.to_dict()
+    assert trace.spans["start_ns"].is_monotonic_increasing
+    assert set(trace.spans["name"]) == set(NAMES) and set(trace.spans["lane"]) == set(LANES)
+    assert len(trace.counters) == 3 * 11 and trace.counters["ts_ns"].is_monotonic_increasing
+
+
+def test_stable_order_of_spans_that_share_their_start(run: Path) -> None:
+    spans = load_run(run).spans
+    keys = ["start_ns", "rank", "end_ns"]
+    pd.testing.assert_frame_equal(spans, spans.sort_values(keys, kind="stable").reset_index(drop=True))
+
+
+def test_gaps_in_row_ids_and_a_separator_inside_a_name(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = sqlite3.connect(rank_file(run, 0))
+    db.execute("DELETE FROM spans WHERE id % 7 = 0 OR id BETWEEN 200 AND 650")
+    db.commit()
+    db.close()
+    db = sqlite3.connect(rank_file(run, 2))
+    db.execute("UPDATE spans SET name = 'a\x1fb' WHERE id = 10")  # the chunk separator: read row by row
+    db.commit()
+    db.close()
+    spans = load_run(run).spans
+    assert (spans["rank"] == 0).sum() == 1_000 - 451 - len(
+        [i for i in range(1, 1001) if i % 7 == 0 and not 200 <= i <= 650]
+    )
+    assert (spans["name"] == "a\x1fb").sum() == 1
+    pd.testing.assert_frame_equal(spans, _row_by_row(run, monkeypatch))
+
+
+def test_incremental_reads_add_up_to_the_whole_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store, "_CHUNK_ROWS", 64)
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=2))
+    writers = [RankWriter(run, r) for r in (0, 1)]
+    tail = RunTail(run)
+    parts = []
+    for batch in range(5):
+        for r, w in enumerate(writers):
+            w.write([(r, r, "compute", "forward", "f", batch, i, 0, "", i, i + 5, 0, 1, -1) for i in range(150)])
+        parts.append(tail.poll().spans)
+    parts.append(tail.poll().spans)
+    for w in writers:
+        w.close()
+    assert [len(p) for p in parts] == [300] * 5 + [0]
+    whole = load_run(run).spans
+    assert sorted(pd.concat(parts)["step"].tolist()) == sorted(whole["step"].tolist())
+    trace, cursor = read_since(run, tail.cursor)
+    assert len(trace.spans) == 0 and cursor == tail.cursor
+
+
+@pytest.mark.parametrize(("column", "value"), [("mb", "'abc'"), ("peer", "x'01'"), ("start_ns", "NULL")])
+def test_a_cell_of_the_wrong_type_names_the_file(run: Path, column: str, value: str) -> None:
+    db = sqlite3.connect(rank_file(run, 1))
+    if value == "NULL":  # NOT NULL forbids it: only a file with another schema holds one
+        db.execute("ALTER TABLE spans RENAME COLUMN start_ns TO old_start")
+        db.execute("ALTER TABLE spans ADD COLUMN start_ns INTEGER")
+        db.execute("UPDATE spans SET start_ns = old_start WHERE id != 77")
+    else:
+        db.execute(f"UPDATE spans SET {column} = {value} WHERE id = 77")
+    db.commit()
+    db.close()
+    with pytest.raises(CorruptFileError, match=r"rank-00001\.sqlite.*wrong type"):
+        load_run(run)
+
+
+@pytest.mark.parametrize(("column", "value"), [("start_ns", "2.5"), ("tokens", "3.0"), ("rank", str(2**40))])
+def test_a_number_cell_that_pandas_converts_is_read_as_before(
+    run: Path, monkeypatch: pytest.MonkeyPatch, column: str, value: str
+) -> None:
+    db = sqlite3.connect(rank_file(run, 1))
+    db.execute(f"UPDATE spans SET {column} = {value} WHERE id = 77")
+    db.commit()
+    db.close()
+    pd.testing.assert_frame_equal(load_run(run).spans, _row_by_row(run, monkeypatch))
+
+
+def test_text_that_looks_like_a_number_stays_text(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = sqlite3.connect(rank_file(run, 1))
+    db.execute("UPDATE spans SET lane = 7, kind = 2.5 WHERE id = 77")
+    db.commit()
+    db.close()
+    spans = load_run(run).spans
+    assert ((spans["lane"] == "7") & (spans["kind"] == "2.5")).sum() == 1
+    pd.testing.assert_frame_equal(spans, _row_by_row(run, monkeypatch))
