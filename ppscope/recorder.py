@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -77,6 +78,7 @@ class _Span:
             rec._pop()
         # Flattened into a schema row by the flush thread, off the hot path.
         rec._append((self._head, self.start_ns, end_ns, self.nbytes, self.tokens, self.peer))
+        next(rec._recorded)
 
     def __call__(self, fn: F) -> F:
         """Use as a decorator: every call of `fn` is one span with these fields."""
@@ -148,7 +150,11 @@ class Recorder:
             self._push = self._domain.push_range
             self._pop = self._domain.pop_range
         self._append = self._buffer.append
-        self.spans_recorded = 0
+        # Spans are counted as they are recorded, apart from the flush thread's count of what it wrote, so
+        # the two can be compared. next() on itertools.count is atomic: threads may record at once.
+        self._recorded = itertools.count()
+        self._count_reads = 0
+        self._count_lock = threading.Lock()
         self.spans_written = 0
         self._flush_error: BaseException | None = None
         self._stop = threading.Event()
@@ -221,6 +227,7 @@ class Recorder:
         st = self.stage if stage is None else stage
         head = (self.rank, st, lane or lane_of(kind), kind, name or kind, mb, step, chunk, phase)
         self._append((head, int(start_ns), int(end_ns), nbytes, tokens, peer))
+        next(self._recorded)
 
     def mark(self, name: str, *, stage: int | None = None, mb: int = -1, step: int = -1) -> None:
         """A one-off event (a span of zero length, kind `mark`), also an NVTX mark."""
@@ -237,6 +244,15 @@ class Recorder:
             return
         ts = self._clock() if ts_ns is None else ts_ns
         self._counters.append((int(ts), self.rank, int(device), str(metric), float(value)))
+
+    @property
+    def spans_recorded(self) -> int:
+        """Spans recorded so far, counted when each was recorded (`spans_written` counts what reached the
+        sink; after `close()` the two are equal unless spans were lost)."""
+        with self._count_lock:  # reading the count advances it: subtract the earlier reads
+            n = next(self._recorded) - self._count_reads
+            self._count_reads += 1
+        return n
 
     def now_ns(self) -> int:
         """The recorder's clock, for producers that time things themselves."""
@@ -263,7 +279,6 @@ class Recorder:
             while self._buffer or self._counters:
                 spans = [(*head, *rest) for head, *rest in _take(self._buffer, _FLUSH_BATCH)]
                 counters = _take(self._counters, _FLUSH_BATCH)
-                self.spans_recorded += len(spans)
                 if self._sink is not None:
                     self._sink.write(spans, counters)
                 else:
@@ -285,19 +300,31 @@ class Recorder:
             self._drain()
 
     def close(self) -> None:
-        """Stop the flush thread, write what is left and close the sink. Idempotent."""
+        """Stop the flush thread, write what is left, leave both span counts in the rank file (info keys
+        `spans_recorded` and `spans_written`, for whoever checks that none was lost) and close the sink.
+        A write that failed is raised here, after the counts are stored. Idempotent."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self.enabled and self._flush_error is None:
-            self._drain()
+        error, self._flush_error = self._flush_error, None
+        if self.enabled and error is None:
+            try:
+                self._drain()
+            except BaseException as exc:
+                error = exc
         if self._sink is not None:
-            self._sink.close()
-            self._sink = None
-        if self._flush_error is not None:
-            err, self._flush_error = self._flush_error, None
-            raise err
+            sink, self._sink = self._sink, None
+            try:
+                sink.set_info("spans_recorded", self.spans_recorded)
+                sink.set_info("spans_written", self.spans_written)
+            except Exception:
+                if error is None:
+                    raise  # else the failed write says more than this
+            finally:
+                sink.close()
+        if error is not None:
+            raise error
 
     def __enter__(self) -> Recorder:
         return self

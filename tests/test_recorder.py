@@ -153,3 +153,63 @@ def test_close_is_idempotent(tmp_path: Path) -> None:
     rec = Recorder(RankWriter(run, 0), nvtx=False)
     rec.close()
     rec.close()
+
+
+def test_spans_are_counted_as_recorded_and_both_counts_stored(tmp_path: Path) -> None:
+    import threading
+
+    from ppscope.store import read_rank_info
+
+    run = tmp_path / "run"
+    create_run(run, RunMeta())
+    rec = Recorder(RankWriter(run, 0), rank=0, stage=0, nvtx=False, flush_interval_s=0.001)
+    n = 20_000
+
+    def work(tid: int) -> None:
+        for i in range(n):
+            if i % 2:
+                with rec.span("forward", mb=tid, step=i):
+                    pass
+            else:
+                rec.record("send", i, i + 1, mb=tid, step=i)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert rec.spans_recorded == 2 * n  # read twice: reading the count does not change it
+    assert rec.spans_recorded == 2 * n
+    rec.close()
+    assert rec.spans_written == 2 * n
+    info = read_rank_info(run)[0]
+    assert info["spans_recorded"] == info["spans_written"] == 2 * n
+    spans = load_run(run).spans
+    assert len(spans) == 2 * n
+    assert sorted(spans.groupby("mb").size().tolist()) == [n, n]
+
+
+def test_counts_show_spans_that_never_reached_the_file() -> None:
+    class BrokenSink:
+        spans_written = 0
+
+        def __init__(self) -> None:
+            self.info: dict[str, Any] = {}
+
+        def write(self, spans: Any = (), counters: Any = ()) -> None:
+            raise OSError("disk full")
+
+        def set_info(self, key: str, value: Any) -> None:
+            self.info[key] = value
+
+        def close(self) -> None:
+            pass
+
+    sink = BrokenSink()
+    rec = Recorder(sink, nvtx=False, flush_interval_s=60)  # type: ignore[arg-type]
+    for i in range(5):
+        rec.record("forward", i, i + 1)
+    assert (rec.spans_recorded, rec.spans_written) == (5, 0)  # nothing flushed yet
+    with pytest.raises(OSError, match="disk full"):
+        rec.close()
+    assert sink.info == {"spans_recorded": 5, "spans_written": 0}
