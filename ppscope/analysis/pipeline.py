@@ -105,9 +105,8 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
     key = hop_id.reshape(-1) * 3 + role_idx
     size = hops.shape[1] * 3
     count = np.bincount(key, minlength=size).reshape(-1, 3)
-    # Float sums are exact below 2**53 (104 days of ns, 9 PB): far beyond one trace.
-    dur_sum = np.rint(np.bincount(key, weights=dur, minlength=size)).astype(np.int64).reshape(-1, 3)
-    byte_sum = np.rint(np.bincount(key, weights=nbytes, minlength=size)).astype(np.int64).reshape(-1, 3)
+    dur_sum = _sum_by_key(key, dur, size).reshape(-1, 3)
+    byte_sum = _sum_by_key(key, nbytes, size).reshape(-1, 3)
     out = []
     for h in range(hops.shape[1]):
         send, recv, wait = 0, 1, 2
@@ -127,6 +126,17 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
             )
         )
     return out
+
+
+_INT64_RANGE = (-(2.0**63), float(np.nextafter(2.0**63, 0)))  # as floats that convert back without overflow
+
+
+def _sum_by_key(key: npt.NDArray[np.int64], values: npt.NDArray[np.int64], size: int) -> npt.NDArray[np.int64]:
+    """Sums of `values` per key, as integers. The float sums are exact below 2**53 (104 days of ns, 9 PB), far
+    beyond one trace; absurd values from a damaged file (bytes near the int64 limit) saturate at the int64
+    limits rather than overflow."""
+    sums = np.rint(np.bincount(key, weights=values, minlength=size))
+    return np.clip(sums, *_INT64_RANGE).astype(np.int64)
 
 
 def measured_inflight(
