@@ -7,12 +7,13 @@ memory of building the same spans as a DataFrame in memory, measured in the same
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-SPANS = 5_000_000
+SPANS = int(os.environ.get("PPSCOPE_LOAD_SPANS", 5_000_000))  # a smaller run for a quick check
 RANKS = 8
 
 _STEP = r"""
@@ -21,6 +22,7 @@ from pathlib import Path
 from benchmarks.bench_analysis import synthetic_spans
 step, run_dir, spans, ranks = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 t0 = time.perf_counter()
+extra = {}
 if step == "build":
     frame = synthetic_spans(spans, ranks)
 elif step == "write":
@@ -35,6 +37,13 @@ elif step == "write":
         for i in range(0, len(rows), 100_000):
             w.write(rows[i : i + 100_000])
         w.close()
+elif step == "tail":
+    from ppscope.store import RunTail
+    tail = RunTail(run_dir)
+    first = tail.poll()
+    t1 = time.perf_counter()
+    again = tail.poll()
+    extra = {"again_s": time.perf_counter() - t1, "spans": len(first.spans), "again_spans": len(again.spans)}
 else:
     from ppscope.store import load_run
     trace = load_run(run_dir)
@@ -51,7 +60,8 @@ else:
         view = gantt_figure(trace.spans, gaps=res.gaps, stage_ranks={s.stage: s.ranks for s in res.stages})
         view.figure.to_json()
     t0 = t1 if step != "load" else t0
-print(json.dumps({"s": time.perf_counter() - t0, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+s = (t1 if step == "tail" else time.perf_counter()) - t0
+print(json.dumps({"s": s, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra}))
 """
 
 
@@ -73,7 +83,7 @@ def main() -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         ref = _step("build", run_dir)
-        got = {step: _step(step, run_dir) for step in ("write", "load", "analyze", "gantt")}
+        got = {step: _step(step, run_dir) for step in ("write", "load", "analyze", "gantt", "tail")}
     lines = [
         f"load: reference = building {SPANS:,} spans over {RANKS} ranks as a DataFrame: {ref['s']:.1f} s, "
         f"peak {ref['peak_mb']:,.0f} MB (process)"
@@ -84,11 +94,18 @@ def main() -> list[str]:
         "analyze": "analyze() after load_run (time of analyze alone)",
         "gantt": "Gantt figure, aggregated, gaps shaded, serialised (time of the figure alone)",
     }
+    tail = got.pop("tail")
     for step, r in got.items():
         lines.append(
             f"load: {what[step]}: {r['s']:.1f} s = {r['s'] / ref['s']:.1f}x the reference; "
             f"process peak {r['peak_mb']:,.0f} MB = {r['peak_mb'] / ref['peak_mb']:.1f}x"
         )
+    lines.append(
+        f"load: live refresh (dashboard): first RunTail.poll() reads {tail['spans']:,.0f} spans in "
+        f"{tail['s']:.1f} s = {tail['s'] / ref['s']:.1f}x the reference ({tail['s'] / got['load']['s']:.2f}x "
+        f"load_run), process peak {tail['peak_mb']:,.0f} MB = {tail['peak_mb'] / ref['peak_mb']:.1f}x; "
+        f"the next poll, nothing new ({tail['again_spans']:.0f} spans): {tail['again_s'] * 1e3:.1f} ms"
+    )
     return lines
 
 

@@ -9,6 +9,7 @@ with the offsets in `meta.json` (common = local - offset_ns).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -317,7 +318,7 @@ class _RankFile:
     values: dict[str, list[Any]] = field(default_factory=dict)  # the dictionary of each text column's codes
     last_span: int = 0
     last_counter: int = 0
-    counters: pd.DataFrame = field(default_factory=counters_frame)
+    counters: pd.DataFrame | None = None  # None: no new counter
 
 
 def _open_rank(path: Path, after_span: int, after_counter: int) -> _RankFile | None:
@@ -358,7 +359,8 @@ def _read_rank(rf: _RankFile, table: _Table, pos: int) -> None:
     finally:
         rf.db.close()
     try:
-        rf.counters = counters_frame(pd.DataFrame([r[1:] for r in rows], columns=_COUNTER_COLS))
+        if rows:
+            rf.counters = counters_frame(pd.DataFrame([r[1:] for r in rows], columns=_COUNTER_COLS))
     except (ValueError, TypeError, OverflowError) as exc:
         raise CorruptFileError(_wrong_type(rf.path, exc)) from None
     rf.last_counter = int(rows[-1][0]) if rows else rf.after_counter
@@ -435,6 +437,7 @@ def _wrong_type(path: Path, exc: Exception) -> str:
 
 
 _READ_THREADS = max(1, min(4, os.cpu_count() or 1))
+_PARALLEL_SPANS = 4 * _CHUNK_ROWS  # below this, starting threads costs more than it saves
 
 
 def _read_ranks(files: dict[int, Path], since: Cursor) -> tuple[_Table, list[tuple[int, _RankFile, int]]]:
@@ -449,7 +452,7 @@ def _read_ranks(files: dict[int, Path], since: Cursor) -> tuple[_Table, list[tup
                 opened.append((rank, rf, total))
                 total += rf.n_spans
         table = _Table(total)
-        if len(opened) <= 1:
+        if len(opened) <= 1 or total < _PARALLEL_SPANS:
             for _, rf, pos in opened:
                 _read_rank(rf, table, pos)
         else:
@@ -485,6 +488,8 @@ def _spans_of(
     """The table as one frame of the schema's dtypes, on the common clock, sorted like `Trace.sorted()`;
     spans that end before they start left out with a warning."""
     cols: dict[str, np.ndarray] = {**table.ints, **table.codes}
+    if not len(cols["rank"]):
+        return spans_frame()
     table.ints, table.codes = {}, {}  # each column is let go once sorted
     bad = cols["end_ns"] < cols["start_ns"]
     if bad.any():  # only a damaged file holds them (the recorder refuses them)
@@ -522,10 +527,16 @@ def _start_order(start: np.ndarray, rank: np.ndarray, end: np.ndarray) -> np.nda
     return order
 
 
+@functools.cache
+def _pandas_dtype(dtype: Any) -> Any:
+    """What `astype(dtype)` makes here (`str` depends on the pandas version and on pyarrow)."""
+    return pd.Series([], dtype=dtype).dtype
+
+
 def _text_column(codes: np.ndarray, values: list[Any], dtype: Any) -> Any:
     """Codes into `values` as a column of the schema's text dtype; straight from Arrow when pandas keeps its
     strings there (a dictionary decoded in C, no Python string per cell)."""
-    target = pd.Series([], dtype=dtype).dtype
+    target = _pandas_dtype(dtype)
     if isinstance(target, pd.StringDtype) and target.storage == "pyarrow":
         import pyarrow as pa
 
@@ -558,7 +569,7 @@ def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> 
     for rank, rf, _ in opened:
         span_pos[rank], counter_pos[rank] = rf.last_span, rf.last_counter
     values = _merge_values(table, opened)
-    parts = [rf.counters for _, rf, _ in opened if len(rf.counters)]
+    parts = [rf.counters for _, rf, _ in opened if rf.counters is not None]
     counters = pd.concat(parts, ignore_index=True) if parts else counters_frame()
     del opened
     spans = _spans_of(table, values, files, meta, warnings)
