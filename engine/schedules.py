@@ -4,7 +4,8 @@ Rank 0 drives: it embeds prompts and sampled tokens, decides which micro-batch g
 rank's list in `ppscope.schedule` for gpipe/interleaved, admitting requests as they arrive for serve) and
 collects the tokens that come back from the last stage. Every other rank follows: it processes whatever
 its predecessor sends, in arrival order, which is its own list of the plan because every rank runs the
-same order. This module knows nothing about processes, files or clocks beyond the recorder's.
+same order. On a GPU the compute spans are timed by CUDA events (`engine.gputime`), so nothing here waits for
+the device. This module knows nothing about processes, files or clocks beyond the recorder's.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from __future__ import annotations
 import collections
 import functools
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from engine.comm import ACT, STOP, TOKENS, Message, Ring
+from engine.gputime import DeviceSpans
 from engine.model import Batch
 from engine.requests import Request
 from engine.split import StageModule
@@ -97,6 +101,10 @@ class Pipeline:
         self.sampling = sampling
         self.gen = torch.Generator().manual_seed(sampling.seed) if sampling.temperature > 0 else None
         self.cuda = module.device.type == "cuda"
+        self.device_spans: DeviceSpans | None = None
+        if self.cuda and recorder.enabled:
+            stream = torch.cuda.current_stream(module.device)
+            self.device_spans = DeviceSpans(recorder, stream, lambda: torch.cuda.Event(enable_timing=True))
         self.on_finish: Callable[[Request], None] = lambda request: None
         """Called on rank 0 when a request has its last token (the worker appends it to requests.jsonl)."""
         self.fail_after = 0
@@ -105,10 +113,17 @@ class Pipeline:
 
     # ------------------------------------------------------------ one pass of one virtual stage
 
-    def _sync(self) -> None:
-        # On a GPU a compute span ends when its kernels have, so host timestamps bound the device work.
-        if self.cuda:
-            torch.cuda.current_stream(self.m.device).synchronize()
+    def _span(self, kind: str, **fields: Any) -> AbstractContextManager[Any]:
+        """A compute span: on a GPU timed by CUDA events on the stream (the host does not wait for the
+        work), on a CPU by the recorder's clock around the work itself."""
+        if self.device_spans is not None:
+            return self.device_spans.span(kind, **fields)
+        return self.rec.span(kind, **fields)
+
+    def close(self) -> None:
+        """Hand the device-timed spans still in flight to the recorder (waits for the GPU)."""
+        if self.device_spans is not None:
+            self.device_spans.close()
 
     @torch.no_grad()
     def run_stage(self, stage: int, mb: int, step: int, batch: Batch, data: torch.Tensor) -> Message:
@@ -121,22 +136,20 @@ class Pipeline:
         n = batch.tokens
         x = data
         if stage == 0:
-            with self.rec.span(SpanKind.EMBED, stage=0, mb=mb, step=step, phase=phase, tokens=n):
+            with self._span(SpanKind.EMBED, stage=0, mb=mb, step=step, phase=phase, tokens=n):
                 x = self.m.run_embed(data.to(self.m.device), self.hidden, self.dtype)
-                self._sync()
-        with self.rec.span(SpanKind.FORWARD, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
+        with self._span(SpanKind.FORWARD, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
             x = self.m.run_chunk(chunk, x, batch)
-            self._sync()
+        if self.device_spans is not None:
+            self.device_spans.poll()  # what earlier passes put on the GPU and has finished
         if stage < self.last_stage:
             return Message(ACT, mb, step, stage + 1, batch, x)
-        with self.rec.span(SpanKind.HEAD, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
+        with self._span(SpanKind.HEAD, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
             logits = self.m.run_head(x, batch, self.vocab)
-            self._sync()
-        with self.rec.span(SpanKind.SAMPLE, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
+        with self._span(SpanKind.SAMPLE, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
             # key: cache slot and position of the new token, known on every stage whatever the schedule
             keys = [slot * 65_537 + s + n for slot, s, n in zip(batch.slots, batch.starts, batch.lens, strict=True)]
             ids = sample(logits, self.sampling, self.gen, keys)
-            self._sync()
         return Message(TOKENS, mb, step, stage, batch, ids.to(torch.int64))
 
     def _receive(self, msg_wait: Callable[[], Message | None]) -> Message | None:

@@ -205,6 +205,7 @@ def _run_pipeline(
             pipe.drive_serve(prep.requests, prep.arrivals_ns, policy, cfg.timeout_s, report)
         else:
             pipe.drive_batch(cfg.schedule, prep.requests, cfg.inflight, report)
+        pipe.close()
         ring.close()
     finally:
         sampler.stop()

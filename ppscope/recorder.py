@@ -93,6 +93,22 @@ class _Span:
         return wrapper  # type: ignore[return-value]
 
 
+class _Range:
+    """An NVTX range alone (see `Recorder.nvtx_range`)."""
+
+    __slots__ = ("_attr", "_pop", "_push")
+
+    def __init__(self, push: Callable[[Any], None], pop: Callable[[], None], attr: Any) -> None:
+        self._push, self._pop, self._attr = push, pop, attr
+
+    def __enter__(self) -> _Range:
+        self._push(self._attr)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pop()
+
+
 class _NullSpan:
     """What a disabled recorder hands out: does nothing, accepts field updates, decorates transparently."""
 
@@ -257,6 +273,17 @@ class Recorder:
     def now_ns(self) -> int:
         """The recorder's clock, for producers that time things themselves."""
         return self._clock()
+
+    def nvtx_range(self, kind: str, *, stage: int | None = None, mb: int = -1, chunk: int = 0) -> Any:
+        """The NVTX range of a span without the span: for work timed elsewhere (CUDA events), whose times
+        reach `record()` later. A no-op context manager when NVTX is off."""
+        if not self.nvtx:
+            return _NULL_SPAN
+        st = self.stage if stage is None else stage
+        attr = self._attr_cache.get((kind, st, mb, chunk), _MISSING)
+        if attr is _MISSING:
+            attr = self._attributes(kind, st, mb, chunk)
+        return _Range(self._push, self._pop, attr)
 
     def _attributes(self, kind: str, stage: int, mb: int, chunk: int) -> Any:
         key = (kind, stage, mb, chunk)

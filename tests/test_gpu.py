@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -31,3 +33,44 @@ def test_profile_times_layers_with_cuda_events() -> None:
     prof = profile_layers(EngineConfig(model="tiny", prompt_len=8, progress=False), warmup=1, repeats=3, device="cuda")
     assert prof.method == "cuda-events" and prof.device != "cpu"
     assert len(prof.decode.layer_ms) == 8 and all(t > 0 for t in prof.decode.layer_ms)
+
+
+def test_device_spans_time_gpu_work_with_cuda_events() -> None:
+    from engine.gputime import DeviceSpans
+    from engine.model import sleep_ms
+    from ppscope.recorder import Recorder
+
+    device = torch.device("cuda")
+    rec = Recorder(None, rank=0, stage=0, nvtx=False)
+    stream = torch.cuda.current_stream(device)
+    dev = DeviceSpans(rec, stream, lambda: torch.cuda.Event(enable_timing=True))
+    launched = rec.now_ns()
+    for mb in range(3):
+        with dev.span("forward", mb=mb):
+            sleep_ms(5.0, device)
+    host_ms = (rec.now_ns() - launched) / 1e6
+    dev.close()
+    spans = rec.frame().sort_values("start_ns")
+    took = ((spans["end_ns"] - spans["start_ns"]) / 1e6).tolist()
+    assert host_ms < 5.0  # the launches returned before the work ran
+    assert all(4.5 < t < 6.5 for t in took), took
+    gaps = (spans["start_ns"].to_numpy()[1:] - spans["end_ns"].to_numpy()[:-1]) / 1e6
+    assert (gaps < 0.5).all() and (gaps > -0.01).all()  # back to back on the stream, in order
+    assert spans["start_ns"].iloc[0] >= launched - dev.anchor.uncertainty_ns
+
+
+def test_engine_runs_one_stage_on_the_gpu_with_device_timed_spans(tmp_path: Path) -> None:
+    from engine.config import EngineConfig
+    from engine.launch import run
+    from ppscope.store import load_run, read_requests
+
+    out = tmp_path / "run"
+    run(EngineConfig(model="tiny", stages=1, schedule="serve", requests=4, prompt_len=8, max_new_tokens=8,
+                     progress=False, out=str(out)))  # fmt: skip
+    trace = load_run(out)
+    assert trace.meta.backend in ("nccl", "gloo") and trace.meta.ranks[0].device != "cpu"
+    kinds = set(trace.spans["kind"].astype(str))
+    assert {"embed", "forward", "head", "sample"} <= kinds
+    fwd = trace.spans[trace.spans["kind"] == "forward"]
+    assert ((fwd["end_ns"] - fwd["start_ns"]) > 0).all()
+    assert read_requests(out)["output_len"].tolist() == [8, 8, 8, 8]

@@ -1,0 +1,141 @@
+"""Device-timed spans, checked against a GPU simulated on the host clock: work queued on its stream runs
+after the work queued before it, while the host goes on at once, as with CUDA."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine.gputime import DeviceSpans
+from ppscope.recorder import Recorder
+
+MS = 1_000_000
+
+
+class FakeGpu:
+    """One stream. Times are host nanoseconds; the device's timer runs `rate` times as fast as the host's."""
+
+    def __init__(self, rate: float = 1.0) -> None:
+        self.busy_until = 0
+        self.rate = rate
+        self.ran: list[tuple[int, int]] = []
+        """(start, end) of each piece of work, on the host clock: the truth the spans must find."""
+
+    def launch(self, ms: float) -> None:
+        start = max(time.perf_counter_ns(), self.busy_until)
+        self.busy_until = start + int(ms * MS)
+        self.ran.append((start, self.busy_until))
+
+    def synchronize(self) -> None:
+        _sleep_until(self.busy_until)
+
+    def event(self) -> FakeEvent:
+        return FakeEvent(self)
+
+
+class FakeEvent:
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu = gpu
+        self.at = -1
+
+    def record(self, stream: object = None) -> None:
+        self.at = max(time.perf_counter_ns(), self.gpu.busy_until)
+
+    def query(self) -> bool:
+        return time.perf_counter_ns() >= self.at
+
+    def synchronize(self) -> None:
+        _sleep_until(self.at)
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return (end.at - self.at) * self.gpu.rate / MS
+
+
+def _sleep_until(t_ns: int) -> None:
+    while (left := t_ns - time.perf_counter_ns()) > 0:
+        time.sleep(left / 1e9)
+
+
+def _timer(gpu: FakeGpu, reanchor_s: float = 2.0) -> tuple[Recorder, DeviceSpans]:
+    rec = Recorder(None, rank=0, stage=0, nvtx=False)
+    return rec, DeviceSpans(rec, gpu, gpu.event, reanchor_s=reanchor_s)
+
+
+def test_spans_take_the_device_time_of_their_work_not_the_launch_time() -> None:
+    gpu = FakeGpu()
+    rec, dev = _timer(gpu)
+    launched = time.perf_counter_ns()
+    for mb in range(3):
+        with dev.span("forward", mb=mb, step=0, phase="prefill"):
+            gpu.launch(20)
+    assert time.perf_counter_ns() - launched < 20 * MS  # the host did not wait for the work
+    assert dev.close() == 3
+    spans = rec.frame().sort_values("mb")
+    assert spans["mb"].tolist() == [0, 1, 2]
+    for (start, end), got in zip(gpu.ran, spans.itertuples(), strict=True):
+        assert abs(got.start_ns - start) < 0.3 * MS
+        assert abs(got.end_ns - end) < 0.3 * MS
+        assert got.kind == "forward" and got.phase == "prefill"
+
+
+def test_poll_hands_over_only_finished_work_in_stream_order() -> None:
+    gpu = FakeGpu()
+    rec, dev = _timer(gpu)
+    with dev.span("forward", mb=0):
+        gpu.launch(5)
+    with dev.span("head", mb=0):
+        gpu.launch(200)
+    gpu_first_done = gpu.ran[0][1]
+    _sleep_until(gpu_first_done + MS)
+    assert dev.poll() == 1  # the forward is done, the head is still running
+    assert dev.pending == 1
+    assert rec.frame()["kind"].tolist() == ["forward"]
+    dev.close()
+    assert rec.frame()["kind"].tolist() == ["forward", "head"]
+
+
+@pytest.mark.parametrize(("reanchor_s", "bounded"), [(0.05, True), (1e9, False)])
+def test_a_renewed_anchor_keeps_a_drifting_device_timer_on_the_host_clock(reanchor_s: float, bounded: bool) -> None:
+    gpu = FakeGpu(rate=1.002)  # 2000 ppm: far worse than a real GPU, so the effect shows within a second
+    rec, dev = _timer(gpu, reanchor_s)
+    for mb in range(12):
+        with dev.span("forward", mb=mb):
+            gpu.launch(10)
+        gpu.synchronize()
+        time.sleep(0.05)  # the host is idle between passes, as when it waits for the next message
+        dev.poll()
+    dev.close()
+    spans = rec.frame().sort_values("mb")
+    worst = max(abs(got - start) for (start, _), got in zip(gpu.ran, spans["start_ns"], strict=True))
+    if bounded:
+        assert dev.anchors > 3
+        assert worst < 0.4 * MS  # 2000 ppm over at most ~0.1 s since the last anchor
+    else:
+        assert dev.anchors == 1
+        assert worst > 0.8 * MS  # 2000 ppm over ~0.7 s
+
+
+def test_anchor_uncertainty_is_reported_and_small() -> None:
+    gpu = FakeGpu()
+    _, dev = _timer(gpu)
+    assert 0 <= dev.anchor.uncertainty_ns < 5 * MS
+
+
+def test_device_spans_push_one_nvtx_range_each_and_record_no_host_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nvtx
+    from test_recorder import SpyDomain
+
+    spy = SpyDomain()
+    monkeypatch.setattr(nvtx, "get_domain", lambda name: spy if name == "ppscope" else None)
+    gpu = FakeGpu()
+    rec = Recorder(None, rank=3, stage=3)
+    dev = DeviceSpans(rec, gpu, gpu.event)
+    with dev.span("head", stage=3, mb=2):
+        gpu.launch(1)
+        assert spy.calls == [("push", 0)]  # the range brackets the launch, as nsys expects
+    assert spy.calls == [("push", 0), ("pop", None)]
+    assert spy.attributes[0]["message"] == "s3 head mb2"
+    assert len(rec.frame()) == 0  # nothing until the device has run it
+    dev.close()
+    assert rec.frame()["kind"].tolist() == ["head"]
