@@ -24,9 +24,10 @@ from ppscope.trace import Trace
 if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult
     from ppscope.balance import Rebalance
-    from ppscope.costs import CostFit
+    from ppscope.profile import LayerProfile
 
-    Advice = tuple[Rebalance, CostFit]
+    Advice = tuple[Rebalance, str]
+    """The rebalancer's answer and where its costs came from."""
 
 __all__ = ["analysis", "compare", "rebalance", "requests", "stages"]
 
@@ -113,8 +114,9 @@ def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:
     return rows
 
 
-def _advise(trace: Trace) -> tuple[Advice | None, str]:
-    """Fit layer costs from the trace's stage spans and ask the rebalancer, as `ppscope rebalance RUN` does."""
+def _advise(trace: Trace, profile: LayerProfile | None) -> tuple[Advice | None, str]:
+    """Ask the rebalancer with the run's per-layer profile when it has one (decode pass), else with costs
+    fitted from the trace's stage spans: what `ppscope rebalance RUN` does."""
     from ppscope.balance import BalanceProblem, rebalance
     from ppscope.costs import fit_layer_costs
 
@@ -128,20 +130,47 @@ def _advise(trace: Trace) -> tuple[Advice | None, str]:
     if meta.chunks > 1:
         return None, "rebalancing interleaved runs (chunks > 1) is not supported: rebalance a gpipe or serve run"
     try:
-        fit = fit_layer_costs([trace])
-        advice = rebalance(BalanceProblem(costs=fit.costs, stages=len(meta.split)), list(meta.split))
+        if profile is not None and len(profile.decode.layer_ms) == sum(meta.split):
+            costs = profile.decode.costs()
+            source = (
+                f"Costs from the run's per-layer profile (profile.json, decode pass, timed with {profile.method} "
+                f"on {profile.device}): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on average."
+            )
+        else:
+            fit = fit_layer_costs([trace])
+            costs = fit.costs
+            passes = "all passes" if fit.phase == "all" else f"the {fit.phase} passes"
+            source = (
+                f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer on average, "
+                f"R² {fit.r_squared:.3f}. " + " ".join(f"Note: {md(n)}." for n in fit.notes)
+            )
+        advice = rebalance(BalanceProblem(costs=costs, stages=len(meta.split)), list(meta.split))
     except PPScopeError as exc:
         return None, str(exc)
-    return (advice, fit), ""
+    return (advice, source), ""
+
+
+def _profile(live: LiveTrace) -> tuple[LayerProfile | None, str]:
+    from ppscope.profile import read_profile
+
+    if not live.is_run:
+        return None, ""
+    try:
+        return read_profile(live.path), ""
+    except PPScopeError as exc:
+        return None, f"{exc}; costs are fitted from the spans instead"
 
 
 def rebalance(live: LiveTrace) -> None:
     st.markdown("### Rebalance: what if the layers were split differently")
-    got, problem = live.memo("advice", _advise)
+    profile, profile_problem = _profile(live)
+    if profile_problem:
+        st.warning(md(profile_problem))
+    got, problem = live.memo(f"advice-{profile is not None}", lambda t: _advise(t, profile))
     if got is None:
         st.error(f"No advice for this trace: {md(problem)}")
         return
-    advice, fit = got
+    advice, source = got
     cur, new = advice.current, advice.proposed
     cols = st.columns(4)
     cols[0].metric("Current split", ",".join(map(str, cur.split)))
@@ -155,11 +184,7 @@ def rebalance(live: LiveTrace) -> None:
         delta_color="inverse",
         help="predicted time per micro-batch of the slowest stage with the advised split (change from now)",
     )
-    passes = "all passes" if fit.phase == "all" else f"the {fit.phase} passes"
-    st.caption(
-        f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer on average, "
-        f"R² {fit.r_squared:.3f}. " + " ".join(f"Note: {md(n)}." for n in fit.notes)
-    )
+    st.caption(source)
     if cur.split == new.split:
         st.success("The current split is already the fastest one the cost model finds.")
     st.plotly_chart(charts.split_figure(cur.stage_ms, new.stage_ms), key="split", config={"displaylogo": False})

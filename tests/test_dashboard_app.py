@@ -184,6 +184,35 @@ def test_rebalance_advises_moving_layers_off_the_slow_stage(tmp_path: Path) -> N
     assert advised_ms < current_ms
 
 
+def test_rebalance_prefers_the_runs_layer_profile_to_fitted_costs(tmp_path: Path) -> None:
+    from ppscope.profile import PROFILE_FILE, LayerProfile, PhaseCosts
+
+    # The spans say stage 2 is slow (advice 3,2,1); the profile says layers 0 and 1 are the heavy ones.
+    run = record_gpipe_run(tmp_path / "run", p=3, m=4, fwd_ns=[100_000, 100_000, 200_000])
+    phase = PhaseCosts(layer_ms=(0.3, 0.3, 0.05, 0.05, 0.05, 0.05), embed_ms=0.0, head_ms=0.0, sample_ms=0.0, tokens=4)
+    profile = LayerProfile(model="tiny", device="cpu", dtype="float32", method="perf_counter", repeats=3,
+                           prefill=phase, decode=phase)  # fmt: skip
+    (run / PROFILE_FILE).write_text(json.dumps(profile.to_dict()))
+    at = _app(run).run()
+    at.sidebar.radio(key="section").set_value("Rebalance").run()
+    assert not at.exception, at.exception
+    values = {m.label: m.value for m in at.metric}
+    assert values["Advised split"] == "1,1,4"
+    assert any("per-layer profile (profile.json" in c.value for c in at.caption)
+
+
+def test_rebalance_with_a_damaged_profile_says_so_and_fits_the_spans(tmp_path: Path) -> None:
+    from ppscope.profile import PROFILE_FILE
+
+    run = record_gpipe_run(tmp_path / "run", p=3, m=4, fwd_ns=[100_000, 100_000, 200_000])
+    (run / PROFILE_FILE).write_text("{not json")
+    at = _app(run).run()
+    at.sidebar.radio(key="section").set_value("Rebalance").run()
+    assert not at.exception, at.exception
+    assert any("profile" in w.value for w in at.warning)
+    assert {m.label: m.value for m in at.metric}["Advised split"] == "3,2,1"
+
+
 def test_rebalance_says_why_when_costs_cannot_be_fitted(tmp_path: Path) -> None:
     run = record_gpipe_run(tmp_path / "run", p=2, m=4)  # two stages, both first or last: extras not separable
     at = _app(run).run()
