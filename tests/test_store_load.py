@@ -140,3 +140,21 @@ def test_text_that_looks_like_a_number_stays_text(run: Path, monkeypatch: pytest
     spans = load_run(run).spans
     assert ((spans["lane"] == "7") & (spans["kind"] == "2.5")).sum() == 1
     pd.testing.assert_frame_equal(spans, _row_by_row(run, monkeypatch))
+
+
+def test_rank_info_is_read_without_writing(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=2))
+    w = RankWriter(run, 0)
+    w.set_info("spans_written", 3)
+    w.close()
+    RankWriter(run, 1).close()
+    before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
+    assert store.read_rank_info(run) == {0: {"schema_version": 1, "spans_written": 3}, 1: {"schema_version": 1}}
+    assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before
+    db = sqlite3.connect(rank_file(run, 0))
+    db.execute("UPDATE info SET value = 'not json' WHERE key = 'spans_written'")
+    db.commit()
+    db.close()
+    with pytest.raises(CorruptFileError, match=r"rank-00000\.sqlite.*not JSON"):
+        store.read_rank_info(run)
