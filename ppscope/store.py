@@ -485,18 +485,22 @@ def _merge_values(table: _Table, opened: list[tuple[int, _RankFile, int]]) -> di
 def _spans_of(
     table: _Table, values: dict[str, list[Any]], files: dict[int, Path], meta: RunMeta, warnings: list[str]
 ) -> pd.DataFrame:
-    """The table as one frame of the schema's dtypes, on the common clock, sorted like `Trace.sorted()`;
-    spans that end before they start left out with a warning."""
+    """The table as one frame of the schema's dtypes, on the common clock, sorted like `Trace.sorted()`.
+    Spans only a damaged file holds are left out with a warning: those that end before they start (the
+    recorder refuses them) and those too near the int64 limits to move onto the common clock."""
     cols: dict[str, np.ndarray] = {**table.ints, **table.codes}
     if not len(cols["rank"]):
         return spans_frame()
     table.ints, table.codes = {}, {}  # each column is let go once sorted
-    bad = cols["end_ns"] < cols["start_ns"]
-    if bad.any():  # only a damaged file holds them (the recorder refuses them)
-        ranks = sorted(set(cols["rank"][bad].tolist()))
-        where = ", ".join(files[r].name if r in files else f"rank {r}" for r in ranks)
-        warnings.append(f"{int(bad.sum())} span(s) in {where} end before they start (a damaged file); left them out")
-        cols = {c: a[~bad] for c, a in cols.items()}
+    reversed_ = cols["end_ns"] < cols["start_ns"]
+    wide = _unshiftable(cols["rank"], meta, cols["start_ns"], cols["end_ns"]) & ~reversed_
+    for bad, what in ((reversed_, "end before they start"), (wide, _UNSHIFTABLE)):
+        if bad.any():
+            ranks = sorted(set(cols["rank"][bad].tolist()))
+            where = ", ".join(files[r].name if r in files else f"rank {r}" for r in ranks)
+            warnings.append(f"{int(bad.sum())} span(s) in {where} {what} (a damaged file); left them out")
+    if reversed_.any() or wide.any():
+        cols = {c: a[~(reversed_ | wide)] for c, a in cols.items()}
     for info in meta.ranks:
         offset = np.int64(info.clock.offset_ns)
         if offset:
@@ -511,6 +515,22 @@ def _spans_of(
     for c, dtype in SPAN_COLUMNS.items():
         out[c] = _text_column(cols.pop(c), values[c], dtype) if c in values else cols.pop(c)
     return pd.DataFrame(out, copy=False)
+
+
+_UNSHIFTABLE = "lie too near the int64 limits to move onto the common clock"
+
+
+def _unshiftable(rank: np.ndarray, meta: RunMeta, *times: np.ndarray) -> np.ndarray:
+    """Rows with a time that would wrap round int64 when moved by its rank's clock offset."""
+    out = np.zeros(len(rank), dtype=bool)
+    low, high = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+    for info in meta.ranks:
+        offset = info.clock.offset_ns
+        if offset:
+            rows = rank == info.rank
+            for ts in times:
+                out |= rows & ((ts < low + offset) if offset > 0 else (ts > high + offset))
+    return out
 
 
 def _start_order(start: np.ndarray, rank: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -573,6 +593,10 @@ def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> 
     counters = pd.concat(parts, ignore_index=True) if parts else counters_frame()
     del opened
     spans = _spans_of(table, values, files, meta, warnings)
+    wide = _unshiftable(counters["rank"].to_numpy(), meta, counters["ts_ns"].to_numpy())
+    if wide.any():
+        warnings.append(f"{int(wide.sum())} counter sample(s) {_UNSHIFTABLE} (a damaged file); left them out")
+        counters = counters[~wide].reset_index(drop=True)
     for info in meta.ranks:
         if info.clock.offset_ns:
             counters.loc[counters["rank"].to_numpy() == info.rank, "ts_ns"] -= np.int64(info.clock.offset_ns)

@@ -158,3 +158,23 @@ def test_rank_info_is_read_without_writing(tmp_path: Path) -> None:
     db.close()
     with pytest.raises(CorruptFileError, match=r"rank-00000\.sqlite.*not JSON"):
         store.read_rank_info(run)
+
+
+def test_times_that_would_wrap_on_the_common_clock_are_left_out(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    low = -(2**63)
+    meta = RunMeta(world_size=2, ranks=[RankInfo(rank=1, clock=ClockInfo(offset_ns=3_845))])
+    create_run(run, meta)
+    for rank in (0, 1):
+        w = RankWriter(run, rank)
+        rows = [(rank, rank, "send", "send", "send", 0, 0, 0, "", low + 10, 100, 0, 0, 1)]  # damaged
+        rows.append((rank, rank, "send", "send", "send", 1, 0, 0, "", 5, 100, 0, 0, 1))
+        w.write(rows, [(low + 10, rank, -1, "cpu_util_pct", 1.0), (7, rank, -1, "cpu_util_pct", 1.0)])
+        w.close()
+    trace = load_run(run)
+    spans = trace.spans
+    assert sorted(zip(spans["rank"], spans["mb"], strict=True)) == [(0, 0), (0, 1), (1, 1)]  # rank 0: no offset
+    assert (spans["end_ns"] >= spans["start_ns"]).all() and spans["start_ns"].is_monotonic_increasing
+    assert trace.counters["ts_ns"].tolist() == [low + 10, 7 - 3_845, 7]
+    assert any("1 span(s) in rank-00001.sqlite lie too near the int64 limits" in w for w in trace.warnings)
+    assert any("1 counter sample(s) lie too near the int64 limits" in w for w in trace.warnings)
