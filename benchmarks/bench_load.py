@@ -42,8 +42,12 @@ elif step == "tail":
     tail = RunTail(run_dir)
     first = tail.poll()
     t1 = time.perf_counter()
-    again = tail.poll()
-    extra = {"again_s": time.perf_counter() - t1, "spans": len(first.spans), "again_spans": len(again.spans)}
+    again_s, again = [], 0
+    for _ in range(5):
+        t2 = time.perf_counter()
+        again += len(tail.poll().spans)
+        again_s.append(time.perf_counter() - t2)
+    extra = {"again_s": min(again_s), "spans": len(first.spans), "again_spans": again}
 else:
     from ppscope.store import load_run
     trace = load_run(run_dir)
@@ -104,7 +108,7 @@ def main() -> list[str]:
         f"load: live refresh (dashboard): first RunTail.poll() reads {tail['spans']:,.0f} spans in "
         f"{tail['s']:.1f} s = {tail['s'] / ref['s']:.1f}x the reference ({tail['s'] / got['load']['s']:.2f}x "
         f"load_run), process peak {tail['peak_mb']:,.0f} MB = {tail['peak_mb'] / ref['peak_mb']:.1f}x; "
-        f"the next poll, nothing new ({tail['again_spans']:.0f} spans): {tail['again_s'] * 1e3:.1f} ms"
+        f"the next polls, nothing new ({tail['again_spans']:.0f} spans): {tail['again_s'] * 1e3:.1f} ms (best of 5)"
     )
     return lines
 
