@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import ppscope.rankfile as rankfile
 import ppscope.store as store
 from ppscope.errors import CorruptFileError
 from ppscope.store import RankWriter, RunTail, create_run, load_run, rank_file, read_since
@@ -41,13 +42,13 @@ def _write_run(run: Path, n: int, ranks: int = 3, seed: int = 0) -> None:
 
 def _row_by_row(run: Path, monkeypatch: pytest.MonkeyPatch) -> pd.DataFrame:
     with monkeypatch.context() as m:
-        m.setattr(store, "_read_chunks", lambda *a: False)
+        m.setattr(rankfile, "_read_chunks", lambda *a: False)
         return load_run(run).spans
 
 
 @pytest.fixture()
 def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(store, "_CHUNK_ROWS", 100)  # many chunks per file
+    monkeypatch.setattr(rankfile, "_CHUNK_ROWS", 100)  # many chunks per file
     _write_run(tmp_path / "run", 1_000)
     return tmp_path / "run"
 
@@ -86,7 +87,7 @@ def test_gaps_in_row_ids_and_a_separator_inside_a_name(run: Path, monkeypatch: p
 
 
 def test_incremental_reads_add_up_to_the_whole_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store, "_CHUNK_ROWS", 64)
+    monkeypatch.setattr(rankfile, "_CHUNK_ROWS", 64)
     run = tmp_path / "run"
     create_run(run, RunMeta(world_size=2))
     writers = [RankWriter(run, r) for r in (0, 1)]
