@@ -1,8 +1,8 @@
 """A background thread that samples device usage into the recorder every 100 ms.
 
 On NVIDIA GPUs it reads NVML (utilisation, memory used, power, SM clock of this rank's device); elsewhere
-it records this rank's process CPU usage (percent of one core) on device -1, labelled `cpu_util_pct`, and
-its resident memory. It never touches the pipeline's tensors.
+it records this rank's process CPU usage (percent of one core) on device -1, labelled `cpu_util_pct`. Every
+rank also records its resident memory (host RAM) on device -1. It never touches the pipeline's tensors.
 """
 
 from __future__ import annotations
@@ -64,12 +64,12 @@ class CounterSampler:
         while not self._stop.wait(self.interval_s):
             if self._nvml is not None:
                 self._sample_gpu()
-                continue
-            wall, cpu = time.perf_counter(), time.process_time()
-            if wall > last_wall:
-                self.rec.counter(Metric.CPU_UTIL_PCT, 100.0 * (cpu - last_cpu) / (wall - last_wall), device=-1)
-            last_wall, last_cpu = wall, cpu
-            rss = _rss_pages()
+            else:
+                wall, cpu = time.perf_counter(), time.process_time()
+                if wall > last_wall:
+                    self.rec.counter(Metric.CPU_UTIL_PCT, 100.0 * (cpu - last_cpu) / (wall - last_wall), device=-1)
+                last_wall, last_cpu = wall, cpu
+            rss = _rss_pages()  # host memory on GPU ranks too: the recorder's own footprint shows there
             if rss is not None:
                 self.rec.counter(Metric.RSS_BYTES, float(rss * page), device=-1)
 
