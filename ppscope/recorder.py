@@ -279,10 +279,7 @@ class Recorder:
         reach `record()` later. A no-op context manager when NVTX is off."""
         if not self.nvtx:
             return _NULL_SPAN
-        st = self.stage if stage is None else stage
-        attr = self._attr_cache.get((kind, st, mb, chunk), _MISSING)
-        if attr is _MISSING:
-            attr = self._attributes(kind, st, mb, chunk)
+        attr = self._attributes(kind, self.stage if stage is None else stage, mb, chunk)  # cached per key
         return _Range(self._push, self._pop, attr)
 
     def _attributes(self, kind: str, stage: int, mb: int, chunk: int) -> Any:
