@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_dashboard_runs import record_gpipe_run, span_count
@@ -48,15 +49,21 @@ def _chromium() -> str | None:
     return None
 
 
-@pytest.mark.browser
-@pytest.mark.slow
-def test_dashboard_draws_the_gantt_in_chromium(tmp_path: Path) -> None:
+def _browser_or_skip() -> tuple[Any, str]:
+    """Playwright's sync API and the Chromium to drive, or a skip that says what is missing."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     executable = _chromium()
     if executable is None:
         reason = "no Chromium found (/usr/bin/chromium, chromium, chromium-browser): apt-get install chromium"
         print(f"SKIP: {reason}")
         pytest.skip(reason)
+    return sync_api, executable
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_dashboard_draws_the_gantt_in_chromium(tmp_path: Path) -> None:
+    sync_api, executable = _browser_or_skip()
     run = record_gpipe_run(tmp_path / "run", p=3, m=4)
     board = start_dashboard([run], port=0, quiet=True)
     try:
@@ -90,12 +97,7 @@ def test_live_run_refreshes_until_it_finishes(tmp_path: Path) -> None:
     from ppscope.store import RankWriter, create_run, read_meta, write_meta
     from ppscope.trace import RunMeta
 
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    executable = _chromium()
-    if executable is None:
-        reason = "no Chromium found (/usr/bin/chromium, chromium, chromium-browser): apt-get install chromium"
-        print(f"SKIP: {reason}")
-        pytest.skip(reason)
+    sync_api, executable = _browser_or_skip()
     run = tmp_path / "live"
     create_run(run, RunMeta(world_size=1, pp_size=1, status="running", schedule="gpipe", microbatches=4))
     writer = RankWriter(run, 0)
