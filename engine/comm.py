@@ -3,8 +3,9 @@
 Each message is a fixed-size int64 header (what it is, which micro-batch, which sequences) followed by its
 payload (activations `(N, D)` or token ids `(B,)`); a payload that fits rides inside the header, so a
 decode hop is one message. The compute thread keeps receives of the next headers posted (`irecv`; one that
-lands is posted again after the rank's next send, so that posting it does not delay the compute the message
-starts) and waits on them itself, so an arriving message wakes no other thread of ours; it records
+lands is posted again at once, before the compute it starts: posting sends the predecessor a ready notice,
+which then lands while the predecessor computes, not while it sends) and waits on them itself, so an
+arriving message wakes no other thread of ours; it records
 `recv_wait` while it blocks there and `recv` while a separate payload transfers. It posts its sends with
 `isend` (its `send` span is the time it is blocked: posting) and a reaper thread, waking every REAP_S, waits
 for their completion, keeping the tensors alive until then. So compute never blocks on a send and the ring
@@ -100,9 +101,6 @@ class Ring:
         """Receives of the next headers (buffer, work), in arrival order, posted ahead to land while the
         rank computes."""
         self._spare: list[torch.Tensor] = []
-        self._owed = 0
-        """Header receives taken and not posted again yet. They are posted after the rank's next send (or
-        before it next waits), not between a message's arrival and its compute: the others stay posted."""
         self._waiter: _Waiter | None = None
         self.error: BaseException | None = None
 
@@ -146,12 +144,6 @@ class Ring:
                 stage=src_stage, chunk=max(src_stage, 0) // self.world, peer=self.next, nbytes=_nbytes(msg.payload),
             )  # fmt: skip
         self._sent.append(_Posted(works, (header, payload)))  # no wake-up: the reaper looks every REAP_S
-        self._repost()
-
-    def _repost(self) -> None:
-        while self._owed:
-            self._owed -= 1
-            self._post_header()
 
     def get(self) -> Message:
         """The next message from the predecessor; raises if the link failed or nothing came within the timeout."""
@@ -192,7 +184,6 @@ class Ring:
     def _take(self, timeout_s: float | None) -> Message | None:
         """The next message. The compute thread waits on the posted receive itself (no thread hop) unless it
         must give up after `timeout_s` shorter than the link's timeout: then a waiter thread waits for it."""
-        self._repost()  # a rank that receives twice in a row must not run out of posted receives
         if not self._posted:
             raise RuntimeError(f"rank {self.rank} waits for rank {self.prev} after the ring stopped (a schedule bug)")
         buf, posted = self._posted[0]
@@ -214,7 +205,8 @@ class Ring:
         self._posted.popleft()
         self._spare.append(buf)
         if shape is None:
-            self._owed += msg.kind != STOP
+            if msg.kind != STOP:
+                self._post_header()
             return msg
         start = self.rec.now_ns()
         payload = torch.empty(shape, dtype=dtype, device=self.device)
