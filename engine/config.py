@@ -88,6 +88,9 @@ class EngineConfig:
     nvtx: bool = True
     sample_interval_ms: float = 100.0
     """NVML / CPU counter period."""
+    record_alternate_ms: float = 0.0
+    """Benchmarks: recording pauses in every other window of this many ms of the host clock (0 = never), so
+    one run measures throughput with and without it side by side (`requests.jsonl` has each token's time)."""
 
     def __post_init__(self) -> None:
         if self.stages < 1:
@@ -108,6 +111,8 @@ class EngineConfig:
             raise InvalidConfigError(f"unknown --backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
         if self.dtype not in DTYPES:
             raise InvalidConfigError(f"unknown --dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
+        if self.record_alternate_ms < 0 or (self.record_alternate_ms > 0 and not self.record):
+            raise InvalidConfigError("record_alternate_ms must be >= 0, and > 0 only with recording on")
         if self.timeout_s <= 0:
             raise InvalidConfigError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
         if self.model != SYNTHETIC and self.model not in PRESETS and not Path(self.model).is_dir():

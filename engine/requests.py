@@ -27,6 +27,8 @@ class Request:
     first_token_ns: int = -1
     finish_ns: int = -1
     output_ids: list[int] = field(default_factory=list)
+    token_ns: list[int] = field(default_factory=list)
+    """When each output token reached rank 0 (common clock)."""
 
     @property
     def done(self) -> bool:
@@ -42,6 +44,7 @@ class Request:
             "finish_ns": self.finish_ns,
             "prompt_ids": self.prompt_ids,
             "output_ids": self.output_ids,
+            "token_ns": self.token_ns,
         }
 
 

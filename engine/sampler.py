@@ -62,6 +62,9 @@ class CounterSampler:
         last_wall, last_cpu = time.perf_counter(), time.process_time()
         page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         while not self._stop.wait(self.interval_s):
+            if not self.rec.enabled:  # paused: sample nothing, and start the next CPU interval afresh
+                last_wall, last_cpu = time.perf_counter(), time.process_time()
+                continue
             if self._nvml is not None:
                 self._sample_gpu()
             else:

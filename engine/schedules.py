@@ -109,6 +109,8 @@ class Pipeline:
         """Called on rank 0 when a request has its last token (the worker appends it to requests.jsonl)."""
         self.fail_after = 0
         """Tests only: raise after this many passes (0 = never)."""
+        self.alternate_ns = 0
+        """Benchmarks: pause recording in every other window of this many ns of the host clock (0 = never)."""
         self._passes = 0
 
     # ------------------------------------------------------------ one pass of one virtual stage
@@ -116,7 +118,7 @@ class Pipeline:
     def _span(self, kind: str, **fields: Any) -> AbstractContextManager[Any]:
         """A compute span: on a GPU timed by CUDA events on the stream (the host does not wait for the
         work), on a CPU by the recorder's clock around the work itself."""
-        if self.device_spans is not None:
+        if self.device_spans is not None and self.rec.enabled:
             return self.device_spans.span(kind, **fields)
         return self.rec.span(kind, **fields)
 
@@ -131,6 +133,8 @@ class Pipeline:
         self._passes += 1
         if self.fail_after and self._passes > self.fail_after:
             raise RuntimeError(f"injected failure after {self.fail_after} passes")
+        if self.alternate_ns:
+            self.rec.set_paused(self.rec.now_ns() // self.alternate_ns % 2 == 1)
         chunk = stage // self.ranks
         phase = "prefill" if step == 0 else "decode"
         n = batch.tokens
@@ -244,6 +248,7 @@ class Pipeline:
         now = self.rec.now_ns()
         for r, tok in zip(reqs, msg.payload.tolist(), strict=True):
             r.output_ids.append(int(tok))
+            r.token_ns.append(now)
             if r.first_token_ns < 0:
                 r.first_token_ns = now
             if r.done:

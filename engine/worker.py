@@ -190,6 +190,7 @@ def _run_pipeline(
             sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed),
         )
         pipe.fail_after = _test_hook(FAIL_ENV, rank)
+        pipe.alternate_ns = int(cfg.record_alternate_ms * 1e6)
         if rank == 0:
             log = RequestLog(run_dir)
             pipe.on_finish = log

@@ -150,7 +150,9 @@ class Recorder:
         self.rank = rank
         self.stage = stage
         self.enabled = enabled
+        """Whether recording happens now: false when built disabled, or while paused (`set_paused`)."""
         self.nvtx = enabled and nvtx
+        self._built = (enabled, self.nvtx)
         self._clock = clock
         self._sink = sink if enabled else None
         self._buffer: collections.deque[tuple[Any, ...]] = collections.deque()
@@ -270,6 +272,14 @@ class Recorder:
             self._count_reads += 1
         return n
 
+    def set_paused(self, paused: bool) -> None:
+        """Pause or resume recording without closing: while paused, spans, counters, marks and NVTX ranges are
+        skipped (a span open when the pause began is still recorded). For measuring within one run what
+        recording costs. A recorder built disabled stays disabled."""
+        on, nvtx = self._built
+        self.enabled = on and not paused
+        self.nvtx = nvtx and not paused
+
     def now_ns(self) -> int:
         """The recorder's clock, for producers that time things themselves."""
         return self._clock()
@@ -320,7 +330,7 @@ class Recorder:
 
     def flush(self) -> None:
         """Write everything recorded so far (blocks until it is in the file)."""
-        if self.enabled:
+        if self._built[0]:
             self._drain()
 
     def close(self) -> None:
@@ -332,7 +342,7 @@ class Recorder:
             self._thread.join()
             self._thread = None
         error, self._flush_error = self._flush_error, None
-        if self.enabled and error is None:
+        if self._built[0] and error is None:
             try:
                 self._drain()
             except BaseException as exc:

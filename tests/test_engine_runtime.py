@@ -101,3 +101,27 @@ def test_poisson_arrivals_are_spread_and_served_after_arrival(tmp_path: Path) ->
     arrivals = reqs["arrival_ns"].to_numpy()
     assert (arrivals[1:] > arrivals[:-1]).all()
     assert (reqs["first_token_ns"] >= reqs["arrival_ns"]).all()
+
+
+def test_every_token_is_timed_and_recording_can_alternate_within_a_run(tmp_path: Path) -> None:
+    window_ms = 40.0
+    cfg = EngineConfig(stages=2, schedule="serve", requests=4, max_new_tokens=30, record_alternate_ms=window_ms,
+                       out=str(tmp_path / "run"), **{**FAST, "layer_cost_ms": "2"})  # fmt: skip
+    run_dir = run(cfg)
+    lines = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    for req in lines:
+        times = req["token_ns"]
+        assert len(times) == req["output_len"] == 30
+        assert times == sorted(times) and times[0] == req["first_token_ns"] and times[-1] == req["finish_ns"]
+    fwd = load_run(run_dir).spans
+    fwd = fwd[fwd["kind"] == "forward"]
+    window_ns = int(window_ms * 1e6)
+    on = (fwd["start_ns"] // window_ns % 2 == 0) | ((fwd["start_ns"] - 1_000_000) // window_ns % 2 == 0)
+    # ~240 forwards over ~0.3 s: both kinds of window are crossed, and only the "on" ones hold spans (a
+    # forward is recorded if recording was on when its pass began, at most a moment before it starts)
+    assert 0 < len(fwd) < 2 * 4 * 30 and on.all()
+
+
+def test_alternating_needs_recording_on() -> None:
+    with pytest.raises(InvalidConfigError, match="record_alternate_ms"):
+        EngineConfig(record=False, record_alternate_ms=10.0)

@@ -10,7 +10,7 @@ import pytest
 
 from ppscope.errors import InvalidSpanError
 from ppscope.recorder import KIND_COLORS, Recorder
-from ppscope.store import RankWriter, create_run, load_run
+from ppscope.store import RankWriter, create_run, load_run, read_rank_info
 from ppscope.trace import RunMeta, SpanKind
 
 
@@ -213,3 +213,40 @@ def test_counts_show_spans_that_never_reached_the_file() -> None:
     with pytest.raises(OSError, match="disk full"):
         rec.close()
     assert sink.info == {"spans_recorded": 5, "spans_written": 0}
+
+
+def test_paused_recorder_skips_everything_and_still_writes_at_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nvtx
+
+    spy = SpyDomain()
+    monkeypatch.setattr(nvtx, "get_domain", lambda name: spy)
+    run = tmp_path / "run"
+    create_run(run, RunMeta())
+    rec = Recorder(RankWriter(run, 0))
+    rec.record("forward", 1, 2, mb=0)
+    rec.set_paused(True)
+    with rec.span("forward", mb=1):
+        pass
+    rec.record("send", 3, 4, mb=1)
+    rec.counter("cpu_util_pct", 3.0)
+    rec.mark("paused")
+    assert spy.calls == []  # no NVTX while paused
+    rec.set_paused(False)
+    with rec.span("forward", mb=2):
+        pass
+    assert [c for c, _ in spy.calls] == ["push", "pop"]
+    rec.set_paused(True)  # closing while paused still writes what was recorded before
+    rec.close()
+    spans = load_run(run).spans
+    assert sorted(spans["mb"].tolist()) == [0, 2]
+    assert len(load_run(run).counters) == 0
+    assert read_rank_info(run)[0]["spans_recorded"] == 2
+
+
+def test_a_recorder_built_disabled_stays_disabled_when_resumed() -> None:
+    rec = Recorder(None, enabled=False)
+    rec.set_paused(False)
+    rec.record("forward", 1, 2)
+    assert not rec.enabled and not rec.nvtx and len(rec.frame()) == 0

@@ -87,3 +87,11 @@ def test_a_disabled_recorder_starts_no_sampler_thread() -> None:
     sampler.start()
     assert sampler._thread is None
     sampler.stop()
+
+
+def test_a_paused_recorder_gets_no_samples_until_resumed() -> None:
+    rec = Recorder(None, nvtx=False)
+    rec.set_paused(True)
+    assert _sample(rec, gpu_index=None, seconds=0.2) == {}
+    rec.set_paused(False)
+    assert (Metric.CPU_UTIL_PCT, -1) in _sample(rec, gpu_index=None, seconds=0.2)
