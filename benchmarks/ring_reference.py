@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import socket
 import time
 from collections.abc import Callable
@@ -63,7 +64,18 @@ def _spawn(target: Callable[..., None], stages: int, stage_ms: float, count: int
         if links is not None:
             for r in range(stages):
                 os.write(links[r][1], b"x")  # one message per rank: P in flight
-        return dict(results.get(timeout=_JOIN_S) for _ in range(stages))
+        got: dict[int, list[tuple[int, int]]] = {}
+        deadline = time.monotonic() + _JOIN_S
+        while len(got) < stages:
+            try:
+                rank, spans = results.get(timeout=0.2)
+                got[rank] = spans
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    what = f"rank {dead[0]} exited with code {procs[dead[0]].exitcode}" if dead else "no result"
+                    raise RuntimeError(f"reference ring failed: {what} (its error is above)") from None
+        return got
     finally:
         for p in procs:
             p.join(timeout=_JOIN_S)
