@@ -125,3 +125,22 @@ def test_every_token_is_timed_and_recording_can_alternate_within_a_run(tmp_path:
 def test_alternating_needs_recording_on() -> None:
     with pytest.raises(InvalidConfigError, match="record_alternate_ms"):
         EngineConfig(record=False, record_alternate_ms=10.0)
+
+
+def test_a_rank_freezes_its_start_up_heap_for_the_run_and_gives_it_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    frozen_during: list[int] = []
+    real_freeze = gc.freeze
+
+    def freeze() -> None:
+        real_freeze()
+        frozen_during.append(gc.get_freeze_count())
+
+    monkeypatch.setattr("engine.worker.gc.freeze", freeze)
+    before = gc.get_freeze_count()
+    run(EngineConfig(stages=1, requests=2, max_new_tokens=2, out=str(tmp_path / "run"), **FAST))
+    assert len(frozen_during) == 1 and frozen_during[0] > before  # the full collector skips it during the run
+    assert gc.get_freeze_count() == before  # a rank run in the caller's process leaves its heap as it was
