@@ -169,8 +169,7 @@ def overhead_alternating(tmp: Path, window_ms: float = 1000.0, guard_ms: float =
     return (
         f"recording overhead within one run (tiny model, serve P=2, recording paused in every other "
         f"{window_ms:g} ms window, its first {guard_ms:g} ms not counted; {len(log_ratio)} windows, {len(t)} tokens): "
-        f"throughput on/off = "
-        f"{np.exp(mean):.3f} (95% interval {np.exp(mean - half):.3f}-{np.exp(mean + half):.3f})"
+        f"throughput on/off = {np.exp(mean):.3f} (95% interval {np.exp(mean - half):.3f}-{np.exp(mean + half):.3f})"
     )
 
 
