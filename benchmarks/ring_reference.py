@@ -16,10 +16,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
+
+from engine.launch import free_port, main_not_reimported
 
 __all__ = ["gpipe_efficiency", "ring_efficiency"]
 
@@ -56,10 +57,11 @@ def _spawn(target: Callable[..., None], stages: int, stage_ms: float, count: int
     # gloo ranks start fresh (spawn); pipe ranks fork, to inherit the pipes, and touch nothing but them
     ctx = mp.get_context("fork" if links is not None else "spawn")
     results: Any = ctx.Queue()
-    extra = links if links is not None else (_free_port(), microbatches)
+    extra = links if links is not None else (free_port(), microbatches)
     procs = [ctx.Process(target=target, args=(r, stages, stage_ms, count, extra, results)) for r in range(stages)]
-    for p in procs:
-        p.start()
+    with main_not_reimported():  # the caller's main may be anything (a benchmark harness, a test runner)
+        for p in procs:
+            p.start()
     try:
         if links is not None:
             for r in range(stages):
@@ -81,12 +83,6 @@ def _spawn(target: Callable[..., None], stages: int, stage_ms: float, count: int
             p.join(timeout=_JOIN_S)
             if p.is_alive():
                 p.kill()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pipe_rank(r: int, stages: int, stage_ms: float, passes: int, links: Any, out: Any) -> None:

@@ -31,7 +31,7 @@ from ppscope.store import create_run, read_meta, write_meta
 _INTERRUPT_GRACE_S = 15.0
 """How long ranks get to flush and close their files after Ctrl-C before they are terminated."""
 
-__all__ = ["free_port", "run", "under_torchrun"]
+__all__ = ["free_port", "main_not_reimported", "run", "under_torchrun"]
 
 ProgressHook = Callable[[int, int, int], None]
 """Called with (requests finished, requests total, tokens generated)."""
@@ -68,7 +68,7 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
         )
         for r in range(cfg.stages)
     ]
-    with _main_not_reimported():
+    with main_not_reimported():
         for p in procs:
             p.start()
     try:
@@ -85,7 +85,7 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
 
 
 @contextlib.contextmanager
-def _main_not_reimported() -> Iterator[None]:
+def main_not_reimported() -> Iterator[None]:
     """Start children without re-running the caller's `__main__` (multiprocessing does by default): the ranks
     need only `engine`, and the caller's main may be a script that cannot run twice (a notebook, a test
     harness, an app server)."""
