@@ -254,6 +254,7 @@ class Pipeline:
             if r.done:
                 r.finish_ns = now
                 self.on_finish(r)
+                r.token_ns = []  # logged: a long serve keeps no per-token times of finished requests
         return len(reqs)
 
     # ------------------------------------------------------------ serve (rank 0)
