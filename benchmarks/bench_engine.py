@@ -88,25 +88,19 @@ def efficiency_gpipe(tmp: Path, tries: int = 3) -> list[str]:
     ]
 
 
-def _serve_ratio(run_dir: Path) -> float:
-    """Steady-state forwards per second at rank 0 ÷ the ideal (one per stage time): first and last fifth dropped."""
-    spans = load_run(run_dir).spans
-    starts = np.sort(spans[(spans["kind"] == SpanKind.FORWARD) & (spans["rank"] == 0)]["start_ns"].to_numpy())
-    lo, hi = starts[len(starts) // 5], starts[-len(starts) // 5]
-    n = int(((starts >= lo) & (starts < hi)).sum())
-    return n / ((hi - lo) / 1e9) / (1e3 / STAGE_MS)
-
-
 def efficiency_serve(tmp: Path, tries: int = 3) -> list[str]:
     """The engine next to bare rings of the same shape (see ring_reference), in turns so drift hits all alike."""
-    from benchmarks.ring_reference import ring_efficiency
+    from benchmarks.ring_reference import ring_efficiency, steady_ratio
 
     p, passes = 4, 160
     engine, gloo, pipe = [], [], []
     for i in range(tries):
         run_dir = _run(tmp / f"eff-serve-{i}", schedule="serve", max_inflight=p, requests=p, prompt_len=4,
                        max_new_tokens=passes // p, **_synthetic(p))  # fmt: skip
-        engine.append(_serve_ratio(run_dir))
+        spans = load_run(run_dir).spans
+        engine.append(
+            steady_ratio(spans[(spans["kind"] == SpanKind.FORWARD) & (spans["rank"] == 0)]["start_ns"], STAGE_MS)
+        )
         gloo.append(ring_efficiency("gloo", p, STAGE_MS, passes))
         pipe.append(ring_efficiency("pipe", p, STAGE_MS, passes))
     return [

@@ -17,12 +17,12 @@ import multiprocessing as mp
 import os
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.launch import free_port, main_not_reimported
 
-__all__ = ["gpipe_efficiency", "ring_efficiency"]
+__all__ = ["gpipe_efficiency", "ring_efficiency", "steady_ratio"]
 
 _JOIN_S = 60.0
 
@@ -33,10 +33,20 @@ def ring_efficiency(transport: str, stages: int = 4, stage_ms: float = 5.0, pass
         times = _spawn(_gloo_ring_rank, stages, stage_ms, passes)
     elif transport == "pipe":
         links = [os.pipe() for _ in range(stages)]  # link r feeds rank r
-        times = _spawn(_pipe_rank, stages, stage_ms, passes, links=links)
+        try:
+            times = _spawn(_pipe_rank, stages, stage_ms, passes, links=links)
+        finally:
+            for fd in (fd for link in links for fd in link):
+                os.close(fd)
     else:
         raise ValueError(f"unknown transport {transport!r}; valid: gloo, pipe")
-    starts = sorted(s for s, _ in times[0])
+    return steady_ratio([s for s, _ in times[0]], stage_ms)
+
+
+def steady_ratio(starts_ns: Sequence[int], stage_ms: float) -> float:
+    """Passes per second at one rank ÷ the ideal (one per `stage_ms`), over the steady state: the passes
+    starting between the first and last fifth."""
+    starts = sorted(starts_ns)
     lo, hi = starts[len(starts) // 5], starts[-len(starts) // 5]
     n = sum(1 for t in starts if lo <= t < hi)
     return n / ((hi - lo) / 1e9) / (1e3 / stage_ms)
