@@ -127,9 +127,9 @@ class Pipeline:
         if self.device_spans is not None:
             self.device_spans.close()
 
-    @torch.no_grad()
     def run_stage(self, stage: int, mb: int, step: int, batch: Batch, data: torch.Tensor) -> Message:
-        """Run virtual stage `stage` on one micro-batch: embed first if it is stage 0, head and sampling if last."""
+        """Run virtual stage `stage` on one micro-batch: embed first if it is stage 0, head and sampling if last.
+        Called inside the drivers' inference mode."""
         self._passes += 1
         if self.fail_after and self._passes > self.fail_after:
             raise RuntimeError(f"injected failure after {self.fail_after} passes")
@@ -174,6 +174,7 @@ class Pipeline:
 
     # ------------------------------------------------------------ followers (every rank but 0)
 
+    @torch.inference_mode()  # once per loop, not per pass: entering it costs a few microseconds
     def follow(self) -> None:
         """Process what the predecessor sends until it says stop; pass the stop on."""
         while True:
@@ -193,6 +194,7 @@ class Pipeline:
 
     # ------------------------------------------------------------ gpipe / interleaved (rank 0)
 
+    @torch.inference_mode()
     def drive_batch(self, schedule: str, requests: list[Request], microbatches: int, progress: ProgressFn) -> None:
         """gpipe / interleaved: the requests in `microbatches` groups, every step flushed."""
         groups = [requests[i::microbatches] for i in range(microbatches)]
@@ -259,6 +261,7 @@ class Pipeline:
 
     # ------------------------------------------------------------ serve (rank 0)
 
+    @torch.inference_mode()
     def drive_serve(self, requests: list[Request], arrivals_ns: list[int], policy: ServePolicy, timeout_s: float,
                     progress: ProgressFn) -> None:  # fmt: skip
         """Continuous batching: up to `max_inflight` slots circulate; a slot whose requests are all done takes
