@@ -88,6 +88,7 @@ class Ring:
         receive may be larger than what arrives, so each message is sent at its own length, while the
         receive posted ahead has room for the largest; NCCL sizes must match, so there headers are fixed)."""
         self.device = device
+        self.cuda = device.type == "cuda"
         self.timeout_s = timeout_s
         self._local: collections.deque[Message] = collections.deque()
         self._sent: collections.deque[_Posted] = collections.deque()
@@ -134,7 +135,8 @@ class Ring:
         start = self.rec.now_ns()
         group = self._group(self.rank)
         header, payload = self._pack(msg)
-        header = header.to(self.device)
+        if self.cuda:
+            header = header.to(self.device)
         works = [dist.isend(header, dst=self.next, group=group)]
         if payload is not None:
             works.append(dist.isend(payload, dst=self.next, group=group, tag=self._payload_tag))
@@ -204,7 +206,7 @@ class Ring:
             waiter, self._waiter = self._waiter, None
             if waiter.error is not None:
                 raise self._failed(waiter.error)
-        msg, shape, dtype = self._parse(buf.cpu())
+        msg, shape, dtype = self._parse(buf.cpu() if self.cuda else buf)
         self._posted.popleft()
         self._spare.append(buf)
         if shape is None:
@@ -228,7 +230,7 @@ class Ring:
     def _wait(self, work: Any) -> None:
         try:
             work.wait()
-            if self.device.type == "cuda":
+            if self.cuda:
                 torch.cuda.current_stream(self.device).synchronize()
         except Exception as exc:
             raise self._timeout() if "timed out" in str(exc).lower() else self._failed(exc) from exc
@@ -261,9 +263,10 @@ class Ring:
         batch, payload = msg.batch, msg.payload
         if payload.requires_grad:
             payload = payload.detach()
-        if self.device.type != "cuda":
+        if not self.cuda and payload.is_cuda:
             payload = payload.cpu()
-        payload = payload.contiguous()
+        if not payload.is_contiguous():
+            payload = payload.contiguous()
         n = len(batch.lens)
         nbytes = payload.numel() * payload.element_size()
         inline = nbytes <= self.inline_nbytes

@@ -151,8 +151,10 @@ class Pipeline:
         with self._span(SpanKind.HEAD, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
             logits = self.m.run_head(x, batch, self.vocab)
         with self._span(SpanKind.SAMPLE, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
-            # key: cache slot and position of the new token, known on every stage whatever the schedule
-            keys = [slot * 65_537 + s + n for slot, s, n in zip(batch.slots, batch.starts, batch.lens, strict=True)]
+            keys = None
+            if self.sampling.temperature > 0:
+                # key: cache slot and position of the new token, known on every stage whatever the schedule
+                keys = [slot * 65_537 + s + n for slot, s, n in zip(batch.slots, batch.starts, batch.lens, strict=True)]
             ids = sample(logits, self.sampling, self.gen, keys)
         return Message(TOKENS, mb, step, stage, batch, ids.to(torch.int64))
 
