@@ -55,6 +55,21 @@ def test_write_and_load_with_clock_offsets(tmp_path: Path) -> None:
     assert trace.spans["start_ns"].is_monotonic_increasing
 
 
+def test_a_large_batch_is_written_whole_and_in_order(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=1))
+    w = RankWriter(run, 0)
+    for n in (300, 1, 257):  # several statements per batch (256, 32, 8, 4), one row, 256 + 1
+        base = w.spans_written
+        w.write([_span(0, 10 * (base + i), 10 * (base + i) + 5, mb=base + i) for i in range(n)],
+                [(10 * (base + i), 0, -1, "cpu", float(i)) for i in range(n // 2)])  # fmt: skip
+    w.close()
+    trace = load_run(run)
+    assert trace.spans["mb"].tolist() == list(range(558))
+    assert trace.spans["end_ns"].tolist() == [10 * i + 5 for i in range(558)]
+    assert len(trace.counters) == 150 + 0 + 128
+
+
 def test_loading_never_writes(tmp_path: Path) -> None:
     run = tmp_path / "run"
     create_run(run, RunMeta(world_size=1))
