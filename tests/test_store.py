@@ -59,7 +59,7 @@ def test_a_large_batch_is_written_whole_and_in_order(tmp_path: Path) -> None:
     run = tmp_path / "run"
     create_run(run, RunMeta(world_size=1))
     w = RankWriter(run, 0)
-    for n in (300, 1, 257):  # several statements per batch (256, 32, 8, 4), one row, 256 + 1
+    for n in (300, 1, 257):
         base = w.spans_written
         w.write([_span(0, 10 * (base + i), 10 * (base + i) + 5, mb=base + i) for i in range(n)],
                 [(10 * (base + i), 0, -1, "cpu", float(i)) for i in range(n // 2)])  # fmt: skip
