@@ -99,3 +99,18 @@ def test_header_holds_the_payload_only_when_it_fits() -> None:
             assert payload is not None and torch.equal(payload, x) and shape == [2, 64] and dtype == torch.float32
     header, payload = ring._pack(Message(STOP))
     assert payload is None and ring._parse(header)[0].kind == STOP
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_inline_payload_of_every_dtype_comes_back_bit_for_bit(dtype: torch.dtype) -> None:
+    ring = Ring(0, 2, Recorder(None, rank=0, stage=0), 4, torch.device("cpu"), 5, inline_nbytes=4096)
+    batch = Batch([3, 1, 0], [7, 0, 2], [2, 3, 1])
+    x = torch.randn(6, 12, generator=torch.Generator().manual_seed(1)).to(dtype)  # 6 tokens of width 12
+    header, payload = ring._pack(Message(ACT, 2, 5, 1, batch, x))
+    msg, shape, _ = ring._parse(header)
+    assert payload is None and shape is None and msg.batch == batch and (msg.mb, msg.step, msg.stage) == (2, 5, 1)
+    assert msg.payload is not None and msg.payload.dtype == dtype and msg.payload.shape == x.shape
+    assert torch.equal(msg.payload.view(torch.uint8), x.view(torch.uint8))
+    ids = torch.tensor([11, 2**40, -3])
+    msg, _, _ = ring._parse(ring._pack(Message(TOKENS, 2, 5, 1, batch, ids))[0])
+    assert msg.payload is not None and torch.equal(msg.payload, ids)
