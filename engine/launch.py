@@ -157,6 +157,8 @@ def _supervise(
                         on_progress(event[1], total, event[2])
                     if bar:
                         bar.update(event[1], event[2])
+                elif kind == "interrupted":  # Ctrl-C reached the ranks before (or instead of) this process
+                    raise KeyboardInterrupt
                 elif kind == "error":
                     raise _failure(procs, event[1], event[2], run_dir)
                 elif kind == "done":
@@ -168,6 +170,8 @@ def _supervise(
                 if r not in done and p.exitcode not in (None, 0):
                     with contextlib.suppress(queue.Empty):  # its error report may still be in the queue
                         event = events.get(timeout=1.0)
+                        if event[0] == "interrupted":
+                            raise KeyboardInterrupt
                         if event[0] == "error":
                             raise _failure(procs, event[1], event[2], run_dir)
                     raise EngineFailedError(
@@ -277,7 +281,7 @@ def _child(
         run_rank(cfg, rank, world, local_rank=rank, run_dir=Path(run_dir), progress=progress if rank == 0 else None)
     except BaseException as exc:
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        events.put(("error", rank, detail))
+        events.put(("interrupted", rank) if isinstance(exc, KeyboardInterrupt) else ("error", rank, detail))
         events.close()
         events.join_thread()
         os._exit(1)
