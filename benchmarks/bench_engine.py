@@ -139,8 +139,8 @@ def overhead(tmp: Path, pairs: int = 6) -> str:
 def overhead_alternating(tmp: Path, window_ms: float = 1000.0, guard_ms: float = 300.0) -> str:
     """Recording on and off within one run: the engine pauses it in every odd window of the host clock, so both
     sides share the processes, their placement and the machine's mood. Each window's rate is tokens per second
-    between its first and last token, its first `guard_ms` dropped: the flush thread (every 0.25 s) writes an
-    "on" window's last spans early in the next window, and work in flight there began under the other setting.
+    between its first and last token, its first `guard_ms` dropped: the pause wakes the flush thread, which writes
+    an "on" window's last spans early in the next window, and work in flight there began under the other setting.
     Each window is compared with the mean of its two neighbours, which cancels drift slower than a window."""
     run_dir = _run(tmp / "ovh-alt", stages=2, schedule="serve", requests=48, prompt_len=4, max_new_tokens=200,
                    record_alternate_ms=window_ms)  # fmt: skip

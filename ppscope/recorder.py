@@ -144,7 +144,7 @@ class Recorder:
         stage: int = -1,
         enabled: bool = True,
         nvtx: bool = True,
-        flush_interval_s: float = 0.25,
+        flush_interval_s: float = 0.5,
         clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.rank = rank
@@ -176,6 +176,7 @@ class Recorder:
         self.spans_written = 0
         self._flush_error: BaseException | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # flush now (a pause), not at the end of the interval
         self._lock = threading.Lock()  # serialises drains (flush thread vs explicit flush)
         self._thread: threading.Thread | None = None
         if self._sink is not None:
@@ -243,7 +244,7 @@ class Recorder:
                 f"(start_ns={start_ns}, end_ns={end_ns}): pass the times in order"
             )
         st = self.stage if stage is None else stage
-        head = (self.rank, st, lane or lane_of(kind), kind, name or kind, mb, step, chunk, phase)
+        head = (self.rank, st, lane or _LANES[kind], kind, name or kind, mb, step, chunk, phase)
         self._append((head, int(start_ns), int(end_ns), nbytes, tokens, peer))
         next(self._recorded)
 
@@ -275,8 +276,11 @@ class Recorder:
     def set_paused(self, paused: bool) -> None:
         """Pause or resume recording without closing: while paused, spans, counters, marks and NVTX ranges are
         skipped (a span open when the pause began is still recorded). For measuring within one run what
-        recording costs. A recorder built disabled stays disabled."""
+        recording costs. A pause also wakes the flush thread, so what was recorded before it is written at
+        once rather than during the pause. A recorder built disabled stays disabled."""
         on, nvtx = self._built
+        if paused and self.enabled and self._thread is not None:
+            self._wake.set()
         self.enabled = on and not paused
         self.nvtx = nvtx and not paused
 
@@ -311,7 +315,7 @@ class Recorder:
     def _drain(self) -> None:
         with self._lock:
             while self._buffer or self._counters:
-                spans = [(*head, *rest) for head, *rest in _take(self._buffer, _FLUSH_BATCH)]
+                spans = [(*head, s, e, b, t, p) for head, s, e, b, t, p in _take(self._buffer, _FLUSH_BATCH)]
                 counters = _take(self._counters, _FLUSH_BATCH)
                 if self._sink is not None:
                     self._sink.write(spans, counters)
@@ -321,7 +325,11 @@ class Recorder:
                 self.spans_written += len(spans)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._drain()
             except BaseException as exc:  # keep recording in memory; close() reports it
@@ -338,6 +346,7 @@ class Recorder:
         `spans_recorded` and `spans_written`, for whoever checks that none was lost) and close the sink.
         A write that failed is raised here, after the counts are stored. Idempotent."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None

@@ -147,6 +147,28 @@ def test_counters_marks_and_flush_to_store(tmp_path: Path) -> None:
     assert (c["ts_ns"], c["device"], c["metric"], c["value"]) == (123, 3, "gpu_util_pct", 87.5)
 
 
+def test_a_pause_writes_what_was_recorded_at_once(tmp_path: Path) -> None:
+    import time
+
+    run = tmp_path / "run"
+    create_run(run, RunMeta())
+    rec = Recorder(RankWriter(run, 0), rank=0, stage=0, nvtx=False, flush_interval_s=60)
+    try:
+        for i in range(100):
+            rec.record("forward", i, i + 1, mb=i)
+        rec.set_paused(True)  # the flush thread wakes now, not in 60 s
+        deadline = time.monotonic() + 30
+        while rec.spans_written < 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rec.spans_written == 100
+        rec.record("forward", 200, 201)  # paused: not recorded
+        rec.set_paused(False)
+        rec.record("forward", 300, 301)
+    finally:
+        rec.close()
+    assert load_run(run).spans["start_ns"].tolist() == [*range(100), 300]
+
+
 def test_close_is_idempotent(tmp_path: Path) -> None:
     run = tmp_path / "run"
     create_run(run, RunMeta())
