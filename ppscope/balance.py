@@ -4,7 +4,10 @@ Stage s holding layers [i, j) takes
     t_s = (embed if s is first + Σ layer costs + head and sample if s is last + overhead_s) / speed_s + hop_s
 and, with a memory model, holds weights plus KV cache within its limit; the pipeline's KV capacity is the
 minimum over stages. `balance` returns the split with the smallest max_s t_s, ties going to the largest KV
-capacity (objective `throughput`), or the largest KV capacity, ties going to the fastest (`memory`).
+capacity (objective `throughput`), or the largest KV capacity, ties going to the fastest (`memory`). Among
+the splits that remain, it takes one that spreads the rest of the work evenly (from the last stage back, each
+stage starts nearest where an even share of the layer cost before it would put it), so that costs measured a
+hair apart do not tip the advice to a split with two stages at the limit.
 It knows nothing about where costs come from (`ppscope.costs`) or how engines run a split.
 
 Note on exactness: every stage time is computed by one formula from prefix sums (`balance_search.CostModel`).

@@ -128,7 +128,7 @@ def probe(model: CostModel, limit_ms: float, kv_tokens: int, *, even: bool = Fal
     if min(nmax) < 1 or limit_ms < model.lower_bound_ms:
         return None
     found = _probe_greedy(model, limit_ms, nmax, even=even)
-    return _probe_sets(model, limit_ms, nmax) if found is _NOT_GREEDY else found
+    return _probe_sets(model, limit_ms, nmax, even=even) if found is _NOT_GREEDY else found
 
 
 _NOT_GREEDY = object()
@@ -160,11 +160,16 @@ def _probe_greedy(model: CostModel, limit_ms: float, nmax: list[int], *, even: b
         first = last
         if even:
             first = max(s, e - nmax[s], _first_start(model, s, e, limit_ms))
-            share = model.prefix[e] * s / (s + 1)  # the cost left for stages < s, shared out evenly
-            last = min(last, max(first, bisect.bisect_left(model.prefix, share)))
+            last = min(last, max(first, _even_start(model, s, e)))
         ends.append(last)
     ends.reverse()
     return _counts(ends)
+
+
+def _even_start(model: CostModel, s: int, e: int) -> int:
+    """Where stage s, ending at e, would start if the layer cost before e were shared out evenly by stages
+    0..s: the evenness rule of `probe(even=True)`, applied from the last stage back."""
+    return bisect.bisect_left(model.prefix, model.prefix[e] * s / (s + 1))
 
 
 def _first_start(model: CostModel, s: int, e: int, limit_ms: float) -> int:
@@ -179,7 +184,7 @@ def _first_start(model: CostModel, s: int, e: int, limit_ms: float) -> int:
     return lo
 
 
-def _probe_sets(model: CostModel, limit_ms: float, nmax: list[int]) -> list[int] | None:
+def _probe_sets(model: CostModel, limit_ms: float, nmax: list[int], *, even: bool = False) -> list[int] | None:
     # General case (a single layer may not fit on some stage): track every reachable end explicitly.
     p, n = model.stages, model.layers
     pos = np.arange(n + 1)
@@ -204,8 +209,12 @@ def _probe_sets(model: CostModel, limit_ms: float, nmax: list[int]) -> list[int]
     for s in range(p - 1, 0, -1):
         starts, hi = history[s]
         e = ends[-1]
-        ok = (starts < e) & (hi >= e)
-        ends.append(int(starts[ok].max()))
+        valid = starts[(starts < e) & (hi >= e)]  # every one is reached by stages < s and reaches e
+        if even:  # the valid start nearest the even one (the later of two as near)
+            target = _even_start(model, s, e)
+            ends.append(int(valid[np.lexsort((-valid, np.abs(valid - target)))[0]]))
+        else:
+            ends.append(int(valid.max()))
     ends.reverse()
     return _counts(ends)
 

@@ -132,6 +132,25 @@ def test_last_stage_with_lm_head_gets_fewer_layers() -> None:
     assert advice.predicted_speedup == pytest.approx(6.0 / 5.0)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_measurement_noise_does_not_change_the_advice(seed: int) -> None:
+    # 8 layers of 5 ms and a 15 ms head on 4 stages: the slowest stage is the last (1 layer + head, 20 ms)
+    # whatever the rest does, and among the splits that fast 3,2,2,1 spreads the rest evenest (15, 10, 10).
+    # Measured costs are never exactly equal; a layer 0.1% dearer than the last one must not tip the advice
+    # to 4,2,1,1 (two stages at the limit) or 3,3,1,1.
+    rng = random.Random(seed)
+    costs = LayerCosts(
+        layer_ms=tuple(5.0 * (1 + rng.uniform(-0.01, 0.01)) for _ in range(8)),
+        head_ms=15.0 * (1 + rng.uniform(-0.01, 0.01)),
+        embed_ms=0.02,
+    )
+    problem = BalanceProblem(costs=costs, stages=4)
+    split = balance(problem)
+    assert split == [3, 2, 2, 1]
+    best = min(max(evaluate(problem, s).stage_ms) for s in all_splits(8, 4))
+    assert max(evaluate(problem, split).stage_ms) == best
+
+
 def test_heterogeneous_speeds_give_the_fast_gpu_more_layers() -> None:
     costs = LayerCosts(layer_ms=(1.0,) * 12)
     split = balance(BalanceProblem(costs=costs, stages=2, stage_costs=StageCosts(speed=[2.0, 1.0])))
