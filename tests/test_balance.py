@@ -136,7 +136,7 @@ def test_last_stage_with_lm_head_gets_fewer_layers() -> None:
 def test_measurement_noise_does_not_change_the_advice(seed: int) -> None:
     # 8 layers of 5 ms and a 15 ms head on 4 stages: the slowest stage is the last (1 layer + head, 20 ms)
     # whatever the rest does, and among the splits that fast 3,2,2,1 spreads the rest evenest (15, 10, 10).
-    # Measured costs are never exactly equal; a layer 0.1% dearer than the last one must not tip the advice
+    # Measured costs are never exactly equal; costs 1% apart must not tip the advice
     # to 4,2,1,1 (two stages at the limit) or 3,3,1,1.
     rng = random.Random(seed)
     costs = LayerCosts(
