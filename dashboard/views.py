@@ -133,7 +133,7 @@ def _advise(trace: Trace, profile: LayerProfile | None) -> tuple[Advice | None, 
         if profile is not None and len(profile.decode.layer_ms) == sum(meta.split):
             costs = profile.decode.costs()
             source = (
-                f"Costs from the run's per-layer profile (profile.json, decode pass, timed with {profile.method} "
+                f"Costs from the run's per-layer profile (profile.json, decode pass, timed with {profile.how} "
                 f"on {profile.device}): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on average."
             )
         else:

@@ -51,6 +51,14 @@ class LayerProfile:
     repeats: int
     prefill: PhaseCosts
     decode: PhaseCosts
+    cache_flush_bytes: int = 0
+    """Bytes written before each timed pass to empty the device's caches; 0: passes timed back to back, with
+    warm caches (profiles written before this field, and synthetic models, whose layers only sleep)."""
+
+    @property
+    def how(self) -> str:
+        """How the passes were timed, for people: `perf_counter, cold caches`."""
+        return f"{self.method}, {'cold' if self.cache_flush_bytes else 'warm'} caches"
 
     def phase(self, name: str) -> PhaseCosts:
         if name not in PHASES:

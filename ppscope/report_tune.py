@@ -7,7 +7,11 @@ from rich.table import Table
 
 from ppscope.tune import TuneResult
 
-__all__ = ["print_tune"]
+__all__ = ["NOISE", "print_tune"]
+
+NOISE = 0.02
+"""Throughput of two runs of the same split differs by a few percent (2-5% on a busy 2-core machine); a
+predicted gain below this is not one that a single pair of runs can show."""
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
@@ -52,10 +56,13 @@ def print_tune(result: TuneResult, console: Console | None = None) -> None:
     for note in result.notes:
         out.print(f"note: {note}")
     measured, realised = result.measured_speedup, result.realised
-    out.print(
-        f"predicted speedup ×{result.predicted_speedup:.3f}   measured ×{_fmt(measured, '.3f')}"
-        + (f"   ({100 * realised:.0f}% of the predicted gain realised)" if realised is not None else "")
-    )
+    if realised is None:
+        share = ""
+    elif result.predicted_speedup < 1.0 + NOISE:  # a share of next to nothing says nothing
+        share = f"   (a predicted gain under {NOISE:.0%} is within run-to-run noise: so is the measured change)"
+    else:
+        share = f"   ({100 * realised:.0f}% of the predicted gain realised)"
+    out.print(f"predicted speedup ×{result.predicted_speedup:.3f}   measured ×{_fmt(measured, '.3f')}{share}")
     stage_ms = ", ".join(f"{t:.3f}" for t in advice.proposed.stage_ms)
     out.print(f"advised split, predicted stage times (ms): {stage_ms}")
     from ppscope.balance import engine_lines

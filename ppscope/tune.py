@@ -113,7 +113,7 @@ def _costs(cfg: EngineConfig, run_dir: Path, source: str, phase: str, step: Step
         step(f"profiling every layer, the embedding and the head on the device ({phase} pass)")
         profile = profile_layers(cfg)
         write_profile(profile, run_dir)
-        return profile.phase(phase).costs(), [f"costs: {phase} pass timed layer by layer ({profile.method})"]
+        return profile.phase(phase).costs(), [f"costs: {phase} pass timed layer by layer ({profile.how})"]
     fit = fit_layer_costs([load_run(run_dir)], phase=phase)
     note = f"costs: fitted from the run's {fit.phase} spans, R² = {fit.r_squared:.3f}"
     return fit.costs, [note, *fit.notes]
