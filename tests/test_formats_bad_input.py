@@ -56,6 +56,14 @@ def _empty_dir(tmp: Path) -> Path:
     return d
 
 
+def _folder_of_runs(tmp: Path) -> Path:
+    d = tmp / "tuned"
+    for name in ("1-before", "2-after"):
+        (d / name).mkdir(parents=True)
+        (d / name / "meta.json").write_text("{}")
+    return d
+
+
 CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
     "not sqlite": (_not_sqlite, "not a trace ppscope reads"),
     "sqlite, not nsys": (_other_sqlite, "not an nsys export"),
@@ -63,6 +71,7 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
     "json without traceEvents": (_json_without_events, "no traceEvents"),
     "truncated gz": (_truncated_gz, "truncated"),
     "directory without traces": (_empty_dir, "holds no traces"),
+    "folder of runs (ppscope tune)": (_folder_of_runs, "a folder of runs (1-before, 2-after): give one of them"),
 }
 
 

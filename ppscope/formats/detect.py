@@ -94,6 +94,10 @@ def _detect_dir(p: Path) -> Detected:
         return Detected(InputKind.NSYS, nsys[0], nsys)
     if not any(p.iterdir()):
         raise RunNotFoundError(f"{p} is empty: it holds no run and no trace files")
+    runs = sorted(d.name for d in p.iterdir() if d.is_dir() and (d / _RUN_META).is_file())
+    if runs:  # e.g. the folder of `ppscope tune` or `ppscope demo`, which holds a run before and one after
+        listed = ", ".join(runs[:4]) + (f" and {len(runs) - 4} more" if len(runs) > 4 else "")
+        raise UnsupportedInputError(f"{p} is a folder of runs ({listed}): give one of them, e.g. {p / runs[0]}")
     raise UnsupportedInputError(
         f"{p} holds no traces: no {_RUN_META} (ppscope run), no Kineto JSON/JSON.gz files"
         + (f", and {len(nsys)} SQLite files (give one nsys export at a time)" if nsys else ", no nsys .sqlite")
