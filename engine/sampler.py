@@ -78,15 +78,18 @@ class CounterSampler:
 
     def _sample_gpu(self) -> None:
         nv, h, dev = self._nvml, self._handle, int(self.gpu_index or 0)
-        try:
-            util = nv.nvmlDeviceGetUtilizationRates(h)
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
-            self.rec.counter(Metric.GPU_UTIL_PCT, float(util.gpu), device=dev)
-            self.rec.counter(Metric.GPU_MEM_USED_BYTES, float(mem.used), device=dev)
-            self.rec.counter(Metric.GPU_POWER_W, nv.nvmlDeviceGetPowerUsage(h) / 1e3, device=dev)
-            self.rec.counter(Metric.GPU_SM_CLOCK_MHZ, float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)), device=dev)
-        except Exception:  # a metric this GPU does not report: skip the sample, keep sampling
-            pass
+        readers = (
+            (Metric.GPU_UTIL_PCT, lambda: float(nv.nvmlDeviceGetUtilizationRates(h).gpu)),
+            (Metric.GPU_MEM_USED_BYTES, lambda: float(nv.nvmlDeviceGetMemoryInfo(h).used)),
+            (Metric.GPU_POWER_W, lambda: nv.nvmlDeviceGetPowerUsage(h) / 1e3),
+            (Metric.GPU_SM_CLOCK_MHZ, lambda: float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))),
+        )
+        for metric, read in readers:
+            try:
+                value = read()
+            except Exception:  # a metric this GPU does not report (power on some virtual GPUs): skip it alone
+                continue
+            self.rec.counter(metric, value, device=dev)
 
 
 def _rss_pages() -> int | None:

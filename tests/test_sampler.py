@@ -82,6 +82,17 @@ def test_gpu_ranks_record_nvml_readings_and_resident_memory(monkeypatch: pytest.
     assert fake.shut
 
 
+def test_a_metric_the_gpu_does_not_report_is_skipped_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoPower(_FakeNvml):
+        def nvmlDeviceGetPowerUsage(self, handle: str) -> int:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")  # as on some virtual GPUs
+
+    monkeypatch.setitem(sys.modules, "pynvml", NoPower())
+    got = _sample(Recorder(None, nvtx=False), gpu_index=0)
+    assert (Metric.GPU_POWER_W, 0) not in got
+    assert got[(Metric.GPU_SM_CLOCK_MHZ, 0)][0] == 1_755.0 and got[(Metric.GPU_UTIL_PCT, 0)][0] == 87.0
+
+
 def test_a_disabled_recorder_starts_no_sampler_thread() -> None:
     sampler = CounterSampler(Recorder(None, enabled=False), None, interval_ms=10)
     sampler.start()
