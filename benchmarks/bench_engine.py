@@ -139,13 +139,13 @@ def overhead(tmp: Path, pairs: int = 6) -> str:
     )
 
 
-def overhead_alternating(tmp: Path, window_ms: float = 1000.0, guard_ms: float = 300.0) -> str:
+def overhead_alternating(tmp: Path, window_ms: float = 1000.0, guard_ms: float = 300.0, stages: int = 2) -> str:
     """Recording on and off within one run: the engine pauses it in every odd window of the host clock, so both
     sides share the processes, their placement and the machine's mood. Each window's rate is tokens per second
     between its first and last token, its first `guard_ms` dropped: the pause wakes the flush thread, which writes
     an "on" window's last spans early in the next window, and work in flight there began under the other setting.
     Each window is compared with the mean of its two neighbours, which cancels drift slower than a window."""
-    run_dir = _run(tmp / "ovh-alt", stages=2, schedule="serve", requests=48, prompt_len=4, max_new_tokens=200,
+    run_dir = _run(tmp / "ovh-alt", stages=stages, schedule="serve", requests=48, prompt_len=4, max_new_tokens=200,
                    record_alternate_ms=window_ms)  # fmt: skip
     times: list[int] = []
     for line in (run_dir / "requests.jsonl").read_text().splitlines():
@@ -164,7 +164,7 @@ def overhead_alternating(tmp: Path, window_ms: float = 1000.0, guard_ms: float =
     half = 1.96 * log_ratio.std(ddof=1) / np.sqrt(len(log_ratio))
     mean = float(log_ratio.mean())
     return (
-        f"recording overhead within one run (tiny model, serve P=2, recording paused in every other "
+        f"recording overhead within one run (tiny model, serve P={stages}, recording paused in every other "
         f"{window_ms:g} ms window, its first {guard_ms:g} ms not counted; {len(log_ratio)} windows, {len(t)} tokens): "
         f"throughput on/off = {np.exp(mean):.3f} (95% interval {np.exp(mean - half):.3f}-{np.exp(mean + half):.3f})"
     )

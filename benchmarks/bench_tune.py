@@ -1,13 +1,19 @@
-"""The closed loop on a deliberately imbalanced synthetic pipeline: measured gain vs predicted gain.
+"""The closed loop on a deliberately imbalanced synthetic pipeline: measured gain vs predicted gain; and the
+layer profile of a real model against the pipeline it is meant to predict.
 
-Four stages of 5 ms layers with an LM head worth three layers: vLLM's default split leaves the last stage
-the bottleneck. `ppscope.tune` profiles the layers, rebalances, re-runs; the reference is run 1 itself.
+1. Four stages of 5 ms layers with an LM head worth three layers: vLLM's default split leaves the last stage
+   the bottleneck. `ppscope.tune` profiles the layers, rebalances, re-runs; the reference is run 1 itself.
+2. The tiny model on 2 stages: each stage's compute per decode step predicted by the profile (timed from
+   cold caches, and back to back for comparison) ÷ what the run measured, stage by stage.
 """
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from ppscope.trace import COMPUTE_KINDS
 
 
 def main() -> list[str]:
@@ -29,6 +35,7 @@ def main() -> list[str]:
     )
     with tempfile.TemporaryDirectory() as tmp:
         result = tune(cfg, out_dir=Path(tmp) / "tune", cost_source="profile")
+        profiled = profile_vs_run(Path(tmp))
     assert result.after is not None
     measured = result.measured_speedup or 0.0
     realised = result.realised or 0.0
@@ -39,7 +46,42 @@ def main() -> list[str]:
         f"(throughput of run 2 / run 1: {result.after.throughput_tokens_per_s:.1f} / "
         f"{result.before.throughput_tokens_per_s:.1f} tokens/s)",
         f"tune: measured gain / predicted gain = {realised:.2f} (target >= 0.90)",
+        *profiled,
     ]
+
+
+def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> list[str]:
+    """Each stage's predicted decode-step compute ÷ its measured median, for a cold and a warm profile."""
+    from engine.config import EngineConfig
+    from engine.launch import run
+    from engine.profile import profile_layers
+    from ppscope.balance import BalanceProblem, evaluate
+    from ppscope.store import load_run
+
+    cfg = EngineConfig(stages=stages, schedule="serve", model="tiny", requests=16, prompt_len=16,
+                       max_new_tokens=32, progress=False, out=str(tmp / f"profiled-{stages}"))  # fmt: skip
+    trace = load_run(run(cfg))
+    measured = _stage_step_ms(trace.spans)
+    split = tuple(trace.meta.split)
+    lines = []
+    for cold in (True, False):
+        prof = profile_layers(cfg, device=device, cold=cold)
+        predicted = evaluate(BalanceProblem(costs=prof.decode.costs(), stages=stages), split).stage_ms
+        ratios = ", ".join(f"{p / m:.2f}" for p, m in zip(predicted, measured, strict=True))
+        lines.append(
+            f"profile ({prof.how}) vs run, tiny model, {stages} stage(s), split {','.join(map(str, split))}: "
+            f"predicted ÷ measured decode-step compute per stage = {ratios} (measured "
+            f"{', '.join(f'{m:.3f}' for m in measured)} ms)"
+        )
+    return lines
+
+
+def _stage_step_ms(spans: Any) -> list[float]:
+    """Per stage, its compute per decode pass: the sum over kinds (embedding, forward, head, sampling) of
+    the median span of that kind (one span of each per pass)."""
+    comp = spans[spans["kind"].isin([str(k) for k in COMPUTE_KINDS]) & (spans["phase"] == "decode")]
+    took = ((comp["end_ns"] - comp["start_ns"]) / 1e6).groupby([comp["stage"], comp["kind"].astype(str)]).median()
+    return [float(g.sum()) for _, g in took.groupby(level=0)]
 
 
 if __name__ == "__main__":

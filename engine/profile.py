@@ -167,9 +167,11 @@ def profile_layers(
     warmup: int = 2,
     repeats: int = 5,
     device: str | None = None,
+    cold: bool = True,
 ) -> LayerProfile:
     """Time every layer and both ends for a prefill of `prefill_tokens` tokens and a decode step of
-    `decode_batch` sequences (defaults: the run's prompt length and requests per micro-batch)."""
+    `decode_batch` sequences (defaults: the run's prompt length and requests per micro-batch); each pass from
+    cold caches unless `cold` is False (for comparison: passes back to back)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     n = prefill_tokens or cfg.prompt_len
     b = decode_batch or cfg.max_batch
@@ -177,7 +179,7 @@ def profile_layers(
     # a decode step halfway through the generation: attention reads the mean context of the run's steps
     context = min(n + cfg.max_new_tokens // 2, cfg.shape().max_seq_len - 1)
     decode = Batch(slots=list(range(b)), starts=[context] * b, lens=[1] * b)
-    flush_bytes = 0 if cfg.synthetic else cache_flush_bytes(dev)  # a sleep has nothing in cache
+    flush_bytes = cache_flush_bytes(dev) if cold and not cfg.synthetic else 0  # a sleep has nothing in cache
     threads = torch.get_num_threads()
     if dev.type == "cpu":  # as many threads as each rank of the pipeline gets (engine.worker does the same)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.stages))

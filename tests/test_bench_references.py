@@ -45,3 +45,13 @@ def test_the_rings_start_under_a_main_that_cannot_run_twice(tmp_path: Path) -> N
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert 0.3 < float(done.stdout.strip().splitlines()[-1]) < 1.05
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on machines without CUDA")
+def test_the_gpu_check_refuses_in_one_line_without_cuda(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.gpu_check import main
+
+    assert main(["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no CUDA device" in err[0]
+    assert not (tmp_path / "gpu_check.md").exists()

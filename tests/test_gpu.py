@@ -74,3 +74,12 @@ def test_engine_runs_one_stage_on_the_gpu_with_device_timed_spans(tmp_path: Path
     fwd = trace.spans[trace.spans["kind"] == "forward"]
     assert ((fwd["end_ns"] - fwd["start_ns"]) > 0).all()
     assert read_requests(out)["output_len"].tolist() == [8, 8, 8, 8]
+
+
+def test_gpu_check_runs_every_check_and_writes_its_report(tmp_path: Path) -> None:
+    from benchmarks.gpu_check import main
+
+    assert main(["--out", str(tmp_path)]) == 0
+    report = (tmp_path / "gpu_check.md").read_text()
+    assert "pytest -m gpu: exit 0" in report and "failed:" not in report, report
+    assert "gpu_util_pct" in report and "cold caches" in report and "throughput on/off" in report

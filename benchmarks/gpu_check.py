@@ -1,0 +1,108 @@
+"""What only a CUDA device can check, in one go of a few minutes on one GPU.
+
+    python -m benchmarks.gpu_check [--out DIR]
+
+It prints its findings and writes them to DIR/gpu_check.md (default: the current folder):
+1. the GPU-only tests (`pytest -m gpu`): CUDA-event timing, the synthetic model's GPU sleep, device-timed
+   spans, the engine on `cuda` with one stage;
+2. device-timed spans against a known cost: the synthetic model's forward spans ÷ its configured sleep;
+3. NVML sampling in that run: which metrics were recorded, how often, and the GPU's mean utilisation;
+4. the layer profile against the run: the tiny model's decode-step compute predicted by the profile (from
+   cold caches, and back to back) ÷ what the one-stage run measured;
+5. recording overhead on the GPU: one run with recording paused in every other window.
+A multi-rank NCCL pipeline needs two or more GPUs, so the ring over NCCL is not among these checks.
+Every figure is a ratio to a reference taken in the same run. Needs torch with CUDA, pynvml and nvtx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from ppscope.trace import SpanKind
+
+SLEEP_MS = 2.0
+LAYERS = 4
+
+
+def tests() -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    tail = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+    lines = [f"pytest -m gpu: exit {done.returncode}: {tail}"]
+    if done.returncode != 0:
+        lines += ["    " + line for line in (done.stdout + done.stderr).strip().splitlines()[-40:]]
+    return lines
+
+
+def synthetic(tmp: Path) -> list[str]:
+    from engine.config import EngineConfig
+    from engine.launch import run
+    from ppscope.store import load_run
+
+    cfg = EngineConfig(model="synthetic", layers=LAYERS, layer_cost_ms=str(SLEEP_MS), stages=1, schedule="serve",
+                       requests=8, prompt_len=8, max_new_tokens=32, progress=False,
+                       out=str(tmp / "synthetic"))  # fmt: skip
+    trace = load_run(run(cfg))
+    fwd = trace.spans[trace.spans["kind"] == SpanKind.FORWARD]
+    took = ((fwd["end_ns"] - fwd["start_ns"]) / 1e6).to_numpy()
+    want = LAYERS * SLEEP_MS
+    lines = [
+        f"device-timed forward spans, synthetic {LAYERS} x {SLEEP_MS:g} ms on {trace.meta.ranks[0].device}: "
+        f"median ÷ configured = {statistics.median(took) / want:.3f} (min {took.min() / want:.3f}, "
+        f"max {took.max() / want:.3f}, {len(took)} spans)"
+    ]
+    counters = trace.counters
+    if counters.empty:
+        return [*lines, "NVML: no counters recorded"]
+    window_s = (counters["ts_ns"].max() - counters["ts_ns"].min()) / 1e9 or 1.0
+    rates = counters.groupby("metric").size() / window_s
+    util = counters[counters["metric"] == "gpu_util_pct"]["value"]
+    per_metric = ", ".join(f"{m} {r:.1f}/s" for m, r in rates.items())
+    mean_util = f"{util.mean():.0f}%" if len(util) else "none"
+    return [*lines, f"counters sampled over {window_s:.1f} s: {per_metric}; mean GPU utilisation {mean_util}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".", help="folder for gpu_check.md (default: the current folder)")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("gpu_check: error: torch is not installed: install torch with CUDA first", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("gpu_check: error: no CUDA device here: run this on a machine with an NVIDIA GPU", file=sys.stderr)
+        return 2
+    from benchmarks.bench_engine import overhead_alternating
+    from benchmarks.bench_tune import profile_vs_run
+
+    report = [f"# GPU checks on {torch.cuda.get_device_name(0)} (torch {torch.__version__})", ""]
+    with tempfile.TemporaryDirectory() as tmp:
+        checks: list[tuple[str, Callable[[], list[str]]]] = [
+            ("tests", tests),
+            ("synthetic", lambda: synthetic(Path(tmp))),
+            ("profile", lambda: profile_vs_run(Path(tmp), stages=1, device="cuda")),
+            ("overhead", lambda: [overhead_alternating(Path(tmp), stages=1)]),
+        ]
+        for name, check in checks:
+            try:
+                lines = check()
+            except Exception as exc:  # one failed check must not hide the others' findings
+                lines = [f"{name}: failed: {type(exc).__name__}: {exc}"]
+            print("\n".join(lines), flush=True)
+            report += [f"- {line}" if not line.startswith("    ") else line for line in lines]
+    out = Path(args.out) / "gpu_check.md"
+    out.write_text("\n".join(report) + "\n")
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
