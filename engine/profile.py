@@ -61,11 +61,11 @@ def _timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
 
 
 class _Timer:
-    """Runs a pass and returns its median duration in ms on `device`, each pass timed from cold caches."""
+    """Runs a pass and returns its median duration in ms on `device`; with `flush_bytes`, each timed pass
+    starts from cold caches."""
 
     def __init__(self, device: torch.device, flush_bytes: int) -> None:
         self.time = _timer(device)
-        self.flush_bytes = flush_bytes
         self._junk = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if flush_bytes else None
 
     def flush(self) -> None:
@@ -84,7 +84,7 @@ class _Timer:
 
 def cache_flush_bytes(device: torch.device) -> int:
     """Twice the largest cache in front of `device`'s memory: the L2 of a GPU, the last-level cache of a CPU
-    (from sysfs; 64 MiB where it cannot be read)."""
+    (from sysfs, at most 1 GiB; 64 MiB where it cannot be read)."""
     if device.type == "cuda":
         l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
         return 2 * l2 if l2 > 0 else 256 << 20
@@ -99,7 +99,7 @@ def cache_flush_bytes(device: torch.device) -> int:
             largest = max(largest, int(text[:-1]) * units[text[-1]])
         elif text.isdigit():
             largest = max(largest, int(text))
-    return 2 * largest if largest else 64 << 20
+    return min(2 * largest, 1 << 30) if largest else 64 << 20  # sysfs gives one L3 instance (a CCX), not all
 
 
 def _profile(
