@@ -63,6 +63,13 @@ def print_tune(result: TuneResult, console: Console | None = None) -> None:
     else:
         share = f"   ({100 * realised:.0f}% of the predicted gain realised)"
     out.print(f"predicted speedup ×{result.predicted_speedup:.3f}   measured ×{_fmt(measured, '.3f')}{share}")
+    pairs = result.pair_speedups
+    if len(pairs) > 1:
+        runs = ", ".join(str(r.run_dir.name) for r in result.reruns)
+        out.print(
+            f"measured: the median of {len(pairs)} pairs of runs in ABBA order, pair by pair "
+            f"{' '.join(f'×{p:.3f}' for p in pairs)} (runs 1 and 2 above; also {runs})"
+        )
     stage_ms = ", ".join(f"{t:.3f}" for t in advice.proposed.stage_ms)
     out.print(f"advised split, predicted stage times (ms): {stage_ms}")
     from ppscope.balance import engine_lines

@@ -9,6 +9,7 @@ imported only when the loop runs, so this module stays importable without torch.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,17 +63,33 @@ class TuneResult:
     cost_source: str
     """`profile` (timed layer by layer on the device) or `fit` (from the first run's spans)."""
     notes: list[str] = field(default_factory=list)
+    reruns: tuple[RunSummary, ...] = ()
+    """Further runs of the two splits (`repeats` > 1), pair by pair in ABBA order after runs 1 and 2."""
 
     @property
     def predicted_speedup(self) -> float:
         return self.advice.predicted_speedup
 
     @property
+    def pair_speedups(self) -> list[float]:
+        """Throughput of the advised split ÷ the given one, pair by pair (runs 1-2, 3-4, ...)."""
+        if self.after is None:
+            return []
+        runs = [self.before, self.after, *self.reruns]
+        ratios = []
+        for a, b in zip(runs[::2], runs[1::2], strict=False):
+            before, after = (a, b) if a.split == self.before.split else (b, a)
+            if before.throughput_tokens_per_s and after.throughput_tokens_per_s:
+                ratios.append(after.throughput_tokens_per_s / before.throughput_tokens_per_s)
+        return ratios
+
+    @property
     def measured_speedup(self) -> float | None:
+        """The median pair's ratio: each pair ran close in time, so it shares the machine's mood."""
         if self.after is None:
             return 1.0
-        a, b = self.after.throughput_tokens_per_s, self.before.throughput_tokens_per_s
-        return a / b if a and b else None
+        ratios = self.pair_speedups
+        return statistics.median(ratios) if ratios else None
 
     @property
     def realised(self) -> float | None:
@@ -94,8 +111,10 @@ class TuneResult:
             "embed_cost_ms": self.costs.embed_ms,
             "head_cost_ms": self.costs.head_ms,
             "sample_cost_ms": self.costs.sample_ms,
+            "reruns": [run(r) for r in self.reruns],
             "predicted_speedup": self.predicted_speedup,
             "measured_speedup": self.measured_speedup,
+            "pair_speedups": self.pair_speedups,
             "realised_share_of_predicted_gain": self.realised,
             "advice": self.advice.to_dict(),
             "lines": engine_lines(self.advice.proposed.split),
@@ -126,12 +145,17 @@ def tune(
     cost_source: str = "profile",
     phase: str = "decode",
     on_step: Step | None = None,
+    repeats: int = 1,
 ) -> TuneResult:
-    """Run `cfg` as given, rebalance on measured costs, run again with the advised split, compare."""
+    """Run `cfg` as given, rebalance on measured costs, run again with the advised split, compare. With
+    `repeats` > 1, each split runs that many times, pair by pair in ABBA order (given, advised; advised,
+    given; ...), so that a machine getting slower or faster favours neither split."""
     from engine.launch import run
 
     if cost_source not in COST_SOURCES:
         raise InvalidConfigError(f"unknown cost source {cost_source!r}; valid: {', '.join(COST_SOURCES)}")
+    if repeats < 1:
+        raise InvalidConfigError(f"--repeats must be at least 1, not {repeats}")
     if cfg.chunks != 1:
         raise InvalidConfigError("tune balances one chunk per rank: use --schedule gpipe or serve, not interleaved")
     step = on_step or (lambda _msg: None)
@@ -148,7 +172,18 @@ def tune(
         notes.append("the split is already the best one for these costs: no second run")
         return TuneResult(before=before, after=None, advice=advice, costs=costs, cost_source=cost_source, notes=notes)
     step(f"run 2: advised split {','.join(map(str, proposed))} (predicted ×{advice.predicted_speedup:.3f})")
-    split_text = ",".join(map(str, proposed))
-    after_dir = run(dataclasses.replace(cfg, split=split_text, out=str(out / "2-after")))
-    after = RunSummary.of(after_dir, analyze(load_run(after_dir)), proposed)
-    return TuneResult(before=before, after=after, advice=advice, costs=costs, cost_source=cost_source, notes=notes)
+
+    def run_split(n: int, split_now: tuple[int, ...]) -> RunSummary:
+        name = "before" if split_now == split else "after"
+        run_dir = run(dataclasses.replace(cfg, split=",".join(map(str, split_now)), out=str(out / f"{n}-{name}")))
+        return RunSummary.of(run_dir, analyze(load_run(run_dir)), split_now)
+
+    after = run_split(2, proposed)
+    reruns = []
+    for pair in range(1, repeats):
+        order = (proposed, split) if pair % 2 else (split, proposed)
+        names = " then ".join(",".join(map(str, s)) for s in order)
+        step(f"runs {2 * pair + 1} and {2 * pair + 2} of {2 * repeats}: {names}")
+        reruns += [run_split(2 * pair + 1 + i, s) for i, s in enumerate(order)]
+    return TuneResult(before=before, after=after, advice=advice, costs=costs, cost_source=cost_source, notes=notes,
+                      reruns=tuple(reruns))  # fmt: skip

@@ -145,3 +145,19 @@ def test_a_gain_within_noise_is_not_given_as_a_share(tmp_path: Path) -> None:
     assert "within run-to-run noise" in near and "of the predicted gain realised" not in near
     real = printed((0.5,) * 8, 1.0)
     assert "of the predicted gain realised" in real
+
+
+@pytest.mark.slow
+def test_repeats_run_both_splits_pair_by_pair_in_abba_order(tmp_path: Path) -> None:
+    cfg = _synthetic(stages=2, layers=4, layer_cost_ms="1,1,1,1", head_cost_ms=2.0, requests=2, max_new_tokens=3)
+    result = tune(cfg, out_dir=tmp_path / "t", cost_source="profile", repeats=2)
+    assert result.after is not None and result.after.split == (3, 1)
+    assert [r.split for r in result.reruns] == [(3, 1), (2, 2)]  # advised first in the second pair
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["1-before", "2-after", "3-after", "4-before"]
+    pairs = result.pair_speedups
+    assert len(pairs) == 2 and result.measured_speedup == pytest.approx(sum(pairs) / 2)
+    third, fourth = (r.throughput_tokens_per_s or 0.0 for r in result.reruns)
+    assert pairs[1] == pytest.approx(third / fourth)
+    assert [tuple(r["split"]) for r in result.to_dict()["reruns"]] == [(3, 1), (2, 2)]
+    with pytest.raises(InvalidConfigError, match="repeats"):
+        tune(cfg, out_dir=tmp_path / "u", repeats=0)

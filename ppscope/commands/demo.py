@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
     p.add_argument("--out", default=None, help="folder for the runs (default runs/demo-<timestamp>)")
     p.add_argument("--no-dashboard", dest="dashboard", action="store_false", help="do not open the dashboard")
     p.add_argument("--port", type=int, default=None, help="dashboard port (default 8501 or the next free one)")
-    add_tune_arguments(p)
+    add_tune_arguments(p, repeats=2)  # one pair of runs here can be 10% apart however alike the splits
     p.set_defaults(func=run)
 
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     def step(msg: str) -> None:
         print(f"• {msg}", flush=True)
 
-    result = tune(cfg, out_dir=out, cost_source=args.costs, phase=args.phase, on_step=step)
+    result = tune(cfg, out_dir=out, cost_source=args.costs, phase=args.phase, on_step=step, repeats=args.repeats)
     print_tune(result)
     if not args.dashboard:
         return 0

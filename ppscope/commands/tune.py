@@ -30,17 +30,20 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def add_tune_arguments(p: argparse.ArgumentParser) -> None:
+def add_tune_arguments(p: argparse.ArgumentParser, repeats: int = 1) -> None:
     p.add_argument("--costs", default="profile", choices=("profile", "fit"),
                    help="profile: time each layer on the device (default); fit: from run 1's stage spans")  # fmt: skip
     p.add_argument("--phase", default="decode", choices=("decode", "prefill"),
                    help="which pass to balance for (default decode: it dominates serving)")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=repeats,
+                   help=f"runs of each split, pair by pair in ABBA order; the measured gain is the median pair's "
+                   f"(default {repeats})")  # fmt: skip
 
 
 def engine_config(args: argparse.Namespace) -> Any:
     from engine.config import EngineConfig
 
-    skip = {"func", "command", "json", "costs", "phase", "dashboard", "planned"}
+    skip = {"func", "command", "json", "costs", "phase", "repeats", "dashboard", "planned"}
     return EngineConfig(**{k: v for k, v in vars(args).items() if k not in skip})
 
 
@@ -50,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = engine_config(args)
     out = Path(cfg.out) if cfg.out else Path("runs") / time.strftime("tune-%Y%m%d-%H%M%S")
-    result = tune(cfg, out_dir=out, cost_source=args.costs, phase=args.phase, on_step=_say(args.json))
+    result = tune(
+        cfg, out_dir=out, cost_source=args.costs, phase=args.phase, on_step=_say(args.json), repeats=args.repeats
+    )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
