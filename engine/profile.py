@@ -11,8 +11,9 @@ cache is written first. In the pipeline a layer's weights have been pushed out b
 (and the head) by the time the layer runs again; timed back to back, a layer that fits in cache looks far
 cheaper than it is there, and the head, with several layers' worth of weights, looks no dearer than one layer
 (the tiny model on a CPU with a 32 MiB L3: layer 0.23 ms and head 0.23 ms hot, 0.65 and 1.02 ms cold; in a
-2-stage run 0.5 and 0.9 ms). The result is written to the run directory as `profile.json`; `ppscope.profile`
-reads it without torch.
+2-stage run 0.5 and 0.9 ms). Warm timings also hang on whatever else shares the cache: the warm head read
+anything from 0.22 to 1.27 ms from one process to the next on that machine. The result is written to the run
+directory as `profile.json`; `ppscope.profile` reads it without torch.
 """
 
 from __future__ import annotations

@@ -45,9 +45,13 @@ def test_real_model_profile_times_passes_from_cold_caches() -> None:
     assert prof.method == "perf_counter" and prof.device == "cpu" and prof.how == "perf_counter, cold caches"
     assert prof.cache_flush_bytes >= 2 * _largest_cpu_cache()
     # In a pipeline the head's weights (vocab x hidden: 2.8 layers' worth in `tiny`) come from memory, as do
-    # each layer's; timed back to back from a warm cache the two looked alike (0.23 ms each here).
-    layer = sum(prof.decode.layer_ms) / len(prof.decode.layer_ms)
-    assert prof.decode.head_ms > 1.5 * layer
+    # each layer's: cold, the head costs 1.4-2.5 layers here. Timed back to back it mostly looked like one
+    # layer (0.23 ms each), which made the demo advise a split for a 0.2% gain; but not always: with a warm
+    # cache shared with the machine's neighbours the head read anything from 0.22 to 1.27 ms.
+    layers = prof.decode.layer_ms
+    assert prof.decode.head_ms > 1.25 * sum(layers) / len(layers), prof.decode
+    warm = profile_layers(EngineConfig(model="tiny", stages=2, prompt_len=8, progress=False), repeats=1, cold=False)
+    assert warm.cache_flush_bytes == 0 and warm.how == "perf_counter, warm caches"
 
 
 def _largest_cpu_cache() -> int:
