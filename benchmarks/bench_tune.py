@@ -46,6 +46,10 @@ def main() -> list[str]:
         f"(throughput of run 2 / run 1: {result.after.throughput_tokens_per_s:.1f} / "
         f"{result.before.throughput_tokens_per_s:.1f} tokens/s)",
         f"tune: measured gain / predicted gain = {realised:.2f} (target >= 0.90)",
+        f"tune: simulated speedup x{result.simulated.speedup:.3f} (run 1's hop latency "
+        f"{result.simulated.hop_latency_us:.0f} us); measured / simulated = {measured / result.simulated.speedup:.3f}"
+        if result.simulated
+        else "tune: no simulated prediction",
         *profiled,
     ]
 

@@ -34,6 +34,9 @@ class PhaseCosts:
     sample_ms: float
     tokens: int
     """Tokens in the timed pass (prompt length for prefill, sequences for decode)."""
+    layer_ms_each: tuple[float, ...] = ()
+    """Each layer's own median when `layer_ms` holds their common median instead (layers of one shape, whose
+    differences are the machine's noise); empty when `layer_ms` is each layer's own."""
 
     def costs(self) -> LayerCosts:
         return LayerCosts(
@@ -71,7 +74,11 @@ class LayerProfile:
     @classmethod
     def from_dict(cls, data: Any, *, where: str) -> LayerProfile:
         try:
-            phases = {p: PhaseCosts(**{**data[p], "layer_ms": tuple(data[p]["layer_ms"])}) for p in PHASES}
+            phases = {
+                p: PhaseCosts(**{**data[p], "layer_ms": tuple(data[p]["layer_ms"]),
+                                 "layer_ms_each": tuple(data[p].get("layer_ms_each", ()))})
+                for p in PHASES
+            }  # fmt: skip
             rest = {k: v for k, v in data.items() if k not in PHASES}
             profile = cls(**rest, prefill=phases["prefill"], decode=phases["decode"])
             for p in PHASES:

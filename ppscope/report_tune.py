@@ -55,14 +55,25 @@ def print_tune(result: TuneResult, console: Console | None = None) -> None:
     out.print(table)
     for note in result.notes:
         out.print(f"note: {note}")
-    measured, realised = result.measured_speedup, result.realised
-    if realised is None:
-        share = ""
-    elif result.predicted_speedup < 1.0 + NOISE:  # a share of next to nothing says nothing
-        share = f"   (a predicted gain under {NOISE:.0%} is within run-to-run noise: so is the measured change)"
-    else:
-        share = f"   ({100 * realised:.0f}% of the predicted gain realised)"
-    out.print(f"predicted speedup ×{result.predicted_speedup:.3f}   measured ×{_fmt(measured, '.3f')}{share}")
+    measured, sim = result.measured_speedup, result.simulated
+    out.print(
+        f"predicted speedup ×{result.predicted_speedup:.3f} (slowest stage)"
+        + (f"   simulated ×{sim.speedup:.3f}" if sim else "")
+        + f"   measured ×{_fmt(measured, '.3f')}"
+    )
+    if measured is not None and result.after is not None:
+        against = f"×{measured / result.predicted_speedup:.3f} against the slowest stage"
+        if sim:
+            against += f", ×{measured / sim.speedup:.3f} against the simulation"
+        out.print(f"measured ÷ predicted speedup: {against}")
+    if result.after is not None and max(result.predicted_speedup, sim.speedup if sim else 0.0) < 1.0 + NOISE:
+        out.print(f"a predicted gain under {NOISE:.0%} is within run-to-run noise: so is the measured change")
+    if sim:
+        out.print(
+            "simulated: both splits through the simulator with run 1's schedule and in-flight micro-batches, "
+            f"its hop latency ({sim.hop_latency_us:.0f} µs) and host gaps ({sim.overhead_ms:.3f} ms per pass): "
+            "the slowest stage alone misses the hops a micro-batch waits for once the stages are balanced"
+        )
     pairs = result.pair_speedups
     if len(pairs) > 1:
         runs = ", ".join(str(r.run_dir.name) for r in result.reruns)

@@ -18,7 +18,7 @@ from ppscope.errors import UnsupportedInputError
 from ppscope.simulate import CommModel, SimConfig
 from ppscope.trace import SpanKind, Trace
 
-__all__ = ["compare", "makespan_ns", "replay_config"]
+__all__ = ["compare", "hop_latency_us", "makespan_ns", "replay_config"]
 
 
 def replay_config(trace: Trace, *, phase: str = "all") -> SimConfig:
@@ -45,6 +45,27 @@ def replay_config(trace: Trace, *, phase: str = "all") -> SimConfig:
         overhead_ms=overhead_ms,
         comm=CommModel(latency_us=latency_us),
     )
+
+
+def hop_latency_us(spans: pd.DataFrame) -> float | None:
+    """Median time from a rank posting a message (the start of its `send` span) to the successor, already
+    waiting for it, waking up with it (the end of its `recv_wait` span for the same micro-batch and step).
+    In an engine run that is the whole hop of a message whose payload rides in its header, the hop that
+    `recv` spans miss (they time only a payload sent apart, after its header). None when no message pairs
+    up that way (traces without those spans, or receivers that never waited)."""
+    cols = ["rank", "mb", "step", "start_ns", "end_ns"]
+    sends = spans.loc[spans["kind"] == SpanKind.SEND, cols]
+    waits = spans.loc[spans["kind"] == SpanKind.RECV_WAIT, cols]
+    if sends.empty or waits.empty or (waits["mb"] < 0).all():
+        return None
+    ranks = int(spans["rank"].max()) + 1
+    sends = sends.assign(rank=(sends["rank"] + 1) % ranks)  # keyed by the rank the message goes to
+    pairs = waits.merge(sends, on=["rank", "mb", "step"], suffixes=("_wait", "_send"))
+    posted = pairs["start_ns_send"]
+    waiting = pairs[(pairs["start_ns_wait"] <= posted) & (pairs["end_ns_wait"] > posted)]
+    if waiting.empty:
+        return None
+    return float((waiting["end_ns_wait"] - waiting["start_ns_send"]).median()) / 1e3
 
 
 def _host_gap_ms(spans: pd.DataFrame) -> float:

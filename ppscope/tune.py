@@ -18,13 +18,16 @@ from typing import TYPE_CHECKING, Any
 from ppscope.analysis import AnalysisResult, analyze
 from ppscope.balance import BalanceProblem, Rebalance, engine_lines, rebalance
 from ppscope.costs import LayerCosts, fit_layer_costs
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import InvalidConfigError, PPScopeError
+from ppscope.simulate import simulate
+from ppscope.simulate_calibrate import hop_latency_us, makespan_ns, replay_config
 from ppscope.store import load_run
+from ppscope.trace import SpanKind, Trace
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
 
-__all__ = ["COST_SOURCES", "RunSummary", "TuneResult", "tune"]
+__all__ = ["COST_SOURCES", "RunSummary", "Simulated", "TuneResult", "tune"]
 
 COST_SOURCES = ("profile", "fit")
 
@@ -65,6 +68,8 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     reruns: tuple[RunSummary, ...] = ()
     """Further runs of the two splits (`repeats` > 1), pair by pair in ABBA order after runs 1 and 2."""
+    simulated: Simulated | None = None
+    """The two splits through the simulator, calibrated on run 1 (None when it could not be)."""
 
     @property
     def predicted_speedup(self) -> float:
@@ -94,10 +99,12 @@ class TuneResult:
     @property
     def realised(self) -> float | None:
         """Share of the predicted gain that the measurement shows: (measured − 1) / (predicted − 1)."""
-        measured = self.measured_speedup
-        if measured is None or self.predicted_speedup <= 1.0:
-            return None
-        return (measured - 1.0) / (self.predicted_speedup - 1.0)
+        return _share(self.measured_speedup, self.predicted_speedup)
+
+    @property
+    def realised_simulated(self) -> float | None:
+        """The same against the simulated gain."""
+        return _share(self.measured_speedup, self.simulated.speedup) if self.simulated else None
 
     def to_dict(self) -> dict[str, Any]:
         def run(s: RunSummary | None) -> dict[str, Any] | None:
@@ -116,10 +123,41 @@ class TuneResult:
             "measured_speedup": self.measured_speedup,
             "pair_speedups": self.pair_speedups,
             "realised_share_of_predicted_gain": self.realised,
+            "simulated": dataclasses.asdict(self.simulated) if self.simulated else None,
+            "realised_share_of_simulated_gain": self.realised_simulated,
             "advice": self.advice.to_dict(),
             "lines": engine_lines(self.advice.proposed.split),
             "notes": self.notes,
         }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Simulated:
+    """Both splits through the simulator with run 1's schedule, sizes, hop latency and host gaps: unlike the
+    slowest-stage ratio, this sees the hops a micro-batch waits for once the stages are balanced."""
+
+    speedup: float
+    """Simulated time of the given split ÷ that of the advised one."""
+    hop_latency_us: float
+    overhead_ms: float
+
+
+def _share(measured: float | None, predicted: float) -> float | None:
+    if measured is None or predicted <= 1.0:
+        return None
+    return (measured - 1.0) / (predicted - 1.0)
+
+
+def _simulate_both(trace: Trace, costs: LayerCosts, given: tuple[int, ...], advised: tuple[int, ...]) -> Simulated:
+    """Simulate both splits calibrated on run 1: its pipeline and host gaps (`replay_config`), the costs the
+    advice was made with, and the hop latency of its messages (`hop_latency_us`) plus any payload transfer."""
+    cfg = replay_config(trace)
+    recv = trace.spans[trace.spans["kind"] == SpanKind.RECV]
+    transfer_us = float((recv["end_ns"] - recv["start_ns"]).mean()) / 1e3 if len(recv) else 0.0
+    latency_us = (hop_latency_us(trace.spans) or 0.0) + transfer_us  # an engine's `recv` follows the header
+    cfg = dataclasses.replace(cfg, costs=costs, comm=dataclasses.replace(cfg.comm, latency_us=latency_us))
+    given_ns, advised_ns = (makespan_ns(simulate(dataclasses.replace(cfg, split=s))) for s in (given, advised))
+    return Simulated(speedup=given_ns / advised_ns, hop_latency_us=latency_us, overhead_ms=cfg.overhead_ms)
 
 
 Step = Callable[[str], None]
@@ -171,7 +209,13 @@ def tune(
     if proposed == split:
         notes.append("the split is already the best one for these costs: no second run")
         return TuneResult(before=before, after=None, advice=advice, costs=costs, cost_source=cost_source, notes=notes)
-    step(f"run 2: advised split {','.join(map(str, proposed))} (predicted ×{advice.predicted_speedup:.3f})")
+    try:
+        simulated: Simulated | None = _simulate_both(before_trace, costs, split, proposed)
+    except PPScopeError as exc:  # a run the simulator cannot replay: the slowest-stage prediction remains
+        simulated = None
+        notes.append(f"no simulated prediction: {exc}")
+    sim = f", simulated ×{simulated.speedup:.3f}" if simulated else ""
+    step(f"run 2: advised split {','.join(map(str, proposed))} (predicted ×{advice.predicted_speedup:.3f}{sim})")
 
     def run_split(n: int, split_now: tuple[int, ...]) -> RunSummary:
         name = "before" if split_now == split else "after"
@@ -186,4 +230,4 @@ def tune(
         step(f"runs {2 * pair + 1} and {2 * pair + 2} of {2 * repeats}: {names}")
         reruns += [run_split(2 * pair + 1 + i, s) for i, s in enumerate(order)]
     return TuneResult(before=before, after=after, advice=advice, costs=costs, cost_source=cost_source, notes=notes,
-                      reruns=tuple(reruns))  # fmt: skip
+                      reruns=tuple(reruns), simulated=simulated)  # fmt: skip
