@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from fractions import Fraction
 from pathlib import Path
@@ -224,3 +225,13 @@ def test_cli_rebalance_prefers_the_runs_layer_profile(tmp_path: Path, capsys: py
     (run_dir / PROFILE_FILE).unlink()
     assert main(["rebalance", str(run_dir), "--costs", "profile"]) == 2
     assert "has no profile.json" in capsys.readouterr().err
+
+
+def test_hop_latency_is_post_to_wake_of_a_waiting_receiver() -> None:
+    from ppscope.simulate_calibrate import hop_latency_us
+
+    costs = LayerCosts(layer_ms=(1.0,) * 4, embed_ms=0.0, head_ms=3.0)  # the last stage is slow: rank 0 waits
+    cfg = SimConfig(schedule="serve", stages=2, microbatches=2, steps=5, costs=costs, comm=CommModel(latency_us=250))
+    assert hop_latency_us(simulate(cfg).spans) == pytest.approx(250.0)
+    no_sends = simulate(dataclasses.replace(cfg, stages=1)).spans
+    assert hop_latency_us(no_sends) is None
