@@ -94,13 +94,12 @@ def cache_flush_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
         return 2 * l2 if l2 > 0 else 256 << 20
-    largest = 0
+    largest, units = 0, {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     for size in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         try:
             text = size.read_text().strip()
         except OSError:
             continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
         if text[:-1].isdigit() and text[-1] in units:
             largest = max(largest, int(text[:-1]) * units[text[-1]])
         elif text.isdigit():
