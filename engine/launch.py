@@ -302,14 +302,16 @@ def _run_torchrun(cfg: EngineConfig) -> Path:
 
 
 class _ProgressBar:
-    """A rich progress bar of requests finished, with tokens generated."""
+    """A rich progress bar of requests finished, with tokens generated, on stderr: stdout is for results
+    (`ppscope run --json | jq` must read JSON alone)."""
 
     def __init__(self, total: int) -> None:
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._p = Progress(
             TextColumn("requests"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tokens]} tokens"),
-            TimeElapsedColumn(), transient=False,
+            TimeElapsedColumn(), transient=False, console=Console(stderr=True),
         )  # fmt: skip
         self._task = self._p.add_task("run", total=total, tokens=0)
         self._p.start()

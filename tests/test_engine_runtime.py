@@ -59,6 +59,10 @@ def test_run_command_json_and_no_record(tmp_path: Path, capsys: pytest.CaptureFi
     assert main([*args, "--out", str(out), "--no-progress"]) == 2  # never overwrites a run
     meta = read_meta(out)
     assert meta.config["record"] is False and meta.config["max_inflight"] == 1
+    # with the progress bar on, it goes to stderr: stdout stays one JSON document (`| jq` works)
+    assert main([*args, "--requests", "2", "--json", "--out", str(tmp_path / "bar")]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["requests"] == 2 and "requests" in captured.err
 
 
 def test_prompts_file_with_uneven_lengths_in_one_batch(tmp_path: Path) -> None:
