@@ -92,7 +92,7 @@ def summary_lines(res: AnalysisResult) -> list[str]:
 
 def hop_table(res: AnalysisResult) -> Table:
     t = Table(title="Per-hop communication", title_justify="left")
-    for col in ["hop", "messages", "MB", "send ms", "transfer ms", "wait ms", "GB/s"]:
+    for col in ["hop", "messages", "MB", "send ms", "transfer ms", "wait ms", "GB/s", "latency µs"]:
         t.add_column(col, justify="right", overflow="fold")
     for h in res.hops:
         bw = "-" if h.bandwidth_gbps is None else f"{h.bandwidth_gbps:.2f}"
@@ -104,6 +104,7 @@ def hop_table(res: AnalysisResult) -> Table:
             _ms(h.recv_ns),
             _ms(h.wait_ns),
             bw,
+            "-" if h.latency_ns is None else f"{h.latency_ns / 1e3:,.0f}",
         )
     return t
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from ppscope.analysis.pipeline import message_latencies
 from ppscope.costs import fit_layer_costs
 from ppscope.errors import UnsupportedInputError
 from ppscope.simulate import CommModel, SimConfig
@@ -48,24 +49,12 @@ def replay_config(trace: Trace, *, phase: str = "all") -> SimConfig:
 
 
 def hop_latency_us(spans: pd.DataFrame) -> float | None:
-    """Median time from a rank posting a message (the start of its `send` span) to the successor, already
-    waiting for it, waking up with it (the end of its `recv_wait` span for the same micro-batch and step).
-    In an engine run that is the whole hop of a message whose payload rides in its header, the hop that
-    `recv` spans miss (they time only a payload sent apart, after its header). None when no message pairs
-    up that way (traces without those spans, or receivers that never waited)."""
-    cols = ["rank", "mb", "step", "start_ns", "end_ns"]
-    sends = spans.loc[spans["kind"] == SpanKind.SEND, cols]
-    waits = spans.loc[spans["kind"] == SpanKind.RECV_WAIT, cols]
-    if sends.empty or waits.empty or (waits["mb"] < 0).all():
-        return None
-    ranks = int(spans["rank"].max()) + 1
-    sends = sends.assign(rank=(sends["rank"] + 1) % ranks)  # keyed by the rank the message goes to
-    pairs = waits.merge(sends, on=["rank", "mb", "step"], suffixes=("_wait", "_send"))
-    posted = pairs["start_ns_send"]
-    waiting = pairs[(pairs["start_ns_wait"] <= posted) & (pairs["end_ns_wait"] > posted)]
-    if waiting.empty:
-        return None
-    return float((waiting["end_ns_wait"] - waiting["start_ns_send"]).median()) / 1e3
+    """Median time from a rank posting a message to the successor, already waiting for it, waking up with it
+    (`analysis.pipeline.message_latencies`), over all hops. In an engine run that is the whole hop of a message
+    whose payload rides in its header, the hop that `recv` spans miss (they time only a payload sent apart,
+    after its header). None when no message pairs up that way."""
+    latency = message_latencies(spans)
+    return float(latency["latency_ns"].median()) / 1e3 if len(latency) else None
 
 
 def _host_gap_ms(spans: pd.DataFrame) -> float:

@@ -13,7 +13,7 @@ from ppscope.analysis.bubbles import ROLE_RECV, ROLE_SEND, ROLE_WAIT, span_roles
 from ppscope.analysis.result import HopStats, StageResult
 from ppscope.trace import RunMeta
 
-__all__ = ["balance", "count_distinct", "hop_stats", "measured_inflight", "stage_of_ranks"]
+__all__ = ["balance", "count_distinct", "hop_stats", "measured_inflight", "message_latencies", "stage_of_ranks"]
 
 
 def count_distinct(values: npt.NDArray[np.int64]) -> int:
@@ -107,6 +107,8 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
     count = np.bincount(key, minlength=size).reshape(-1, 3)
     dur_sum = _sum_by_key(key, dur, size).reshape(-1, 3)
     byte_sum = _sum_by_key(key, nbytes, size).reshape(-1, 3)
+    latency = message_latencies(spans, role)
+    median_ns = latency.groupby(["src", "dst"])["latency_ns"].median() if len(latency) else pd.Series(dtype=float)
     out = []
     for h in range(hops.shape[1]):
         send, recv, wait = 0, 1, 2
@@ -123,9 +125,39 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
                 recv_ns=int(dur_sum[h, recv]),
                 wait_ns=int(dur_sum[h, wait]),
                 bandwidth_gbps=nb / transfer_ns if transfer_ns > 0 and nb > 0 else None,
+                latency_ns=_int_or_none(median_ns.get((int(hops[0, h]), int(hops[1, h])))),
             )
         )
     return out
+
+
+def message_latencies(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) -> pd.DataFrame:
+    """One row (src, dst, latency_ns) per message whose receiver was already waiting for it: from the sender
+    posting it (start of its `send` span, peer = dst) to the receiver waking up with it (end of its
+    `recv_wait` span, peer = src, same micro-batch, a wait that covers the post). That is the hop's latency
+    as the pipeline feels it, including what no transfer span shows (a payload riding in its header, the
+    receiver's wake-up). Empty when the trace has no such pairs (imported traces without micro-batch ids)."""
+    role = span_roles(spans["kind"]) if roles is None else roles
+    cols = ["rank", "peer", "mb", "step", "start_ns", "end_ns"]
+    sends = spans.loc[(role == ROLE_SEND) & (spans["peer"].to_numpy() >= 0) & (spans["mb"].to_numpy() >= 0), cols]
+    waits = spans.loc[(role == ROLE_WAIT) & (spans["peer"].to_numpy() >= 0) & (spans["mb"].to_numpy() >= 0), cols]
+    if sends.empty or waits.empty:
+        return pd.DataFrame({"src": [], "dst": [], "latency_ns": []}, dtype=np.int64)
+    sends = sends.rename(columns={"rank": "src", "peer": "dst", "start_ns": "posted", "end_ns": "_"})
+    waits = waits.rename(columns={"rank": "dst", "peer": "src", "start_ns": "waiting", "end_ns": "woke"})
+    # A receiver labels its wait with the message's step (the engine) or with the step it will compute, one
+    # later for the tokens that close a step (the simulator): pair both ways, the window below keeps the true one.
+    pairs = pd.concat(
+        [waits.merge(sends, on=["src", "dst", "mb", "step"]),
+         waits.merge(sends.assign(step=sends["step"] + 1), on=["src", "dst", "mb", "step"])]
+    )  # fmt: skip
+    pairs = pairs[(pairs["waiting"] <= pairs["posted"]) & (pairs["woke"] > pairs["posted"])]
+    latency = (pairs["woke"] - pairs["posted"]).to_numpy()
+    return pd.DataFrame({"src": pairs["src"].to_numpy(), "dst": pairs["dst"].to_numpy(), "latency_ns": latency})
+
+
+def _int_or_none(value: object) -> int | None:
+    return None if value is None or pd.isna(value) else int(value)  # type: ignore[call-overload]
 
 
 _INT64_RANGE = (-(2.0**63), float(np.nextafter(2.0**63, 0)))  # as floats that convert back without overflow

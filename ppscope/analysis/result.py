@@ -111,6 +111,9 @@ class HopStats:
     """Total time waiting (kind `recv_wait`) on dst for this hop."""
     bandwidth_gbps: float | None
     """nbytes / transfer time (recv if timed, else send), in GB/s (1e9 bytes/s)."""
+    latency_ns: int | None = None
+    """Median time from the sender posting a message to the receiver, already waiting, waking up with it (see
+    `pipeline.message_latencies`); None when no message could be paired."""
 
 
 @dataclass(kw_only=True)
