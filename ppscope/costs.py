@@ -185,11 +185,13 @@ def _pick_phase(spans: pd.DataFrame, phase: str | None) -> str:
 
 
 def _per_pass_ms(spans: pd.DataFrame, kind: str, stage: int) -> tuple[float | None, int]:
+    """Mean time of one pass's span of `kind` on `stage`, and the passes. Each span is one pass: a stage
+    records one span of each kind per pass, and (micro-batch, step) does not tell passes apart in a serve
+    run, whose slots are reused by request after request (grouping by it made passes 8x too long)."""
     rows = spans[(spans["kind"] == kind) & (spans["stage"] == stage)]
     if rows.empty:
         return None, 0
-    dur = (rows["end_ns"] - rows["start_ns"]).groupby([rows["mb"], rows["step"]]).sum()
-    return float(dur.mean()) / 1e6, len(dur)
+    return float((rows["end_ns"] - rows["start_ns"]).mean()) / 1e6, len(rows)
 
 
 def observe_stages(trace: Trace, *, run: int = 0, phase: str | None = None) -> list[StageObservation]:

@@ -118,6 +118,18 @@ def test_decode_passes_are_used_and_prefill_ignored_unless_asked() -> None:
         fit_layer_costs([trace], phase="warmup")
 
 
+def test_a_serve_slot_reused_by_later_requests_still_counts_each_pass_once() -> None:
+    # Two requests one after the other in slot 0: both have steps 1..4, so (micro-batch, step) repeats.
+    first, second = fake_run([1.0] * 6, [3, 3]), fake_run([1.0] * 6, [3, 3])
+    shift = int(first.spans["end_ns"].max())
+    rows = [*first.spans.to_dict("records"), *(second.spans.assign(start_ns=second.spans["start_ns"] + shift,
+                                                                   end_ns=second.spans["end_ns"] + shift)
+                                               .to_dict("records"))]  # fmt: skip
+    obs = observe_stages(Trace.from_records(rows, meta=first.meta))
+    assert [o.forward_ms for o in obs] == pytest.approx([3.0, 3.0]) and [o.passes for o in obs] == [8, 8]
+    assert obs[1].head_ms == pytest.approx(2.0)
+
+
 def test_stage_from_rank_when_spans_do_not_say() -> None:
     obs = observe_stages(fake_run([1.0] * 6, [3, 3], unknown_stage=True))
     assert [o.forward_ms for o in obs] == pytest.approx([3.0, 3.0])
