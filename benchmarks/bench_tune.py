@@ -13,8 +13,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ppscope.trace import COMPUTE_KINDS
-
 
 def main() -> list[str]:
     from engine.config import EngineConfig
@@ -65,7 +63,7 @@ def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> lis
     cfg = EngineConfig(stages=stages, schedule="serve", model="tiny", requests=16, prompt_len=16,
                        max_new_tokens=32, progress=False, out=str(tmp / f"profiled-{stages}"))  # fmt: skip
     trace = load_run(run(cfg))
-    measured = _stage_step_ms(trace.spans)
+    measured = _stage_step_ms(trace)
     split = tuple(trace.meta.split)
     lines = []
     for cold in (True, False):
@@ -80,12 +78,12 @@ def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> lis
     return lines
 
 
-def _stage_step_ms(spans: Any) -> list[float]:
-    """Per stage, its compute per decode pass: the sum over kinds (embedding, forward, head, sampling) of
-    the median span of that kind (one span of each per pass)."""
-    comp = spans[spans["kind"].isin([str(k) for k in COMPUTE_KINDS]) & (spans["phase"] == "decode")]
-    took = ((comp["end_ns"] - comp["start_ns"]) / 1e6).groupby([comp["stage"], comp["kind"].astype(str)]).median()
-    return [float(g.sum()) for _, g in took.groupby(level=0)]
+def _stage_step_ms(trace: Any) -> list[float]:
+    """Per stage, its compute per decode pass: embedding, forward, head and sampling (`observe_stages`)."""
+    from ppscope.costs import observe_stages
+
+    return [o.forward_ms + (o.embed_ms or 0) + (o.head_ms or 0) + (o.sample_ms or 0)
+            for o in observe_stages(trace, phase="decode")]  # fmt: skip
 
 
 if __name__ == "__main__":
