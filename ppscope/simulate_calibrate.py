@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from ppscope.analysis.pipeline import message_latencies
-from ppscope.costs import fit_layer_costs
+from ppscope.costs import LayerCosts, fit_layer_costs
 from ppscope.errors import UnsupportedInputError
 from ppscope.simulate import CommModel, SimConfig
 from ppscope.trace import SpanKind, Trace
@@ -22,14 +22,16 @@ from ppscope.trace import SpanKind, Trace
 __all__ = ["compare", "hop_latency_us", "makespan_ns", "replay_config"]
 
 
-def replay_config(trace: Trace, *, phase: str = "all") -> SimConfig:
-    """A SimConfig that reproduces `trace`: same schedule, sizes and split, fitted costs, measured hops."""
+def replay_config(trace: Trace, *, phase: str = "all", costs: LayerCosts | None = None) -> SimConfig:
+    """A SimConfig that reproduces `trace`: same schedule, sizes and split, fitted costs (or `costs`, when the
+    caller has better ones, e.g. a profile), measured hops."""
     meta = trace.meta
     if meta.schedule not in ("gpipe", "interleaved", "serve"):
         raise UnsupportedInputError(
             f"the run's schedule is {meta.schedule or 'unknown'!r}: only gpipe, interleaved and serve runs replay"
         )
-    fit = fit_layer_costs([trace], phase=phase)
+    if costs is None:
+        costs = fit_layer_costs([trace], phase=phase).costs
     spans = trace.spans
     recv = spans[spans["kind"] == SpanKind.RECV]
     latency_us = float((recv["end_ns"] - recv["start_ns"]).mean()) / 1e3 if len(recv) else 0.0
@@ -41,7 +43,7 @@ def replay_config(trace: Trace, *, phase: str = "all") -> SimConfig:
         microbatches=max(meta.microbatches, 1),
         chunks=meta.chunks,
         steps=steps,
-        costs=fit.costs,
+        costs=costs,
         split=tuple(meta.split),
         overhead_ms=overhead_ms,
         comm=CommModel(latency_us=latency_us),

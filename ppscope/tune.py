@@ -151,9 +151,9 @@ def _share(measured: float | None, predicted: float) -> float | None:
 def _simulate_both(trace: Trace, costs: LayerCosts, given: tuple[int, ...], advised: tuple[int, ...]) -> Simulated:
     """Simulate both splits calibrated on run 1: its pipeline and host gaps (`replay_config`), the costs the
     advice was made with, and the hop latency of its messages (`hop_latency_us`) plus any payload transfer."""
-    cfg = replay_config(trace)  # its latency is the `recv` transfer of payloads, which in an engine run follows
-    latency_us = cfg.comm.latency_us + (hop_latency_us(trace.spans) or 0.0)  # the header's hop, timed here
-    cfg = dataclasses.replace(cfg, costs=costs, comm=dataclasses.replace(cfg.comm, latency_us=latency_us))
+    cfg = replay_config(trace, costs=costs)  # its latency: the `recv` transfer of payloads, which in an engine
+    latency_us = cfg.comm.latency_us + (hop_latency_us(trace.spans) or 0.0)  # run follows the header's hop
+    cfg = dataclasses.replace(cfg, comm=dataclasses.replace(cfg.comm, latency_us=latency_us))
     given_ns, advised_ns = (makespan_ns(simulate(dataclasses.replace(cfg, split=s))) for s in (given, advised))
     return Simulated(speedup=given_ns / advised_ns, hop_latency_us=latency_us, overhead_ms=cfg.overhead_ms)
 

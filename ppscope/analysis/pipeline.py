@@ -156,8 +156,8 @@ def message_latencies(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = 
     return pd.DataFrame({"src": pairs["src"].to_numpy(), "dst": pairs["dst"].to_numpy(), "latency_ns": latency})
 
 
-def _int_or_none(value: object) -> int | None:
-    return None if value is None or pd.isna(value) else int(value)  # type: ignore[call-overload]
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 _INT64_RANGE = (-(2.0**63), float(np.nextafter(2.0**63, 0)))  # as floats that convert back without overflow
