@@ -120,6 +120,8 @@ class EngineConfig:
                 f"--model {self.model!r} is neither a preset ({', '.join(PRESETS)}), `synthetic`, nor a directory "
                 "holding a Hugging Face checkpoint (config.json + *.safetensors)"
             )
+        if not self.synthetic and self.model not in PRESETS:
+            self.shape()  # a checkpoint the engine would compute differently from transformers fails here
         if self.synthetic:
             parse_costs(self.layer_cost_ms, self.layers)
             if self.embed_cost_ms < 0 or self.head_cost_ms < 0:
@@ -147,7 +149,7 @@ class EngineConfig:
             return dataclasses.replace(PRESETS["tiny"], name=SYNTHETIC, layers=self.layers)
         if self.model in PRESETS:
             return ModelShape.from_name(self.model)
-        return ModelShape.from_hf_config(self.model)
+        return ModelShape.from_hf_config(self.model, exact=True)
 
     def layer_costs_ms(self) -> list[float]:
         return parse_costs(self.layer_cost_ms, self.layers) if self.synthetic else []

@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ppscope.models import ModelShape
+from ppscope.models import ModelShape, RopeScaling
 
 __all__ = [
     "Batch",
@@ -28,8 +28,10 @@ __all__ = [
     "Head",
     "KVCache",
     "LayerSource",
+    "PassIndex",
     "RMSNorm",
     "RandomSource",
+    "Rotary",
     "SyntheticLayer",
     "SyntheticSource",
     "sleep_ms",
@@ -51,13 +53,77 @@ class Batch:
     def tokens(self) -> int:
         return sum(self.lens)
 
-    def index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per token: sequence index b, index t within the pass, absolute position. Each (N,)."""
-        seq = torch.repeat_interleave(torch.arange(len(self.lens)), torch.tensor(self.lens))
-        offsets = torch.tensor([0, *self.lens[:-1]]).cumsum(0)
-        t = torch.arange(self.tokens) - offsets[seq]
-        pos = torch.tensor(self.starts)[seq] + t
-        return seq.to(device), t.to(device), pos.to(device)
+    def index(self, device: torch.device, rotary: Rotary, dtype: torch.dtype) -> PassIndex:
+        """What every layer of a pass needs to know about its tokens: computed once per pass, not per layer."""
+        lens = torch.tensor(self.lens)
+        seq = torch.repeat_interleave(torch.arange(len(self.lens)), lens)
+        t = torch.arange(self.tokens) - (lens.cumsum(0) - lens)[seq]
+        starts = torch.tensor(self.starts)
+        pos = (starts[seq] + t).to(device)
+        t_max, kv_len = max(self.lens), max(s + n for s, n in zip(self.starts, self.lens, strict=True))
+        # query j of sequence b (padded to t_max) sees the cached keys up to its own position
+        qpos = starts[:, None] + torch.arange(t_max)[None, :]
+        mask = (torch.arange(kv_len)[None, None, :] <= qpos[:, :, None])[:, None].to(device)  # (B, 1, T, S)
+        cos, sin = rotary.cos_sin(pos, dtype)
+        return PassIndex(
+            seq=seq.to(device), t=t.to(device), pos=pos, slots=torch.tensor(self.slots, device=device),
+            cos=cos, sin=sin, mask=mask, t_max=t_max, kv_len=kv_len, dense=min(self.lens) == t_max,
+        )  # fmt: skip
+
+
+class PassIndex(NamedTuple):
+    """A pass's tokens as every layer sees them (see `Batch.index`)."""
+
+    seq: torch.Tensor
+    """(N,) the sequence of each packed token."""
+    t: torch.Tensor
+    """(N,) each token's index within its sequence's part of the pass."""
+    pos: torch.Tensor
+    """(N,) each token's absolute position."""
+    slots: torch.Tensor
+    """(B,) each sequence's cache slot."""
+    cos: torch.Tensor
+    """(N, 1, hd) rotary cosines of the tokens' positions."""
+    sin: torch.Tensor
+    mask: torch.Tensor
+    """(B, 1, T, S) which cached keys each (padded) query sees."""
+    t_max: int
+    kv_len: int
+    dense: bool
+    """Every sequence has t_max tokens here (a decode step): the packed tokens are already (B, T), no padding."""
+
+
+class Rotary:
+    """A model's rotary position embedding: its frequencies fixed once, scaled as its config says."""
+
+    def __init__(self, shape: ModelShape, device: torch.device) -> None:
+        hd = shape.head_dim
+        inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+        scaling = shape.rope_scaling
+        if scaling is not None and scaling.kind == "linear":
+            inv_freq = inv_freq / scaling.factor
+        elif scaling is not None and scaling.kind == "llama3":
+            inv_freq = _llama3_frequencies(inv_freq, scaling)
+        self.inv_freq = inv_freq.to(device)
+
+    def cos_sin(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape (N, 1, hd) in Hugging Face's half-split convention."""
+        freqs = pos.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+
+def _llama3_frequencies(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """Llama 3.1's scaling: wavelengths longer than the pretraining context / low_freq_factor are stretched by
+    `factor`, those shorter than it / high_freq_factor are kept, and the ones between blend the two smoothly."""
+    old = scaling.original_max_position
+    wavelen = 2 * math.pi / inv_freq
+    slow = inv_freq / scaling.factor
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * slow + smooth * inv_freq
+    out = torch.where(wavelen > old / scaling.low_freq_factor, slow, inv_freq)
+    between = (wavelen >= old / scaling.high_freq_factor) & (wavelen <= old / scaling.low_freq_factor)
+    return torch.where(between, blended, out)
 
 
 class KVCache:
@@ -88,51 +154,40 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-b, a), dim=-1)
 
 
-def _rope(pos: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (N, 1, hd) in Hugging Face's half-split convention."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=pos.device) / head_dim))
-    freqs = pos.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
-
-
 class Attention(nn.Module):
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
         d, h, kv, hd = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim
-        self.heads, self.kv_heads, self.head_dim, self.theta = h, kv, hd, shape.rope_theta
+        self.heads, self.kv_heads, self.head_dim = h, kv, hd
         self.q_proj = nn.Linear(d, h * hd, bias=False)
         self.k_proj = nn.Linear(d, kv * hd, bias=False)
         self.v_proj = nn.Linear(d, kv * hd, bias=False)
         self.o_proj = nn.Linear(h * hd, d, bias=False)
 
-    def forward(self, x: torch.Tensor, batch: Batch, index: tuple[torch.Tensor, ...], cache: KVCache) -> torch.Tensor:
-        seq, t, pos = index
-        n = x.shape[0]
+    def forward(self, x: torch.Tensor, index: PassIndex, cache: KVCache) -> torch.Tensor:
+        n, b = x.shape[0], index.slots.shape[0]
         q = self.q_proj(x).view(n, self.heads, self.head_dim)  # (N, H, hd)
         k = self.k_proj(x).view(n, self.kv_heads, self.head_dim)  # (N, KV, hd)
         v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
-        cos, sin = _rope(pos, self.head_dim, self.theta, x.dtype)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        slots = torch.tensor(batch.slots, device=x.device)
-        cache.k[slots[seq], pos] = k
-        cache.v[slots[seq], pos] = v
-        # Pad the packed queries to (B, T, H, hd) and attend to each sequence's cached keys up to its own
-        # position; padded queries see key 0 only and are dropped afterwards.
-        b, t_max = len(batch.lens), max(batch.lens)
-        kv_len = max(s + n_ for s, n_ in zip(batch.starts, batch.lens, strict=True))
-        qp = x.new_zeros(b, t_max, self.heads, self.head_dim)
-        qp[seq, t] = q
-        keys = cache.k[slots, :kv_len]  # (B, S, KV, hd)
-        values = cache.v[slots, :kv_len]
-        rep = self.heads // self.kv_heads
-        keys = keys.repeat_interleave(rep, dim=2).transpose(1, 2)  # (B, H, S, hd)
-        values = values.repeat_interleave(rep, dim=2).transpose(1, 2)
-        qpos = torch.tensor(batch.starts, device=x.device)[:, None] + torch.arange(t_max, device=x.device)[None, :]
-        mask = torch.arange(kv_len, device=x.device)[None, None, :] <= qpos[:, :, None]  # (B, T, S)
-        out = F.scaled_dot_product_attention(qp.transpose(1, 2), keys, values, attn_mask=mask[:, None])
-        out = out.transpose(1, 2)[seq, t]  # (N, H, hd)
+        q = q * index.cos + _rotate_half(q) * index.sin
+        k = k * index.cos + _rotate_half(k) * index.sin
+        rows = index.slots[index.seq]
+        cache.k[rows, index.pos] = k
+        cache.v[rows, index.pos] = v
+        # The packed queries as (B, T, H, hd), padded unless every sequence has T tokens here; padded queries
+        # see key 0 only and are dropped afterwards. Each attends to its sequence's cached keys up to its own
+        # position, the KV heads shared by groups of query heads.
+        if index.dense:
+            qp = q.view(b, index.t_max, self.heads, self.head_dim)
+        else:
+            qp = x.new_zeros(b, index.t_max, self.heads, self.head_dim)
+            qp[index.seq, index.t] = q
+        keys = cache.k[index.slots, : index.kv_len].transpose(1, 2)  # (B, KV, S, hd)
+        values = cache.v[index.slots, : index.kv_len].transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            qp.transpose(1, 2), keys, values, attn_mask=index.mask, enable_gqa=self.heads != self.kv_heads
+        ).transpose(1, 2)  # (B, T, H, hd)
+        out = out.reshape(n, self.heads, self.head_dim) if index.dense else out[index.seq, index.t]
         return self.o_proj(out.reshape(n, self.heads * self.head_dim))
 
 
@@ -155,8 +210,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(shape.hidden, shape.norm_eps)
         self.mlp = MLP(shape)
 
-    def forward(self, x: torch.Tensor, batch: Batch, index: tuple[torch.Tensor, ...], cache: KVCache) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), batch, index, cache)
+    def forward(self, x: torch.Tensor, index: PassIndex, cache: KVCache) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), index, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 

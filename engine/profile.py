@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
-from engine.model import Batch, KVCache, sleep_ms
+from engine.model import Batch, KVCache, PassIndex, Rotary, sleep_ms
 from engine.prepare import make_source, torch_dtype
 from engine.schedules import Sampling, sample
 from engine.split import StageModule
@@ -123,7 +123,8 @@ def _profile(
         ends = _ends(source, device, dtype)
         ids = {n: torch.randint(0, shape.vocab, (b.tokens,), generator=gen).to(device) for n, b in batches.items()}
         x = {n: ends.run_embed(ids[n], shape.hidden, dtype) for n in batches}
-        index = {n: b.index(device) for n, b in batches.items()}
+        rotary = Rotary(shape, device)
+        index = {n: b.index(device, rotary, dtype) for n, b in batches.items()}
         for i in range(shape.layers):
             layer = source.layer(i).to(device=device, dtype=dtype).eval()
             for n, batch in batches.items():
@@ -133,7 +134,7 @@ def _profile(
                     continue
                 max_len = max(st + ln for st, ln in zip(batch.starts, batch.lens, strict=True))
                 cache = KVCache(max(batch.slots) + 1, max_len, shape.kv_heads, shape.head_dim, dtype, device)
-                layer_ms[n].append(timer.median_ms(_bind(layer, x[n], batch, index[n], cache), warmup, repeats))
+                layer_ms[n].append(timer.median_ms(_bind(layer, x[n], index[n], cache), warmup, repeats))
                 del cache
             del layer
         phases = {}
@@ -157,8 +158,8 @@ def _profile(
     return phases
 
 
-def _bind(layer: Any, x: torch.Tensor, batch: Batch, index: Any, cache: KVCache) -> Callable[[], Any]:
-    return lambda: layer(x, batch, index, cache)
+def _bind(layer: Any, x: torch.Tensor, index: PassIndex, cache: KVCache) -> Callable[[], Any]:
+    return lambda: layer(x, index, cache)
 
 
 def _ends(source: Any, device: torch.device, dtype: torch.dtype) -> StageModule:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from engine.model import Batch, KVCache, LayerSource, SyntheticLayer, sleep_ms
+from engine.model import Batch, KVCache, LayerSource, Rotary, SyntheticLayer, sleep_ms
 from ppscope.split import stage_layer_ranges, validate_split
 
 __all__ = ["Chunk", "StageModule", "build_stage"]
@@ -44,6 +44,7 @@ class StageModule:
         head: nn.Module | None,
         synthetic: bool,
         device: torch.device,
+        rotary: Rotary | None = None,
     ) -> None:
         self.rank = rank
         self.ranks = ranks
@@ -52,6 +53,8 @@ class StageModule:
         self.head = head
         self.synthetic = synthetic
         self.device = device
+        self.rotary = rotary
+        """The model's rotary embedding (real layers only)."""
 
     def allocate_cache(self, slots: int, max_len: int, dtype: torch.dtype, kv_heads: int, head_dim: int) -> None:
         if self.synthetic:
@@ -72,9 +75,10 @@ class StageModule:
         if self.synthetic:
             sleep_ms(chunk.synthetic_ms, self.device)
             return x
-        index = batch.index(self.device)
+        assert self.rotary is not None
+        index = batch.index(self.device, self.rotary, x.dtype)
         for layer, cache in zip(chunk.layers, chunk.caches, strict=True):
-            x = layer(x, batch, index, cache)
+            x = layer(x, index, cache)
         return x
 
     def run_head(self, x: torch.Tensor, batch: Batch, vocab: int) -> torch.Tensor:
@@ -105,6 +109,8 @@ def build_stage(
         held[c] = Chunk(stage=vs, first_layer=start, layers=layers, synthetic_ms=cost)
     embed = source.embedding().to(device=device, dtype=dtype).eval() if rank == 0 else None
     head = source.head().to(device=device, dtype=dtype).eval() if rank == (virtual - 1) % ranks else None
+    rotary = None if source.synthetic else Rotary(source.shape, device)
     return StageModule(
-        rank=rank, ranks=ranks, chunks=held, embed=embed, head=head, synthetic=source.synthetic, device=device
-    )
+        rank=rank, ranks=ranks, chunks=held, embed=embed, head=head, synthetic=source.synthetic, device=device,
+        rotary=rotary,
+    )  # fmt: skip

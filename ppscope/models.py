@@ -16,9 +16,38 @@ from typing import Any
 
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 
-__all__ = ["DTYPE_BYTES", "PRESETS", "ModelShape", "dtype_bytes"]
+__all__ = ["DTYPE_BYTES", "PRESETS", "ModelShape", "RopeScaling", "dtype_bytes"]
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How a checkpoint stretches its rotary positions (`rope_scaling` in config.json): `llama3` (Llama 3.1 and
+    later: low frequencies slowed by `factor`, high ones kept, a smooth ramp between) or `linear` (every
+    frequency slowed by `factor`)."""
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+    """The context length the model was pretrained with (llama3 only)."""
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> RopeScaling | None:
+        """None for plain RoPE; raises ValueError for a kind the engine cannot compute."""
+        kind = cfg.get("rope_type", cfg.get("type")) or "default"
+        if kind == "default":
+            return None
+        if kind == "linear":
+            return cls("linear", float(cfg["factor"]))
+        if kind == "llama3":
+            return cls(
+                "llama3", float(cfg["factor"]), float(cfg["low_freq_factor"]), float(cfg["high_freq_factor"]),
+                int(cfg["original_max_position_embeddings"]),
+            )  # fmt: skip
+        raise ValueError(f"rope_scaling type {kind!r} (the engine computes default, linear and llama3)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +73,7 @@ class ModelShape:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     """LM head shares the embedding matrix."""
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "max_seq_len"):
@@ -98,8 +128,12 @@ class ModelShape:
             raise InvalidConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
 
     @classmethod
-    def from_hf_config(cls, path: str | os.PathLike[str]) -> ModelShape:
-        """Read a Hugging Face Llama-format `config.json` (or the directory holding it)."""
+    def from_hf_config(cls, path: str | os.PathLike[str], *, exact: bool = False) -> ModelShape:
+        """Read a Hugging Face Llama-format `config.json` (or the directory holding it).
+
+        Planning needs only the shape, so a config of another architecture with the same parts reads too;
+        `exact` (the engine, which computes with the weights) refuses anything it would compute differently
+        from transformers: another architecture, biases, another activation, an unknown rope scaling."""
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
@@ -109,8 +143,17 @@ class ModelShape:
             raise UnsupportedInputError(f"{p} does not exist: give a model directory with config.json") from None
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UnsupportedInputError(f"{p} is not a readable JSON config ({exc})") from None
+        if not isinstance(cfg, dict):
+            raise UnsupportedInputError(f"{p} is not a model config: it holds JSON but not an object")
+        problem = _inexact(cfg)
+        if exact and problem:
+            raise UnsupportedInputError(
+                f"{p}: the engine cannot run this checkpoint exactly: {problem}. It runs Llama-format models "
+                "(LlamaForCausalLM); a preset or --model synthetic shows the same pipeline"
+            )
         try:
             heads = int(cfg["num_attention_heads"])
+            rope = _rope_fields(cfg)
             return cls(
                 name=str(cfg.get("_name_or_path") or p.parent.name),
                 layers=int(cfg["num_hidden_layers"]),
@@ -120,12 +163,57 @@ class ModelShape:
                 intermediate=int(cfg["intermediate_size"]),
                 vocab=int(cfg["vocab_size"]),
                 max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                rope_theta=float(cfg.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0),
                 norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                rope_scaling=_rope_scaling(rope) if rope is not None else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UnsupportedInputError(f"{p}: not a Llama-style config (missing or bad field {exc})") from None
+
+
+def _rope_fields(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The rotary settings: `rope_scaling` beside a top-level `rope_theta` (transformers 4, what checkpoints on
+    the Hub carry), or `rope_parameters` holding both (transformers 5)."""
+    rope = cfg.get("rope_scaling")
+    if rope is None:
+        rope = cfg.get("rope_parameters")
+    return rope if isinstance(rope, dict) else None
+
+
+def _rope_scaling(cfg: dict[str, Any]) -> RopeScaling | None:
+    try:
+        return RopeScaling.from_hf(cfg)
+    except (KeyError, TypeError, ValueError):
+        return None  # the shape is all planning needs (the engine, `exact`, has refused such a config already)
+
+
+def _inexact(cfg: dict[str, Any]) -> str:
+    """Why the engine would not compute what transformers computes with this config ('' when it would)."""
+    kind = cfg.get("model_type", "llama")
+    if kind not in ("llama", "mistral"):
+        return f"model_type is {kind!r}, not llama"
+    if kind == "mistral" and cfg.get("sliding_window") is not None:
+        return "it attends through a sliding window (sliding_window is set)"
+    if cfg.get("hidden_act", "silu") != "silu":
+        return f"hidden_act is {cfg.get('hidden_act')!r}, not silu"
+    for bias in ("attention_bias", "mlp_bias"):
+        if cfg.get(bias):
+            return f"{bias} is true (the engine's projections have no bias)"
+    heads, hidden, head_dim = cfg.get("num_attention_heads"), cfg.get("hidden_size"), cfg.get("head_dim")
+    if head_dim is not None and isinstance(heads, int) and isinstance(hidden, int) and head_dim * heads != hidden:
+        return f"head_dim {head_dim} is not hidden_size / num_attention_heads = {hidden} / {heads}"
+    scaling = _rope_fields(cfg)
+    if scaling is None and (cfg.get("rope_scaling") or cfg.get("rope_parameters")) is not None:
+        return "rope_scaling is not an object"
+    if scaling is not None:
+        try:
+            RopeScaling.from_hf(scaling)
+        except (KeyError, TypeError) as exc:
+            return f"rope_scaling lacks or has a bad field {exc}"
+        except ValueError as exc:
+            return str(exc)
+    return ""
 
 
 def dtype_bytes(dtype: str) -> int:

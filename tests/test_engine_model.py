@@ -24,26 +24,56 @@ def _forward(stages: list, tokens: list[int], batch: Batch, shape: ModelShape) -
     return stages[-1].run_head(x, batch, shape.vocab)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _write_checkpoint(path: Path, **config: object) -> Path:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
+    fields: dict[str, object] = dict(
         vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-5,
         tie_word_embeddings=False,
     )  # fmt: skip
-    model = transformers.LlamaForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("ckpt")
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**(fields | config))).eval()
     model.save_pretrained(path, safe_serialization=True)
     return path
 
 
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+# Llama 3.1-3.3's rope scaling (3.2 also ties the head to the embedding), with a pretraining context short
+# enough that the scaled frequencies matter within the test's few positions; and the older linear scaling.
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}  # fmt: skip
+SCALED = {
+    "llama3": {"rope_scaling": LLAMA3_ROPE, "tie_word_embeddings": True, "rope_theta": 500.0},
+    "linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+}
+
+
+def _as_transformers_4(config: Path) -> None:
+    """Rewrite a config.json the way transformers 4 writes it (and Hub checkpoints carry it): `rope_theta` at
+    the top, `rope_scaling` beside it, where transformers 5 writes both into `rope_parameters`."""
+    cfg = json.loads(config.read_text())
+    rope = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    cfg["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
+    config.write_text(json.dumps(cfg))
+
+
 @torch.no_grad()
-def test_checkpoint_matches_transformers(checkpoint: Path) -> None:
+@pytest.mark.parametrize("variant", ["plain", "llama3", "llama3, transformers 4 config", "linear"])
+def test_checkpoint_matches_transformers(variant: str, checkpoint: Path, tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
+    if variant != "plain":
+        checkpoint = _write_checkpoint(tmp_path / "ckpt", **SCALED[variant.split(",")[0]])  # type: ignore[arg-type]
+        if "transformers 4" in variant:
+            _as_transformers_4(checkpoint / "config.json")
     ref = transformers.LlamaForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float32).eval()
-    shape = ModelShape.from_hf_config(checkpoint)
+    shape = ModelShape.from_hf_config(checkpoint, exact=True)
+    assert (shape.rope_scaling is None) == (variant == "plain")
+    assert shape.rope_theta == (500.0 if variant.startswith("llama3") else 10000.0)
     src = CheckpointSource(checkpoint, shape)
     stages = [build_stage(src, [2, 1], r, 2, 1, CPU, torch.float32) for r in range(2)]
     for s in stages:
@@ -129,3 +159,48 @@ def test_checkpoint_runs_pipelined_through_the_launcher(checkpoint: Path, tmp_pa
     assert [r["output_ids"] for r in lines] == reference_outputs(cfg)
     meta = read_meta(run_dir)
     assert meta.model["layers"] == 3 and meta.split == [2, 1] and meta.model["synthetic"] is False
+
+
+def test_scaled_rope_changes_the_logits(tmp_path: Path) -> None:
+    """The scaled checkpoints above test something: read without its scaling, the llama3 one disagrees."""
+    import dataclasses
+
+    path = _write_checkpoint(tmp_path / "llama3", **SCALED["llama3"])  # type: ignore[arg-type]
+    shape = ModelShape.from_hf_config(path, exact=True)
+    prompt, batch = [5, 17, 99, 3, 42, 8, 1, 2, 3, 4, 5, 6], Batch([0], [0], [12])
+    logits = []
+    for s in (shape, dataclasses.replace(shape, rope_scaling=None)):
+        stage = build_stage(CheckpointSource(path, s), [3], 0, 1, 1, CPU, torch.float32)
+        stage.allocate_cache(1, 64, torch.float32, s.kv_heads, s.head_dim)
+        with torch.no_grad():
+            logits.append(_forward([stage], prompt, batch, s)[0])
+    assert not torch.allclose(logits[0], logits[1], atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"model_type": "qwen2"}, "model_type is 'qwen2'"),
+        ({"attention_bias": True}, "attention_bias is true"),
+        ({"hidden_act": "gelu"}, "hidden_act is 'gelu'"),
+        ({"head_dim": 32}, "head_dim 32 is not hidden_size / num_attention_heads"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn'"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling lacks or has a bad field"),
+        ({"model_type": "mistral", "sliding_window": 4096}, "sliding window"),
+    ],
+)
+def test_checkpoint_the_engine_would_compute_differently_fails_before_launch(
+    checkpoint: Path, tmp_path: Path, change: dict[str, object], says: str
+) -> None:
+    """It fails in one line naming the field, before any process starts; planning still reads the shape."""
+    from engine.config import EngineConfig
+    from ppscope.errors import UnsupportedInputError
+
+    for f in checkpoint.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps(json.loads((checkpoint / "config.json").read_text()) | change))
+    with pytest.raises(UnsupportedInputError, match="the engine cannot run this checkpoint exactly") as err:
+        EngineConfig(model=str(tmp_path), stages=2)
+    assert says in str(err.value) and "\n" not in str(err.value)
+    assert ModelShape.from_hf_config(tmp_path).layers == 3
