@@ -12,6 +12,11 @@ for their completion, keeping the tensors alive until then. So compute never blo
 cannot deadlock however many micro-batches circulate. The wrap-around link (last rank -> rank 0) uses its
 own process group so that with two ranks the two directions never share a communicator (NCCL orders the
 operations of one communicator).
+
+On a GPU the headers travel over CPU (gloo) groups of their own and only payloads over NCCL, as vLLM sends
+its metadata: the host reads a header without waiting for the GPU, posts the payload's receive, and makes
+the compute stream (not itself) wait for it, so it queues the next pass while the GPU still runs this one.
+A header read from GPU memory would make the host wait for everything queued before it.
 This module knows nothing about models or schedules.
 """
 
@@ -77,30 +82,37 @@ class Ring:
         timeout_s: float,
         inline_nbytes: int = 0,
         depth: int = 1,
+        host_headers: bool = False,
     ) -> None:
         self.rank, self.world = rank, world
         self.prev, self.next = (rank - 1) % world, (rank + 1) % world
         self.rec = recorder
         self.max_seqs = max_seqs
-        wanted = min(max(inline_nbytes, 8 * max_seqs), MAX_INLINE_NBYTES) if device.type != "cuda" else 0
-        self.inline_nbytes = -(-wanted // 8) * 8
-        """Payloads up to this size ride in the header: one message per hop instead of two (CPU only: a gloo
-        receive may be larger than what arrives, so each message is sent at its own length, while the
-        receive posted ahead has room for the largest; NCCL sizes must match, so there headers are fixed)."""
         self.device = device
         self.cuda = device.type == "cuda"
+        self.host_headers = host_headers or self.cuda
+        """Headers on CPU groups of their own, payloads on the device's groups (always on a GPU; on a CPU,
+        tests use it to run that protocol over gloo)."""
+        wanted = min(max(inline_nbytes, 8 * max_seqs), MAX_INLINE_NBYTES) if not self.host_headers else 0
+        self.inline_nbytes = -(-wanted // 8) * 8
+        """Payloads up to this size ride in the header: one message per hop instead of two (not when headers
+        have groups of their own). A gloo receive may be larger than what arrives, so each header is sent at
+        its own length, while the receive posted ahead has room for the largest."""
         self.timeout_s = timeout_s
         self._local: collections.deque[Message] = collections.deque()
         self._sent: collections.deque[_Posted] = collections.deque()
         self._closing = threading.Event()
         self._reaper: threading.Thread | None = None
         self._groups: tuple[Any, Any] = (None, None)
-        self.depth = min(max(depth, 1), MAX_DEPTH) if device.type != "cuda" else 1
-        """Header receives kept posted (CPU): as many as messages may queue here, so none waits for a
-        receive to be posted (gloo moves a message only once its receive is posted: a round trip)."""
-        self._payload_tag = 1 if device.type != "cuda" else 0
-        """Separate payloads travel under their own tag, so the headers posted ahead never take them (NCCL
-        has no tags: there one header is posted at a time and its payload's receive goes first)."""
+        self._header_groups: tuple[Any, Any] = (None, None)
+        self.depth = min(max(depth, 1), MAX_DEPTH)
+        """Header receives kept posted: as many as messages may queue here, so none waits for a receive to
+        be posted (gloo moves a message only once its receive is posted: a round trip)."""
+        self._payload_tag = 0 if self.host_headers else 1
+        """Separate payloads travel under their own tag when headers share their group, so the headers
+        posted ahead never take them (NCCL has no tags; there headers have groups of their own)."""
+        self.device_spans: Any = None
+        """On a GPU, the compute stream's wait for a payload is timed on the device (engine.gputime)."""
         self._posted: collections.deque[tuple[torch.Tensor, Any]] = collections.deque()
         """Receives of the next headers (buffer, work), in arrival order, posted ahead to land while the
         rank computes."""
@@ -112,15 +124,19 @@ class Ring:
         if self.world == 1:
             return
         # Every rank must create the groups in the same order.
-        wrap = dist.new_group(list(range(self.world)))
-        self._groups = (None, wrap)
+        everyone = list(range(self.world))
+        wrap = dist.new_group(everyone)
+        self._groups = self._header_groups = (None, wrap)
+        if self.host_headers:
+            self._header_groups = (dist.new_group(everyone, backend="gloo"), dist.new_group(everyone, backend="gloo"))
         self._reaper = threading.Thread(target=self._reap_loop, name=f"ppscope-send-r{self.rank}", daemon=True)
         self._reaper.start()
         for _ in range(self.depth):
             self._post_header()
 
-    def _group(self, src: int) -> Any:
-        return self._groups[1] if src == self.world - 1 else self._groups[0]
+    def _group(self, src: int, header: bool = False) -> Any:
+        groups = self._header_groups if header else self._groups
+        return groups[1] if src == self.world - 1 else groups[0]
 
     # ------------------------------------------------------------ compute-thread side
 
@@ -133,13 +149,10 @@ class Ring:
         # Post the sends here (they return at once) so no thread hop sits on the critical path; the reaper
         # thread waits for their completion, keeping the tensors alive until then.
         start = self.rec.now_ns()
-        group = self._group(self.rank)
         header, payload = self._pack(msg)
-        if self.cuda:
-            header = header.to(self.device)
-        works = [dist.isend(header, dst=self.next, group=group)]
+        works = [dist.isend(header, dst=self.next, group=self._group(self.rank, header=True))]
         if payload is not None:
-            works.append(dist.isend(payload, dst=self.next, group=group, tag=self._payload_tag))
+            works.append(dist.isend(payload, dst=self.next, group=self._group(self.rank), tag=self._payload_tag))
         if msg.kind != STOP:
             # The stage is blocked only while posting: the successor always has a receive posted, so a send
             # never waits for it. The transfer shows as the receiver's `recv` span.
@@ -148,7 +161,8 @@ class Ring:
                 SpanKind.SEND, start, self.rec.now_ns(), mb=msg.mb, step=msg.step, phase=msg.phase,
                 stage=src_stage, chunk=max(src_stage, 0) // self.world, peer=self.next, nbytes=_nbytes(msg.payload),
             )  # fmt: skip
-        self._sent.append(_Posted(works, (header, payload)))  # no wake-up: the reaper looks every REAP_S
+        device_work = works[-1] if self.cuda and payload is not None else None
+        self._sent.append(_Posted(works, (header, payload), device_work))  # no wake-up: the reaper looks every REAP_S
 
     def get(self) -> Message:
         """The next message from the predecessor; raises if the link failed or nothing came within the timeout."""
@@ -182,9 +196,8 @@ class Ring:
         # buffers are reused: a message is parsed (copied out) before its buffer is posted again
         buf = self._spare.pop() if self._spare else None
         if buf is None:
-            size = self._meta_words() + self.inline_nbytes // 8
-            buf = torch.empty(size, dtype=torch.int64, device=self.device)
-        self._posted.append((buf, dist.irecv(buf, src=self.prev, group=self._group(self.prev))))
+            buf = torch.empty(self._meta_words() + self.inline_nbytes // 8, dtype=torch.int64)
+        self._posted.append((buf, dist.irecv(buf, src=self.prev, group=self._group(self.prev, header=True))))
 
     def _take(self, timeout_s: float | None) -> Message | None:
         """The next message. The compute thread waits on the posted receive itself (no thread hop) unless it
@@ -198,7 +211,7 @@ class Ring:
             self._wait(posted)
         else:
             if self._waiter is None:
-                self._waiter = _Waiter(posted, self.device)
+                self._waiter = _Waiter(posted)
             if not self._waiter.done.wait(self.timeout_s if timeout_s is None else timeout_s):
                 if timeout_s is None:
                     raise self._timeout()
@@ -206,7 +219,7 @@ class Ring:
             waiter, self._waiter = self._waiter, None
             if waiter.error is not None:
                 raise self._failed(waiter.error)
-        msg, shape, dtype = self._parse(buf.cpu() if self.cuda else buf)
+        msg, shape, dtype = self._parse(buf)
         self._posted.popleft()
         self._spare.append(buf)
         if shape is None:
@@ -217,21 +230,25 @@ class Ring:
         payload = torch.empty(shape, dtype=dtype, device=self.device)
         work = dist.irecv(payload, src=self.prev, group=self._group(self.prev), tag=self._payload_tag)
         if msg.kind != STOP:
-            self._post_header()  # after the payload's receive: without tags (NCCL) receives match in order
-        self._wait(work)
-        msg.payload = payload
-        self.rec.record(
-            SpanKind.RECV, start, self.rec.now_ns(), mb=msg.mb, step=msg.step, phase=msg.phase,
-            stage=self._consumer_stage(msg), chunk=self._consumer_stage(msg) // self.world,
-            peer=self.prev, nbytes=payload.numel() * payload.element_size(),
+            self._post_header()
+        stage = self._consumer_stage(msg)
+        fields: dict[str, Any] = dict(
+            mb=msg.mb, step=msg.step, phase=msg.phase, stage=stage, chunk=stage // self.world, peer=self.prev,
+            nbytes=payload.numel() * payload.element_size(),
         )  # fmt: skip
+        if self.cuda and self.device_spans is not None:
+            with self.device_spans.span(SpanKind.RECV, **fields):
+                self._wait(work)  # the stream waits for the payload, the host does not: timed on the device
+        else:
+            self._wait(work)
+            self.rec.record(SpanKind.RECV, start, self.rec.now_ns(), **fields)
+        msg.payload = payload
         return msg
 
     def _wait(self, work: Any) -> None:
+        """Wait for a receive: the host for a header (gloo), the current stream for a payload on a GPU (NCCL)."""
         try:
             work.wait()
-            if self.cuda:
-                torch.cuda.current_stream(self.device).synchronize()
         except Exception as exc:
             raise self._timeout() if "timed out" in str(exc).lower() else self._failed(exc) from exc
 
@@ -257,7 +274,7 @@ class Ring:
         as few torch calls as it can (each costs about a microsecond, several times that with cold caches).
         """
         if msg.batch is None or msg.payload is None:
-            h = np.zeros(self._meta_words(), dtype=np.int64)
+            h = np.zeros(_FIXED, dtype=np.int64)
             h[:4] = (msg.kind, msg.mb, msg.step, msg.stage)
             return torch.from_numpy(h), None
         batch, payload = msg.batch, msg.payload
@@ -271,8 +288,7 @@ class Ring:
         nbytes = payload.numel() * payload.element_size()
         inline = nbytes <= self.inline_nbytes
         meta = _FIXED + 3 * n
-        # an inline message is sent at its own length; a separate payload's header is full size (NCCL)
-        h = np.zeros(meta + -(-nbytes // 8) if inline else self._meta_words(), dtype=np.int64)
+        h = np.zeros(meta + -(-nbytes // 8) if inline else meta, dtype=np.int64)
         width = payload.shape[1] if payload.dim() == 2 else 0
         flags = _DTYPES.index(payload.dtype) | (_INLINE if inline else 0)
         fields = (msg.kind, msg.mb, msg.step, msg.stage, n, sum(batch.lens), width, flags)
@@ -314,32 +330,31 @@ class Ring:
                 # Wake up on a timer, not per send: a wake-up per hop would compete for the CPU with the
                 # ranks' own work at the moment a message moves.
                 closing = self._closing.wait(REAP_S)
-                while self._sent:
+                while self._sent and (closing or self._sent[0].done()):
                     for work in self._sent[0].works:
                         work.wait()
                     self._sent.popleft()
                 if closing:
+                    if self.cuda:
+                        torch.cuda.current_stream(self.device).synchronize()  # the last payloads are out
                     return
         except BaseException as exc:  # the compute thread raises it at its next send or close
             self.error = exc
 
 
 class _Waiter:
-    """A thread that waits for one posted receive, so that the compute thread can give up waiting for it."""
+    """A thread that waits for one posted header receive (on the host: headers always travel over gloo), so
+    that the compute thread can give up waiting for it."""
 
-    def __init__(self, work: Any, device: torch.device) -> None:
-        self.work, self.device = work, device
+    def __init__(self, work: Any) -> None:
+        self.work = work
         self.done = threading.Event()
         self.error: BaseException | None = None
         threading.Thread(target=self._wait, name="ppscope-recv-wait", daemon=True).start()
 
     def _wait(self) -> None:
         try:
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
             self.work.wait()
-            if self.device.type == "cuda":
-                torch.cuda.current_stream(self.device).synchronize()
         except BaseException as exc:
             self.error = exc
         self.done.set()
@@ -352,6 +367,12 @@ class _Posted:
     works: list[Any]
     keep: tuple[Any, ...]
     """The tensors being sent, alive until the sends complete."""
+    device_work: Any = None
+    """The payload's send on a GPU (NCCL), whose wait() would only make a stream wait: polled instead."""
+
+    def done(self) -> bool:
+        """Whether waiting for the works now keeps the host only as long as a gloo send takes."""
+        return self.device_work is None or bool(self.device_work.is_completed())
 
 
 def _host_view(t: torch.Tensor) -> np.ndarray:

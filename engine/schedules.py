@@ -105,6 +105,7 @@ class Pipeline:
         if self.cuda and recorder.enabled:
             stream = torch.cuda.current_stream(module.device)
             self.device_spans = DeviceSpans(recorder, stream, lambda: torch.cuda.Event(enable_timing=True))
+        ring.device_spans = self.device_spans
         self.on_finish: Callable[[Request], None] = lambda request: None
         """Called on rank 0 when a request has its last token (the worker appends it to requests.jsonl)."""
         self.fail_after = 0

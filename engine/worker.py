@@ -31,12 +31,14 @@ from ppscope.schedule import ServePolicy
 from ppscope.store import RankWriter, create_run, read_meta, write_meta
 from ppscope.trace import ClockInfo, RankInfo
 
-__all__ = ["FAIL_ENV", "SKEW_ENV", "default_run_dir", "run_rank"]
+__all__ = ["FAIL_ENV", "HOST_HEADERS_ENV", "SKEW_ENV", "default_run_dir", "run_rank"]
 
 SKEW_ENV = "PPSCOPE_TEST_CLOCK_SKEW_NS"
 """Tests only: `RANK=NS[,RANK=NS]`, nanoseconds added to a rank's clock, to check the offset estimate."""
 FAIL_ENV = "PPSCOPE_TEST_FAIL"
 """Tests only: `RANK=N`, that rank raises after N passes, to check failure propagation."""
+HOST_HEADERS_ENV = "PPSCOPE_TEST_HOST_HEADERS"
+"""Tests only: `1` runs a CPU ring with a GPU ring's protocol (headers on groups of their own, see engine.comm)."""
 
 ProgressFn = Callable[[int, int], None]
 SWITCH_INTERVAL_S = 1e-4
@@ -180,7 +182,17 @@ def _run_pipeline(
         longest = max((len(r.prompt_ids) for r in prep.requests), default=1)
         act_nbytes = prep.max_seqs * max(longest, 1) * shape.hidden * dtype.itemsize
         # as many receives posted ahead as messages may queue at a rank: every micro-batch in flight, and stop
-        ring = Ring(rank, world, rec, prep.max_seqs, device, cfg.timeout_s, act_nbytes, depth=cfg.inflight + 1)
+        ring = Ring(
+            rank,
+            world,
+            rec,
+            prep.max_seqs,
+            device,
+            cfg.timeout_s,
+            act_nbytes,
+            depth=cfg.inflight + 1,
+            host_headers=os.environ.get(HOST_HEADERS_ENV) == "1",
+        )
         pipe = Pipeline(
             module=module,
             ring=ring,

@@ -1,6 +1,7 @@
 """The ring's wire format over gloo between two real processes, three header receives posted ahead: payloads
 inside the header, payloads too big for it (a second message, own tag), tokens on the wrap-around link, and
-stop; each arrives intact and in order."""
+stop; each arrives intact and in order. Also with the headers on groups of their own and every payload on the
+process group, the protocol of a GPU ring (there the payloads go over NCCL)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,12 @@ from engine.comm import ACT, STOP, TOKENS, Message, Ring
 from engine.model import Batch
 from ppscope.recorder import Recorder
 
-rank, port = int(sys.argv[1]), sys.argv[2]
+rank, port, host_headers = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))
-ring = Ring(rank, 2, Recorder(None, rank=rank, stage=rank), 4, torch.device("cpu"), 30, inline_nbytes=256, depth=3)
+ring = Ring(rank, 2, Recorder(None, rank=rank, stage=rank), 4, torch.device("cpu"), 30, inline_nbytes=256, depth=3,
+            host_headers=host_headers)
+assert ring.inline_nbytes == (0 if host_headers else 256)
 ring.start()
 batch = Batch([0, 1], [0, 0], [3, 5])
 g = torch.Generator().manual_seed(7)
@@ -56,13 +59,14 @@ print("ok", rank)
 """
 
 
-def test_messages_cross_two_processes_intact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("host_headers", [False, True], ids=["one group", "headers on their own groups"])
+def test_messages_cross_two_processes_intact(tmp_path: Path, host_headers: bool) -> None:
     from engine.launch import free_port
 
     port = str(free_port())
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(r), port],
+            [sys.executable, "-c", _CHILD, str(r), port, str(int(host_headers))],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -72,6 +72,27 @@ def test_pipeline_output_equals_unsplit_model(
         assert reqs["first_token_ns"].nunique() > 1
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "interleaved", "serve"])
+def test_gpu_ring_protocol_on_cpu_matches(
+    schedule: str, expected: list[list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU ring's protocol (headers on CPU groups of their own, every payload a second message on the process
+    group, as NCCL carries it there) run over gloo: the same tokens; Poisson arrivals make rank 0 poll."""
+    from engine.worker import HOST_HEADERS_ENV
+
+    monkeypatch.setenv(HOST_HEADERS_ENV, "1")
+    chunks = 2 if schedule == "interleaved" else 1
+    cfg = EngineConfig(
+        stages=3, schedule=schedule, chunks=chunks, rate=50.0 if schedule == "serve" else 0.0, progress=False,
+        out=str(tmp_path / "run"), timeout_s=60, **REQUESTS,
+    )  # fmt: skip
+    run_dir = run(cfg)
+    assert _outputs(run_dir) == expected
+    spans = load_run(run_dir).spans
+    recv = spans[spans["kind"] == SpanKind.RECV]  # every payload came as a message of its own
+    assert len(recv) == len(spans[spans["kind"] == SpanKind.SEND]) and (recv["nbytes"] > 0).all()
+
+
 def test_uneven_split_and_batched_serve_match(expected: list[list[int]], tmp_path: Path) -> None:
     cfg = EngineConfig(
         stages=2, schedule="serve", split="6,2", max_inflight=1, max_batch=3, progress=False,
