@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# pip's `torch==2.13.0` is a CPU build; the package metadata keeps torch>=2.4 so GPU users get CUDA builds.
+# pip's `torch==2.13.0` is a CPU build; the package metadata keeps torch>=2.5 so GPU users get CUDA builds.
 TORCH_CPU ?= torch==2.13.0
 
 .PHONY: setup demo test lint types check bench clean
@@ -11,7 +11,7 @@ TORCH_CPU ?= torch==2.13.0
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install --quiet 'torch>=2.4'; \
+	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install --quiet 'torch>=2.5'; \
 	else $(BIN)/pip install --quiet '$(TORCH_CPU)'; fi
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
