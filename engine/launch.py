@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.prepare import Prepared, prepare
+from engine.prepare import Prepared, check_memory, host_available_bytes, prepare
 from engine.worker import default_run_dir, run_rank
 from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
 from ppscope.store import create_run, read_meta, write_meta
@@ -53,6 +53,8 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
     if under_torchrun():
         return _run_torchrun(cfg)
     prep = prepare(cfg, cfg.stages)  # raises before anything starts
+    if prep.backend == "gloo":  # every rank on this host's memory (on GPUs each rank checks its own)
+        check_memory(prep, list(range(cfg.stages)), cfg.stages, host_available_bytes(), "this host", processes=True)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir()
     create_run(run_dir, prep.meta(cfg.stages))
     if cfg.stages == 1:

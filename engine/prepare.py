@@ -21,7 +21,19 @@ from ppscope.models import PRESETS, ModelShape
 from ppscope.split import resolve_split
 from ppscope.trace import RunMeta
 
-__all__ = ["Prepared", "make_source", "prepare", "resolve_backend", "torch_dtype"]
+__all__ = [
+    "Prepared",
+    "check_memory",
+    "host_available_bytes",
+    "make_source",
+    "prepare",
+    "resolve_backend",
+    "torch_dtype",
+]
+
+PROCESS_BYTES = 400 << 20
+"""What a rank's process takes besides its model: the interpreter, torch and the run store (measured: about
+300 MB resident on CPU)."""
 
 
 @dataclass(kw_only=True)
@@ -41,6 +53,18 @@ class Prepared:
     """KV-cache rows each layer needs."""
     max_len: int
     """Longest sequence (prompt + output)."""
+
+    def rank_bytes(self, rank: int, world: int) -> tuple[int, int]:
+        """Weights and KV cache `rank` of `world` allocates (0, 0 for the synthetic model)."""
+        if self.cfg.synthetic:
+            return 0, 0
+        s, itemsize = self.shape, torch_dtype(self.cfg.dtype).itemsize
+        layers = sum(self.split[c * world + rank] for c in range(self.cfg.chunks))
+        params = layers * s.layer_params
+        params += s.embed_params if rank == 0 else 0
+        params += s.head_params if rank == (len(self.split) - 1) % world else 0
+        kv = layers * self.cache_slots * self.max_len * 2 * s.kv_heads * s.head_dim * itemsize
+        return params * itemsize, kv
 
     def meta(self, world: int) -> RunMeta:
         cfg = self.cfg
@@ -139,4 +163,41 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
         max_seqs=max_seqs,
         cache_slots=slots,
         max_len=max_len,
+    )
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is none: not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_memory(
+    prep: Prepared, ranks: list[int], world: int, available: int | None, where: str, *, processes: bool
+) -> None:
+    """Refuse, in one line and before anything is built, a run whose `ranks` would not fit in `available`
+    bytes (the host's memory for ranks on CPU, one GPU's free memory for a rank on it), rather than leave it
+    to the kernel's out-of-memory killer or a CUDA error halfway through loading. `processes`: count what each
+    rank's process takes besides the model too (host memory)."""
+    if available is None or prep.cfg.synthetic:
+        return
+    weights = kv = 0
+    for r in ranks:
+        w, k = prep.rank_bytes(r, world)
+        weights, kv = weights + w, kv + k
+    need = weights + kv + (PROCESS_BYTES * len(ranks) if processes else 0)
+    if need <= available:
+        return
+    who = f"{len(ranks)} ranks" if len(ranks) > 1 else f"rank {ranks[0]}"
+    raise InvalidConfigError(
+        f"{prep.shape.name} in {prep.cfg.dtype} needs about {need / 1e9:.1f} GB for {who} ({weights / 1e9:.1f} GB of "
+        f"weights, {kv / 1e9:.1f} GB of KV cache) and {where} has {available / 1e9:.1f} GB free: use a smaller "
+        "--dtype, fewer --requests or --max-new-tokens, more --stages on more devices, or size it without running "
+        f"it: ppscope plan --model {prep.cfg.model if prep.cfg.model in PRESETS else 'DIR/config.json'}"
     )

@@ -103,8 +103,8 @@ def build_stage(
     for c in range(chunks):
         vs = c * ranks + rank
         start, end = ranges[vs]
-        layers = [source.layer(i) for i in range(start, end)]
-        layers = [layer.to(device=device, dtype=dtype).eval() for layer in layers]
+        # each layer is built in float32 and converted at once: the rank never holds its layers in float32
+        layers = [source.layer(i).to(device=device, dtype=dtype).eval() for i in range(start, end)]
         cost = sum(getattr(layer, "cost_ms", 0.0) for layer in layers) if source.synthetic else 0.0
         held[c] = Chunk(stage=vs, first_layer=start, layers=layers, synthetic_ms=cost)
     embed = source.embedding().to(device=device, dtype=dtype).eval() if rank == 0 else None

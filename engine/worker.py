@@ -21,7 +21,7 @@ import torch.distributed as dist
 from engine.clock import measure_offset
 from engine.comm import Ring
 from engine.config import EngineConfig
-from engine.prepare import Prepared, make_source, prepare, torch_dtype
+from engine.prepare import Prepared, check_memory, make_source, prepare, torch_dtype
 from engine.requests import RequestLog
 from engine.sampler import CounterSampler
 from engine.schedules import Pipeline, Sampling
@@ -176,6 +176,9 @@ def _run_pipeline(
     sampler = CounterSampler(rec, device.index if device.type == "cuda" else None, cfg.sample_interval_ms)
     frozen = False
     try:
+        if device.type == "cuda":
+            free = torch.cuda.mem_get_info(device)[0]
+            check_memory(prep, [rank], world, free, f"GPU {device.index}", processes=False)
         module = build_stage(make_source(cfg, shape), prep.split, rank, world, cfg.chunks, device, dtype)
         module.allocate_cache(prep.cache_slots, prep.max_len, dtype, shape.kv_heads, shape.head_dim)
         # room in the receive posted ahead for the largest activation (a prefill of the longest prompts)

@@ -1,0 +1,55 @@
+"""A run that cannot fit is refused before anything starts, in one line; the estimate is what ranks allocate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.prepare import check_memory, host_available_bytes, make_source, prepare, torch_dtype
+from engine.split import build_stage
+from ppscope.errors import InvalidConfigError
+
+
+@pytest.mark.parametrize(("stages", "chunks", "dtype"), [(1, 1, "float32"), (2, 1, "bfloat16"), (2, 2, "float32")])
+def test_estimate_is_what_each_rank_allocates(stages: int, chunks: int, dtype: str) -> None:
+    cfg = EngineConfig(stages=stages, chunks=chunks, dtype=dtype, schedule="interleaved" if chunks > 1 else "serve",
+                       requests=3, prompt_len=6, max_new_tokens=5, progress=False)  # fmt: skip
+    prep = prepare(cfg, stages)
+    for rank in range(stages):
+        stage = build_stage(make_source(cfg, prep.shape), prep.split, rank, stages, chunks, torch.device("cpu"),
+                            torch_dtype(dtype))  # fmt: skip
+        stage.allocate_cache(prep.cache_slots, prep.max_len, torch_dtype(dtype), prep.shape.kv_heads,
+                             prep.shape.head_dim)  # fmt: skip
+        modules = [m for c in stage.chunks.values() for m in c.layers] + [m for m in (stage.embed, stage.head) if m]
+        weights = sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+        kv = sum(t.numel() * t.element_size() for c in stage.chunks.values() for kc in c.caches for t in (kc.k, kc.v))
+        assert prep.rank_bytes(rank, stages) == (weights, kv)
+
+
+def test_run_that_does_not_fit_is_refused_in_one_line(tmp_path: Path) -> None:
+    cfg = EngineConfig(stages=2, progress=False, out=str(tmp_path / "run"))
+    prep = prepare(cfg, 2)
+    check_memory(prep, [0, 1], 2, 10 << 30, "this host", processes=True)  # fits
+    with pytest.raises(InvalidConfigError) as err:
+        check_memory(prep, [0, 1], 2, 100 << 20, "this host", processes=True)
+    text = str(err.value)
+    assert "tiny in float32 needs about" in text and "this host has 0.1 GB free" in text and "\n" not in text
+    assert "ppscope plan --model tiny" in text
+    synthetic = prepare(EngineConfig(stages=2, model="synthetic", progress=False), 2)
+    check_memory(synthetic, [0, 1], 2, 1, "GPU 0", processes=False)  # sleeps: nothing to hold
+
+
+def test_launcher_refuses_before_creating_the_run(tmp_path: Path) -> None:
+    from engine.launch import run
+
+    available = host_available_bytes()
+    if available is None:
+        pytest.skip("no /proc/meminfo here")
+    # a preset whose float32 weights alone are several times this host's free memory
+    cfg = EngineConfig(stages=2, model="llama3-405b", progress=False, out=str(tmp_path / "run"))
+    with pytest.raises(InvalidConfigError, match="llama3-405b in float32 needs about"):
+        run(cfg)
+    assert not (tmp_path / "run").exists()
