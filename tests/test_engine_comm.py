@@ -25,12 +25,27 @@ from engine.comm import ACT, STOP, TOKENS, Message, Ring
 from engine.model import Batch
 from ppscope.recorder import Recorder
 
-rank, port, host_headers = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+rank, port, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+host_headers = mode != "one group"
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))
 ring = Ring(rank, 2, Recorder(None, rank=rank, stage=rank), 4, torch.device("cpu"), 30, inline_nbytes=256, depth=3,
             host_headers=host_headers)
 assert ring.inline_nbytes == (0 if host_headers else 256)
+if mode == "device-timed":  # a GPU ring's spans, on a stand-in for a stream whose work is done at once
+    import time
+    from engine.gputime import DeviceSpans
+
+    class Now:
+        def record(self, stream=None): self.at = time.perf_counter_ns()
+        def query(self): return True
+        def synchronize(self): pass
+        def elapsed_time(self, end): return (end.at - self.at) / 1e6
+
+    class Stream:
+        def synchronize(self): pass
+
+    ring.device_spans = DeviceSpans(ring.rec, Stream(), Now)
 ring.start()
 batch = Batch([0, 1], [0, 0], [3, 5])
 g = torch.Generator().manual_seed(7)
@@ -55,18 +70,26 @@ else:
     ring.send(Message(STOP))
 ring.close()
 dist.destroy_process_group()
+if mode == "device-timed":
+    assert len(ring.rec.frame()) == 0 and ring.device_spans.pending == 8  # all through the device timer
+    ring.device_spans.close()
+    spans = ring.rec.frame()
+    got = sorted(zip(spans["kind"].astype(str), spans["mb"]))
+    assert got == sorted([("send", mb) for mb in range(4)] + [("recv_wait", mb) for mb in range(4)]), got
 print("ok", rank)
 """
 
 
-@pytest.mark.parametrize("host_headers", [False, True], ids=["one group", "headers on their own groups"])
-def test_messages_cross_two_processes_intact(tmp_path: Path, host_headers: bool) -> None:
+@pytest.mark.parametrize("mode", ["one group", "headers on their own groups", "device-timed"])
+def test_messages_cross_two_processes_intact(tmp_path: Path, mode: str) -> None:
+    """Device-timed: spans go through the device timer (on a GPU, the compute stream) and every receive is a
+    `recv_wait`, the stream's wait for its payload; there is no host-timed `recv`."""
     from engine.launch import free_port
 
     port = str(free_port())
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(r), port, str(int(host_headers))],
+            [sys.executable, "-c", _CHILD, str(r), port, mode],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
