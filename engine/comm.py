@@ -160,16 +160,18 @@ class Ring:
             mb=msg.mb, step=msg.step, phase=msg.phase, stage=src_stage, chunk=max(src_stage, 0) // self.world,
             peer=self.next, nbytes=_nbytes(msg.payload),
         )  # fmt: skip
-        if self.device_timed and msg.kind != STOP:
+        if msg.kind == STOP:
+            works = self._post(header, payload)
+        elif self.device_timed:
             # on the compute stream the span marks where the payload is ready: NCCL's stream waits for it there
             with self.device_spans.span(SpanKind.SEND, **fields):
                 works = self._post(header, payload)
         else:
-            works = self._post(header, payload)
-            if msg.kind != STOP:
-                # The stage is blocked only while posting: the successor always has a receive posted, so a
-                # send never waits for it. The transfer shows as the receiver's `recv` span.
-                self.rec.record(SpanKind.SEND, start, self.rec.now_ns(), **fields)
+            with self.rec.nvtx_range(SpanKind.SEND, stage=src_stage, mb=msg.mb, chunk=fields["chunk"]):
+                works = self._post(header, payload)
+            # The stage is blocked only while posting: the successor always has a receive posted, so a send
+            # never waits for it. The transfer shows as the receiver's `recv` span.
+            self.rec.record(SpanKind.SEND, start, self.rec.now_ns(), **fields)
         device_work = works[-1] if self.cuda and payload is not None else None
         self._sent.append(_Posted(works, (header, payload), device_work))  # no wake-up: the reaper looks every REAP_S
 
@@ -263,7 +265,8 @@ class Ring:
             with self.device_spans.span(SpanKind.RECV_WAIT, **fields):
                 self._wait(work)
         else:
-            self._wait(work)
+            with self.rec.nvtx_range(SpanKind.RECV, stage=stage, mb=msg.mb, chunk=fields["chunk"]):
+                self._wait(work)
             self.rec.record(SpanKind.RECV, start, self.rec.now_ns(), **fields)
         msg.payload = payload
         return msg

@@ -161,7 +161,8 @@ class Pipeline:
 
     def _receive(self, msg_wait: Callable[[], Message | None]) -> Message | None:
         start = self.rec.now_ns()
-        msg = msg_wait()
+        with self.rec.nvtx_range(SpanKind.RECV_WAIT):  # which micro-batch comes is known only when it has come
+            msg = msg_wait()
         if msg is not None and msg.kind != STOP and not self.ring.device_timed:  # on a GPU the ring times it
             stage = msg.stage if msg.kind == ACT else 0
             self.rec.record(

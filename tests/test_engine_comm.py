@@ -27,6 +27,18 @@ from ppscope.recorder import Recorder
 
 rank, port, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 host_headers = mode != "one group"
+import nvtx
+
+class Spy:  # an NVTX domain that remembers the message of every range pushed
+    def __init__(self): self.pushed, self.depth = [], 0
+    def get_category_id(self, name): return 0
+    def get_event_attributes(self, message, **kw): return message
+    def push_range(self, attr=None): self.pushed.append(attr); self.depth += 1
+    def pop_range(self): self.depth -= 1
+    def mark(self, **kw): pass
+
+spy = Spy()
+nvtx.get_domain = lambda name: spy
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))
 ring = Ring(rank, 2, Recorder(None, rank=rank, stage=rank), 4, torch.device("cpu"), 30, inline_nbytes=256, depth=3,
@@ -76,6 +88,10 @@ if mode == "device-timed":
     spans = ring.rec.frame()
     got = sorted(zip(spans["kind"].astype(str), spans["mb"]))
     assert got == sorted([("send", mb) for mb in range(4)] + [("recv_wait", mb) for mb in range(4)]), got
+if mode == "one group":  # the ring's own ranges: each send posted, each separate payload's transfer
+    sends = [f"s{rank} send mb{mb}" for mb in range(4)]
+    recvs = [f"s{rank} recv mb{mb}" for mb in (1, 3)] if rank == 1 else []  # the big ones; tokens fit
+    assert sorted(spy.pushed) == sorted(sends + recvs) and spy.depth == 0, spy.pushed
 print("ok", rank)
 """
 

@@ -111,3 +111,33 @@ def test_interleaved_with_uneven_groups_and_split(expected: list[list[int]], tmp
         out=str(tmp_path / "run"), **REQUESTS,
     )  # fmt: skip
     assert _outputs(run(cfg)) == expected
+
+
+def test_every_receive_forward_and_send_is_an_nvtx_range(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rank runs in this process, so a stand-in NVTX domain sees its ranges (the ring's own, send and
+    payload transfer, are checked between two processes in test_engine_comm)."""
+    import nvtx
+
+    pushed: list[str] = []
+
+    class Spy:
+        def get_category_id(self, name: str) -> int:
+            return 0
+
+        def get_event_attributes(self, message: str, **kw: Any) -> str:
+            return message
+
+        def push_range(self, attr: str) -> None:
+            pushed.append(attr)
+
+        def pop_range(self) -> None:
+            pass
+
+        def mark(self, **kw: Any) -> None:
+            pass
+
+    monkeypatch.setattr(nvtx, "get_domain", lambda name: Spy())
+    run(EngineConfig(stages=1, schedule="serve", progress=False, out=str(tmp_path / "run"), **REQUESTS))
+    kinds = {message.split()[1] for message in pushed}
+    assert {"recv_wait", "embed", "forward", "head", "sample"} <= kinds, kinds
+    assert pushed.count("s0 recv_wait") == 5 * 3 + 1  # every pass's tokens came back round the ring, then stop
