@@ -32,8 +32,8 @@ __all__ = [
 ]
 
 PROCESS_BYTES = 400 << 20
-"""What a rank's process takes besides its model: the interpreter, torch and the run store (measured: about
-300 MB resident on CPU)."""
+"""What a rank's process takes besides its model: the interpreter, torch and the recorder (a synthetic rank
+starts at about 215 MB resident, the soak benchmark measures), with room to spare."""
 
 
 @dataclass(kw_only=True)

@@ -145,8 +145,7 @@ class ModelShape:
             raise UnsupportedInputError(f"{p} is not a readable JSON config ({exc})") from None
         if not isinstance(cfg, dict):
             raise UnsupportedInputError(f"{p} is not a model config: it holds JSON but not an object")
-        problem = _inexact(cfg)
-        if exact and problem:
+        if exact and (problem := _inexact(cfg)):
             raise UnsupportedInputError(
                 f"{p}: the engine cannot run this checkpoint exactly: {problem}. It runs Llama-format models "
                 "(LlamaForCausalLM); a preset or --model synthetic shows the same pipeline"
