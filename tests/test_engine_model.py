@@ -204,3 +204,37 @@ def test_checkpoint_the_engine_would_compute_differently_fails_before_launch(
         EngineConfig(model=str(tmp_path), stages=2)
     assert says in str(err.value) and "\n" not in str(err.value)
     assert ModelShape.from_hf_config(tmp_path).layers == 3
+
+
+def test_sharded_checkpoint_is_read_through_its_index(checkpoint: Path, tmp_path: Path) -> None:
+    """Shards are found from model.safetensors.index.json: a file the index does not list is never opened (here
+    one that is not safetensors at all), and a shard it lists but that is missing is named in one line."""
+    import shutil
+
+    from engine.hf import INDEX
+    from ppscope.errors import UnsupportedInputError
+
+    transformers = pytest.importorskip("transformers")
+    model = transformers.LlamaForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float32)
+    sharded = tmp_path / "sharded"
+    model.save_pretrained(sharded, safe_serialization=True, max_shard_size="100KB")
+    shards = sorted(sharded.glob("*.safetensors"))
+    assert (sharded / INDEX).is_file() and len(shards) > 2
+    (sharded / "consolidated.safetensors").write_bytes(b"not safetensors: another format's copy")
+    shape = ModelShape.from_hf_config(sharded, exact=True)
+    prompt, batch = [5, 17, 99, 3], Batch([0], [0], [4])
+    logits = []
+    for path in (checkpoint, sharded):
+        src = CheckpointSource(path, shape)
+        stages = [build_stage(src, [2, 1], r, 2, 1, CPU, torch.float32) for r in range(2)]
+        for s in stages:
+            s.allocate_cache(1, 8, torch.float32, shape.kv_heads, shape.head_dim)
+        with torch.no_grad():
+            logits.append(_forward(stages, prompt, batch, shape))
+    assert torch.equal(logits[0], logits[1])
+    partial = tmp_path / "partial"
+    shutil.copytree(sharded, partial)
+    (partial / shards[1].name).unlink()
+    with pytest.raises(UnsupportedInputError, match=f"not in {partial}, e.g. {shards[1].name}: download") as err:
+        CheckpointSource(partial, shape)
+    assert "\n" not in str(err.value)
