@@ -77,7 +77,6 @@ class Prepared:
         config["max_inflight"] = cfg.inflight if cfg.schedule == "serve" else cfg.max_inflight
         config["microbatches"] = cfg.inflight if cfg.schedule != "serve" else cfg.microbatches
         return RunMeta(
-            run_id="",
             source="ppscope",
             status="running",
             world_size=world,

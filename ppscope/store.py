@@ -10,11 +10,13 @@ offset_ns).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
 import sqlite3
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,13 +89,19 @@ def rank_file(run_dir: str | os.PathLike[str], rank: int) -> Path:
 
 
 def create_run(run_dir: str | os.PathLike[str], meta: RunMeta) -> Path:
-    """Create a new run directory holding `meta.json`. Refuses a directory that already holds files."""
+    """Create a new run directory holding `meta.json`. Refuses a directory that already holds files.
+
+    A `meta` without `run_id` gets the directory's name, and one without `created_unix_ns` the time now:
+    a run deleted and made again under the same name is then another run to a reader that follows it."""
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
         raise RunExistsError(f"{path} exists and is not a directory: choose another --out")
     if path.is_dir() and any(path.iterdir()):
         raise RunExistsError(f"{path} already holds files; ppscope never overwrites a run: choose another --out")
     path.mkdir(parents=True, exist_ok=True)
+    meta = dataclasses.replace(
+        meta, run_id=meta.run_id or path.resolve().name, created_unix_ns=meta.created_unix_ns or time.time_ns()
+    )
     write_meta(path, meta)
     return path
 

@@ -183,9 +183,7 @@ def test_run_replaced_at_the_same_path_is_read_again(tmp_path: Path) -> None:
     live = LiveTrace(run, is_run=True)
     assert len(live.refresh().spans) == span_count(2, 4)
     shutil.rmtree(run)
-    record_gpipe_run(run, p=2, m=2)  # a new run: same path, different id, row ids start again
-    meta = read_meta(run)
-    write_meta(run, RunMeta(**{**vars(meta), "run_id": "second"}))
+    record_gpipe_run(run, p=2, m=2)  # a new run: same path and name, another creation time, row ids start again
     assert len(live.refresh().spans) == span_count(2, 2)
 
 

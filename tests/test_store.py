@@ -23,6 +23,7 @@ from ppscope.store import (
     create_run,
     load_run,
     rank_file,
+    read_meta,
     read_since,
     write_meta,
 )
@@ -90,6 +91,14 @@ def test_never_overwrites(tmp_path: Path) -> None:
     RankWriter(run, 0).close()
     with pytest.raises(RunExistsError, match="rank-00000"):
         RankWriter(run, 0)
+
+
+def test_a_new_run_is_named_and_dated_unless_its_meta_says(tmp_path: Path) -> None:
+    before = time.time_ns()
+    named = read_meta(create_run(tmp_path / "r1", RunMeta()))
+    assert named.run_id == "r1" and before <= named.created_unix_ns <= time.time_ns()
+    kept = read_meta(create_run(tmp_path / "r2", RunMeta(run_id="imported", created_unix_ns=123)))
+    assert (kept.run_id, kept.created_unix_ns) == ("imported", 123)
 
 
 def test_tail_sees_spans_while_writer_is_live(tmp_path: Path) -> None:
