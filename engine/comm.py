@@ -290,14 +290,15 @@ class Ring:
     # ------------------------------------------------------------ wire format
 
     def _meta_words(self) -> int:
-        return _FIXED + 3 * self.max_seqs
+        return _FIXED + 4 * self.max_seqs
 
     def _pack(self, msg: Message) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The header, with the payload inside it when it fits, else also the payload.
 
-        Layout (int64 words): kind, mb, step, stage, n, tokens, width, flags, then the n slots, n starts and
-        n lens; an inline payload's bytes follow at once. This runs on every hop, so it keeps to numpy and
-        as few torch calls as it can (each costs about a microsecond, several times that with cold caches).
+        Layout (int64 words): kind, mb, step, stage, n, tokens, width, flags, then the n slots, n starts,
+        n lens and n request ids; an inline payload's bytes follow at once. This runs on every hop, so it
+        keeps to numpy and as few torch calls as it can (each costs about a microsecond, several times that
+        with cold caches).
         """
         if msg.batch is None or msg.payload is None:
             h = np.zeros(_FIXED, dtype=np.int64)
@@ -313,12 +314,12 @@ class Ring:
         n = len(batch.lens)
         nbytes = payload.numel() * payload.element_size()
         inline = nbytes <= self.inline_nbytes
-        meta = _FIXED + 3 * n
+        meta = _FIXED + 4 * n
         h = np.zeros(meta + -(-nbytes // 8) if inline else meta, dtype=np.int64)
         width = payload.shape[1] if payload.dim() == 2 else 0
         flags = _DTYPES.index(payload.dtype) | (_INLINE if inline else 0)
         fields = (msg.kind, msg.mb, msg.step, msg.stage, n, sum(batch.lens), width, flags)
-        h[:meta] = (*fields, *batch.slots, *batch.starts, *batch.lens)
+        h[:meta] = (*fields, *batch.slots, *batch.starts, *batch.lens, *batch.seq_ids())
         if not inline:
             return torch.from_numpy(h), payload
         h[meta:].view(np.uint8)[:nbytes] = _host_view(payload).reshape(-1).view(np.uint8)
@@ -331,9 +332,9 @@ class Ring:
         msg = Message(kind=kind, mb=mb, step=step, stage=stage)
         if kind == STOP:
             return msg, None, torch.int64
-        meta = _FIXED + 3 * n
+        meta = _FIXED + 4 * n
         v = hn[_FIXED:meta].tolist()
-        msg.batch = Batch(slots=v[:n], starts=v[n : 2 * n], lens=v[2 * n :])
+        msg.batch = Batch(slots=v[:n], starts=v[n : 2 * n], lens=v[2 * n : 3 * n], seqs=v[3 * n :])
         shape = [tokens, width] if kind == ACT else [n]
         dtype = _DTYPES[flags & ~_INLINE]
         if flags & _INLINE:

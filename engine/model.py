@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 import torch
@@ -48,6 +48,11 @@ class Batch:
     """Position of each sequence's first token in this pass (0 for a prefill)."""
     lens: list[int]
     """Tokens of each sequence in this pass (the prompt length for a prefill, 1 for a decode step)."""
+    seqs: list[int] = field(default_factory=list)
+    """Request id of each sequence, what its sampling is keyed by; empty: the same as `slots`."""
+
+    def seq_ids(self) -> list[int]:
+        return self.seqs or self.slots
 
     @property
     def tokens(self) -> int:

@@ -37,7 +37,7 @@ import torch
 from engine.config import EngineConfig
 from engine.model import Batch, KVCache, PassIndex, Rotary, sleep_ms
 from engine.prepare import make_source, torch_dtype
-from engine.schedules import Sampling, sample
+from engine.sampling import Sampling, row_keys, sample
 from engine.split import StageModule
 from ppscope.profile import PROFILE_FILE, LayerProfile, PhaseCosts
 
@@ -143,10 +143,11 @@ def _profile(
             if not source.synthetic:  # one shape for every decoder layer: they differ only by the machine's noise
                 layer_ms[n] = [statistics.median(each)] * len(each)
             logits = ends.run_head(x[n], batch, shape.vocab)
-            sample_gen = torch.Generator().manual_seed(cfg.seed)
             embed = functools.partial(ends.run_embed, ids[n], shape.hidden, dtype)
             head = functools.partial(ends.run_head, x[n], batch, shape.vocab)
-            pick = functools.partial(sample, logits, sampling, sample_gen)
+            positions = [start + length for start, length in zip(batch.starts, batch.lens, strict=True)]
+            keys = row_keys(cfg.seed, batch.seq_ids(), positions) if sampling.temperature > 0 else None
+            pick = functools.partial(sample, logits, sampling, keys)
             phases[n] = PhaseCosts(
                 layer_ms=tuple(layer_ms[n]),
                 embed_ms=timer.median_ms(embed, warmup, repeats),

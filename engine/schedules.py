@@ -23,49 +23,16 @@ from engine.comm import ACT, STOP, TOKENS, Message, Ring
 from engine.gputime import DeviceSpans
 from engine.model import Batch
 from engine.requests import Request
+from engine.sampling import Sampling, row_keys, sample
 from engine.split import StageModule
 from ppscope.recorder import Recorder
 from ppscope.schedule import ServePolicy, make_plan
 from ppscope.trace import SpanKind
 
-__all__ = ["Pipeline", "Sampling", "sample"]
+__all__ = ["Pipeline"]
 
 ProgressFn = Callable[[int, int], None]
 """Called with (requests finished, tokens generated)."""
-
-
-@dataclass(kw_only=True)
-class Sampling:
-    temperature: float = 0.0
-    """0 = greedy (argmax)."""
-    top_p: float = 1.0
-    seed: int = 0
-
-
-def sample(
-    logits: torch.Tensor, cfg: Sampling, gen: torch.Generator | None, keys: list[int] | None = None
-) -> torch.Tensor:
-    """Token ids (B,) from logits (B, vocab): greedy, or temperature + nucleus sampling with `gen`.
-
-    With `keys` (one per row), row b draws from a generator seeded by (cfg.seed, keys[b]) instead, so a
-    sequence samples the same tokens whatever order the micro-batches reach the last stage in.
-    """
-    if cfg.temperature <= 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / cfg.temperature, -1)
-    if cfg.top_p < 1.0:
-        sorted_p, order = probs.sort(-1, descending=True)
-        keep = sorted_p.cumsum(-1) - sorted_p < cfg.top_p
-        sorted_p = sorted_p * keep
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    probs = probs.cpu()
-    if keys is None:
-        return torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(logits.device)
-    rows = [
-        torch.multinomial(probs[b], 1, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + key))
-        for b, key in enumerate(keys)
-    ]
-    return torch.cat(rows).to(logits.device)
 
 
 @dataclass
@@ -99,7 +66,6 @@ class Pipeline:
         self.last_stage = self.ranks * chunks - 1
         self.hidden, self.vocab, self.dtype, self.chunks = hidden, vocab, dtype, chunks
         self.sampling = sampling
-        self.gen = torch.Generator().manual_seed(sampling.seed) if sampling.temperature > 0 else None
         self.cuda = module.device.type == "cuda"
         self.device_spans: DeviceSpans | None = None
         if self.cuda and recorder.enabled:
@@ -149,14 +115,15 @@ class Pipeline:
             self.device_spans.poll()  # what earlier passes put on the GPU and has finished
         if stage < self.last_stage:
             return Message(ACT, mb, step, stage + 1, batch, x)
-        with self._span(SpanKind.HEAD, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
+        rows = len(batch.lens)  # the head and the sampler see each sequence's last token only
+        with self._span(SpanKind.HEAD, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=rows):
             logits = self.m.run_head(x, batch, self.vocab)
-        with self._span(SpanKind.SAMPLE, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
+        with self._span(SpanKind.SAMPLE, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=rows):
             keys = None
-            if self.sampling.temperature > 0:
-                # key: cache slot and position of the new token, known on every stage whatever the schedule
-                keys = [slot * 65_537 + s + n for slot, s, n in zip(batch.slots, batch.starts, batch.lens, strict=True)]
-            ids = sample(logits, self.sampling, self.gen, keys)
+            if self.sampling.temperature > 0:  # a sequence's draws whatever its slot, micro-batch or schedule
+                positions = [start + length for start, length in zip(batch.starts, batch.lens, strict=True)]
+                keys = row_keys(self.sampling.seed, batch.seq_ids(), positions)
+            ids = sample(logits, self.sampling, keys)
         return Message(TOKENS, mb, step, stage, batch, ids.to(torch.int64))
 
     def _receive(self, msg_wait: Callable[[], Message | None]) -> Message | None:
@@ -323,11 +290,12 @@ class Pipeline:
 
 def _batch_of(reqs: list[Request], step: int, cache_slots: list[int]) -> tuple[Batch, torch.Tensor]:
     """The batch and input ids of a pass: whole prompts at step 0, each request's last token after."""
+    seqs = [r.id for r in reqs]
     if step == 0:
         ids = [t for r in reqs for t in r.prompt_ids]
-        return Batch(cache_slots, [0] * len(reqs), [len(r.prompt_ids) for r in reqs]), torch.tensor(ids)
+        return Batch(cache_slots, [0] * len(reqs), [len(r.prompt_ids) for r in reqs], seqs), torch.tensor(ids)
     starts = [len(r.prompt_ids) + len(r.output_ids) - 1 for r in reqs]
-    return Batch(cache_slots, starts, [1] * len(reqs)), torch.tensor([r.output_ids[-1] for r in reqs])
+    return Batch(cache_slots, starts, [1] * len(reqs), seqs), torch.tensor([r.output_ids[-1] for r in reqs])
 
 
 def _nbytes(msg: Message) -> int:

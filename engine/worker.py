@@ -24,7 +24,8 @@ from engine.config import EngineConfig
 from engine.prepare import Prepared, check_memory, make_source, prepare, torch_dtype
 from engine.requests import RequestLog
 from engine.sampler import CounterSampler
-from engine.schedules import Pipeline, Sampling
+from engine.sampling import Sampling
+from engine.schedules import Pipeline
 from engine.split import build_stage
 from ppscope.recorder import Recorder
 from ppscope.schedule import ServePolicy

@@ -59,7 +59,7 @@ if mode == "device-timed":  # a GPU ring's spans, on a stand-in for a stream who
 
     ring.device_spans = DeviceSpans(ring.rec, Stream(), Now)
 ring.start()
-batch = Batch([0, 1], [0, 0], [3, 5])
+batch = Batch([0, 1], [0, 0], [3, 5], [7, 9])  # slots, starts, lens, request ids
 g = torch.Generator().manual_seed(7)
 small = torch.randn(8, 16, generator=g).to(torch.bfloat16)  # 256 bytes: inside the header
 big = torch.randn(8, 64, generator=g)  # 2 KiB: a second message
@@ -131,7 +131,7 @@ def test_single_rank_ring_loops_back() -> None:
 
 def test_header_holds_the_payload_only_when_it_fits() -> None:
     ring = Ring(0, 2, Recorder(None, rank=0, stage=0), 4, torch.device("cpu"), 5, inline_nbytes=256)
-    batch = Batch([2, 0], [5, 9], [1, 1])
+    batch = Batch([2, 0], [5, 9], [1, 1], [40, 12])
     for x in (torch.randn(2, 32), torch.randn(2, 64)):  # 256 bytes fit, 512 do not
         header, payload = ring._pack(Message(ACT, 1, 3, 2, batch, x))
         msg, shape, dtype = ring._parse(header)
@@ -147,7 +147,7 @@ def test_header_holds_the_payload_only_when_it_fits() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_inline_payload_of_every_dtype_comes_back_bit_for_bit(dtype: torch.dtype) -> None:
     ring = Ring(0, 2, Recorder(None, rank=0, stage=0), 4, torch.device("cpu"), 5, inline_nbytes=4096)
-    batch = Batch([3, 1, 0], [7, 0, 2], [2, 3, 1])
+    batch = Batch([3, 1, 0], [7, 0, 2], [2, 3, 1], [8, 2**40, 0])
     x = torch.randn(6, 12, generator=torch.Generator().manual_seed(1)).to(dtype)  # 6 tokens of width 12
     header, payload = ring._pack(Message(ACT, 2, 5, 1, batch, x))
     msg, shape, _ = ring._parse(header)

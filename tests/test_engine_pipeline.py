@@ -59,6 +59,8 @@ def test_pipeline_output_equals_unsplit_model(
     assert (fwd["chunk"] == fwd["stage"] // stages).all()
     assert set(spans[spans["kind"] == SpanKind.EMBED]["rank"]) == {0}
     assert set(spans[spans["kind"] == SpanKind.HEAD]["rank"]) == {stages - 1}
+    for kind in (SpanKind.HEAD, SpanKind.SAMPLE):  # a row per sequence: what the analyzer counts as generated
+        assert spans[spans["kind"] == kind]["tokens"].sum() == 5 * 3, kind
     assert set(fwd["phase"]) == {"prefill", "decode"}
     if stages > 1:
         sends = spans[spans["kind"] == SpanKind.SEND]

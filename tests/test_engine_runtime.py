@@ -82,20 +82,25 @@ def test_prompts_file_with_uneven_lengths_in_one_batch(tmp_path: Path) -> None:
                              "prompt_ids", "output_ids"}  # fmt: skip
 
 
-def test_sampling_with_a_seed_is_reproducible(tmp_path: Path) -> None:
+def test_sampling_draws_per_request_whatever_the_schedule(tmp_path: Path) -> None:
+    """A draw is keyed by (seed, request, position): the unsplit model's, every schedule's and stage count's
+    tokens are the same, identical prompts get their own tokens, and another seed gives others."""
+    prompts = tmp_path / "same.jsonl"
+    prompts.write_text('{"prompt_ids": [5, 6, 7], "max_new_tokens": 6}\n' * 4)
+
     def outputs(name: str, **kw: Any) -> list[list[int]]:
-        kw = {"stages": 1, "requests": 2, **kw}
-        cfg = EngineConfig(max_new_tokens=6, progress=False, out=str(tmp_path / name), **kw)
+        cfg = EngineConfig(prompts=str(prompts), temperature=1.0, top_p=0.9, progress=False,
+                           out=str(tmp_path / name), **{"stages": 1, **kw})  # fmt: skip
         lines = [json.loads(line) for line in (run(cfg) / "requests.jsonl").read_text().splitlines()]
         return [r["output_ids"] for r in sorted(lines, key=lambda r: r["id"])]
 
-    a = outputs("a", temperature=1.0, top_p=0.9)
-    assert a == outputs("b", temperature=1.0, top_p=0.9)
-    assert a != outputs("greedy")
-    # a sequence draws the same tokens however the pipeline is split (rows seeded by slot and position)
-    # (1 micro-batch samples requests 0,1,2,3 in one call; 2 micro-batches sample 0,2 then 1,3 on rank 1)
-    one = outputs("p1", temperature=1.0, schedule="gpipe", microbatches=1, requests=4)
-    assert one == outputs("p2", temperature=1.0, schedule="gpipe", stages=2, requests=4)
+    expected = reference_outputs(EngineConfig(prompts=str(prompts), temperature=1.0, top_p=0.9))
+    assert len({tuple(out) for out in expected}) == 4  # four requests, four draws
+    assert outputs("serve-1") == expected  # one slot, refilled by each request in turn
+    assert outputs("gpipe-2", schedule="gpipe", stages=2) == expected
+    assert outputs("serve-2", schedule="serve", stages=2, max_batch=2, rate=200.0) == expected
+    assert expected != reference_outputs(EngineConfig(prompts=str(prompts)))  # greedy
+    assert expected != reference_outputs(EngineConfig(prompts=str(prompts), temperature=1.0, top_p=0.9, seed=1))
 
 
 def test_poisson_arrivals_are_spread_and_served_after_arrival(tmp_path: Path) -> None:

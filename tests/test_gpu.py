@@ -83,3 +83,13 @@ def test_gpu_check_runs_every_check_and_writes_its_report(tmp_path: Path) -> Non
     report = (tmp_path / "gpu_check.md").read_text()
     assert "pytest -m gpu: exit 0" in report and "failed:" not in report, report
     assert "gpu_util_pct" in report and "cold caches" in report and "throughput on/off" in report
+
+
+def test_cuda_draws_equal_cpu_draws_without_copying_to_the_host() -> None:
+    from engine.sampling import Sampling, row_keys, sample
+
+    logits = torch.randn(4, 32000, generator=torch.Generator().manual_seed(1))
+    cfg, keys = Sampling(temperature=0.8, top_p=0.95), row_keys(3, [0, 1, 2, 3], [17, 17, 40, 2])
+    on_gpu = sample(logits.cuda(), cfg, keys)
+    assert on_gpu.is_cuda
+    assert on_gpu.cpu().tolist() == sample(logits, cfg, keys).tolist()
