@@ -53,30 +53,93 @@ def generate_requests(n: int, prompt_len: int, max_new_tokens: int, vocab: int, 
     return [Request(i, [rng.randrange(vocab) for _ in range(prompt_len)], max_new_tokens) for i in range(n)]
 
 
-def load_prompts(path: str | Path, vocab: int, default_new_tokens: int) -> list[Request]:
-    """One JSON object per line: {"prompt_ids": [...], "max_new_tokens": n} (max_new_tokens optional)."""
+PROMPT_KEYS = ("prompt_ids", "max_new_tokens")
+
+
+def load_prompts(path: str | Path, vocab: int, default_new_tokens: int, max_len: int | None = None) -> list[Request]:
+    """One JSON object per line: {"prompt_ids": [...], "max_new_tokens": n} (max_new_tokens optional), UTF-8
+    with or without a BOM. Only JSON integers count: `true`, `1.0`, `"1"` are refused, as is any other key,
+    so nothing in the file is read differently from how it was written. `max_len`: the model's positions."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidConfigError(f"--prompts {path} cannot be read ({exc.strerror}): give a JSONL file") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        lineno = data.count(b"\n", 0, exc.start) + 1
+        utf16 = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise InvalidConfigError(f"{path}:{lineno}: not UTF-8 text{utf16}: save the file as UTF-8") from None
     out: list[Request] = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                ids = [int(t) for t in obj["prompt_ids"]]
-                new = int(obj.get("max_new_tokens", default_new_tokens))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                raise InvalidConfigError(
-                    f'{path}:{lineno}: expected {{"prompt_ids": [ints], "max_new_tokens": n}}, '
-                    f"found {line.strip()[:80]}"
-                ) from None
-            if not ids or new < 1 or any(not 0 <= t < vocab for t in ids):
-                raise InvalidConfigError(
-                    f"{path}:{lineno}: prompt_ids must be non-empty token ids in [0, {vocab}) and max_new_tokens >= 1"
-                )
-            out.append(Request(len(out), ids, new))
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            out.append(_parse_prompt(line, f"{path}:{lineno}", len(out), vocab, default_new_tokens, max_len))
     if not out:
         raise InvalidConfigError(f"{path} holds no requests")
     return out
+
+
+def _parse_prompt(line: str, where: str, rid: int, vocab: int, default_new_tokens: int, max_len: int | None) -> Request:
+    try:
+        obj = json.loads(line, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as exc:
+        raise InvalidConfigError(
+            f'{where}: not JSON ({exc.msg} at column {exc.colno}): expected {{"prompt_ids": [ints], '
+            f'"max_new_tokens": n}}, found {line.strip()[:80]}'
+        ) from None
+    except (ValueError, RecursionError) as exc:  # a repeated key, an integer of thousands of digits, deep nesting
+        raise InvalidConfigError(f"{where}: cannot read this line: {exc}") from None
+    if not isinstance(obj, dict):
+        raise InvalidConfigError(f'{where}: expected a JSON object {{"prompt_ids": [ints], ...}}, found {_show(obj)}')
+    unknown = [k for k in obj if k not in PROMPT_KEYS]
+    if unknown:
+        raise InvalidConfigError(
+            f'{where}: unknown key "{unknown[0]}"; valid keys: "prompt_ids", "max_new_tokens" (optional)'
+        )
+    if "prompt_ids" not in obj:
+        raise InvalidConfigError(f'{where}: no "prompt_ids": give the prompt as a list of integer token ids')
+    ids = obj["prompt_ids"]
+    if not isinstance(ids, list) or not ids:
+        raise InvalidConfigError(
+            f'{where}: "prompt_ids" must be a non-empty list of integer token ids, found {_show(ids)}'
+        )
+    for i, t in enumerate(ids):
+        if type(t) is not int:  # bool is an int to Python, 1.0 and "1" are not token ids in JSON
+            raise InvalidConfigError(f'{where}: "prompt_ids"[{i}] is {_show(t)}: token ids are JSON integers')
+        if not 0 <= t < vocab:
+            raise InvalidConfigError(
+                f'{where}: "prompt_ids"[{i}] is {t}: token ids of this model are in [0, {vocab}) '
+                "(tokenize with the model's tokenizer)"
+            )
+    new = obj.get("max_new_tokens", default_new_tokens)
+    if type(new) is not int or new < 1:
+        raise InvalidConfigError(
+            f'{where}: "max_new_tokens" is {_show(new)}: give an integer >= 1, '
+            f"or leave it out for --max-new-tokens ({default_new_tokens})"
+        )
+    if max_len is not None and len(ids) + new > max_len:
+        named = '"max_new_tokens"' if "max_new_tokens" in obj else "--max-new-tokens"
+        raise InvalidConfigError(
+            f"{where}: {len(ids)} prompt ids + {new} new tokens ({named}) = {len(ids) + new} positions, but the "
+            f"model holds {max_len}: shorten the prompt or lower {named}"
+        )
+    return Request(rid, ids, new)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads keeps the last of a repeated key; a line that repeats one is refused instead."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f'key "{key}" appears twice')
+        obj[key] = value
+    return obj
+
+
+def _show(value: Any) -> str:
+    """A value as the file wrote it (JSON: `true`, `"1"`, `Infinity`), shortened to fit in one line."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def poisson_arrivals_ns(n: int, rate_per_s: float, seed: int) -> list[int]:
