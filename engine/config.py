@@ -7,6 +7,7 @@ nothing about processes, tensors or hardware (whether NCCL can run is decided in
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,10 @@ from ppscope.schedule import SCHEDULES
 __all__ = ["DTYPES", "EngineConfig", "parse_costs"]
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+MAX_TIMEOUT_S = 1e6
+"""The longest --timeout (11.6 days): longer ones overflow the timers they are handed to."""
+MIN_RATE = 1e-3
+"""The slowest Poisson --rate (one request per 17 minutes) whose arrival times fit a nanosecond clock."""
 BACKENDS = ("auto", "gloo", "nccl")
 SYNTHETIC = "synthetic"
 
@@ -34,8 +39,8 @@ def parse_costs(text: str, layers: int) -> list[float]:
         raise InvalidConfigError(
             f"--layer-cost-ms gives {len(values)} values for {layers} layers: give one value, or one per layer"
         )
-    if any(v < 0 for v in values):
-        raise InvalidConfigError(f"--layer-cost-ms {text!r} has a negative cost")
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        raise InvalidConfigError(f"--layer-cost-ms {text!r} has a negative or non-finite cost: give ms >= 0")
     return values
 
 
@@ -105,16 +110,30 @@ class EngineConfig:
         for name in ("max_batch", "requests", "prompt_len", "max_new_tokens", "layers"):
             if getattr(self, name) < 1:
                 raise InvalidConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        floats = ("rate", "temperature", "top_p", "timeout_s", "embed_cost_ms", "head_cost_ms", "sample_interval_ms",
+                  "record_alternate_ms")  # fmt: skip
+        for name in floats:
+            if not math.isfinite(getattr(self, name)):
+                flag = "--timeout" if name == "timeout_s" else f"--{name.replace('_', '-')}"
+                raise InvalidConfigError(f"{flag} must be a finite number, got {getattr(self, name)}")
         if self.rate < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
             raise InvalidConfigError("--rate and --temperature must be >= 0 and --top-p in (0, 1]")
+        if 0 < self.rate < MIN_RATE:
+            raise InvalidConfigError(
+                f"--rate {self.rate} req/s is too slow to schedule: give 0 (all at once) or >= {MIN_RATE}"
+            )
+        if not 0 <= self.seed < 2**63:
+            raise InvalidConfigError(f"--seed must be in [0, 2**63), got {self.seed}")
+        if self.sample_interval_ms <= 0:
+            raise InvalidConfigError("sample_interval_ms must be > 0")
         if self.backend not in BACKENDS:
             raise InvalidConfigError(f"unknown --backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
         if self.dtype not in DTYPES:
             raise InvalidConfigError(f"unknown --dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
         if self.record_alternate_ms < 0 or (self.record_alternate_ms > 0 and not self.record):
             raise InvalidConfigError("record_alternate_ms must be >= 0, and > 0 only with recording on")
-        if self.timeout_s <= 0:
-            raise InvalidConfigError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise InvalidConfigError(f"--timeout must be > 0 and <= {MAX_TIMEOUT_S:.0f} seconds, got {self.timeout_s}")
         if self.model != SYNTHETIC and self.model not in PRESETS and not Path(self.model).is_dir():
             raise InvalidConfigError(
                 f"--model {self.model!r} is neither a preset ({', '.join(PRESETS)}), `synthetic`, nor a directory "
@@ -127,7 +146,27 @@ class EngineConfig:
             if self.embed_cost_ms < 0 or self.head_cost_ms < 0:
                 raise InvalidConfigError("--embed-cost-ms and --head-cost-ms must be >= 0")
         if self.prompts is not None and not Path(self.prompts).is_file():
-            raise InvalidConfigError(f"--prompts {self.prompts} does not exist: give a JSONL file of prompt_ids")
+            what = "is a directory" if Path(self.prompts).is_dir() else "does not exist"
+            raise InvalidConfigError(f"--prompts {self.prompts} {what}: give a JSONL file of prompt_ids")
+        self._refuse_unused()
+
+    def _refuse_unused(self) -> None:
+        """An option this run would ignore is refused: whoever gave it expects something that will not happen."""
+        fields = EngineConfig.__dataclass_fields__
+        serve = self.schedule == "serve"
+        ignored = {
+            "microbatches": "" if not serve else "serve keeps --max-inflight micro-batches in flight",
+            "max_inflight": "" if serve else f"{self.schedule} runs --microbatches per step",
+            "max_batch": "" if serve else f"{self.schedule} splits the requests over --microbatches",
+            "rate": "" if serve else f"{self.schedule} takes every request at once",
+            "requests": "" if self.prompts is None else "--prompts gives the requests",
+            "prompt_len": "" if self.prompts is None else "--prompts gives the prompts",
+        }
+        for name in ("layers", "layer_cost_ms", "embed_cost_ms", "head_cost_ms"):
+            ignored[name] = "" if self.synthetic else f"it shapes --model synthetic; {self.model} has its own layers"
+        for name, why in ignored.items():
+            if why and getattr(self, name) != fields[name].default:
+                raise InvalidConfigError(f"--{name.replace('_', '-')} has no effect here ({why}): drop it")
 
     @property
     def synthetic(self) -> bool:

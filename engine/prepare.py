@@ -47,6 +47,9 @@ class Prepared:
     arrivals_ns: list[int]
     """Arrival of each request after the start (serve)."""
     backend: str
+    inflight: int
+    """Micro-batches per step (gpipe/interleaved) or in flight (serve): the config's, but at most one per
+    request, since a micro-batch holds at least one."""
     max_seqs: int
     """Most sequences in one micro-batch."""
     cache_slots: int
@@ -74,15 +77,15 @@ class Prepared:
                 layer_cost_ms=cfg.layer_costs_ms(), embed_cost_ms=cfg.embed_cost_ms, head_cost_ms=cfg.head_cost_ms
             )
         config = cfg.to_dict()
-        config["max_inflight"] = cfg.inflight if cfg.schedule == "serve" else cfg.max_inflight
-        config["microbatches"] = cfg.inflight if cfg.schedule != "serve" else cfg.microbatches
+        config["max_inflight"] = self.inflight if cfg.schedule == "serve" else cfg.max_inflight
+        config["microbatches"] = self.inflight if cfg.schedule != "serve" else cfg.microbatches
         return RunMeta(
             source="ppscope",
             status="running",
             world_size=world,
             pp_size=world,
             schedule=cfg.schedule,
-            microbatches=cfg.inflight,
+            microbatches=self.inflight,
             chunks=cfg.chunks,
             split=list(self.split),
             split_source=self.split_source,
@@ -131,25 +134,33 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
     except InvalidSplitError as exc:
         if cfg.chunks == 1:
             raise
+        if cfg.split is None and shape.layers < cfg.virtual_stages:
+            raise InvalidSplitError(
+                f"{shape.layers} layer(s) cannot be split over {cfg.stages} stages x {cfg.chunks} chunks "
+                f"(each virtual stage needs at least one): use at most {max(shape.layers // cfg.stages, 1)} chunks"
+            ) from None
         raise InvalidSplitError(
             f"{exc} (with --chunks {cfg.chunks} the split gives one count per virtual stage: "
             f"{cfg.stages} stages x {cfg.chunks} chunks = {cfg.virtual_stages} entries, "
             "ordered rank 0..P-1 for chunk 0, then for chunk 1, ...)"
         ) from None
     if cfg.prompts:
-        requests = load_prompts(cfg.prompts, shape.vocab, cfg.max_new_tokens)
+        requests = load_prompts(cfg.prompts, shape.vocab, cfg.max_new_tokens, max_len=shape.max_seq_len)
     else:
         requests = generate_requests(cfg.requests, cfg.prompt_len, cfg.max_new_tokens, shape.vocab, cfg.seed)
-    max_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
-    if max_len > shape.max_seq_len:
+    longest = max(requests, key=lambda r: len(r.prompt_ids) + r.max_new_tokens)
+    max_len = len(longest.prompt_ids) + longest.max_new_tokens
+    if max_len > shape.max_seq_len:  # generated requests (a prompts file names its line)
         raise InvalidConfigError(
-            f"a request needs {max_len} positions but model {shape.name} holds {shape.max_seq_len}: "
-            "shorten --prompt-len / --max-new-tokens"
+            f"each request needs {cfg.prompt_len} prompt + {cfg.max_new_tokens} new = {max_len} positions but model "
+            f"{shape.name} holds {shape.max_seq_len}: lower --prompt-len or --max-new-tokens"
         )
+    inflight = min(cfg.inflight, len(requests))
     if cfg.schedule == "serve":
-        max_seqs, slots = cfg.max_batch, cfg.inflight * cfg.max_batch
+        max_seqs = min(cfg.max_batch, len(requests))
+        slots = inflight * max_seqs
     else:
-        max_seqs, slots = math.ceil(len(requests) / cfg.inflight), len(requests)
+        max_seqs, slots = math.ceil(len(requests) / inflight), len(requests)
     arrivals = poisson_arrivals_ns(len(requests), cfg.rate if cfg.schedule == "serve" else 0.0, cfg.seed)
     return Prepared(
         cfg=cfg,
@@ -159,6 +170,7 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
         requests=requests,
         arrivals_ns=arrivals,
         backend=resolve_backend(cfg.backend, world),
+        inflight=inflight,
         max_seqs=max_seqs,
         cache_slots=slots,
         max_len=max_len,
@@ -184,7 +196,7 @@ def check_memory(
     bytes (the host's memory for ranks on CPU, one GPU's free memory for a rank on it), rather than leave it
     to the kernel's out-of-memory killer or a CUDA error halfway through loading. `processes`: count what each
     rank's process takes besides the model too (host memory)."""
-    if available is None or prep.cfg.synthetic:
+    if available is None:
         return
     weights = kv = 0
     for r in ranks:
@@ -193,10 +205,21 @@ def check_memory(
     need = weights + kv + (PROCESS_BYTES * len(ranks) if processes else 0)
     if need <= available:
         return
+    cfg = prep.cfg
     who = f"{len(ranks)} ranks" if len(ranks) > 1 else f"rank {ranks[0]}"
+    if cfg.synthetic:  # its layers allocate nothing: only the processes count
+        raise InvalidConfigError(
+            f"{len(ranks)} synthetic ranks need about {need / 1e9:.1f} GB ({PROCESS_BYTES >> 20} MB per process) "
+            f"and {where} has {available / 1e9:.1f} GB free: use fewer --stages"
+        )
+    if cfg.schedule == "serve":
+        seqs = f"{prep.cache_slots} sequences = --max-inflight x --max-batch"
+    else:  # every request of the batch keeps its cache until the batch is done
+        seqs = f"{prep.cache_slots} sequences = every request of a {cfg.schedule} batch"
     raise InvalidConfigError(
-        f"{prep.shape.name} in {prep.cfg.dtype} needs about {need / 1e9:.1f} GB for {who} ({weights / 1e9:.1f} GB of "
-        f"weights, {kv / 1e9:.1f} GB of KV cache) and {where} has {available / 1e9:.1f} GB free: use a smaller "
-        "--dtype, fewer --requests or --max-new-tokens, more --stages on more devices, or size it without running "
-        f"it: ppscope plan --model {prep.cfg.model if prep.cfg.model in PRESETS else 'DIR/config.json'}"
+        f"{prep.shape.name} in {cfg.dtype} needs about {need / 1e9:.1f} GB for {who} ({weights / 1e9:.1f} GB of "
+        f"weights, {kv / 1e9:.1f} GB of KV cache for {seqs}, {prep.max_len} positions each) and {where} has "
+        f"{available / 1e9:.1f} GB free: use a smaller --dtype, fewer sequences or positions, more --stages on "
+        f"more devices, or size it without running it: ppscope plan --model "
+        f"{cfg.model if cfg.model in PRESETS else 'DIR/config.json'}"
     )

@@ -194,7 +194,7 @@ def _run_pipeline(
             device,
             cfg.timeout_s,
             act_nbytes,
-            depth=cfg.inflight + 1,
+            depth=prep.inflight + 1,
             host_headers=os.environ.get(HOST_HEADERS_ENV) == "1",
         )
         pipe = Pipeline(
@@ -226,10 +226,10 @@ def _run_pipeline(
         if rank != 0:
             pipe.follow()
         elif cfg.schedule == "serve":
-            policy = ServePolicy(max_inflight=cfg.inflight, max_batch=cfg.max_batch)
+            policy = ServePolicy(max_inflight=prep.inflight, max_batch=prep.max_seqs)
             pipe.drive_serve(prep.requests, prep.arrivals_ns, policy, cfg.timeout_s, report)
         else:
-            pipe.drive_batch(cfg.schedule, prep.requests, cfg.inflight, report)
+            pipe.drive_batch(cfg.schedule, prep.requests, prep.inflight, report)
         pipe.close()
         ring.close()
     finally:

@@ -1,0 +1,112 @@
+"""Options the engine cannot honour are refused in one line before anything starts; what it does honour is
+recorded as it ran (micro-batches and cache at most one per request)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.prepare import check_memory, prepare
+from ppscope.cli import main
+from ppscope.errors import InvalidConfigError, InvalidSplitError
+
+SYNTHETIC: dict[str, Any] = {"model": "synthetic", "layers": 4, "layer_cost_ms": "0"}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"rate": float("nan")}, "--rate must be a finite number"),
+        ({"rate": 1e-300}, "too slow to schedule"),
+        ({"temperature": float("nan")}, "--temperature must be a finite number"),
+        ({"top_p": float("inf")}, "--top-p must be a finite number"),
+        ({"timeout_s": float("inf")}, "--timeout must be a finite number"),
+        ({"timeout_s": 1e12}, "--timeout must be > 0 and <= 1000000 seconds"),
+        ({"seed": 2**70}, r"--seed must be in \[0, 2\*\*63\)"),
+        ({"seed": -1}, r"--seed must be in \[0, 2\*\*63\)"),
+        ({**SYNTHETIC, "layer_cost_ms": "nan"}, "negative or non-finite cost"),
+        ({**SYNTHETIC, "layer_cost_ms": "1,inf,1,1"}, "negative or non-finite cost"),
+        ({**SYNTHETIC, "embed_cost_ms": float("nan")}, "--embed-cost-ms must be a finite number"),
+    ],
+)
+def test_non_finite_and_out_of_range_values_are_refused(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidConfigError, match=message):
+        EngineConfig(**options)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"schedule": "gpipe", "rate": 5.0}, r"--rate has no effect here \(gpipe takes every request at once\)"),
+        ({"schedule": "gpipe", "max_inflight": 2}, "--max-inflight has no effect here"),
+        ({"schedule": "interleaved", "max_batch": 2}, "--max-batch has no effect here"),
+        ({"schedule": "serve", "microbatches": 3}, "serve keeps --max-inflight micro-batches in flight"),
+        ({"layers": 3}, "--layers has no effect here .*tiny has its own layers"),
+        ({"layer_cost_ms": "1,2"}, "--layer-cost-ms has no effect here"),
+        ({"head_cost_ms": 2.0}, "--head-cost-ms has no effect here"),
+    ],
+)
+def test_an_option_the_run_would_ignore_is_refused(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidConfigError, match=message):
+        EngineConfig(**options)
+
+
+def test_generated_request_options_are_refused_beside_a_prompts_file(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_ids": [1, 2], "max_new_tokens": 2}\n')
+    EngineConfig(prompts=str(prompts), max_new_tokens=3)  # the default for lines without their own
+    for options in ({"requests": 4}, {"prompt_len": 8}):
+        with pytest.raises(InvalidConfigError, match="--prompts gives the"):
+            EngineConfig(prompts=str(prompts), **options)
+    with pytest.raises(InvalidConfigError, match="is a directory"):
+        EngineConfig(prompts=str(tmp_path))
+
+
+def test_refusals_are_one_line_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--rate", "nan"], ["--schedule", "gpipe", "--rate", "5"], ["--layers", "3"]):
+        assert main(["run", "--no-progress", "--out", str(tmp_path / "run"), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_micro_batches_and_cache_are_at_most_one_per_request() -> None:
+    gpipe = prepare(EngineConfig(stages=2, schedule="gpipe", microbatches=5, requests=2), 2)
+    assert (gpipe.inflight, gpipe.max_seqs, gpipe.meta(2).microbatches) == (2, 1, 2)
+    serve = prepare(EngineConfig(stages=2, max_inflight=5, max_batch=4, requests=3), 2)
+    assert (serve.inflight, serve.max_seqs, serve.cache_slots) == (3, 3, 9)
+    assert serve.meta(2).microbatches == 3 and serve.meta(2).config["max_inflight"] == 3
+    default = prepare(EngineConfig(stages=4, schedule="gpipe", requests=8), 4)
+    assert (default.inflight, default.max_seqs, default.cache_slots) == (4, 2, 8)
+
+
+def test_memory_refusal_names_what_sizes_the_cache() -> None:
+    serve = prepare(EngineConfig(stages=2, max_inflight=2, max_batch=4, requests=8), 2)
+    with pytest.raises(InvalidConfigError, match=r"KV cache for 8 sequences = --max-inflight x --max-batch, 24 pos"):
+        check_memory(serve, [0, 1], 2, 1 << 20, "this host", processes=True)
+    gpipe = prepare(EngineConfig(stages=2, schedule="gpipe", requests=6), 2)
+    with pytest.raises(InvalidConfigError, match="6 sequences = every request of a gpipe batch"):
+        check_memory(gpipe, [0, 1], 2, 1 << 20, "this host", processes=True)
+    many = prepare(EngineConfig(stages=64, **{**SYNTHETIC, "layers": 64}), 64)
+    with pytest.raises(InvalidConfigError, match=r"64 synthetic ranks need about 26.8 GB .* use fewer --stages"):
+        check_memory(many, list(range(64)), 64, 8 << 30, "this host", processes=True)
+
+
+def test_too_many_chunks_says_how_many_fit() -> None:
+    with pytest.raises(
+        InvalidSplitError, match=r"8 layer\(s\) cannot be split over 2 stages x 8 chunks.*at most 4 chunks"
+    ):
+        prepare(EngineConfig(stages=2, schedule="interleaved", chunks=8), 2)
+
+
+def test_a_request_too_long_for_the_model_is_named(tmp_path: Path) -> None:
+    with pytest.raises(InvalidConfigError, match=r"each request needs 500 prompt \+ 20 new = 520 .*lower --prompt-len"):
+        prepare(EngineConfig(prompt_len=500, max_new_tokens=20), 2)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_ids": [1, 2], "max_new_tokens": 2}\n{"prompt_ids": [1, 2], "max_new_tokens": 600}\n')
+    with pytest.raises(InvalidConfigError, match=re.escape(f"{prompts}:2: 2 prompt ids + 600 new tokens")):
+        prepare(EngineConfig(prompts=str(prompts)), 2)
