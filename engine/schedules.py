@@ -196,7 +196,10 @@ class Pipeline:
                     msg = self._take_act(action.mb, action.stage, on_tokens)
                     assert msg.batch is not None and msg.payload is not None
                     out = self.run_stage(action.stage, action.mb, step, msg.batch, msg.payload)
-                self.ring.send(out)
+                if out.kind == TOKENS and self.ranks == 1:
+                    on_tokens(out)  # its own tokens, in hand now: queued, they would wait for the step's other passes
+                else:
+                    self.ring.send(out)
             while back != set(live):  # the flush: every micro-batch's token is back before the next step
                 self._take_act(-1, -1, on_tokens)
             progress(sum(r.done for r in requests), done_tokens)

@@ -131,6 +131,16 @@ def test_every_token_is_timed_and_recording_can_alternate_within_a_run(tmp_path:
     assert 0 < len(fwd) < 2 * 4 * 30 and on.all()
 
 
+def test_one_rank_stamps_each_micro_batch_s_tokens_when_they_are_sampled(tmp_path: Path) -> None:
+    cfg = EngineConfig(stages=1, schedule="gpipe", microbatches=2, requests=2, max_new_tokens=2,
+                       out=str(tmp_path / "run"), **{**FAST, "layer_cost_ms": "10"})  # fmt: skip
+    trace = load_run(run(cfg))
+    sample = trace.spans[(trace.spans["kind"] == "sample") & (trace.spans["step"] == 0)].set_index("mb")["end_ns"]
+    first = trace.requests.set_index("id")["first_token_ns"]  # request i is in micro-batch i
+    # mb 0's token is in hand when it is sampled, not after mb 1's 20 ms pass
+    assert sample[0] <= first[0] < sample[1] <= first[1]
+
+
 def test_alternating_needs_recording_on() -> None:
     with pytest.raises(InvalidConfigError, match="record_alternate_ms"):
         EngineConfig(record=False, record_alternate_ms=10.0)
