@@ -14,8 +14,8 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import sqlite3
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -107,9 +107,11 @@ def create_run(run_dir: str | os.PathLike[str], meta: RunMeta) -> Path:
 
 
 def write_meta(run_dir: str | os.PathLike[str], meta: RunMeta) -> None:
-    """Replace `meta.json` atomically: a reader sees the old or the new file, never half of one."""
+    """Replace `meta.json` atomically: a reader sees the old or the new file, never half of one. The file
+    gets the umask's permissions, as every other file of the run (mkstemp's would be owner-only)."""
     path = Path(run_dir)
-    fd, tmp = tempfile.mkstemp(prefix=".meta-", suffix=".json", dir=path)
+    tmp = path / f".meta-{secrets.token_hex(8)}.json"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(meta.to_json())

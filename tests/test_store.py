@@ -257,3 +257,17 @@ def test_not_a_directory(tmp_path: Path) -> None:
     f.write_text("x")
     with pytest.raises(RunNotFoundError, match="not a run directory"):
         load_run(f)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_meta_json_follows_the_umask_like_every_other_run_file(tmp_path: Path, umask: int) -> None:
+    """Another account (a dashboard, a shared file system) reads a run as far as the umask lets it."""
+    old = os.umask(umask)
+    try:
+        run = create_run(tmp_path / "run", RunMeta(world_size=1))
+        RankWriter(run, 0).close()
+        write_meta(run, RunMeta(world_size=1, status="finished"))
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in run.iterdir()}
+    assert modes == {META_FILE: 0o666 & ~umask, rank_file(run, 0).name: 0o666 & ~umask}
