@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError, RunExistsError, RunNotFoundError
+from ppscope.errors import CorruptFileError, InvalidConfigError, RunExistsError, RunNotFoundError
 from ppscope.rankfile import UNSHIFTABLE, connect_ro, merge_values, query, read_ranks, spans_of, unshiftable
 from ppscope.trace import (
     COUNTER_COLUMNS,
@@ -89,20 +89,32 @@ def rank_file(run_dir: str | os.PathLike[str], rank: int) -> Path:
 
 
 def create_run(run_dir: str | os.PathLike[str], meta: RunMeta) -> Path:
-    """Create a new run directory holding `meta.json`. Refuses a directory that already holds files.
+    """Create a new run directory holding `meta.json`. Refuses a directory that already holds files, and
+    one that cannot be made (a file on the way, no permission) in one line.
 
     A `meta` without `run_id` gets the directory's name, and one without `created_unix_ns` the time now:
     a run deleted and made again under the same name is then another run to a reader that follows it."""
     path = Path(run_dir)
-    if path.exists() and not path.is_dir():
-        raise RunExistsError(f"{path} exists and is not a directory: choose another --out")
-    if path.is_dir() and any(path.iterdir()):
-        raise RunExistsError(f"{path} already holds files; ppscope never overwrites a run: choose another --out")
-    path.mkdir(parents=True, exist_ok=True)
-    meta = dataclasses.replace(
-        meta, run_id=meta.run_id or path.resolve().name, created_unix_ns=meta.created_unix_ns or time.time_ns()
-    )
-    write_meta(path, meta)
+    made = False
+    try:
+        if path.exists() and not path.is_dir():
+            raise RunExistsError(f"{path} exists and is not a directory: choose another --out")
+        if path.is_dir() and any(path.iterdir()):
+            raise RunExistsError(f"{path} already holds files; ppscope never overwrites a run: choose another --out")
+        made = not path.is_dir()
+        path.mkdir(parents=True, exist_ok=True)
+        meta = dataclasses.replace(
+            meta, run_id=meta.run_id or path.resolve().name, created_unix_ns=meta.created_unix_ns or time.time_ns()
+        )
+        write_meta(path, meta)
+    except OSError as exc:
+        if made:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        reason = exc.strerror or str(exc)
+        if exc.filename is not None and Path(exc.filename) != path:
+            reason += f" ({exc.filename})"
+        raise InvalidConfigError(f"cannot create run directory {path}: {reason}; choose another --out") from None
     return path
 
 

@@ -259,6 +259,34 @@ def test_not_a_directory(tmp_path: Path) -> None:
         load_run(f)
 
 
+def test_run_directory_that_cannot_be_made_is_one_line_naming_it(tmp_path: Path) -> None:
+    """A file where a parent directory should be fails for root too; the message names the path and the fix."""
+    from ppscope.errors import InvalidConfigError
+
+    (tmp_path / "afile.txt").write_text("x")
+    target = tmp_path / "afile.txt" / "sub"
+    with pytest.raises(InvalidConfigError) as e:
+        create_run(target, RunMeta())
+    assert str(e.value) == f"cannot create run directory {target}: Not a directory; choose another --out"
+    assert e.value.exit_code == 2
+    assert (tmp_path / "afile.txt").read_text() == "x"
+
+
+def test_run_directory_in_an_unwritable_parent_is_one_line(tmp_path: Path) -> None:
+    from ppscope.errors import InvalidConfigError
+
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        if os.access(parent, os.W_OK):
+            pytest.skip("permissions do not stop this user (root)")
+        with pytest.raises(InvalidConfigError, match=r"Permission denied \(.*/ro/runs\); choose another --out"):
+            create_run(parent / "runs" / "r1", RunMeta())
+    finally:
+        parent.chmod(0o755)
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o077])
 def test_meta_json_follows_the_umask_like_every_other_run_file(tmp_path: Path, umask: int) -> None:
     """Another account (a dashboard, a shared file system) reads a run as far as the umask lets it."""
