@@ -71,6 +71,8 @@ class Message:
 
     @property
     def phase(self) -> str:
+        if self.batch is not None:
+            return self.batch.phase
         return "prefill" if self.step == 0 else "decode"
 
 

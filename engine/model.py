@@ -55,6 +55,11 @@ class Batch:
         return self.seqs or self.slots
 
     @property
+    def phase(self) -> str:
+        """`prefill` when the pass holds a prompt (a sequence starting at position 0), else `decode`."""
+        return "prefill" if 0 in self.starts else "decode"
+
+    @property
     def tokens(self) -> int:
         return sum(self.lens)
 

@@ -37,11 +37,24 @@ ProgressFn = Callable[[int, int], None]
 
 @dataclass
 class _Slot:
-    """A micro-batch of requests that circulates; `step` counts its passes (0 = prefill)."""
+    """A micro-batch that circulates: the requests of its pass in flight, each with its KV-cache row (rows
+    k * max_batch .. k * max_batch + max_batch - 1 belong to slot k); `step` counts its passes."""
 
     requests: list[Request]
     step: int = 0
     cache_slots: list[int] = field(default_factory=list)
+
+    def drop_done(self) -> None:
+        live = [(r, c) for r, c in zip(self.requests, self.cache_slots, strict=True) if not r.done]
+        self.requests, self.cache_slots = [r for r, _ in live], [c for _, c in live]
+
+    def admit(self, waiting: collections.deque[tuple[int, Request]], now_ns: int, first_row: int,
+              max_batch: int) -> None:  # fmt: skip
+        """Arrived requests (FIFO) take the free rows, up to `max_batch`; their prompts join the next pass."""
+        free = sorted(set(range(first_row, first_row + max_batch)) - set(self.cache_slots))
+        while free and waiting and waiting[0][1].arrival_ns <= now_ns:
+            self.requests.append(waiting.popleft()[1])
+            self.cache_slots.append(free.pop(0))
 
 
 class Pipeline:
@@ -103,7 +116,7 @@ class Pipeline:
         if self.alternate_ns:
             self.rec.set_paused(self.rec.now_ns() // self.alternate_ns % 2 == 1)
         chunk = stage // self.ranks
-        phase = "prefill" if step == 0 else "decode"
+        phase = batch.phase
         n = batch.tokens
         x = data
         if stage == 0:
@@ -190,7 +203,7 @@ class Pipeline:
                 if reqs is None:
                     continue
                 if action.chunk == 0:
-                    batch, ids = _batch_of(reqs, step, [r.id for r in reqs])
+                    batch, ids = _batch_of(reqs, [r.id for r in reqs])
                     out = self.run_stage(action.stage, action.mb, step, batch, ids)
                 else:
                     msg = self._take_act(action.mb, action.stage, on_tokens)
@@ -238,8 +251,10 @@ class Pipeline:
     @torch.inference_mode()
     def drive_serve(self, requests: list[Request], arrivals_ns: list[int], policy: ServePolicy, timeout_s: float,
                     progress: ProgressFn) -> None:  # fmt: skip
-        """Continuous batching: up to `max_inflight` slots circulate; a slot whose requests are all done takes
-        the next arrived ones (FIFO)."""
+        """Continuous batching: up to `max_inflight` micro-batches circulate, each of up to `max_batch` requests.
+        When a micro-batch's tokens come back its finished requests leave, and arrived ones (FIFO) take their
+        places at once, their prefill in the same pass as the others' decode (`policy.prefill_joins_decode`;
+        otherwise a micro-batch takes new requests only once all of its own are done)."""
         start_ns = self.rec.now_ns()
         waiting = collections.deque(sorted(zip(arrivals_ns, requests, strict=True), key=lambda p: p[0]))
         for offset, r in waiting:
@@ -250,11 +265,8 @@ class Pipeline:
             now = self.rec.now_ns()
             for k, slot in enumerate(slots):
                 if slot is None and waiting and waiting[0][1].arrival_ns <= now:
-                    reqs: list[Request] = []
-                    while waiting and len(reqs) < policy.max_batch and waiting[0][1].arrival_ns <= now:
-                        reqs.append(waiting.popleft()[1])
-                    new = _Slot(reqs, 0, [k * policy.max_batch + j for j in range(len(reqs))])
-                    slots[k] = new
+                    slots[k] = new = _Slot([])
+                    new.admit(waiting, now, k * policy.max_batch, policy.max_batch)
                     self._launch(k, new)
             busy = any(s is not None for s in slots)
             wait_s = timeout_s if busy else 0.0
@@ -274,31 +286,37 @@ class Pipeline:
                 raise RuntimeError(f"rank 0 expected tokens, got kind {msg.kind} for micro-batch {msg.mb}")
             slot = slots[msg.mb]
             assert slot is not None
-            live = [r for r in slot.requests if not r.done]
-            tokens += self._apply_tokens(live, msg)
-            finished += sum(r.done for r in live)
+            tokens += self._apply_tokens(slot.requests, msg)
+            finished += sum(r.done for r in slot.requests)
             slot.step += 1
-            if all(r.done for r in slot.requests):
-                slots[msg.mb] = None
-            else:
+            slot.drop_done()
+            if slot.requests and policy.prefill_joins_decode:
+                slot.admit(waiting, self.rec.now_ns(), msg.mb * policy.max_batch, policy.max_batch)
+            if slot.requests:
                 self._launch(msg.mb, slot)
+            else:
+                slots[msg.mb] = None  # taken by the next arrivals at the top of the loop
             progress(finished, tokens)
         self._stop()
 
     def _launch(self, k: int, slot: _Slot) -> None:
-        live = [(r, c) for r, c in zip(slot.requests, slot.cache_slots, strict=True) if not r.done]
-        batch, ids = _batch_of([r for r, _ in live], slot.step, [c for _, c in live])
+        batch, ids = _batch_of(slot.requests, slot.cache_slots)
         self.ring.send(self.run_stage(0, k, slot.step, batch, ids))
 
 
-def _batch_of(reqs: list[Request], step: int, cache_slots: list[int]) -> tuple[Batch, torch.Tensor]:
-    """The batch and input ids of a pass: whole prompts at step 0, each request's last token after."""
-    seqs = [r.id for r in reqs]
-    if step == 0:
-        ids = [t for r in reqs for t in r.prompt_ids]
-        return Batch(cache_slots, [0] * len(reqs), [len(r.prompt_ids) for r in reqs], seqs), torch.tensor(ids)
-    starts = [len(r.prompt_ids) + len(r.output_ids) - 1 for r in reqs]
-    return Batch(cache_slots, starts, [1] * len(reqs), seqs), torch.tensor([r.output_ids[-1] for r in reqs])
+def _batch_of(reqs: list[Request], cache_slots: list[int]) -> tuple[Batch, torch.Tensor]:
+    """The batch and input ids of a pass: a request's whole prompt in its first pass, its last token after."""
+    starts, lens, ids = [], [], []
+    for r in reqs:
+        if r.output_ids:  # decode: the last token, at the position after everything before it
+            starts.append(len(r.prompt_ids) + len(r.output_ids) - 1)
+            lens.append(1)
+            ids.append(r.output_ids[-1])
+        else:  # prefill
+            starts.append(0)
+            lens.append(len(r.prompt_ids))
+            ids.extend(r.prompt_ids)
+    return Batch(cache_slots, starts, lens, [r.id for r in reqs]), torch.tensor(ids)
 
 
 def _nbytes(msg: Message) -> int:

@@ -109,9 +109,10 @@ class ServePolicy:
     max_batch: int = 1
     """Requests per micro-batch slot."""
     admission: str = "fifo"
-    """Waiting requests join free slots in arrival order; a finished request frees its place at once."""
-    prefill_joins_decode: bool = False
-    """Whether a slot mixes new requests' prefill with decoding ones (False: a slot refills when empty)."""
+    """Waiting requests take free places in arrival order."""
+    prefill_joins_decode: bool = True
+    """A finished request frees its place in its micro-batch at once, and a new request's prefill joins the
+    others' decode in the micro-batch's next pass (False: a micro-batch takes new requests only when empty)."""
 
     def __post_init__(self) -> None:
         if self.max_inflight < 1 or self.max_batch < 1:

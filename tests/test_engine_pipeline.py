@@ -106,6 +106,24 @@ def test_uneven_split_and_batched_serve_match(expected: list[list[int]], tmp_pat
     assert (meta.split, meta.split_source) == ([6, 2], "--split")
 
 
+@pytest.mark.parametrize("stages", [1, 2])
+def test_serve_admits_a_request_as_soon_as_another_in_its_micro_batch_finishes(tmp_path: Path, stages: int) -> None:
+    lines = [([5, 9, 2], 1), ([7, 1, 3, 3, 8], 6), ([4, 4], 3), ([11, 2, 6, 1], 2), ([3], 5)]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_ids": ids, "max_new_tokens": n}) + "\n" for ids, n in lines))
+    cfg = EngineConfig(stages=stages, schedule="serve", max_inflight=1, max_batch=2, prompts=str(prompts),
+                       progress=False, out=str(tmp_path / "run"))  # fmt: skip
+    run_dir = run(cfg)
+    assert _outputs(run_dir) == reference_outputs(EngineConfig(prompts=str(prompts)))
+    trace = load_run(run_dir)
+    reqs = trace.requests.set_index("id")
+    # request 0 finishes after its first token; request 2 takes its place while request 1 still decodes
+    assert reqs.loc[2, "first_token_ns"] < reqs.loc[1, "finish_ns"]
+    fwd = trace.spans[(trace.spans["kind"] == SpanKind.FORWARD) & (trace.spans["rank"] == 0)]
+    joined = fwd[(fwd["phase"] == "prefill") & (fwd["step"] > 0)]
+    assert len(joined) >= 2 and (joined["tokens"] > 2).all()  # a prompt beside a decoding request's token
+
+
 def test_interleaved_with_uneven_groups_and_split(expected: list[list[int]], tmp_path: Path) -> None:
     # 3 micro-batches on 2 ranks: the last group of Megatron's order is short; virtual stages get 3,1,2,2 layers
     cfg = EngineConfig(
