@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import platform
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -22,7 +23,9 @@ from ppscope.split import resolve_split
 from ppscope.trace import RunMeta
 
 __all__ = [
+    "Batching",
     "Prepared",
+    "batching",
     "check_memory",
     "host_available_bytes",
     "make_source",
@@ -144,6 +147,35 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
             f"{cfg.stages} stages x {cfg.chunks} chunks = {cfg.virtual_stages} entries, "
             "ordered rank 0..P-1 for chunk 0, then for chunk 1, ...)"
         ) from None
+    b = batching(cfg, shape)
+    arrivals = poisson_arrivals_ns(len(b.requests), cfg.rate if cfg.schedule == "serve" else 0.0, cfg.seed)
+    return Prepared(
+        cfg=cfg,
+        shape=shape,
+        split=split,
+        split_source=source,
+        requests=b.requests,
+        arrivals_ns=arrivals,
+        backend=resolve_backend(cfg.backend, world),
+        inflight=b.inflight,
+        max_seqs=b.max_seqs,
+        cache_slots=b.cache_slots,
+        max_len=b.max_len,
+    )
+
+
+class Batching(NamedTuple):
+    """The run's requests and how they are grouped (see `Prepared`)."""
+
+    requests: list[Request]
+    inflight: int
+    max_seqs: int
+    cache_slots: int
+    max_len: int
+
+
+def batching(cfg: EngineConfig, shape: ModelShape) -> Batching:
+    """The requests (read or generated) and the micro-batches they make, whatever the split."""
     if cfg.prompts:
         requests = load_prompts(cfg.prompts, shape.vocab, cfg.max_new_tokens, max_len=shape.max_seq_len)
     else:
@@ -158,23 +190,8 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
     inflight = min(cfg.inflight, len(requests))
     if cfg.schedule == "serve":
         max_seqs = min(cfg.max_batch, len(requests))
-        slots = inflight * max_seqs
-    else:
-        max_seqs, slots = math.ceil(len(requests) / inflight), len(requests)
-    arrivals = poisson_arrivals_ns(len(requests), cfg.rate if cfg.schedule == "serve" else 0.0, cfg.seed)
-    return Prepared(
-        cfg=cfg,
-        shape=shape,
-        split=split,
-        split_source=source,
-        requests=requests,
-        arrivals_ns=arrivals,
-        backend=resolve_backend(cfg.backend, world),
-        inflight=inflight,
-        max_seqs=max_seqs,
-        cache_slots=slots,
-        max_len=max_len,
-    )
+        return Batching(requests, inflight, max_seqs, inflight * max_seqs, max_len)
+    return Batching(requests, inflight, math.ceil(len(requests) / inflight), len(requests), max_len)
 
 
 def host_available_bytes() -> int | None:

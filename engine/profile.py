@@ -36,7 +36,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.model import Batch, KVCache, PassIndex, Rotary, sleep_ms
-from engine.prepare import make_source, torch_dtype
+from engine.prepare import batching, make_source, torch_dtype
 from engine.sampling import Sampling, row_keys, sample
 from engine.split import StageModule
 from ppscope.profile import PROFILE_FILE, LayerProfile, PhaseCosts
@@ -180,15 +180,23 @@ def profile_layers(
     device: str | None = None,
     cold: bool = True,
 ) -> LayerProfile:
-    """Time every layer and both ends for a prefill of `prefill_tokens` tokens and a decode step of
-    `decode_batch` sequences (defaults: the run's prompt length and requests per micro-batch); each pass from
-    cold caches unless `cold` is False (for comparison: passes back to back)."""
+    """Time every layer and both ends for a prefill and a decode pass shaped as the run's micro-batches: as
+    many sequences as a micro-batch holds, each of the requests' mean prompt length (or one sequence of
+    `prefill_tokens`), and a decode step of that many (or `decode_batch`) sequences halfway through their
+    generation; each pass from cold caches unless `cold` is False (for comparison: passes back to back)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    n = prefill_tokens or cfg.prompt_len
-    b = decode_batch or cfg.max_batch
-    prefill = Batch(slots=[0], starts=[0], lens=[n])
+    shape = cfg.shape()
+    run = batching(cfg, shape)
+    prompt = round(statistics.mean(len(r.prompt_ids) for r in run.requests))
+    new = statistics.mean(r.max_new_tokens for r in run.requests)
+    seqs = run.max_seqs
+    b = decode_batch or seqs
+    if prefill_tokens:
+        prefill = Batch(slots=[0], starts=[0], lens=[prefill_tokens])
+    else:
+        prefill = Batch(slots=list(range(seqs)), starts=[0] * seqs, lens=[prompt] * seqs)
     # a decode step halfway through the generation: attention reads the mean context of the run's steps
-    context = min(n + cfg.max_new_tokens // 2, cfg.shape().max_seq_len - 1)
+    context = min(round(prompt + new / 2), shape.max_seq_len - 1)
     decode = Batch(slots=list(range(b)), starts=[context] * b, lens=[1] * b)
     flush_bytes = cache_flush_bytes(dev) if cold and not cfg.synthetic else 0  # a sleep has nothing in cache
     threads = torch.get_num_threads()

@@ -194,3 +194,17 @@ def test_the_demo_runs_the_whole_loop_on_the_tiny_model(tmp_path: Path) -> None:
     # second split, and the demo runs each twice (ABBA)
     assert runs == ["1-before", "2-after", "3-after", "4-before"], (runs, text)
     assert "median of 2 pairs" in text
+
+
+def test_profile_passes_are_shaped_as_the_run_s_micro_batches(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        '{"prompt_ids": [1, 2, 3, 4, 5, 6], "max_new_tokens": 8}\n{"prompt_ids": [1, 2], "max_new_tokens": 4}\n' * 3
+    )
+    gpipe = EngineConfig(model="synthetic", layers=2, layer_cost_ms="0", schedule="gpipe", microbatches=2,
+                         prompts=str(prompts), progress=False)  # fmt: skip
+    prof = profile_layers(gpipe, warmup=0, repeats=1)
+    # 6 requests in 2 micro-batches: 3 sequences a pass, prompts of 4 tokens on average
+    assert (prof.prefill.tokens, prof.decode.tokens) == (12, 3)
+    serve = profile_layers(_synthetic(max_batch=2, requests=5), warmup=0, repeats=1)
+    assert (serve.prefill.tokens, serve.decode.tokens) == (8, 2)
