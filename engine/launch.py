@@ -16,6 +16,7 @@ import queue
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -56,11 +57,39 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
     if prep.backend == "gloo":  # every rank on this host's memory (on GPUs each rank checks its own)
         check_memory(prep, list(range(cfg.stages)), cfg.stages, host_available_bytes(), "this host", processes=True)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir()
-    create_run(run_dir, prep.meta(cfg.stages))
-    if cfg.stages == 1:
-        return _run_inline(cfg, prep, run_dir, on_progress)
+    procs: list[Any] = []
+    events: Any = None
+    created = False
+    try:
+        # A Ctrl-C while the run directory is made and the ranks start waits until every rank is known, so
+        # all of them are stopped and the run is marked interrupted, wherever it came.
+        with _interrupt_deferred():
+            create_run(run_dir, prep.meta(cfg.stages))
+            created = True
+            if cfg.stages > 1:
+                procs, events = _start_ranks(cfg, run_dir)
+        if cfg.stages == 1:
+            return _run_inline(cfg, prep, run_dir, on_progress)
+        _supervise(cfg, procs, events, run_dir, len(prep.requests), on_progress)
+    except KeyboardInterrupt:
+        with _interrupt_deferred(drop=True):  # a second Ctrl-C must not cut this short: the run would stay "running"
+            _interrupt_all(procs, grace_s=min(cfg.timeout_s, _INTERRUPT_GRACE_S))
+            if created:
+                _mark(run_dir, "interrupted", "interrupted by the user")
+        if not created:
+            raise InterruptedRunError("interrupted before the run started; nothing was recorded") from None
+        raise InterruptedRunError(f"interrupted; what was recorded up to then is in {run_dir}") from None
+    except EngineFailedError as exc:
+        _stop_all(procs)
+        _mark(run_dir, "failed", str(exc))
+        raise
+    return run_dir
+
+
+def _start_ranks(cfg: EngineConfig, run_dir: Path) -> tuple[list[Any], Any]:
+    """Start every rank; returns the processes and the queue they report on."""
     ctx = _context()
-    events: Any = ctx.Queue()
+    events = ctx.Queue()
     port = free_port()
     procs = [
         ctx.Process(
@@ -70,20 +99,50 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
         )
         for r in range(cfg.stages)
     ]
-    with main_not_reimported():
+    # The fork server and the ranks start with SIGINT blocked: the server ignores it once it has imported
+    # the engine (a Ctrl-C while it imports would print its traceback) and each rank unblocks it in `_child`
+    # with its handler in place, so a Ctrl-C that came meanwhile is acted on there and not lost.
+    server = ctx.get_start_method() == "forkserver"
+    if server:  # the resource tracker first: it blocks, then unblocks, SIGINT around its own start
+        from multiprocessing import forkserver, resource_tracker
+
+        resource_tracker.ensure_running()
+    with main_not_reimported(), _sigint_blocked():
+        if server:
+            forkserver.ensure_running()
         for p in procs:
             p.start()
+    return procs, events
+
+
+@contextlib.contextmanager
+def _interrupt_deferred(*, drop: bool = False) -> Iterator[None]:
+    """Hold a Ctrl-C that comes inside the block and raise it at the end (or `drop` it). Signals reach only
+    the main thread: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
     try:
-        _supervise(cfg, procs, events, run_dir, len(prep.requests), on_progress)
-    except KeyboardInterrupt:
-        _interrupt_all(procs, grace_s=min(cfg.timeout_s, _INTERRUPT_GRACE_S))
-        _mark(run_dir, "interrupted", "interrupted by the user")
-        raise InterruptedRunError(f"interrupted; what was recorded up to then is in {run_dir}") from None
-    except EngineFailedError as exc:
-        _stop_all(procs)
-        _mark(run_dir, "failed", str(exc))
-        raise
-    return run_dir
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+    if got and not drop:
+        signal.raise_signal(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread, so processes started inside inherit it blocked."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @contextlib.contextmanager
@@ -279,6 +338,8 @@ def _child(
             events.put(("progress", finished, tokens))
 
     try:
+        if hasattr(signal, "pthread_sigmask"):  # started with it blocked (see _start_ranks); a Ctrl-C since lands here
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         cfg = EngineConfig.from_dict(cfg_dict)
         run_rank(cfg, rank, world, local_rank=rank, run_dir=Path(run_dir), progress=progress if rank == 0 else None)
     except BaseException as exc:
