@@ -2,9 +2,9 @@
 
 `run(config)` is what `ppscope run` calls. Locally it checks the configuration (a bad split fails before
 any process starts), creates the run directory, spawns the ranks on a free port, shows a progress bar,
-and, when a rank fails, stops the others at once and raises EngineFailedError naming the rank; what was
-recorded up to then stays readable. Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR set) this process is one
-rank and torchrun does the supervising.
+and, when a rank fails, stops the others and raises EngineFailedError naming the rank whose failure caused
+the others' (see `_failure`); what was recorded up to then stays readable. Under torchrun
+(RANK/WORLD_SIZE/MASTER_ADDR set) this process is one rank and torchrun does the supervising.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import re
 import signal
 import socket
 import sys
@@ -31,6 +32,14 @@ from ppscope.store import create_run, read_meta, write_meta
 
 _INTERRUPT_GRACE_S = 15.0
 """How long ranks get to flush and close their files after Ctrl-C before they are terminated."""
+_BLAME_WAIT_S = 1.0
+"""After a rank fails, how long the others get to report (or show how they died) before the cause is named."""
+_PEER_FAILURE = re.compile(
+    r"(send to|receive from|received nothing from) rank \d+|by peer|broken pipe|timed out|remote process"
+    r"|DistNetworkError|DistBackendError|DistStoreError",
+    re.IGNORECASE,
+)
+"""An error a rank gets because another one failed or hangs: its link or its process group broke under it."""
 
 __all__ = ["free_port", "main_not_reimported", "run", "under_torchrun"]
 
@@ -204,9 +213,13 @@ def _supervise(
     cfg: EngineConfig, procs: list[Any], events: Any, run_dir: Path, total: int, on_progress: ProgressHook | None
 ) -> None:
     done: set[int] = set()
+    errors: dict[int, str] = {}
+    blame_at: float | None = None  # once a rank failed: when to stop waiting for the others' reports
     bar = _ProgressBar(total) if cfg.progress and on_progress is None else None
     try:
         while len(done) < len(procs):
+            if blame_at is not None and (time.monotonic() >= blame_at or len(done) + len(errors) == len(procs)):
+                raise _failure(procs, errors, run_dir)
             try:
                 event = events.get(timeout=0.1)
             except queue.Empty:
@@ -221,24 +234,15 @@ def _supervise(
                 elif kind == "interrupted":  # Ctrl-C reached the ranks before (or instead of) this process
                     raise KeyboardInterrupt
                 elif kind == "error":
-                    raise _failure(procs, event[1], event[2], run_dir)
+                    errors.setdefault(event[1], event[2])
+                    blame_at = blame_at or time.monotonic() + _BLAME_WAIT_S
                 elif kind == "done":
                     done.add(event[1])
                     if bar and event[2] >= 0:
                         bar.update(event[2], event[3])
                 continue
-            for r, p in enumerate(procs):
-                if r not in done and p.exitcode not in (None, 0):
-                    with contextlib.suppress(queue.Empty):  # its error report may still be in the queue
-                        event = events.get(timeout=1.0)
-                        if event[0] == "interrupted":
-                            raise KeyboardInterrupt
-                        if event[0] == "error":
-                            raise _failure(procs, event[1], event[2], run_dir)
-                    raise EngineFailedError(
-                        f"rank {r} exited with code {p.exitcode} without reporting an error (killed? out of memory?); "
-                        f"the trace up to then is in {run_dir}"
-                    )
+            if blame_at is None and any(r not in done and p.exitcode not in (None, 0) for r, p in enumerate(procs)):
+                blame_at = time.monotonic() + _BLAME_WAIT_S  # its report, if any, may still be in the queue
     finally:
         if bar:
             bar.close()
@@ -259,28 +263,30 @@ def _interrupt_all(procs: list[Any], grace_s: float) -> None:
     _stop_all(procs)
 
 
-def _killed_rank(procs: list[Any], wait_s: float) -> tuple[int, int] | None:
-    """(rank, signal) of a rank that died of a signal, waiting up to `wait_s` for one to show: when a rank
-    is killed its peers fail too, and their error often arrives first."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        for r, p in enumerate(procs):
-            if p.exitcode is not None and p.exitcode < 0:
-                return r, -p.exitcode
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.02)
-
-
-def _failure(procs: list[Any], rank: int, detail: str, run_dir: Path) -> EngineFailedError:
-    killed = _killed_rank(procs, wait_s=1.0)
-    if killed is not None and killed[0] != rank:
-        name = signal.Signals(killed[1]).name if killed[1] in signal.valid_signals() else f"signal {killed[1]}"
-        return EngineFailedError(
-            f"rank {killed[0]} was killed by {name}; rank {rank} then failed: {detail}; "
-            f"the trace up to then is in {run_dir}"
-        )
-    return EngineFailedError(f"rank {rank} failed: {detail}; the trace up to then is in {run_dir}")
+def _failure(procs: list[Any], errors: dict[int, str], run_dir: Path) -> EngineFailedError:
+    """The failure to report: its root cause, not its echoes. When one rank fails its peers fail too, and their
+    errors often arrive first (a failing rank tears its process group down before it reports), so a rank killed
+    by a signal comes first, then one that failed in its own code, then one that exited without a word, and a
+    rank whose link to a peer broke last; among equals, the first to report. Its timestamp would not help: a
+    rank's error is reported after the teardown that made its peers fail."""
+    where = f"the trace up to then is in {run_dir}"
+    silent = {r: p.exitcode for r, p in enumerate(procs) if r not in errors and p.exitcode not in (None, 0)}
+    killed = [r for r, code in silent.items() if code < 0]
+    own = [r for r, detail in errors.items() if not _PEER_FAILURE.search(detail)]
+    if killed or (silent and not own):
+        rank = (killed or list(silent))[0]
+        code = silent[rank]
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            cause = f"rank {rank} was killed by {name}"
+        else:
+            cause = f"rank {rank} exited with code {code} without reporting an error (killed? out of memory?)"
+        if errors:
+            then = (own or list(errors))[0]
+            cause += f"; rank {then} then failed: {errors[then]}"
+        return EngineFailedError(f"{cause}; {where}")
+    first = (own or list(errors))[0]
+    return EngineFailedError(f"rank {first} failed: {errors[first]}; {where}")
 
 
 def _stop_all(procs: list[Any]) -> None:

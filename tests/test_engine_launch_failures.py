@@ -1,21 +1,33 @@
-"""The launcher when a run goes wrong early: Ctrl-C while the ranks start."""
+"""The launcher when a run goes wrong early or in pieces: Ctrl-C while the ranks start, and the rank to blame
+when several fail."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from engine.launch import _interrupt_deferred
+from engine.config import EngineConfig
+from engine.launch import _interrupt_deferred, _supervise, run
+from engine.worker import FAIL_ENV
+from ppscope.errors import EngineFailedError
 from ppscope.store import read_meta
 
 pytestmark = pytest.mark.timeout(120)
+
+FAST = {"model": "synthetic", "layers": 2, "layer_cost_ms": "0", "progress": False}
+PEER_ERROR = (
+    "RuntimeError: rank 1: receive from rank 0 failed: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+    "Connection closed by peer [127.0.0.1]:14008. This is typically caused by a remote worker crashing. GLHF!"
+)
 
 
 @pytest.mark.parametrize("after_s", [0.0, 0.4])
@@ -52,3 +64,57 @@ def test_ctrl_c_is_held_until_the_end_of_a_deferred_block() -> None:
     assert reached
     with _interrupt_deferred(drop=True):
         signal.raise_signal(signal.SIGINT)
+
+
+class _Proc:
+    """What `_supervise` reads of a rank's process."""
+
+    def __init__(self, exitcode: int | None) -> None:
+        self.exitcode = exitcode
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+def _supervised(procs: list[_Proc], events: list[tuple[Any, ...]], tmp_path: Path) -> str:
+    q: queue.Queue[tuple[Any, ...]] = queue.Queue()
+    for e in events:
+        q.put(e)
+    cfg = EngineConfig(stages=len(procs), **FAST)  # type: ignore[arg-type]
+    with pytest.raises(EngineFailedError) as exc:
+        _supervise(cfg, procs, q, tmp_path, 1, None)  # type: ignore[arg-type]
+    assert "\n" not in str(exc.value)
+    return str(exc.value)
+
+
+def test_the_rank_whose_own_code_failed_is_blamed_not_the_peer_that_lost_it(tmp_path: Path) -> None:
+    """A failing rank tears its process group down before it reports, so its peer's 'connection closed' often
+    arrives first: the report names the root cause, and the echo is left out."""
+    own = "RuntimeError: injected failure after 1 passes"
+    procs = [_Proc(1), _Proc(1), _Proc(None)]
+    msg = _supervised(procs, [("error", 1, PEER_ERROR), ("error", 2, "TimeoutError: rank 2 received nothing from "
+                      "rank 1 for 60 s"), ("error", 0, own)], tmp_path)  # fmt: skip
+    assert msg == f"rank 0 failed: {own}; the trace up to then is in {tmp_path}"
+
+
+def test_a_killed_rank_is_blamed_before_the_errors_it_caused(tmp_path: Path) -> None:
+    msg = _supervised([_Proc(-signal.SIGKILL), _Proc(1)], [("error", 1, PEER_ERROR)], tmp_path)
+    assert msg.startswith(f"rank 0 was killed by SIGKILL; rank 1 then failed: {PEER_ERROR}")
+    msg = _supervised([_Proc(7), _Proc(1)], [("error", 1, PEER_ERROR)], tmp_path)
+    assert msg.startswith("rank 0 exited with code 7 without reporting an error (killed? out of memory?); rank 1 then")
+
+
+def test_only_peer_failures_name_the_first_to_report(tmp_path: Path) -> None:
+    msg = _supervised([_Proc(1), _Proc(1)], [("error", 1, PEER_ERROR), ("error", 0, "RuntimeError: rank 0: send "
+                      "to rank 1 failed: Connection reset by peer")], tmp_path)  # fmt: skip
+    assert msg.startswith(f"rank 1 failed: {PEER_ERROR}")
+
+
+def test_a_failed_middle_rank_is_named_among_its_peers_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three real ranks: the middle one fails, both of its neighbours lose their link to it."""
+    monkeypatch.setenv(FAIL_ENV, "1=1")
+    cfg = EngineConfig(stages=3, requests=3, max_new_tokens=3, out=str(tmp_path / "run"), **(FAST | {"layers": 3}))  # type: ignore[arg-type]
+    with pytest.raises(EngineFailedError, match=r"^rank 1 failed: RuntimeError: injected failure after 1 passes; "):
+        run(cfg)
+    meta = read_meta(tmp_path / "run")
+    assert meta.status == "failed" and meta.error.startswith("rank 1 failed: RuntimeError: injected failure")
