@@ -1,9 +1,10 @@
-"""The launcher when a run goes wrong early or in pieces: Ctrl-C while the ranks start, and the rank to blame
-when several fail."""
+"""The launcher when a run goes wrong early or in pieces: Ctrl-C while the ranks start, the rank to blame when
+several fail, and an --out that cannot be made."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -18,6 +19,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.launch import _interrupt_deferred, _supervise, run
 from engine.worker import FAIL_ENV
+from ppscope.cli import main
 from ppscope.errors import EngineFailedError
 from ppscope.store import read_meta
 
@@ -118,3 +120,13 @@ def test_a_failed_middle_rank_is_named_among_its_peers_errors(tmp_path: Path, mo
         run(cfg)
     meta = read_meta(tmp_path / "run")
     assert meta.status == "failed" and meta.error.startswith("rank 1 failed: RuntimeError: injected failure")
+
+
+def test_out_that_cannot_be_made_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "afile.txt").write_text("x")
+    out = tmp_path / "afile.txt" / "sub"
+    assert main(["run", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "0", "--requests", "1",
+                 "--max-new-tokens", "1", "--no-progress", "--out", str(out)]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"ppscope run: error: cannot create run directory {out}: Not a directory; choose another --out"]
+    assert (tmp_path / "afile.txt").read_text() == "x" and json.dumps(sorted(os.listdir(tmp_path))) == '["afile.txt"]'
