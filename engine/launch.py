@@ -28,6 +28,7 @@ from engine.config import EngineConfig
 from engine.prepare import Prepared, check_memory, host_available_bytes, prepare
 from engine.worker import default_run_dir, run_rank
 from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
+from ppscope.models import PRESETS
 from ppscope.store import create_run, read_meta, write_meta
 
 _INTERRUPT_GRACE_S = 15.0
@@ -63,6 +64,7 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
     if under_torchrun():
         return _run_torchrun(cfg)
     prep = prepare(cfg, cfg.stages)  # raises before anything starts
+    _check_checkpoint(cfg, prep)
     if prep.backend == "gloo":  # every rank on this host's memory (on GPUs each rank checks its own)
         check_memory(prep, list(range(cfg.stages)), cfg.stages, host_available_bytes(), "this host", processes=True)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir()
@@ -359,11 +361,22 @@ def _child(
     events.join_thread()
 
 
+def _check_checkpoint(cfg: EngineConfig, prep: Prepared) -> None:
+    """A checkpoint directory's files are checked from their headers here, before any process starts or the
+    run directory exists: a damaged file or a missing tensor would otherwise fail inside the ranks."""
+    if not cfg.synthetic and cfg.model not in PRESETS:
+        from engine.hf import check_checkpoint
+
+        check_checkpoint(cfg.model, prep.shape)
+
+
 def _run_torchrun(cfg: EngineConfig) -> Path:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0"))
+    prep = prepare(cfg, world)
+    _check_checkpoint(cfg, prep)
     try:
-        return run_rank(cfg, rank, world, local_rank=local, run_dir=None)
+        return run_rank(cfg, rank, world, local_rank=local, run_dir=None, prepared=prep)
     except PPScopeError:
         raise
     except Exception as exc:
