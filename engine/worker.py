@@ -174,9 +174,10 @@ def _run_pipeline(
     sink = RankWriter(run_dir, rank) if cfg.record else None
     log: RequestLog | None = None
     rec = Recorder(sink, rank=rank, stage=rank, enabled=cfg.record, nvtx=cfg.nvtx, clock=clock)
-    sampler = CounterSampler(rec, device.index if device.type == "cuda" else None, cfg.sample_interval_ms)
+    sampler: CounterSampler | None = None
     frozen = False
-    try:
+    try:  # from here on, whatever stops the rank (a Ctrl-C included) closes its file
+        sampler = CounterSampler(rec, device.index if device.type == "cuda" else None, cfg.sample_interval_ms)
         if device.type == "cuda":
             free = torch.cuda.mem_get_info(device)[0]
             check_memory(prep, [rank], world, free, f"GPU {device.index}", processes=False)
@@ -235,7 +236,8 @@ def _run_pipeline(
     finally:
         if frozen:
             gc.unfreeze()
-        sampler.stop()
+        if sampler is not None:
+            sampler.stop()
         rec.close()
         if log is not None:
             log.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import time
 from typing import Any
 
@@ -84,8 +85,15 @@ def add_engine_arguments(
 
 
 def _run(args: argparse.Namespace) -> int:
-    from engine.config import EngineConfig
-    from engine.launch import run
+    # A Ctrl-C while torch loads can be swallowed by it or abort the process: it is held until torch is in,
+    # then raised here, before anything is created.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
+    try:
+        from engine.config import EngineConfig
+        from engine.launch import run
+    finally:
+        if held is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     fields = {k: v for k, v in vars(args).items() if k not in ("func", "command", "json", "profile_layers")}
     cfg = EngineConfig(**fields)
