@@ -59,6 +59,7 @@ CAUSE_COLORS: dict[str, str] = {  # hatched on the Gantt, so they read as idle t
     "comm": "#C7E9C0",
     "host": "#BDBDBD",
     "unknown": "#EEEEEE",
+    "no_requests": "#F7F7F7",
 }
 _LANE_ORDER = {str(Lane.COMPUTE): 0, str(Lane.RECV): 1, str(Lane.SEND): 2, str(Lane.HOST): 3}
 _MAX_LEGEND_MB = 32

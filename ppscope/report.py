@@ -69,13 +69,22 @@ def summary_lines(res: AnalysisResult) -> list[str]:
         total = res.pp_size * res.window.length_ns
         shares = [f"{c} {_pct(sum(s.causes[c] for s in res.stages) / total)}" for c in _used_causes(res)]
         lines.append("measured bubble by cause (share of P × window): " + (", ".join(shares) or "none"))
+        unloaded = sum(s.causes["no_requests"] for s in res.stages)
+        if unloaded:
+            busy = sum(s.busy_ns for s in res.stages)
+            lines.append(
+                f"no requests in the system for {_pct(unloaded / total)} of it (arrivals too sparse to keep the "
+                f"pipeline busy): while requests were in, the bubble ratio was {_pct(1 - busy / (total - unloaded))}"
+            )
         if th.bubble_ratio is not None:
-            other = sum(s.causes[c] for s in res.stages for c in CAUSES if c not in ("fill", "drain")) / total
+            waits = [c for c in CAUSES if c not in ("fill", "drain", "no_requests")]
+            other = sum(s.causes[c] for s in res.stages for c in waits) / total
             gap = 100 * (res.bubble_ratio - th.bubble_ratio)
             lines.append(
-                f"gap to theory: {gap:+.1f} points: {100 * other:.1f} from waits "
-                "other than fill/drain, the rest from fill/drain longer than the formula's (start-up skew, per-hop "
-                "latency, uneven stages)"
+                f"gap to theory: {gap:+.1f} points: {100 * other:.1f} from waits other than fill/drain"
+                + (f", {100 * unloaded / total:.1f} with no requests" if unloaded else "")
+                + ", the rest from fill/drain longer than the formula's (start-up skew, per-hop latency, uneven "
+                "stages)"
             )
     if res.bottleneck_stage is not None:
         basis = "busy time per micro-batch" if res.imbalance_basis == "time_per_mb" else "busy time"

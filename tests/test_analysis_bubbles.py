@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -9,7 +10,7 @@ import pandas as pd
 
 from ppscope.analysis import CAUSES, AnalysisConfig, analyze
 from ppscope.analysis.intervals import Intervals, union_length
-from ppscope.trace import RankInfo, RunMeta, Trace
+from ppscope.trace import RankInfo, RunMeta, Trace, requests_frame
 
 
 def _trace(rows: list[dict[str, Any]], **meta: Any) -> Trace:
@@ -66,12 +67,39 @@ def test_every_cause_with_precedence() -> None:
         "comm": 20,
         "host": 20,
         "unknown": 0,
+        "no_requests": 0,
     }
     assert sum(s1.causes.values()) == s1.bubble_ns == 70
     gaps = res.gaps[res.gaps["stage"] == 1]
     assert list(gaps["cause"]) == ["fill", "downstream", "upstream", "comm", "host"]
     assert list(gaps["start_ns"]) == [0, 20, 30, 40, 70]
     assert list(gaps["end_ns"]) == [10, 30, 40, 60, 90]
+
+
+def test_serve_time_with_no_request_in_the_system_is_not_a_pipeline_wait() -> None:
+    # serve, 2 stages: request 0 is in the system [0, 40), request 1 [70, 110); between them both stages wait
+    # in recv for work that has not arrived
+    rows = [
+        _fwd(0, 0, 0, 10), _fwd(1, 0, 10, 20), _fwd(0, 1, 70, 80), _fwd(1, 1, 80, 90),
+        dict(rank=0, stage=0, kind="recv_wait", start_ns=10, end_ns=70, peer=1),
+        dict(rank=1, stage=1, kind="recv_wait", start_ns=20, end_ns=80, peer=0),
+        dict(rank=0, stage=0, kind="recv_wait", start_ns=80, end_ns=110, peer=1),
+    ]  # fmt: skip
+    requests = pd.DataFrame({"id": [0, 1], "arrival_ns": [0, 70], "first_token_ns": [40, 110],
+                             "finish_ns": [40, 110], "prompt_len": [4, 4], "output_len": [1, 1]})  # fmt: skip
+    meta = dict(pp_size=2, world_size=2, schedule="serve", status="finished")
+    trace = Trace.from_records(rows, meta=RunMeta(**meta))
+    res = analyze(dataclasses.replace(trace, requests=requests_frame(requests)))
+    s0, s1 = res.stage(0), res.stage(1)
+    assert s0.causes["no_requests"] == s1.causes["no_requests"] == 30  # [40, 70)
+    assert (s0.causes["upstream"], s0.causes["drain"]) == (30, 30)  # [10, 40); [80, 110)
+    assert (s1.causes["fill"], s1.causes["upstream"], s1.causes["drain"]) == (10, 20 + 10, 20)  # [20,40) [70,80)
+    assert sum(s0.causes.values()) == s0.bubble_ns and sum(s1.causes.values()) == s1.bubble_ns
+    # while the run is being written, requests still in flight are not in the table yet: no such claim
+    live = dataclasses.replace(trace, requests=requests_frame(requests), meta=RunMeta(**{**meta, "status": "running"}))
+    assert all(s.causes["no_requests"] == 0 for s in analyze(live).stages)
+    gpipe = dataclasses.replace(trace, requests=requests_frame(requests), meta=RunMeta(**{**meta, "schedule": "gpipe"}))
+    assert all(s.causes["no_requests"] == 0 for s in analyze(gpipe).stages)
 
 
 def test_decode_dependency_when_fewer_in_flight_than_stages() -> None:

@@ -22,6 +22,7 @@ from ppscope.analysis.bubbles import (
     span_roles,
     stage_bubbles,
 )
+from ppscope.analysis.intervals import Intervals, clip
 from ppscope.analysis.latency import request_latency
 from ppscope.analysis.pipeline import balance, count_distinct, hop_stats, measured_inflight, stage_of_ranks
 from ppscope.analysis.result import AnalysisResult, RequestLatency, Theory, WindowInfo
@@ -107,7 +108,11 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
         warnings.append("one stage only: there is no pipeline; the bubble is that stage's idle time")
     _check_overlaps(spans, is_compute, warnings)
 
-    results, gaps = stage_bubbles(times, stages, window, dependency=dependency, has_waits=has_waits)
+    # every request of a finished run is in its requests table: between them the pipeline had nothing to do
+    idle = _no_requests(trace.requests, window) if (meta.schedule, meta.status) == ("serve", "finished") else None
+    results, gaps = stage_bubbles(
+        times, stages, window, dependency=dependency, has_waits=has_waits, no_requests=idle
+    )  # fmt: skip
     imbalance, basis, bottleneck, gain = balance(results)
     if basis == "busy":
         warnings.append("no `forward` spans on some stage: imbalance compares busy time per stage")
@@ -197,6 +202,31 @@ def _theory(
     if w.mode != "full" and schedule in ("gpipe", "interleaved"):
         theory.note = "the formula counts fill and drain over the whole run; this window leaves part of them out"
     return theory
+
+
+def _no_requests(requests: pd.DataFrame | None, window: WindowInfo) -> Intervals | None:
+    """When no request was in the system within `window`: the gaps between the union of the requests'
+    [arrival, finish) (one not finished stays in to the end). None when arrivals are unknown."""
+    if requests is None or len(requests) == 0:
+        return None
+    arrival = requests["arrival_ns"].to_numpy(np.int64)
+    if (arrival < 0).any():
+        return None
+    finish = requests["finish_ns"].to_numpy(np.int64)
+    finish = np.where(finish >= arrival, finish, np.int64(window.end_ns))
+    order = np.argsort(arrival, kind="stable")
+    start, end = arrival[order], np.maximum.accumulate(finish[order])
+    # a gap opens where a request arrives after every earlier one has finished
+    gap = np.flatnonzero(start[1:] > end[:-1])
+    gaps_start = np.concatenate(([window.start_ns], end[gap]))
+    gaps_end = np.concatenate(([start[0]], start[gap + 1]))
+    tail_start = np.array([end[-1]], np.int64)
+    tail_end = np.array([window.end_ns], np.int64)
+    return clip(
+        Intervals(np.concatenate((gaps_start, tail_start)), np.concatenate((gaps_end, tail_end))),
+        window.start_ns,
+        window.end_ns,
+    )
 
 
 def _throughput(

@@ -11,6 +11,9 @@ them the first of these that covers the instant wins:
   5. nothing                                                      -> host, or unknown when the source has no
                                                                      recv/send spans at all (imports), since
                                                                      waiting cannot be told from host overhead
+Above all of these and fill/drain, an instant when no request is in the system (serve with arrivals spread
+out: every request so far is done, the next has not arrived) is `no_requests`: the load left the pipeline
+empty, not the pipeline itself.
 Engine wait spans rank above imported comm kernels because an NCCL receive kernel also spins while it waits
 for its sender: the engine's span says why the stage is idle. Causes add up to the bubble exactly (ns).
 This module knows span kinds and times; it does not choose windows or stage numbers.
@@ -75,15 +78,20 @@ def stage_bubbles(
     *,
     dependency: bool,
     has_waits: bool,
+    no_requests: Intervals | None = None,
 ) -> tuple[list[StageResult], pd.DataFrame]:
-    """Busy, bubble and causes for each (stage, ranks) in `stages`, plus the merged idle intervals."""
+    """Busy, bubble and causes for each (stage, ranks) in `stages`, plus the merged idle intervals.
+    `no_requests`: when no request was in the system (disjoint intervals)."""
     order = np.argsort(times.group, kind="stable")
     cuts = np.searchsorted(times.group[order], np.arange(len(stages) + 1))
     results: list[StageResult] = []
     gaps: list[pd.DataFrame] = []
     for gi, (stage, ranks) in enumerate(stages):
         idx = order[cuts[gi] : cuts[gi + 1]]
-        res, gap = _one_stage(times, idx, stage, ranks, window, dependency=dependency, has_waits=has_waits)
+        res, gap = _one_stage(
+            times, idx, stage, ranks, window, dependency=dependency, has_waits=has_waits,
+            no_requests=no_requests or Intervals.empty(),
+        )  # fmt: skip
         results.append(res)
         gaps.append(gap)
     none = np.empty(0, np.int64)
@@ -100,6 +108,7 @@ def _one_stage(
     *,
     dependency: bool,
     has_waits: bool,
+    no_requests: Intervals,
 ) -> tuple[StageResult, pd.DataFrame]:
     lo, hi = window.start_ns, window.end_ns
     role, start, end = t.role[idx], t.start_ns[idx], t.end_ns[idx]
@@ -112,6 +121,7 @@ def _one_stage(
     is_wait = role == _WAIT
     dep = is_wait & t.decode[idx] if dependency else np.zeros_like(is_wait)
     levels = [
+        (_CODE[Cause.NO_REQUESTS], clip(no_requests, lo, hi)),
         (_CODE[Cause.COMM], pick(role == _RECV)),
         (_CODE[Cause.UPSTREAM], pick(is_wait & ~dep)),
         (_CODE[Cause.DEPENDENCY], pick(dep)),
@@ -124,7 +134,7 @@ def _one_stage(
     if is_compute.any():
         # Positional causes: fill/drain are relative to the stage's whole-run compute, not the window's.
         first, last = start[is_compute].min(), end[is_compute].max()
-        idle = labels != _BUSY
+        idle = (labels != _BUSY) & (labels != _CODE[Cause.NO_REQUESTS])
         labels[idle & (seg.start_ns < first)] = _CODE[Cause.FILL]
         labels[idle & (seg.start_ns >= last)] = _CODE[Cause.DRAIN]
     lengths = seg.length_ns

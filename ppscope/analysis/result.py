@@ -41,6 +41,7 @@ class Cause(StrEnum):
     COMM = "comm"  # the transfer itself (recv transfer, NCCL kernel, copies)
     HOST = "host"  # no span covers it: scheduling or Python overhead
     UNKNOWN = "unknown"  # no span covers it and the source records no waits to tell host from waiting
+    NO_REQUESTS = "no_requests"  # serve: no request in the system (all done, the next not yet arrived)
 
 
 CAUSES: tuple[str, ...] = tuple(str(c) for c in Cause)
