@@ -8,8 +8,12 @@ events' offsets from an *anchor* event whose time on the recorder's clock is kno
 
 The anchor is an event recorded on an idle stream between two host clock readings, so it ran between them;
 its time is their midpoint, give or take half their distance (a few microseconds). The GPU's timer and the
-host's clock drift apart by some parts per million, so the anchor is renewed every `reanchor_s` when no
-timed work is outstanding (renewing waits for the stream, which is then idle or nearly so).
+host's clock drift apart by some parts per million, and the timer's float32 milliseconds lose precision
+with distance from the anchor (62 us ten minutes on), so the anchor is renewed every `reanchor_s`. Given an
+`anchor_stream` of its own (a stream nothing else uses, as the engine does), the anchor is recorded there
+and renewed on time however busy the compute stream is; without one, on the compute stream whenever no
+timed work is outstanding (renewing waits for it, which is then idle or nearly so). Each span keeps the
+anchor it was timed against.
 
 This module needs torch only through the event and stream objects it is given, so tests drive it with a
 simulated device on a CPU.
@@ -73,9 +77,11 @@ class DeviceSpans:
         new_event: Callable[[], Event],
         *,
         reanchor_s: float = 2.0,
+        anchor_stream: Stream | None = None,
     ) -> None:
         self.rec = rec
         self.stream = stream
+        self.anchor_stream = anchor_stream
         self._new_event = new_event
         self.reanchor_ns = int(reanchor_s * 1e9)
         self._pending: collections.deque[_Pending] = collections.deque()
@@ -88,10 +94,11 @@ class DeviceSpans:
         return self._spare.pop() if self._spare else self._new_event()
 
     def _make_anchor(self) -> Anchor:
-        self.stream.synchronize()  # idle: the anchor event runs as soon as it is recorded
+        stream = self.anchor_stream or self.stream
+        stream.synchronize()  # idle: the anchor event runs as soon as it is recorded
         event = self._new_event()
         before = self.rec.now_ns()
-        event.record(self.stream)
+        event.record(stream)
         event.synchronize()
         after = self.rec.now_ns()
         return Anchor(event, (before + after) // 2, (after - before + 1) // 2)
@@ -114,7 +121,8 @@ class DeviceSpans:
         while self._pending and self._pending[0].end.query():
             self._resolve(self._pending.popleft())
             done += 1
-        if not self._pending and self.rec.now_ns() - self.anchor.host_ns > self.reanchor_ns:
+        idle = self.anchor_stream is not None or not self._pending
+        if idle and self.rec.now_ns() - self.anchor.host_ns > self.reanchor_ns:
             self.anchor = self._make_anchor()
             self.anchors += 1
         return done

@@ -69,14 +69,15 @@ class Batch:
         seq = torch.repeat_interleave(torch.arange(len(self.lens)), lens)
         t = torch.arange(self.tokens) - (lens.cumsum(0) - lens)[seq]
         starts = torch.tensor(self.starts)
-        pos = (starts[seq] + t).to(device)
+        pos = to_device(starts[seq] + t, device)
         t_max, kv_len = max(self.lens), max(s + n for s, n in zip(self.starts, self.lens, strict=True))
         # query j of sequence b (padded to t_max) sees the cached keys up to its own position
         qpos = starts[:, None] + torch.arange(t_max)[None, :]
-        mask = (torch.arange(kv_len)[None, None, :] <= qpos[:, :, None])[:, None].to(device)  # (B, 1, T, S)
+        mask = to_device((torch.arange(kv_len)[None, None, :] <= qpos[:, :, None])[:, None], device)  # (B,1,T,S)
         cos, sin = rotary.cos_sin(pos, dtype)
+        slots = to_device(torch.tensor(self.slots), device)
         return PassIndex(
-            seq=seq.to(device), t=t.to(device), pos=pos, slots=torch.tensor(self.slots, device=device),
+            seq=to_device(seq, device), t=to_device(t, device), pos=pos, slots=slots,
             cos=cos, sin=sin, mask=mask, t_max=t_max, kv_len=kv_len, dense=min(self.lens) == t_max,
         )  # fmt: skip
 
@@ -243,8 +244,16 @@ class Head(nn.Module):
         self.lm_head = nn.Linear(shape.hidden, shape.vocab, bias=False)
 
     def forward(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
-        last = torch.tensor(batch.lens, device=x.device).cumsum(0) - 1
+        last = to_device(torch.tensor(batch.lens).cumsum(0) - 1, x.device)
         return self.lm_head(self.norm(x[last])).float()  # (B, vocab)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without making the host wait: to a GPU through pinned memory, asynchronously
+    (a copy from pageable memory synchronises the stream, so the host could not queue a pass ahead)."""
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def sleep_ms(ms: float, device: torch.device) -> None:
@@ -277,6 +286,12 @@ _LATE_MAX_S = 3e-4
 _SPIN_MARGIN_S = 5e-5
 """Spun on top of the expected lateness: covers its jitter."""
 _CYCLES_PER_MS: dict[int, float] = {}
+
+
+def calibrate_sleep(device: torch.device) -> None:
+    """Measure the GPU sleep's clock now (before the run's clock starts), not inside the first pass."""
+    if device.type == "cuda":
+        _cycles_per_ms(device)
 
 
 def _cycles_per_ms(device: torch.device) -> float:

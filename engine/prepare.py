@@ -7,6 +7,7 @@ without talking) compute the same answer.
 from __future__ import annotations
 
 import math
+import os
 import platform
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -106,11 +107,19 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def resolve_backend(requested: str, world: int) -> str:
+    """`auto`: NCCL when this node has a GPU for each of its ranks (under torchrun, LOCAL_WORLD_SIZE of the
+    `world`), else gloo."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if requested == "nccl" and gpus == 0:
         raise InvalidConfigError("--backend nccl needs NVIDIA GPUs and none is visible: use --backend gloo (CPU)")
+    if requested == "nccl" and local > gpus:
+        raise InvalidConfigError(
+            f"--backend nccl needs a GPU per rank: {local} ranks on this node, {gpus} GPU(s) visible; "
+            "use fewer --stages per node or --backend gloo"
+        )
     if requested == "auto":
-        return "nccl" if gpus >= 1 and (world <= gpus or world == 1) else "gloo"
+        return "nccl" if gpus >= 1 and local <= gpus else "gloo"
     return requested
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.model import to_device
+
 __all__ = ["Sampling", "row_keys", "sample", "uniforms"]
 
 _M32 = 0xFFFFFFFF
@@ -69,5 +71,5 @@ def sample(logits: torch.Tensor, cfg: Sampling, keys: list[int] | None = None) -
         sorted_p, order = probs.sort(-1, descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < cfg.top_p  # the most likely token is always kept
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-    u = uniforms(torch.tensor(keys, dtype=torch.int64).to(logits.device, non_blocking=True), logits.shape[-1])
+    u = uniforms(to_device(torch.tensor(keys, dtype=torch.int64), logits.device), logits.shape[-1])
     return (probs / -torch.log(u)).argmax(-1)

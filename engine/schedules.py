@@ -21,7 +21,7 @@ import torch
 
 from engine.comm import ACT, STOP, TOKENS, Message, Ring
 from engine.gputime import DeviceSpans
-from engine.model import Batch
+from engine.model import Batch, to_device
 from engine.requests import Request
 from engine.sampling import Sampling, row_keys, sample
 from engine.split import StageModule
@@ -83,7 +83,10 @@ class Pipeline:
         self.device_spans: DeviceSpans | None = None
         if self.cuda and recorder.enabled:
             stream = torch.cuda.current_stream(module.device)
-            self.device_spans = DeviceSpans(recorder, stream, lambda: torch.cuda.Event(enable_timing=True))
+            self.device_spans = DeviceSpans(
+                recorder, stream, lambda: torch.cuda.Event(enable_timing=True),
+                anchor_stream=torch.cuda.Stream(module.device),  # renewed on time however busy the GPU is
+            )  # fmt: skip
         ring.device_spans = self.device_spans
         self.on_finish: Callable[[Request], None] = lambda request: None
         """Called on rank 0 when a request has its last token (the worker appends it to requests.jsonl)."""
@@ -121,7 +124,7 @@ class Pipeline:
         x = data
         if stage == 0:
             with self._span(SpanKind.EMBED, stage=0, mb=mb, step=step, phase=phase, tokens=n):
-                x = self.m.run_embed(data.to(self.m.device), self.hidden, self.dtype)
+                x = self.m.run_embed(to_device(data, self.m.device), self.hidden, self.dtype)
         with self._span(SpanKind.FORWARD, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
             x = self.m.run_chunk(chunk, x, batch)
         if self.device_spans is not None:
@@ -234,8 +237,9 @@ class Pipeline:
 
     def _apply_tokens(self, reqs: list[Request], msg: Message) -> int:
         assert msg.payload is not None
+        ids = msg.payload.tolist()  # on a GPU the host waits here for the tokens, so the clock is read after
         now = self.rec.now_ns()
-        for r, tok in zip(reqs, msg.payload.tolist(), strict=True):
+        for r, tok in zip(reqs, ids, strict=True):
             r.output_ids.append(int(tok))
             r.token_ns.append(now)
             if r.first_token_ns < 0:

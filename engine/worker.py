@@ -21,6 +21,7 @@ import torch.distributed as dist
 from engine.clock import measure_offset
 from engine.comm import Ring
 from engine.config import EngineConfig
+from engine.model import calibrate_sleep
 from engine.prepare import Prepared, check_memory, make_source, prepare, torch_dtype
 from engine.requests import RequestLog
 from engine.sampler import CounterSampler
@@ -71,6 +72,17 @@ def _device(cfg: EngineConfig, backend: str, local_rank: int) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def _nvml_index(device: torch.device) -> int | None:
+    """NVML's index of a CUDA device (nvidia-smi's GPU number), which is not its CUDA ordinal when
+    CUDA_VISIBLE_DEVICES picks GPUs; None on CPU."""
+    if device.type != "cuda":
+        return None
+    try:
+        return int(torch.cuda._get_nvml_device_index(device))
+    except Exception:  # an unusual CUDA_VISIBLE_DEVICES (UUIDs NVML cannot resolve): the ordinal is the guess
+        return device.index
 
 
 def run_rank(
@@ -177,11 +189,13 @@ def _run_pipeline(
     sampler: CounterSampler | None = None
     frozen = False
     try:  # from here on, whatever stops the rank (a Ctrl-C included) closes its file
-        sampler = CounterSampler(rec, device.index if device.type == "cuda" else None, cfg.sample_interval_ms)
+        sampler = CounterSampler(rec, _nvml_index(device), cfg.sample_interval_ms)
         if device.type == "cuda":
             free = torch.cuda.mem_get_info(device)[0]
             check_memory(prep, [rank], world, free, f"GPU {device.index}", processes=False)
         module = build_stage(make_source(cfg, shape), prep.split, rank, world, cfg.chunks, device, dtype)
+        if cfg.synthetic:
+            calibrate_sleep(device)
         module.allocate_cache(prep.cache_slots, prep.max_len, dtype, shape.kv_heads, shape.head_dim)
         # room in the receive posted ahead for the largest activation (a prefill of the longest prompts)
         longest = max((len(r.prompt_ids) for r in prep.requests), default=1)

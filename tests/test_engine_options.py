@@ -110,3 +110,34 @@ def test_a_request_too_long_for_the_model_is_named(tmp_path: Path) -> None:
     prompts.write_text('{"prompt_ids": [1, 2], "max_new_tokens": 2}\n{"prompt_ids": [1, 2], "max_new_tokens": 600}\n')
     with pytest.raises(InvalidConfigError, match=re.escape(f"{prompts}:2: 2 prompt ids + 600 new tokens")):
         prepare(EngineConfig(prompts=str(prompts)), 2)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "world", "local", "requested", "expected"),
+    [
+        (0, 2, None, "auto", "gloo"),
+        (8, 8, None, "auto", "nccl"),
+        (8, 16, "8", "auto", "nccl"),  # torchrun, 2 nodes of 8: a GPU for every rank of this node
+        (8, 16, None, "auto", "gloo"),  # one machine, 16 ranks, 8 GPUs
+        (4, 8, "8", "nccl", "needs a GPU per rank: 8 ranks on this node, 4"),
+        (0, 2, None, "nccl", "needs NVIDIA GPUs"),
+    ],
+)
+def test_backend_follows_the_gpus_of_this_node(
+    monkeypatch: pytest.MonkeyPatch, gpus: int, world: int, local: str | None, requested: str, expected: str
+) -> None:
+    import torch
+
+    from engine.prepare import resolve_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    if local is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    if expected in ("gloo", "nccl"):
+        assert resolve_backend(requested, world) == expected
+    else:
+        with pytest.raises(InvalidConfigError, match=expected):
+            resolve_backend(requested, world)

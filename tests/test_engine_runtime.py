@@ -163,3 +163,26 @@ def test_a_rank_freezes_its_start_up_heap_for_the_run_and_gives_it_back(
     run(EngineConfig(stages=1, requests=2, max_new_tokens=2, out=str(tmp_path / "run"), **FAST))
     assert len(frozen_during) == 1 and frozen_during[0] > before  # the full collector skips it during the run
     assert gc.get_freeze_count() == before  # a rank run in the caller's process leaves its heap as it was
+
+
+def test_tokens_are_stamped_once_they_are_on_the_host() -> None:
+    """On a GPU the host reads the token ids only when the device has produced them: the stamp comes after."""
+    import time
+    import types
+
+    from engine.comm import TOKENS, Message
+    from engine.requests import Request
+    from engine.schedules import Pipeline
+    from ppscope.recorder import Recorder
+
+    class SlowIds:  # a device tensor whose copy to the host waits for the kernel that computes it
+        def tolist(self) -> list[int]:
+            time.sleep(0.05)
+            return [7]
+
+    rec = Recorder(None, rank=0, stage=0, nvtx=False)
+    host = types.SimpleNamespace(rec=rec, on_finish=lambda r: None)
+    req = Request(id=0, prompt_ids=[1], max_new_tokens=2)
+    before = rec.now_ns()
+    Pipeline._apply_tokens(host, [req], Message(TOKENS, 0, 0, 0, payload=SlowIds()))  # type: ignore[arg-type]
+    assert req.output_ids == [7] and req.first_token_ns - before >= 50_000_000

@@ -93,3 +93,17 @@ def test_cuda_draws_equal_cpu_draws_without_copying_to_the_host() -> None:
     on_gpu = sample(logits.cuda(), cfg, keys)
     assert on_gpu.is_cuda
     assert on_gpu.cpu().tolist() == sample(logits, cfg, keys).tolist()
+
+
+def test_a_pass_index_on_the_gpu_equals_the_host_one() -> None:
+    from engine.model import Batch, Rotary
+    from ppscope.models import ModelShape
+
+    shape = ModelShape.from_name("tiny")
+    batch = Batch([2, 0], [0, 9], [5, 1], [4, 1])
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    host = batch.index(cpu, Rotary(shape, cpu), torch.float32)
+    dev = batch.index(gpu, Rotary(shape, gpu), torch.float32)
+    for name in ("seq", "t", "pos", "slots", "mask"):
+        assert torch.equal(getattr(dev, name).cpu(), getattr(host, name)), name
+    assert torch.allclose(dev.cos.cpu(), host.cos) and torch.allclose(dev.sin.cpu(), host.sin)

@@ -40,7 +40,8 @@ class FakeEvent:
         self.at = -1
 
     def record(self, stream: object = None) -> None:
-        self.at = max(time.perf_counter_ns(), self.gpu.busy_until)
+        on = stream if isinstance(stream, FakeGpu) else self.gpu  # a stream of the same device, same timer
+        self.at = max(time.perf_counter_ns(), on.busy_until)
 
     def query(self) -> bool:
         return time.perf_counter_ns() >= self.at
@@ -114,6 +115,27 @@ def test_a_renewed_anchor_keeps_a_drifting_device_timer_on_the_host_clock(reanch
     else:
         assert dev.anchors == 1
         assert worst > 0.8 * MS  # 2000 ppm over ~0.7 s
+
+
+@pytest.mark.parametrize("own_stream", [True, False])
+def test_an_anchor_on_its_own_stream_is_renewed_however_busy_the_compute_stream(own_stream: bool) -> None:
+    gpu = FakeGpu(rate=1.002)
+    side = FakeGpu(rate=1.002) if own_stream else None
+    rec = Recorder(None, rank=0, stage=0, nvtx=False)
+    dev = DeviceSpans(rec, gpu, gpu.event, reanchor_s=0.05, anchor_stream=side)
+    for mb in range(60):  # the host runs ahead: some work is always queued when it polls
+        with dev.span("forward", mb=mb):
+            gpu.launch(10)
+        dev.poll()
+        if dev.pending > 2:
+            time.sleep(0.01)
+    dev.close()
+    spans = rec.frame().sort_values("mb")
+    worst = max(abs(got - start) for (start, _), got in zip(gpu.ran, spans["start_ns"], strict=True))
+    if own_stream:
+        assert dev.anchors > 5 and worst < 0.4 * MS
+    else:
+        assert dev.anchors == 1 and worst > 0.8 * MS
 
 
 def test_anchor_uncertainty_is_reported_and_small() -> None:
