@@ -6,6 +6,7 @@ Only rank 0 writes the run's `meta.json` and `requests.jsonl`; every rank writes
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import os
@@ -187,6 +188,7 @@ def _run_pipeline(
     log: RequestLog | None = None
     rec = Recorder(sink, rank=rank, stage=rank, enabled=cfg.record, nvtx=cfg.nvtx, clock=clock)
     sampler: CounterSampler | None = None
+    pipe: Pipeline | None = None
     frozen = False
     try:  # from here on, whatever stops the rank (a Ctrl-C included) closes its file
         sampler = CounterSampler(rec, _nvml_index(device), cfg.sample_interval_ms)
@@ -250,6 +252,9 @@ def _run_pipeline(
     finally:
         if frozen:
             gc.unfreeze()
+        if pipe is not None and pipe.device_spans is not None:
+            with contextlib.suppress(Exception):  # a failed run keeps what its GPU finished (never waits for it)
+                pipe.device_spans.poll()
         if sampler is not None:
             sampler.stop()
         rec.close()
