@@ -60,9 +60,36 @@ def free_port() -> int:
 
 
 def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
-    """Run the engine to the end and return the run directory."""
+    """Run the engine to the end and return the run directory. A SIGTERM is taken as a Ctrl-C: the ranks
+    stop and the run is marked interrupted (torchrun stops every rank with it when one fails)."""
+    with _sigterm_interrupts():
+        if under_torchrun():
+            return _run_torchrun(cfg)
+        return _run_local(cfg, on_progress)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    why = "stopped by SIGTERM"
     if under_torchrun():
-        return _run_torchrun(cfg)
+        why += " (torchrun sends it to every rank when one fails: see its log)"
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the run is stopping
+        raise KeyboardInterrupt(why)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_local(cfg: EngineConfig, on_progress: ProgressHook | None) -> Path:
     prep = prepare(cfg, cfg.stages)  # raises before anything starts
     _check_checkpoint(cfg, prep)
     if prep.backend == "gloo":  # every rank on this host's memory (on GPUs each rank checks its own)
@@ -82,11 +109,11 @@ def run(cfg: EngineConfig, *, on_progress: ProgressHook | None = None) -> Path:
         if cfg.stages == 1:
             return _run_inline(cfg, prep, run_dir, on_progress)
         _supervise(cfg, procs, events, run_dir, len(prep.requests), on_progress)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         with _interrupt_deferred(drop=True):  # a second Ctrl-C must not cut this short: the run would stay "running"
             _interrupt_all(procs, grace_s=min(cfg.timeout_s, _INTERRUPT_GRACE_S))
             if created:
-                _mark(run_dir, "interrupted", "interrupted by the user")
+                _mark(run_dir, "interrupted", str(exc) or "interrupted by the user")
         if not created:
             raise InterruptedRunError("interrupted before the run started; nothing was recorded") from None
         raise InterruptedRunError(f"interrupted; what was recorded up to then is in {run_dir}") from None

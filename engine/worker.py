@@ -148,7 +148,10 @@ def _run(
         # torchrun: nobody else writes the run's status
         meta = read_meta(run_dir)
         meta.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        meta.error = f"rank 0: {type(exc).__name__}: {exc}"
+        if isinstance(exc, KeyboardInterrupt):
+            meta.error = "rank 0: " + (str(exc) or "interrupted by the user")
+        else:
+            meta.error = f"rank 0: {type(exc).__name__}: {exc}"
         write_meta(run_dir, meta)
         raise
 

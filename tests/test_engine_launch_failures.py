@@ -59,6 +59,35 @@ def test_ctrl_c_while_the_ranks_start_is_one_line_and_marks_the_run(tmp_path: Pa
     assert meta.status == "interrupted" and meta.error == "interrupted by the user"
 
 
+def test_sigterm_to_the_launcher_stops_every_rank_and_marks_the_run(tmp_path: Path) -> None:
+    """A job scheduler's SIGTERM to the launcher alone: the ranks (children of the fork server, not of the
+    launcher) must not run on orphaned, and the run must not stay `running`."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ppscope", "run", "--stages", "2", "--model", "synthetic", "--layers", "2",
+           "--layer-cost-ms", "200", "--requests", "4", "--max-new-tokens", "8", "--no-progress",
+           "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            if (out / "meta.json").exists() and read_meta(out).ranks:
+                break
+            time.sleep(0.05)
+        pids = [r.pid for r in read_meta(out).ranks]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert proc.returncode == 130 and len(err.strip().splitlines()) == 1, err
+    meta = read_meta(out)
+    assert (meta.status, meta.error) == ("interrupted", "stopped by SIGTERM")
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def test_ctrl_c_is_held_until_the_end_of_a_deferred_block() -> None:
     with pytest.raises(KeyboardInterrupt), _interrupt_deferred():
         signal.raise_signal(signal.SIGINT)
