@@ -41,9 +41,11 @@ from engine.model import Batch
 from ppscope.recorder import Recorder
 from ppscope.trace import SpanKind
 
-__all__ = ["ACT", "MAX_DEPTH", "MAX_INLINE_NBYTES", "REAP_S", "STOP", "TOKENS", "Message", "Ring"]
+__all__ = ["ACT", "MAX_DEPTH", "MAX_INLINE_NBYTES", "PING", "REAP_S", "STOP", "TOKENS", "Message", "Ring"]
 
-ACT, TOKENS, STOP = 1, 2, 3
+ACT, TOKENS, STOP, PING = 1, 2, 3, 4
+"""Message kinds. PING carries nothing and goes once round the ring: rank 0 sends it while it waits for
+requests to arrive, so the others, who wait for it at most the link's timeout, know it is alive."""
 _FIXED = 8
 _INLINE = 1 << 8  # flag in the dtype word: the payload travels inside the header
 MAX_INLINE_NBYTES = 1 << 20
@@ -162,7 +164,7 @@ class Ring:
             mb=msg.mb, step=msg.step, phase=msg.phase, stage=src_stage, chunk=max(src_stage, 0) // self.world,
             peer=self.next, nbytes=_nbytes(msg.payload),
         )  # fmt: skip
-        if msg.kind == STOP:
+        if msg.kind in (STOP, PING):
             works = self._post(header, payload)
         elif self.device_timed:
             # on the compute stream the span marks where the payload is ready: NCCL's stream waits for it there
@@ -332,7 +334,7 @@ class Ring:
         hn = h.numpy()
         kind, mb, step, stage, n, tokens, width, flags = hn[:_FIXED].tolist()
         msg = Message(kind=kind, mb=mb, step=step, stage=stage)
-        if kind == STOP:
+        if kind in (STOP, PING):
             return msg, None, torch.int64
         meta = _FIXED + 4 * n
         v = hn[_FIXED:meta].tolist()

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from engine.comm import ACT, STOP, TOKENS, Message, Ring
+from engine.comm import ACT, PING, STOP, TOKENS, Message, Ring
 from engine.gputime import DeviceSpans
 from engine.model import Batch, to_device
 from engine.requests import Request
@@ -146,7 +146,7 @@ class Pipeline:
         start = self.rec.now_ns()
         with self.rec.nvtx_range(SpanKind.RECV_WAIT):  # which micro-batch comes is known only when it has come
             msg = msg_wait()
-        if msg is not None and msg.kind != STOP and not self.ring.device_timed:  # on a GPU the ring times it
+        if msg is not None and msg.kind not in (STOP, PING) and not self.ring.device_timed:  # GPU: the ring times it
             stage = msg.stage if msg.kind == ACT else 0
             self.rec.record(
                 SpanKind.RECV_WAIT, start, self.rec.now_ns(), stage=stage, chunk=stage // self.ranks, mb=msg.mb,
@@ -169,6 +169,9 @@ class Pipeline:
             if msg.kind == STOP:
                 self.ring.send(msg)
                 return
+            if msg.kind == PING:
+                self.ring.send(msg)
+                continue
             if msg.kind != ACT or msg.batch is None or msg.payload is None:
                 raise RuntimeError(f"rank {self.rank} got an unexpected message (kind {msg.kind}) from its predecessor")
             self.ring.send(self.run_stage(msg.stage, msg.mb, msg.step, msg.batch, msg.payload))
@@ -265,6 +268,7 @@ class Pipeline:
             r.arrival_ns = start_ns + offset
         slots: list[_Slot | None] = [None] * policy.max_inflight
         finished = tokens = 0
+        keepalive_ns, pinged_ns = int(timeout_s / 3 * 1e9), start_ns
         while finished < len(requests):
             now = self.rec.now_ns()
             for k, slot in enumerate(slots):
@@ -276,15 +280,18 @@ class Pipeline:
             wait_s = timeout_s if busy else 0.0
             if waiting and any(s is None for s in slots):
                 wait_s = min(wait_s or timeout_s, max((waiting[0][1].arrival_ns - now) / 1e9, 0.0))
-            if not busy and wait_s > 0:
-                msg = self.ring.poll(wait_s)  # idle until the next arrival: no stage work to wait for
+            if not busy and wait_s > 0:  # idle until the next arrival: no stage work to wait for
+                if self.ranks > 1 and self.rec.now_ns() - pinged_ns > keepalive_ns:
+                    self.ring.send(Message(PING))  # the others wait for rank 0 at most the link's timeout
+                    pinged_ns = self.rec.now_ns()
+                msg = self.ring.poll(min(wait_s, keepalive_ns / 1e9))
             elif busy:
                 msg = self._receive(functools.partial(self.ring.poll, wait_s))
                 if msg is None and not (waiting and any(s is None for s in slots)):
                     raise TimeoutError(f"rank 0 received no tokens for {timeout_s:.0f} s (a peer failed or hangs)")
             else:
                 continue
-            if msg is None:
+            if msg is None or msg.kind == PING:
                 continue
             if msg.kind != TOKENS or slots[msg.mb] is None:
                 raise RuntimeError(f"rank 0 expected tokens, got kind {msg.kind} for micro-batch {msg.mb}")

@@ -11,6 +11,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.launch import run
 from engine.reference import reference_outputs
+from engine.requests import poisson_arrivals_ns
 from engine.worker import FAIL_ENV
 from ppscope.cli import main
 from ppscope.errors import EngineFailedError, InvalidConfigError
@@ -101,6 +102,17 @@ def test_sampling_draws_per_request_whatever_the_schedule(tmp_path: Path) -> Non
     assert outputs("serve-2", schedule="serve", stages=2, max_batch=2, rate=200.0) == expected
     assert expected != reference_outputs(EngineConfig(prompts=str(prompts)))  # greedy
     assert expected != reference_outputs(EngineConfig(prompts=str(prompts), temperature=1.0, top_p=0.9, seed=1))
+
+
+def test_waiting_for_sparse_arrivals_is_not_taken_for_a_hung_rank(tmp_path: Path) -> None:
+    # seed 1 at 2 req/s: the first request arrives after 1.6 s, longer than the 1 s the other rank waits for rank 0
+    cfg = EngineConfig(stages=2, schedule="serve", rate=2.0, requests=3, max_new_tokens=2, seed=1, timeout_s=1.0,
+                       out=str(tmp_path / "run"), **FAST)  # fmt: skip
+    assert poisson_arrivals_ns(3, 2.0, 1)[0] > 1.5e9
+    trace = load_run(run(cfg))
+    assert trace.meta.status == "finished" and len(trace.requests) == 3
+    waits = trace.spans[trace.spans["kind"] == "recv_wait"]
+    assert (waits["mb"] >= 0).all()  # the keep-alive messages are not recorded as waits for a micro-batch
 
 
 def test_poisson_arrivals_are_spread_and_served_after_arrival(tmp_path: Path) -> None:
