@@ -106,7 +106,11 @@ def create_run(run_dir: str | os.PathLike[str], meta: RunMeta) -> Path:
         meta = dataclasses.replace(
             meta, run_id=meta.run_id or path.resolve().name, created_unix_ns=meta.created_unix_ns or time.time_ns()
         )
-        write_meta(path, meta)
+        write_meta(path, meta, exclusive=True)  # two runs started at once with one --out: one of them gets it
+    except FileExistsError:
+        raise RunExistsError(
+            f"{path} was just taken by another run; ppscope never overwrites a run: choose another --out"
+        ) from None
     except OSError as exc:
         if made:
             with contextlib.suppress(OSError):
@@ -118,20 +122,38 @@ def create_run(run_dir: str | os.PathLike[str], meta: RunMeta) -> Path:
     return path
 
 
-def write_meta(run_dir: str | os.PathLike[str], meta: RunMeta) -> None:
+def write_meta(run_dir: str | os.PathLike[str], meta: RunMeta, *, exclusive: bool = False) -> None:
     """Replace `meta.json` atomically: a reader sees the old or the new file, never half of one. The file
-    gets the umask's permissions, as every other file of the run (mkstemp's would be owner-only)."""
+    gets the umask's permissions, as every other file of the run (mkstemp's would be owner-only).
+    `exclusive`: only create it, raising FileExistsError if it is there (the test and the creation are one
+    step, a hard link, so of two writers exactly one succeeds)."""
     path = Path(run_dir)
     tmp = path / f".meta-{secrets.token_hex(8)}.json"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(meta.to_json())
-        os.replace(tmp, path / META_FILE)
+        if exclusive:
+            _move_exclusive(tmp, path / META_FILE)
+        else:
+            os.replace(tmp, path / META_FILE)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _move_exclusive(src: Path, dst: Path) -> None:
+    """Rename `src` to `dst` unless `dst` exists (FileExistsError)."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links: claim the name, then fill it (a reader may see it empty)
+        os.close(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        os.replace(src, dst)
+    else:
+        os.unlink(src)
 
 
 class RankWriter:

@@ -299,3 +299,31 @@ def test_meta_json_follows_the_umask_like_every_other_run_file(tmp_path: Path, u
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in run.iterdir()}
     assert modes == {META_FILE: 0o666 & ~umask, rank_file(run, 0).name: 0o666 & ~umask}
+
+
+def test_of_two_runs_created_at_once_in_one_directory_one_is_refused(tmp_path: Path) -> None:
+    import threading
+
+    run = tmp_path / "run"
+    barrier, outcomes = threading.Barrier(2), []
+
+    def create(name: str) -> None:
+        barrier.wait()
+        try:
+            create_run(run, RunMeta(run_id=name))
+            outcomes.append(name)
+        except RunExistsError:
+            outcomes.append("refused")
+
+    for _ in range(30):  # both used to pass the emptiness check and both "create" it, the later meta winning
+        threads = [threading.Thread(target=create, args=(n,)) for n in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [o for o in outcomes if o != "refused"]
+        assert len(winners) == 1 and read_meta(run).run_id == winners[0], outcomes
+        assert sorted(p.name for p in run.iterdir()) == [META_FILE]
+        outcomes.clear()
+        (run / META_FILE).unlink()
+        run.rmdir()
