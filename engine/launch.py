@@ -27,7 +27,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.prepare import Prepared, check_memory, host_available_bytes, prepare
 from engine.worker import default_run_dir, run_rank
-from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
+from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError, RunExistsError
 from ppscope.models import PRESETS
 from ppscope.store import create_run, read_meta, write_meta
 
@@ -402,6 +402,10 @@ def _run_torchrun(cfg: EngineConfig) -> Path:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     prep = prepare(cfg, world)
     _check_checkpoint(cfg, prep)
+    out = Path(cfg.out) if cfg.out else None
+    if out is not None and (out.is_file() or (out.is_dir() and any(out.iterdir()))):
+        # every rank refuses alike, before any of them starts (rank 0 alone would leave the others failing)
+        raise RunExistsError(f"{out} already holds files; ppscope never overwrites a run: choose another --out")
     try:
         return run_rank(cfg, rank, world, local_rank=local, run_dir=None, prepared=prep)
     except PPScopeError:

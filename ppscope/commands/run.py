@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import time
 from typing import Any
@@ -111,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
         print(
             f"run {summary['run_dir']}: {summary['requests']} requests, {summary['tokens']} tokens in "
             f"{summary['wall_s']:.2f} s ({summary['tokens_per_s']:.1f} tokens/s incl. start-up)\n"
-            f"next: ppscope analyze {summary['run_dir']}"
+            f"next: ppscope analyze {shlex.quote(str(summary['run_dir']))}"
         )
     return 0
 
