@@ -41,6 +41,7 @@ _PEER_FAILURE = re.compile(
     re.IGNORECASE,
 )
 """An error a rank gets because another one failed or hangs: its link or its process group broke under it."""
+_NOTHING_FROM = re.compile(r"received nothing from rank (\d+)")
 
 __all__ = ["free_port", "main_not_reimported", "run", "under_torchrun"]
 
@@ -314,18 +315,31 @@ def _failure(procs: list[Any], errors: dict[int, str], run_dir: Path) -> EngineF
             then = (own or list(errors))[0]
             cause += f"; rank {then} then failed: {errors[then]}"
         return EngineFailedError(f"{cause}; {where}")
+    # a rank that is still running, said nothing, and from which a peer received nothing: it hangs
+    hung = [
+        (int(m.group(1)), r) for r, detail in errors.items() if (m := _NOTHING_FROM.search(detail))
+        if int(m.group(1)) not in errors and 0 <= int(m.group(1)) < len(procs)
+        and procs[int(m.group(1))].exitcode is None
+    ]  # fmt: skip
+    if not own and hung:
+        rank, peer = hung[0]
+        return EngineFailedError(f"rank {rank} hangs (alive, silent): rank {peer}: {errors[peer]}; {where}")
     first = (own or list(errors))[0]
     return EngineFailedError(f"rank {first} failed: {errors[first]}; {where}")
 
 
-def _stop_all(procs: list[Any]) -> None:
+def _stop_all(procs: list[Any], grace_s: float = 1.0) -> None:
+    """Terminate every rank; kill those still there after `grace_s` in all (a stopped or hung one)."""
     for p in procs:
         if p.is_alive():
             p.terminate()
+    deadline = time.monotonic() + grace_s
     for p in procs:
-        p.join(timeout=5)
+        p.join(timeout=max(deadline - time.monotonic(), 0.0))
+    for p in procs:
         if p.is_alive():
             p.kill()
+            p.join(timeout=5)
 
 
 def _mark(run_dir: Path, status: str, error: str) -> None:

@@ -168,3 +168,11 @@ def test_out_that_cannot_be_made_is_one_line_exit_2(tmp_path: Path, capsys: pyte
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"ppscope run: error: cannot create run directory {out}: Not a directory; choose another --out"]
     assert (tmp_path / "afile.txt").read_text() == "x" and json.dumps(sorted(os.listdir(tmp_path))) == '["afile.txt"]'
+
+
+def test_a_silent_rank_others_heard_nothing_from_is_named_as_hanging(tmp_path: Path) -> None:
+    """A frozen rank (kill -STOP, a deadlock) reports nothing; its successor times out waiting for it and its
+    predecessor loses the link when the successor goes: the frozen one is named, not the first to report."""
+    timeout = "TimeoutError: rank 2 received nothing from rank 1 for 5 s (a peer failed or hangs)"
+    msg = _supervised([_Proc(1), _Proc(None), _Proc(1)], [("error", 0, PEER_ERROR), ("error", 2, timeout)], tmp_path)
+    assert msg.startswith(f"rank 1 hangs (alive, silent): rank 2: {timeout}"), msg
