@@ -274,7 +274,10 @@ def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> 
     files = _rank_files(path)
     warnings = []
     missing = sorted(set(range(meta.world_size)) - set(files))
-    if missing:
+    unrecorded = meta.source == "ppscope" and meta.config.get("record") is False
+    if unrecorded:  # --no-record: no rank writes a file, by design
+        warnings.append("recorded with --no-record: there are no spans, only the requests' latency")
+    elif missing:
         names = ", ".join(rank_file(path, r).name for r in missing)
         warnings.append(f"rank(s) {', '.join(map(str, missing))} have no file ({names}); loaded the rest")
     table, opened = read_ranks(files, since.spans, since.counters)

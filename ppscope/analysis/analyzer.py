@@ -67,7 +67,8 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     if meta.status in _STATUS_NOTES and (meta.status != "running" or meta.source == "ppscope"):
         warnings.append(_STATUS_NOTES[meta.status] + (f" ({meta.error})" if meta.error else ""))
     if len(spans) == 0:
-        warnings.append("the trace holds no spans: nothing to analyse (did the run record anything?)")
+        if not any("--no-record" in w for w in warnings):
+            warnings.append("the trace holds no spans: nothing to analyse (did the run record anything?)")
         return _empty(trace, warnings, latency)
 
     rank_stage = stage_of_ranks(spans, meta, warnings)
