@@ -192,30 +192,26 @@ def check_checkpoint(directory: str | Path, shape: ModelShape) -> None:
     the ranks will open: cheap for any size of model."""
     d = Path(directory)
     index = d / INDEX
+    headers: dict[Path, dict[str, tuple[str, tuple[int, ...]]]] = {}
     if index.is_file():
         where = _read_index(index)
-        need = needed_tensors(shape, where)
-        unlisted = [k for k in need if k not in where]
-        if unlisted:
-            raise UnsupportedInputError(
-                f"{index} lists no tensor {unlisted[0]} ({len(unlisted)} needed tensor(s) missing), which a "
-                f"{shape.layers}-layer model needs: the checkpoint is incomplete or config.json does not match it"
-            )
-        headers = {f: read_header(f) for f in sorted(set(where[k] for k in need))}
+        lacking = f"{index} lists no tensor"
     else:
         files = sorted(d.glob("*.safetensors"))
         if not files:
             raise UnsupportedInputError(f"{d} holds no *.safetensors files: give a Hugging Face checkpoint")
         headers = {f: read_header(f) for f in files}
         where = {name: f for f, tensors in headers.items() for name in tensors}
-        need = needed_tensors(shape, where)
-        unlisted = [k for k in need if k not in where]
-        if unlisted:
-            raise UnsupportedInputError(
-                f"{d}: no *.safetensors file holds tensor {unlisted[0]} ({len(unlisted)} needed tensor(s) "
-                f"missing), which a {shape.layers}-layer model needs: the checkpoint is incomplete or config.json "
-                "does not match it"
-            )
+        lacking = f"{d}: no *.safetensors file holds tensor"
+    need = needed_tensors(shape, where)
+    unlisted = [k for k in need if k not in where]
+    if unlisted:
+        raise UnsupportedInputError(
+            f"{lacking} {unlisted[0]} ({len(unlisted)} needed tensor(s) missing), which a {shape.layers}-layer "
+            "model needs: the checkpoint is incomplete or config.json does not match it"
+        )
+    if not headers:  # through the index: only the shards that hold a needed tensor
+        headers = {f: read_header(f) for f in sorted(set(where[k] for k in need))}
     for key, want in need.items():
         file = where[key]
         if key not in headers[file]:
