@@ -27,9 +27,9 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.prepare import Prepared, check_memory, host_available_bytes, prepare
 from engine.worker import default_run_dir, run_rank
-from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError, RunExistsError
+from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
 from ppscope.models import PRESETS
-from ppscope.store import create_run, read_meta, write_meta
+from ppscope.store import check_new_run_dir, create_run, read_meta, write_meta
 
 _INTERRUPT_GRACE_S = 15.0
 """How long ranks get to flush and close their files after Ctrl-C before they are terminated."""
@@ -315,15 +315,12 @@ def _failure(procs: list[Any], errors: dict[int, str], run_dir: Path) -> EngineF
             then = (own or list(errors))[0]
             cause += f"; rank {then} then failed: {errors[then]}"
         return EngineFailedError(f"{cause}; {where}")
-    # a rank that is still running, said nothing, and from which a peer received nothing: it hangs
-    hung = [
-        (int(m.group(1)), r) for r, detail in errors.items() if (m := _NOTHING_FROM.search(detail))
-        if int(m.group(1)) not in errors and 0 <= int(m.group(1)) < len(procs)
-        and procs[int(m.group(1))].exitcode is None
-    ]  # fmt: skip
-    if not own and hung:
-        rank, peer = hung[0]
-        return EngineFailedError(f"rank {rank} hangs (alive, silent): rank {peer}: {errors[peer]}; {where}")
+    if not own:  # a rank still running, silent, from which a peer received nothing: it hangs
+        for peer, detail in errors.items():
+            m = _NOTHING_FROM.search(detail)
+            rank = int(m.group(1)) if m else -1
+            if 0 <= rank < len(procs) and rank not in errors and procs[rank].exitcode is None:
+                return EngineFailedError(f"rank {rank} hangs (alive, silent): rank {peer}: {detail}; {where}")
     first = (own or list(errors))[0]
     return EngineFailedError(f"rank {first} failed: {errors[first]}; {where}")
 
@@ -416,10 +413,8 @@ def _run_torchrun(cfg: EngineConfig) -> Path:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     prep = prepare(cfg, world)
     _check_checkpoint(cfg, prep)
-    out = Path(cfg.out) if cfg.out else None
-    if out is not None and (out.is_file() or (out.is_dir() and any(out.iterdir()))):
-        # every rank refuses alike, before any of them starts (rank 0 alone would leave the others failing)
-        raise RunExistsError(f"{out} already holds files; ppscope never overwrites a run: choose another --out")
+    if cfg.out:  # every rank refuses alike, before any starts (rank 0 alone would leave the others failing)
+        check_new_run_dir(cfg.out)
     try:
         return run_rank(cfg, rank, world, local_rank=local, run_dir=None, prepared=prep)
     except PPScopeError:

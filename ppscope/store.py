@@ -44,6 +44,7 @@ __all__ = [
     "Cursor",
     "RankWriter",
     "RunTail",
+    "check_new_run_dir",
     "create_run",
     "is_run_dir",
     "load_run",
@@ -97,10 +98,7 @@ def create_run(run_dir: str | os.PathLike[str], meta: RunMeta) -> Path:
     path = Path(run_dir)
     made = False
     try:
-        if path.exists() and not path.is_dir():
-            raise RunExistsError(f"{path} exists and is not a directory: choose another --out")
-        if path.is_dir() and any(path.iterdir()):
-            raise RunExistsError(f"{path} already holds files; ppscope never overwrites a run: choose another --out")
+        check_new_run_dir(path)
         made = not path.is_dir()
         path.mkdir(parents=True, exist_ok=True)
         meta = dataclasses.replace(
@@ -120,6 +118,15 @@ def create_run(run_dir: str | os.PathLike[str], meta: RunMeta) -> Path:
             reason += f" ({exc.filename})"
         raise InvalidConfigError(f"cannot create run directory {path}: {reason}; choose another --out") from None
     return path
+
+
+def check_new_run_dir(run_dir: str | os.PathLike[str]) -> None:
+    """Refuse a path where a new run cannot go: a file, or a directory that already holds files."""
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise RunExistsError(f"{path} exists and is not a directory: choose another --out")
+    if path.is_dir() and any(path.iterdir()):
+        raise RunExistsError(f"{path} already holds files; ppscope never overwrites a run: choose another --out")
 
 
 def write_meta(run_dir: str | os.PathLike[str], meta: RunMeta, *, exclusive: bool = False) -> None:
