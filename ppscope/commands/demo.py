@@ -1,6 +1,6 @@
 """`ppscope demo`: the whole loop on the default tiny model on this machine, then the dashboard.
 
-Runs the engine with its default split, finds the bottleneck, rebalances on measured per-layer costs,
+Runs the engine with its default split (or `--split`), finds the bottleneck, rebalances on measured per-layer costs,
 re-runs with the advised split, prints measured vs predicted gain and opens the dashboard on both runs.
 """
 
@@ -24,6 +24,8 @@ def register(sub: Any) -> None:
         "--stages", type=int, default=None, help="pipeline stages (default 4; without a GPU at most the CPU cores)"
     )
     p.add_argument("--model", default="tiny", help="model preset, `synthetic` or a checkpoint directory (default tiny)")
+    p.add_argument("--split", default=None, help="layer counts per stage to start from, e.g. 1,7; sets --stages "
+                   "(default: vLLM's rule)")  # fmt: skip
     p.add_argument("--requests", type=int, default=16, help="requests (default 16)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per request (default 32)")
     p.add_argument("--out", default=None, help="folder for the runs (default runs/demo-<timestamp>)")
@@ -50,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.tune import tune
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    given = [c for c in (args.split or "").split(",") if c.strip()]
     cfg = EngineConfig(
-        stages=args.stages or default_stages(),
+        stages=args.stages or len(given) or default_stages(),
+        split=args.split,
         schedule="serve",
         model=args.model,
         requests=args.requests,
