@@ -147,13 +147,23 @@ def message_latencies(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = 
     waits = waits.rename(columns={"rank": "dst", "peer": "src", "start_ns": "waiting", "end_ns": "woke"})
     # A receiver labels its wait with the message's step (the engine) or with the step it will compute, one
     # later for the tokens that close a step (the simulator): pair both ways, the window below keeps the true one.
-    pairs = pd.concat(
-        [waits.merge(sends, on=["src", "dst", "mb", "step"]),
-         waits.merge(sends.assign(step=sends["step"] + 1), on=["src", "dst", "mb", "step"])]
-    )  # fmt: skip
-    pairs = pairs[(pairs["waiting"] <= pairs["posted"]) & (pairs["woke"] > pairs["posted"])]
-    latency = (pairs["woke"] - pairs["posted"]).to_numpy()
-    return pd.DataFrame({"src": pairs["src"].to_numpy(), "dst": pairs["dst"].to_numpy(), "latency_ns": latency})
+    pairs = pd.concat([_last_post_before_waking(waits, sends), _last_post_before_waking(waits, sends, step=1)])
+    pairs = pairs[pairs["waiting"] <= pairs["posted"]]
+    latency = (pairs["woke"] - pairs["posted"]).to_numpy(np.int64)
+    return pd.DataFrame({"src": pairs["src"].to_numpy(np.int64), "dst": pairs["dst"].to_numpy(np.int64),
+                         "latency_ns": latency})  # fmt: skip
+
+
+def _last_post_before_waking(waits: pd.DataFrame, sends: pd.DataFrame, step: int = 0) -> pd.DataFrame:
+    """Each wait beside the last send of its key (hop, micro-batch, step + `step`) posted before it woke. A key
+    can recur thousands of times in one trace (an imported one, or a serve run's many requests), so this is a
+    sorted as-of join, never the product of all sends and waits of a key."""
+    keys = ["src", "dst", "mb", "step"]
+    right = sends[[*keys, "posted"]].astype(np.int64).assign(step=sends["step"].astype(np.int64) + step)
+    left = waits[[*keys, "waiting", "woke"]].astype(np.int64)
+    pairs = pd.merge_asof(left.sort_values("woke"), right.sort_values("posted"), left_on="woke", right_on="posted",
+                          by=keys, allow_exact_matches=False)  # fmt: skip
+    return pairs.dropna(subset=["posted"]).astype({"posted": np.int64})
 
 
 def _int_or_none(value: float | None) -> int | None:
