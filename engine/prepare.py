@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -47,7 +48,8 @@ class Prepared:
     split: list[int]
     """Layer counts per virtual stage."""
     split_source: str
-    requests: list[Request]
+    requests: Sequence[Request]
+    """Generated ones are made as the run takes them (`GeneratedRequests`)."""
     arrivals_ns: list[int]
     """Arrival of each request after the start (serve)."""
     backend: str
@@ -60,6 +62,7 @@ class Prepared:
     """KV-cache rows each layer needs."""
     max_len: int
     """Longest sequence (prompt + output)."""
+    longest_prompt: int
 
     def rank_bytes(self, rank: int, world: int) -> tuple[int, int]:
         """Weights and KV cache `rank` of `world` allocates (0, 0 for the synthetic model)."""
@@ -170,37 +173,42 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
         max_seqs=b.max_seqs,
         cache_slots=b.cache_slots,
         max_len=b.max_len,
+        longest_prompt=b.longest_prompt,
     )
 
 
 class Batching(NamedTuple):
     """The run's requests and how they are grouped (see `Prepared`)."""
 
-    requests: list[Request]
+    requests: Sequence[Request]
     inflight: int
     max_seqs: int
     cache_slots: int
     max_len: int
+    longest_prompt: int
 
 
 def batching(cfg: EngineConfig, shape: ModelShape) -> Batching:
     """The requests (read or generated) and the micro-batches they make, whatever the split."""
+    requests: Sequence[Request]
     if cfg.prompts:
         requests = load_prompts(cfg.prompts, shape.vocab, cfg.max_new_tokens, max_len=shape.max_seq_len)
-    else:
+        longest_prompt = max(len(r.prompt_ids) for r in requests)
+        max_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
+    else:  # made one by one as the run takes them: nothing here may go through them all
         requests = generate_requests(cfg.requests, cfg.prompt_len, cfg.max_new_tokens, shape.vocab, cfg.seed)
-    longest = max(requests, key=lambda r: len(r.prompt_ids) + r.max_new_tokens)
-    max_len = len(longest.prompt_ids) + longest.max_new_tokens
-    if max_len > shape.max_seq_len:  # generated requests (a prompts file names its line)
-        raise InvalidConfigError(
-            f"each request needs {cfg.prompt_len} prompt + {cfg.max_new_tokens} new = {max_len} positions but model "
-            f"{shape.name} holds {shape.max_seq_len}: lower --prompt-len or --max-new-tokens"
-        )
+        longest_prompt, max_len = cfg.prompt_len, cfg.prompt_len + cfg.max_new_tokens
+        if max_len > shape.max_seq_len:  # (a prompts file names its line)
+            raise InvalidConfigError(
+                f"each request needs {cfg.prompt_len} prompt + {cfg.max_new_tokens} new = {max_len} positions but "
+                f"model {shape.name} holds {shape.max_seq_len}: lower --prompt-len or --max-new-tokens"
+            )
     inflight = min(cfg.inflight, len(requests))
     if cfg.schedule == "serve":
         max_seqs = min(cfg.max_batch, len(requests))
-        return Batching(requests, inflight, max_seqs, inflight * max_seqs, max_len)
-    return Batching(requests, inflight, math.ceil(len(requests) / inflight), len(requests), max_len)
+        return Batching(requests, inflight, max_seqs, inflight * max_seqs, max_len, longest_prompt)
+    per_mb = math.ceil(len(requests) / inflight)
+    return Batching(requests, inflight, per_mb, len(requests), max_len, longest_prompt)
 
 
 def host_available_bytes() -> int | None:

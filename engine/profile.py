@@ -187,8 +187,11 @@ def profile_layers(
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shape = cfg.shape()
     run = batching(cfg, shape)
-    prompt = round(statistics.mean(len(r.prompt_ids) for r in run.requests))
-    new = statistics.mean(r.max_new_tokens for r in run.requests)
+    if cfg.prompts:
+        prompt = round(statistics.mean(len(r.prompt_ids) for r in run.requests))
+        new = statistics.mean(r.max_new_tokens for r in run.requests)
+    else:  # generated alike, and made only when taken
+        prompt, new = cfg.prompt_len, cfg.max_new_tokens
     seqs = run.max_seqs
     b = decode_batch or seqs
     if prefill_tokens:

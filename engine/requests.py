@@ -5,16 +5,26 @@ A request is token ids in, token ids out; the engine knows nothing about text or
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ppscope.errors import InvalidConfigError
 from ppscope.store import REQUESTS_FILE
 
-__all__ = ["Request", "RequestLog", "generate_requests", "load_prompts", "poisson_arrivals_ns"]
+__all__ = [
+    "Arrivals",
+    "GeneratedRequests",
+    "Request",
+    "RequestLog",
+    "generate_requests",
+    "load_prompts",
+    "poisson_arrivals_ns",
+]
 
 
 @dataclass
@@ -48,9 +58,40 @@ class Request:
         }
 
 
-def generate_requests(n: int, prompt_len: int, max_new_tokens: int, vocab: int, seed: int) -> list[Request]:
-    rng = random.Random(seed)
-    return [Request(i, [rng.randrange(vocab) for _ in range(prompt_len)], max_new_tokens) for i in range(n)]
+class GeneratedRequests(Sequence[Request]):
+    """`n` requests of `prompt_len` random token ids, each made on first access, in order, from one seeded
+    stream: the same requests as a list made at once, but a run of millions starts at once (its memory check
+    comes first) and holds only the requests taken so far."""
+
+    def __init__(self, n: int, prompt_len: int, max_new_tokens: int, vocab: int, seed: int) -> None:
+        self.n, self.prompt_len, self.max_new_tokens, self.vocab = n, prompt_len, max_new_tokens, vocab
+        self._rng = random.Random(seed)
+        self._made: list[Request] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def made(self) -> int:
+        """How many requests were made so far (the first `made`)."""
+        return len(self._made)
+
+    @overload
+    def __getitem__(self, index: int) -> Request: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Request]: ...
+    def __getitem__(self, index: int | slice) -> Request | list[Request]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(self.n)[index]]
+        i = range(self.n)[index]  # IndexError past the end, as a list
+        while len(self._made) <= i:
+            ids = [self._rng.randrange(self.vocab) for _ in range(self.prompt_len)]
+            self._made.append(Request(len(self._made), ids, self.max_new_tokens))
+        return self._made[i]
+
+
+def generate_requests(n: int, prompt_len: int, max_new_tokens: int, vocab: int, seed: int) -> GeneratedRequests:
+    return GeneratedRequests(n, prompt_len, max_new_tokens, vocab, seed)
 
 
 PROMPT_KEYS = ("prompt_ids", "max_new_tokens")
@@ -140,6 +181,44 @@ def _show(value: Any) -> str:
     """A value as the file wrote it (JSON: `true`, `"1"`, `Infinity`), shortened to fit in one line."""
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+class Arrivals:
+    """A serve run's requests in order of arrival (FIFO among equal times), each stamped with its arrival on
+    the common clock when the scheduler looks at it: requests are taken one by one, never all made up front."""
+
+    def __init__(self, requests: Sequence[Request], offsets_ns: Sequence[int], start_ns: int) -> None:
+        n = len(requests)
+        if len(offsets_ns) != n:
+            raise ValueError(f"{n} requests but {len(offsets_ns)} arrival times")
+        ordered = all(a <= b for a, b in itertools.pairwise(offsets_ns))  # a Poisson process is
+        self._order = iter(range(n) if ordered else sorted(range(n), key=offsets_ns.__getitem__))
+        self._requests, self._offsets, self._start = requests, offsets_ns, start_ns
+        self._next: Request | None = None
+        self._advance()
+
+    def _advance(self) -> None:
+        i = next(self._order, None)
+        self._next = None if i is None else self._requests[i]
+        if self._next is not None and i is not None:
+            self._next.arrival_ns = self._start + self._offsets[i]
+
+    def __bool__(self) -> bool:
+        return self._next is not None
+
+    def next_ns(self) -> int:
+        """When the next request arrives (common clock); call only while one is left."""
+        assert self._next is not None
+        return self._next.arrival_ns
+
+    def due(self, now_ns: int) -> bool:
+        return self._next is not None and self._next.arrival_ns <= now_ns
+
+    def pop(self) -> Request:
+        r = self._next
+        assert r is not None
+        self._advance()
+        return r
 
 
 def poisson_arrivals_ns(n: int, rate_per_s: float, seed: int) -> list[int]:

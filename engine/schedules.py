@@ -10,9 +10,8 @@ the device. This module knows nothing about processes, files or clocks beyond th
 
 from __future__ import annotations
 
-import collections
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 from engine.comm import ACT, PING, STOP, TOKENS, Message, Ring
 from engine.gputime import DeviceSpans
 from engine.model import Batch, to_device
-from engine.requests import Request
+from engine.requests import Arrivals, Request
 from engine.sampling import Sampling, row_keys, sample
 from engine.split import StageModule
 from ppscope.recorder import Recorder
@@ -38,7 +37,8 @@ ProgressFn = Callable[[int, int], None]
 @dataclass
 class _Slot:
     """A micro-batch that circulates: the requests of its pass in flight, each with its KV-cache row (rows
-    k * max_batch .. k * max_batch + max_batch - 1 belong to slot k); `step` counts its passes."""
+    k * max_batch .. k * max_batch + max_batch - 1 belong to slot k); `step` counts slot k's passes over the
+    whole run, through every request it takes, so (micro-batch, step) names one pass of a serve run."""
 
     requests: list[Request]
     step: int = 0
@@ -48,12 +48,11 @@ class _Slot:
         live = [(r, c) for r, c in zip(self.requests, self.cache_slots, strict=True) if not r.done]
         self.requests, self.cache_slots = [r for r, _ in live], [c for _, c in live]
 
-    def admit(self, waiting: collections.deque[tuple[int, Request]], now_ns: int, first_row: int,
-              max_batch: int) -> None:  # fmt: skip
+    def admit(self, waiting: Arrivals, now_ns: int, first_row: int, max_batch: int) -> None:
         """Arrived requests (FIFO) take the free rows, up to `max_batch`; their prompts join the next pass."""
         free = sorted(set(range(first_row, first_row + max_batch)) - set(self.cache_slots))
-        while free and waiting and waiting[0][1].arrival_ns <= now_ns:
-            self.requests.append(waiting.popleft()[1])
+        while free and waiting.due(now_ns):
+            self.requests.append(waiting.pop())
             self.cache_slots.append(free.pop(0))
 
 
@@ -185,7 +184,7 @@ class Pipeline:
     # ------------------------------------------------------------ gpipe / interleaved (rank 0)
 
     @torch.inference_mode()
-    def drive_batch(self, schedule: str, requests: list[Request], microbatches: int, progress: ProgressFn) -> None:
+    def drive_batch(self, schedule: str, requests: Sequence[Request], microbatches: int, progress: ProgressFn) -> None:
         """gpipe / interleaved: the requests in `microbatches` groups, every step flushed."""
         groups = [requests[i::microbatches] for i in range(microbatches)]
         order = make_plan(schedule, self.ranks, microbatches, self.chunks).for_rank(0)
@@ -256,30 +255,29 @@ class Pipeline:
     # ------------------------------------------------------------ serve (rank 0)
 
     @torch.inference_mode()
-    def drive_serve(self, requests: list[Request], arrivals_ns: list[int], policy: ServePolicy, timeout_s: float,
-                    progress: ProgressFn) -> None:  # fmt: skip
+    def drive_serve(self, requests: Sequence[Request], arrivals_ns: Sequence[int], policy: ServePolicy,
+                    timeout_s: float, progress: ProgressFn) -> None:  # fmt: skip
         """Continuous batching: up to `max_inflight` micro-batches circulate, each of up to `max_batch` requests.
         When a micro-batch's tokens come back its finished requests leave, and arrived ones (FIFO) take their
         places at once, their prefill in the same pass as the others' decode (`policy.prefill_joins_decode`;
         otherwise a micro-batch takes new requests only once all of its own are done)."""
         start_ns = self.rec.now_ns()
-        waiting = collections.deque(sorted(zip(arrivals_ns, requests, strict=True), key=lambda p: p[0]))
-        for offset, r in waiting:
-            r.arrival_ns = start_ns + offset
+        waiting = Arrivals(requests, arrivals_ns, start_ns)
         slots: list[_Slot | None] = [None] * policy.max_inflight
+        passes = [0] * policy.max_inflight  # of each slot while it is empty
         finished = tokens = 0
         keepalive_ns, pinged_ns = int(timeout_s / 3 * 1e9), start_ns
         while finished < len(requests):
             now = self.rec.now_ns()
             for k, slot in enumerate(slots):
-                if slot is None and waiting and waiting[0][1].arrival_ns <= now:
-                    slots[k] = new = _Slot([])
+                if slot is None and waiting.due(now):
+                    slots[k] = new = _Slot([], step=passes[k])
                     new.admit(waiting, now, k * policy.max_batch, policy.max_batch)
                     self._launch(k, new)
             busy = any(s is not None for s in slots)
             wait_s = timeout_s if busy else 0.0
             if waiting and any(s is None for s in slots):
-                wait_s = min(wait_s or timeout_s, max((waiting[0][1].arrival_ns - now) / 1e9, 0.0))
+                wait_s = min(wait_s or timeout_s, max((waiting.next_ns() - now) / 1e9, 0.0))
             if not busy and wait_s > 0:  # idle until the next arrival: no stage work to wait for
                 if self.ranks > 1 and self.rec.now_ns() - pinged_ns > keepalive_ns:
                     self.ring.send(Message(PING))  # the others wait for rank 0 at most the link's timeout
@@ -306,7 +304,7 @@ class Pipeline:
             if slot.requests:
                 self._launch(msg.mb, slot)
             else:
-                slots[msg.mb] = None  # taken by the next arrivals at the top of the loop
+                slots[msg.mb], passes[msg.mb] = None, slot.step  # taken by the next arrivals at the top of the loop
             progress(finished, tokens)
         self._stop()
 

@@ -203,8 +203,7 @@ def _run_pipeline(
             calibrate_sleep(device)
         module.allocate_cache(prep.cache_slots, prep.max_len, dtype, shape.kv_heads, shape.head_dim)
         # room in the receive posted ahead for the largest activation (a prefill of the longest prompts)
-        longest = max((len(r.prompt_ids) for r in prep.requests), default=1)
-        act_nbytes = prep.max_seqs * max(longest, 1) * shape.hidden * dtype.itemsize
+        act_nbytes = prep.max_seqs * max(prep.longest_prompt, 1) * shape.hidden * dtype.itemsize
         # as many receives posted ahead as messages may queue at a rank: every micro-batch in flight, and stop
         ring = Ring(
             rank,

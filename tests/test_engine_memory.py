@@ -9,6 +9,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.prepare import check_memory, host_available_bytes, make_source, prepare, torch_dtype
+from engine.requests import GeneratedRequests
 from engine.split import build_stage
 from ppscope.errors import InvalidConfigError
 
@@ -51,5 +52,20 @@ def test_launcher_refuses_before_creating_the_run(tmp_path: Path) -> None:
     # a preset whose float32 weights alone are several times this host's free memory
     cfg = EngineConfig(stages=2, model="llama3-405b", progress=False, out=str(tmp_path / "run"))
     with pytest.raises(InvalidConfigError, match="llama3-405b in float32 needs about"):
+        run(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_millions_of_generated_requests_are_refused_before_any_is_made(tmp_path: Path) -> None:
+    from engine.launch import run
+
+    if host_available_bytes() is None:
+        pytest.skip("no /proc/meminfo here")
+    # gpipe holds every request's KV cache; 2M of them took 34 s and 2.3 GB to make before this refusal
+    cfg = EngineConfig(stages=2, schedule="gpipe", requests=2_000_000, progress=False, out=str(tmp_path / "run"))
+    prep = prepare(cfg, 2)
+    assert len(prep.requests) == 2_000_000 and prep.cache_slots == 2_000_000 and prep.max_len == 16 + 8
+    assert isinstance(prep.requests, GeneratedRequests) and prep.requests.made == 0
+    with pytest.raises(InvalidConfigError, match="needs about"):
         run(cfg)
     assert not (tmp_path / "run").exists()

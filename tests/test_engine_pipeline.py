@@ -120,8 +120,10 @@ def test_serve_admits_a_request_as_soon_as_another_in_its_micro_batch_finishes(t
     # request 0 finishes after its first token; request 2 takes its place while request 1 still decodes
     assert reqs.loc[2, "first_token_ns"] < reqs.loc[1, "finish_ns"]
     fwd = trace.spans[(trace.spans["kind"] == SpanKind.FORWARD) & (trace.spans["rank"] == 0)]
+    # a prompt beside a decoding request's token, in the slot's later passes (its steps run on through every
+    # request it takes, so a later prompt alone in a slot that emptied counts too: hence at least 2 mixed ones)
     joined = fwd[(fwd["phase"] == "prefill") & (fwd["step"] > 0)]
-    assert len(joined) >= 2 and (joined["tokens"] > 2).all()  # a prompt beside a decoding request's token
+    assert (joined["tokens"] > 2).sum() >= 2, joined[["step", "tokens"]]
 
 
 def test_interleaved_with_uneven_groups_and_split(expected: list[list[int]], tmp_path: Path) -> None:

@@ -120,6 +120,16 @@ def test_waiting_for_sparse_arrivals_is_not_taken_for_a_hung_rank(tmp_path: Path
     assert (waits["mb"] >= 0).all()  # the keep-alive messages are not recorded as waits for a micro-batch
 
 
+def test_a_serve_pass_is_named_by_its_micro_batch_and_step_through_every_request(tmp_path: Path) -> None:
+    # 6 requests of 2 tokens through 2 slots: each slot takes 3 requests one after another, 6 passes in all
+    cfg = EngineConfig(stages=2, schedule="serve", requests=6, max_new_tokens=2, out=str(tmp_path / "run"), **FAST)
+    spans = load_run(run(cfg)).spans
+    forward = spans[spans["kind"] == "forward"]
+    assert not forward.duplicated(["rank", "mb", "step"]).any()
+    assert sorted(forward.groupby(["rank", "mb"])["step"].max()) == [5, 5, 5, 5]
+    assert len(forward[forward["phase"] == "prefill"]) == 2 * 6  # a prompt on each stage for every request
+
+
 def test_poisson_arrivals_are_spread_and_served_after_arrival(tmp_path: Path) -> None:
     cfg = EngineConfig(stages=1, schedule="serve", rate=200.0, requests=5, max_new_tokens=2,
                        out=str(tmp_path / "run"), **FAST)  # fmt: skip

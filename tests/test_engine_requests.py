@@ -1,0 +1,53 @@
+"""Generated requests are made as the run takes them, and a serve run takes them in order of arrival."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.requests import Arrivals, GeneratedRequests, Request, generate_requests
+
+
+def test_generated_requests_are_made_on_first_access_from_one_seeded_stream() -> None:
+    reqs = generate_requests(1000, 5, 3, vocab=50, seed=7)
+    assert len(reqs) == 1000 and reqs.made == 0
+    third = reqs[2]
+    assert reqs.made == 3 and reqs[2] is third  # made once: the run fills its outputs in place
+    rng = random.Random(7)  # the stream a list made at once draws from, request after request
+    eager = [[rng.randrange(50) for _ in range(5)] for _ in range(6)]
+    assert [r.prompt_ids for r in reqs[:6]] == eager and [r.id for r in reqs[:6]] == list(range(6))
+    assert [r.id for r in reqs[1:6:2]] == [1, 3, 5] and reqs[-1].id == 999 and reqs.made == 1000
+    assert all(r.max_new_tokens == 3 for r in reqs) and len(list(reqs)) == 1000
+    with pytest.raises(IndexError):
+        reqs[1000]
+
+
+def _reqs(n: int) -> list[Request]:
+    return [Request(i, [1], 1) for i in range(n)]
+
+
+def test_arrivals_take_requests_in_order_and_stamp_them_on_the_common_clock() -> None:
+    reqs = _reqs(4)
+    waiting = Arrivals(reqs, [0, 10, 10, 30], start_ns=1000)
+    assert waiting.due(1000) and waiting.next_ns() == 1000
+    assert waiting.pop() is reqs[0] and not waiting.due(1009) and waiting.due(1010)
+    assert [waiting.pop().id, waiting.pop().id] == [1, 2]  # FIFO among equal times
+    assert reqs[3].arrival_ns == 1030 and waiting.next_ns() == 1030
+    assert waiting.pop() is reqs[3] and not waiting and not waiting.due(10**12)
+
+
+def test_arrivals_out_of_order_are_sorted_stably_and_a_length_mismatch_is_an_error() -> None:
+    reqs = _reqs(4)
+    waiting = Arrivals(reqs, [30, 0, 30, 5], start_ns=0)
+    assert [waiting.pop().id for _ in range(4)] == [1, 3, 0, 2]
+    with pytest.raises(ValueError, match="4 requests but 3 arrival times"):
+        Arrivals(reqs, [0, 1, 2], start_ns=0)
+
+
+def test_a_serve_run_makes_generated_requests_only_as_they_arrive() -> None:
+    reqs = GeneratedRequests(3, 2, 1, vocab=10, seed=0)
+    waiting = Arrivals(reqs, [0, 5, 9], start_ns=0)
+    assert reqs.made == 1  # the next one is looked at, no further
+    waiting.pop()
+    assert reqs.made == 2
