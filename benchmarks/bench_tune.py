@@ -5,6 +5,8 @@ layer profile of a real model against the pipeline it is meant to predict.
    the bottleneck. `ppscope.tune` profiles the layers, rebalances, re-runs; the reference is run 1 itself.
 2. The tiny model on 2 stages: each stage's compute per decode step predicted by the profile (timed from
    cold caches, and back to back for comparison) ÷ what the run measured, stage by stage.
+3. A gpipe run of the synthetic engine replayed by the simulator (`replay_config`): simulated throughput ÷
+   measured, the reference being the run itself.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def main() -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         result = tune(cfg, out_dir=Path(tmp) / "tune", cost_source="profile")
         profiled = profile_vs_run(Path(tmp))
+        replayed = replay_vs_run(Path(tmp))
     assert result.after is not None
     measured = result.measured_speedup or 0.0
     realised = result.realised or 0.0
@@ -50,6 +53,7 @@ def main() -> list[str]:
         if result.simulated
         else "tune: no simulated prediction",
         *profiled,
+        replayed,
     ]
 
 
@@ -78,6 +82,27 @@ def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> lis
             f"{prof.decode.head_ms / statistics.median(prof.decode.layer_ms):.2f}"
         )
     return lines
+
+
+def replay_vs_run(tmp: Path) -> str:
+    """The simulator calibrated on one engine run (4 stages, gpipe) ÷ that run, in throughput."""
+    from engine.config import EngineConfig
+    from engine.launch import run
+    from ppscope.simulate import simulate
+    from ppscope.simulate_calibrate import compare, replay_config
+    from ppscope.store import load_run
+
+    cfg = EngineConfig(stages=4, schedule="gpipe", model="synthetic", layers=16, layer_cost_ms="2", embed_cost_ms=1.0,
+                       head_cost_ms=6.0, microbatches=4, requests=8, max_new_tokens=6, progress=False, nvtx=False,
+                       out=str(tmp / "replayed"))  # fmt: skip
+    trace = load_run(run(cfg))
+    replay = replay_config(trace)
+    error = compare(trace, simulate(replay))["throughput_error"]
+    return (
+        f"replay of a gpipe run (synthetic, 4 stages, 16 x 2 ms layers, 6 ms head, 4 micro-batches x 6 steps): "
+        f"simulated ÷ measured throughput = {1 + error:.3f} (hop latency {replay.comm.latency_us:.0f} us, host "
+        f"gap {replay.overhead_ms:.3f} ms per action)"
+    )
 
 
 def _stage_step_ms(trace: Any) -> list[float]:

@@ -1,10 +1,10 @@
 """Calibrating the simulator on a measured run: the same pipeline with costs and comm taken from its spans.
 
 `replay_config` reads a run's schedule, sizes and split from its metadata, fits layer costs from its compute
-spans (`ppscope.costs`), takes the hop latency from its `recv` (transfer) spans and the per-action host
-overhead from the gaps no span covers; `compare` sets a
-simulated trace against the measured one. Change the split of the replayed config to ask "what would this
-run have done with another split". This module knows nothing about the engine that made the run.
+spans (`ppscope.costs`), takes the hop latency from its `recv` (transfer) spans (plus, in a run of ppscope's
+engine, where those time only a payload sent after its header, the messages' post-to-wake latency) and the
+per-action host overhead from the gaps no span covers; `compare` sets a simulated trace against the measured
+one. Change the split of the replayed config to ask "what would this run have done with another split".
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def replay_config(trace: Trace, *, phase: str = "all", costs: LayerCosts | None 
     spans = trace.spans
     recv = spans[spans["kind"] == SpanKind.RECV]
     latency_us = float((recv["end_ns"] - recv["start_ns"]).mean()) / 1e3 if len(recv) else 0.0
+    if meta.source == "ppscope":  # the engine's `recv` spans time only a payload sent after its header: the
+        latency_us += hop_latency_us(spans) or 0.0  # header's own hop shows as post-to-wake latency
     overhead_ms = _host_gap_ms(spans)
     steps = int(spans["step"].max()) + 1 if len(spans) and spans["step"].max() >= 0 else 1
     return SimConfig(

@@ -20,7 +20,7 @@ from ppscope.balance import BalanceProblem, Rebalance, engine_lines, rebalance
 from ppscope.costs import LayerCosts, fit_layer_costs
 from ppscope.errors import InvalidConfigError, PPScopeError
 from ppscope.simulate import simulate
-from ppscope.simulate_calibrate import hop_latency_us, makespan_ns, replay_config
+from ppscope.simulate_calibrate import makespan_ns, replay_config
 from ppscope.store import load_run
 from ppscope.trace import Trace
 
@@ -151,11 +151,9 @@ def _share(measured: float | None, predicted: float) -> float | None:
 def _simulate_both(trace: Trace, costs: LayerCosts, given: tuple[int, ...], advised: tuple[int, ...]) -> Simulated:
     """Simulate both splits calibrated on run 1: its pipeline and host gaps (`replay_config`), the costs the
     advice was made with, and the hop latency of its messages (`hop_latency_us`) plus any payload transfer."""
-    cfg = replay_config(trace, costs=costs)  # its latency: the `recv` transfer of payloads, which in an engine
-    latency_us = cfg.comm.latency_us + (hop_latency_us(trace.spans) or 0.0)  # run follows the header's hop
-    cfg = dataclasses.replace(cfg, comm=dataclasses.replace(cfg.comm, latency_us=latency_us))
+    cfg = replay_config(trace, costs=costs)
     given_ns, advised_ns = (makespan_ns(simulate(dataclasses.replace(cfg, split=s))) for s in (given, advised))
-    return Simulated(speedup=given_ns / advised_ns, hop_latency_us=latency_us, overhead_ms=cfg.overhead_ms)
+    return Simulated(speedup=given_ns / advised_ns, hop_latency_us=cfg.comm.latency_us, overhead_ms=cfg.overhead_ms)
 
 
 Step = Callable[[str], None]
