@@ -23,6 +23,10 @@ pytestmark = pytest.mark.slow
 
 P = 4
 ATTEMPTS = 3
+GAP = 0.05
+"""Fill + drain against the formula, as a share of the window: fill or drain read as another cause (upstream or
+downstream wait) moves it by up to the formula's value, 0.16-0.75 at these sizes; sleep overshoot and hops on
+a busy machine by 0.01-0.04."""
 
 
 def _run(out: Path, **kw: Any) -> AnalysisResult:
@@ -65,20 +69,20 @@ def test_gpipe_matches_formula(m: int, tmp_path: Path) -> None:
     expected = gpipe_bubble(P, m)
 
     def ok(r: AnalysisResult) -> bool:
-        balanced = r.imbalance is not None and r.imbalance < 0.05  # equal layers: sleep jitter only
-        return _formula_gap(r, expected) <= 0.03 and balanced
+        balanced = r.imbalance is not None and r.imbalance < 0.1  # equal layers: sleep jitter only
+        return _formula_gap(r, expected) <= GAP and balanced
 
     res = _until(tmp_path, ok, schedule="gpipe", microbatches=m, requests=m, layers=4, layer_cost_ms="100")
     assert res.theory.formula == "GPipe (P-1)/(M+P-1)" and res.theory.bubble_ratio == pytest.approx(expected)
-    assert _formula_gap(res, expected) <= 0.03
-    assert res.imbalance is not None and res.imbalance < 0.05
+    assert _formula_gap(res, expected) <= GAP
+    assert res.imbalance is not None and res.imbalance < 0.1
 
 
 def test_interleaved_matches_formula(tmp_path: Path) -> None:
     expected = interleaved_bubble(P, 4, 2)
     res = _until(
         tmp_path,
-        lambda r: _formula_gap(r, expected) <= 0.03,
+        lambda r: _formula_gap(r, expected) <= GAP,
         schedule="interleaved",
         chunks=2,
         microbatches=4,
@@ -88,12 +92,15 @@ def test_interleaved_matches_formula(tmp_path: Path) -> None:
         split="1,1,1,1,1,1,1,1",
     )
     assert res.theory.formula == "interleaved (P-1)/(V*M+P-1)" and res.theory.bubble_ratio == expected
-    assert _formula_gap(res, expected) <= 0.03
+    assert _formula_gap(res, expected) <= GAP
 
 
 def test_slow_stage_is_the_bottleneck(tmp_path: Path) -> None:
     # Stage 2 takes 100 ms per micro-batch, the others 50: imbalance 1 - 62.5/100, gain 100/62.5.
-    res = _run(tmp_path / "run", schedule="gpipe", microbatches=4, requests=4, layers=4, layer_cost_ms="50,50,100,50")
+    def ok(r: AnalysisResult) -> bool:
+        return r.balance_gain == pytest.approx(1.6, rel=0.1) and r.imbalance == pytest.approx(0.375, abs=0.05)
+
+    res = _until(tmp_path, ok, schedule="gpipe", microbatches=4, requests=4, layers=4, layer_cost_ms="50,50,100,50")
     assert res.bottleneck_stage == 2
-    assert res.balance_gain == pytest.approx(1.6, rel=0.05)
-    assert res.imbalance == pytest.approx(0.375, abs=0.03)
+    assert res.balance_gain == pytest.approx(1.6, rel=0.1)
+    assert res.imbalance == pytest.approx(0.375, abs=0.05)

@@ -87,10 +87,12 @@ def test_tune_moves_layers_off_the_slow_last_stage(tmp_path: Path) -> None:
     assert result.after is not None
     # the head costs three layers: the last stage must give layers away
     assert result.after.split[-1] < 2 and sum(result.after.split) == 6
-    assert result.predicted_speedup > 1.2
-    # the simulator, calibrated on run 1 (its hops take a fraction of a ms), predicts a gain close to that
-    assert result.simulated is not None and 1.1 < result.simulated.speedup <= result.predicted_speedup * 1.02
-    assert 0 < result.simulated.hop_latency_us < 5_000
+    assert result.predicted_speedup > 1.1  # x1.25 for these costs, profiled from sleeps that can overshoot
+    # The simulator, calibrated on run 1, sees the hops that the slowest stage alone misses, so it predicts no
+    # more than that; how much less is a speed of the machine (x1.20 with 0.1 ms hops, x1.03 with 2 ms ones),
+    # reported by the benchmark, not asserted here.
+    assert result.simulated is not None and 0.95 < result.simulated.speedup <= result.predicted_speedup * 1.02
+    assert result.simulated.hop_latency_us > 0
     assert result.after.throughput_tokens_per_s and result.before.throughput_tokens_per_s
     assert (tmp_path / "t" / "1-before" / PROFILE_FILE).is_file()
     data = result.to_dict()
