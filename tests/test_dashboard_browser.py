@@ -32,6 +32,14 @@ _BAR_TRACES_JS = """() => {
     .map(t => ({role: (t.meta || {}).role || '', n: (t.base || []).length}));
 }"""
 
+# True once every bar of the figure is drawn as an SVG path.
+_ALL_BARS_DRAWN = """() => {
+  const gd = document.querySelector('.js-plotly-plot');
+  if (!gd || !gd.data) return false;
+  const n = gd.data.filter(t => t.type === 'bar').reduce((acc, t) => acc + (t.base || []).length, 0);
+  return n > 0 && gd.querySelectorAll('g.barlayer g.point path').length === n;
+}"""
+
 # True once the Gantt on the page holds exactly n span bars (gap shading excluded).
 _SPAN_BARS_ARE = """() => {{
   const gd = document.querySelector('.js-plotly-plot');
@@ -73,7 +81,8 @@ def test_dashboard_draws_the_gantt_in_chromium(tmp_path: Path) -> None:
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
                 page.goto(board.url, wait_until="domcontentloaded", timeout=60_000)
                 page.wait_for_selector(".js-plotly-plot g.barlayer g.point path", timeout=60_000)
-                page.wait_for_timeout(500)  # let plotly finish drawing every trace
+                # plotly draws trace by trace: wait until every bar of the figure has its SVG path
+                page.wait_for_function(_ALL_BARS_DRAWN, timeout=60_000)
                 traces = page.evaluate(_BAR_TRACES_JS)
                 drawn = page.locator(".js-plotly-plot g.barlayer g.point path").count()
                 page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
