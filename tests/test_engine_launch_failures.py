@@ -153,6 +153,9 @@ def test_only_peer_failures_name_the_first_to_report(tmp_path: Path) -> None:
 def test_a_failed_middle_rank_is_named_among_its_peers_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three real ranks: the middle one fails, both of its neighbours lose their link to it."""
     monkeypatch.setenv(FAIL_ENV, "1=1")
+    # Rank 1's own report may come after its neighbours' on a loaded machine, and is weighed only if it comes
+    # within the blame wait. Every rank reports here, which ends the wait at once, so a long one costs nothing.
+    monkeypatch.setattr("engine.launch._BLAME_WAIT_S", 30.0)
     cfg = EngineConfig(stages=3, requests=3, max_new_tokens=3, out=str(tmp_path / "run"), **(FAST | {"layers": 3}))  # type: ignore[arg-type]
     with pytest.raises(EngineFailedError, match=r"^rank 1 failed: RuntimeError: injected failure after 1 passes; "):
         run(cfg)

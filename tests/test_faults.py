@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -24,7 +25,8 @@ import pytest
 
 from dashboard.data import LiveTrace
 from ppscope.errors import PPScopeError, RunNotFoundError
-from ppscope.store import RunTail, load_run, read_meta
+from ppscope.rankfile import connect_ro
+from ppscope.store import RunTail, load_run, rank_file, read_meta
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,24 +75,38 @@ class Started:
     family: set[int]
 
 
+def _spans_on_disk(path: Path) -> int:
+    """Spans a rank has committed to its file so far, read as any reader does (read-only, never writing);
+    0 while the file or its schema is not there yet."""
+    with contextlib.suppress(PPScopeError, sqlite3.Error), contextlib.closing(connect_ro(path)) as db:
+        return int(db.execute("SELECT count(*) FROM spans").fetchone()[0])
+    return 0
+
+
 @contextlib.contextmanager
 def _started(out: Path, **kw: object) -> Iterator[Started]:
     """Start `ppscope run`, wait until every rank wrote its pid and spans, and clean up whatever happens."""
     proc = subprocess.Popen(_run_cmd(out, **kw), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # type: ignore[arg-type]
     family: set[int] = set()
     try:
+        # A rank's file is made before its stage is built and the ranks meet, and its spans reach it from a
+        # background flush: wait until each file holds some, however long a loaded machine takes to get there.
         deadline = time.monotonic() + 60
         pids: list[int] = []
+        flushed = False
         while time.monotonic() < deadline and proc.poll() is None:
             family |= _children(proc.pid)
             with contextlib.suppress(OSError, ValueError, PPScopeError):
                 ranks = json.loads((out / "meta.json").read_text()).get("ranks") or []
                 pids = [int(r["pid"]) for r in ranks]
-                if len(pids) == 2 and all((out / f"rank-0000{r}.sqlite").exists() for r in range(2)):
+                flushed = len(pids) == 2 and all(_spans_on_disk(rank_file(out, r)) > 0 for r in range(2))
+                if flushed:
                     break
             time.sleep(0.05)
         assert len(pids) == 2, f"the ranks never started: {proc.communicate(timeout=30)}"
-        time.sleep(1.0)  # spans are flushed in the background: let some reach the files
+        assert flushed, "no span reached the rank files within 60 s" + (
+            f": {proc.communicate(timeout=30)}" if proc.poll() is not None else ""
+        )
         family |= _children(proc.pid)
         yield Started(proc=proc, out=out, rank_pids=pids, family=family)
     finally:
@@ -239,15 +255,17 @@ def _two_analyzers(run_dir: Path) -> list[subprocess.CompletedProcess[str]]:
 @pytest.mark.slow
 def test_two_analyzers_read_a_run_while_it_is_written(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    with _started(out, requests=150) as run:
+    # Far more requests than the readers can take to finish, however slow the machine: the run is stopped
+    # (Ctrl-C) once they are done, so it cannot end before them and its length costs nothing.
+    with _started(out, requests=100_000) as run:
         while_written = _two_analyzers(out)
-        still_running = run.proc.poll() is None
-        _, err = run.proc.communicate(timeout=120)
-        assert run.proc.returncode == 0, err
+        assert run.proc.poll() is None, f"the run ended before the readers did: {run.proc.communicate()[1]!r}"
+        os.killpg(run.proc.pid, signal.SIGINT)
+        _, err = run.proc.communicate(timeout=TIMEOUT_S + 30)
+    assert run.proc.returncode == 130 and read_meta(out).status == "interrupted", err.decode()
     for done in while_written:
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)
-    assert still_running, "the run ended before the readers: make it longer"
     before = _fingerprint(out)
     mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     for done in _two_analyzers(out):  # a reader-only period: nothing may change
