@@ -33,8 +33,9 @@ from ppscope.store import check_new_run_dir, create_run, read_meta, write_meta
 
 _INTERRUPT_GRACE_S = 15.0
 """How long ranks get to flush and close their files after Ctrl-C before they are terminated."""
-_BLAME_WAIT_S = 1.0
-"""After a rank fails, how long the others get to report (or show how they died) before the cause is named."""
+_BLAME_WAIT_S = 3.0
+"""After a rank fails, how long the others get to report (or show how they died) before the cause is named;
+the wait ends as soon as every rank has reported or exited and nothing is left to read."""
 _PEER_FAILURE = re.compile(
     r"(send to|receive from|received nothing from) rank \d+|by peer|broken pipe|timed out|remote process"
     r"|DistNetworkError|DistBackendError|DistStoreError",
@@ -247,8 +248,13 @@ def _supervise(
     blame_at: float | None = None  # once a rank failed: when to stop waiting for the others' reports
     bar = _ProgressBar(total) if cfg.progress and on_progress is None else None
     try:
+        event: Any = ()
         while len(done) < len(procs):
-            if blame_at is not None and (time.monotonic() >= blame_at or len(done) + len(errors) == len(procs)):
+            # once a rank failed, name the cause when the wait is over, or when every rank has reported or exited
+            # and nothing is left to read (an exited rank's report would be in the queue by now)
+            heard = all(r in done or r in errors or (event is None and p.exitcode is not None)
+                        for r, p in enumerate(procs))  # fmt: skip
+            if blame_at is not None and (time.monotonic() >= blame_at or heard):
                 raise _failure(procs, errors, run_dir)
             try:
                 event = events.get(timeout=0.1)
