@@ -42,7 +42,11 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:  # a Ctrl-C while the commands load is an interruption like any other, not a traceback
+        parser = build_parser()
+    except KeyboardInterrupt:
+        print("ppscope: interrupted", file=sys.stderr)
+        return 130
     args = parse_args(parser, argv)
     try:
         code = args.func(args)

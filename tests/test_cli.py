@@ -73,3 +73,16 @@ def test_import_ppscope_pulls_in_neither_torch_nor_streamlit() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_ctrl_c_while_the_commands_load_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ppscope.cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ppscope.cli, "build_parser", interrupted)
+    assert main(["analyze", "x"]) == 130
+    assert capsys.readouterr().err == "ppscope: interrupted\n"
