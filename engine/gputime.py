@@ -106,7 +106,11 @@ class DeviceSpans:
     @contextlib.contextmanager
     def span(self, kind: str, **fields: Any) -> Iterator[None]:
         """Time the work the body puts on the stream as one span of `kind` (recorder fields as keywords).
-        The host does not wait: the span reaches the recorder at a later `poll()` or `close()`."""
+        The host does not wait: the span reaches the recorder at a later `poll()` or `close()`, even if the
+        recording was paused since; nothing is timed while it is paused (or off)."""
+        if not self.rec.enabled:
+            yield
+            return
         start, end = self._event(), self._event()
         where = {k: fields[k] for k in ("stage", "mb", "chunk") if k in fields}
         with self.rec.nvtx_range(kind, **where):
@@ -136,7 +140,7 @@ class DeviceSpans:
         return done
 
     def _resolve(self, p: _Pending) -> None:
-        self.rec.record(p.kind, p.anchor.to_host(p.start), p.anchor.to_host(p.end), **p.fields)
+        self.rec.record(p.kind, p.anchor.to_host(p.start), p.anchor.to_host(p.end), begun_recording=True, **p.fields)
         self._spare += (p.start, p.end)  # an event can be recorded again once it has completed
 
     @property

@@ -100,7 +100,7 @@ class Pipeline:
     def _span(self, kind: str, **fields: Any) -> AbstractContextManager[Any]:
         """A compute span: on a GPU timed by CUDA events on the stream (the host does not wait for the
         work), on a CPU by the recorder's clock around the work itself."""
-        if self.device_spans is not None and self.rec.enabled:
+        if self.device_spans is not None:
             return self.device_spans.span(kind, **fields)
         return self.rec.span(kind, **fields)
 

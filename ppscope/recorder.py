@@ -232,9 +232,12 @@ class Recorder:
         nbytes: int = 0,
         tokens: int = 0,
         peer: int = -1,
+        begun_recording: bool = False,
     ) -> None:
-        """Record a span whose times were measured elsewhere (e.g. CUDA events resolved to this clock)."""
-        if not self.enabled:
+        """Record a span whose times were measured elsewhere (e.g. CUDA events resolved to this clock).
+        `begun_recording`: the span began while recording was on, so a pause since does not drop it, as it
+        does not drop a `span` open when the pause began (a recorder built disabled records nothing)."""
+        if not (self.enabled or (begun_recording and self._built[0])):
             return
         if kind not in _KINDS:
             raise InvalidSpanError(f"unknown span kind {kind!r}; valid kinds: {sorted(_KINDS)}")

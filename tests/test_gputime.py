@@ -161,3 +161,21 @@ def test_device_spans_push_one_nvtx_range_each_and_record_no_host_span(monkeypat
     assert len(rec.frame()) == 0  # nothing until the device has run it
     dev.close()
     assert rec.frame()["kind"].tolist() == ["head"]
+
+
+def test_a_span_begun_while_recording_is_kept_through_a_pause_and_none_begins_during_one() -> None:
+    gpu = FakeGpu()
+    rec, dev = _timer(gpu)
+    with dev.span("forward", mb=0):
+        gpu.launch(5)
+    rec.set_paused(True)  # the pause of `record_alternate_ms` comes before the forward's work is done
+    with dev.span("forward", mb=1):
+        gpu.launch(5)
+    assert dev.pending == 1  # nothing timed while paused
+    assert dev.close() == 1  # resolved during the pause, the span begun before it is kept
+    assert rec.frame()["mb"].tolist() == [0]
+    off = Recorder(None, rank=0, stage=0, nvtx=False, enabled=False)  # --no-record: nothing, pause or not
+    dev_off = DeviceSpans(off, gpu, gpu.event)
+    with dev_off.span("forward", mb=0):
+        gpu.launch(1)
+    assert dev_off.close() == 0 and off.spans_recorded == 0
