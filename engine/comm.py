@@ -138,10 +138,19 @@ class Ring:
         self._groups = self._header_groups = (None, wrap)
         if self.host_headers:
             self._header_groups = (dist.new_group(everyone, backend="gloo"), dist.new_group(everyone, backend="gloo"))
+        self._warm_links()
         self._reaper = threading.Thread(target=self._reap_loop, name=f"ppscope-send-r{self.rank}", daemon=True)
         self._reaper.start()
         for _ in range(self.depth):
             self._post_header()
+
+    def _warm_links(self) -> None:
+        """One tiny payload round the ring before the run's clock starts: NCCL makes a pair's communicator at
+        its first send and receive (hundreds of ms), which would otherwise land in the first pass's hop."""
+        out, into = torch.zeros(1, device=self.device), torch.empty(1, device=self.device)
+        sent = dist.isend(out, dst=self.next, group=self._group(self.rank), tag=self._payload_tag)
+        dist.recv(into, src=self.prev, group=self._group(self.prev), tag=self._payload_tag)
+        sent.wait()
 
     def _group(self, src: int, header: bool = False) -> Any:
         groups = self._header_groups if header else self._groups
