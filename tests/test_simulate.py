@@ -164,6 +164,18 @@ def test_replaying_a_simulated_run_reproduces_it(tmp_path: Path, capsys: pytest.
     assert "drop --stages" in capsys.readouterr().err
 
 
+def test_a_long_run_replays_its_first_steps_scaled_to_all_of_them() -> None:
+    from ppscope.simulate_calibrate import MAX_REPLAY_STEPS, compare, replay_config
+
+    costs = LayerCosts(layer_ms=(1.0,) * 4, embed_ms=0.2, head_ms=1.5)
+    long = SimConfig(schedule="serve", stages=2, microbatches=2, steps=3 * MAX_REPLAY_STEPS, costs=costs, split=(2, 2))
+    measured = simulate(long)
+    cfg = replay_config(measured)
+    assert cfg.steps == MAX_REPLAY_STEPS  # a serve run's slots count their passes through every request
+    # the fill is simulated once, not scaled with the steps: a few passes in hundreds
+    assert abs(compare(measured, simulate(cfg))["throughput_error"]) < 0.01
+
+
 @pytest.mark.slow
 def test_replay_predicts_the_synthetic_engine(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="the engine needs torch")
