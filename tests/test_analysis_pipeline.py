@@ -65,6 +65,16 @@ def test_message_latency_pairs_each_wait_with_its_own_post_when_keys_recur() -> 
     assert len(lat) == n and sorted(lat["latency_ns"]) == sorted(i % 7 + 1 for i in range(n))
 
 
+def test_message_latency_is_exact_on_epoch_times_beside_a_wait_that_pairs_with_nothing() -> None:
+    t = 1_700_000_000_000_000_000  # nanoseconds since 1970: beyond float64's exact integers
+    rows = [
+        dict(rank=1, kind="recv_wait", start_ns=t, end_ns=t + 15, peer=0, mb=0, step=0),
+        dict(rank=0, kind="send", start_ns=t + 1, end_ns=t + 2, peer=1, mb=0, step=0),
+        dict(rank=1, kind="recv_wait", start_ns=t + 100, end_ns=t + 115, peer=0, mb=3, step=0),  # no post
+    ]
+    assert message_latencies(Trace.from_records(rows).spans)["latency_ns"].tolist() == [14]
+
+
 def test_hop_stats_without_comm() -> None:
     assert hop_stats(Trace.from_records([dict(rank=0, kind="forward", start_ns=0, end_ns=1)]).spans) == []
 

@@ -160,10 +160,13 @@ def _last_post_before_waking(waits: pd.DataFrame, sends: pd.DataFrame, step: int
     sorted as-of join, never the product of all sends and waits of a key."""
     keys = ["src", "dst", "mb", "step"]
     right = sends[[*keys, "posted"]].astype(np.int64).assign(step=sends["step"].astype(np.int64) + step)
+    right = right.sort_values("posted")
+    right["row"] = np.arange(len(right))  # the post is taken back by row: a join that misses goes through float
     left = waits[[*keys, "waiting", "woke"]].astype(np.int64)
-    pairs = pd.merge_asof(left.sort_values("woke"), right.sort_values("posted"), left_on="woke", right_on="posted",
-                          by=keys, allow_exact_matches=False)  # fmt: skip
-    return pairs.dropna(subset=["posted"]).astype({"posted": np.int64})
+    pairs = pd.merge_asof(left.sort_values("woke"), right, left_on="woke", right_on="posted", by=keys,
+                          allow_exact_matches=False)  # fmt: skip
+    pairs = pairs[pairs["row"].notna()]
+    return pairs.assign(posted=right["posted"].to_numpy()[pairs["row"].to_numpy(np.int64)])
 
 
 def _int_or_none(value: float | None) -> int | None:
