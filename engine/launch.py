@@ -248,18 +248,18 @@ def _supervise(
     blame_at: float | None = None  # once a rank failed: when to stop waiting for the others' reports
     bar = _ProgressBar(total) if cfg.progress and on_progress is None else None
     try:
-        event: Any = ()
         while len(done) < len(procs):
-            # once a rank failed, name the cause when the wait is over, or when every rank has reported or exited
-            # and nothing is left to read (an exited rank's report would be in the queue by now)
-            heard = all(r in done or r in errors or (event is None and p.exitcode is not None)
-                        for r, p in enumerate(procs))  # fmt: skip
-            if blame_at is not None and (time.monotonic() >= blame_at or heard):
+            # Once a rank failed, the cause is named when the wait is over, or when every rank has reported or
+            # exited before a read found the queue empty (a rank writes its report to the queue before it exits).
+            if blame_at is not None and (time.monotonic() >= blame_at or len(done) + len(errors) == len(procs)):
                 raise _failure(procs, errors, run_dir)
+            exited = [p.exitcode is not None for p in procs]
             try:
                 event = events.get(timeout=0.1)
             except queue.Empty:
                 event = None
+                if blame_at is not None and all(r in done or r in errors or exited[r] for r in range(len(procs))):
+                    raise _failure(procs, errors, run_dir) from None
             if event is not None:
                 kind = event[0]
                 if kind == "progress":
