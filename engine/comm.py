@@ -148,9 +148,20 @@ class Ring:
         """One tiny payload round the ring before the run's clock starts: NCCL makes a pair's communicator at
         its first send and receive (hundreds of ms), which would otherwise land in the first pass's hop."""
         out, into = torch.zeros(1, device=self.device), torch.empty(1, device=self.device)
-        sent = dist.isend(out, dst=self.next, group=self._group(self.rank), tag=self._payload_tag)
-        dist.recv(into, src=self.prev, group=self._group(self.prev), tag=self._payload_tag)
-        sent.wait()
+        tag = self._payload_tag
+
+        def receive() -> None:
+            dist.recv(into, src=self.prev, group=self._group(self.prev), tag=tag)
+
+        # Rank 0 sends first and every other rank receives first, so whatever setup a pair's first transfer
+        # blocks on, its peer is already there: the round cannot wait on itself.
+        if self.rank != 0:
+            receive()
+        sent = dist.isend(out, dst=self.next, group=self._group(self.rank), tag=tag)
+        if self.rank == 0:
+            receive()
+        if sent is not None:  # None only for a rank outside the group, which a ring rank never is
+            sent.wait()
 
     def _group(self, src: int, header: bool = False) -> Any:
         groups = self._header_groups if header else self._groups
