@@ -6,6 +6,7 @@ without talking) compute the same answer.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import platform
@@ -50,8 +51,6 @@ class Prepared:
     split_source: str
     requests: Sequence[Request]
     """Generated ones are made as the run takes them (`GeneratedRequests`)."""
-    arrivals_ns: list[int]
-    """Arrival of each request after the start (serve)."""
     backend: str
     inflight: int
     """Micro-batches per step (gpipe/interleaved) or in flight (serve): the config's, but at most one per
@@ -63,6 +62,12 @@ class Prepared:
     max_len: int
     """Longest sequence (prompt + output)."""
     longest_prompt: int
+
+    @functools.cached_property
+    def arrivals_ns(self) -> list[int]:
+        """Arrival of each request after the start (serve): made when first asked for, by rank 0 alone."""
+        rate = self.cfg.rate if self.cfg.schedule == "serve" else 0.0
+        return poisson_arrivals_ns(len(self.requests), rate, self.cfg.seed)
 
     def rank_bytes(self, rank: int, world: int) -> tuple[int, int]:
         """Weights and KV cache `rank` of `world` allocates (0, 0 for the synthetic model)."""
@@ -160,14 +165,12 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
             "ordered rank 0..P-1 for chunk 0, then for chunk 1, ...)"
         ) from None
     b = batching(cfg, shape)
-    arrivals = poisson_arrivals_ns(len(b.requests), cfg.rate if cfg.schedule == "serve" else 0.0, cfg.seed)
     return Prepared(
         cfg=cfg,
         shape=shape,
         split=split,
         split_source=source,
         requests=b.requests,
-        arrivals_ns=arrivals,
         backend=resolve_backend(cfg.backend, world),
         inflight=b.inflight,
         max_seqs=b.max_seqs,

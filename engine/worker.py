@@ -231,6 +231,7 @@ def _run_pipeline(
         if rank == 0:
             log = RequestLog(run_dir)
             pipe.on_finish = log
+            arrivals = prep.arrivals_ns if cfg.schedule == "serve" else []  # made now, before the clock starts
         ring.start()
         # Everything built so far lives for the whole run. Left to the collector, a full collection walks it
         # all (~0.2M objects with torch loaded, ~0.1 s here): a stall of every stage behind this one. Frozen,
@@ -246,7 +247,7 @@ def _run_pipeline(
             pipe.follow()
         elif cfg.schedule == "serve":
             policy = ServePolicy(max_inflight=prep.inflight, max_batch=prep.max_seqs)
-            pipe.drive_serve(prep.requests, prep.arrivals_ns, policy, cfg.timeout_s, report)
+            pipe.drive_serve(prep.requests, arrivals, policy, cfg.timeout_s, report)
         else:
             pipe.drive_batch(cfg.schedule, prep.requests, prep.inflight, report)
         pipe.close()

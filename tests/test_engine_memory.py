@@ -66,6 +66,7 @@ def test_millions_of_generated_requests_are_refused_before_any_is_made(tmp_path:
     prep = prepare(cfg, 2)
     assert len(prep.requests) == 2_000_000 and prep.cache_slots == 2_000_000 and prep.max_len == 16 + 8
     assert isinstance(prep.requests, GeneratedRequests) and prep.requests.made == 0
+    assert "arrivals_ns" not in vars(prep)  # made by rank 0 when it starts serving, not by every process
     with pytest.raises(InvalidConfigError, match="needs about"):
         run(cfg)
     assert not (tmp_path / "run").exists()
