@@ -199,6 +199,17 @@ def test_the_demo_runs_the_whole_loop_on_the_tiny_model(tmp_path: Path) -> None:
     assert "run 1: tiny on 2 stages" in text and (meta["split"], meta["split_source"]) == ([1, 7], "--split")
 
 
+def test_the_demo_refuses_a_split_of_no_stage_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ppscope.cli import main
+
+    assert main(["demo", "--no-dashboard", "--split", " ", "--out", str(tmp_path / "demo")]) == 2
+    assert (
+        capsys.readouterr().err == "ppscope demo: error: --split ' ' names no stage: give layer counts per "
+        "stage, e.g. 1,7\n"
+    )
+    assert not (tmp_path / "demo").exists()
+
+
 def test_profile_passes_are_shaped_as_the_run_s_micro_batches(tmp_path: Path) -> None:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(

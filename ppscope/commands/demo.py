@@ -48,11 +48,14 @@ def default_stages() -> int:
 
 def run(args: argparse.Namespace) -> int:
     from engine.config import EngineConfig
+    from ppscope.errors import InvalidConfigError
     from ppscope.report_tune import print_tune
     from ppscope.tune import tune
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     given = [c for c in (args.split or "").split(",") if c.strip()]
+    if args.split is not None and not given:
+        raise InvalidConfigError(f"--split {args.split!r} names no stage: give layer counts per stage, e.g. 1,7")
     cfg = EngineConfig(
         stages=args.stages or len(given) or default_stages(),
         split=args.split,
