@@ -91,6 +91,7 @@ class Prepared:
         config = cfg.to_dict()
         config["max_inflight"] = self.inflight if cfg.schedule == "serve" else cfg.max_inflight
         config["microbatches"] = self.inflight if cfg.schedule != "serve" else cfg.microbatches
+        config["requests"] = len(self.requests)  # a prompts file's too: an interrupted run logs fewer
         return RunMeta(
             source="ppscope",
             status="running",

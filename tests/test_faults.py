@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from dashboard.data import LiveTrace
+from ppscope.analysis import analyze
 from ppscope.errors import PPScopeError, RunNotFoundError
 from ppscope.rankfile import connect_ro
 from ppscope.store import RunTail, load_run, rank_file, read_meta
@@ -194,6 +195,8 @@ def test_ctrl_c_marks_the_run_interrupted(interrupted: Outcome) -> None:
     assert meta.status == "interrupted"
     trace = load_run(interrupted.out)
     assert set(trace.spans["rank"].unique()) == {0, 1}
+    latency = analyze(trace).latency  # of the 400 requests asked for, those finished before the stop
+    assert latency is not None and latency.requests == 400 and latency.finished == len(trace.requests) < 400
 
 
 def test_ctrl_c_lets_every_rank_flush_and_close(interrupted: Outcome) -> None:

@@ -63,7 +63,8 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     config = config or AnalysisConfig()
     warnings = list(trace.warnings)
     spans, meta = trace.spans, trace.meta
-    latency = request_latency(trace.requests)
+    asked = meta.config.get("requests") if meta.source == "ppscope" else None
+    latency = request_latency(trace.requests, asked if isinstance(asked, int) and not isinstance(asked, bool) else 0)
     if meta.status in _STATUS_NOTES and (meta.status != "running" or meta.source == "ppscope"):
         warnings.append(_STATUS_NOTES[meta.status] + (f" ({meta.error})" if meta.error else ""))
     if len(spans) == 0:

@@ -31,8 +31,9 @@ def _stats(values_ns: npt.NDArray[np.float64]) -> LatencyStats | None:
     )
 
 
-def request_latency(requests: pd.DataFrame) -> RequestLatency | None:
-    """Latency summary of `requests` (REQUEST_COLUMNS); None when there are no requests."""
+def request_latency(requests: pd.DataFrame, asked: int = 0) -> RequestLatency | None:
+    """Latency summary of `requests` (REQUEST_COLUMNS); None when there are no requests. `asked`: how many the
+    run was given, when it says (an interrupted run logs only those it finished)."""
     if requests is None or len(requests) == 0:
         return None
     arrival = requests["arrival_ns"].to_numpy(np.int64)
@@ -53,7 +54,7 @@ def request_latency(requests: pd.DataFrame) -> RequestLatency | None:
         tokens_per_s = tokens / (span_ns / 1e9) if span_ns > 0 else None
     table = pd.DataFrame({"id": requests["id"].to_numpy(), "ttft_ns": ttft, "tpot_ns": tpot, "e2e_ns": e2e})
     return RequestLatency(
-        requests=len(requests),
+        requests=max(len(requests), asked),
         finished=int(done.sum()),
         output_tokens=tokens,
         ttft=_stats(ttft[has_first].astype(np.float64)),

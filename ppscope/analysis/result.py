@@ -134,6 +134,7 @@ class RequestLatency:
     """Per-request latency from requests.jsonl."""
 
     requests: int
+    """The run's requests: those logged, or as many as the engine was given when it logged fewer (stopped)."""
     finished: int
     output_tokens: int
     ttft: LatencyStats | None
