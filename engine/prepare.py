@@ -62,6 +62,7 @@ class Prepared:
     max_len: int
     """Longest sequence (prompt + output)."""
     longest_prompt: int
+    """Longest prompt: a prefill's activations, the largest message a rank receives."""
 
     @functools.cached_property
     def arrivals_ns(self) -> list[int]:

@@ -200,8 +200,8 @@ class Arrivals:
     def _advance(self) -> None:
         i = next(self._order, None)
         self._next = None if i is None else self._requests[i]
-        if self._next is not None and i is not None:
-            self._next.arrival_ns = self._start + self._offsets[i]
+        if i is not None:
+            self._requests[i].arrival_ns = self._start + self._offsets[i]
 
     def __bool__(self) -> bool:
         return self._next is not None
