@@ -1,9 +1,9 @@
 """Device-timed spans, checked against a GPU simulated on the host clock: work queued on its stream runs
-after the work queued before it, while the host goes on at once, as with CUDA."""
+after the work queued before it, while the host goes on at once, as with CUDA. The host clock is virtual: it
+moves only when the host sleeps or waits for the device, so every time below is exact, however busy the
+machine running the tests."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 
@@ -13,22 +13,39 @@ from ppscope.recorder import Recorder
 MS = 1_000_000
 
 
+class Clock:
+    """The host's clock, in ns: still until the host sleeps or waits."""
+
+    def __init__(self) -> None:
+        self.ns = 10**12
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def sleep_until(self, t_ns: int) -> None:
+        self.ns = max(self.ns, t_ns)
+
+    def sleep(self, seconds: float) -> None:
+        self.ns += int(seconds * 1e9)
+
+
 class FakeGpu:
     """One stream. Times are host nanoseconds; the device's timer runs `rate` times as fast as the host's."""
 
-    def __init__(self, rate: float = 1.0) -> None:
+    def __init__(self, rate: float = 1.0, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()
         self.busy_until = 0
         self.rate = rate
         self.ran: list[tuple[int, int]] = []
         """(start, end) of each piece of work, on the host clock: the truth the spans must find."""
 
     def launch(self, ms: float) -> None:
-        start = max(time.perf_counter_ns(), self.busy_until)
+        start = max(self.clock(), self.busy_until)
         self.busy_until = start + int(ms * MS)
         self.ran.append((start, self.busy_until))
 
     def synchronize(self) -> None:
-        _sleep_until(self.busy_until)
+        self.clock.sleep_until(self.busy_until)
 
     def event(self) -> FakeEvent:
         return FakeEvent(self)
@@ -41,36 +58,31 @@ class FakeEvent:
 
     def record(self, stream: object = None) -> None:
         on = stream if isinstance(stream, FakeGpu) else self.gpu  # a stream of the same device, same timer
-        self.at = max(time.perf_counter_ns(), on.busy_until)
+        self.at = max(self.gpu.clock(), on.busy_until)
 
     def query(self) -> bool:
-        return time.perf_counter_ns() >= self.at
+        return self.gpu.clock() >= self.at
 
     def synchronize(self) -> None:
-        _sleep_until(self.at)
+        self.gpu.clock.sleep_until(self.at)
 
     def elapsed_time(self, end: FakeEvent) -> float:
         return (end.at - self.at) * self.gpu.rate / MS
 
 
-def _sleep_until(t_ns: int) -> None:
-    while (left := t_ns - time.perf_counter_ns()) > 0:
-        time.sleep(left / 1e9)
-
-
 def _timer(gpu: FakeGpu, reanchor_s: float = 2.0) -> tuple[Recorder, DeviceSpans]:
-    rec = Recorder(None, rank=0, stage=0, nvtx=False)
+    rec = Recorder(None, rank=0, stage=0, nvtx=False, clock=gpu.clock)
     return rec, DeviceSpans(rec, gpu, gpu.event, reanchor_s=reanchor_s)
 
 
 def test_spans_take_the_device_time_of_their_work_not_the_launch_time() -> None:
     gpu = FakeGpu()
     rec, dev = _timer(gpu)
-    launched = time.perf_counter_ns()
+    launched = gpu.clock()
     for mb in range(3):
         with dev.span("forward", mb=mb, step=0, phase="prefill"):
             gpu.launch(20)
-    assert time.perf_counter_ns() - launched < 20 * MS  # the host did not wait for the work
+    assert gpu.clock() == launched  # the host did not wait for the work
     assert dev.close() == 3
     spans = rec.frame().sort_values("mb")
     assert spans["mb"].tolist() == [0, 1, 2]
@@ -88,7 +100,7 @@ def test_poll_hands_over_only_finished_work_in_stream_order() -> None:
     with dev.span("head", mb=0):
         gpu.launch(200)
     gpu_first_done = gpu.ran[0][1]
-    _sleep_until(gpu_first_done + MS)
+    gpu.clock.sleep_until(gpu_first_done + MS)
     assert dev.poll() == 1  # the forward is done, the head is still running
     assert dev.pending == 1
     assert rec.frame()["kind"].tolist() == ["forward"]
@@ -104,7 +116,7 @@ def test_a_renewed_anchor_keeps_a_drifting_device_timer_on_the_host_clock(reanch
         with dev.span("forward", mb=mb):
             gpu.launch(10)
         gpu.synchronize()
-        time.sleep(0.05)  # the host is idle between passes, as when it waits for the next message
+        gpu.clock.sleep(0.05)  # the host is idle between passes, as when it waits for the next message
         dev.poll()
     dev.close()
     spans = rec.frame().sort_values("mb")
@@ -120,15 +132,15 @@ def test_a_renewed_anchor_keeps_a_drifting_device_timer_on_the_host_clock(reanch
 @pytest.mark.parametrize("own_stream", [True, False])
 def test_an_anchor_on_its_own_stream_is_renewed_however_busy_the_compute_stream(own_stream: bool) -> None:
     gpu = FakeGpu(rate=1.002)
-    side = FakeGpu(rate=1.002) if own_stream else None
-    rec = Recorder(None, rank=0, stage=0, nvtx=False)
+    side = FakeGpu(rate=1.002, clock=gpu.clock) if own_stream else None  # another stream of the same GPU
+    rec = Recorder(None, rank=0, stage=0, nvtx=False, clock=gpu.clock)
     dev = DeviceSpans(rec, gpu, gpu.event, reanchor_s=0.05, anchor_stream=side)
     for mb in range(60):  # the host runs ahead: some work is always queued when it polls
         with dev.span("forward", mb=mb):
             gpu.launch(10)
         dev.poll()
         if dev.pending > 2:
-            time.sleep(0.01)
+            gpu.clock.sleep(0.01)
     dev.close()
     spans = rec.frame().sort_values("mb")
     worst = max(abs(got - start) for (start, _), got in zip(gpu.ran, spans["start_ns"], strict=True))
@@ -151,7 +163,7 @@ def test_device_spans_push_one_nvtx_range_each_and_record_no_host_span(monkeypat
     spy = SpyDomain()
     monkeypatch.setattr(nvtx, "get_domain", lambda name: spy if name == "ppscope" else None)
     gpu = FakeGpu()
-    rec = Recorder(None, rank=3, stage=3)
+    rec = Recorder(None, rank=3, stage=3, clock=gpu.clock)
     dev = DeviceSpans(rec, gpu, gpu.event)
     with dev.span("head", stage=3, mb=2):
         gpu.launch(1)
@@ -174,7 +186,8 @@ def test_a_span_begun_while_recording_is_kept_through_a_pause_and_none_begins_du
     assert dev.pending == 1  # nothing timed while paused
     assert dev.close() == 1  # resolved during the pause, the span begun before it is kept
     assert rec.frame()["mb"].tolist() == [0]
-    off = Recorder(None, rank=0, stage=0, nvtx=False, enabled=False)  # --no-record: nothing, pause or not
+    # --no-record: nothing, pause or not
+    off = Recorder(None, rank=0, stage=0, nvtx=False, enabled=False, clock=gpu.clock)
     dev_off = DeviceSpans(off, gpu, gpu.event)
     with dev_off.span("forward", mb=0):
         gpu.launch(1)
