@@ -133,6 +133,20 @@ def test_empty_run_reports_warning(tmp_path: Path, capsys: pytest.CaptureFixture
     assert out["stages"] == [] and any("no spans" in w for w in out["warnings"])
 
 
+def test_a_run_stopped_before_any_request_finished_reports_none_of_those_asked(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (run_dir / REQUESTS_FILE).write_text("")  # rank 0 logs a request as it finishes: none had
+    meta = json.loads((run_dir / "meta.json").read_text())
+    meta.update(status="interrupted", config={"requests": 400})
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+    assert main(["analyze", str(run_dir), "--json"]) == 0
+    lat = json.loads(capsys.readouterr().out)["latency"]
+    assert (lat["requests"], lat["finished"], lat["output_tokens"], lat["ttft_ms"]) == (400, 0, 0, None)
+    assert main(["analyze", str(run_dir)]) == 0
+    assert "Requests: 0/400 finished" in capsys.readouterr().out
+
+
 def test_render_text_and_html_without_trace() -> None:
     res = analyze(Trace())
     assert "no spans" in render_text(res)
