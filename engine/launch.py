@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,10 @@ from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
 from ppscope.models import PRESETS
 from ppscope.store import check_new_run_dir, create_run, read_meta, write_meta
 
+CPP_LOG_LEVEL_ENV = "TORCH_CPP_LOG_LEVEL"
+"""torch's C++ log level, read once as torch loads. The ranks started here default it to FATAL: a failure
+reaches the user as one line naming the rank that caused it, and a peer's fall-out logged from C++ beside it
+(gloo's 'connectFullMesh failed' when a rank stops while the ranks connect) is noise. Set it to see those."""
 _INTERRUPT_GRACE_S = 15.0
 """How long ranks get to flush and close their files after Ctrl-C before they are terminated."""
 _BLAME_WAIT_S = 3.0
@@ -44,7 +48,7 @@ _PEER_FAILURE = re.compile(
 """An error a rank gets because another one failed or hangs: its link or its process group broke under it."""
 _NOTHING_FROM = re.compile(r"received nothing from rank (\d+)")
 
-__all__ = ["free_port", "main_not_reimported", "run", "under_torchrun"]
+__all__ = ["CPP_LOG_LEVEL_ENV", "free_port", "main_not_reimported", "rank_environment", "run", "under_torchrun"]
 
 ProgressHook = Callable[[int, int, int], None]
 """Called with (requests finished, requests total, tokens generated)."""
@@ -131,10 +135,11 @@ def _start_ranks(cfg: EngineConfig, run_dir: Path) -> tuple[list[Any], Any]:
     ctx = _context()
     events = ctx.Queue()
     port = free_port()
+    env = rank_environment(os.environ)
     procs = [
         ctx.Process(
             target=_child,
-            args=(cfg.to_dict(), r, cfg.stages, port, str(run_dir.resolve()), events, dict(os.environ), os.getcwd()),
+            args=(cfg.to_dict(), r, cfg.stages, port, str(run_dir.resolve()), events, env, os.getcwd()),
             name=f"ppscope-rank{r}",
         )
         for r in range(cfg.stages)
@@ -147,12 +152,32 @@ def _start_ranks(cfg: EngineConfig, run_dir: Path) -> tuple[list[Any], Any]:
         from multiprocessing import forkserver, resource_tracker
 
         resource_tracker.ensure_running()
-    with main_not_reimported(), _sigint_blocked():
+    with main_not_reimported(), _sigint_blocked(), _environ(CPP_LOG_LEVEL_ENV, env[CPP_LOG_LEVEL_ENV]):
         if server:
             forkserver.ensure_running()
         for p in procs:
             p.start()
     return procs, events
+
+
+def rank_environment(caller: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the ranks started here: the caller's, with torch's C++ logs quiet unless it says."""
+    return {CPP_LOG_LEVEL_ENV: "FATAL", **caller}
+
+
+@contextlib.contextmanager
+def _environ(key: str, value: str) -> Iterator[None]:
+    """`key` set to `value` in this process's environment inside the block, so that a process started there (the
+    fork server, a spawned rank) has it from its start, before it imports torch; as it was afterwards."""
+    before = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 @contextlib.contextmanager

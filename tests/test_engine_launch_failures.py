@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from engine.config import EngineConfig
-from engine.launch import _interrupt_deferred, _supervise, run
+from engine.launch import CPP_LOG_LEVEL_ENV, _interrupt_deferred, _supervise, rank_environment, run
 from engine.worker import FAIL_ENV
 from ppscope.cli import main
 from ppscope.errors import EngineFailedError
@@ -179,3 +179,34 @@ def test_a_silent_rank_others_heard_nothing_from_is_named_as_hanging(tmp_path: P
     timeout = "TimeoutError: rank 2 received nothing from rank 1 for 5 s (a peer failed or hangs)"
     msg = _supervised([_Proc(1), _Proc(None), _Proc(1)], [("error", 0, PEER_ERROR), ("error", 2, timeout)], tmp_path)
     assert msg.startswith(f"rank 1 hangs (alive, silent): rank 2: {timeout}"), msg
+
+
+@pytest.mark.parametrize("given", [None, "WARNING"])
+def test_ranks_load_torch_with_its_cpp_logs_quiet_unless_the_caller_set_them(tmp_path: Path, given: str | None) -> None:
+    """torch reads its C++ log level once, as it loads: the level must be in the environment each rank's process
+    (or the fork server it comes from) started with, which /proc/PID/environ shows."""
+    env = {k: v for k, v in os.environ.items() if k != CPP_LOG_LEVEL_ENV}
+    if given:
+        env[CPP_LOG_LEVEL_ENV] = given
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ppscope", "run", "--stages", "2", "--model", "synthetic", "--layers", "2",
+           "--layer-cost-ms", "50", "--requests", "2", "--max-new-tokens", "8", "--no-progress",
+           "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline and not (out / "meta.json").exists():
+            time.sleep(0.02)
+        while proc.poll() is None and time.monotonic() < deadline and not read_meta(out).ranks:
+            time.sleep(0.02)
+        started = [Path(f"/proc/{r.pid}/environ").read_bytes().split(b"\0") for r in read_meta(out).ranks]
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, err
+    assert len(started) == 2
+    for environ in started:
+        assert f"{CPP_LOG_LEVEL_ENV}={given or 'FATAL'}".encode() in environ
+    assert rank_environment({"A": "1"}) == {"A": "1", CPP_LOG_LEVEL_ENV: "FATAL"}
+    assert rank_environment({CPP_LOG_LEVEL_ENV: "INFO"}) == {CPP_LOG_LEVEL_ENV: "INFO"}
