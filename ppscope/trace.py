@@ -241,8 +241,9 @@ class RunMeta:
 
     schema_version: int = SCHEMA_VERSION
     run_id: str = ""
-    source: str = "ppscope"
-    """Who produced the trace: `ppscope` (our engine), `nsys`, `kineto`, `simulator`."""
+    source: str = "unknown"
+    """Who produced the trace: `ppscope` (our engine), `nsys`, `kineto`, `simulator`; `unknown` when not said (a
+    trace built in code or a hand-written meta.json: nothing engine-specific is assumed of it)."""
     created_unix_ns: int = 0
     status: str = "running"
     """`running`, `finished`, `failed` or `interrupted`."""

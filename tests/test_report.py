@@ -138,7 +138,7 @@ def test_a_run_stopped_before_any_request_finished_reports_none_of_those_asked(
 ) -> None:
     (run_dir / REQUESTS_FILE).write_text("")  # rank 0 logs a request as it finishes: none had
     meta = json.loads((run_dir / "meta.json").read_text())
-    meta.update(status="interrupted", config={"requests": 400})
+    meta.update(source="ppscope", status="interrupted", config={"requests": 400})  # an engine run
     (run_dir / "meta.json").write_text(json.dumps(meta))
     assert main(["analyze", str(run_dir), "--json"]) == 0
     lat = json.loads(capsys.readouterr().out)["latency"]
