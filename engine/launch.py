@@ -19,7 +19,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -46,9 +45,22 @@ _PEER_FAILURE = re.compile(
     re.IGNORECASE,
 )
 """An error a rank gets because another one failed or hangs: its link or its process group broke under it."""
+_SOURCE_LINE = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|cu|h|hpp):\d+\]\s*")
+"""Where in its C++ source a library raised ("[/build/.../gloo/transport/tcp/pair.cc:537] "): not for users."""
+_ADVICE_TAIL = re.compile(r"\s*(?:This is typically caused by|Exception raised from) .*$", re.DOTALL)
+"""gloo's closing advice ("... GLHF!" and an emoji; the launcher names the rank to look at instead) and a C++
+backtrace."""
 _NOTHING_FROM = re.compile(r"received nothing from rank (\d+)")
 
-__all__ = ["CPP_LOG_LEVEL_ENV", "free_port", "main_not_reimported", "rank_environment", "run", "under_torchrun"]
+__all__ = [
+    "CPP_LOG_LEVEL_ENV",
+    "free_port",
+    "main_not_reimported",
+    "plain_error",
+    "rank_environment",
+    "run",
+    "under_torchrun",
+]
 
 ProgressHook = Callable[[int, int, int], None]
 """Called with (requests finished, requests total, tokens generated)."""
@@ -324,6 +336,13 @@ def _interrupt_all(procs: list[Any], grace_s: float) -> None:
     _stop_all(procs)
 
 
+def plain_error(exc: BaseException) -> str:
+    """`Type: message` of a rank's error on one line, without a library's source location or its advice."""
+    text = _ADVICE_TAIL.sub("", _SOURCE_LINE.sub("", str(exc)))
+    text = " ".join(text.split()).rstrip(".")  # the launcher goes on after it with "; ..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _failure(procs: list[Any], errors: dict[int, str], run_dir: Path) -> EngineFailedError:
     """The failure to report: its root cause, not its echoes. When one rank fails its peers fail too, and their
     errors often arrive first (a failing rank tears its process group down before it reports), so a rank killed
@@ -420,8 +439,7 @@ def _child(
         cfg = EngineConfig.from_dict(cfg_dict)
         run_rank(cfg, rank, world, local_rank=rank, run_dir=Path(run_dir), progress=progress if rank == 0 else None)
     except BaseException as exc:
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        events.put(("interrupted", rank) if isinstance(exc, KeyboardInterrupt) else ("error", rank, detail))
+        events.put(("interrupted", rank) if isinstance(exc, KeyboardInterrupt) else ("error", rank, plain_error(exc)))
         events.close()
         events.join_thread()
         os._exit(1)
@@ -451,7 +469,7 @@ def _run_torchrun(cfg: EngineConfig) -> Path:
     except PPScopeError:
         raise
     except Exception as exc:
-        raise EngineFailedError(f"rank {rank} failed: {type(exc).__name__}: {exc}") from exc
+        raise EngineFailedError(f"rank {rank} failed: {plain_error(exc)}") from exc
 
 
 class _ProgressBar:
