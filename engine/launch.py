@@ -27,6 +27,7 @@ from engine.config import EngineConfig
 from engine.prepare import Prepared, check_memory, host_available_bytes, prepare
 from engine.worker import default_run_dir, run_rank
 from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
+from ppscope.failures import is_peer_failure, plain_error
 from ppscope.models import PRESETS
 from ppscope.store import check_new_run_dir, create_run, read_meta, write_meta
 
@@ -39,24 +40,12 @@ _INTERRUPT_GRACE_S = 15.0
 _BLAME_WAIT_S = 3.0
 """After a rank fails, how long the others get to report (or show how they died) before the cause is named;
 the wait ends as soon as every rank has reported or exited and nothing is left to read."""
-_PEER_FAILURE = re.compile(
-    r"(send to|receive from|received nothing from) rank \d+|by peer|broken pipe|timed out|remote process"
-    r"|DistNetworkError|DistBackendError|DistStoreError",
-    re.IGNORECASE,
-)
-"""An error a rank gets because another one failed or hangs: its link or its process group broke under it."""
-_SOURCE_LINE = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|cu|h|hpp):\d+\]\s*")
-"""Where in its C++ source a library raised ("[/build/.../gloo/transport/tcp/pair.cc:537] "): not for users."""
-_ADVICE_TAIL = re.compile(r"\s*(?:This is typically caused by|Exception raised from) .*$", re.DOTALL)
-"""gloo's closing advice ("... GLHF!" and an emoji; the launcher names the rank to look at instead) and a C++
-backtrace."""
 _NOTHING_FROM = re.compile(r"received nothing from rank (\d+)")
 
 __all__ = [
     "CPP_LOG_LEVEL_ENV",
     "free_port",
     "main_not_reimported",
-    "plain_error",
     "rank_environment",
     "run",
     "under_torchrun",
@@ -336,13 +325,6 @@ def _interrupt_all(procs: list[Any], grace_s: float) -> None:
     _stop_all(procs)
 
 
-def plain_error(exc: BaseException) -> str:
-    """`Type: message` of a rank's error on one line, without a library's source location or its advice."""
-    text = _ADVICE_TAIL.sub("", _SOURCE_LINE.sub("", str(exc)))
-    text = " ".join(text.split()).rstrip(".")  # the launcher goes on after it with "; ..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def _failure(procs: list[Any], errors: dict[int, str], run_dir: Path) -> EngineFailedError:
     """The failure to report: its root cause, not its echoes. When one rank fails its peers fail too, and their
     errors often arrive first (a failing rank tears its process group down before it reports), so a rank killed
@@ -352,7 +334,7 @@ def _failure(procs: list[Any], errors: dict[int, str], run_dir: Path) -> EngineF
     where = f"the trace up to then is in {run_dir}"
     silent = {r: p.exitcode for r, p in enumerate(procs) if r not in errors and p.exitcode not in (None, 0)}
     killed = [r for r, code in silent.items() if code < 0]
-    own = [r for r, detail in errors.items() if not _PEER_FAILURE.search(detail)]
+    own = [r for r, detail in errors.items() if not is_peer_failure(detail)]
     if killed or (silent and not own):
         rank = (killed or list(silent))[0]
         code = silent[rank]

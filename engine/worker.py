@@ -29,6 +29,7 @@ from engine.sampler import CounterSampler
 from engine.sampling import Sampling
 from engine.schedules import Pipeline
 from engine.split import build_stage
+from ppscope.failures import plain_error
 from ppscope.recorder import Recorder
 from ppscope.schedule import ServePolicy
 from ppscope.store import RankWriter, create_run, read_meta, write_meta
@@ -141,7 +142,7 @@ def _run(
         run_dir = Path(str(box[0]))
         run_dir.mkdir(parents=True, exist_ok=True)  # other nodes without a shared file system
     try:
-        return _run_pipeline(cfg, prep, rank, world, device, run_dir, progress, clock, clock_info)
+        return _run_pipeline(cfg, prep, rank, world, device, run_dir, progress, clock, clock_info, not supervised)
     except BaseException as exc:
         if supervised or rank != 0:
             raise
@@ -151,7 +152,7 @@ def _run(
         if isinstance(exc, KeyboardInterrupt):
             meta.error = "rank 0: " + (str(exc) or "interrupted by the user")
         else:
-            meta.error = f"rank 0: {type(exc).__name__}: {exc}"
+            meta.error = f"rank 0: {plain_error(exc)}"
         write_meta(run_dir, meta)
         raise
 
@@ -166,7 +167,9 @@ def _run_pipeline(
     progress: ProgressFn | None,
     clock: Callable[[], int],
     clock_info: ClockInfo,
+    keep_failure: bool,
 ) -> Path:
+    """`keep_failure`: record this rank's own error in its file (under torchrun, where no launcher hears it)."""
     info = RankInfo(
         rank=rank,
         stage=rank,
@@ -193,6 +196,7 @@ def _run_pipeline(
     sampler: CounterSampler | None = None
     pipe: Pipeline | None = None
     frozen = False
+    failure: dict[str, str] = {}
     try:  # from here on, whatever stops the rank (a Ctrl-C included) closes its file
         sampler = CounterSampler(rec, _nvml_index(device), cfg.sample_interval_ms)
         if device.type == "cuda":
@@ -252,6 +256,10 @@ def _run_pipeline(
             pipe.drive_batch(cfg.schedule, prep.requests, prep.inflight, report)
         pipe.close()
         ring.close()
+    except Exception as exc:  # not a Ctrl-C or torchrun's SIGTERM: this rank was stopped, it did not fail
+        if keep_failure:
+            failure["error"] = plain_error(exc)
+        raise
     finally:
         if frozen:
             gc.unfreeze()
@@ -260,7 +268,7 @@ def _run_pipeline(
                 pipe.device_spans.poll()
         if sampler is not None:
             sampler.stop()
-        rec.close()
+        rec.close(failure)
         if log is not None:
             log.close()
     if world > 1:

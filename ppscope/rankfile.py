@@ -138,6 +138,7 @@ class RankFile:
     last_span: int = 0
     last_counter: int = 0
     counters: pd.DataFrame | None = None  # None: no new counter
+    error: str = ""  # the rank's own error, when it recorded one (info key `error`, under torchrun)
 
 
 def _open_rank(path: Path, after_span: int, after_counter: int) -> RankFile | None:
@@ -151,10 +152,12 @@ def _open_rank(path: Path, after_span: int, after_counter: int) -> RankFile | No
                 db.close()
                 return None
             raise CorruptFileError(f"{path} is an SQLite file but not a ppscope rank file (no spans table)")
+        error = ""
         if "info" in tables:
             _check_rank_schema(db, path)
+            error = _recorded_error(query(db, path, "SELECT value FROM info WHERE key = 'error'"))
         query(db, path, "BEGIN")  # one snapshot for the count and every chunk, while a writer appends
-        rf = RankFile(path, db, after_span, after_counter, last_span=after_span)
+        rf = RankFile(path, db, after_span, after_counter, last_span=after_span, error=error)
         rf.n_spans = query(db, path, "SELECT count(*) FROM spans WHERE id > ?", (after_span,))[0][0]
         not_null = {r[0] for r in query(db, path, "SELECT name FROM pragma_table_info('spans') WHERE \"notnull\"")}
         rf.row_by_row = not not_null >= set(_SPAN_COLS)
@@ -162,6 +165,18 @@ def _open_rank(path: Path, after_span: int, after_counter: int) -> RankFile | No
     except BaseException:
         db.close()
         raise
+
+
+def _recorded_error(rows: list[tuple[Any, ...]]) -> str:
+    """The text of a rank's recorded error (a JSON string); a value that is not one is shown as it is."""
+    if not rows:
+        return ""
+    raw = rows[0][0]
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        value = raw
+    return " ".join(str(value).split())
 
 
 def _read_rank(rf: RankFile, table: Table, pos: int) -> None:

@@ -15,7 +15,7 @@ import functools
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ppscope.errors import InvalidSpanError
@@ -344,10 +344,10 @@ class Recorder:
         if self._built[0]:
             self._drain()
 
-    def close(self) -> None:
+    def close(self, info: Mapping[str, Any] | None = None) -> None:
         """Stop the flush thread, write what is left, leave both span counts in the rank file (info keys
-        `spans_recorded` and `spans_written`, for whoever checks that none was lost) and close the sink.
-        A write that failed is raised here, after the counts are stored. Idempotent."""
+        `spans_recorded` and `spans_written`, for whoever checks that none was lost) with `info`'s keys, and
+        close the sink. A write that failed is raised here, after the counts are stored. Idempotent."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -364,6 +364,8 @@ class Recorder:
             try:
                 sink.set_info("spans_recorded", self.spans_recorded)
                 sink.set_info("spans_written", self.spans_written)
+                for key, value in (info or {}).items():
+                    sink.set_info(key, value)
             except Exception:
                 if error is None:
                     raise  # else the failed write says more than this

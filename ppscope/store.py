@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ppscope.errors import CorruptFileError, InvalidConfigError, RunExistsError, RunNotFoundError
+from ppscope.failures import recorded_failures
 from ppscope.rankfile import UNSHIFTABLE, connect_ro, merge_values, query, read_ranks, spans_of, unshiftable
 from ppscope.trace import (
     COUNTER_COLUMNS,
@@ -288,6 +289,7 @@ def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> 
         names = ", ".join(rank_file(path, r).name for r in missing)
         warnings.append(f"rank(s) {', '.join(map(str, missing))} have no file ({names}); loaded the rest")
     table, opened = read_ranks(files, since.spans, since.counters)
+    warnings += recorded_failures({rank: rf.error for rank, rf, _ in opened if rf.error}, meta.error)
     span_pos, counter_pos = dict(since.spans), dict(since.counters)
     for rank, rf, _ in opened:
         span_pos[rank], counter_pos[rank] = rf.last_span, rf.last_counter

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from engine.config import EngineConfig
-from engine.launch import CPP_LOG_LEVEL_ENV, _interrupt_deferred, _supervise, plain_error, rank_environment, run
+from engine.launch import CPP_LOG_LEVEL_ENV, _interrupt_deferred, _supervise, rank_environment, run
 from engine.worker import FAIL_ENV
 from ppscope.cli import main
 from ppscope.errors import EngineFailedError
@@ -211,19 +211,3 @@ def test_ranks_load_torch_with_its_cpp_logs_quiet_unless_the_caller_set_them(tmp
     assert rank_environment({"A": "1"}) == {"A": "1", CPP_LOG_LEVEL_ENV: "FATAL"}
     assert rank_environment({CPP_LOG_LEVEL_ENV: "INFO"}) == {CPP_LOG_LEVEL_ENV: "INFO"}
 
-
-def test_a_rank_error_reads_without_the_library_source_location_advice_or_backtrace() -> None:
-    seen = RuntimeError(  # a rank whose successor was killed, as this torch's gloo said it
-        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:20096: "
-        "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application. "
-        "Check the logs of the remote worker before reporting an error. GLHF! \N{UMBRELLA ON GROUND}"
-    )
-    assert plain_error(seen) == "RuntimeError: Read error [127.0.0.1]:20096: Connection reset by peer"
-    wrapped = RuntimeError(PEER_ERROR.removeprefix("RuntimeError: "))  # the ring's own words around gloo's
-    assert plain_error(wrapped) == (
-        "RuntimeError: rank 1: receive from rank 0 failed: Connection closed by peer [127.0.0.1]:14008"
-    )
-    store = TimeoutError("timed out\nException raised from throwTimeoutError at /x/socket.cpp:1030 (most recent call")
-    assert plain_error(store) == "TimeoutError: timed out"
-    assert plain_error(KeyError("layers.3.w")) == "KeyError: 'layers.3.w'"
-    assert plain_error(RuntimeError()) == "RuntimeError"

@@ -1,0 +1,55 @@
+"""A rank's failure in words: its error on one line, whether it is an echo of another rank's, and what a run's
+readers say about the failures its ranks recorded themselves.
+
+Under `ppscope run` the launcher hears every rank and names the cause in `meta.json`. Under torchrun nobody
+hears them all: rank 0 writes the run's status (when torchrun stops it, "stopped by SIGTERM"), and each rank
+that fails records its own error in its rank file, for the readers to name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+__all__ = ["is_peer_failure", "plain_error", "recorded_failures"]
+
+_PEER_FAILURE = re.compile(
+    r"(send to|receive from|received nothing from) rank \d+|by peer|broken pipe|timed out|remote process"
+    r"|DistNetworkError|DistBackendError|DistStoreError",
+    re.IGNORECASE,
+)
+"""An error a rank gets because another one failed or hangs: its link or its process group broke under it."""
+_SOURCE_LINE = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|cu|h|hpp):\d+\]\s*")
+"""Where in its C++ source a library raised ("[/build/.../gloo/transport/tcp/pair.cc:537] "): not for users."""
+_ADVICE_TAIL = re.compile(r"\s*(?:This is typically caused by|Exception raised from) .*$", re.DOTALL)
+"""gloo's closing advice ("... GLHF!" and an emoji; the reader is told which rank to look at instead) and a
+C++ backtrace."""
+_LISTED = 3
+"""Echoes named one by one before the rest are counted."""
+
+
+def plain_error(exc: BaseException) -> str:
+    """`Type: message` of a rank's error on one line, without a library's source location or its advice."""
+    text = _ADVICE_TAIL.sub("", _SOURCE_LINE.sub("", str(exc)))
+    text = " ".join(text.split()).rstrip(".")  # a caller goes on after it with "; ..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def is_peer_failure(detail: str) -> bool:
+    """Whether a rank's error is its link or process group breaking under it (another rank failed or hangs)."""
+    return _PEER_FAILURE.search(detail) is not None
+
+
+def recorded_failures(errors: Mapping[int, str], said: str = "") -> list[str]:
+    """One line per failure the ranks recorded (rank -> plain error), causes before echoes: the ranks that failed
+    in their own code, or when none did, those whose link broke (a rank killed outright records nothing).
+    A failure `said` already (the run's own status) is not repeated."""
+    told = {r: e for r, e in sorted(errors.items()) if e and e not in said}
+    own = {r: e for r, e in told.items() if not is_peer_failure(e)}
+    shown = own or told
+    lines = [f"rank {r} failed: {e}" for r, e in list(shown.items())[:_LISTED]]
+    if len(shown) > _LISTED:
+        lines.append(f"{len(shown) - _LISTED} more rank(s) failed alike (their rank files say how)")
+    if own and len(told) > len(own):
+        lines.append(f"{len(told) - len(own)} rank(s) then lost their link to a failed one")
+    return lines

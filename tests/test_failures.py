@@ -1,0 +1,65 @@
+"""A rank's failure in words, and what a run's readers say about the failures its ranks recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ppscope.analysis import analyze
+from ppscope.failures import plain_error, recorded_failures
+from ppscope.store import RankWriter, create_run, load_run
+from ppscope.trace import RunMeta
+
+OWN = "RuntimeError: injected failure after 1 passes"
+ECHO = "RuntimeError: rank 2: receive from rank 1 failed: Connection closed by peer [127.0.0.1]:47258"
+
+
+def test_a_rank_error_reads_without_the_library_source_location_advice_or_backtrace() -> None:
+    seen = RuntimeError(  # a rank whose successor was killed, as this torch's gloo said it
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:20096: "
+        "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application. "
+        "Check the logs of the remote worker before reporting an error. GLHF! \N{UMBRELLA ON GROUND}"
+    )
+    assert plain_error(seen) == "RuntimeError: Read error [127.0.0.1]:20096: Connection reset by peer"
+    wrapped = RuntimeError(  # the ring's own words around gloo's
+        "rank 1: receive from rank 0 failed: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+        "by peer [127.0.0.1]:14008. This is typically caused by a remote worker crashing. GLHF!"
+    )
+    assert plain_error(wrapped) == (
+        "RuntimeError: rank 1: receive from rank 0 failed: Connection closed by peer [127.0.0.1]:14008"
+    )
+    store = TimeoutError("timed out\nException raised from throwTimeoutError at /x/socket.cpp:1030 (most recent call")
+    assert plain_error(store) == "TimeoutError: timed out"
+    assert plain_error(KeyError("layers.3.w")) == "KeyError: 'layers.3.w'"
+    assert plain_error(RuntimeError()) == "RuntimeError"
+
+
+def test_recorded_failures_name_the_cause_before_its_echoes() -> None:
+    assert recorded_failures({2: ECHO, 1: OWN}) == [
+        f"rank 1 failed: {OWN}",
+        "1 rank(s) then lost their link to a failed one",
+    ]
+    assert recorded_failures({2: ECHO}) == [f"rank 2 failed: {ECHO}"]  # the cause recorded nothing (killed)
+    assert recorded_failures({0: OWN}, said=f"rank 0: {OWN}") == []  # the run's status says it already
+    assert recorded_failures({}) == []
+    many = recorded_failures({r: ECHO.replace("rank 2", f"rank {r}") for r in range(6)})
+    assert (
+        len(many) == 4
+        and many[0].startswith("rank 0 failed: ")
+        and many[3] == ("3 more rank(s) failed alike (their rank files say how)")
+    )
+
+
+def test_a_failure_a_rank_recorded_is_a_warning_of_the_run(tmp_path: Path) -> None:
+    """Under torchrun each failing rank records its own error; rank 0 writes the run's status, and when torchrun
+    stops it that status says only 'stopped by SIGTERM'."""
+    meta = RunMeta(source="ppscope", world_size=3, pp_size=3, schedule="gpipe", status="interrupted",
+                   error="rank 0: stopped by SIGTERM")  # fmt: skip
+    run = create_run(tmp_path / "run", meta)
+    for rank, error in ((0, None), (1, OWN), (2, ECHO)):
+        w = RankWriter(run, rank)
+        if error:
+            w.set_info("error", error)
+        w.close()
+    trace = load_run(run)
+    assert f"rank 1 failed: {OWN}" in trace.warnings
+    assert f"rank 1 failed: {OWN}" in analyze(trace).warnings
