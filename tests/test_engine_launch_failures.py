@@ -210,4 +210,3 @@ def test_ranks_load_torch_with_its_cpp_logs_quiet_unless_the_caller_set_them(tmp
         assert f"{CPP_LOG_LEVEL_ENV}={given or 'FATAL'}".encode() in environ
     assert rank_environment({"A": "1"}) == {"A": "1", CPP_LOG_LEVEL_ENV: "FATAL"}
     assert rank_environment({CPP_LOG_LEVEL_ENV: "INFO"}) == {CPP_LOG_LEVEL_ENV: "INFO"}
-
