@@ -295,7 +295,7 @@ def requests(live: LiveTrace) -> None:
         return
     lat = result.latency
     if lat is None:
-        st.info("This trace has no requests (requests.jsonl is written by runs of the `serve` schedule).")
+        st.info("This trace has no request log (`requests.jsonl`, which ppscope's engine writes as requests finish).")
         return
     cols = st.columns(4)
     cols[0].metric("Requests", f"{lat.requests:,}", help=f"{lat.finished:,} finished")

@@ -32,9 +32,11 @@ from ppscope.models import PRESETS
 from ppscope.store import check_new_run_dir, create_run, read_meta, write_meta
 
 CPP_LOG_LEVEL_ENV = "TORCH_CPP_LOG_LEVEL"
-"""torch's C++ log level, read once as torch loads. The ranks started here default it to FATAL: a failure
+"""torch's C++ log level, read once as torch loads. Gloo ranks started here default it to FATAL: a failure
 reaches the user as one line naming the rank that caused it, and a peer's fall-out logged from C++ beside it
-(gloo's 'connectFullMesh failed' when a rank stops while the ranks connect) is noise. Set it to see those."""
+(gloo's 'connectFullMesh failed' when a rank stops while the ranks connect) is noise. NCCL ranks keep torch's
+default: its watchdog's report may be all that says which transfer a hang waits on. Set it to see gloo's
+logs; the fork server keeps the level it started with, so in one process the first run's level holds."""
 _INTERRUPT_GRACE_S = 15.0
 """How long ranks get to flush and close their files after Ctrl-C before they are terminated."""
 _BLAME_WAIT_S = 3.0
@@ -112,7 +114,7 @@ def _run_local(cfg: EngineConfig, on_progress: ProgressHook | None) -> Path:
             create_run(run_dir, prep.meta(cfg.stages))
             created = True
             if cfg.stages > 1:
-                procs, events = _start_ranks(cfg, run_dir)
+                procs, events = _start_ranks(cfg, run_dir, prep.backend)
         if cfg.stages == 1:
             return _run_inline(cfg, prep, run_dir, on_progress)
         _supervise(cfg, procs, events, run_dir, len(prep.requests), on_progress)
@@ -131,12 +133,12 @@ def _run_local(cfg: EngineConfig, on_progress: ProgressHook | None) -> Path:
     return run_dir
 
 
-def _start_ranks(cfg: EngineConfig, run_dir: Path) -> tuple[list[Any], Any]:
+def _start_ranks(cfg: EngineConfig, run_dir: Path, backend: str) -> tuple[list[Any], Any]:
     """Start every rank; returns the processes and the queue they report on."""
     ctx = _context()
     events = ctx.Queue()
     port = free_port()
-    env = rank_environment(os.environ)
+    env = rank_environment(os.environ, backend)
     procs = [
         ctx.Process(
             target=_child,
@@ -153,7 +155,7 @@ def _start_ranks(cfg: EngineConfig, run_dir: Path) -> tuple[list[Any], Any]:
         from multiprocessing import forkserver, resource_tracker
 
         resource_tracker.ensure_running()
-    with main_not_reimported(), _sigint_blocked(), _environ(CPP_LOG_LEVEL_ENV, env[CPP_LOG_LEVEL_ENV]):
+    with main_not_reimported(), _sigint_blocked(), _environ(CPP_LOG_LEVEL_ENV, env.get(CPP_LOG_LEVEL_ENV)):
         if server:
             forkserver.ensure_running()
         for p in procs:
@@ -161,15 +163,19 @@ def _start_ranks(cfg: EngineConfig, run_dir: Path) -> tuple[list[Any], Any]:
     return procs, events
 
 
-def rank_environment(caller: Mapping[str, str]) -> dict[str, str]:
-    """The environment of the ranks started here: the caller's, with torch's C++ logs quiet unless it says."""
-    return {CPP_LOG_LEVEL_ENV: "FATAL", **caller}
+def rank_environment(caller: Mapping[str, str], backend: str) -> dict[str, str]:
+    """The environment of the ranks started here: the caller's, with gloo's C++ logs quiet unless it says."""
+    return {CPP_LOG_LEVEL_ENV: "FATAL", **caller} if backend == "gloo" else dict(caller)
 
 
 @contextlib.contextmanager
-def _environ(key: str, value: str) -> Iterator[None]:
-    """`key` set to `value` in this process's environment inside the block, so that a process started there (the
-    fork server, a spawned rank) has it from its start, before it imports torch; as it was afterwards."""
+def _environ(key: str, value: str | None) -> Iterator[None]:
+    """`key` set to `value` (None: left as it is) in this process's environment inside the block, so that a
+    process started there (the fork server, a spawned rank) has it from its start, before it imports torch; as it
+    was afterwards."""
+    if value is None:
+        yield
+        return
     before = os.environ.get(key)
     os.environ[key] = value
     try:

@@ -256,7 +256,7 @@ def _run_pipeline(
             pipe.drive_batch(cfg.schedule, prep.requests, prep.inflight, report)
         pipe.close()
         ring.close()
-    except Exception as exc:  # not a Ctrl-C or torchrun's SIGTERM: this rank was stopped, it did not fail
+    except Exception as exc:  # a failure; a KeyboardInterrupt (Ctrl-C, torchrun's SIGTERM) only stopped the rank
         if keep_failure:
             failure["error"] = plain_error(exc)
         raise

@@ -30,7 +30,11 @@ _LISTED = 3
 
 def plain_error(exc: BaseException) -> str:
     """`Type: message` of a rank's error on one line, without a library's source location or its advice."""
-    text = _ADVICE_TAIL.sub("", _SOURCE_LINE.sub("", str(exc)))
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose message cannot be made still has a name
+        text = ""
+    text = _ADVICE_TAIL.sub("", _SOURCE_LINE.sub("", text))
     text = " ".join(text.split()).rstrip(".")  # a caller goes on after it with "; ..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -43,13 +47,14 @@ def is_peer_failure(detail: str) -> bool:
 def recorded_failures(errors: Mapping[int, str], said: str = "") -> list[str]:
     """One line per failure the ranks recorded (rank -> plain error), causes before echoes: the ranks that failed
     in their own code, or when none did, those whose link broke (a rank killed outright records nothing).
-    A failure `said` already (the run's own status) is not repeated."""
-    told = {r: e for r, e in sorted(errors.items()) if e and e not in said}
+    A failure `said` already (the run's own status, "rank R: error" from rank 0) is not repeated."""
+    told = {r: e for r, e in sorted(errors.items()) if e and said != f"rank {r}: {e}"}
     own = {r: e for r, e in told.items() if not is_peer_failure(e)}
     shown = own or told
-    lines = [f"rank {r} failed: {e}" for r, e in list(shown.items())[:_LISTED]]
+    # the ring says which rank it is ("RuntimeError: rank 2: receive from ..."): once is enough
+    lines = [f"rank {r} failed: {e.replace(f': rank {r}: ', ': ', 1)}" for r, e in list(shown.items())[:_LISTED]]
     if len(shown) > _LISTED:
-        lines.append(f"{len(shown) - _LISTED} more rank(s) failed alike (their rank files say how)")
+        lines.append(f"{len(shown) - _LISTED} more rank(s) recorded a failure")
     if own and len(told) > len(own):
         lines.append(f"{len(told) - len(own)} rank(s) then lost their link to a failed one")
     return lines

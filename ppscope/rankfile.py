@@ -79,7 +79,7 @@ def _check_rank_schema(db: sqlite3.Connection, path: Path) -> None:
     rows = query(db, path, "SELECT value FROM info WHERE key = 'schema_version'")
     try:
         version = int(json.loads(rows[0][0])) if rows else SCHEMA_VERSION
-    except (ValueError, TypeError, OverflowError):  # not JSON, not a number, a blob
+    except (ValueError, TypeError, OverflowError, RecursionError):  # not JSON, not a number, a blob, too deep
         raise CorruptFileError(
             f"{path}: its schema_version {rows[0][0]!r:.40} is not a number; the file is damaged"
         ) from None
@@ -155,7 +155,7 @@ def _open_rank(path: Path, after_span: int, after_counter: int) -> RankFile | No
         error = ""
         if "info" in tables:
             _check_rank_schema(db, path)
-            error = _recorded_error(query(db, path, "SELECT value FROM info WHERE key = 'error'"))
+            error = _recorded_error(db)
         query(db, path, "BEGIN")  # one snapshot for the count and every chunk, while a writer appends
         rf = RankFile(path, db, after_span, after_counter, last_span=after_span, error=error)
         rf.n_spans = query(db, path, "SELECT count(*) FROM spans WHERE id > ?", (after_span,))[0][0]
@@ -167,16 +167,22 @@ def _open_rank(path: Path, after_span: int, after_counter: int) -> RankFile | No
         raise
 
 
-def _recorded_error(rows: list[tuple[Any, ...]]) -> str:
-    """The text of a rank's recorded error (a JSON string); a value that is not one is shown as it is."""
-    if not rows:
-        return ""
-    raw = rows[0][0]
+def _recorded_error(db: sqlite3.Connection) -> str:
+    """The text of a rank's recorded error (info key `error`, a JSON string), at most 500 characters. Only a
+    message: one that cannot be read is said so, and never stops the read of the spans."""
     try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
-        value = raw
-    return " ".join(str(value).split())
+        rows = db.execute("SELECT value FROM info WHERE key = 'error'").fetchall()
+        if not rows:
+            return ""
+        raw = rows[0][0]
+        try:
+            value = json.loads(raw)
+        except (TypeError, ValueError, RecursionError):
+            value = raw
+        text = " ".join(str(value).split())
+    except (sqlite3.Error, ValueError, RecursionError):
+        return "(its recorded error cannot be read: the file is damaged)"
+    return text if len(text) <= 500 else text[:499] + "…"
 
 
 def _read_rank(rf: RankFile, table: Table, pos: int) -> None:

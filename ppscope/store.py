@@ -318,8 +318,9 @@ def load_run(run_dir: str | os.PathLike[str]) -> Trace:
 
 
 def read_rank_info(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
-    """The `info` table of each rank file (schema version, and the recorder's span counts once it closed:
-    `spans_recorded`, `spans_written`), read-only, values decoded from JSON."""
+    """The `info` table of each rank file (schema version, the recorder's span counts once it closed:
+    `spans_recorded`, `spans_written`, and under torchrun a failed rank's `error`), read-only, values decoded
+    from JSON."""
     path = _check_run_dir(run_dir)
     out: dict[int, dict[str, Any]] = {}
     for rank, file in sorted(_rank_files(path).items()):

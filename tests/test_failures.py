@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from ppscope.analysis import analyze
 from ppscope.failures import plain_error, recorded_failures
-from ppscope.store import RankWriter, create_run, load_run
+from ppscope.store import RankWriter, create_run, load_run, rank_file
 from ppscope.trace import RunMeta
 
 OWN = "RuntimeError: injected failure after 1 passes"
@@ -38,15 +39,23 @@ def test_recorded_failures_name_the_cause_before_its_echoes() -> None:
         f"rank 1 failed: {OWN}",
         "1 rank(s) then lost their link to a failed one",
     ]
-    assert recorded_failures({2: ECHO}) == [f"rank 2 failed: {ECHO}"]  # the cause recorded nothing (killed)
+    # the cause recorded nothing (killed): the echo, saying its rank once
+    assert recorded_failures({2: ECHO}) == [
+        "rank 2 failed: RuntimeError: receive from rank 1 failed: Connection closed by peer [127.0.0.1]:47258"
+    ]
     assert recorded_failures({0: OWN}, said=f"rank 0: {OWN}") == []  # the run's status says it already
+    assert recorded_failures({0: OWN, 3: OWN}, said=f"rank 0: {OWN}") == [f"rank 3 failed: {OWN}"]  # not rank 3's
     assert recorded_failures({}) == []
     many = recorded_failures({r: ECHO.replace("rank 2", f"rank {r}") for r in range(6)})
-    assert (
-        len(many) == 4
-        and many[0].startswith("rank 0 failed: ")
-        and many[3] == ("3 more rank(s) failed alike (their rank files say how)")
-    )
+    assert len(many) == 4 and many[0].startswith("rank 0 failed: ") and many[3] == "3 more rank(s) recorded a failure"
+
+
+def test_an_error_whose_message_cannot_be_made_is_named_by_its_type() -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise ValueError("no")
+
+    assert plain_error(Unprintable()) == "Unprintable"
 
 
 def test_a_failure_a_rank_recorded_is_a_warning_of_the_run(tmp_path: Path) -> None:
@@ -63,3 +72,16 @@ def test_a_failure_a_rank_recorded_is_a_warning_of_the_run(tmp_path: Path) -> No
     trace = load_run(run)
     assert f"rank 1 failed: {OWN}" in trace.warnings
     assert f"rank 1 failed: {OWN}" in analyze(trace).warnings
+
+
+def test_a_recorded_error_that_cannot_be_read_is_said_so_and_the_spans_still_load(tmp_path: Path) -> None:
+    run = create_run(tmp_path / "run", RunMeta(source="ppscope", world_size=2, status="interrupted"))
+    for rank in range(2):
+        RankWriter(run, rank).close()
+    with sqlite3.connect(rank_file(run, 1)) as db:  # not JSON, not UTF-8
+        db.execute("INSERT INTO info VALUES ('error', CAST(x'ff00fe' AS TEXT))")
+    with sqlite3.connect(rank_file(run, 0)) as db:  # nested past any parser's depth, and long
+        db.execute("INSERT INTO info VALUES ('error', ?)", ("[" * 100_000,))
+    warnings = load_run(run).warnings
+    assert "rank 1 failed: (its recorded error cannot be read: the file is damaged)" in warnings, warnings
+    assert any(w.startswith("rank 0 failed: [[[[") and len(w) < 600 for w in warnings), warnings

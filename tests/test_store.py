@@ -236,6 +236,19 @@ def test_rank_file_from_newer_schema(tmp_path: Path) -> None:
         load_run(run)
 
 
+@pytest.mark.parametrize("value", ["'two'", "'" + "[" * 100_000 + "'", "x'00ff'"])
+def test_rank_file_schema_version_that_is_no_number_is_named(tmp_path: Path, value: str) -> None:
+    import sqlite3
+
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=1))
+    RankWriter(run, 0).close()
+    with sqlite3.connect(rank_file(run, 0)) as db:
+        db.execute(f"UPDATE info SET value = {value} WHERE key = 'schema_version'")
+    with pytest.raises(CorruptFileError, match=r"schema_version .* is not a number; the file is damaged"):
+        load_run(run)
+
+
 def test_meta_from_newer_schema(tmp_path: Path) -> None:
     run = tmp_path / "run"
     create_run(run, RunMeta())

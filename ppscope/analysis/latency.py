@@ -37,8 +37,12 @@ def request_latency(requests: pd.DataFrame, asked: int = 0) -> RequestLatency | 
     if requests is None or len(requests) == 0:
         if asked <= 0:
             return None
-        none = pd.DataFrame({c: pd.Series(dtype=np.int64) for c in ("id", "ttft_ns", "e2e_ns")})
-        none.insert(2, "tpot_ns", pd.Series(dtype=np.float64))
+        none = pd.DataFrame(
+            {
+                c: pd.Series(dtype=t)
+                for c, t in (("id", np.int64), ("ttft_ns", np.int64), ("tpot_ns", np.float64), ("e2e_ns", np.int64))
+            }
+        )
         return RequestLatency(
             requests=asked, finished=0, output_tokens=0, ttft=None, tpot=None, e2e=None, tokens_per_s=None, table=none
         )
