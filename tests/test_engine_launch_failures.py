@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,25 +33,33 @@ PEER_ERROR = (
 )
 
 
+@contextlib.contextmanager
+def _launched(args: list[str], **popen: Any) -> Iterator[subprocess.Popen[str]]:
+    """`ppscope run ARGS` in a session of its own, so signals reach it as from a terminal; whatever is left of it
+    is killed at the end."""
+    proc = subprocess.Popen([sys.executable, "-m", "ppscope", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)  # fmt: skip
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
 @pytest.mark.parametrize("after_s", [0.0, 0.4])
 def test_ctrl_c_while_the_ranks_start_is_one_line_and_marks_the_run(tmp_path: Path, after_s: float) -> None:
     """Ctrl-C from a terminal (SIGINT to the whole process group) once the run directory exists, while the fork
     server imports the engine and the ranks start: one line, exit 130, and the run is marked interrupted."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ppscope", "run", "--stages", "2", "--requests", "50", "--max-new-tokens", "50",
-           "--no-progress", "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    args = ["--stages", "2", "--requests", "50", "--max-new-tokens", "50", "--no-progress", "--out", str(out)]
+    with _launched(args) as proc:
         deadline = time.monotonic() + 60
         while not (out / "meta.json").exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(after_s)
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == [f"ppscope run: error: interrupted; what was recorded up to then is in {out}"], (
         err
@@ -63,11 +72,9 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_marks_the_run(tmp_path: Pa
     """A job scheduler's SIGTERM to the launcher alone: the ranks (children of the fork server, not of the
     launcher) must not run on orphaned, and the run must not stay `running`."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ppscope", "run", "--stages", "2", "--model", "synthetic", "--layers", "2",
-           "--layer-cost-ms", "200", "--requests", "4", "--max-new-tokens", "8", "--no-progress",
-           "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    args = ["--stages", "2", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "200", "--requests", "4",
+            "--max-new-tokens", "8", "--no-progress", "--out", str(out)]  # fmt: skip
+    with _launched(args) as proc:
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:
             if (out / "meta.json").exists() and read_meta(out).ranks:
@@ -76,10 +83,6 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_marks_the_run(tmp_path: Pa
         pids = [r.pid for r in read_meta(out).ranks]
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
     assert proc.returncode == 130 and len(err.strip().splitlines()) == 1, err
     meta = read_meta(out)
     assert (meta.status, meta.error) == ("interrupted", "stopped by SIGTERM"), meta
@@ -190,11 +193,9 @@ def test_ranks_load_torch_with_its_cpp_logs_quiet_unless_the_caller_set_them(tmp
     if given:
         env[CPP_LOG_LEVEL_ENV] = given
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ppscope", "run", "--stages", "2", "--model", "synthetic", "--layers", "2",
-           "--layer-cost-ms", "50", "--requests", "2", "--max-new-tokens", "400", "--no-progress",
-           "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    args = ["--stages", "2", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "50", "--requests", "2",
+            "--max-new-tokens", "400", "--no-progress", "--out", str(out)]  # fmt: skip
+    with _launched(args, env=env) as proc:
         deadline = time.monotonic() + 60
         ranks: list[int] = []
         while proc.poll() is None and time.monotonic() < deadline and len(ranks) < 2:
@@ -207,10 +208,6 @@ def test_ranks_load_torch_with_its_cpp_logs_quiet_unless_the_caller_set_them(tmp
         started = [Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in ranks]
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
     assert proc.returncode == 130, err
     for environ in started:
         assert f"{CPP_LOG_LEVEL_ENV}={given or 'FATAL'}".encode() in environ
