@@ -34,18 +34,8 @@ def _stats(values_ns: npt.NDArray[np.float64]) -> LatencyStats | None:
 def request_latency(requests: pd.DataFrame, asked: int = 0) -> RequestLatency | None:
     """Latency summary of `requests` (REQUEST_COLUMNS). `asked`: how many the run was given, when it says (an
     interrupted run logs only those it finished, perhaps none). None when there are no requests at all."""
-    if requests is None or len(requests) == 0:
-        if asked <= 0:
-            return None
-        none = pd.DataFrame(
-            {
-                c: pd.Series(dtype=t)
-                for c, t in (("id", np.int64), ("ttft_ns", np.int64), ("tpot_ns", np.float64), ("e2e_ns", np.int64))
-            }
-        )
-        return RequestLatency(
-            requests=asked, finished=0, output_tokens=0, ttft=None, tpot=None, e2e=None, tokens_per_s=None, table=none
-        )
+    if requests is None or (len(requests) == 0 and asked <= 0):
+        return None
     arrival = requests["arrival_ns"].to_numpy(np.int64)
     first = requests["first_token_ns"].to_numpy(np.int64)
     finish = requests["finish_ns"].to_numpy(np.int64)
