@@ -116,8 +116,11 @@ class EngineConfig:
             if not math.isfinite(getattr(self, name)):
                 flag = "--timeout" if name == "timeout_s" else f"--{name.replace('_', '-')}"
                 raise InvalidConfigError(f"{flag} must be a finite number, got {getattr(self, name)}")
-        if self.rate < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise InvalidConfigError("--rate and --temperature must be >= 0 and --top-p in (0, 1]")
+        for name in ("rate", "temperature"):
+            if getattr(self, name) < 0:
+                raise InvalidConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
         if 0 < self.rate < MIN_RATE:
             raise InvalidConfigError(
                 f"--rate {self.rate} req/s is too slow to schedule: give 0 (all at once) or >= {MIN_RATE}"

@@ -24,6 +24,10 @@ SYNTHETIC: dict[str, Any] = {"model": "synthetic", "layers": 4, "layer_cost_ms":
         ({"rate": 1e-300}, "too slow to schedule"),
         ({"temperature": float("nan")}, "--temperature must be a finite number"),
         ({"top_p": float("inf")}, "--top-p must be a finite number"),
+        ({"rate": -1.0}, r"--rate must be >= 0, got -1.0"),
+        ({"temperature": -0.5}, r"--temperature must be >= 0, got -0.5"),
+        ({"top_p": 0.0}, r"--top-p must be in \(0, 1\], got 0.0"),
+        ({"top_p": 1.5}, r"--top-p must be in \(0, 1\], got 1.5"),
         ({"timeout_s": float("inf")}, "--timeout must be a finite number"),
         ({"timeout_s": 1e12}, "--timeout must be > 0 and <= 1000000 seconds"),
         ({"seed": 2**70}, r"--seed must be in \[0, 2\*\*63\)"),
@@ -82,6 +86,19 @@ def test_micro_batches_and_cache_are_at_most_one_per_request() -> None:
     assert serve.meta(2).microbatches == 3 and serve.meta(2).config["max_inflight"] == 3
     default = prepare(EngineConfig(stages=4, schedule="gpipe", requests=8), 4)
     assert (default.inflight, default.max_seqs, default.cache_slots) == (4, 2, 8)
+
+
+def test_the_run_says_how_it_was_laid_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["run", "--stages", "1", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "0", "--no-progress"]
+    assert (
+        main([*args, "--schedule", "gpipe", "--microbatches", "5", "--requests", "2", "--out", str(tmp_path / "a")])
+        == 0
+    )
+    said = capsys.readouterr().out
+    assert "gpipe on 1 stage, split 2 (vLLM's default rule), 2 micro-batches per step (asked for 5; one per" in said
+    assert main([*args, "--split", "2", "--out", str(tmp_path / "b")]) == 0
+    said = capsys.readouterr().out
+    assert "serve on 1 stage, split 2 (--split), 1 micro-batch in flight\n" in said  # the default: one per stage
 
 
 def test_memory_refusal_names_what_sizes_the_cache() -> None:

@@ -101,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     run_dir = run(cfg)
     wall_s = time.perf_counter() - start
-    summary = _summary(run_dir, wall_s)
+    summary = _summary(run_dir, wall_s, cfg.inflight)
     if args.profile_layers and summary:  # rank 0 only under torchrun
         from engine.profile import profile_layers, write_profile
 
@@ -112,12 +112,31 @@ def _run(args: argparse.Namespace) -> int:
         print(
             f"run {summary['run_dir']}: {summary['requests']} requests, {summary['tokens']} tokens in "
             f"{summary['wall_s']:.2f} s ({summary['tokens_per_s']:.1f} tokens/s incl. start-up)\n"
+            f"{_shape_line(summary)}\n"
             f"next: ppscope analyze {shlex.quote(str(summary['run_dir']))}"
         )
     return 0
 
 
-def _summary(run_dir: Any, wall_s: float) -> dict[str, Any]:
+_SOURCES = {"--split": "--split", "vllm-default": "vLLM's default rule"}
+
+
+def _shape_line(summary: dict[str, Any]) -> str:
+    """How the run was laid out: schedule, split and where it came from, micro-batches (and why fewer than
+    asked: each holds at least one request)."""
+    split = ",".join(map(str, summary["split"]))
+    source = _SOURCES.get(summary["split_source"], summary["split_source"])
+    n, asked = summary["microbatches"], summary["microbatches_asked"]
+    what = "in flight" if summary["schedule"] == "serve" else "per step"
+    stages = f"{summary['stages']} stage{'s' * (summary['stages'] != 1)}"
+    line = f"{summary['schedule']} on {stages}, split {split} ({source}), {n} micro-batch{'es' * (n != 1)} {what}"
+    if n < asked:
+        line += f" (asked for {asked}; one per request at most)"
+    return line
+
+
+def _summary(run_dir: Any, wall_s: float, asked: int) -> dict[str, Any]:
+    """`asked`: micro-batches per step or in flight the run was given (it runs at most one per request)."""
     import os
 
     from ppscope.store import read_meta, read_requests
@@ -134,6 +153,8 @@ def _summary(run_dir: Any, wall_s: float) -> dict[str, Any]:
         "schedule": meta.schedule,
         "split": meta.split,
         "split_source": meta.split_source,
+        "microbatches": meta.microbatches,
+        "microbatches_asked": asked,
         "requests": len(reqs),
         "tokens": tokens,
         "wall_s": wall_s,
