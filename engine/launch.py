@@ -27,7 +27,7 @@ from engine.config import EngineConfig
 from engine.prepare import Prepared, check_memory, host_available_bytes, prepare
 from engine.worker import default_run_dir, run_rank
 from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
-from ppscope.failures import is_peer_failure, plain_error
+from ppscope.failures import is_peer_failure, plain_error, rank_failure
 from ppscope.models import PRESETS
 from ppscope.store import check_new_run_dir, create_run, read_meta, write_meta
 
@@ -457,7 +457,7 @@ def _run_torchrun(cfg: EngineConfig) -> Path:
     except PPScopeError:
         raise
     except Exception as exc:
-        raise EngineFailedError(f"rank {rank} failed: {plain_error(exc)}") from exc
+        raise EngineFailedError(rank_failure(rank, exc)) from exc
 
 
 class _ProgressBar:

@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import gc
 import os
+import shlex
 import socket
 import sys
 import time
@@ -29,7 +30,8 @@ from engine.sampler import CounterSampler
 from engine.sampling import Sampling
 from engine.schedules import Pipeline
 from engine.split import build_stage
-from ppscope.failures import plain_error
+from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
+from ppscope.failures import plain_error, rank_failure
 from ppscope.recorder import Recorder
 from ppscope.schedule import ServePolicy
 from ppscope.store import RankWriter, create_run, read_meta, write_meta
@@ -144,17 +146,21 @@ def _run(
     try:
         return _run_pipeline(cfg, prep, rank, world, device, run_dir, progress, clock, clock_info, not supervised)
     except BaseException as exc:
-        if supervised or rank != 0:
+        if supervised:
             raise
-        # torchrun: nobody else writes the run's status
-        meta = read_meta(run_dir)
-        meta.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        if isinstance(exc, KeyboardInterrupt):
-            meta.error = "rank 0: " + (str(exc) or "interrupted by the user")
-        else:
-            meta.error = f"rank 0: {plain_error(exc)}"
-        write_meta(run_dir, meta)
-        raise
+        stopped = isinstance(exc, KeyboardInterrupt)
+        why = (str(exc) or "interrupted by the user") if stopped else plain_error(exc)
+        if rank == 0:  # torchrun: nobody else writes the run's status
+            meta = read_meta(run_dir)
+            meta.status, meta.error = ("interrupted" if stopped else "failed"), f"rank 0: {why}"
+            write_meta(run_dir, meta)
+        where = f"the trace up to then is in {run_dir} (`ppscope analyze {shlex.quote(str(run_dir))}` names the cause)"
+        if isinstance(exc, PPScopeError):
+            raise
+        if not stopped:
+            raise EngineFailedError(f"{rank_failure(rank, exc)}; {where}") from exc
+        # torchrun stops every rank (SIGTERM) when one fails: the failure is in that rank's own line and file
+        raise InterruptedRunError(f"rank {rank} {why}; {where}") from None
 
 
 def _run_pipeline(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["is_peer_failure", "plain_error", "recorded_failures"]
+__all__ = ["is_peer_failure", "plain_error", "rank_failure", "recorded_failures"]
 
 _PEER_FAILURE = re.compile(
     r"(send to|receive from|received nothing from) rank \d+|by peer|broken pipe|timed out|remote process"
@@ -44,6 +44,20 @@ def is_peer_failure(detail: str) -> bool:
     return _PEER_FAILURE.search(detail) is not None
 
 
+def rank_failure(rank: int, exc: BaseException) -> str:
+    """What a rank says of its own failure where nobody hears every rank (under torchrun each prints its own):
+    its error, and when that is its link breaking, that another rank's failure is the likely cause."""
+    error = _unrepeated(rank, plain_error(exc))
+    if is_peer_failure(error):
+        return f"rank {rank} failed: {error} (most likely an echo: the rank that failed first names the cause)"
+    return f"rank {rank} failed: {error}"
+
+
+def _unrepeated(rank: int, error: str) -> str:
+    """The ring says which rank it is ("RuntimeError: rank 2: receive from ..."): once is enough."""
+    return error.replace(f": rank {rank}: ", ": ", 1)
+
+
 def recorded_failures(errors: Mapping[int, str], said: str = "") -> list[str]:
     """One line per failure the ranks recorded (rank -> plain error), causes before echoes: the ranks that failed
     in their own code, or when none did, those whose link broke (a rank killed outright records nothing).
@@ -51,8 +65,7 @@ def recorded_failures(errors: Mapping[int, str], said: str = "") -> list[str]:
     told = {r: e for r, e in sorted(errors.items()) if e and said != f"rank {r}: {e}"}
     own = {r: e for r, e in told.items() if not is_peer_failure(e)}
     shown = own or told
-    # the ring says which rank it is ("RuntimeError: rank 2: receive from ..."): once is enough
-    lines = [f"rank {r} failed: {e.replace(f': rank {r}: ', ': ', 1)}" for r, e in list(shown.items())[:_LISTED]]
+    lines = [f"rank {r} failed: {_unrepeated(r, e)}" for r, e in list(shown.items())[:_LISTED]]
     if len(shown) > _LISTED:
         lines.append(f"{len(shown) - _LISTED} more rank(s) recorded a failure")
     if own and len(told) > len(own):

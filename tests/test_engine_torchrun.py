@@ -50,6 +50,13 @@ def test_the_rank_that_failed_under_torchrun_is_named_by_the_analysis(tmp_path: 
     done = _torchrun(3, tmp_path / "tr", PPSCOPE_TEST_FAIL="1=1")
     assert done.returncode != 0
     assert "ppscope run: error: rank 1 failed: RuntimeError: injected failure after 1 passes" in done.stderr
+    # each rank says where the trace is; one whose link broke under it (when torchrun's SIGTERM did not stop it
+    # first) says that it most likely echoes another's failure
+    lines = [line for line in done.stderr.splitlines() if line.startswith("ppscope run: error: rank ")]
+    where = f"the trace up to then is in {tmp_path / 'tr'} (`ppscope analyze"
+    assert all(where in line for line in lines), lines
+    echoes = [line for line in lines if "receive from" in line or "send to" in line]
+    assert all("(most likely an echo: the rank that failed first names the cause)" in line for line in echoes), lines
     meta = read_meta(tmp_path / "tr")
     assert meta.status in ("interrupted", "failed"), meta
     result = analyze(load_run(tmp_path / "tr"))

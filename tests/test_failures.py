@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 from ppscope.analysis import analyze
-from ppscope.failures import plain_error, recorded_failures
+from ppscope.failures import plain_error, rank_failure, recorded_failures
 from ppscope.store import RankWriter, create_run, load_run, rank_file
 from ppscope.trace import RunMeta
 
@@ -48,6 +48,16 @@ def test_recorded_failures_name_the_cause_before_its_echoes() -> None:
     assert recorded_failures({}) == []
     many = recorded_failures({r: ECHO.replace("rank 2", f"rank {r}") for r in range(6)})
     assert len(many) == 4 and many[0].startswith("rank 0 failed: ") and many[3] == "3 more rank(s) recorded a failure"
+
+
+def test_a_rank_saying_its_own_failure_names_itself_once_and_calls_a_broken_link_an_echo() -> None:
+    own = rank_failure(1, RuntimeError("injected failure after 1 passes"))
+    assert own == "rank 1 failed: RuntimeError: injected failure after 1 passes"
+    echo = rank_failure(2, RuntimeError("rank 2: receive from rank 1 failed: Connection closed by peer [::1]:5"))
+    assert echo == (
+        "rank 2 failed: RuntimeError: receive from rank 1 failed: Connection closed by peer [::1]:5 "
+        "(most likely an echo: the rank that failed first names the cause)"
+    )
 
 
 def test_an_error_whose_message_cannot_be_made_is_named_by_its_type() -> None:
