@@ -10,7 +10,9 @@ It prints its findings and writes them to DIR/gpu_check.md (default: the current
 4. the layer profile against the run: the tiny model's decode-step compute predicted by the profile (from
    cold caches, and back to back) ÷ what the one-stage run measured;
 5. recording overhead on the GPU: one run with recording paused in every other window.
-A multi-rank NCCL pipeline needs two or more GPUs, so the ring over NCCL is not among these checks.
+6. with two or more GPUs, the ring over NCCL (`benchmarks.ring_check`, up to 4 ranks): every schedule's tokens
+   against one rank's, efficiency against the ideal, device-timed spans, the analyzer's warnings and the
+   ranks' clock offsets. On one GPU it says that it was not checked.
 Every figure is a ratio to a reference taken in the same run. Needs torch with CUDA, pynvml and nvtx.
 """
 
@@ -31,7 +33,9 @@ LAYERS = 4
 
 
 def tests() -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"]
+    # not the test that runs this check: it would run these tests again, and itself, without end
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-k", "not gpu_check", "-p", "no:cacheprovider",
+           "tests/test_gpu.py"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     tail = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
     lines = [f"pytest -m gpu: exit {done.returncode}: {tail}"]
@@ -68,6 +72,14 @@ def synthetic(tmp: Path) -> list[str]:
     return [*lines, f"counters sampled over {window_s:.1f} s: {per_metric}; mean GPU utilisation {mean_util}"]
 
 
+def _ring(tmp: Path, gpus: int) -> list[str]:
+    if gpus < 2:
+        return [f"ring over NCCL: not checked: it needs two or more GPUs and this machine has {gpus}"]
+    from benchmarks.ring_check import ring_checks
+
+    return ring_checks(tmp, "nccl", min(gpus, 4))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".", help="folder for gpu_check.md (default: the current folder)")
@@ -90,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             ("synthetic", lambda: synthetic(Path(tmp))),
             ("profile", lambda: profile_vs_run(Path(tmp), stages=1, device="cuda")),
             ("overhead", lambda: [overhead_alternating(Path(tmp), stages=1)]),
+            ("ring", lambda: _ring(Path(tmp), torch.cuda.device_count())),
         ]
         for name, check in checks:
             try:

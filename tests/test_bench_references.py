@@ -58,3 +58,35 @@ def test_the_gpu_check_refuses_in_one_line_without_cuda(tmp_path: Path, capsys: 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no CUDA device" in err[0]
     assert not (tmp_path / "gpu_check.md").exists()
+
+
+@pytest.mark.slow
+def test_the_ring_check_a_multi_gpu_machine_runs_works_over_gloo(tmp_path: Path) -> None:
+    """The multi-GPU section of the GPU check, run over gloo: every schedule's tokens against one rank's, and
+    the efficiency, span and clock findings, one line each."""
+    from benchmarks.ring_check import SCHEDULES, ring_checks
+
+    lines = ring_checks(tmp_path, "gloo", 2, stage_ms=1.0, tokens=2)
+    assert lines[0] == "ring of 2 ranks over gloo:"
+    for name in SCHEDULES:
+        assert f"  tokens, {name}: equal to one rank's (4 requests, 8 tokens)" in lines, lines
+    efficiency = next(line for line in lines if "efficiency" in line)
+    figures = [float(word.rstrip(";")) for word in efficiency.split() if word[0].isdigit() and "." in word]
+    assert len(figures) == 2 and all(FLOOR < f < 1.05 for f in figures), efficiency
+    assert "  analyzer warnings, serve: none" in lines and any("clock offsets" in line for line in lines)
+
+
+def test_the_ring_check_says_where_the_tokens_differ(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from benchmarks import ring_check
+
+    got = iter([[[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]]])  # one rank's, then the ring's
+    monkeypatch.setattr(ring_check, "_run", lambda out, **kw: out)
+    monkeypatch.setattr(ring_check, "_outputs", lambda run_dir: next(got))
+    said = ring_check._same_tokens(tmp_path, "gloo", 2, 3, {"schedule": "gpipe"})
+    assert said == "DIFFER from one rank's: request 1 first at token 1 ([4, 9, 6] against [4, 5, 6])"
+
+
+def test_the_gpu_check_says_the_ring_is_not_checked_on_one_gpu(tmp_path: Path) -> None:
+    from benchmarks.gpu_check import _ring
+
+    assert _ring(tmp_path, 1) == ["ring over NCCL: not checked: it needs two or more GPUs and this machine has 1"]
