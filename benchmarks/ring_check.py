@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ppscope.trace import SpanKind
+from ppscope.trace import COMPUTE_KINDS, SpanKind
 
 __all__ = ["ring_checks"]
 
@@ -69,7 +69,6 @@ def _same_tokens(tmp: Path, backend: str, stages: int, tokens: int, options: dic
 
 
 def _efficiency(tmp: Path, backend: str, stages: int, stage_ms: float) -> list[str]:
-    from benchmarks.bench_engine import _compute
     from benchmarks.ring_reference import steady_ratio
     from ppscope.analysis import analyze
     from ppscope.store import load_run
@@ -79,7 +78,7 @@ def _efficiency(tmp: Path, backend: str, stages: int, stage_ms: float) -> list[s
     m, steps = 8, 6
     gpipe = load_run(_run(tmp / "eff-gpipe", schedule="gpipe", microbatches=m, requests=m, max_new_tokens=steps,
                           **synthetic))  # fmt: skip
-    comp = _compute(gpipe.spans)
+    comp = gpipe.spans[gpipe.spans["kind"].isin([str(k) for k in COMPUTE_KINDS])]
     window_s = (comp["end_ns"].max() - comp["start_ns"].min()) / 1e9
     ideal = m / ((m + stages - 1) * stage_ms / 1e3)
     passes = 40 * stages

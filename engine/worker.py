@@ -154,9 +154,9 @@ def _run(
             meta = read_meta(run_dir)
             meta.status, meta.error = ("interrupted" if stopped else "failed"), f"rank 0: {why}"
             write_meta(run_dir, meta)
-        where = f"the trace up to then is in {run_dir} (`ppscope analyze {shlex.quote(str(run_dir))}` names the cause)"
         if isinstance(exc, PPScopeError):
             raise
+        where = f"the trace up to then is in {run_dir} (`ppscope analyze {shlex.quote(str(run_dir))}` names the cause)"
         if not stopped:
             raise EngineFailedError(f"{rank_failure(rank, exc)}; {where}") from exc
         # torchrun stops every rank (SIGTERM) when one fails: the failure is in that rank's own line and file
