@@ -143,6 +143,26 @@ def make_source(cfg: EngineConfig, shape: ModelShape) -> LayerSource:
     return CheckpointSource(cfg.model, shape)
 
 
+def _check_synthetic_waits(cfg: EngineConfig, split: Sequence[int]) -> None:
+    """Refuse synthetic costs under which a rank is sure to wait longer than --timeout for its first input (the
+    last rank for what the stages before it do, rank 0 for what comes back), rather than find it out then."""
+    if cfg.stages < 2:
+        return
+    per_layer, stage_ms, at = cfg.layer_costs_ms(), [], 0
+    for count in split:  # per virtual stage, in the order a micro-batch visits them
+        stage_ms.append(sum(per_layer[at : at + count]))
+        at += count
+    stage_ms[0] += cfg.embed_cost_ms
+    stage_ms[-1] += cfg.head_cost_ms
+    wait_s = max(sum(stage_ms[: cfg.stages - 1]), sum(stage_ms[1 : cfg.stages])) / 1e3
+    if wait_s >= cfg.timeout_s:
+        raise InvalidConfigError(
+            f"with these synthetic costs a rank waits {wait_s:.1f} s for its first message (the stages before it "
+            f"in the ring take that long) but --timeout is {cfg.timeout_s:g} s: raise --timeout above {wait_s:.1f} "
+            "or lower the costs"
+        )
+
+
 def prepare(cfg: EngineConfig, world: int) -> Prepared:
     """Resolve the split, the requests and the backend; raise a named error for anything inconsistent."""
     if world != cfg.stages:
@@ -166,6 +186,8 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
             f"{cfg.stages} stages x {cfg.chunks} chunks = {cfg.virtual_stages} entries, "
             "ordered rank 0..P-1 for chunk 0, then for chunk 1, ...)"
         ) from None
+    if cfg.synthetic:
+        _check_synthetic_waits(cfg, split)
     b = batching(cfg, shape)
     return Prepared(
         cfg=cfg,

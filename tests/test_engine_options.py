@@ -101,6 +101,22 @@ def test_the_run_says_how_it_was_laid_out(tmp_path: Path, capsys: pytest.Capture
     assert "serve on 1 stage, split 2 (--split), 1 micro-batch in flight\n" in said  # the default: one per stage
 
 
+@pytest.mark.parametrize(
+    ("options", "wait"),
+    [
+        ({"stages": 2, "layer_cost_ms": "1e7"}, "20000.0"),  # the second rank waits for the first one's 2 layers
+        ({"stages": 4, "layer_cost_ms": "1,1,1,70000"}, "70.0"),  # rank 0 waits for the tokens of the last
+        ({"stages": 2, "layer_cost_ms": "1", "embed_cost_ms": 61000.0}, "61.0"),
+        ({"stages": 4, "schedule": "interleaved", "chunks": 2, "layers": 8, "layer_cost_ms": "25000"}, "75.0"),
+    ],
+)
+def test_synthetic_costs_a_rank_cannot_wait_for_are_refused(options: dict[str, Any], wait: str) -> None:
+    with pytest.raises(InvalidConfigError, match=rf"a rank waits {wait} s for its first message .* above {wait} "):
+        prepare(EngineConfig(**{**SYNTHETIC, **options}), options["stages"])
+    assert prepare(EngineConfig(**{**SYNTHETIC, **options, "timeout_s": float(wait) + 1}), options["stages"])
+    assert prepare(EngineConfig(**{**SYNTHETIC, **options, "stages": 1, "chunks": 1, "schedule": "serve"}), 1)
+
+
 def test_memory_refusal_names_what_sizes_the_cache() -> None:
     serve = prepare(EngineConfig(stages=2, max_inflight=2, max_batch=4, requests=8), 2)
     with pytest.raises(InvalidConfigError, match=r"KV cache for 8 sequences = --max-inflight x --max-batch, 24 pos"):
