@@ -22,7 +22,7 @@ from engine.requests import Request, generate_requests, load_prompts, poisson_ar
 from ppscope import __version__
 from ppscope.errors import InvalidConfigError, InvalidSplitError
 from ppscope.models import PRESETS, ModelShape
-from ppscope.split import resolve_split
+from ppscope.split import resolve_split, stage_layer_ranges
 from ppscope.trace import RunMeta
 
 __all__ = [
@@ -148,10 +148,8 @@ def _check_synthetic_waits(cfg: EngineConfig, split: Sequence[int]) -> None:
     last rank for what the stages before it do, rank 0 for what comes back), rather than find it out then."""
     if cfg.stages < 2:
         return
-    per_layer, stage_ms, at = cfg.layer_costs_ms(), [], 0
-    for count in split:  # per virtual stage, in the order a micro-batch visits them
-        stage_ms.append(sum(per_layer[at : at + count]))
-        at += count
+    per_layer = cfg.layer_costs_ms()
+    stage_ms = [sum(per_layer[start:end]) for start, end in stage_layer_ranges(split)]  # in the order visited
     stage_ms[0] += cfg.embed_cost_ms
     stage_ms[-1] += cfg.head_cost_ms
     wait_s = max(sum(stage_ms[: cfg.stages - 1]), sum(stage_ms[1 : cfg.stages])) / 1e3
