@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # pip's `torch==2.13.0` is a CPU build; the package metadata keeps torch>=2.5 so GPU users get CUDA builds.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup demo test lint types check bench clean
+.PHONY: setup demo test lint types contracts check bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,7 +31,10 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy
 
-check: lint types test
+contracts: $(STAMP)   # the boundaries between the parts, from [tool.importlinter] in pyproject.toml
+	$(BIN)/lint-imports
+
+check: lint types contracts test
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'   # adds HTA, the reference the analyzer is timed against

@@ -32,7 +32,7 @@ def _best_s(fn: Callable[[], object], rounds: int = ROUNDS) -> float:
 
 def synthetic_spans(n_spans: int = SPANS, ranks: int = RANKS, seed: int = 0) -> pd.DataFrame:
     """A GPipe-like run with jitter: per (rank, micro-batch) a recv_wait, a recv, a forward and a send."""
-    from ppscope.trace import spans_frame
+    from ppscope.trace.model import spans_frame
 
     rng = np.random.default_rng(seed)
     per_kind = n_spans // (4 * ranks)
@@ -85,8 +85,8 @@ def _peak_mb(fn: Callable[[], object]) -> float:
 
 def _synthetic_lines() -> list[str]:
     from ppscope.analysis import analyze
-    from ppscope.gantt import gantt_figure
-    from ppscope.trace import RunMeta, Trace
+    from ppscope.analysis.gantt import gantt_figure
+    from ppscope.trace.model import RunMeta, Trace
 
     spans = synthetic_spans()
     trace = Trace(spans=spans, meta=RunMeta(pp_size=RANKS, world_size=RANKS, schedule="gpipe"))
@@ -116,7 +116,7 @@ def _hta_lines() -> list[str]:
     except ImportError:
         return ["analysis vs HTA: skipped, holistictraceanalysis is not installed (pip install -e '.[bench]')"]
     from ppscope.analysis import analyze
-    from ppscope.sources import open_trace
+    from ppscope.formats.sources import open_trace
 
     logging.disable(logging.INFO)
 

@@ -21,9 +21,9 @@ def _best_ms(fn: Callable[[], object]) -> float:
 
 
 def main() -> list[str]:
-    from ppscope.balance import BalanceProblem, MemoryModel, balance, evaluate
-    from ppscope.costs import LayerCosts, StageCosts
-    from ppscope.split import vllm_default_split
+    from ppscope.balance.costs import LayerCosts, StageCosts
+    from ppscope.balance.rebalance import BalanceProblem, MemoryModel, balance, evaluate
+    from ppscope.balance.split import vllm_default_split
 
     rng = random.Random(0)
     layers, stages = 1000, 64

@@ -24,7 +24,7 @@ ROUNDS = 3
 
 def _spans(n: int, p: int = P, t0: int = 0) -> pd.DataFrame:
     """n spans of a steady pipeline: per rank a forward of 80 µs and a send of 10 µs every 100 µs."""
-    from ppscope.trace import spans_frame
+    from ppscope.trace.model import spans_frame
 
     per_rank = n // (2 * p)
     i = np.arange(per_rank, dtype=np.int64)
@@ -56,8 +56,8 @@ def _spans(n: int, p: int = P, t0: int = 0) -> pd.DataFrame:
 
 
 def _write_run(path: Path, spans: pd.DataFrame, status: str) -> None:
-    from ppscope.store import RankWriter, create_run
-    from ppscope.trace import RankInfo, RunMeta
+    from ppscope.trace.model import RankInfo, RunMeta
+    from ppscope.trace.store import RankWriter, create_run
 
     meta = RunMeta(  # an engine run's, as the dashboard sees one being written
         source="ppscope", status=status, world_size=P, pp_size=P, schedule="serve",
@@ -81,7 +81,7 @@ def _best_s(fn: Callable[[], Any], rounds: int = ROUNDS) -> float:
 
 
 def _gantt_json(spans: pd.DataFrame, **kw: Any) -> None:
-    from ppscope.gantt import gantt_figure
+    from ppscope.analysis.gantt import gantt_figure
 
     gantt_figure(spans, **kw).figure.to_json()
 
@@ -90,7 +90,7 @@ def _append_and_refresh(path: Path, live: Any, t0: int) -> None:
     """Append 1k new spans to rank 0's file, as a live run would, then refresh."""
     import sqlite3
 
-    from ppscope.store import rank_file
+    from ppscope.trace.store import rank_file
 
     new = _spans(1_000 * P, t0=t0)
     new = new[new["rank"] == 0].head(1_000)
@@ -105,9 +105,9 @@ def _append_and_refresh(path: Path, live: Any, t0: int) -> None:
 def main() -> list[str]:
     from streamlit.testing.v1 import AppTest
 
-    from dashboard.data import LiveTrace
-    from ppscope.gantt import gantt_figure
-    from ppscope.store import load_run
+    from ppscope.analysis.gantt import gantt_figure
+    from ppscope.dashboard.data import LiveTrace
+    from ppscope.trace.store import load_run
 
     big, small = _spans(N_SPANS), _spans(1_000)
     ref_small = _best_s(lambda: _gantt_json(small))
@@ -138,7 +138,7 @@ def main() -> list[str]:
         )
 
         def script(argv: list[str]) -> None:
-            from dashboard.app import main
+            from ppscope.dashboard.app import main
 
             main(argv)
 
@@ -175,7 +175,7 @@ def _browser_line(big_run: Path, tmp: Path) -> str:
         return "browser render: skipped (playwright is not installed)"
     if chromium is None:
         return "browser render: skipped (no Chromium found; apt-get install chromium)"
-    from ppscope.commands.dashboard import start_dashboard
+    from ppscope.cli.commands.dashboard import start_dashboard
 
     small_run = tmp / "small"
     _write_run(small_run, _spans(1_000), status="finished")

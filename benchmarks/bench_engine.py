@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ppscope.store import load_run, read_requests
-from ppscope.trace import COMPUTE_KINDS, SpanKind, Trace
+from ppscope.trace.model import COMPUTE_KINDS, SpanKind, Trace
+from ppscope.trace.store import load_run, read_requests
 
 STAGE_MS = 5.0
 
 
 def _run(out: Path, **kw: object) -> Path:
-    from engine.config import EngineConfig
-    from engine.launch import run
+    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.launch import run
 
     return run(EngineConfig(progress=False, out=str(out), timeout_s=120, **kw))  # type: ignore[arg-type]
 

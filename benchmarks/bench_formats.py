@@ -144,7 +144,7 @@ def main() -> list[str]:
         load_s, trace = _timed(lambda: load_nsys(path))
         spans = len(trace.spans)  # type: ignore[attr-defined]
         small = trace.spans.iloc[:100_000]  # type: ignore[attr-defined]
-        from ppscope.trace import Trace
+        from ppscope.trace.model import Trace
 
         part = Trace(spans=small.reset_index(drop=True), meta=trace.meta)  # type: ignore[attr-defined]
         exp_s, _ = _timed(lambda: export_nsys(part, Path(tmp) / "out.sqlite"))

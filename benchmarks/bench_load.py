@@ -26,8 +26,8 @@ extra = {}
 if step == "build":
     frame = synthetic_spans(spans, ranks)
 elif step == "write":
-    from ppscope.store import RankWriter, create_run
-    from ppscope.trace import RunMeta
+    from ppscope.trace.store import RankWriter, create_run
+    from ppscope.trace.model import RunMeta
     frame = synthetic_spans(spans, ranks)
     t0 = time.perf_counter()
     create_run(run_dir, RunMeta(world_size=ranks, pp_size=ranks, schedule="gpipe"))
@@ -38,7 +38,7 @@ elif step == "write":
             w.write(rows[i : i + 100_000])
         w.close()
 elif step == "tail":
-    from ppscope.store import RunTail
+    from ppscope.trace.store import RunTail
     tail = RunTail(run_dir)
     first = tail.poll()
     t1 = time.perf_counter()
@@ -49,7 +49,7 @@ elif step == "tail":
         again_s.append(time.perf_counter() - t2)
     extra = {"again_s": min(again_s), "spans": len(first.spans), "again_spans": again}
 else:
-    from ppscope.store import load_run
+    from ppscope.trace.store import load_run
     trace = load_run(run_dir)
     t1 = time.perf_counter()
     if step == "analyze":
@@ -58,7 +58,7 @@ else:
         res = analyze(trace)
     elif step == "gantt":
         from ppscope.analysis import analyze
-        from ppscope.gantt import gantt_figure
+        from ppscope.analysis.gantt import gantt_figure
         res = analyze(trace)
         t1 = time.perf_counter()
         view = gantt_figure(trace.spans, gaps=res.gaps, stage_ranks={s.stage: s.ranks for s in res.stages})

@@ -25,9 +25,9 @@ def _per_span_ns(body: Callable[[int], None]) -> float:
 def _cases(tmp: Path) -> dict[str, Callable[[int], None]]:
     import nvtx
 
-    from ppscope.recorder import Recorder
-    from ppscope.store import RankWriter, create_run
-    from ppscope.trace import RunMeta
+    from ppscope.trace.model import RunMeta
+    from ppscope.trace.recorder import Recorder
+    from ppscope.trace.store import RankWriter, create_run
 
     mem_nvtx = Recorder(rank=0, stage=0, nvtx=True)
     mem_plain = Recorder(rank=0, stage=0, nvtx=False)

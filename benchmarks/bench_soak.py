@@ -49,8 +49,8 @@ def _serve(out: Path, requests: int, timeout_s: float) -> dict[str, object]:
 
 def _rank_lines(run: Path) -> tuple[list[str], bool, bool]:
     """Per rank: memory at the start and end of serving, and the three span counts."""
-    from ppscope.store import load_run, read_rank_info
-    from ppscope.trace import Metric
+    from ppscope.trace.model import Metric
+    from ppscope.trace.store import load_run, read_rank_info
 
     trace = load_run(run)
     info = read_rank_info(run)

@@ -2,7 +2,7 @@
 layer profile of a real model against the pipeline it is meant to predict.
 
 1. Four stages of 5 ms layers with an LM head worth three layers: vLLM's default split leaves the last stage
-   the bottleneck. `ppscope.tune` profiles the layers, rebalances, re-runs; the reference is run 1 itself.
+   the bottleneck. `ppscope.cli.tuning` profiles the layers, rebalances, re-runs; the reference is run 1 itself.
 2. The tiny model on 2 stages: each stage's compute per decode step predicted by the profile (timed from
    cold caches, and back to back for comparison) ÷ what the run measured, stage by stage.
 3. A gpipe run of the synthetic engine replayed by the simulator (`replay_config`): simulated throughput ÷
@@ -18,8 +18,8 @@ from typing import Any
 
 
 def main() -> list[str]:
-    from engine.config import EngineConfig
-    from ppscope.tune import tune
+    from ppscope.cli.tuning import tune
+    from ppscope.engine.config import EngineConfig
 
     cfg = EngineConfig(
         stages=4,
@@ -59,11 +59,11 @@ def main() -> list[str]:
 
 def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> list[str]:
     """Each stage's predicted decode-step compute ÷ its measured median, for a cold and a warm profile."""
-    from engine.config import EngineConfig
-    from engine.launch import run
-    from engine.profile import profile_layers
-    from ppscope.balance import BalanceProblem, evaluate
-    from ppscope.store import load_run
+    from ppscope.balance.rebalance import BalanceProblem, evaluate
+    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.launch import run
+    from ppscope.engine.profiler import profile_layers
+    from ppscope.trace.store import load_run
 
     cfg = EngineConfig(stages=stages, schedule="serve", model="tiny", requests=16, prompt_len=16,
                        max_new_tokens=32, progress=False, out=str(tmp / f"profiled-{stages}"))  # fmt: skip
@@ -86,11 +86,11 @@ def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> lis
 
 def replay_vs_run(tmp: Path) -> str:
     """The simulator calibrated on one engine run (4 stages, gpipe) ÷ that run, in throughput."""
-    from engine.config import EngineConfig
-    from engine.launch import run
-    from ppscope.simulate import simulate
-    from ppscope.simulate_calibrate import compare, replay_config
-    from ppscope.store import load_run
+    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.launch import run
+    from ppscope.simulate.calibrate import compare, replay_config
+    from ppscope.simulate.simulator import simulate
+    from ppscope.trace.store import load_run
 
     cfg = EngineConfig(stages=4, schedule="gpipe", model="synthetic", layers=16, layer_cost_ms="2", embed_cost_ms=1.0,
                        head_cost_ms=6.0, microbatches=4, requests=8, max_new_tokens=6, progress=False, nvtx=False,
@@ -107,7 +107,7 @@ def replay_vs_run(tmp: Path) -> str:
 
 def _stage_step_ms(trace: Any) -> list[float]:
     """Per stage, its compute per decode pass: embedding, forward, head and sampling (`observe_stages`)."""
-    from ppscope.costs import observe_stages
+    from ppscope.balance.costs import observe_stages
 
     return [o.forward_ms + (o.embed_ms or 0) + (o.head_ms or 0) + (o.sample_ms or 0)
             for o in observe_stages(trace, phase="decode")]  # fmt: skip

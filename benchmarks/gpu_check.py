@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ppscope.trace import SpanKind
+from ppscope.trace.model import SpanKind
 
 SLEEP_MS = 2.0
 LAYERS = 4
@@ -45,9 +45,9 @@ def tests() -> list[str]:
 
 
 def synthetic(tmp: Path) -> list[str]:
-    from engine.config import EngineConfig
-    from engine.launch import run
-    from ppscope.store import load_run
+    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.launch import run
+    from ppscope.trace.store import load_run
 
     cfg = EngineConfig(model="synthetic", layers=LAYERS, layer_cost_ms=str(SLEEP_MS), stages=1, schedule="serve",
                        requests=8, prompt_len=8, max_new_tokens=32, progress=False,

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ppscope.trace import COMPUTE_KINDS, SpanKind
+from ppscope.trace.model import COMPUTE_KINDS, SpanKind
 
 __all__ = ["ring_checks"]
 
@@ -40,8 +40,8 @@ def ring_checks(tmp: Path, backend: str, stages: int, *, stage_ms: float = 5.0, 
 
 
 def _run(out: Path, **kw: Any) -> Path:
-    from engine.config import EngineConfig
-    from engine.launch import run
+    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.launch import run
 
     return run(EngineConfig(progress=False, out=str(out), timeout_s=120, **kw))
 
@@ -71,7 +71,7 @@ def _same_tokens(tmp: Path, backend: str, stages: int, tokens: int, options: dic
 def _efficiency(tmp: Path, backend: str, stages: int, stage_ms: float) -> list[str]:
     from benchmarks.ring_reference import steady_ratio
     from ppscope.analysis import analyze
-    from ppscope.store import load_run
+    from ppscope.trace.store import load_run
 
     synthetic = {"model": "synthetic", "layers": stages, "layer_cost_ms": str(stage_ms), "stages": stages,
                  "backend": backend, "prompt_len": 4}  # fmt: skip

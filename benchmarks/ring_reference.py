@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from engine.launch import free_port, main_not_reimported
+from ppscope.engine.launch import free_port, main_not_reimported
 
 __all__ = ["gpipe_efficiency", "ring_efficiency", "steady_ratio"]
 
@@ -98,7 +98,7 @@ def _spawn(target: Callable[..., None], stages: int, stage_ms: float, count: int
 def _pipe_rank(r: int, stages: int, stage_ms: float, passes: int, links: Any, out: Any) -> None:
     import torch
 
-    from engine.model import sleep_ms
+    from ppscope.engine.model import sleep_ms
 
     cpu = torch.device("cpu")
     rfd, wfd = links[r][0], links[(r + 1) % stages][1]
@@ -157,7 +157,7 @@ class _GlooLinks:
 
 
 def _gloo_ring_rank(r: int, stages: int, stage_ms: float, passes: int, extra: Any, out: Any) -> None:
-    from engine.model import sleep_ms
+    from ppscope.engine.model import sleep_ms
 
     links = _GlooLinks(r, stages, extra[0], depth=stages + 1, total=passes)
     if r == 0:  # P messages in flight; rank 0 then stops feeding P passes early so every send is received
@@ -176,7 +176,7 @@ def _gloo_ring_rank(r: int, stages: int, stage_ms: float, passes: int, extra: An
 
 
 def _gloo_gpipe_rank(r: int, stages: int, stage_ms: float, steps: int, extra: Any, out: Any) -> None:
-    from engine.model import sleep_ms
+    from ppscope.engine.model import sleep_ms
 
     m = extra[1]
     links = _GlooLinks(r, stages, extra[0], depth=m + 1, total=m * steps)

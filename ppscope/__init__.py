@@ -23,19 +23,24 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Recorder": "ppscope.recorder",
-    "RunMeta": "ppscope.trace",
-    "SpanKind": "ppscope.trace",
-    "Trace": "ppscope.trace",
-    "RunTail": "ppscope.store",
-    "load_run": "ppscope.store",
-    "read_since": "ppscope.store",
+    "Recorder": "ppscope.trace.recorder",
+    "RunMeta": "ppscope.trace.model",
+    "SpanKind": "ppscope.trace.model",
+    "Trace": "ppscope.trace.model",
+    "RunTail": "ppscope.trace.store",
+    "load_run": "ppscope.trace.store",
+    "read_since": "ppscope.trace.store",
 }
 
 if TYPE_CHECKING:
-    from ppscope.recorder import Recorder
-    from ppscope.store import RunTail, load_run, read_since
-    from ppscope.trace import RunMeta, SpanKind, Trace
+    from ppscope.trace.model import RunMeta, SpanKind, Trace
+    from ppscope.trace.recorder import Recorder
+    from ppscope.trace.store import RunTail, load_run, read_since
+
+
+def __dir__() -> list[str]:
+    """The lazy names too (PEP 562), so `dir(ppscope)` and completion show what `ppscope` hands out."""
+    return sorted({*globals(), *_LAZY})
 
 
 def __getattr__(name: str) -> Any:

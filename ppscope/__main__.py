@@ -2,6 +2,6 @@
 
 import sys
 
-from ppscope.cli import main
+from ppscope.cli.main import main
 
 sys.exit(main())

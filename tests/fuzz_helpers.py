@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ppscope.analysis import analyze
 from ppscope.errors import PPScopeError
-from ppscope.trace import Trace, spans_frame
+from ppscope.trace.model import Trace, spans_frame
 
 __all__ = ["CASES", "DATA", "FUZZ", "OUTCOMES", "Damaged", "check_input", "examples", "fingerprint", "mutated"]
 

@@ -6,7 +6,7 @@ import pytest
 
 from ppscope.analysis import AnalysisConfig, analyze, parse_window_ms
 from ppscope.errors import InvalidConfigError
-from ppscope.trace import RunMeta, Trace
+from ppscope.trace.model import RunMeta, Trace
 
 
 def _fwd(rank: int, start: int, end: int) -> dict[str, object]:

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ppscope.analysis import CAUSES, AnalysisConfig, analyze
 from ppscope.analysis.intervals import Intervals, union_length
-from ppscope.trace import RankInfo, RunMeta, Trace, requests_frame
+from ppscope.trace.model import RankInfo, RunMeta, Trace, requests_frame
 
 
 def _trace(rows: list[dict[str, Any]], **meta: Any) -> Trace:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ppscope.analysis import AnalysisConfig, AnalysisResult, analyze, gpipe_bubble, interleaved_bubble
-from ppscope.sources import open_trace
+from ppscope.formats.sources import open_trace
 
 pytest.importorskip("torch", reason="the engine needs torch")
 pytestmark = pytest.mark.slow
@@ -30,8 +30,8 @@ a busy machine by 0.01-0.04."""
 
 
 def _run(out: Path, **kw: Any) -> AnalysisResult:
-    from engine.config import EngineConfig
-    from engine.launch import run
+    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.launch import run
 
     cfg = EngineConfig(
         stages=P, model="synthetic", max_new_tokens=1, progress=False, nvtx=False, out=str(out), timeout_s=120, **kw

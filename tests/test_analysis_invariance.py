@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppscope.analysis import AnalysisConfig, analyze
-from ppscope.trace import RunMeta, Trace, spans_frame
+from ppscope.trace.model import RunMeta, Trace, spans_frame
 
 KINDS = ["forward", "recv_wait", "send", "recv", "nccl", "host", "sample"]
 

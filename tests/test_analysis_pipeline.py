@@ -7,7 +7,7 @@ import pytest
 from ppscope.analysis import analyze
 from ppscope.analysis.pipeline import balance, count_distinct, hop_stats, message_latencies
 from ppscope.analysis.result import StageResult
-from ppscope.trace import RunMeta, Trace
+from ppscope.trace.model import RunMeta, Trace
 
 
 def test_hop_stats_exact() -> None:

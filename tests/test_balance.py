@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ppscope.balance import (
+from ppscope.balance.costs import LayerCosts, StageCosts
+from ppscope.balance.rebalance import (
     BalanceProblem,
     MemoryModel,
     balance,
@@ -20,10 +21,9 @@ from ppscope.balance import (
     megatron_args,
     rebalance,
 )
-from ppscope.balance_search import CostModel
-from ppscope.costs import LayerCosts, StageCosts
+from ppscope.balance.search import CostModel
+from ppscope.balance.split import vllm_default_split
 from ppscope.errors import InvalidConfigError
-from ppscope.split import vllm_default_split
 
 
 def all_splits(layers: int, stages: int) -> list[list[int]]:
@@ -241,7 +241,7 @@ def test_large_problem_is_exact_against_a_slow_dp() -> None:
 
 
 def test_cli_rebalance_from_layer_costs(capsys: pytest.CaptureFixture[str]) -> None:
-    from ppscope.cli import main
+    from ppscope.cli.main import main
 
     args = ["rebalance", "--layer-costs", ",".join(["1"] * 15), "--head-cost", "3", "--stages", "4"]
     assert main([*args, "--json"]) == 0
@@ -258,7 +258,7 @@ def test_cli_rebalance_from_layer_costs(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_cli_rebalance_with_memory_shows_kv_capacity(capsys: pytest.CaptureFixture[str]) -> None:
-    from ppscope.cli import main
+    from ppscope.cli.main import main
 
     args = ["rebalance", "--layers", "80", "--layer-cost-ms", "1", "--head-cost", "3", "--stages", "4"]
     assert main([*args, "--model", "llama3-70b", "--gpu-mem-gib", "40", "--json"]) == 0
@@ -282,7 +282,7 @@ def test_cli_rebalance_with_memory_shows_kv_capacity(capsys: pytest.CaptureFixtu
 def test_cli_rebalance_bad_input_is_one_line(
     extra: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from ppscope.cli import main
+    from ppscope.cli.main import main
 
     assert main(["rebalance", *extra]) == 2
     err = capsys.readouterr().err

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import ppscope
-from ppscope.cli import COMMANDS, main, parse_args
+from ppscope.cli.main import COMMANDS, main, parse_args
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -51,7 +51,7 @@ def test_bad_input_is_one_line_without_traceback(name: str, tmp_path: Path) -> N
 def test_planned_command_says_so_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from ppscope.commands._common import add_planned
+    from ppscope.cli.commands._common import add_planned
 
     parser = argparse.ArgumentParser(prog="ppscope")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -66,8 +66,9 @@ def test_planned_command_says_so_and_exits_2(capsys: pytest.CaptureFixture[str])
 
 def test_import_ppscope_pulls_in_neither_torch_nor_streamlit() -> None:
     code = (
-        "import sys, ppscope, ppscope.cli, ppscope.store, ppscope.recorder, ppscope.trace, ppscope.models\n"
-        "ppscope.cli.build_parser()\n"
+        "import sys, ppscope, ppscope.cli.main, ppscope.trace.store, ppscope.trace.recorder\n"
+        "import ppscope.trace.model, ppscope.balance.shapes\n"
+        "ppscope.cli.main.build_parser()\n"
         "bad = [m for m in ('torch', 'streamlit') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -78,11 +79,11 @@ def test_import_ppscope_pulls_in_neither_torch_nor_streamlit() -> None:
 def test_ctrl_c_while_the_commands_load_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import ppscope.cli
+    import ppscope.cli.main
 
     def interrupted() -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ppscope.cli, "build_parser", interrupted)
+    monkeypatch.setattr(ppscope.cli.main, "build_parser", interrupted)
     assert main(["analyze", "x"]) == 130
     assert capsys.readouterr().err == "ppscope: interrupted\n"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ppscope.clock import causality_violations, estimate_offset
-from ppscope.trace import Metric, SpanKind, Trace
+from ppscope.trace.clock import causality_violations, estimate_offset
+from ppscope.trace.model import Metric, SpanKind, Trace
 
 
 def test_estimate_keeps_the_fastest_round_trip() -> None:
@@ -38,10 +38,10 @@ def test_causality_violations_match_sends_to_receives_in_order() -> None:
 
 @pytest.mark.slow
 def test_injected_skew_is_recovered_and_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.config import EngineConfig
-    from engine.launch import run
-    from engine.worker import SKEW_ENV
-    from ppscope.store import load_run
+    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.launch import run
+    from ppscope.engine.worker import SKEW_ENV
+    from ppscope.trace.store import load_run
 
     skew_ns = 3_000_000_000
     monkeypatch.setenv(SKEW_ENV, f"1={skew_ns}")

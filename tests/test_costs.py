@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from ppscope.costs import LayerCosts, StageCosts, fit_layer_costs, observe_stages
+from ppscope.balance.costs import LayerCosts, StageCosts, fit_layer_costs, observe_stages
+from ppscope.balance.split import stage_layer_ranges
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
-from ppscope.split import stage_layer_ranges
-from ppscope.trace import RankInfo, RunMeta, Trace
+from ppscope.trace.model import RankInfo, RunMeta, Trace
 
 MS = 1_000_000
 

@@ -15,14 +15,14 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest
 from test_dashboard_runs import record_gpipe_run, span_count
 
-from dashboard.safety import md
+from ppscope.dashboard.safety import md
 
 TIMEOUT_S = 60
 
 
 def _app(*paths: Path) -> AppTest:
     def script(argv: list[str]) -> None:
-        from dashboard.app import main
+        from ppscope.dashboard.app import main
 
         main(argv)
 
@@ -185,7 +185,7 @@ def test_rebalance_advises_moving_layers_off_the_slow_stage(tmp_path: Path) -> N
 
 
 def test_rebalance_prefers_the_runs_layer_profile_to_fitted_costs(tmp_path: Path) -> None:
-    from ppscope.profile import PROFILE_FILE, LayerProfile, PhaseCosts
+    from ppscope.balance.profile import PROFILE_FILE, LayerProfile, PhaseCosts
 
     # The spans say stage 2 is slow (advice 3,2,1); the profile says layers 0 and 1 are the heavy ones.
     run = record_gpipe_run(tmp_path / "run", p=3, m=4, fwd_ns=[100_000, 100_000, 200_000])
@@ -202,7 +202,7 @@ def test_rebalance_prefers_the_runs_layer_profile_to_fitted_costs(tmp_path: Path
 
 
 def test_rebalance_with_a_damaged_profile_says_so_and_fits_the_spans(tmp_path: Path) -> None:
-    from ppscope.profile import PROFILE_FILE
+    from ppscope.balance.profile import PROFILE_FILE
 
     run = record_gpipe_run(tmp_path / "run", p=3, m=4, fwd_ns=[100_000, 100_000, 200_000])
     (run / PROFILE_FILE).write_text("{not json")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from test_dashboard_runs import record_gpipe_run, span_count
 
-from ppscope.commands.dashboard import start_dashboard
+from ppscope.cli.commands.dashboard import start_dashboard
 
 pytest.importorskip("streamlit")
 
@@ -103,8 +103,8 @@ def test_dashboard_draws_the_gantt_in_chromium(tmp_path: Path) -> None:
 def test_live_run_refreshes_until_it_finishes(tmp_path: Path) -> None:
     from test_dashboard_runs import gpipe_spans
 
-    from ppscope.store import RankWriter, create_run, read_meta, write_meta
-    from ppscope.trace import RunMeta
+    from ppscope.trace.model import RunMeta
+    from ppscope.trace.store import RankWriter, create_run, read_meta, write_meta
 
     sync_api, executable = _browser_or_skip()
     run = tmp_path / "live"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_dashboard_runs import record_gpipe_run
 
-from ppscope.commands.dashboard import DEFAULT_HOST, _choose_port, dashboard_command, find_app
+from ppscope.cli.commands.dashboard import DEFAULT_HOST, _choose_port, dashboard_command, find_app
 from ppscope.errors import InvalidConfigError, RunNotFoundError
 
 

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dashboard.charts import compare_table, usage_figure
 from ppscope.analysis import analyze
-from ppscope.gantt import AGGREGATE_BINS, gantt_figure, row_labels
-from ppscope.trace import Metric, RunMeta, Trace, counters_frame, spans_frame
+from ppscope.analysis.gantt import AGGREGATE_BINS, gantt_figure, row_labels
+from ppscope.dashboard.charts import compare_table, usage_figure
+from ppscope.trace.model import Metric, RunMeta, Trace, counters_frame, spans_frame
 
 SPANS = [
     # rank, lane, kind, mb, start_ns, end_ns

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.data import LiveTrace
-from ppscope.store import REQUESTS_FILE, RankWriter, create_run, read_meta, write_meta
-from ppscope.trace import Metric, RankInfo, RunMeta
+from ppscope.dashboard.data import LiveTrace
+from ppscope.trace.model import Metric, RankInfo, RunMeta
+from ppscope.trace.store import REQUESTS_FILE, RankWriter, create_run, read_meta, write_meta
 
 FWD_NS = 100_000  # 100 µs per forward
 SEND_NS = 20_000

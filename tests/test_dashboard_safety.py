@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_dashboard_runs import record_gpipe_run
 
-from dashboard.safety import catalog_from_args
+from ppscope.dashboard.safety import catalog_from_args
 from ppscope.errors import RunNotFoundError
 
 NSYS = Path(__file__).resolve().parents[2] / "shared" / "data" / "nsys" / "mock.sqlite"

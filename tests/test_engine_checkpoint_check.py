@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.hf import INDEX, check_checkpoint, read_header
-from ppscope.cli import main
+from ppscope.balance.shapes import ModelShape
+from ppscope.cli.main import main
+from ppscope.engine.hf import INDEX, check_checkpoint, read_header
 from ppscope.errors import CorruptFileError
-from ppscope.models import ModelShape
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 FILE = "model.safetensors"

@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.comm import ACT, STOP, TOKENS, Message, Ring
-from engine.model import Batch
-from ppscope.recorder import Recorder
+from ppscope.engine.comm import ACT, STOP, TOKENS, Message, Ring
+from ppscope.engine.model import Batch
+from ppscope.trace.recorder import Recorder
 
 ROOT = Path(__file__).resolve().parents[1]
 
 _CHILD = r"""
 import datetime, os, sys
 import torch, torch.distributed as dist
-from engine.comm import ACT, STOP, TOKENS, Message, Ring
-from engine.model import Batch
-from ppscope.recorder import Recorder
+from ppscope.engine.comm import ACT, STOP, TOKENS, Message, Ring
+from ppscope.engine.model import Batch
+from ppscope.trace.recorder import Recorder
 
 rank, port, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 host_headers = mode != "one group"
@@ -46,7 +46,7 @@ ring = Ring(rank, 2, Recorder(None, rank=rank, stage=rank), 4, torch.device("cpu
 assert ring.inline_nbytes == (0 if host_headers else 256)
 if mode == "device-timed":  # a GPU ring's spans, on a stand-in for a stream whose work is done at once
     import time
-    from engine.gputime import DeviceSpans
+    from ppscope.engine.gputime import DeviceSpans
 
     class Now:
         def record(self, stream=None): self.at = time.perf_counter_ns()
@@ -100,7 +100,7 @@ print("ok", rank)
 def test_messages_cross_two_processes_intact(tmp_path: Path, mode: str) -> None:
     """Device-timed: spans go through the device timer (on a GPU, the compute stream) and every receive is a
     `recv_wait`, the stream's wait for its payload; there is no host-timed `recv`."""
-    from engine.launch import free_port
+    from ppscope.engine.launch import free_port
 
     port = str(free_port())
     procs = [

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.launch import CPP_LOG_LEVEL_ENV, _interrupt_deferred, _supervise, rank_environment, run
-from engine.worker import FAIL_ENV
-from ppscope.cli import main
+from ppscope.cli.main import main
+from ppscope.engine.config import EngineConfig
+from ppscope.engine.launch import CPP_LOG_LEVEL_ENV, _interrupt_deferred, _supervise, rank_environment, run
+from ppscope.engine.worker import FAIL_ENV
 from ppscope.errors import EngineFailedError
-from ppscope.store import read_meta
+from ppscope.trace.store import read_meta
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -158,7 +158,7 @@ def test_a_failed_middle_rank_is_named_among_its_peers_errors(tmp_path: Path, mo
     monkeypatch.setenv(FAIL_ENV, "1=1")
     # Rank 1's own report may come after its neighbours' on a loaded machine, and is weighed only if it comes
     # within the blame wait. Every rank reports here, which ends the wait at once, so a long one costs nothing.
-    monkeypatch.setattr("engine.launch._BLAME_WAIT_S", 30.0)
+    monkeypatch.setattr("ppscope.engine.launch._BLAME_WAIT_S", 30.0)
     cfg = EngineConfig(stages=3, requests=3, max_new_tokens=3, out=str(tmp_path / "run"), **(FAST | {"layers": 3}))  # type: ignore[arg-type]
     with pytest.raises(EngineFailedError, match=r"^rank 1 failed: RuntimeError: injected failure after 1 passes; "):
         run(cfg)

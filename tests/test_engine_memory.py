@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.prepare import check_memory, host_available_bytes, make_source, prepare, torch_dtype
-from engine.requests import GeneratedRequests
-from engine.split import build_stage
+from ppscope.engine.config import EngineConfig
+from ppscope.engine.prepare import check_memory, host_available_bytes, make_source, prepare, torch_dtype
+from ppscope.engine.requests import GeneratedRequests
+from ppscope.engine.stage import build_stage
 from ppscope.errors import InvalidConfigError
 
 
@@ -44,7 +44,7 @@ def test_run_that_does_not_fit_is_refused_in_one_line(tmp_path: Path) -> None:
 
 
 def test_launcher_refuses_before_creating_the_run(tmp_path: Path) -> None:
-    from engine.launch import run
+    from ppscope.engine.launch import run
 
     available = host_available_bytes()
     if available is None:
@@ -57,7 +57,7 @@ def test_launcher_refuses_before_creating_the_run(tmp_path: Path) -> None:
 
 
 def test_millions_of_generated_requests_are_refused_before_any_is_made(tmp_path: Path) -> None:
-    from engine.launch import run
+    from ppscope.engine.launch import run
 
     if host_available_bytes() is None:
         pytest.skip("no /proc/meminfo here")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.hf import CheckpointSource
-from engine.model import Batch, RandomSource
-from engine.split import build_stage
-from ppscope.models import ModelShape
+from ppscope.balance.shapes import ModelShape
+from ppscope.engine.hf import CheckpointSource
+from ppscope.engine.model import Batch, RandomSource
+from ppscope.engine.stage import build_stage
 
 CPU = torch.device("cpu")
 
@@ -145,10 +145,10 @@ def test_any_split_of_seeded_layers_equals_the_whole_model(split: list[int]) -> 
 
 
 def test_checkpoint_runs_pipelined_through_the_launcher(checkpoint: Path, tmp_path: Path) -> None:
-    from engine.config import EngineConfig
-    from engine.launch import run
-    from engine.reference import reference_outputs
-    from ppscope.store import read_meta
+    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.launch import run
+    from ppscope.engine.reference import reference_outputs
+    from ppscope.trace.store import read_meta
 
     cfg = EngineConfig(stages=2, schedule="serve", model=str(checkpoint), requests=3, prompt_len=5, max_new_tokens=4,
                        progress=False, out=str(tmp_path / "run"))  # fmt: skip
@@ -193,7 +193,7 @@ def test_checkpoint_the_engine_would_compute_differently_fails_before_launch(
     checkpoint: Path, tmp_path: Path, change: dict[str, object], says: str
 ) -> None:
     """It fails in one line naming the field, before any process starts; planning still reads the shape."""
-    from engine.config import EngineConfig
+    from ppscope.engine.config import EngineConfig
     from ppscope.errors import UnsupportedInputError
 
     for f in checkpoint.iterdir():
@@ -211,7 +211,7 @@ def test_sharded_checkpoint_is_read_through_its_index(checkpoint: Path, tmp_path
     one that is not safetensors at all), and a shard it lists but that is missing is named in one line."""
     import shutil
 
-    from engine.hf import INDEX
+    from ppscope.engine.hf import INDEX
     from ppscope.errors import UnsupportedInputError
 
     transformers = pytest.importorskip("transformers")

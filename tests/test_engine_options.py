@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.prepare import check_memory, prepare
-from ppscope.cli import main
+from ppscope.cli.main import main
+from ppscope.engine.config import EngineConfig
+from ppscope.engine.prepare import check_memory, prepare
 from ppscope.errors import InvalidConfigError, InvalidSplitError
 
 SYNTHETIC: dict[str, Any] = {"model": "synthetic", "layers": 4, "layer_cost_ms": "0"}
@@ -161,7 +161,7 @@ def test_backend_follows_the_gpus_of_this_node(
 ) -> None:
     import torch
 
-    from engine.prepare import resolve_backend
+    from ppscope.engine.prepare import resolve_backend
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.launch import run
-from engine.reference import reference_outputs
-from ppscope.store import load_run, read_meta
-from ppscope.trace import SpanKind
+from ppscope.engine.config import EngineConfig
+from ppscope.engine.launch import run
+from ppscope.engine.reference import reference_outputs
+from ppscope.trace.model import SpanKind
+from ppscope.trace.store import load_run, read_meta
 
 REQUESTS: dict[str, Any] = {"requests": 5, "prompt_len": 5, "max_new_tokens": 3, "seed": 3}
 
@@ -80,7 +80,7 @@ def test_gpu_ring_protocol_on_cpu_matches(
 ) -> None:
     """A GPU ring's protocol (headers on CPU groups of their own, every payload a second message on the process
     group, as NCCL carries it there) run over gloo: the same tokens; Poisson arrivals make rank 0 poll."""
-    from engine.worker import HOST_HEADERS_ENV
+    from ppscope.engine.worker import HOST_HEADERS_ENV
 
     monkeypatch.setenv(HOST_HEADERS_ENV, "1")
     chunks = 2 if schedule == "interleaved" else 1

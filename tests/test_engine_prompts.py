@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.requests import load_prompts
-from ppscope.cli import main
+from ppscope.cli.main import main
+from ppscope.engine.requests import load_prompts
 from ppscope.errors import InvalidConfigError
 
 VOCAB = 100

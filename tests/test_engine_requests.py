@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.requests import Arrivals, GeneratedRequests, Request, generate_requests
+from ppscope.engine.requests import Arrivals, GeneratedRequests, Request, generate_requests
 
 
 def test_generated_requests_are_made_on_first_access_from_one_seeded_stream() -> None:

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.launch import run
-from engine.reference import reference_outputs
-from engine.requests import poisson_arrivals_ns
-from engine.worker import FAIL_ENV
-from ppscope.cli import main
+from ppscope.cli.main import main
+from ppscope.engine.config import EngineConfig
+from ppscope.engine.launch import run
+from ppscope.engine.reference import reference_outputs
+from ppscope.engine.requests import poisson_arrivals_ns
+from ppscope.engine.worker import FAIL_ENV
 from ppscope.errors import EngineFailedError, InvalidConfigError
-from ppscope.store import load_run, read_meta, read_requests
+from ppscope.trace.store import load_run, read_meta, read_requests
 
 FAST = {"model": "synthetic", "layers": 2, "layer_cost_ms": "0", "progress": False}
 
@@ -187,7 +187,7 @@ def test_a_rank_freezes_its_start_up_heap_for_the_run_and_gives_it_back(
         real_freeze()
         frozen_during.append(gc.get_freeze_count())
 
-    monkeypatch.setattr("engine.worker.gc.freeze", freeze)
+    monkeypatch.setattr("ppscope.engine.worker.gc.freeze", freeze)
     before = gc.get_freeze_count()
     run(EngineConfig(stages=1, requests=2, max_new_tokens=2, out=str(tmp_path / "run"), **FAST))
     assert len(frozen_during) == 1 and frozen_during[0] > before  # the full collector skips it during the run
@@ -199,10 +199,10 @@ def test_tokens_are_stamped_once_they_are_on_the_host() -> None:
     import time
     import types
 
-    from engine.comm import TOKENS, Message
-    from engine.requests import Request
-    from engine.schedules import Pipeline
-    from ppscope.recorder import Recorder
+    from ppscope.engine.comm import TOKENS, Message
+    from ppscope.engine.requests import Request
+    from ppscope.engine.schedules import Pipeline
+    from ppscope.trace.recorder import Recorder
 
     class SlowIds:  # a device tensor whose copy to the host waits for the kernel that computes it
         def tolist(self) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling import Sampling, row_keys, sample, uniforms
+from ppscope.engine.sampling import Sampling, row_keys, sample, uniforms
 
 
 def test_greedy_is_the_argmax_and_needs_no_keys() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ppscope.analysis import analyze
-from ppscope.store import REQUESTS_FILE, load_run, read_meta
+from ppscope.trace.store import REQUESTS_FILE, load_run, read_meta
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

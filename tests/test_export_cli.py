@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_formats_helpers import KINETO, MFU, fingerprint, make_run, need
 
-from ppscope.cli import main
-from ppscope.sources import open_trace
+from ppscope.cli.main import main
+from ppscope.formats.sources import open_trace
 
 
 @pytest.mark.parametrize("fmt", ["nsys-sqlite", "chrome", "nvtxt"])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ppscope.analysis import analyze
 from ppscope.failures import plain_error, rank_failure, recorded_failures
-from ppscope.store import RankWriter, create_run, load_run, rank_file
-from ppscope.trace import RunMeta
+from ppscope.trace.model import RunMeta
+from ppscope.trace.store import RankWriter, create_run, load_run, rank_file
 
 OWN = "RuntimeError: injected failure after 1 passes"
 ECHO = "RuntimeError: rank 2: receive from rank 1 failed: Connection closed by peer [127.0.0.1]:47258"

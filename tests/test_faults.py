@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.data import LiveTrace
 from ppscope.analysis import analyze
+from ppscope.dashboard.data import LiveTrace
 from ppscope.errors import PPScopeError, RunNotFoundError
-from ppscope.rankfile import connect_ro
-from ppscope.store import RunTail, load_run, rank_file, read_meta
+from ppscope.trace.rankfile import connect_ro
+from ppscope.trace.store import RunTail, load_run, rank_file, read_meta
 
 pytestmark = pytest.mark.timeout(120)
 

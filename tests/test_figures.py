@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from ppscope.analysis import analyze
-from ppscope.figures import stage_breakdown, theory_vs_measured
-from ppscope.gantt import gantt_figure
-from ppscope.trace import RunMeta, Trace
+from ppscope.analysis.figures import stage_breakdown, theory_vs_measured
+from ppscope.analysis.gantt import gantt_figure
+from ppscope.trace.model import RunMeta, Trace
 
 
 def _gpipe(p: int = 3, m: int = 4, t: int = 1000) -> Trace:

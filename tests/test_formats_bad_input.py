@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_formats_helpers import fingerprint, tiny_nsys
 
-from ppscope.cli import main
+from ppscope.cli.main import main
 
 
 def _not_sqlite(tmp: Path) -> Path:

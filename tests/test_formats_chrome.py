@@ -16,8 +16,8 @@ from test_formats_helpers import MFU, make_run, need
 from ppscope.formats._util import nests, stack_levels
 from ppscope.formats.chrome import export_chrome, match_flows
 from ppscope.formats.nsys_import import load_nsys
-from ppscope.store import load_run
-from ppscope.trace import Trace
+from ppscope.trace.model import Trace
+from ppscope.trace.store import load_run
 
 
 def _events(path: Path) -> list[dict]:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ppscope.store import RankWriter, create_run
-from ppscope.trace import SPAN_COLUMNS, Metric, RankInfo, RunMeta
+from ppscope.trace.model import SPAN_COLUMNS, Metric, RankInfo, RunMeta
+from ppscope.trace.store import RankWriter, create_run
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MFU = DATA / "nsys" / "mfu_2gpu_after.sqlite"

@@ -12,7 +12,7 @@ from test_formats_helpers import KINETO, fingerprint, need
 import ppscope.formats.kineto as kineto
 from ppscope.formats.detect import InputKind, detect
 from ppscope.formats.kineto import load_kineto
-from ppscope.sources import open_trace
+from ppscope.formats.sources import open_trace
 
 
 def test_real_directory_of_two_ranks() -> None:

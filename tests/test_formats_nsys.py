@@ -15,8 +15,8 @@ from test_formats_helpers import MFU, MOCK, fingerprint, make_run, need, tiny_ns
 from ppscope.formats.nsys_export import export_nsys, global_tid
 from ppscope.formats.nsys_import import load_nsys, pid_of
 from ppscope.formats.nsys_schema import TABLES
-from ppscope.sources import open_trace
-from ppscope.store import load_run
+from ppscope.formats.sources import open_trace
+from ppscope.trace.store import load_run
 
 
 def _sql_idle_fraction(path: Path) -> dict[int, float]:

@@ -9,7 +9,7 @@ from test_formats_helpers import make_run
 
 from ppscope.errors import RunExistsError
 from ppscope.formats.nvtxt import NVTXT_NOTE, export_nvtxt, nvtxt_message, read_nvtxt
-from ppscope.store import load_run
+from ppscope.trace.store import load_run
 
 
 def test_one_file_per_rank_with_every_span(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_refuses_a_non_empty_directory_without_force(tmp_path: Path) -> None:
 
 
 def test_imported_spans_keep_their_names(tmp_path: Path) -> None:
-    from ppscope.trace import Trace
+    from ppscope.trace.model import Trace
 
     trace = Trace.from_records(
         [

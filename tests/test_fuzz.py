@@ -25,11 +25,11 @@ from fuzz_helpers import CASES, DATA, FUZZ, OUTCOMES, check_input, examples, mut
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import EngineConfig
-from engine.launch import run
+from ppscope.engine.config import EngineConfig
+from ppscope.engine.launch import run
 from ppscope.formats.nsys_export import export_nsys
-from ppscope.sources import open_trace
-from ppscope.store import load_run
+from ppscope.formats.sources import open_trace
+from ppscope.trace.store import load_run
 
 pytestmark = pytest.mark.timeout(240)
 

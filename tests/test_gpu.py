@@ -15,7 +15,7 @@ pytestmark = [
 
 
 def test_synthetic_layer_sleeps_its_time_on_the_gpu() -> None:
-    from engine.model import sleep_ms
+    from ppscope.engine.model import sleep_ms
 
     device = torch.device("cuda")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -27,8 +27,8 @@ def test_synthetic_layer_sleeps_its_time_on_the_gpu() -> None:
 
 
 def test_profile_times_layers_with_cuda_events() -> None:
-    from engine.config import EngineConfig
-    from engine.profile import profile_layers
+    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.profiler import profile_layers
 
     prof = profile_layers(EngineConfig(model="tiny", prompt_len=8, progress=False), warmup=1, repeats=3, device="cuda")
     assert prof.method == "cuda-events" and prof.device != "cpu"
@@ -36,9 +36,9 @@ def test_profile_times_layers_with_cuda_events() -> None:
 
 
 def test_device_spans_time_gpu_work_with_cuda_events() -> None:
-    from engine.gputime import DeviceSpans
-    from engine.model import sleep_ms
-    from ppscope.recorder import Recorder
+    from ppscope.engine.gputime import DeviceSpans
+    from ppscope.engine.model import sleep_ms
+    from ppscope.trace.recorder import Recorder
 
     device = torch.device("cuda")
     rec = Recorder(None, rank=0, stage=0, nvtx=False)
@@ -60,9 +60,9 @@ def test_device_spans_time_gpu_work_with_cuda_events() -> None:
 
 
 def test_engine_runs_one_stage_on_the_gpu_with_device_timed_spans(tmp_path: Path) -> None:
-    from engine.config import EngineConfig
-    from engine.launch import run
-    from ppscope.store import load_run, read_requests
+    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.launch import run
+    from ppscope.trace.store import load_run, read_requests
 
     out = tmp_path / "run"
     run(EngineConfig(model="tiny", stages=1, schedule="serve", requests=4, prompt_len=8, max_new_tokens=8,
@@ -86,7 +86,7 @@ def test_gpu_check_runs_every_check_and_writes_its_report(tmp_path: Path) -> Non
 
 
 def test_cuda_draws_equal_cpu_draws_without_copying_to_the_host() -> None:
-    from engine.sampling import Sampling, row_keys, sample
+    from ppscope.engine.sampling import Sampling, row_keys, sample
 
     logits = torch.randn(4, 32000, generator=torch.Generator().manual_seed(1))
     cfg, keys = Sampling(temperature=0.8, top_p=0.95), row_keys(3, [0, 1, 2, 3], [17, 17, 40, 2])
@@ -96,8 +96,8 @@ def test_cuda_draws_equal_cpu_draws_without_copying_to_the_host() -> None:
 
 
 def test_a_pass_index_on_the_gpu_equals_the_host_one() -> None:
-    from engine.model import Batch, Rotary
-    from ppscope.models import ModelShape
+    from ppscope.balance.shapes import ModelShape
+    from ppscope.engine.model import Batch, Rotary
 
     shape = ModelShape.from_name("tiny")
     batch = Batch([2, 0], [0, 9], [5, 1], [4, 1])

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.gputime import DeviceSpans
-from ppscope.recorder import Recorder
+from ppscope.engine.gputime import DeviceSpans
+from ppscope.trace.recorder import Recorder
 
 MS = 1_000_000
 

@@ -6,7 +6,7 @@ import warnings
 
 from ppscope.analysis import analyze
 from ppscope.analysis.pipeline import hop_stats
-from ppscope.trace import Trace
+from ppscope.trace.model import Trace
 
 INT64_MAX = 2**63 - 1
 

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from ppscope.cli import main
+from ppscope.balance.plan import GIB, Cluster, PlanConfig, plan
+from ppscope.balance.shapes import ModelShape
+from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError
-from ppscope.models import ModelShape
-from ppscope.plan import GIB, Cluster, PlanConfig, plan
 
 LLAMA70 = ModelShape.from_name("llama3-70b")
 

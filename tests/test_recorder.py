@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from ppscope.errors import InvalidSpanError
-from ppscope.recorder import KIND_COLORS, Recorder
-from ppscope.store import RankWriter, create_run, load_run, read_rank_info
-from ppscope.trace import RunMeta, SpanKind
+from ppscope.trace.model import RunMeta, SpanKind
+from ppscope.trace.recorder import KIND_COLORS, Recorder
+from ppscope.trace.store import RankWriter, create_run, load_run, read_rank_info
 
 
 class SpyDomain:
@@ -180,7 +180,7 @@ def test_close_is_idempotent(tmp_path: Path) -> None:
 def test_spans_are_counted_as_recorded_and_both_counts_stored(tmp_path: Path) -> None:
     import threading
 
-    from ppscope.store import read_rank_info
+    from ppscope.trace.store import read_rank_info
 
     run = tmp_path / "run"
     create_run(run, RunMeta())

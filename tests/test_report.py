@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from ppscope.analysis import CAUSES, analyze
-from ppscope.cli import main
-from ppscope.report import html_report, render_text
-from ppscope.store import REQUESTS_FILE, RankWriter, create_run
-from ppscope.trace import SPAN_COLUMNS, RankInfo, RunMeta, Trace
+from ppscope.analysis.report import html_report, render_text
+from ppscope.cli.main import main
+from ppscope.trace.model import SPAN_COLUMNS, RankInfo, RunMeta, Trace
+from ppscope.trace.store import REQUESTS_FILE, RankWriter, create_run
 
 P, M, T = 3, 4, 1_000_000  # stages, micro-batches, ns per forward
 

@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine.sampler import CounterSampler
-from ppscope.recorder import Recorder
-from ppscope.trace import Metric
+from ppscope.engine.usage import CounterSampler
+from ppscope.trace.model import Metric
+from ppscope.trace.recorder import Recorder
 
 
 def _sample(rec: Recorder, gpu_index: int | None, seconds: float = 1.0) -> dict[tuple[str, int], list[float]]:

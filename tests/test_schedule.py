@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ppscope.errors import InvalidConfigError
-from ppscope.schedule import (
+from ppscope.simulate.schedule import (
     Action,
     ServePolicy,
     check_plan,

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppscope.balance import BalanceProblem, balance, evaluate
-from ppscope.cli import main
-from ppscope.costs import LayerCosts, fit_layer_costs
+from ppscope.balance.costs import LayerCosts, fit_layer_costs
+from ppscope.balance.rebalance import BalanceProblem, balance, evaluate
+from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError, RunExistsError
-from ppscope.simulate import CommModel, SimConfig, bubble_ratio, simulate, summarize, write_run
-from ppscope.sources import open_trace
-from ppscope.trace import SPAN_COLUMNS
+from ppscope.formats.sources import open_trace
+from ppscope.simulate.simulator import CommModel, SimConfig, bubble_ratio, simulate, summarize, write_run
+from ppscope.trace.model import SPAN_COLUMNS
 
 
 def exact_bubble(spans: pd.DataFrame) -> Fraction:
@@ -165,7 +165,7 @@ def test_replaying_a_simulated_run_reproduces_it(tmp_path: Path, capsys: pytest.
 
 
 def test_a_long_run_replays_its_first_steps_scaled_to_all_of_them() -> None:
-    from ppscope.simulate_calibrate import MAX_REPLAY_STEPS, compare, replay_config
+    from ppscope.simulate.calibrate import MAX_REPLAY_STEPS, compare, replay_config
 
     costs = LayerCosts(layer_ms=(1.0,) * 4, embed_ms=0.2, head_ms=1.5)
     long = SimConfig(schedule="serve", stages=2, microbatches=2, steps=3 * MAX_REPLAY_STEPS, costs=costs, split=(2, 2))
@@ -179,9 +179,9 @@ def test_a_long_run_replays_its_first_steps_scaled_to_all_of_them() -> None:
 @pytest.mark.slow
 def test_a_serve_run_with_more_requests_than_slots_replays_all_of_them(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="the engine needs torch")
-    from engine.config import EngineConfig
-    from engine.launch import run
-    from ppscope.simulate_calibrate import compare, replay_config
+    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.launch import run
+    from ppscope.simulate.calibrate import compare, replay_config
 
     # 24 requests of 3 tokens through 2 slots: 36 passes a slot, where one request has 3; the replay used to
     # simulate 3 and was off by 160x on such a run (300 requests)
@@ -199,7 +199,7 @@ def test_replay_predicts_the_synthetic_engine(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from ppscope.simulate_calibrate import compare, replay_config
+    from ppscope.simulate.calibrate import compare, replay_config
 
     out = tmp_path / "engine"
     cmd = [sys.executable, "-m", "ppscope", "run", "--stages", "4", "--model", "synthetic", "--layers", "16",
@@ -239,7 +239,7 @@ def test_cli_rebalance_fits_two_runs_and_shows_measured_times(
 
 
 def test_cli_rebalance_prefers_the_runs_layer_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ppscope.profile import PROFILE_FILE, LayerProfile, PhaseCosts
+    from ppscope.balance.profile import PROFILE_FILE, LayerProfile, PhaseCosts
 
     cfg = SimConfig(schedule="gpipe", stages=2, microbatches=2, costs=LayerCosts.uniform(6, 1.0))
     run_dir = write_run(simulate(cfg), tmp_path / "run")
@@ -261,7 +261,7 @@ def test_cli_rebalance_prefers_the_runs_layer_profile(tmp_path: Path, capsys: py
 
 
 def test_hop_latency_is_post_to_wake_of_a_waiting_receiver() -> None:
-    from ppscope.simulate_calibrate import hop_latency_us
+    from ppscope.simulate.calibrate import hop_latency_us
 
     costs = LayerCosts(layer_ms=(1.0,) * 4, embed_ms=0.0, head_ms=3.0)  # the last stage is slow: rank 0 waits
     cfg = SimConfig(schedule="serve", stages=2, microbatches=2, steps=5, costs=costs, comm=CommModel(latency_us=250))

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppscope.errors import InvalidSplitError
-from ppscope.split import (
+from ppscope.balance.split import (
     ENV_VAR,
     parse_split,
     resolve_split,
@@ -15,6 +14,7 @@ from ppscope.split import (
     validate_split,
     vllm_default_split,
 )
+from ppscope.errors import InvalidSplitError
 
 
 def test_parse_split_accepts_counts_and_spaces() -> None:

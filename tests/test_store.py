@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from ppscope.errors import CorruptFileError, RunExistsError, RunNotFoundError, SchemaVersionError
-from ppscope.recorder import Recorder
-from ppscope.store import (
+from ppscope.trace.model import ClockInfo, RankInfo, RunMeta
+from ppscope.trace.recorder import Recorder
+from ppscope.trace.store import (
     META_FILE,
     REQUESTS_FILE,
     RankWriter,
@@ -27,7 +28,6 @@ from ppscope.store import (
     read_since,
     write_meta,
 )
-from ppscope.trace import ClockInfo, RankInfo, RunMeta
 
 
 def _span(rank: int, start: int, end: int, mb: int = 0, kind: str = "forward") -> tuple[object, ...]:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import ppscope.rankfile as rankfile
-import ppscope.store as store
+import ppscope.trace.rankfile as rankfile
+import ppscope.trace.store as store
 from ppscope.errors import CorruptFileError
-from ppscope.store import RankWriter, RunTail, create_run, load_run, rank_file, read_since
-from ppscope.trace import ClockInfo, RankInfo, RunMeta, spans_frame
+from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, spans_frame
+from ppscope.trace.store import RankWriter, RunTail, create_run, load_run, rank_file, read_since
 
 LANES = ["compute", "send", "stream 7", "é→ü"]
 NAMES = ["a", "b,c", "", "名前", "x" * 40, "forward"]

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from ppscope.errors import CorruptFileError, InvalidSpanError, SchemaVersionError
-from ppscope.trace import (
+from ppscope.trace.model import (
     SCHEMA_VERSION,
     SPAN_COLUMNS,
     ClockInfo,

@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine.config import EngineConfig
-from engine.profile import profile_layers, write_profile
+from ppscope.balance.profile import PROFILE_FILE, read_profile
+from ppscope.cli.tuning import tune
+from ppscope.engine.config import EngineConfig
+from ppscope.engine.profiler import profile_layers, write_profile
 from ppscope.errors import CorruptFileError, InvalidConfigError
-from ppscope.profile import PROFILE_FILE, read_profile
-from ppscope.tune import tune
 
 
 def _synthetic(**kw: object) -> EngineConfig:
@@ -135,10 +135,10 @@ def test_run_profile_layers_feeds_rebalance(tmp_path: Path) -> None:
 def test_a_predicted_gain_within_noise_is_called_so(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from ppscope.balance import BalanceProblem, rebalance
-    from ppscope.costs import LayerCosts
-    from ppscope.report_tune import print_tune
-    from ppscope.tune import RunSummary, TuneResult
+    from ppscope.balance.costs import LayerCosts
+    from ppscope.balance.rebalance import BalanceProblem, rebalance
+    from ppscope.cli.tuning import RunSummary, TuneResult
+    from ppscope.cli.tuning_report import print_tune
 
     def summary(split: tuple[int, ...], tok_s: float) -> RunSummary:
         return RunSummary(run_dir=tmp_path, split=split, throughput_tokens_per_s=tok_s, bubble_ratio=0.2,
@@ -201,7 +201,7 @@ def test_the_demo_runs_the_whole_loop_on_the_tiny_model(tmp_path: Path) -> None:
 
 
 def test_the_demo_refuses_a_split_of_no_stage_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ppscope.cli import main
+    from ppscope.cli.main import main
 
     assert main(["demo", "--no-dashboard", "--split", " ", "--out", str(tmp_path / "demo")]) == 2
     assert (

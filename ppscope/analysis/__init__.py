@@ -1,7 +1,7 @@
 """The analyzer: bubbles per stage and their causes, the bottleneck stage, theory vs measured, latency.
 
 Pure functions: a `Trace` in, an `AnalysisResult` out. Nothing here prints, plots or writes files; the
-report (`ppscope.report`) and figures (`ppscope.figures`) present the result.
+report (`ppscope.analysis.report`) and figures (`ppscope.analysis.figures`) present the result.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from ppscope.analysis.result import AnalysisResult, RequestLatency, Theory, Wind
 from ppscope.analysis.theory import theory_for
 from ppscope.analysis.window import active_window, full_window, resolve_window, steady_window
 from ppscope.errors import InvalidConfigError
-from ppscope.trace import Phase, SpanKind, Trace
+from ppscope.trace.model import Phase, SpanKind, Trace
 
 __all__ = ["AnalysisConfig", "analyze"]
 

@@ -29,7 +29,7 @@ import pandas as pd
 
 from ppscope.analysis.intervals import Intervals, Segments, clip, label_segments, merge_runs
 from ppscope.analysis.result import CAUSES, Cause, StageResult, WindowInfo
-from ppscope.trace import COMPUTE_KINDS, SpanKind
+from ppscope.trace.model import COMPUTE_KINDS, SpanKind
 
 __all__ = ["ROLE_COMPUTE", "ROLE_RECV", "ROLE_SEND", "ROLE_WAIT", "StageTimes", "span_roles", "stage_bubbles"]
 

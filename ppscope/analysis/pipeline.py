@@ -11,7 +11,7 @@ import pandas as pd
 
 from ppscope.analysis.bubbles import ROLE_RECV, ROLE_SEND, ROLE_WAIT, span_roles
 from ppscope.analysis.result import HopStats, StageResult
-from ppscope.trace import RunMeta
+from ppscope.trace.model import RunMeta
 
 __all__ = ["balance", "count_distinct", "hop_stats", "measured_inflight", "message_latencies", "stage_of_ranks"]
 

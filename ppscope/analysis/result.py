@@ -15,7 +15,7 @@ import pandas as pd
 if sys.version_info >= (3, 11):
     from enum import StrEnum
 else:  # pragma: no cover - Python 3.10
-    from ppscope.trace import StrEnum
+    from ppscope.trace.model import StrEnum
 
 __all__ = [
     "CAUSES",

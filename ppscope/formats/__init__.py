@@ -1,7 +1,7 @@
 """Interop: importers (nsys SQLite, Kineto JSON) and exporters (nsys SQLite, Chrome/Perfetto, NVTXT).
 
 Importers turn third-party traces into a `Trace`; exporters write a `Trace` for the tools people already
-use. Detection by content lives in `detect`; `ppscope.sources.open_trace` is the one entry point commands
+use. Detection by content lives in `detect`; `ppscope.formats.sources.open_trace` is the one entry point commands
 use to read, `export_trace` the one they use to write. Submodules load pandas lazily through it.
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ppscope.errors import InvalidConfigError
 
 if TYPE_CHECKING:
-    from ppscope.trace import Trace
+    from ppscope.trace.model import Trace
 
 __all__ = ["EXPORT_FORMATS", "export_trace"]
 

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ppscope.formats._util import atomic_output, stack_levels
-from ppscope.trace import SpanKind, Trace
+from ppscope.trace.model import SpanKind, Trace
 
 __all__ = ["chrome_events", "export_chrome", "match_flows"]
 

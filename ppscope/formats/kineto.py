@@ -26,7 +26,7 @@ import pandas as pd
 from ppscope.errors import CorruptFileError, UnsupportedInputError
 from ppscope.formats.detect import GZIP_MAGIC
 from ppscope.formats.ordering import order_stages
-from ppscope.trace import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
+from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
 
 __all__ = ["iter_trace_events", "load_kineto"]
 

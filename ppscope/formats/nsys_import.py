@@ -37,7 +37,7 @@ from ppscope.formats.nsys_tables import (
     with_defaults,
 )
 from ppscope.formats.ordering import order_stages
-from ppscope.trace import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
+from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
 
 __all__ = ["NVTX_RANGE_TYPES", "PPSCOPE_DOMAIN", "load_nsys", "parse_ppscope_message", "pid_of"]
 

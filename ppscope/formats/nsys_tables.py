@@ -20,7 +20,7 @@ import pandas as pd
 from ppscope.errors import CorruptFileError
 from ppscope.formats._util import brief
 from ppscope.formats.detect import open_sqlite_ro
-from ppscope.trace import SPAN_COLUMNS, SpanKind, lane_of
+from ppscope.trace.model import SPAN_COLUMNS, SpanKind, lane_of
 
 __all__ = [
     "KERNEL",

@@ -17,7 +17,7 @@ from pathlib import Path
 from ppscope import __version__
 from ppscope.errors import CorruptFileError, RunExistsError
 from ppscope.formats.nsys_export import ppscope_message
-from ppscope.trace import SpanKind, Trace
+from ppscope.trace.model import SpanKind, Trace
 
 __all__ = ["NVTXT_NOTE", "export_nvtxt", "nvtxt_message", "read_nvtxt"]
 

@@ -1,0 +1,395 @@
+"""The pipeline Gantt chart: spans in, a plotly Figure out, no Streamlit, no analysis.
+
+The dashboard and the HTML report both draw it from here.
+
+It draws one horizontal bar per span (`go.Bar(base=start, x=duration, orientation="h")`)
+on a linear µs axis: `plotly.express.timeline` would turn numbers into dates and round widths to whole
+milliseconds, so sub-millisecond spans would vanish. When a window holds more spans than a browser draws
+quickly, each row is aggregated into time bins coloured by how busy the row is in each, and the result
+says so (`GanttView.note`). Idle gaps come from the analyzer and are shaded by cause on the compute rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import plotly.graph_objects as go
+
+from ppscope.trace.model import COMPUTE_KINDS, Lane, SpanKind
+from ppscope.trace.recorder import KIND_COLORS
+
+__all__ = [
+    "AGGREGATE_BINS",
+    "CAUSE_COLORS",
+    "COLOR_MODES",
+    "GanttView",
+    "gantt_figure",
+    "kind_color",
+    "row_labels",
+]
+
+COLOR_MODES = ("micro-batch", "kind")
+AGGREGATE_BINS = 1000
+"""Time bins per row when a window holds too many spans to draw one bar each (about a pixel each)."""
+_MB_PALETTE = (
+    "#4C78A8",
+    "#F58518",
+    "#54A24B",
+    "#E45756",
+    "#72B7B2",
+    "#EECA3B",
+    "#B279A2",
+    "#FF9DA6",
+    "#9D755D",
+    "#79706E",
+    "#1F77B4",
+    "#D62728",
+)
+_NO_MB = "#BAB0AC"
+CAUSE_COLORS: dict[str, str] = {  # hatched on the Gantt, so they read as idle time next to solid work
+    "fill": "#D9D9D9",
+    "drain": "#C6DBEF",
+    "upstream": "#FCBBA1",
+    "dependency": "#DADAEB",
+    "downstream": "#FDD0A2",
+    "comm": "#C7E9C0",
+    "host": "#BDBDBD",
+    "unknown": "#EEEEEE",
+    "no_requests": "#F7F7F7",
+}
+_LANE_ORDER = {str(Lane.COMPUTE): 0, str(Lane.RECV): 1, str(Lane.SEND): 2, str(Lane.HOST): 3}
+_MAX_LEGEND_MB = 32
+_HOVER = (
+    "%{customdata[0]}<br>%{y}<br>stage %{customdata[1]} · mb %{customdata[2]} · step %{customdata[3]}"
+    " · %{customdata[4]}<br>start %{base:,.1f} µs · duration %{customdata[5]:,.1f} µs"
+    "<br>%{customdata[6]:,} bytes<extra></extra>"
+)
+_BINNED_HOVER = "%{y}<br>around %{x:,.1f} µs: busy %{z:.0%}, %{customdata:,} spans start here<extra></extra>"
+_GAP_HOVER = "idle: %{customdata[0]}<br>%{y}<br>start %{base:,.1f} µs · length %{x:,.1f} µs<extra></extra>"
+
+
+def kind_color(kind: str) -> str:
+    """`#RRGGBB` of a span kind, the colour Nsight Systems shows for our NVTX ranges."""
+    argb = KIND_COLORS.get(kind, 0xFF888888)
+    return f"#{argb & 0xFFFFFF:06X}"
+
+
+def _row_label(rank: int, lane: str) -> str:
+    return f"rank {rank} · {lane}"
+
+
+def row_labels(spans: pd.DataFrame) -> list[str]:
+    """Gantt rows, top to bottom: ranks in order, each with compute, recv, send, host, then other lanes."""
+    pairs = spans[["rank", "lane"]].drop_duplicates()
+    keyed = sorted(
+        (int(r), _LANE_ORDER.get(str(lane), 9), str(lane)) for r, lane in zip(pairs["rank"], pairs["lane"], strict=True)
+    )
+    return [_row_label(r, lane) for r, _, lane in keyed]
+
+
+@dataclass(kw_only=True)
+class GanttView:
+    """A Gantt figure and what it shows."""
+
+    figure: go.Figure
+    spans_in_window: int
+    bars: int
+    """Bars drawn for spans; when `aggregated`, the (row, bin) cells with work in them."""
+    aggregated: bool
+    resolution_us: float
+    """When aggregated: the width of one time bin."""
+    note: str
+    """One sentence for the page saying what is drawn (and what was aggregated or left out)."""
+
+
+def gantt_figure(
+    spans: pd.DataFrame,
+    *,
+    color_by: str = "micro-batch",
+    gaps: pd.DataFrame | None = None,
+    stage_ranks: Mapping[int, Sequence[int]] | None = None,
+    window_ns: tuple[int, int] | None = None,
+    origin_ns: int | None = None,
+    max_bars: int = 6000,
+    title: str = "",
+) -> GanttView:
+    """The pipeline Gantt of `spans` (SPAN_COLUMNS) within `window_ns` (all when None).
+
+    x is µs since `origin_ns` (default: the first span's start). gaps: idle intervals (stage, start_ns,
+    end_ns, cause) shaded on the compute rows of `stage_ranks[stage]`. Marks (zero-length) are not drawn.
+    """
+    if color_by not in COLOR_MODES:
+        raise ValueError(f"unknown colour mode {color_by!r}; valid: {', '.join(COLOR_MODES)}")
+    spans = spans[spans["kind"].to_numpy() != str(SpanKind.MARK)]
+    origin = int(spans["start_ns"].min()) if origin_ns is None and len(spans) else int(origin_ns or 0)
+    rows = row_labels(spans)
+    busy_rows = _busy_rows(spans)
+    if window_ns is not None:
+        lo, hi = window_ns
+        keep = (spans["end_ns"].to_numpy() >= lo) & (spans["start_ns"].to_numpy() <= hi)
+        spans = spans[keep]
+    fig = go.Figure()
+    n = len(spans)
+    aggregated = n > max_bars
+    resolution_us = 0.0
+    if aggregated:
+        lo_ns = window_ns[0] if window_ns else int(spans["start_ns"].min())
+        hi_ns = window_ns[1] if window_ns else int(spans["end_ns"].max())
+        resolution_us = (hi_ns - lo_ns) / AGGREGATE_BINS / 1e3
+        bars = _add_binned(fig, spans, origin, lo_ns, hi_ns, AGGREGATE_BINS)
+        note = (
+            f"{n:,} spans in the window, more than the {max_bars:,} bars a browser draws quickly: each row is "
+            f"aggregated into {AGGREGATE_BINS:,} bins of {_fmt_us(resolution_us)}, coloured by the share of the "
+            "bin it is busy (the colour choice applies when each span is drawn). Narrow the time window to see "
+            "each span."
+        )
+    else:
+        bars = _add_spans(fig, spans, origin, color_by)
+        note = f"{n:,} spans in the window, one bar each."
+    if gaps is not None and stage_ranks and len(gaps):
+        # Shading counts towards what the browser draws (bars are SVG; the aggregate is one image).
+        budget = max_bars // 8 if aggregated else max(max_bars - bars, max_bars // 4)
+        shown, dropped_ns = _add_gaps(
+            fig, gaps, stage_ranks, busy_rows, origin, window_ns, min_ns=int(resolution_us * 1e3), limit=budget
+        )
+        if aggregated and dropped_ns:
+            note += f" Idle gaps shorter than {_fmt_us(max(resolution_us, dropped_ns / 1e3))} are not shaded."
+        elif dropped_ns:
+            note += f" Only the {shown:,} longest idle gaps are shaded (none shorter than {_fmt_us(dropped_ns / 1e3)})."
+        # Shading goes under the bars.
+        fig.data = tuple(sorted(fig.data, key=lambda t: (t.meta or {}).get("role") != "gap"))
+    _layout(fig, rows, origin, window_ns, title)
+    return GanttView(
+        figure=fig, spans_in_window=n, bars=bars, aggregated=aggregated, resolution_us=resolution_us, note=note
+    )
+
+
+def _fmt_us(us: float) -> str:
+    return f"{us / 1e3:,.2f} ms" if us >= 1e3 else f"{us:,.1f} µs"
+
+
+def _labels(spans: pd.DataFrame) -> npt.NDArray[np.object_]:
+    ranks = spans["rank"].to_numpy()
+    lanes = spans["lane"].to_numpy()
+    return np.array([_row_label(int(r), str(lane)) for r, lane in zip(ranks, lanes, strict=True)], dtype=object)
+
+
+def _add_spans(fig: go.Figure, spans: pd.DataFrame, origin_ns: int, color_by: str) -> int:
+    if not len(spans):
+        return 0
+    start_us = (spans["start_ns"].to_numpy(np.int64) - origin_ns) / 1e3
+    dur_us = (spans["end_ns"].to_numpy(np.int64) - spans["start_ns"].to_numpy(np.int64)) / 1e3
+    custom = np.empty((len(spans), 7), dtype=object)
+    custom[:, 0] = spans["name"].to_numpy()
+    custom[:, 1] = spans["stage"].to_numpy()
+    custom[:, 2] = spans["mb"].to_numpy()
+    custom[:, 3] = spans["step"].to_numpy()
+    custom[:, 4] = spans["phase"].to_numpy()
+    custom[:, 5] = dur_us
+    custom[:, 6] = spans["nbytes"].to_numpy()
+    labels = _labels(spans)
+    mbs = spans["mb"].to_numpy()
+    if color_by == "kind":
+        keys = spans["kind"].to_numpy().astype(str)
+        groups = [(str(k), keys == k, kind_color(str(k))) for k in sorted(set(keys))]
+    elif len(np.unique(mbs)) <= _MAX_LEGEND_MB:
+        groups = [(f"mb {m}" if m >= 0 else "no mb", mbs == m, _mb_color(int(m))) for m in np.unique(mbs)]
+    else:  # too many micro-batches for a legend: one trace, colour per bar
+        colors = np.array([_mb_color(int(m)) for m in mbs], dtype=object)
+        fig.add_trace(_bar("spans", labels, start_us, dur_us, custom, colors, _HOVER, showlegend=False))
+        return len(spans)
+    for name, mask, color in groups:
+        fig.add_trace(_bar(name, labels[mask], start_us[mask], dur_us[mask], custom[mask], color, _HOVER))
+    return len(spans)
+
+
+def _mb_color(mb: int) -> str:
+    return _MB_PALETTE[mb % len(_MB_PALETTE)] if mb >= 0 else _NO_MB
+
+
+def _bar(
+    name: str,
+    y: npt.NDArray[np.object_],
+    base_us: npt.NDArray[np.float64],
+    width_us: npt.NDArray[np.float64],
+    custom: npt.NDArray[np.object_],
+    color: str | npt.NDArray[np.object_],
+    hover: str,
+    *,
+    role: str = "spans",
+    opacity: float = 1.0,
+    showlegend: bool = True,
+    pattern: str = "",
+) -> go.Bar:
+    return go.Bar(
+        name=name,
+        y=y,
+        base=base_us,
+        x=width_us,
+        orientation="h",
+        customdata=custom,
+        hovertemplate=hover,
+        marker={
+            "color": color,
+            "line": {"width": 0},
+            "pattern": {"shape": pattern, "fillmode": "overlay", "fgcolor": "#FFFFFF", "fgopacity": 0.7},
+        },
+        opacity=opacity,
+        showlegend=showlegend,
+        meta={"role": role},
+    )
+
+
+def _add_binned(fig: go.Figure, spans: pd.DataFrame, origin_ns: int, lo_ns: int, hi_ns: int, bins: int) -> int:
+    """A heatmap over (row, time bin): the share of each bin the row is busy; empty where it does nothing.
+
+    A heatmap is one image for the browser, so this costs the same for ten bins or ten thousand.
+    Busy time up to x is B(x) = Σ clamp(x - start, 0, duration) = Σ_{start<x} (x - start) - Σ_{end<x} (x - end),
+    evaluated at every bin edge from sorted starts and ends with prefix sums; B(edge[i+1]) - B(edge[i]) is
+    the busy time in bin i. Overlapping spans of one row count twice, so the share is capped at 1.
+    Returns the number of bins with work in them.
+    """
+    edges = np.linspace(lo_ns, hi_ns, bins + 1)
+    width_ns = (hi_ns - lo_ns) / bins
+    codes, names = pd.factorize(pd.Series(_labels(spans)))
+    starts_all = spans["start_ns"].to_numpy(np.int64)
+    ends_all = spans["end_ns"].to_numpy(np.int64)
+    share = np.full((len(names), bins), np.nan)
+    starting = np.zeros((len(names), bins), dtype=np.int64)
+    for code in range(len(names)):
+        sel = codes == code
+        starts = np.sort(starts_all[sel])
+        per_bin = np.diff(_busy_before(starts, np.sort(ends_all[sel]), edges))
+        busy = per_bin > 0
+        share[code, busy] = np.minimum(per_bin[busy] / max(width_ns, 1e-9), 1.0)
+        starting[code] = np.diff(np.searchsorted(starts, edges, side="left"))
+    fig.add_trace(
+        go.Heatmap(
+            name="busy share",
+            z=share,
+            y=list(names),
+            x0=(lo_ns - origin_ns + width_ns / 2) / 1e3,
+            dx=width_ns / 1e3,
+            customdata=starting,
+            hovertemplate=_BINNED_HOVER,
+            colorscale="Blues",
+            zmin=0.0,
+            zmax=1.0,
+            colorbar={"title": {"text": "busy"}, "tickformat": ".0%", "len": 0.6},
+            hoverongaps=False,
+            ygap=4,
+            meta={"role": "binned"},
+        )
+    )
+    return int(np.isfinite(share).sum())
+
+
+def _busy_before(
+    starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], x: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Σ clamp(x - start, 0, end - start) over spans, for each x (starts and ends sorted)."""
+    ps = np.concatenate([[0], np.cumsum(starts, dtype=np.float64)])
+    pe = np.concatenate([[0], np.cumsum(ends, dtype=np.float64)])
+    ns = np.searchsorted(starts, x, side="left")
+    ne = np.searchsorted(ends, x, side="left")
+    xf = x.astype(np.float64)
+    return (ns * xf - ps[ns]) - (ne * xf - pe[ne])
+
+
+def _busy_rows(spans: pd.DataFrame) -> dict[int, str]:
+    """Per rank with compute spans, the row its idle gaps are shaded on: the `compute` lane, else the lane
+    holding most of its compute spans (imports put kernels on GPU stream lanes)."""
+    compute = spans[spans["kind"].isin(list(COMPUTE_KINDS))]
+    counts = compute.groupby(["rank", "lane"], sort=True).size().reset_index(name="n")
+    counts["preferred"] = counts["lane"] == str(Lane.COMPUTE)
+    first = counts.sort_values(["rank", "preferred", "n"], ascending=[True, False, False]).drop_duplicates("rank")
+    return {int(r): _row_label(int(r), str(lane)) for r, lane in zip(first["rank"], first["lane"], strict=True)}
+
+
+def _add_gaps(
+    fig: go.Figure,
+    gaps: pd.DataFrame,
+    stage_ranks: Mapping[int, Sequence[int]],
+    busy_rows: Mapping[int, str],
+    origin_ns: int,
+    window_ns: tuple[int, int] | None,
+    *,
+    min_ns: int,
+    limit: int,
+) -> tuple[int, int]:
+    """Shade gaps at least `min_ns` long, at most `limit` of them (the longest); returns how many bars were
+    drawn and the length of the shortest gap drawn when some were left out (0 when none were)."""
+    g_start = gaps["start_ns"].to_numpy(np.int64)
+    g_end = gaps["end_ns"].to_numpy(np.int64)
+    inside = np.ones(len(gaps), dtype=bool)
+    if window_ns is not None:
+        inside = (g_end >= window_ns[0]) & (g_start <= window_ns[1])
+    keep = inside & ((g_end - g_start) >= max(min_ns, 1))
+    if keep.sum() > limit:
+        length = np.where(keep, g_end - g_start, -1)
+        keep = np.zeros(len(gaps), dtype=bool)
+        keep[np.argsort(-length, kind="stable")[:limit]] = True
+    dropped = bool((inside & ~keep).any())
+    gaps = gaps[keep]
+    shortest = 0
+    if dropped:
+        shortest = int((gaps["end_ns"] - gaps["start_ns"]).min()) if len(gaps) else max(min_ns, 1)
+    shown = 0
+    for cause in [c for c in CAUSE_COLORS if c in set(gaps["cause"])]:
+        sel = gaps[gaps["cause"].to_numpy() == cause]
+        rows: list[str] = []
+        starts: list[npt.NDArray[np.int64]] = []
+        ends: list[npt.NDArray[np.int64]] = []
+        for stage, part in sel.groupby("stage", sort=True):
+            for rank in stage_ranks.get(int(stage), ()):
+                if int(rank) not in busy_rows:
+                    continue  # a rank without compute spans has no row to shade
+                rows += [busy_rows[int(rank)]] * len(part)
+                starts.append(part["start_ns"].to_numpy(np.int64))
+                ends.append(part["end_ns"].to_numpy(np.int64))
+        if not rows:
+            continue
+        s, e = np.concatenate(starts), np.concatenate(ends)
+        custom = np.full((len(rows), 1), cause, dtype=object)
+        fig.add_trace(
+            _bar(
+                f"idle: {cause}",
+                np.array(rows, dtype=object),
+                (s - origin_ns) / 1e3,
+                (e - s) / 1e3,
+                custom,
+                CAUSE_COLORS[cause],
+                _GAP_HOVER,
+                role="gap",
+                pattern="/",
+            )
+        )
+        shown += len(rows)
+    return shown, shortest
+
+
+def _layout(fig: go.Figure, rows: list[str], origin_ns: int, window_ns: tuple[int, int] | None, title: str) -> None:
+    xaxis: dict[str, object] = {
+        "title": "time since run start (µs)",
+        "type": "linear",
+        "zeroline": False,
+        "exponentformat": "none",  # 500,000 µs, not 0.5M µs
+        "separatethousands": True,
+    }
+    if window_ns is not None:
+        xaxis["range"] = [(window_ns[0] - origin_ns) / 1e3, (window_ns[1] - origin_ns) / 1e3]
+    fig.update_layout(
+        title=title or None,
+        barmode="overlay",
+        bargap=0.25,
+        height=max(260, 90 + 26 * len(rows)),
+        margin={"l": 10, "r": 10, "t": 40 if title else 10, "b": 40},
+        xaxis=xaxis,
+        yaxis={"categoryorder": "array", "categoryarray": rows, "autorange": "reversed", "type": "category"},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
+        hoverlabel={"namelength": -1},
+    )

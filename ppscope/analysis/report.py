@@ -1,0 +1,212 @@
+"""Presenting an AnalysisResult: rich text tables for the terminal and a self-contained HTML report.
+
+The HTML file inlines plotly's JavaScript once and needs no server or network to open. This module
+computes nothing: numbers come from `ppscope.analysis`, figures from `ppscope.analysis.figures`.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ppscope.analysis import CAUSES, AnalysisResult
+from ppscope.trace.model import Trace
+
+__all__ = ["DENOMINATOR", "html_report", "print_report", "render_text", "write_html"]
+
+DENOMINATOR = "Σ bubble / (P × window): the share of the P stages' wall time spent idle"
+
+
+def _ms(ns: float | None) -> str:
+    return "-" if ns is None else f"{ns / 1e6:,.3f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _used_causes(res: AnalysisResult) -> list[str]:
+    return [c for c in CAUSES if any(s.causes[c] for s in res.stages)]
+
+
+def stage_table(res: AnalysisResult) -> Table:
+    causes = _used_causes(res)
+    t = Table(title="Stages × causes of idle time (ms)", title_justify="left")
+    for col in ["stage", "ranks", "busy", "bubble", "bubble %", "time/mb", *causes]:
+        t.add_column(col, justify="left" if col == "ranks" else "right", overflow="fold")
+    for s in res.stages:
+        mark = " ◀" if s.stage == res.bottleneck_stage else ""
+        t.add_row(
+            f"{s.stage}{mark}",
+            ",".join(map(str, s.ranks)),
+            _ms(s.busy_ns),
+            _ms(s.bubble_ns),
+            _pct(s.bubble_ratio),
+            _ms(s.time_per_mb_ns),
+            *(_ms(s.causes[c]) for c in causes),
+        )
+    return t
+
+
+def summary_lines(res: AnalysisResult) -> list[str]:
+    """The headline facts, one per line (shared by the text and HTML reports)."""
+    w = res.window
+    lines = [f"source: {res.source}   schedule: {res.schedule or 'unknown'}   stages (P): {res.pp_size}"]
+    if w is not None:
+        lines.append(f"window: {_ms(w.length_ns)} ms — {w.how}")
+    lines.append(f"bubble ratio: {_pct(res.bubble_ratio)}   ({DENOMINATOR})")
+    th = res.theory
+    params = ", ".join(f"{k}={v}" for k, v in th.params.items())
+    lines.append(f"theory: {_pct(th.bubble_ratio)}   formula {th.formula}" + (f" with {params}" if params else ""))
+    if th.note:
+        lines.append(f"        {th.note}")
+    if res.bubble_ratio is not None and res.window is not None and res.stages:
+        total = res.pp_size * res.window.length_ns
+        shares = [f"{c} {_pct(sum(s.causes[c] for s in res.stages) / total)}" for c in _used_causes(res)]
+        lines.append("measured bubble by cause (share of P × window): " + (", ".join(shares) or "none"))
+        unloaded = sum(s.causes["no_requests"] for s in res.stages)
+        if unloaded:
+            busy = sum(s.busy_ns for s in res.stages)
+            lines.append(
+                f"no requests in the system for {_pct(unloaded / total)} of it (arrivals too sparse to keep the "
+                f"pipeline busy): while requests were in, the bubble ratio was {_pct(1 - busy / (total - unloaded))}"
+            )
+        if th.bubble_ratio is not None:
+            waits = [c for c in CAUSES if c not in ("fill", "drain", "no_requests")]
+            other = sum(s.causes[c] for s in res.stages for c in waits) / total
+            gap = 100 * (res.bubble_ratio - th.bubble_ratio)
+            lines.append(
+                f"gap to theory: {gap:+.1f} points: {100 * other:.1f} from waits other than fill/drain"
+                + (f", {100 * unloaded / total:.1f} with no requests" if unloaded else "")
+                + ", the rest from fill/drain longer than the formula's (start-up skew, per-hop latency, uneven "
+                "stages)"
+            )
+    if res.bottleneck_stage is not None:
+        basis = "busy time per micro-batch" if res.imbalance_basis == "time_per_mb" else "busy time"
+        lines.append(
+            f"bottleneck: stage {res.bottleneck_stage}   imbalance: {_pct(res.imbalance)} (1 - mean/max of {basis})"
+            f"   perfect balance would gain ×{res.balance_gain:.3f} throughput"
+        )
+    if res.throughput_tokens_per_s is not None:
+        lines.append(f"throughput: {res.throughput_tokens_per_s:,.1f} tokens/s ({res.throughput_basis})")
+    if res.inflight is not None:
+        lines.append(f"micro-batches in flight during decode: {res.inflight}")
+    return lines
+
+
+def hop_table(res: AnalysisResult) -> Table:
+    t = Table(title="Per-hop communication", title_justify="left")
+    for col in ["hop", "messages", "MB", "send ms", "transfer ms", "wait ms", "GB/s", "latency µs"]:
+        t.add_column(col, justify="right", overflow="fold")
+    for h in res.hops:
+        bw = "-" if h.bandwidth_gbps is None else f"{h.bandwidth_gbps:.2f}"
+        t.add_row(
+            f"{h.src_rank}→{h.dst_rank}",
+            str(h.messages),
+            f"{h.nbytes / 1e6:,.3f}",
+            _ms(h.send_ns),
+            _ms(h.recv_ns),
+            _ms(h.wait_ns),
+            bw,
+            "-" if h.latency_ns is None else f"{h.latency_ns / 1e3:,.0f}",
+        )
+    return t
+
+
+def latency_table(res: AnalysisResult) -> Table | None:
+    lat = res.latency
+    if lat is None:
+        return None
+    t = Table(
+        title=f"Requests: {lat.finished}/{lat.requests} finished, {lat.output_tokens} output tokens",
+        title_justify="left",
+    )
+    for col in ["measure", "n", "mean ms", "p50 ms", "p90 ms", "p99 ms", "max ms"]:
+        t.add_column(col, justify="right", overflow="fold")
+    for name, st in (("TTFT", lat.ttft), ("TPOT", lat.tpot), ("end to end", lat.e2e)):
+        if st is not None:
+            t.add_row(name, str(st.n), *(f"{v:,.3f}" for v in (st.mean_ms, st.p50_ms, st.p90_ms, st.p99_ms, st.max_ms)))
+    return t
+
+
+def print_report(res: AnalysisResult, console: Console) -> None:
+    for line in summary_lines(res):
+        console.print(line, highlight=False, markup=False)
+    if res.stages:
+        console.print(stage_table(res))
+    if res.hops:
+        console.print(hop_table(res))
+    lat = latency_table(res)
+    if lat is not None:
+        console.print(lat)
+    for w in res.warnings:
+        console.print(f"warning: {w}", style="yellow", highlight=False, markup=False)
+
+
+def render_text(res: AnalysisResult, *, width: int = 120) -> str:
+    """The terminal report as plain text."""
+    buf = io.StringIO()
+    print_report(res, Console(file=buf, width=width, no_color=True, color_system=None))
+    return buf.getvalue()
+
+
+def _table_html(t: Table) -> str:
+    heads = "".join(f"<th>{html.escape(str(c.header))}</th>" for c in t.columns)
+    cells = [list(c.cells) for c in t.columns]
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(col[i]))}</td>" for col in cells) + "</tr>" for i in range(t.row_count)
+    )
+    return f"<h3>{html.escape(str(t.title or ''))}</h3><table><tr>{heads}</tr>{rows}</table>"
+
+
+_GANTT = "Pipeline timeline: compute, receive and send per rank; idle time hatched by cause"
+_CSS = (
+    "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0}"
+    "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}th{background:#f3f3f3}"
+    ".warn{color:#a15c00}pre{white-space:pre-wrap}"
+)
+
+
+def html_report(res: AnalysisResult, trace: Trace | None = None, *, max_bars: int = 20_000) -> str:
+    """A self-contained HTML page: summary, tables, Gantt chart, cause breakdown, theory vs measured."""
+    import plotly.offline
+
+    from ppscope.analysis import figures
+    from ppscope.analysis.gantt import gantt_figure
+
+    figs = []
+    if trace is not None and len(trace.spans):
+        stage_ranks = {s.stage: s.ranks for s in res.stages}
+        view = gantt_figure(trace.spans, gaps=res.gaps, stage_ranks=stage_ranks, max_bars=max_bars, title=_GANTT)
+        figs.append(view.figure)
+    if res.stages:
+        figs += [figures.stage_breakdown(res), figures.theory_vs_measured(res)]
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>ppscope analysis</title>",
+        f"<style>{_CSS}</style><script type='text/javascript'>{plotly.offline.get_plotlyjs()}</script></head><body>",
+        "<h1>ppscope analysis</h1>",
+        "<pre>" + html.escape("\n".join(summary_lines(res))) + "</pre>",
+    ]
+    parts += [f"<p class='warn'>warning: {html.escape(w)}</p>" for w in res.warnings]
+    tables = [stage_table(res)] if res.stages else []
+    tables += [hop_table(res)] if res.hops else []
+    lat = latency_table(res)
+    tables += [lat] if lat is not None else []
+    parts += [_table_html(t) for t in tables]
+    parts += [f.to_html(full_html=False, include_plotlyjs=False) for f in figs]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_html(
+    res: AnalysisResult, path: str | os.PathLike[str], trace: Trace | None = None, *, max_bars: int = 20_000
+) -> Path:
+    """Write `html_report` to `path` (a new or replaced file; never an input file)."""
+    out = Path(path)
+    out.write_text(html_report(res, trace, max_bars=max_bars), encoding="utf-8")
+    return out

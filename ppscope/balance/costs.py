@@ -1,0 +1,328 @@
+"""Cost model of a pipeline: per-layer and per-stage costs, and fitting them from the spans of real runs.
+
+`LayerCosts` holds what a layer, the embedding and the LM head + sampling cost; `StageCosts` holds what a
+stage adds whatever layers it holds (fixed overhead, the hop to the next stage, its relative speed).
+`fit_layer_costs` estimates `LayerCosts` from the compute spans of one or more runs with known splits.
+This module knows nothing about how a split is chosen (`ppscope.balance.rebalance`) or simulated
+(`ppscope.simulate.simulator`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ppscope.balance.split import stage_layer_ranges
+from ppscope.errors import InvalidConfigError, UnsupportedInputError
+from ppscope.trace.model import Lane, SpanKind, Trace
+
+__all__ = [
+    "CostFit",
+    "LayerCosts",
+    "StageCosts",
+    "StageObservation",
+    "fit_layer_costs",
+    "observe_stages",
+    "parse_ms_list",
+]
+
+
+def _check_cost(name: str, value: float) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InvalidConfigError(f"{name} must be a number of milliseconds, got {value!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise InvalidConfigError(f"{name} must be a finite number >= 0 ms, got {value!r}")
+    return v
+
+
+def parse_ms_list(text: str, what: str) -> list[float]:
+    """`1.0,1.2,0.9` into numbers, each finite and >= 0; `what` names the option in errors."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not str(text).strip() or any(not p for p in parts):
+        raise InvalidConfigError(f"{what} {text!r} is empty or has an empty entry: give comma-separated numbers")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise InvalidConfigError(f"{what} {text!r} is not a comma-separated list of numbers") from None
+    for i, v in enumerate(values):
+        if not math.isfinite(v) or v < 0:
+            raise InvalidConfigError(f"{what}: entry {i} is {parts[i]}; every entry must be a finite number >= 0")
+    return values
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCosts:
+    """What the work of one micro-batch costs, in milliseconds."""
+
+    layer_ms: tuple[float, ...]
+    """Forward time of each decoder layer, in model order."""
+    embed_ms: float = 0.0
+    """Token embedding: extra work of the first stage."""
+    head_ms: float = 0.0
+    """Final norm + LM head: extra work of the last stage."""
+    sample_ms: float = 0.0
+    """Sampling tokens from the logits: extra work of the last stage."""
+
+    def __post_init__(self) -> None:
+        if not self.layer_ms:
+            raise InvalidConfigError("layer costs are empty: give one cost in ms per decoder layer")
+        object.__setattr__(
+            self, "layer_ms", tuple(_check_cost(f"layer {i} cost", c) for i, c in enumerate(self.layer_ms))
+        )
+        for name in ("embed_ms", "head_ms", "sample_ms"):
+            object.__setattr__(self, name, _check_cost(name.replace("_ms", " cost"), getattr(self, name)))
+
+    @classmethod
+    def uniform(cls, layers: int, layer_ms: float, **extras: float) -> LayerCosts:
+        if layers < 1:
+            raise InvalidConfigError(f"the model needs at least 1 layer, got {layers}")
+        return cls(layer_ms=(float(layer_ms),) * layers, **extras)
+
+    @property
+    def layers(self) -> int:
+        return len(self.layer_ms)
+
+    @property
+    def last_extra_ms(self) -> float:
+        """What the last stage does beyond its layers: LM head plus sampling."""
+        return self.head_ms + self.sample_ms
+
+
+def _per_stage(name: str, value: float | Sequence[float], stages: int, *, positive: bool = False) -> list[float]:
+    values = [value] * stages if isinstance(value, (int, float)) else list(value)
+    if len(values) != stages:
+        raise InvalidConfigError(f"{name} has {len(values)} value(s) but the pipeline has {stages} stages")
+    out = []
+    for i, v in enumerate(values):
+        f = float(v)
+        if not math.isfinite(f) or f < 0 or (positive and f <= 0):
+            bound = "> 0" if positive else ">= 0"
+            raise InvalidConfigError(f"{name} of stage {i} must be a finite number {bound}, got {v!r}")
+        out.append(f)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCosts:
+    """Per-stage terms: one value for every stage, or one value per stage."""
+
+    overhead_ms: float | Sequence[float] = 0.0
+    """Fixed time a stage spends per micro-batch whatever it holds (launches, scheduling)."""
+    comm_ms: float | Sequence[float] = 0.0
+    """Time of the hop from this stage to the next (the last stage's hop returns tokens to the first)."""
+    speed: float | Sequence[float] = 1.0
+    """Relative speed of the stage's device (2.0 = twice as fast); divides its compute, not its hop."""
+
+    def resolve(self, stages: int) -> tuple[list[float], list[float], list[float]]:
+        """(overhead_ms, comm_ms, speed) per stage, validated. A one-stage pipeline has no hop."""
+        overhead = _per_stage("overhead", self.overhead_ms, stages)
+        comm = _per_stage("comm time", self.comm_ms, stages)
+        speed = _per_stage("speed factor", self.speed, stages, positive=True)
+        if stages == 1:
+            comm = [0.0]
+        return overhead, comm, speed
+
+
+# ---------------------------------------------------------------- fitting costs from the spans of runs
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageObservation:
+    """What one run measured on one (virtual) stage: mean compute per micro-batch pass, in ms."""
+
+    run: int
+    """Index of the run among those fitted."""
+    stage: int
+    first_layer: int
+    layers: int
+    forward_ms: float
+    """Decoder layers of the stage (the `forward` spans) per pass."""
+    passes: int
+    """(micro-batch, step) passes averaged."""
+    embed_ms: float | None = None
+    """`embed` spans per pass (first stage), None when the run records none."""
+    head_ms: float | None = None
+    sample_ms: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostFit:
+    """Layer costs fitted from stage spans, and how well the model explains them."""
+
+    costs: LayerCosts
+    phase: str
+    """Which passes were used: `decode`, `prefill` or `all`."""
+    observations: tuple[StageObservation, ...]
+    uniform_layer_ms: float
+    """The one per-layer cost that best explains every stage (least squares)."""
+    r_squared: float
+    """Share of the variance of stage times the uniform model explains (1.0: all of it)."""
+    rms_residual_ms: float
+    """Root-mean-square error of the uniform model per stage."""
+    layer_rms_residual_ms: float
+    """Root-mean-square error of the per-layer costs (0 when the runs determine them exactly)."""
+    extras_measured: bool
+    """Embedding and head/sample times came from their own spans (True) or were fitted (False)."""
+    notes: tuple[str, ...] = ()
+
+
+_ALL = "all"
+
+
+def _pick_phase(spans: pd.DataFrame, phase: str | None) -> str:
+    if phase:
+        if phase not in ("prefill", "decode", _ALL):
+            raise InvalidConfigError(f"unknown phase {phase!r}; valid: prefill, decode, all")
+        return phase
+    phases = set(spans["phase"].unique())
+    return "decode" if "decode" in phases else _ALL
+
+
+def _per_pass_ms(spans: pd.DataFrame, kind: str, stage: int) -> tuple[float | None, int]:
+    """Mean time of one pass's span of `kind` on `stage`, and the passes. Each span is one pass: a stage
+    records one span of each kind per pass, and (micro-batch, step) does not tell passes apart in a serve
+    run, whose slots are reused by request after request (grouping by it made passes 8x too long)."""
+    rows = spans[(spans["kind"] == kind) & (spans["stage"] == stage)]
+    if rows.empty:
+        return None, 0
+    return float((rows["end_ns"] - rows["start_ns"]).mean()) / 1e6, len(rows)
+
+
+def observe_stages(trace: Trace, *, run: int = 0, phase: str | None = None) -> list[StageObservation]:
+    """Mean compute per micro-batch pass of each stage of one run (compute spans on lane `compute`)."""
+    meta = trace.meta
+    if not meta.split:
+        raise UnsupportedInputError(
+            "the trace records no layer split (meta.split), so stage times cannot be turned into layer costs: "
+            "rebalance from --layer-costs instead"
+        )
+    spans = trace.spans[trace.spans["lane"] == Lane.COMPUTE]
+    stage_of_rank = {info.rank: info.stage for info in meta.ranks if info.stage >= 0}
+    if (spans["stage"] < 0).any():
+        spans = spans.copy()
+        unknown = spans["stage"] < 0
+        spans.loc[unknown, "stage"] = spans.loc[unknown, "rank"].map(stage_of_rank).fillna(-1).astype("int32")
+    chosen = _pick_phase(spans, phase)
+    if chosen != _ALL:
+        spans = spans[spans["phase"] == chosen]
+    last = len(meta.split) - 1
+    out = []
+    for stage, (first, end) in enumerate(stage_layer_ranges(meta.split)):
+        forward_ms, passes = _per_pass_ms(spans, SpanKind.FORWARD, stage)
+        if forward_ms is None:
+            raise UnsupportedInputError(
+                f"stage {stage} has no forward spans{'' if chosen == _ALL else f' in phase {chosen}'}: "
+                "cannot fit its layer costs (try --phase all, or a longer run)"
+            )
+        out.append(
+            StageObservation(
+                run=run,
+                stage=stage,
+                first_layer=first,
+                layers=end - first,
+                forward_ms=forward_ms,
+                passes=passes,
+                embed_ms=_per_pass_ms(spans, SpanKind.EMBED, stage)[0] if stage == 0 else None,
+                head_ms=_per_pass_ms(spans, SpanKind.HEAD, stage)[0] if stage == last else None,
+                sample_ms=_per_pass_ms(spans, SpanKind.SAMPLE, stage)[0] if stage == last else None,
+            )
+        )
+    return out
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present and len(present) == len(values) else None
+
+
+def fit_layer_costs(traces: Sequence[Trace], *, phase: str | None = None) -> CostFit:
+    """Per-layer, embedding and head costs from the compute spans of runs with known splits.
+
+    Each stage's forward time per pass is the sum of its layers' costs (plus the embedding on the first and
+    the head + sampling on the last, unless those have their own spans, which are then used directly).
+    A uniform per-layer cost is fitted by least squares over every (run, stage), with its R²; per-layer
+    costs then refine it: layers that no split separates share their segment's cost equally, so one run
+    gives each stage's time ÷ its layer count, and runs with different splits resolve more.
+    """
+    if not traces:
+        raise InvalidConfigError("give at least one run to fit costs from")
+    obs: list[StageObservation] = []
+    chosen = ""
+    for i, trace in enumerate(traces):
+        got = observe_stages(trace, run=i, phase=phase)
+        if obs and sum(o.layers for o in got) != sum(o.layers for o in obs if o.run == 0):
+            raise UnsupportedInputError(f"run {i} has a different number of layers than run 0: fit one model at once")
+        obs += got
+        chosen = chosen or _pick_phase(trace.spans, phase)
+    layers = sum(o.layers for o in obs if o.run == 0)
+    last_stage = {o.run: o.stage for o in obs}  # the last observation of a run is its last stage
+    is_first = np.array([o.stage == 0 for o in obs], dtype=float)
+    is_last = np.array([o.stage == last_stage[o.run] for o in obs], dtype=float)
+    embed = _mean([o.embed_ms for o in obs if o.stage == 0])
+    head = _mean([o.head_ms for o in obs if o.stage == last_stage[o.run]])
+    sample = _mean([o.sample_ms for o in obs if o.stage == last_stage[o.run]])
+    fit_embed, fit_head = embed is None, head is None
+    notes = []
+
+    # Uniform model: t = c * layers (+ e on the first stage, + h on the last, when they have no spans).
+    t = np.array([o.forward_ms for o in obs])
+    cols = [np.array([o.layers for o in obs], dtype=float)]
+    cols += [is_first] if fit_embed else []
+    cols += [is_last] if fit_head else []
+    a = np.column_stack(cols)
+    if np.linalg.matrix_rank(a) < a.shape[1]:
+        raise UnsupportedInputError(
+            "the runs cannot separate the embedding/LM-head cost from the layer cost (they record no embed/head "
+            "spans and every stage is a first or last one): add a run with another split or with more stages"
+        )
+    coef, *_ = np.linalg.lstsq(a, t, rcond=None)
+    ss_res = float(((t - a @ coef) ** 2).sum())
+    ss_tot = float(((t - t.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-18 else (1.0 if ss_res <= 1e-18 else 0.0)
+    c = float(coef[0])
+    extras = np.zeros(len(obs))
+    if fit_embed:
+        embed = max(float(coef[1]), 0.0)
+        extras += is_first * embed
+        notes.append("embedding cost fitted (the runs record no embed spans)")
+    if fit_head:
+        head = max(float(coef[-1]), 0.0)
+        extras += is_last * head
+        sample = 0.0  # the fitted head cost includes sampling
+        notes.append("LM head + sampling cost fitted (the runs record no head spans)")
+
+    # Per-layer refinement over the segments no split separates: min-norm deviation from the uniform cost.
+    bounds = sorted({0, layers} | {o.first_layer for o in obs} | {o.first_layer + o.layers for o in obs})
+    segs = list(itertools.pairwise(bounds))
+    b = np.array([[1.0 if o.first_layer <= s0 and e0 <= o.first_layer + o.layers else 0.0 for s0, e0 in segs]
+                  for o in obs])  # fmt: skip
+    seg_len = np.array([e0 - s0 for s0, e0 in segs], dtype=float)
+    delta, *_ = np.linalg.lstsq(b, t - extras - b @ (c * seg_len), rcond=None)
+    seg_cost = c * seg_len + delta
+    layer_rms = float(np.sqrt(np.mean((b @ seg_cost + extras - t) ** 2)))
+    per_layer: list[float] = []
+    for (s0, e0), cost in zip(segs, seg_cost, strict=True):
+        per_layer += [float(cost) / (e0 - s0)] * (e0 - s0)
+    if min(per_layer) < 0:
+        notes.append("some fitted layer costs were negative and are set to 0: the stage times are noisy")
+        per_layer = [max(v, 0.0) for v in per_layer]
+    return CostFit(
+        costs=LayerCosts(
+            layer_ms=tuple(per_layer), embed_ms=embed or 0.0, head_ms=head or 0.0, sample_ms=sample or 0.0
+        ),
+        phase=chosen,
+        observations=tuple(obs),
+        uniform_layer_ms=c,
+        r_squared=r2,
+        rms_residual_ms=float(np.sqrt(ss_res / len(t))),
+        layer_rms_residual_ms=layer_rms,
+        extras_measured=not (fit_embed or fit_head),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,266 @@
+"""The rebalancer: the contiguous layer split that minimises the slowest stage, exactly.
+
+Stage s holding layers [i, j) takes
+    t_s = (embed if s is first + Σ layer costs + head and sample if s is last + overhead_s) / speed_s + hop_s
+and, with a memory model, holds weights plus KV cache within its limit; the pipeline's KV capacity is the
+minimum over stages. `balance` returns the split with the smallest max_s t_s, ties going to the largest KV
+capacity (objective `throughput`), or the largest KV capacity, ties going to the fastest (`memory`). Among
+the splits that remain, it takes one that spreads the rest of the work evenly (from the last stage back, each
+stage starts nearest where an even share of the layer cost before it would put it), so that costs measured a
+hair apart do not tip the advice to a split with two stages at the limit.
+It knows nothing about where costs come from (`ppscope.balance.costs`) or how engines run a split.
+
+Note on exactness: every stage time is computed by one formula from prefix sums (`balance_search.CostModel`).
+Floating-point rounding is monotone, so "stage s can take layers [i, j) within T" is monotone in i, j and T,
+and a search over T that always snaps to the slowest stage of a split it found ends on an achieved value
+with the next smaller double infeasible: the optimum itself, not an approximation of it. The probe "is there
+a split within T keeping C tokens of KV cache per stage" is a greedy O(P log L) reach while every stage can
+hold each single layer it might start at (checked with a range-maximum table), else an exact O(P·L) pass
+over every reachable stage end. KV capacity is an integer, searched the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ppscope.balance.costs import LayerCosts, StageCosts
+from ppscope.balance.search import UNLIMITED_TOKENS, CostModel, evenest, max_kv, min_time
+from ppscope.balance.split import format_split, validate_split, vllm_default_split
+from ppscope.errors import InvalidConfigError
+
+__all__ = [
+    "OBJECTIVES",
+    "BalanceProblem",
+    "MemoryModel",
+    "Rebalance",
+    "SplitEval",
+    "balance",
+    "engine_lines",
+    "evaluate",
+    "megatron_args",
+    "rebalance",
+]
+
+OBJECTIVES = ("throughput", "memory")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryModel:
+    """What each stage must hold: weights of its layers (+ embedding / LM head at the ends) and KV cache."""
+
+    limit_bytes: tuple[int, ...]
+    """Memory each stage may use for weights, KV cache and reserve (already times the utilisation)."""
+    layer_bytes: int
+    """Weights of one decoder layer."""
+    kv_bytes_per_token_per_layer: int
+    embed_bytes: int = 0
+    """Weights of the embedding, on the first stage."""
+    head_bytes: int = 0
+    """Weights of the final norm and LM head plus the logits buffer, on the last stage."""
+    reserve_bytes: int = 0
+    """Per stage: activations, workspace and runtime that are neither weights nor KV cache."""
+    min_kv_tokens: int = 0
+    """Every stage must hold at least this many tokens of KV cache."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limit_bytes", tuple(int(b) for b in self.limit_bytes))
+        for name in ("layer_bytes", "kv_bytes_per_token_per_layer", "embed_bytes", "head_bytes", "reserve_bytes"):
+            if getattr(self, name) < 0:
+                raise InvalidConfigError(f"memory model: {name} must be >= 0, got {getattr(self, name)}")
+        if any(b < 0 for b in self.limit_bytes):
+            raise InvalidConfigError(f"memory model: stage limits must be >= 0 bytes, got {self.limit_bytes}")
+        if self.min_kv_tokens < 0:
+            raise InvalidConfigError(f"memory model: min_kv_tokens must be >= 0, got {self.min_kv_tokens}")
+
+    def free_bytes(self, stage: int, stages: int) -> int:
+        """What stage `stage` has for its decoder layers and their KV cache."""
+        fixed = self.reserve_bytes + (self.embed_bytes if stage == 0 else 0)
+        fixed += self.head_bytes if stage == stages - 1 else 0
+        return self.limit_bytes[stage] - fixed
+
+    def kv_tokens(self, stage: int, stages: int, layers: int) -> int:
+        """Tokens of KV cache the stage holds with `layers` layers; negative when its weights do not fit."""
+        left = self.free_bytes(stage, stages) - layers * self.layer_bytes
+        if left < 0:
+            return -1
+        per_token = layers * self.kv_bytes_per_token_per_layer
+        return left // per_token if per_token else UNLIMITED_TOKENS
+
+    def max_layers(self, stage: int, stages: int, kv_tokens: int) -> int:
+        """Most layers the stage can hold and still keep `kv_tokens` tokens of KV cache."""
+        free = self.free_bytes(stage, stages)
+        if free < 0:
+            return 0
+        per_layer = self.layer_bytes + self.kv_bytes_per_token_per_layer * kv_tokens
+        return free // per_layer if per_layer else UNLIMITED_TOKENS
+
+
+@dataclass(frozen=True, kw_only=True)
+class BalanceProblem:
+    """Everything the rebalancer needs: costs, the number of stages, per-stage terms, memory, objective."""
+
+    costs: LayerCosts
+    stages: int
+    stage_costs: StageCosts = field(default_factory=StageCosts)
+    memory: MemoryModel | None = None
+    objective: str = "throughput"
+
+    def __post_init__(self) -> None:
+        if self.stages < 1:
+            raise InvalidConfigError(f"the pipeline needs at least 1 stage, got {self.stages}")
+        if self.costs.layers < self.stages:
+            raise InvalidConfigError(
+                f"{self.costs.layers} layer cost(s) cannot fill {self.stages} stages (each needs at least one "
+                f"layer): give one cost per decoder layer or use at most {self.costs.layers} stages"
+            )
+        if self.objective not in OBJECTIVES:
+            raise InvalidConfigError(f"unknown objective {self.objective!r}; valid: {', '.join(OBJECTIVES)}")
+        if self.objective == "memory" and self.memory is None:
+            raise InvalidConfigError(
+                "objective `memory` maximises KV capacity, which needs a memory model (--model and --gpu-mem-gib)"
+            )
+        if self.memory is not None and len(self.memory.limit_bytes) != self.stages:
+            raise InvalidConfigError(
+                f"memory model has {len(self.memory.limit_bytes)} stage limit(s) but the pipeline has {self.stages}"
+            )
+        self.stage_costs.resolve(self.stages)  # validates lengths and values now, not mid-search
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitEval:
+    """A split and what the cost model predicts for it."""
+
+    split: tuple[int, ...]
+    stage_ms: tuple[float, ...]
+    """Predicted time of each stage per micro-batch."""
+    kv_tokens: tuple[int, ...] | None
+    """KV cache tokens each stage holds (None without a memory model; -1: weights do not fit)."""
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.stage_ms)
+
+    @property
+    def bottleneck(self) -> int:
+        return self.stage_ms.index(self.max_ms)
+
+    @property
+    def kv_capacity(self) -> int | None:
+        """Tokens the whole pipeline holds: the minimum over stages."""
+        return None if self.kv_tokens is None else min(self.kv_tokens)
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_tokens is None or min(self.kv_tokens) >= 0
+
+
+def _no_fit_error(model: CostModel) -> InvalidConfigError:
+    mem = model.memory
+    assert mem is not None
+    need = [
+        f"stage {s}: {mem.free_bytes(s, model.stages) / 2**30:.2f} GiB free for layers of "
+        f"{mem.layer_bytes / 2**30:.2f} GiB"
+        for s in range(model.stages)
+    ]
+    return InvalidConfigError(
+        f"no split of {model.layers} layers over {model.stages} stages fits the memory limits "
+        f"(with {mem.min_kv_tokens} KV tokens per stage; {'; '.join(need)}): use more stages, more memory per "
+        "GPU, or a smaller dtype"
+    )
+
+
+def balance(problem: BalanceProblem) -> list[int]:
+    """The optimal split (layer counts per stage) for `problem`; see the module docstring."""
+    model = CostModel(problem)
+    model.prepare_search()
+    if model.memory is None:
+        split = min_time(model, 0)
+        assert split is not None  # without memory limits every split is feasible
+        return evenest(model, split, 0)
+    if problem.objective == "throughput":
+        split = min_time(model, model.memory.min_kv_tokens)
+        if split is None:
+            raise _no_fit_error(model)
+        kv = max_kv(model, max(model.split_times(split)))
+    else:
+        kv = max_kv(model, math.inf)
+        if kv < 0:
+            raise _no_fit_error(model)
+        split = min_time(model, kv)
+        assert split is not None
+    return evenest(model, split, kv)
+
+
+def evaluate(problem: BalanceProblem, split: Sequence[int]) -> SplitEval:
+    """Predicted stage times and KV capacity of `split` under `problem`'s cost model."""
+    validate_split(split, problem.costs.layers, problem.stages)
+    model = CostModel(problem)
+    kv = model.kv_tokens(split)
+    return SplitEval(
+        split=tuple(split), stage_ms=tuple(model.split_times(split)), kv_tokens=None if kv is None else tuple(kv)
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rebalance:
+    """Advice: the current split, the proposed one, and what the cost model predicts for both."""
+
+    current: SplitEval
+    proposed: SplitEval
+    objective: str
+
+    @property
+    def predicted_speedup(self) -> float:
+        """Throughput gain: slowest stage before ÷ after (1.0: no gain)."""
+        return self.current.max_ms / self.proposed.max_ms if self.proposed.max_ms > 0 else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The advice as JSON-ready data (keys documented in the README)."""
+        both = {"current": self.current, "proposed": self.proposed}
+        return {
+            "objective": self.objective,
+            "current_split": list(self.current.split),
+            "proposed_split": list(self.proposed.split),
+            "stage_times_ms": {k: list(v.stage_ms) for k, v in both.items()},
+            "bottleneck_stage": {k: v.bottleneck for k, v in both.items()},
+            "max_stage_ms": {k: v.max_ms for k, v in both.items()},
+            "predicted_speedup": self.predicted_speedup,
+            "kv_tokens": {k: None if v.kv_tokens is None else list(v.kv_tokens) for k, v in both.items()},
+            "kv_capacity_tokens": {k: v.kv_capacity for k, v in both.items()},
+            **engine_lines(self.proposed.split),
+        }
+
+
+def rebalance(problem: BalanceProblem, current: Sequence[int] | None = None) -> Rebalance:
+    """Advise a split; `current` defaults to vLLM's default rule."""
+    cur = list(current) if current is not None else vllm_default_split(problem.costs.layers, problem.stages)
+    return Rebalance(
+        current=evaluate(problem, cur), proposed=evaluate(problem, balance(problem)), objective=problem.objective
+    )
+
+
+def megatron_args(split: Sequence[int]) -> str | None:
+    """Megatron-LM flags for `split`, or None when its form (equal middle stages) cannot express it."""
+    if len(split) == 1:
+        return ""
+    middle = split[1:-1]
+    if len(set(middle)) > 1:
+        return None
+    return f"--decoder-first-pipeline-num-layers {split[0]} --decoder-last-pipeline-num-layers {split[-1]}"
+
+
+def engine_lines(split: Sequence[int]) -> dict[str, str]:
+    """The split written the way each engine takes it."""
+    text = format_split(split)
+    megatron = megatron_args(split)
+    return {
+        "vllm_env": f"VLLM_PP_LAYER_PARTITION={text}",
+        "sglang_env": f"SGLANG_PP_LAYER_PARTITION={text}",
+        "megatron_args": megatron
+        if megatron is not None
+        else "(not expressible: Megatron's first/last form needs equal middle stages)",
+        "ppscope_run": f"ppscope run --split {text}",
+    }

@@ -1,0 +1,2 @@
+"""The `ppscope` command line: one module per subcommand under `commands/`, and the tuning loop the `tune` and
+`demo` commands drive."""

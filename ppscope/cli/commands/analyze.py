@@ -1,0 +1,70 @@
+"""`ppscope analyze`: report bubbles, their causes and the bottleneck stage of a run or an nsys/Kineto trace."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HELP = "Report bubbles, their causes and the bottleneck stage of a run or an nsys/Kineto trace"
+EXAMPLE = "ppscope analyze runs/r1 --steady --html report.html"
+
+_DESCRIPTION = (
+    f"{HELP}. The bubble ratio is Σ bubble / (P × window), the share of the P stages' wall time spent idle. "
+    "--steady finds the steady state automatically: from the instant every stage has started computing to the "
+    "instant the first stage finishes its last compute."
+)
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "analyze", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
+    )
+    p.add_argument("run", metavar="RUN", help="a ppscope run directory, an nsys .sqlite export or a Kineto trace")
+    win = p.add_mutually_exclusive_group()
+    win.add_argument("--steady", action="store_true", help="analyse the steady state only (found automatically)")
+    win.add_argument(
+        "--active", action="store_true", help="analyse from the first compute of any stage to the last (no start-up)"
+    )
+    win.add_argument(
+        "--window", metavar="START_MS:END_MS", help="analyse this window, in ms from the trace's first span"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report to FILE")
+    p.add_argument(
+        "--max-bars", type=int, default=20_000, help="most bars in the HTML Gantt chart (neighbours merged above it)"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ppscope.analysis import AnalysisConfig, analyze, parse_window_ms
+    from ppscope.analysis.report import print_report, write_html
+    from ppscope.errors import InvalidConfigError
+    from ppscope.formats.sources import open_trace
+
+    if args.max_bars < 1:
+        raise InvalidConfigError(f"--max-bars must be >= 1, got {args.max_bars}")
+    window_ms = parse_window_ms(args.window) if args.window else None
+    config = AnalysisConfig(steady=args.steady, active=args.active, window_ms=window_ms)
+    trace = open_trace(args.run)
+    result = analyze(trace, config)
+    if args.html:
+        if Path(args.html).resolve() == Path(args.run).resolve():
+            raise InvalidConfigError(f"--html {args.html} is the input trace: give another file name")
+        try:
+            path = write_html(result, args.html, trace, max_bars=args.max_bars)
+        except OSError as exc:
+            raise InvalidConfigError(f"cannot write the HTML report to {args.html}: {exc.strerror}") from None
+        if not args.json:
+            print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        # Piped output gets room for every cause column; a terminal keeps its own width.
+        print_report(result, Console(width=None if sys.stdout.isatty() else 160))
+    return 0

@@ -1,0 +1,85 @@
+"""`ppscope demo`: the whole loop on the default tiny model on this machine, then the dashboard.
+
+Runs the engine with its default split (or `--split`), finds the bottleneck, rebalances on measured per-layer costs,
+re-runs with the advised split, prints measured vs predicted gain and opens the dashboard on both runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+HELP = "Run, find the bottleneck, rebalance, re-run and show the measured gain, then open the dashboard"
+EXAMPLE = "ppscope demo --no-dashboard"
+
+
+def register(sub: Any) -> None:
+    from ppscope.cli.commands.tune import add_tune_arguments
+
+    p: argparse.ArgumentParser = sub.add_parser("demo", help=HELP, description=f"{HELP}.", epilog=f"example: {EXAMPLE}")
+    p.add_argument(
+        "--stages", type=int, default=None, help="pipeline stages (default 4; without a GPU at most the CPU cores)"
+    )
+    p.add_argument("--model", default="tiny", help="model preset, `synthetic` or a checkpoint directory (default tiny)")
+    p.add_argument("--split", default=None, help="layer counts per stage to start from, e.g. 1,7; sets --stages "
+                   "(default: vLLM's rule)")  # fmt: skip
+    p.add_argument("--requests", type=int, default=16, help="requests (default 16)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per request (default 32)")
+    p.add_argument("--out", default=None, help="folder for the runs (default runs/demo-<timestamp>)")
+    p.add_argument("--no-dashboard", dest="dashboard", action="store_false", help="do not open the dashboard")
+    p.add_argument("--port", type=int, default=None, help="dashboard port (default 8501 or the next free one)")
+    add_tune_arguments(p, repeats=2)  # one pair of runs here can be 10% apart however alike the splits
+    p.set_defaults(func=run)
+
+
+def default_stages() -> int:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return min(4, torch.cuda.device_count()) if torch.cuda.device_count() > 1 else 2
+    except ImportError:
+        pass
+    return max(2, min(4, os.cpu_count() or 2))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppscope.cli.tuning import tune
+    from ppscope.cli.tuning_report import print_tune
+    from ppscope.engine.config import EngineConfig
+    from ppscope.errors import InvalidConfigError
+
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    given = [c for c in (args.split or "").split(",") if c.strip()]
+    if args.split is not None and not given:
+        raise InvalidConfigError(f"--split {args.split!r} names no stage: give layer counts per stage, e.g. 1,7")
+    cfg = EngineConfig(
+        stages=args.stages or len(given) or default_stages(),
+        split=args.split,
+        schedule="serve",
+        model=args.model,
+        requests=args.requests,
+        max_new_tokens=args.max_new_tokens,
+        prompt_len=16,
+        progress=True,
+    )
+
+    def step(msg: str) -> None:
+        print(f"• {msg}", flush=True)
+
+    result = tune(cfg, out_dir=out, cost_source=args.costs, phase=args.phase, on_step=step, repeats=args.repeats)
+    print_tune(result)
+    if not args.dashboard:
+        return 0
+    from ppscope.cli.commands.dashboard import start_dashboard
+
+    board = start_dashboard([str(out)], port=args.port, quiet=True)
+    print(f"dashboard: {board.url}  (both runs are listed there; Ctrl-C to stop)", flush=True)
+    try:
+        return board.process.wait()
+    except KeyboardInterrupt:
+        board.stop()
+        return 0

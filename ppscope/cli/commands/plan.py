@@ -1,0 +1,149 @@
+"""`ppscope plan`: plan memory per stage and the TP x PP layout for a model and cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+HELP = "Plan memory per stage and the TP x PP layout for a model and cluster"
+EXAMPLE = "ppscope plan --model llama3-70b --gpus 4 --gpu-mem-gib 40 --pp 4 --max-model-len 8192"
+
+_DESCRIPTION = (
+    f"{HELP}: weights per stage, KV cache per token, KV capacity per stage and for the pipeline, the extra "
+    "memory of the first (embedding) and last (LM head, logits) stages, a recommended TP x PP, and the split "
+    "that fixes a stage that runs out of memory. Sizes are per GPU; the assumptions are printed."
+)
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "plan", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
+    )
+    p.add_argument(
+        "--model", required=True, help="a preset (tiny, llama3-8b, llama3-70b, llama3-405b) or a config.json"
+    )
+    p.add_argument("--gpus", type=int, required=True, help="GPUs available in all")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--gpu-mem-gib", type=float, default=80.0, help="memory of one GPU in GiB (default 80)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share the engine may use (0.9)")
+    p.add_argument("--dtype", default="fp16", help="weights dtype: fp32, fp16, bf16, fp8 (default fp16)")
+    p.add_argument("--kv-dtype", default="", help="KV cache dtype (default: the weights dtype)")
+    p.add_argument("--max-model-len", type=int, default=0, help="longest sequence in tokens (default: the model's)")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per batch, sizes the logits (256)")
+    p.add_argument("--reserve-gib", type=float, default=1.0, help="per GPU for activations and runtime (1.0)")
+    p.add_argument("--min-sequences", type=int, default=4, help="max-length sequences a stage must hold (4)")
+    p.add_argument("--latency-sensitive", action="store_true", help="widest TP in a node, smallest PP that fits")
+    p.add_argument("--tp", type=int, default=0, help="evaluate this tensor-parallel size instead of recommending")
+    p.add_argument("--pp", type=int, default=0, help="evaluate this pipeline-parallel size instead of recommending")
+    p.add_argument("--split", default="", help="evaluate these layer counts per stage (default: vLLM's rule)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
+    p.set_defaults(func=run)
+
+
+def model_shape(text: str) -> Any:
+    """A preset name or a config.json / model directory as a ModelShape."""
+    from ppscope.balance.shapes import PRESETS, ModelShape
+
+    if text in PRESETS or not (text.endswith(".json") or Path(text).is_dir()):
+        return ModelShape.from_name(text)
+    return ModelShape.from_hf_config(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppscope.balance.plan import Cluster, PlanConfig, plan
+    from ppscope.balance.split import parse_split
+
+    model = model_shape(args.model)
+    split = tuple(parse_split(args.split, model.layers, args.pp or None)) if args.split else ()
+    cfg = PlanConfig(
+        model=model,
+        cluster=Cluster(
+            gpus=args.gpus,
+            gpus_per_node=args.gpus_per_node,
+            gpu_mem_gib=args.gpu_mem_gib,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        ),
+        dtype=args.dtype,
+        kv_dtype=args.kv_dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        reserve_gib=args.reserve_gib,
+        min_sequences=args.min_sequences,
+        latency_sensitive=args.latency_sensitive,
+        tp=args.tp,
+        pp=args.pp,
+        split=split,
+    )
+    result = plan(cfg).to_dict()
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print(result)
+    return 0
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f}"
+
+
+def _stage_table(title: str, rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("stage", "layers", "weights GiB", "extra GiB", "KV GiB", "KV tokens", "max-len seqs", "fits"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r["stage"]),
+            str(r["layers"]),
+            _gib(r["weights_bytes"]),
+            _gib(r["extra_bytes"]),
+            _gib(r["kv_bytes"]),
+            f"{max(r['kv_tokens'], 0):,}",
+            str(max(r["kv_sequences"], 0)),
+            "yes" if r["fits"] else "NO",
+        )
+    Console().print(table)
+
+
+def _print(d: dict[str, Any]) -> None:
+    print(
+        f"{d['model']} in {d['dtype']} on {d['gpus']} GPU(s): TP={d['tp']} x PP={d['pp']}, "
+        f"{d['replicas']} replica(s) — {d['reason']}"
+    )
+    print(
+        f"KV cache: {d['kv_bytes_per_token_per_layer']:,} B per token per layer "
+        f"({d['kv_bytes_per_token_per_layer_per_gpu']:,} B per GPU); max-model-len {d['max_model_len']}"
+    )
+    weights = [r["weights_bytes"] for r in d["stages"]]
+    print(
+        f"weights per GPU: {', '.join(f'{w / 1e9:.1f}' for w in weights)} GB "
+        f"(mean {sum(weights) / len(weights) / 1e9:.1f} GB; the pipeline's {d['tp'] * d['pp']} GPU(s) hold "
+        f"{sum(weights) * d['tp'] / 1e9:.1f} GB)"
+    )
+    print(
+        f"first stage extra (embedding): {_gib(d['first_stage_extra_bytes'])} GiB; "
+        f"last stage extra (LM head + logits): {_gib(d['last_stage_extra_bytes'])} GiB"
+    )
+    _stage_table(f"per GPU, split {','.join(map(str, d['split']))}", d["stages"])
+    print(
+        f"pipeline KV capacity: {d['pipeline_kv_tokens']:,} tokens = {d['pipeline_kv_sequences']} sequence(s) of "
+        f"{d['max_model_len']} tokens (the smallest stage's): room for KV cache is {d['kv_verdict'].upper()}"
+    )
+    for w in d["warnings"]:
+        print(f"warning: {w}")
+    if d["fix_split"] is not None:
+        fix = d["fix_stages"]
+        tokens = min(r["kv_tokens"] for r in fix)
+        print(
+            f"split {','.join(map(str, d['fix_split']))} "
+            + ("fixes it" if not d["fits"] else "holds more KV cache")
+            + f": pipeline KV capacity {tokens:,} tokens; use {d['fix_vllm_env']}"
+        )
+        _stage_table("with that split", fix)
+    print("Assumptions:")
+    for a in d["assumptions"]:
+        print(f"  - {a}")

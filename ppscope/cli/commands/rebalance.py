@@ -1,0 +1,314 @@
+"""`ppscope rebalance`: advise the layer split that minimises the slowest stage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+HELP = "Advise the layer split that minimises the slowest stage"
+EXAMPLE = "ppscope rebalance runs/r1   |   ppscope rebalance --layer-costs 1,1,1,1,1,1,1,1 --head-cost 3 --stages 4"
+
+_DESCRIPTION = (
+    f"{HELP}, exactly, over contiguous splits. Costs come from the compute spans of one or more runs (more runs "
+    "with different splits make the fit exact) or from --layer-costs (ms per layer). Stage time = embedding "
+    "(first stage) + its layers + LM head and sampling (last stage) + --overhead-ms, divided by --speeds, plus "
+    "--comm-ms. Prints current vs proposed split, per-stage times, the predicted speedup, KV capacity per stage "
+    "(with --model/--gpu-mem-gib) and the split as vLLM, SGLang, Megatron and ppscope take it."
+)
+
+
+def add_cost_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that give costs without a run (shared with `ppscope simulate`)."""
+    p.add_argument("--layer-costs", metavar="MS,MS,...", help="forward time of each decoder layer, ms")
+    p.add_argument("--layers", type=int, help="with --layer-cost-ms: that many layers of equal cost")
+    p.add_argument("--layer-cost-ms", type=float, help="with --layers: the cost of every layer, ms")
+    p.add_argument("--embed-cost", "--embed-cost-ms", dest="embed_cost", type=float, help="embedding, ms")
+    p.add_argument("--head-cost", "--head-cost-ms", dest="head_cost", type=float, help="LM head, ms")
+    p.add_argument("--sample-cost", "--sample-cost-ms", dest="sample_cost", type=float, help="sampling, ms")
+
+
+def costs_from_args(
+    args: argparse.Namespace,
+    fitted: Any = None,
+    *,
+    missing: str = "give a RUN to fit costs from, or --layer-costs MS,MS,... (one per layer)",
+) -> Any:
+    """LayerCosts from the options, on top of `fitted` costs when given; `missing` says what to give."""
+    from ppscope.balance.costs import LayerCosts, parse_ms_list
+    from ppscope.errors import InvalidConfigError
+
+    if args.layer_costs and (args.layers or args.layer_cost_ms is not None):
+        raise InvalidConfigError("give either --layer-costs or --layers with --layer-cost-ms, not both")
+    if args.layer_costs:
+        layer_ms = tuple(parse_ms_list(args.layer_costs, "--layer-costs"))
+    elif args.layers or args.layer_cost_ms is not None:
+        if not args.layers or args.layer_cost_ms is None:
+            raise InvalidConfigError("--layers and --layer-cost-ms go together: e.g. --layers 32 --layer-cost-ms 1.5")
+        layer_ms = LayerCosts.uniform(args.layers, args.layer_cost_ms).layer_ms
+    elif fitted is not None:
+        layer_ms = fitted.layer_ms
+    else:
+        raise InvalidConfigError(missing)
+    base = fitted or LayerCosts(layer_ms=layer_ms)
+
+    def pick(value: float | None, default: float) -> float:
+        return default if value is None else value
+
+    return LayerCosts(
+        layer_ms=layer_ms,
+        embed_ms=pick(args.embed_cost, base.embed_ms),
+        head_ms=pick(args.head_cost, base.head_ms),
+        sample_ms=pick(args.sample_cost, base.sample_ms),
+    )
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "rebalance", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
+    )
+    p.add_argument("runs", nargs="*", metavar="RUN", help="run directories to fit costs from (the last is current)")
+    add_cost_arguments(p)
+    p.add_argument("--stages", type=int, help="pipeline stages (default: the run's)")
+    p.add_argument("--current-split", help="layer counts per stage now (default: the run's, else vLLM's rule)")
+    p.add_argument(
+        "--costs",
+        choices=("auto", "profile", "fit"),
+        default="auto",
+        help="with RUN: the run's per-layer profile (profile.json, written by `ppscope tune`), a least-squares fit "
+        "of its stage spans, or auto: the profile when the last run has one (default)",
+    )
+    p.add_argument("--phase", choices=("decode", "prefill", "all"), help="passes to use (default: decode)")
+    p.add_argument("--overhead-ms", default="0", help="fixed time per stage: one value or one per stage")
+    p.add_argument("--comm-ms", default="0", help="time of each stage's hop to the next: one value or one per stage")
+    p.add_argument("--speeds", default="1", help="relative speed of each stage's GPU: one value or one per stage")
+    p.add_argument(
+        "--objective",
+        choices=("throughput", "memory"),
+        default="throughput",
+        help="throughput: fastest slowest stage, ties to more KV cache (default); memory: most KV cache, ties to "
+        "the fastest",
+    )
+    mem = p.add_argument_group("memory (for KV capacity and memory limits)")
+    mem.add_argument("--model", help="preset or config.json giving weight and KV sizes (default: the run's model)")
+    mem.add_argument("--gpu-mem-gib", help="GPU memory per stage, GiB: one value or one per stage")
+    mem.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory usable (0.9)")
+    mem.add_argument("--dtype", help="weights and KV dtype (default: the run's, else fp16)")
+    mem.add_argument("--tp", type=int, default=1, help="tensor-parallel size within each stage")
+    mem.add_argument("--reserve-gib", type=float, default=1.0, help="per GPU, for activations and runtime")
+    mem.add_argument("--min-kv-tokens", type=int, default=0, help="KV tokens every stage must hold")
+    p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
+    p.set_defaults(func=run)
+
+
+def _per_stage(text: str, what: str, stages: int) -> float | list[float]:
+    from ppscope.balance.costs import parse_ms_list
+    from ppscope.errors import InvalidConfigError
+
+    values = parse_ms_list(text, what)
+    if len(values) == 1:
+        return values[0]
+    if len(values) != stages:
+        raise InvalidConfigError(f"{what} gives {len(values)} values for {stages} stages: give one, or one per stage")
+    return values
+
+
+def _model_shape(args: argparse.Namespace, run_model: dict[str, Any]) -> Any:
+    from ppscope.balance.shapes import ModelShape
+    from ppscope.cli.commands.plan import model_shape
+
+    if args.model:
+        return model_shape(args.model)
+    fields = {"name", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab"}
+    if fields <= set(run_model):
+        return ModelShape(**{k: run_model[k] for k in fields | {"tie_embeddings"} if k in run_model})
+    return None
+
+
+def _profile_costs(args: argparse.Namespace) -> Any:
+    """The last run's profiled LayerCosts for --phase (decode by default), or None when --costs says fit."""
+    from pathlib import Path
+
+    from ppscope.balance.profile import PROFILE_FILE, read_profile
+    from ppscope.errors import UnsupportedInputError
+
+    if args.costs == "fit":
+        return None
+    last = Path(args.runs[-1])
+    profile = read_profile(last) if last.is_dir() else None
+    if profile is None:
+        if args.costs == "profile":
+            raise UnsupportedInputError(
+                f"{last} has no {PROFILE_FILE}: profile the model with `ppscope tune`, or use --costs fit"
+            )
+        return None
+    if args.phase == "all":
+        raise UnsupportedInputError("a profile has a prefill and a decode phase, not `all`: give --phase decode")
+    return profile.phase(args.phase or "decode").costs()
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppscope.balance.costs import StageCosts, fit_layer_costs
+    from ppscope.balance.plan import stage_memory_model
+    from ppscope.balance.rebalance import BalanceProblem, rebalance
+    from ppscope.balance.split import parse_split
+    from ppscope.errors import InvalidConfigError, UnsupportedInputError
+    from ppscope.formats.sources import open_trace
+
+    fit, profiled, run_model, current, measured = None, None, {}, None, None
+    stages = args.stages
+    if args.runs:
+        traces = [open_trace(r) for r in args.runs]
+        meta = traces[-1].meta
+        if meta.chunks > 1:
+            raise InvalidConfigError(
+                "rebalancing interleaved runs (chunks > 1) is not supported: rebalance a gpipe or serve run"
+            )
+        profiled = _profile_costs(args)
+        try:
+            fit = fit_layer_costs(traces, phase=args.phase)
+        except UnsupportedInputError:
+            if profiled is None:
+                raise
+            fit = None  # the profile is enough; the spans just cannot be fitted
+        run_model, current = meta.model, list(meta.split)
+        args.dtype = args.dtype or str(meta.config.get("dtype") or "") or None
+        if fit is not None:
+            last_run = [o for o in fit.observations if o.run == len(traces) - 1]
+            measured = [
+                o.forward_ms + (o.embed_ms or 0.0) + (o.head_ms or 0.0) + (o.sample_ms or 0.0) for o in last_run
+            ]
+        if stages is not None and stages != len(current):
+            raise InvalidConfigError(f"--stages {stages} differs from the run's {len(current)} stages")
+        stages = len(current)
+    base = profiled if profiled is not None else (fit.costs if fit else None)
+    costs = costs_from_args(args, base)
+    if stages is None:
+        raise InvalidConfigError("give --stages P with --layer-costs")
+    if args.current_split:
+        current = parse_split(args.current_split, costs.layers, stages)
+    elif current is not None and sum(current) != costs.layers:
+        current = None
+    args.dtype = args.dtype or "fp16"
+    shape = _model_shape(args, run_model)
+    memory = None
+    if args.gpu_mem_gib:
+        if shape is None:
+            raise InvalidConfigError("--gpu-mem-gib needs --model (a preset or config.json) to size weights and KV")
+        if shape.layers != costs.layers:
+            raise InvalidConfigError(f"--model has {shape.layers} layers but the costs cover {costs.layers}")
+        gib = _per_stage(args.gpu_mem_gib, "--gpu-mem-gib", stages)
+        memory = stage_memory_model(
+            shape,
+            [gib] * stages if isinstance(gib, float) else gib,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            dtype=args.dtype,
+            tp=args.tp,
+            reserve_gib=args.reserve_gib,
+            min_kv_tokens=args.min_kv_tokens,
+        )
+    problem = BalanceProblem(
+        costs=costs,
+        stages=stages,
+        stage_costs=StageCosts(
+            overhead_ms=_per_stage(args.overhead_ms, "--overhead-ms", stages),
+            comm_ms=_per_stage(args.comm_ms, "--comm-ms", stages),
+            speed=_per_stage(args.speeds, "--speeds", stages),
+        ),
+        memory=memory,
+        objective=args.objective,
+    )
+    advice = rebalance(problem, current)
+    out = advice.to_dict()
+    out["costs"] = {
+        "layer_ms": list(costs.layer_ms),
+        "embed_ms": costs.embed_ms,
+        "head_ms": costs.head_ms,
+        "sample_ms": costs.sample_ms,
+    }
+    out["kv_bytes_per_token"] = (
+        None if shape is None else [n * shape.kv_bytes_per_token_per_layer(args.dtype) for n in advice.proposed.split]
+    )
+    out["fit"] = None
+    out["cost_source"] = "profile" if profiled is not None else ("fit" if fit is not None else "given")
+    out["measured_stage_ms"] = measured
+    if fit is not None:
+        out["fit"] = {
+            "phase": fit.phase,
+            "runs": len(args.runs),
+            "uniform_layer_ms": fit.uniform_layer_ms,
+            "r_squared": fit.r_squared,
+            "rms_residual_ms": fit.rms_residual_ms,
+            "layer_rms_residual_ms": fit.layer_rms_residual_ms,
+            "extras_measured": fit.extras_measured,
+            "notes": list(fit.notes),
+        }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        _print(out, shape is not None)
+    return 0
+
+
+def _print(d: dict[str, Any], has_model: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    fit = d["fit"]
+    if d["cost_source"] == "profile":
+        print("costs: the run's per-layer profile (profile.json); the fit from its stage spans is for comparison")
+    if fit is not None:
+        print(
+            f"costs fitted from {fit['runs']} run(s), {fit['phase']} passes: {fit['uniform_layer_ms']:.3f} ms per "
+            f"layer on average, R² {fit['r_squared']:.3f} (uniform model, RMS error {fit['rms_residual_ms']:.3f} ms), "
+            f"per-layer RMS error {fit['layer_rms_residual_ms']:.3f} ms"
+        )
+        for note in fit["notes"]:
+            print(f"  note: {note}")
+    c = d["costs"]
+    print(
+        f"embedding {c['embed_ms']:.3f} ms (first stage), LM head {c['head_ms']:.3f} ms + sampling "
+        f"{c['sample_ms']:.3f} ms (last stage), layers {sum(c['layer_ms']):.3f} ms in all"
+    )
+    table = Table(title=f"objective: {d['objective']}")
+    cols = ["stage", "layers now", "ms now", "layers new", "ms new"]
+    measured = d["measured_stage_ms"]
+    if measured is not None and len(measured) == len(d["current_split"]):
+        cols.insert(3, "measured ms")  # what the last run's spans show, next to the model's "ms now"
+    kv = d["kv_tokens"]
+    if kv["current"] is not None:
+        cols += ["KV tokens now", "KV tokens new"]
+    for col in cols:
+        table.add_column(col, justify="right")
+    for s in range(len(d["proposed_split"])):
+        row = [
+            str(s),
+            str(d["current_split"][s]),
+            f"{d['stage_times_ms']['current'][s]:.3f}",
+            *([f"{measured[s]:.3f}"] if "measured ms" in cols else []),
+            str(d["proposed_split"][s]),
+            f"{d['stage_times_ms']['proposed'][s]:.3f}",
+        ]
+        if kv["current"] is not None:
+            row += [f"{kv['current'][s]:,}" if kv["current"][s] >= 0 else "does not fit", f"{kv['proposed'][s]:,}"]
+        table.add_row(*row)
+    Console().print(table)
+    bn, mx = d["bottleneck_stage"], d["max_stage_ms"]
+    print(
+        f"slowest stage: {bn['current']} at {mx['current']:.3f} ms now, {bn['proposed']} at {mx['proposed']:.3f} ms "
+        f"proposed: predicted speedup {d['predicted_speedup']:.3f}x"
+        + (" (the current split is already optimal)" if d["current_split"] == d["proposed_split"] else "")
+    )
+    cap = d["kv_capacity_tokens"]
+    if cap["current"] is not None:
+        print(f"pipeline KV capacity (smallest stage): {max(cap['current'], 0):,} -> {cap['proposed']:,} tokens")
+    elif d["kv_bytes_per_token"] is not None:
+        per = ", ".join(f"{b:,}" for b in d["kv_bytes_per_token"])
+        print(f"KV cache per token per stage (proposed): {per} B; give --gpu-mem-gib for KV capacity")
+    elif not has_model:
+        print("KV capacity: give --model and --gpu-mem-gib")
+    print("ready to paste:")
+    print(f"  {d['vllm_env']}")
+    print(f"  {d['sglang_env']}")
+    print(f"  Megatron: {d['megatron_args']}" if d["megatron_args"] else "  Megatron: (one stage: no flags needed)")
+    print(f"  {d['ppscope_run']}")

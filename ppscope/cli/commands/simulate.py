@@ -1,0 +1,151 @@
+"""`ppscope simulate`: predict a pipeline's timeline for a schedule, split and cost model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ppscope.cli.commands.rebalance import add_cost_arguments, costs_from_args
+
+HELP = "Predict a pipeline's timeline for a schedule, split and cost model"
+EXAMPLE = (
+    "ppscope simulate --schedule gpipe --stages 4 --microbatches 8 --layers 16 --layer-cost-ms 1 "
+    "--head-cost-ms 3 --out runs/sim1"
+)
+
+_DESCRIPTION = (
+    f"{HELP}. A discrete-event simulation of the schedule's actions with the given costs (ms per micro-batch "
+    "pass) and a comm model (latency + bytes ÷ bandwidth per hop) writes a predicted run directory in the same "
+    "schema as a measured one: analyze, export and the dashboard read it unchanged."
+)
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "simulate", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
+    )
+    p.add_argument(
+        "--from",
+        dest="from_run",
+        metavar="RUN",
+        help="replay a measured run: its schedule, sizes and split, costs fitted from its spans, hop latency and "
+        "host overhead from its gaps (add --split to ask what another split would do)",
+    )
+    p.add_argument("--schedule", choices=("gpipe", "interleaved", "serve"), default="gpipe")
+    p.add_argument("--stages", type=int, help="ranks (physical pipeline stages)")
+    p.add_argument("--microbatches", type=int, help="micro-batches (serve: micro-batches in flight)")
+    p.add_argument("--chunks", type=int, default=1, help="model chunks per rank (interleaved)")
+    p.add_argument("--steps", type=int, default=1, help="passes per micro-batch: 1 prefill + decode steps (1)")
+    add_cost_arguments(p)
+    p.add_argument("--split", help="layer counts per (virtual) stage (default: vLLM's rule)")
+    p.add_argument("--overhead-ms", type=float, default=0.0, help="host time per action, outside any span")
+    p.add_argument("--speeds", help="relative speed of each rank's device, comma-separated")
+    p.add_argument("--prefill-factor", type=float, default=1.0, help="cost of a step-0 pass relative to decode")
+    p.add_argument("--comm-latency-us", type=float, default=0.0, help="latency per hop, µs")
+    p.add_argument("--comm-bandwidth-gbps", type=float, default=0.0, help="link bandwidth, Gbit/s (0: unlimited)")
+    p.add_argument("--activation-bytes", type=int, default=0, help="bytes one micro-batch sends to the next stage")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="where to write the predicted run (must be new)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
+    p.set_defaults(func=run)
+
+
+def _replay(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The replayed config of --from RUN (with --split applied) and the measured trace."""
+    import dataclasses
+
+    from ppscope.balance.split import parse_split
+    from ppscope.errors import InvalidConfigError
+    from ppscope.formats.sources import open_trace
+    from ppscope.simulate.calibrate import replay_config
+
+    given = [o for o, v in (("--stages", args.stages), ("--microbatches", args.microbatches), ("--layers", args.layers),
+                            ("--layer-costs", args.layer_costs)) if v is not None]  # fmt: skip
+    if given:
+        raise InvalidConfigError(f"--from RUN takes the pipeline and costs from the run: drop {', '.join(given)}")
+    measured = open_trace(args.from_run)
+    cfg = replay_config(measured)
+    if args.split:
+        cfg = dataclasses.replace(cfg, split=tuple(parse_split(args.split, cfg.costs.layers, len(cfg.split))))
+    return cfg, measured
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppscope.simulate.calibrate import compare
+    from ppscope.simulate.simulator import simulate, summarize, write_run
+
+    if args.from_run:
+        cfg, measured = _replay(args)
+    else:
+        cfg, measured = _config(args), None
+    trace = simulate(cfg)
+    path = write_run(trace, args.out)
+    summary = {"run_dir": str(path), **summarize(cfg, trace)}
+    if measured is not None:
+        summary["measured"] = {"run_dir": args.from_run, "split": list(measured.meta.split), **compare(measured, trace)}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    _print(cfg, summary)
+    return 0
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from ppscope.balance.costs import parse_ms_list
+    from ppscope.balance.split import parse_split
+    from ppscope.errors import InvalidConfigError
+    from ppscope.simulate.simulator import CommModel, SimConfig
+
+    if args.stages is None or args.microbatches is None:
+        raise InvalidConfigError("give --stages P and --microbatches M (or --from RUN to replay a run)")
+    costs = costs_from_args(
+        args, missing="give the costs: --layer-costs MS,MS,... (one per layer) or --layers N --layer-cost-ms MS"
+    )
+    virtual = args.stages * args.chunks
+    return SimConfig(
+        schedule=args.schedule,
+        stages=args.stages,
+        microbatches=args.microbatches,
+        chunks=args.chunks,
+        steps=args.steps,
+        costs=costs,
+        split=tuple(parse_split(args.split, costs.layers, virtual)) if args.split else (),
+        overhead_ms=args.overhead_ms,
+        speed=tuple(parse_ms_list(args.speeds, "--speeds")) if args.speeds else (),
+        prefill_factor=args.prefill_factor,
+        comm=CommModel(
+            latency_us=args.comm_latency_us,
+            bandwidth_gbps=args.comm_bandwidth_gbps,
+            activation_bytes=args.activation_bytes,
+        ),
+    )
+
+
+def _print(cfg: Any, summary: dict[str, Any]) -> None:
+    path = summary["run_dir"]
+    print(
+        f"{cfg.schedule}: {cfg.stages} stage(s), {cfg.microbatches} micro-batch(es)"
+        + (f", {cfg.chunks} chunks" if cfg.chunks > 1 else "")
+        + f", {cfg.steps} step(s), split {','.join(map(str, summary['split']))}"
+    )
+    print(
+        f"makespan {summary['makespan_ms']:.3f} ms; {summary['passes_per_s']:.1f} micro-batch passes/s; "
+        f"bubble ratio {summary['bubble_ratio']:.4f} (Σ idle / (P × window), from compute spans)"
+        + f"; theory {summary['theory_bubble_ratio']:.4f} = {summary['theory_formula']}"
+    )
+    busy = ", ".join(f"{b:.3f}" for b in summary["busy_ms_per_rank"])
+    print(f"busy per rank (ms): {busy}")
+    m = summary.get("measured")
+    if m is not None:
+        same = m["split"] == summary["split"]
+        print(
+            f"measured run {m['run_dir']} (split {','.join(map(str, m['split']))}): {m['measured_ms']:.3f} ms; "
+            f"predicted {m['predicted_ms']:.3f} ms"
+            + (
+                f": throughput error {m['throughput_error']:+.1%} (the model's fidelity on this run)"
+                if same
+                else f" with split {','.join(map(str, summary['split']))}: predicted speedup "
+                f"{m['measured_ms'] / m['predicted_ms']:.3f}x"
+            )
+        )
+    print(f"wrote {path}: inspect it with `ppscope analyze {path}`")

@@ -1,0 +1,71 @@
+"""`ppscope tune`: run the engine, measure costs, rebalance, re-run with the advised split, compare.
+
+Takes the same options as `ppscope run` (it reuses its parser) plus where costs come from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+HELP = "Run, measure per-layer costs, rebalance, re-run with the advised split and compare measured vs predicted"
+EXAMPLE = "ppscope tune --stages 4 --model synthetic --layers 8 --layer-cost-ms 5 --head-cost-ms 15"
+
+
+def register(sub: Any) -> None:
+    from ppscope.cli.commands.run import add_engine_arguments
+
+    p: argparse.ArgumentParser = sub.add_parser(
+        "tune",
+        help=HELP,
+        description=f"{HELP}. Run 1 uses the split as given (default: vLLM's rule); run 2 the advised one.",
+        epilog=f"example: {EXAMPLE}",
+    )
+    add_engine_arguments(p, out_help="folder for both runs (default runs/tune-<timestamp>; never overwritten)")
+    add_tune_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run)
+
+
+def add_tune_arguments(p: argparse.ArgumentParser, repeats: int = 1) -> None:
+    p.add_argument("--costs", default="profile", choices=("profile", "fit"),
+                   help="profile: time each layer on the device (default); fit: from run 1's stage spans")  # fmt: skip
+    p.add_argument("--phase", default="decode", choices=("decode", "prefill"),
+                   help="which pass to balance for (default decode: it dominates serving)")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=repeats,
+                   help=f"runs of each split, pair by pair in ABBA order; the measured gain is the median pair's "
+                   f"(default {repeats})")  # fmt: skip
+
+
+def engine_config(args: argparse.Namespace) -> Any:
+    from ppscope.engine.config import EngineConfig
+
+    skip = {"func", "command", "json", "costs", "phase", "repeats", "dashboard", "planned"}
+    return EngineConfig(**{k: v for k, v in vars(args).items() if k not in skip})
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppscope.cli.tuning import tune
+    from ppscope.cli.tuning_report import print_tune
+
+    cfg = engine_config(args)
+    out = Path(cfg.out) if cfg.out else Path("runs") / time.strftime("tune-%Y%m%d-%H%M%S")
+    result = tune(
+        cfg, out_dir=out, cost_source=args.costs, phase=args.phase, on_step=_say(args.json), repeats=args.repeats
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_tune(result)
+    return 0
+
+
+def _say(quiet: bool) -> Any:
+    def step(msg: str) -> None:
+        if not quiet:
+            print(f"• {msg}", flush=True)
+
+    return step

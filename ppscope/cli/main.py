@@ -1,0 +1,65 @@
+"""The `ppscope` command: parse, call one library function, print. Named errors become one line.
+
+Each subcommand lives in `ppscope/cli/commands/<name>.py` with `register(subparsers)`; command modules import
+their heavy dependencies (pandas, torch, streamlit) inside the command, so `ppscope --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from ppscope import __version__
+from ppscope.errors import PPScopeError
+
+__all__ = ["COMMANDS", "build_parser", "main", "parse_args"]
+
+COMMANDS = ("run", "analyze", "rebalance", "simulate", "plan", "tune", "export", "dashboard", "demo")
+
+_DESCRIPTION = (
+    "Measure the bubbles of a pipeline-parallel LLM deployment, find the bottleneck stage, and get the "
+    "layer split that removes it."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ppscope", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"ppscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"ppscope.cli.commands.{name}").register(sub)
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse; commands that are only planned take any arguments, so they can say they are not built."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "planned", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:  # a Ctrl-C while the commands load is an interruption like any other, not a traceback
+        parser = build_parser()
+    except KeyboardInterrupt:
+        print("ppscope: interrupted", file=sys.stderr)
+        return 130
+    args = parse_args(parser, argv)
+    try:
+        code = args.func(args)
+    except PPScopeError as exc:
+        print(f"ppscope {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"ppscope {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `ppscope analyze run | head`
+        return 0
+    return int(code or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""The closed tuning loop: run, measure costs, rebalance, re-run with the advised split, compare.
+
+`tune` is the promise of ppscope checked by measurement: the rebalancer's split is provably the best for
+the costs it was given, and the second run says how much of the predicted gain was real. Costs come from a
+per-layer profile on the device (default) or are fitted from the first run's stage spans. The engine is
+imported only when the loop runs, so this module stays importable without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ppscope.analysis import AnalysisResult, analyze
+from ppscope.balance.costs import LayerCosts, fit_layer_costs
+from ppscope.balance.rebalance import BalanceProblem, Rebalance, engine_lines, rebalance
+from ppscope.errors import InvalidConfigError, PPScopeError
+from ppscope.simulate.calibrate import makespan_ns, replay_config
+from ppscope.simulate.simulator import simulate
+from ppscope.trace.model import Trace
+from ppscope.trace.store import load_run
+
+if TYPE_CHECKING:
+    from ppscope.engine.config import EngineConfig
+
+__all__ = ["COST_SOURCES", "RunSummary", "Simulated", "TuneResult", "tune"]
+
+COST_SOURCES = ("profile", "fit")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary:
+    """What one run of the loop measured."""
+
+    run_dir: Path
+    split: tuple[int, ...]
+    throughput_tokens_per_s: float | None
+    bubble_ratio: float | None
+    bottleneck_stage: int | None
+    stage_busy_ms: tuple[float, ...]
+    """Per-stage busy time per micro-batch pass (the analyzer's time_per_mb), ms."""
+
+    @classmethod
+    def of(cls, run_dir: Path, result: AnalysisResult, split: tuple[int, ...]) -> RunSummary:
+        return cls(
+            run_dir=run_dir,
+            split=split,
+            throughput_tokens_per_s=result.throughput_tokens_per_s,
+            bubble_ratio=result.bubble_ratio,
+            bottleneck_stage=result.bottleneck_stage,
+            stage_busy_ms=tuple((s.time_per_mb_ns or 0) / 1e6 for s in result.stages),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneResult:
+    before: RunSummary
+    after: RunSummary | None
+    """None when the split was already the best one: nothing to re-run."""
+    advice: Rebalance
+    costs: LayerCosts
+    cost_source: str
+    """`profile` (timed layer by layer on the device) or `fit` (from the first run's spans)."""
+    notes: list[str] = field(default_factory=list)
+    reruns: tuple[RunSummary, ...] = ()
+    """Further runs of the two splits (`repeats` > 1), pair by pair in ABBA order after runs 1 and 2."""
+    simulated: Simulated | None = None
+    """The two splits through the simulator, calibrated on run 1 (None when it could not be)."""
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.advice.predicted_speedup
+
+    @property
+    def pair_speedups(self) -> list[float]:
+        """Throughput of the advised split ÷ the given one, pair by pair (runs 1-2, 3-4, ...)."""
+        if self.after is None:
+            return []
+        runs = [self.before, self.after, *self.reruns]
+        ratios = []
+        for a, b in zip(runs[::2], runs[1::2], strict=False):
+            before, after = (a, b) if a.split == self.before.split else (b, a)
+            if before.throughput_tokens_per_s and after.throughput_tokens_per_s:
+                ratios.append(after.throughput_tokens_per_s / before.throughput_tokens_per_s)
+        return ratios
+
+    @property
+    def measured_speedup(self) -> float | None:
+        """The median pair's ratio: each pair ran close in time, so it shares the machine's mood."""
+        if self.after is None:
+            return 1.0
+        ratios = self.pair_speedups
+        return statistics.median(ratios) if ratios else None
+
+    @property
+    def realised(self) -> float | None:
+        """Share of the predicted gain that the measurement shows: (measured − 1) / (predicted − 1)."""
+        return _share(self.measured_speedup, self.predicted_speedup)
+
+    @property
+    def realised_simulated(self) -> float | None:
+        """The same against the simulated gain."""
+        return _share(self.measured_speedup, self.simulated.speedup) if self.simulated else None
+
+    def to_dict(self) -> dict[str, Any]:
+        def run(s: RunSummary | None) -> dict[str, Any] | None:
+            return None if s is None else {**dataclasses.asdict(s), "run_dir": str(s.run_dir)}
+
+        return {
+            "before": run(self.before),
+            "after": run(self.after),
+            "cost_source": self.cost_source,
+            "layer_costs_ms": list(self.costs.layer_ms),
+            "embed_cost_ms": self.costs.embed_ms,
+            "head_cost_ms": self.costs.head_ms,
+            "sample_cost_ms": self.costs.sample_ms,
+            "reruns": [run(r) for r in self.reruns],
+            "predicted_speedup": self.predicted_speedup,
+            "measured_speedup": self.measured_speedup,
+            "pair_speedups": self.pair_speedups,
+            "realised_share_of_predicted_gain": self.realised,
+            "simulated": dataclasses.asdict(self.simulated) if self.simulated else None,
+            "realised_share_of_simulated_gain": self.realised_simulated,
+            "advice": self.advice.to_dict(),
+            "lines": engine_lines(self.advice.proposed.split),
+            "notes": self.notes,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Simulated:
+    """Both splits through the simulator with run 1's schedule, sizes, hop latency and host gaps: unlike the
+    slowest-stage ratio, this sees the hops a micro-batch waits for once the stages are balanced."""
+
+    speedup: float
+    """Simulated time of the given split ÷ that of the advised one."""
+    hop_latency_us: float
+    overhead_ms: float
+
+
+def _share(measured: float | None, predicted: float) -> float | None:
+    if measured is None or predicted <= 1.0:
+        return None
+    return (measured - 1.0) / (predicted - 1.0)
+
+
+def _simulate_both(trace: Trace, costs: LayerCosts, given: tuple[int, ...], advised: tuple[int, ...]) -> Simulated:
+    """Simulate both splits calibrated on run 1: its pipeline and host gaps (`replay_config`), the costs the
+    advice was made with, and the hop latency of its messages (`hop_latency_us`) plus any payload transfer."""
+    cfg = replay_config(trace, costs=costs)
+    given_ns, advised_ns = (makespan_ns(simulate(dataclasses.replace(cfg, split=s))) for s in (given, advised))
+    return Simulated(speedup=given_ns / advised_ns, hop_latency_us=cfg.comm.latency_us, overhead_ms=cfg.overhead_ms)
+
+
+Step = Callable[[str], None]
+
+
+def _costs(cfg: EngineConfig, run_dir: Path, source: str, phase: str, step: Step) -> tuple[LayerCosts, list[str]]:
+    if source == "profile":
+        from ppscope.engine.profiler import profile_layers, write_profile
+
+        step(f"profiling every layer, the embedding and the head on the device ({phase} pass)")
+        profile = profile_layers(cfg)
+        write_profile(profile, run_dir)
+        return profile.phase(phase).costs(), [f"costs: {phase} pass timed layer by layer ({profile.how})"]
+    fit = fit_layer_costs([load_run(run_dir)], phase=phase)
+    note = f"costs: fitted from the run's {fit.phase} spans, R² = {fit.r_squared:.3f}"
+    return fit.costs, [note, *fit.notes]
+
+
+def tune(
+    cfg: EngineConfig,
+    *,
+    out_dir: str | Path,
+    cost_source: str = "profile",
+    phase: str = "decode",
+    on_step: Step | None = None,
+    repeats: int = 1,
+) -> TuneResult:
+    """Run `cfg` as given, rebalance on measured costs, run again with the advised split, compare. With
+    `repeats` > 1, each split runs that many times, pair by pair in ABBA order (given, advised; advised,
+    given; ...), so that a machine getting slower or faster favours neither split."""
+    from ppscope.engine.launch import run
+
+    if cost_source not in COST_SOURCES:
+        raise InvalidConfigError(f"unknown cost source {cost_source!r}; valid: {', '.join(COST_SOURCES)}")
+    if repeats < 1:
+        raise InvalidConfigError(f"--repeats must be at least 1, not {repeats}")
+    if cfg.chunks != 1:
+        raise InvalidConfigError("tune balances one chunk per rank: use --schedule gpipe or serve, not interleaved")
+    step = on_step or (lambda _msg: None)
+    out = Path(out_dir)
+    step(f"run 1: {cfg.model} on {cfg.stages} stages, {cfg.schedule} schedule, split as given")
+    before_dir = run(dataclasses.replace(cfg, out=str(out / "1-before")))
+    before_trace = load_run(before_dir)
+    split = tuple(before_trace.meta.split)
+    before = RunSummary.of(before_dir, analyze(before_trace), split)
+    costs, notes = _costs(cfg, before_dir, cost_source, phase, step)
+    advice = rebalance(BalanceProblem(costs=costs, stages=cfg.stages), current=split)
+    proposed = tuple(advice.proposed.split)
+    if proposed == split:
+        notes.append("the split is already the best one for these costs: no second run")
+        return TuneResult(before=before, after=None, advice=advice, costs=costs, cost_source=cost_source, notes=notes)
+    try:
+        simulated: Simulated | None = _simulate_both(before_trace, costs, split, proposed)
+    except PPScopeError as exc:  # a run the simulator cannot replay: the slowest-stage prediction remains
+        simulated = None
+        notes.append(f"no simulated prediction: {exc}")
+    sim = f", simulated ×{simulated.speedup:.3f}" if simulated else ""
+    step(f"run 2: advised split {','.join(map(str, proposed))} (predicted ×{advice.predicted_speedup:.3f}{sim})")
+
+    def run_split(n: int, split_now: tuple[int, ...]) -> RunSummary:
+        name = "before" if split_now == split else "after"
+        run_dir = run(dataclasses.replace(cfg, split=",".join(map(str, split_now)), out=str(out / f"{n}-{name}")))
+        return RunSummary.of(run_dir, analyze(load_run(run_dir)), split_now)
+
+    after = run_split(2, proposed)
+    reruns = []
+    for pair in range(1, repeats):
+        order = (proposed, split) if pair % 2 else (split, proposed)
+        names = " then ".join(",".join(map(str, s)) for s in order)
+        step(f"runs {2 * pair + 1} and {2 * pair + 2} of {2 * repeats}: {names}")
+        reruns += [run_split(2 * pair + 1 + i, s) for i, s in enumerate(order)]
+    return TuneResult(before=before, after=after, advice=advice, costs=costs, cost_source=cost_source, notes=notes,
+                      reruns=tuple(reruns), simulated=simulated)  # fmt: skip

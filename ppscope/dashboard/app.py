@@ -1,0 +1,185 @@
+"""The Streamlit app of `ppscope dashboard`: pages that render what `ppscope` computes, and nothing more.
+
+Started as `streamlit run ppscope/dashboard/app.py -- PATH...`; only those paths (and runs inside folders among
+them) can be opened, picked from a list. Loading and tailing live in `ppscope.dashboard.data`, figures in
+`ppscope.analysis.gantt` and `ppscope.dashboard.charts`, numbers in `ppscope.analysis`. No analysis happens here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import streamlit as st
+
+from ppscope.analysis import gantt
+from ppscope.dashboard import charts, views
+from ppscope.dashboard.data import LiveTrace
+from ppscope.dashboard.safety import Catalog, Entry, catalog_from_args, md
+from ppscope.errors import PPScopeError
+
+__all__ = ["SECTIONS", "main"]
+
+SECTIONS = ("Timeline", "Stages", "GPU usage", "Rebalance", "Compare", "Requests")
+# How often the timeline of a run being written re-reads what arrived. (No bare strings at module level:
+# Streamlit's "magic" would print them on the page.)
+REFRESH_S = 1.0
+
+
+@st.cache_resource(show_spinner=False)
+def _catalog(paths: tuple[str, ...]) -> Catalog:
+    return catalog_from_args(paths)
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _live(path: str, is_run: bool) -> LiveTrace:
+    # Keyed by a path that came from the catalog only; shared by every session of this server.
+    from pathlib import Path
+
+    return LiveTrace(Path(path), is_run=is_run)
+
+
+def live_trace(entry: Entry) -> LiveTrace:
+    return _live(str(entry.path), entry.is_run)
+
+
+def main(argv: Sequence[str]) -> None:
+    st.set_page_config(page_title="ppscope", layout="wide")
+    try:
+        catalog = _catalog(tuple(argv))
+    except PPScopeError as exc:
+        st.error(f"ppscope dashboard: {md(exc)}")
+        return
+    entries = catalog.entries()
+    st.sidebar.title("ppscope")
+    if not entries:
+        _wait_for_runs(catalog)
+        return
+    labels = [e.label for e in entries]
+    label = st.sidebar.selectbox("Trace", labels, key="trace")
+    entry = catalog.pick(label, entries)
+    section = st.sidebar.radio("Section", SECTIONS, key="section")
+    live = live_trace(entry)
+    live.refresh()
+    _header(entry, live)
+    if live.error and not len(live.trace.spans) and not live.live:
+        return
+    if section == "Timeline":
+        timeline(live)
+    elif section == "Stages":
+        views.stages(live)
+    elif section == "GPU usage":
+        usage(live)
+    elif section == "Rebalance":
+        views.rebalance(live)
+    elif section == "Compare":
+        views.compare(live, [e for e in entries if e.label != entry.label], live_trace)
+    else:
+        views.requests(live)
+
+
+def _wait_for_runs(catalog: Catalog) -> None:
+    folders = ", ".join(md(f) for f in catalog.folders)
+    st.info(f"No runs or traces in {folders} yet. This page shows them as they appear.")
+
+    @st.fragment(run_every=REFRESH_S * 2)
+    def look() -> None:
+        if catalog.entries():
+            st.rerun()
+
+    look()
+
+
+def _header(entry: Entry, live: LiveTrace) -> None:
+    st.subheader(md(entry.label))
+
+    # While the run is written, the status line follows what the timeline's refresh has read.
+    @st.fragment(run_every=REFRESH_S if live.live else None)
+    def status() -> None:
+        meta = live.meta
+        bits = [
+            f"source **{md(meta.source)}**",
+            f"status **{md(meta.status)}**" if entry.is_run else "imported trace",
+            f"PP {meta.pp_size}",
+            f"schedule {md(meta.schedule or 'unknown')}",
+        ]
+        if meta.split:
+            bits.append(f"split {','.join(map(str, meta.split))}")
+        st.caption(" · ".join(bits))
+        if live.error:
+            st.warning(md(live.error))
+        for warning in live.trace.warnings:
+            st.caption(f"⚠ {md(warning)}")
+
+    status()
+
+
+def timeline(live: LiveTrace) -> None:
+    st.markdown("### Pipeline timeline")
+    c1, c2, c3 = st.columns([2, 2, 3])
+    color_by = c1.radio("Colour bars by", gantt.COLOR_MODES, horizontal=True, key="color_by")
+    shade = c2.checkbox("Shade idle gaps by cause", value=True, key="shade")
+    mode = c3.radio("Time window", ("Whole run", "Last …", "Range"), horizontal=True, key="window_mode")
+    last_ms = st.number_input("Last (ms)", min_value=0.1, value=100.0, key="last_ms") if mode == "Last …" else 0.0
+    started_live = live.live
+
+    @st.fragment(run_every=REFRESH_S if started_live else None)
+    def draw() -> None:
+        trace = live.refresh()
+        if started_live and not live.live:
+            st.rerun()  # the run finished (or vanished): redraw once without the timer
+        spans = trace.spans
+        if not len(spans):
+            st.info("No spans yet." + (" Waiting for the run to write some…" if live.live else ""))
+            return
+        origin = int(spans["start_ns"].min())
+        end = int(spans["end_ns"].max())
+        window = _window(mode, origin, end, last_ms)
+        gaps, stage_ranks = None, None
+        if shade:
+            result, problem = views.analysis(live)
+            if result is not None:
+                gaps, stage_ranks = result.gaps, {s.stage: s.ranks for s in result.stages}
+            else:
+                st.caption(f"Idle gaps are not shaded: {md(problem)}")
+        view = gantt.gantt_figure(
+            spans,
+            color_by=color_by,
+            gaps=gaps,
+            stage_ranks=stage_ranks,
+            window_ns=window,
+            origin_ns=origin,
+        )
+        st.plotly_chart(view.figure, key="gantt", config={"displaylogo": False})
+        st.caption(view.note + (f" Live: refreshing every {REFRESH_S:g} s." if live.live else ""))
+
+    draw()
+
+
+def _window(mode: str, origin_ns: int, end_ns: int, last_ms: float) -> tuple[int, int] | None:
+    if mode == "Last …":
+        return max(origin_ns, end_ns - int(last_ms * 1e6)), end_ns
+    if mode == "Range":
+        total_ms = max((end_ns - origin_ns) / 1e6, 0.001)
+        lo, hi = st.slider("Window (ms since run start)", 0.0, total_ms, (0.0, total_ms), key="range_ms")
+        return origin_ns + int(lo * 1e6), origin_ns + int(hi * 1e6)
+    return None
+
+
+def usage(live: LiveTrace) -> None:
+    st.markdown("### Device usage")
+    trace = live.trace
+    origin = int(trace.spans["start_ns"].min()) if len(trace.spans) else 0
+    view = live.memo("usage", lambda t: charts.usage_figure(t.counters, origin_ns=origin))
+    if view is None:
+        if live.is_run:
+            st.info("This run recorded no GPU or CPU counters (the engine samples them while it runs).")
+        else:
+            st.info(f"This {md(live.meta.source)} trace carries no GPU or CPU counters that ppscope imports.")
+        return
+    (st.success if view.device == "gpu" else st.info)(view.label)
+    st.plotly_chart(view.figure, key="usage", config={"displaylogo": False})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,173 @@
+"""Figures specific to the dashboard: device usage over time, request latency, two runs compared.
+
+Pure functions: frames and analyzer results in, plotly Figures or small tables out; no Streamlit. The
+numbers come from the run's counters and from `ppscope.analysis`; nothing here computes a bubble.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ppscope.trace.model import Metric
+
+if TYPE_CHECKING:
+    from ppscope.analysis import AnalysisResult, RequestLatency
+
+__all__ = ["UsageView", "compare_figure", "compare_table", "latency_figure", "split_figure", "usage_figure"]
+
+_GPU_PANELS: tuple[tuple[str, str, float], ...] = (
+    (Metric.GPU_UTIL_PCT, "utilisation (%)", 1.0),
+    (Metric.GPU_MEM_USED_BYTES, "memory used (GiB)", 1 / 2**30),
+    (Metric.GPU_POWER_W, "power (W)", 1.0),
+    (Metric.GPU_SM_CLOCK_MHZ, "SM clock (MHz)", 1.0),
+)
+_CPU_PANELS: tuple[tuple[str, str, float], ...] = (
+    (Metric.CPU_UTIL_PCT, "CPU use (%)", 1.0),
+    (Metric.RSS_BYTES, "resident memory (GiB)", 1 / 2**30),
+)
+
+
+@dataclass(kw_only=True)
+class UsageView:
+    figure: go.Figure
+    device: str
+    """`gpu` when the run has NVML counters, `cpu` when it falls back to per-rank CPU use."""
+    label: str
+    """What the page says the figure shows."""
+
+
+def usage_figure(counters: pd.DataFrame, *, origin_ns: int = 0) -> UsageView | None:
+    """GPU utilisation, memory, power and SM clock per device over time; per-rank CPU use without GPU counters.
+
+    None when the run recorded no counters at all. x is seconds since `origin_ns`.
+    """
+    metrics = set(counters["metric"].unique()) if len(counters) else set()
+    gpu = [p for p in _GPU_PANELS if p[0] in metrics]
+    panels = gpu or [p for p in _CPU_PANELS if p[0] in metrics]
+    if not panels:
+        return None
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p[1] for p in panels])
+    for i, (metric, title, scale) in enumerate(panels, start=1):
+        part = counters[counters["metric"].to_numpy() == str(metric)]
+        for (rank, device), series in part.groupby(["rank", "device"], sort=True):
+            series = series.sort_values("ts_ns")
+            name = f"rank {rank} · gpu {device}" if gpu else f"rank {rank}"
+            fig.add_trace(
+                go.Scatter(
+                    x=(series["ts_ns"].to_numpy(np.int64) - origin_ns) / 1e9,
+                    y=series["value"].to_numpy(np.float64) * scale,
+                    mode="lines",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=i == 1,
+                    hovertemplate=f"{name}<br>%{{x:.3f}} s: %{{y:,.1f}} {title}<extra></extra>",
+                ),
+                row=i,
+                col=1,
+            )
+    fig.update_xaxes(title_text="time since run start (s)", row=len(panels), col=1)
+    fig.update_layout(height=180 * len(panels) + 80, margin={"l": 10, "r": 10, "t": 40, "b": 40})
+    if gpu:
+        return UsageView(figure=fig, device="gpu", label="GPU usage per device (NVML counters)")
+    return UsageView(
+        figure=fig, device="cpu", label="CPU usage per rank: this run recorded no GPU counters (it ran on CPUs)"
+    )
+
+
+def split_figure(current_ms: Sequence[float], proposed_ms: Sequence[float]) -> go.Figure:
+    """Predicted time per micro-batch of each stage under the current and the advised split (ms)."""
+    fig = go.Figure()
+    for name, values, color in (("current split", current_ms, "#9ECAE1"), ("advised split", proposed_ms, "#3182BD")):
+        x = [f"stage {i}" for i in range(len(values))]
+        fig.add_trace(
+            go.Bar(x=x, y=list(values), name=name, marker={"color": color}, hovertemplate="%{x}: %{y:.3f} ms")
+        )
+    for values, dash in ((current_ms, "dot"), (proposed_ms, "dash")):
+        fig.add_hline(y=max(values), line={"dash": dash, "color": "#555", "width": 1})
+    fig.update_layout(
+        barmode="group",
+        yaxis_title="predicted time per micro-batch (ms)",
+        height=340,
+        margin={"l": 10, "r": 10, "t": 30, "b": 40},
+        legend={"orientation": "h", "y": 1.1},
+    )
+    return fig
+
+
+def latency_figure(latency: RequestLatency) -> go.Figure | None:
+    """Histograms of time to first token and time per output token (ms); None when neither is known."""
+    table = latency.table
+    series = [
+        ("time to first token (ms)", table["ttft_ns"].to_numpy(np.float64)),
+        ("time per output token (ms)", table["tpot_ns"].to_numpy(np.float64)),
+    ]
+    series = [(title, values[values >= 0] / 1e6) for title, values in series]
+    series = [(title, values) for title, values in series if values.shape[0]]
+    if not series:
+        return None
+    fig = make_subplots(rows=1, cols=len(series), subplot_titles=[t for t, _ in series])
+    for i, (title, values) in enumerate(series, start=1):
+        fig.add_trace(
+            go.Histogram(x=values, name=title, showlegend=False, hovertemplate="%{x} ms: %{y} requests<extra></extra>"),
+            row=1,
+            col=i,
+        )
+        fig.update_xaxes(title_text="ms", row=1, col=i)
+        fig.update_yaxes(title_text="requests", row=1, col=i)
+    fig.update_layout(height=340, margin={"l": 10, "r": 10, "t": 40, "b": 40})
+    return fig
+
+
+def compare_table(a: AnalysisResult, b: AnalysisResult) -> pd.DataFrame:
+    """Headline numbers of two analyses side by side with B - A (and B / A where a ratio reads better)."""
+    rows: list[tuple[str, float | None, float | None]] = [
+        ("bubble ratio", a.bubble_ratio, b.bubble_ratio),
+        ("imbalance", a.imbalance, b.imbalance),
+        ("balance gain (max/mean)", a.balance_gain, b.balance_gain),
+        ("throughput (tokens/s)", a.throughput_tokens_per_s, b.throughput_tokens_per_s),
+        ("window (ms)", _ms(a.window.length_ns if a.window else None), _ms(b.window.length_ns if b.window else None)),
+        ("slowest stage time per micro-batch (ms)", _slowest_ms(a), _slowest_ms(b)),
+        ("TTFT p50 (ms)", _ttft(a), _ttft(b)),
+    ]
+    out = pd.DataFrame(rows, columns=["measure", "A", "B"])
+    av, bv = out["A"].astype("float64"), out["B"].astype("float64")
+    out["B - A"] = bv - av
+    out["B / A"] = (bv / av).where(av.abs() > 0)
+    return out
+
+
+def _ms(ns: float | None) -> float | None:
+    return None if ns is None else ns / 1e6
+
+
+def _slowest_ms(r: AnalysisResult) -> float | None:
+    times = [s.time_per_mb_ns for s in r.stages if s.time_per_mb_ns is not None]
+    return max(times) / 1e6 if times else None
+
+
+def _ttft(r: AnalysisResult) -> float | None:
+    return r.latency.ttft.p50_ms if r.latency is not None and r.latency.ttft is not None else None
+
+
+def compare_figure(a: AnalysisResult, b: AnalysisResult, *, names: tuple[str, str] = ("A", "B")) -> go.Figure:
+    """Per stage: busy share of the window and time per micro-batch, A beside B."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["busy share of the window", "time per micro-batch (ms)"])
+    for result, name, color in ((a, names[0], "#9ECAE1"), (b, names[1], "#3182BD")):
+        x = [f"stage {s.stage}" for s in result.stages]
+        fig.add_trace(
+            go.Bar(x=x, y=[1 - s.bubble_ratio for s in result.stages], name=name, marker={"color": color}),
+            row=1,
+            col=1,
+        )
+        per_mb = [None if s.time_per_mb_ns is None else s.time_per_mb_ns / 1e6 for s in result.stages]
+        fig.add_trace(go.Bar(x=x, y=per_mb, name=name, marker={"color": color}, showlegend=False), row=1, col=2)
+    fig.update_yaxes(tickformat=".0%", range=[0, 1], row=1, col=1)
+    fig.update_layout(barmode="group", height=360, margin={"l": 10, "r": 10, "t": 40, "b": 40})
+    return fig

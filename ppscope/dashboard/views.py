@@ -1,0 +1,313 @@
+"""The analysis pages of the dashboard: stages, rebalance, compare, requests. Streamlit calls only.
+
+Each page takes a `LiveTrace`, asks `ppscope` for numbers (memoised per version of the trace), and shows
+them with figures from `ppscope.dashboard.charts`. A piece of the library that is not there yet is named on the
+page instead of being imitated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from ppscope.analysis import CAUSES, figures, gantt
+from ppscope.dashboard import charts
+from ppscope.dashboard.data import LiveTrace
+from ppscope.dashboard.safety import Entry, md
+from ppscope.errors import PPScopeError
+from ppscope.trace.model import Trace
+
+if TYPE_CHECKING:
+    from ppscope.analysis import AnalysisResult
+    from ppscope.balance.profile import LayerProfile
+    from ppscope.balance.rebalance import Rebalance
+
+    Advice = tuple[Rebalance, str]
+    """The rebalancer's answer and where its costs came from."""
+
+__all__ = ["analysis", "compare", "rebalance", "requests", "stages"]
+
+
+def _analyze(trace: Trace) -> tuple[AnalysisResult | None, str]:
+    from ppscope.analysis import analyze
+
+    try:
+        return analyze(trace), ""
+    except PPScopeError as exc:
+        return None, str(exc)
+
+
+def analysis(live: LiveTrace) -> tuple[AnalysisResult | None, str]:
+    """The analyzer's result for the trace as it is now, or None and why not."""
+    return live.memo("analysis", _analyze)
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1%}"
+
+
+def _si(x: float) -> str:
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
+def stages(live: LiveTrace) -> None:
+    st.markdown("### Stages: busy time and bubbles")
+    result, problem = analysis(live)
+    if result is None:
+        st.error(f"The analyzer could not read this trace: {md(problem)}")
+        return
+    if not result.stages:
+        st.info("No stages to show: " + md("; ".join(result.warnings)))
+        return
+    w = result.window
+    cols = st.columns(5)
+    cols[0].metric("Bubble ratio", _pct(result.bubble_ratio), help="Σ bubble over stages / (P × window length)")
+    cols[1].metric("Imbalance", _pct(result.imbalance), help=f"1 - mean/max of stage time ({result.imbalance_basis})")
+    cols[2].metric("Bottleneck", "—" if result.bottleneck_stage is None else f"stage {result.bottleneck_stage}")
+    gain = result.balance_gain
+    cols[3].metric("Balance gain", "—" if gain is None else f"×{gain:.2f}", help="max/mean stage time")
+    tp = result.throughput_tokens_per_s
+    cols[4].metric("Throughput", "—" if tp is None else _si(tp) + " tok/s", help=result.throughput_basis)
+    if w is not None:
+        st.caption(f"Window: {w.length_ns / 1e6:,.2f} ms ({w.mode}): {md(w.how)}")
+    left, right = st.columns([3, 2])
+    left.plotly_chart(figures.stage_breakdown(result), key="stages", config={"displaylogo": False})
+    right.plotly_chart(figures.theory_vs_measured(result), key="theory", config={"displaylogo": False})
+    theory = result.theory
+    measured = _pct(result.bubble_ratio)
+    if theory.bubble_ratio is None:
+        st.markdown(
+            f"**Theory vs measured**: measured {measured}; {md(theory.note or 'no formula for this schedule')}."
+        )
+    else:
+        params = ", ".join(f"{k}={v}" for k, v in theory.params.items())
+        st.markdown(
+            f"**Theory vs measured**: `{theory.formula}` with {params} predicts {_pct(theory.bubble_ratio)}; "
+            f"measured {measured} (Σ bubble / (P × window))." + (f" {md(theory.note)}." if theory.note else "")
+        )
+    st.dataframe(_stage_table(result), hide_index=True)
+    for warning in result.warnings:
+        st.caption(f"⚠ {md(warning)}")
+
+
+def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:
+    causes = [c for c in CAUSES if any(s.causes.get(c, 0) for s in result.stages)]
+    rows = []
+    for s in result.stages:
+        row: dict[str, object] = {
+            "stage": s.stage,
+            "ranks": ", ".join(map(str, s.ranks)),
+            "busy (ms)": round(s.busy_ns / 1e6, 3),
+            "bubble (ms)": round(s.bubble_ns / 1e6, 3),
+            "bubble share": round(s.bubble_ratio, 4),
+            "time per micro-batch (ms)": None if s.time_per_mb_ns is None else round(s.time_per_mb_ns / 1e6, 3),
+        }
+        row.update({f"{cause} (ms)": round(s.causes.get(cause, 0) / 1e6, 3) for cause in causes})
+        rows.append(row)
+    return rows
+
+
+def _advise(trace: Trace, profile: LayerProfile | None) -> tuple[Advice | None, str]:
+    """Ask the rebalancer with the run's per-layer profile when it has one (decode pass), else with costs
+    fitted from the trace's stage spans: what `ppscope rebalance RUN` does."""
+    from ppscope.balance.costs import fit_layer_costs
+    from ppscope.balance.rebalance import BalanceProblem, rebalance
+
+    meta = trace.meta
+    if not meta.split:
+        return None, (
+            "the trace does not say how its layers are split across stages (ppscope runs record it; nsys and "
+            "Kineto imports cannot), so layer costs cannot be fitted from it. Give the costs yourself: "
+            "`ppscope rebalance --layer-costs MS,MS,... --stages P`"
+        )
+    if meta.chunks > 1:
+        return None, "rebalancing interleaved runs (chunks > 1) is not supported: rebalance a gpipe or serve run"
+    try:
+        if profile is not None and len(profile.decode.layer_ms) == sum(meta.split):
+            costs = profile.decode.costs()
+            source = (
+                f"Costs from the run's per-layer profile (profile.json, decode pass, timed with {profile.how} "
+                f"on {profile.device}): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on average."
+            )
+        else:
+            fit = fit_layer_costs([trace])
+            costs = fit.costs
+            passes = "all passes" if fit.phase == "all" else f"the {fit.phase} passes"
+            source = (
+                f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer on average, "
+                f"R² {fit.r_squared:.3f}. " + " ".join(f"Note: {md(n)}." for n in fit.notes)
+            )
+        advice = rebalance(BalanceProblem(costs=costs, stages=len(meta.split)), list(meta.split))
+    except PPScopeError as exc:
+        return None, str(exc)
+    return (advice, source), ""
+
+
+def _profile(live: LiveTrace) -> tuple[LayerProfile | None, str]:
+    from ppscope.balance.profile import read_profile
+
+    if not live.is_run:
+        return None, ""
+    try:
+        return read_profile(live.path), ""
+    except PPScopeError as exc:
+        return None, f"{exc}; costs are fitted from the spans instead"
+
+
+def rebalance(live: LiveTrace) -> None:
+    st.markdown("### Rebalance: what if the layers were split differently")
+    profile, profile_problem = _profile(live)
+    if profile_problem:
+        st.warning(md(profile_problem))
+    got, problem = live.memo(f"advice-{profile is not None}", lambda t: _advise(t, profile))
+    if got is None:
+        st.error(f"No advice for this trace: {md(problem)}")
+        return
+    advice, source = got
+    cur, new = advice.current, advice.proposed
+    cols = st.columns(4)
+    cols[0].metric("Current split", ",".join(map(str, cur.split)))
+    cols[1].metric("Advised split", ",".join(map(str, new.split)))
+    cols[2].metric("Predicted speedup", f"×{advice.predicted_speedup:.3f}", help="slowest stage now / advised")
+    change = new.max_ms - cur.max_ms
+    cols[3].metric(
+        "Slowest stage",
+        f"{new.max_ms:.3f} ms",
+        delta=f"{change:+.3f} ms" if abs(change) >= 5e-4 else None,
+        delta_color="inverse",
+        help="predicted time per micro-batch of the slowest stage with the advised split (change from now)",
+    )
+    st.caption(source)
+    if cur.split == new.split:
+        st.success("The current split is already the fastest one the cost model finds.")
+    st.plotly_chart(charts.split_figure(cur.stage_ms, new.stage_ms), key="split", config={"displaylogo": False})
+    from ppscope.balance.rebalance import engine_lines
+
+    lines = engine_lines(new.split)
+    st.markdown("**Ready to paste**")
+    st.code(f"{lines['vllm_env']}\n{lines['sglang_env']}\n{lines['ppscope_run']}", language="bash")
+    st.caption(f"Megatron-LM: {lines['megatron_args'] or '(one stage: no flags needed)'}")
+    sim, problem = live.memo("simulated", lambda t: _simulate_advised(t, new.split))
+    if sim is None:
+        st.warning(f"No simulated timeline for this trace: {md(problem)}")
+    else:
+        st.markdown(
+            f"**Simulated replay** (the run's schedule and sizes, costs fitted from its spans, measured hops): "
+            f"current split {sim.current_ms:,.3f} ms against {sim.measured_ms:,.3f} ms measured "
+            f"({sim.error:+.1%} simulator error); advised split {sim.advised_ms:,.3f} ms, "
+            f"×{sim.current_ms / sim.advised_ms if sim.advised_ms else 1.0:.3f}."
+        )
+    left, right = st.columns(2)
+    with left:
+        st.markdown("**Measured timeline (current split)**")
+        view = gantt.gantt_figure(live.trace.spans, color_by="kind", max_bars=3000)
+        st.plotly_chart(view.figure, key="measured_gantt", config={"displaylogo": False})
+        st.caption(view.note)
+    with right:
+        st.markdown("**Simulated timeline (advised split)**")
+        if sim is not None:
+            view = gantt.gantt_figure(sim.advised.spans, color_by="kind", max_bars=3000)
+            st.plotly_chart(view.figure, key="simulated_gantt", config={"displaylogo": False})
+            st.caption(view.note + " Predicted by ppscope.simulate.simulator, not measured.")
+
+
+@dataclass(kw_only=True)
+class _Replay:
+    advised: Trace
+    measured_ms: float
+    current_ms: float
+    advised_ms: float
+    error: float
+    """Simulator error on the current split: measured time ÷ simulated time - 1."""
+
+
+def _simulate_advised(trace: Trace, split: Sequence[int]) -> tuple[_Replay | None, str]:
+    """Replay the run with the simulator, as it is and with `split` (what `ppscope simulate --from` does)."""
+    import dataclasses
+
+    from ppscope.simulate.calibrate import makespan_ns, replay_config
+    from ppscope.simulate.simulator import simulate
+
+    try:
+        cfg = replay_config(trace)
+        current = simulate(cfg)
+        advised = simulate(dataclasses.replace(cfg, split=tuple(split)))
+        measured_ns, current_ns, advised_ns = makespan_ns(trace), makespan_ns(current), makespan_ns(advised)
+    except PPScopeError as exc:
+        return None, str(exc)
+    return _Replay(
+        advised=advised,
+        measured_ms=measured_ns / 1e6,
+        current_ms=current_ns / 1e6,
+        advised_ms=advised_ns / 1e6,
+        error=measured_ns / current_ns - 1.0 if current_ns else float("inf"),
+    ), ""
+
+
+def compare(live: LiveTrace, others: Sequence[Entry], opener: Callable[[Entry], LiveTrace]) -> None:
+    st.markdown("### Compare two runs")
+    if not others:
+        st.info(
+            "Only one trace is open. Start the dashboard on two runs (`ppscope dashboard RUN_A RUN_B`) or on a "
+            "folder of runs to compare them."
+        )
+        return
+    label = st.selectbox("Compare with (B)", [e.label for e in others], key="compare_with")
+    other = opener(next(e for e in others if e.label == label))
+    other.refresh()
+    if other.error:
+        st.warning(md(other.error))
+    a, problem_a = analysis(live)
+    b, problem_b = analysis(other)
+    if a is None or b is None:
+        st.error(f"The analyzer could not read {'A' if a is None else 'B'}: {md(problem_a or problem_b)}")
+        return
+    st.caption("A is the trace picked in the sidebar, B the one chosen here; deltas are B - A.")
+    st.dataframe(charts.compare_table(a, b).round(4), hide_index=True)
+    names = (f"A: {_short(live.path.name)}", f"B: {_short(label)}")
+    st.plotly_chart(charts.compare_figure(a, b, names=names), key="compare", config={"displaylogo": False})
+    for column, name, trace, key in zip(
+        st.columns(2), names, (live.trace, other.trace), ("gantt_a", "gantt_b"), strict=True
+    ):
+        with column:
+            st.markdown(f"**{md(name)}**")
+            view = gantt.gantt_figure(trace.spans, color_by="kind", max_bars=3000)
+            st.plotly_chart(view.figure, key=key, config={"displaylogo": False})
+            st.caption(view.note)
+
+
+def _short(text: str, limit: int = 28) -> str:
+    return text if len(text) <= limit else "…" + text[-(limit - 1) :]
+
+
+def requests(live: LiveTrace) -> None:
+    st.markdown("### Requests: latency")
+    result, problem = analysis(live)
+    if result is None:
+        st.error(f"The analyzer could not read this trace: {md(problem)}")
+        return
+    lat = result.latency
+    if lat is None:
+        st.info("This trace has no request log (`requests.jsonl`, which ppscope's engine writes as requests finish).")
+        return
+    cols = st.columns(4)
+    cols[0].metric("Requests", f"{lat.requests:,}", help=f"{lat.finished:,} finished")
+    cols[1].metric("TTFT p50", "—" if lat.ttft is None else f"{lat.ttft.p50_ms:,.1f} ms")
+    cols[2].metric("TPOT p50", "—" if lat.tpot is None else f"{lat.tpot.p50_ms:,.2f} ms")
+    cols[3].metric("Output tokens/s", "—" if lat.tokens_per_s is None else f"{lat.tokens_per_s:,.0f}")
+    fig = charts.latency_figure(lat)
+    if fig is None:
+        st.info("No request has both an arrival and a first token yet.")
+    else:
+        st.plotly_chart(fig, key="latency", config={"displaylogo": False})
+    stats = [("TTFT", lat.ttft), ("TPOT", lat.tpot), ("end to end", lat.e2e)]
+    st.dataframe(
+        [{"measure": name, **vars(s)} for name, s in stats if s is not None],
+        hide_index=True,
+    )

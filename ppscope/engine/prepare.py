@@ -1,0 +1,284 @@
+"""Everything decided before any rank starts: model shape, layer split, requests, backend, run metadata.
+
+Deterministic from the config, so the launcher (to fail early with one clear line) and every rank (to agree
+without talking) compute the same answer.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from ppscope import __version__
+from ppscope.balance.shapes import PRESETS, ModelShape
+from ppscope.balance.split import resolve_split, stage_layer_ranges
+from ppscope.engine.config import EngineConfig
+from ppscope.engine.model import LayerSource, RandomSource, SyntheticSource
+from ppscope.engine.requests import Request, generate_requests, load_prompts, poisson_arrivals_ns
+from ppscope.errors import InvalidConfigError, InvalidSplitError
+from ppscope.trace.model import RunMeta
+
+__all__ = [
+    "Batching",
+    "Prepared",
+    "batching",
+    "check_memory",
+    "host_available_bytes",
+    "make_source",
+    "prepare",
+    "resolve_backend",
+    "torch_dtype",
+]
+
+PROCESS_BYTES = 400 << 20
+"""What a rank's process takes besides its model: the interpreter, torch and the recorder (a synthetic rank
+starts at about 215 MB resident, the soak benchmark measures), with room to spare."""
+
+
+@dataclass(kw_only=True)
+class Prepared:
+    cfg: EngineConfig
+    shape: ModelShape
+    split: list[int]
+    """Layer counts per virtual stage."""
+    split_source: str
+    requests: Sequence[Request]
+    """Generated ones are made as the run takes them (`GeneratedRequests`)."""
+    backend: str
+    inflight: int
+    """Micro-batches per step (gpipe/interleaved) or in flight (serve): the config's, but at most one per
+    request, since a micro-batch holds at least one."""
+    max_seqs: int
+    """Most sequences in one micro-batch."""
+    cache_slots: int
+    """KV-cache rows each layer needs."""
+    max_len: int
+    """Longest sequence (prompt + output)."""
+    longest_prompt: int
+    """Longest prompt: a prefill's activations, the largest message a rank receives."""
+
+    @functools.cached_property
+    def arrivals_ns(self) -> list[int]:
+        """Arrival of each request after the start (serve): made when first asked for, by rank 0 alone."""
+        rate = self.cfg.rate if self.cfg.schedule == "serve" else 0.0
+        return poisson_arrivals_ns(len(self.requests), rate, self.cfg.seed)
+
+    def rank_bytes(self, rank: int, world: int) -> tuple[int, int]:
+        """Weights and KV cache `rank` of `world` allocates (0, 0 for the synthetic model)."""
+        if self.cfg.synthetic:
+            return 0, 0
+        s, itemsize = self.shape, torch_dtype(self.cfg.dtype).itemsize
+        layers = sum(self.split[c * world + rank] for c in range(self.cfg.chunks))
+        params = layers * s.layer_params
+        params += s.embed_params if rank == 0 else 0
+        params += s.head_params if rank == (len(self.split) - 1) % world else 0
+        kv = layers * self.cache_slots * self.max_len * 2 * s.kv_heads * s.head_dim * itemsize
+        return params * itemsize, kv
+
+    def meta(self, world: int) -> RunMeta:
+        cfg = self.cfg
+        model = {**self.shape.to_dict(), "name": self.shape.name, "synthetic": cfg.synthetic, "source": cfg.model}
+        if cfg.synthetic:
+            model.update(
+                layer_cost_ms=cfg.layer_costs_ms(), embed_cost_ms=cfg.embed_cost_ms, head_cost_ms=cfg.head_cost_ms
+            )
+        config = cfg.to_dict()
+        config["max_inflight"] = self.inflight if cfg.schedule == "serve" else cfg.max_inflight
+        config["microbatches"] = self.inflight if cfg.schedule != "serve" else cfg.microbatches
+        config["requests"] = len(self.requests)  # a prompts file's too: an interrupted run logs fewer
+        return RunMeta(
+            source="ppscope",
+            status="running",
+            world_size=world,
+            pp_size=world,
+            schedule=cfg.schedule,
+            microbatches=self.inflight,
+            chunks=cfg.chunks,
+            split=list(self.split),
+            split_source=self.split_source,
+            model=model,
+            backend=self.backend,
+            versions={"ppscope": __version__, "torch": torch.__version__, "python": platform.python_version()},
+            config=config,
+        )
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        name
+    ]
+
+
+def resolve_backend(requested: str, world: int) -> str:
+    """`auto`: NCCL when this node has a GPU for each of its ranks (under torchrun, LOCAL_WORLD_SIZE of the
+    `world`), else gloo."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if requested == "nccl" and gpus == 0:
+        raise InvalidConfigError("--backend nccl needs NVIDIA GPUs and none is visible: use --backend gloo (CPU)")
+    if requested == "nccl" and local > gpus:
+        raise InvalidConfigError(
+            f"--backend nccl needs a GPU per rank: {local} ranks on this node, {gpus} GPU(s) visible; "
+            "use fewer --stages per node or --backend gloo"
+        )
+    if requested == "auto":
+        return "nccl" if gpus >= 1 and local <= gpus else "gloo"
+    return requested
+
+
+def make_source(cfg: EngineConfig, shape: ModelShape) -> LayerSource:
+    if cfg.synthetic:
+        return SyntheticSource(shape, cfg.layer_costs_ms(), cfg.embed_cost_ms, cfg.head_cost_ms)
+    if cfg.model in PRESETS:
+        return RandomSource(shape, cfg.seed)
+    from ppscope.engine.hf import CheckpointSource
+
+    return CheckpointSource(cfg.model, shape)
+
+
+def _check_synthetic_waits(cfg: EngineConfig, split: Sequence[int]) -> None:
+    """Refuse synthetic costs under which a rank is sure to wait longer than --timeout for its first input (the
+    last rank for what the stages before it do, rank 0 for what comes back), rather than find it out then."""
+    if cfg.stages < 2:
+        return
+    per_layer = cfg.layer_costs_ms()
+    stage_ms = [sum(per_layer[start:end]) for start, end in stage_layer_ranges(split)]  # in the order visited
+    stage_ms[0] += cfg.embed_cost_ms
+    stage_ms[-1] += cfg.head_cost_ms
+    wait_s = max(sum(stage_ms[: cfg.stages - 1]), sum(stage_ms[1 : cfg.stages])) / 1e3
+    if wait_s >= cfg.timeout_s:
+        raise InvalidConfigError(
+            f"with these synthetic costs a rank waits {wait_s:.1f} s for its first message (the stages before it "
+            f"in the ring take that long) but --timeout is {cfg.timeout_s:g} s: raise --timeout above {wait_s:.1f} "
+            "or lower the costs"
+        )
+
+
+def prepare(cfg: EngineConfig, world: int) -> Prepared:
+    """Resolve the split, the requests and the backend; raise a named error for anything inconsistent."""
+    if world != cfg.stages:
+        raise InvalidConfigError(
+            f"--stages {cfg.stages} but {world} ranks were started: "
+            "under torchrun give --stages equal to the world size"
+        )
+    shape = cfg.shape()
+    try:
+        split, source = resolve_split(cfg.split, shape.layers, cfg.virtual_stages)
+    except InvalidSplitError as exc:
+        if cfg.chunks == 1:
+            raise
+        if cfg.split is None and shape.layers < cfg.virtual_stages:
+            raise InvalidSplitError(
+                f"{shape.layers} layer(s) cannot be split over {cfg.stages} stages x {cfg.chunks} chunks "
+                f"(each virtual stage needs at least one): use at most {max(shape.layers // cfg.stages, 1)} chunks"
+            ) from None
+        raise InvalidSplitError(
+            f"{exc} (with --chunks {cfg.chunks} the split gives one count per virtual stage: "
+            f"{cfg.stages} stages x {cfg.chunks} chunks = {cfg.virtual_stages} entries, "
+            "ordered rank 0..P-1 for chunk 0, then for chunk 1, ...)"
+        ) from None
+    if cfg.synthetic:
+        _check_synthetic_waits(cfg, split)
+    b = batching(cfg, shape)
+    return Prepared(
+        cfg=cfg,
+        shape=shape,
+        split=split,
+        split_source=source,
+        requests=b.requests,
+        backend=resolve_backend(cfg.backend, world),
+        inflight=b.inflight,
+        max_seqs=b.max_seqs,
+        cache_slots=b.cache_slots,
+        max_len=b.max_len,
+        longest_prompt=b.longest_prompt,
+    )
+
+
+class Batching(NamedTuple):
+    """The run's requests and how they are grouped (see `Prepared`)."""
+
+    requests: Sequence[Request]
+    inflight: int
+    max_seqs: int
+    cache_slots: int
+    max_len: int
+    longest_prompt: int
+
+
+def batching(cfg: EngineConfig, shape: ModelShape) -> Batching:
+    """The requests (read or generated) and the micro-batches they make, whatever the split."""
+    requests: Sequence[Request]
+    if cfg.prompts:
+        requests = load_prompts(cfg.prompts, shape.vocab, cfg.max_new_tokens, max_len=shape.max_seq_len)
+        longest_prompt = max(len(r.prompt_ids) for r in requests)
+        max_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
+    else:  # made one by one as the run takes them: nothing here may go through them all
+        requests = generate_requests(cfg.requests, cfg.prompt_len, cfg.max_new_tokens, shape.vocab, cfg.seed)
+        longest_prompt, max_len = cfg.prompt_len, cfg.prompt_len + cfg.max_new_tokens
+        if max_len > shape.max_seq_len:  # (a prompts file names its line)
+            raise InvalidConfigError(
+                f"each request needs {cfg.prompt_len} prompt + {cfg.max_new_tokens} new = {max_len} positions but "
+                f"model {shape.name} holds {shape.max_seq_len}: lower --prompt-len or --max-new-tokens"
+            )
+    inflight = min(cfg.inflight, len(requests))
+    if cfg.schedule == "serve":
+        max_seqs = min(cfg.max_batch, len(requests))
+        return Batching(requests, inflight, max_seqs, inflight * max_seqs, max_len, longest_prompt)
+    per_mb = math.ceil(len(requests) / inflight)
+    return Batching(requests, inflight, per_mb, len(requests), max_len, longest_prompt)
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is none: not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_memory(
+    prep: Prepared, ranks: list[int], world: int, available: int | None, where: str, *, processes: bool
+) -> None:
+    """Refuse, in one line and before anything is built, a run whose `ranks` would not fit in `available`
+    bytes (the host's memory for ranks on CPU, one GPU's free memory for a rank on it), rather than leave it
+    to the kernel's out-of-memory killer or a CUDA error halfway through loading. `processes`: count what each
+    rank's process takes besides the model too (host memory)."""
+    if available is None:
+        return
+    weights = kv = 0
+    for r in ranks:
+        w, k = prep.rank_bytes(r, world)
+        weights, kv = weights + w, kv + k
+    need = weights + kv + (PROCESS_BYTES * len(ranks) if processes else 0)
+    if need <= available:
+        return
+    cfg = prep.cfg
+    who = f"{len(ranks)} ranks" if len(ranks) > 1 else f"rank {ranks[0]}"
+    if cfg.synthetic:  # its layers allocate nothing: only the processes count
+        raise InvalidConfigError(
+            f"{len(ranks)} synthetic ranks need about {need / 1e9:.1f} GB ({PROCESS_BYTES >> 20} MB per process) "
+            f"and {where} has {available / 1e9:.1f} GB free: use fewer --stages"
+        )
+    if cfg.schedule == "serve":
+        seqs = f"{prep.cache_slots} sequences = --max-inflight x --max-batch"
+    else:  # every request of the batch keeps its cache until the batch is done
+        seqs = f"{prep.cache_slots} sequences = every request of a {cfg.schedule} batch"
+    raise InvalidConfigError(
+        f"{prep.shape.name} in {cfg.dtype} needs about {need / 1e9:.1f} GB for {who} ({weights / 1e9:.1f} GB of "
+        f"weights, {kv / 1e9:.1f} GB of KV cache for {seqs}, {prep.max_len} positions each) and {where} has "
+        f"{available / 1e9:.1f} GB free: use a smaller --dtype, fewer sequences or positions, more --stages on "
+        f"more devices, or size it without running it: ppscope plan --model "
+        f"{cfg.model if cfg.model in PRESETS else 'DIR/config.json'}"
+    )

@@ -1,0 +1,286 @@
+"""One rank's main: process group, clock offset, recorder and counter sampler, stage module, the schedule loop,
+flush. Spawned by `ppscope.engine.launch` or started by torchrun; the same function either way.
+
+Only rank 0 writes the run's `meta.json` and `requests.jsonl`; every rank writes its own rank file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import os
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ppscope.engine.clock_sync import measure_offset
+from ppscope.engine.comm import Ring
+from ppscope.engine.config import EngineConfig
+from ppscope.engine.model import calibrate_sleep
+from ppscope.engine.prepare import Prepared, check_memory, make_source, prepare, torch_dtype
+from ppscope.engine.requests import RequestLog
+from ppscope.engine.sampling import Sampling
+from ppscope.engine.schedules import Pipeline
+from ppscope.engine.stage import build_stage
+from ppscope.engine.usage import CounterSampler
+from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
+from ppscope.failures import plain_error, rank_failure
+from ppscope.simulate.schedule import ServePolicy
+from ppscope.trace.model import ClockInfo, RankInfo
+from ppscope.trace.recorder import Recorder
+from ppscope.trace.store import RankWriter, create_run, read_meta, write_meta
+
+__all__ = ["FAIL_ENV", "HOST_HEADERS_ENV", "SKEW_ENV", "default_run_dir", "run_rank"]
+
+SKEW_ENV = "PPSCOPE_TEST_CLOCK_SKEW_NS"
+"""Tests only: `RANK=NS[,RANK=NS]`, nanoseconds added to a rank's clock, to check the offset estimate."""
+FAIL_ENV = "PPSCOPE_TEST_FAIL"
+"""Tests only: `RANK=N`, that rank raises after N passes, to check failure propagation."""
+HOST_HEADERS_ENV = "PPSCOPE_TEST_HOST_HEADERS"
+"""Tests only: `1` runs a CPU ring with a GPU ring's protocol (headers on their own groups; see engine.comm)."""
+
+ProgressFn = Callable[[int, int], None]
+SWITCH_INTERVAL_S = 1e-4
+"""How long a thread holding the GIL runs before it must hand it to a waiting one (Python's default: 5 ms)."""
+
+
+def default_run_dir() -> Path:
+    return Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+
+
+def _test_hook(name: str, rank: int) -> int:
+    """The value for `rank` in a test hook variable `RANK=VALUE[,RANK=VALUE]`, else 0."""
+    for item in os.environ.get(name, "").split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == str(rank) and value.strip():
+            return int(value)
+    return 0
+
+
+def _clock(rank: int) -> Callable[[], int]:
+    skew = _test_hook(SKEW_ENV, rank)
+    if not skew:
+        return time.perf_counter_ns
+    return lambda: time.perf_counter_ns() + skew
+
+
+def _device(cfg: EngineConfig, backend: str, local_rank: int) -> torch.device:
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _nvml_index(device: torch.device) -> int | None:
+    """NVML's index of a CUDA device (nvidia-smi's GPU number), which is not its CUDA ordinal when
+    CUDA_VISIBLE_DEVICES picks GPUs; None on CPU."""
+    if device.type != "cuda":
+        return None
+    try:
+        return int(torch.cuda._get_nvml_device_index(device))
+    except Exception:  # an unusual CUDA_VISIBLE_DEVICES (UUIDs NVML cannot resolve): the ordinal is the guess
+        return device.index
+
+
+def run_rank(
+    cfg: EngineConfig,
+    rank: int,
+    world: int,
+    *,
+    local_rank: int = 0,
+    run_dir: Path | None = None,
+    progress: ProgressFn | None = None,
+    prepared: Prepared | None = None,
+) -> Path:
+    """Run this rank to the end and return the run directory. With `run_dir` None (torchrun), rank 0 creates
+    it and tells the others. Raises on any failure; the caller reports it."""
+    prep = prepared or prepare(cfg, world)
+    backend = prep.backend
+    device = _device(cfg, backend, local_rank)
+    if device.type == "cpu":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))
+    if world > 1:
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    # A thread that wakes (a message landed, a send completed) waits for the GIL up to the switch interval
+    # (5 ms by default, a whole stage of a small model): let the holder hand it over much sooner.
+    switch_s = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        return _run(cfg, prep, rank, world, device, run_dir, progress)
+    finally:
+        sys.setswitchinterval(switch_s)
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(
+    cfg: EngineConfig,
+    prep: Prepared,
+    rank: int,
+    world: int,
+    device: torch.device,
+    run_dir: Path | None,
+    progress: ProgressFn | None,
+) -> Path:
+    clock = _clock(rank)
+    clock_info = measure_offset(rank, world, clock, device)
+    supervised = run_dir is not None
+    if run_dir is None:  # torchrun: rank 0 names and creates the run, the others follow
+        box: list[object] = [None]
+        if rank == 0:
+            path = Path(cfg.out) if cfg.out else default_run_dir()
+            create_run(path, prep.meta(world))
+            box[0] = str(path)
+        if world > 1:
+            dist.broadcast_object_list(box, src=0)
+        run_dir = Path(str(box[0]))
+        run_dir.mkdir(parents=True, exist_ok=True)  # other nodes without a shared file system
+    try:
+        return _run_pipeline(cfg, prep, rank, world, device, run_dir, progress, clock, clock_info, not supervised)
+    except BaseException as exc:
+        if supervised:
+            raise
+        stopped = isinstance(exc, KeyboardInterrupt)
+        why = (str(exc) or "interrupted by the user") if stopped else plain_error(exc)
+        if rank == 0:  # torchrun: nobody else writes the run's status
+            meta = read_meta(run_dir)
+            meta.status, meta.error = ("interrupted" if stopped else "failed"), f"rank 0: {why}"
+            write_meta(run_dir, meta)
+        if isinstance(exc, PPScopeError):
+            raise
+        where = f"the trace up to then is in {run_dir} (`ppscope analyze {shlex.quote(str(run_dir))}` names the cause)"
+        if not stopped:
+            raise EngineFailedError(f"{rank_failure(rank, exc)}; {where}") from exc
+        # torchrun stops every rank (SIGTERM) when one fails: the failure is in that rank's own line and file
+        raise InterruptedRunError(f"rank {rank} {why}; {where}") from None
+
+
+def _run_pipeline(
+    cfg: EngineConfig,
+    prep: Prepared,
+    rank: int,
+    world: int,
+    device: torch.device,
+    run_dir: Path,
+    progress: ProgressFn | None,
+    clock: Callable[[], int],
+    clock_info: ClockInfo,
+    keep_failure: bool,
+) -> Path:
+    """`keep_failure`: record this rank's own error in its file (under torchrun, where no launcher hears it)."""
+    info = RankInfo(
+        rank=rank,
+        stage=rank,
+        host=socket.gethostname(),
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        pid=os.getpid(),
+        clock=clock_info,
+    )
+    infos: list[RankInfo | None] = [None] * world if rank == 0 else []
+    if world > 1:
+        dist.gather_object(info, infos if rank == 0 else None, dst=0)
+    else:
+        infos = [info]
+    if rank == 0:
+        meta = read_meta(run_dir)
+        meta.ranks = [i for i in infos if i is not None]
+        write_meta(run_dir, meta)
+
+    shape = prep.shape
+    dtype = torch_dtype(cfg.dtype)
+    sink = RankWriter(run_dir, rank) if cfg.record else None
+    log: RequestLog | None = None
+    rec = Recorder(sink, rank=rank, stage=rank, enabled=cfg.record, nvtx=cfg.nvtx, clock=clock)
+    sampler: CounterSampler | None = None
+    pipe: Pipeline | None = None
+    frozen = False
+    failure: dict[str, str] = {}
+    try:  # from here on, whatever stops the rank (a Ctrl-C included) closes its file
+        sampler = CounterSampler(rec, _nvml_index(device), cfg.sample_interval_ms)
+        if device.type == "cuda":
+            free = torch.cuda.mem_get_info(device)[0]
+            check_memory(prep, [rank], world, free, f"GPU {device.index}", processes=False)
+        module = build_stage(make_source(cfg, shape), prep.split, rank, world, cfg.chunks, device, dtype)
+        if cfg.synthetic:
+            calibrate_sleep(device)
+        module.allocate_cache(prep.cache_slots, prep.max_len, dtype, shape.kv_heads, shape.head_dim)
+        # room in the receive posted ahead for the largest activation (a prefill of the longest prompts)
+        act_nbytes = prep.max_seqs * max(prep.longest_prompt, 1) * shape.hidden * dtype.itemsize
+        # as many receives posted ahead as messages may queue at a rank: every micro-batch in flight, and stop
+        ring = Ring(
+            rank,
+            world,
+            rec,
+            prep.max_seqs,
+            device,
+            cfg.timeout_s,
+            act_nbytes,
+            depth=prep.inflight + 1,
+            host_headers=os.environ.get(HOST_HEADERS_ENV) == "1",
+        )
+        pipe = Pipeline(
+            module=module,
+            ring=ring,
+            recorder=rec,
+            hidden=shape.hidden,
+            vocab=shape.vocab,
+            dtype=dtype,
+            chunks=cfg.chunks,
+            sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed),
+        )
+        pipe.fail_after = _test_hook(FAIL_ENV, rank)
+        pipe.alternate_ns = int(cfg.record_alternate_ms * 1e6)
+        if rank == 0:
+            log = RequestLog(run_dir)
+            pipe.on_finish = log
+            arrivals = prep.arrivals_ns if cfg.schedule == "serve" else []  # made now, before the clock starts
+        ring.start()
+        # Everything built so far lives for the whole run. Left to the collector, a full collection walks it
+        # all (~0.2M objects with torch loaded, ~0.1 s here): a stall of every stage behind this one. Frozen,
+        # it is skipped; unfrozen at the end, so a caller running a rank in its own process gets its heap back.
+        gc.collect()
+        gc.freeze()
+        frozen = True
+        if world > 1:
+            dist.barrier()  # every stage is built: the pipeline's clock starts now for everyone
+        sampler.start()
+        report = progress or (lambda done, tokens: None)
+        if rank != 0:
+            pipe.follow()
+        elif cfg.schedule == "serve":
+            policy = ServePolicy(max_inflight=prep.inflight, max_batch=prep.max_seqs)
+            pipe.drive_serve(prep.requests, arrivals, policy, cfg.timeout_s, report)
+        else:
+            pipe.drive_batch(cfg.schedule, prep.requests, prep.inflight, report)
+        pipe.close()
+        ring.close()
+    except Exception as exc:  # a failure; a KeyboardInterrupt (Ctrl-C, torchrun's SIGTERM) only stopped the rank
+        if keep_failure:
+            failure["error"] = plain_error(exc)
+        raise
+    finally:
+        if frozen:
+            gc.unfreeze()
+        if pipe is not None and pipe.device_spans is not None:
+            with contextlib.suppress(Exception):  # a failed run keeps what its GPU finished (never waits for it)
+                pipe.device_spans.poll()
+        if sampler is not None:
+            sampler.stop()
+        rec.close(failure)
+        if log is not None:
+            log.close()
+    if world > 1:
+        dist.barrier()
+    if rank == 0:
+        meta = read_meta(run_dir)
+        meta.status = "finished"
+        write_meta(run_dir, meta)
+    return run_dir

@@ -1,0 +1,32 @@
+"""Open whatever the user points at as a Trace: a ppscope run directory, or an imported trace.
+
+The kind of input is decided by content, never by file extension (`ppscope.formats.detect`): an nsys
+SQLite export, a Kineto JSON/JSON.gz file, a directory of per-rank Kineto files, or a run directory.
+Every command that accepts a trace (`analyze`, `rebalance`, `export`, `dashboard`) goes through
+`open_trace`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ppscope.formats.detect import InputKind, detect
+from ppscope.trace.model import Trace
+from ppscope.trace.store import load_run
+
+__all__ = ["open_trace"]
+
+
+def open_trace(path: str | os.PathLike[str]) -> Trace:
+    """Load `path` as a Trace, whatever produced it."""
+    found = detect(Path(path))
+    if found.kind == InputKind.RUN:
+        return load_run(found.path)
+    if found.kind == InputKind.NSYS:
+        from ppscope.formats.nsys_import import load_nsys
+
+        return load_nsys(found.path)
+    from ppscope.formats.kineto import load_kineto
+
+    return load_kineto(found.files)

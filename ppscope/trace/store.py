@@ -1,0 +1,384 @@
+"""The run store: a directory with `meta.json`, one SQLite file per rank and, optionally, `requests.jsonl`.
+
+Writers (one per rank, used by the recorder's flush thread) append in batches to their own file in WAL
+mode, so readers can tail a run while it is written. Readers open every file read-only: loading a run
+never writes to it (the reading of one rank file is `ppscope.trace.rankfile`). Each rank stores times on its own
+clock; the reader moves them onto the common clock with the offsets in `meta.json` (common = local -
+offset_ns).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import secrets
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ppscope.errors import CorruptFileError, InvalidConfigError, RunExistsError, RunNotFoundError
+from ppscope.failures import recorded_failures
+from ppscope.trace.model import (
+    COUNTER_COLUMNS,
+    REQUEST_COLUMNS,
+    SCHEMA_VERSION,
+    SPAN_COLUMNS,
+    RunMeta,
+    Trace,
+    counters_frame,
+    requests_frame,
+)
+from ppscope.trace.rankfile import UNSHIFTABLE, connect_ro, merge_values, query, read_ranks, spans_of, unshiftable
+
+__all__ = [
+    "META_FILE",
+    "REQUESTS_FILE",
+    "Cursor",
+    "RankWriter",
+    "RunTail",
+    "check_new_run_dir",
+    "create_run",
+    "is_run_dir",
+    "load_run",
+    "rank_file",
+    "read_meta",
+    "read_rank_info",
+    "read_requests",
+    "read_since",
+    "write_meta",
+]
+
+META_FILE = "meta.json"
+REQUESTS_FILE = "requests.jsonl"
+_RANK_RE = re.compile(r"^rank-(\d{5,})\.sqlite$")
+
+_SPAN_COLS = list(SPAN_COLUMNS)
+_COUNTER_COLS = list(COUNTER_COLUMNS)
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS spans (
+    id INTEGER PRIMARY KEY,
+    rank INTEGER NOT NULL, stage INTEGER NOT NULL, lane TEXT NOT NULL, kind TEXT NOT NULL,
+    name TEXT NOT NULL, mb INTEGER NOT NULL, step INTEGER NOT NULL, chunk INTEGER NOT NULL,
+    phase TEXT NOT NULL, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
+    nbytes INTEGER NOT NULL, tokens INTEGER NOT NULL, peer INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters (
+    id INTEGER PRIMARY KEY,
+    ts_ns INTEGER NOT NULL, rank INTEGER NOT NULL, device INTEGER NOT NULL,
+    metric TEXT NOT NULL, value REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT OR IGNORE INTO info VALUES ('schema_version', '{SCHEMA_VERSION}');
+"""
+_INSERT_SPAN = f"INSERT INTO spans ({', '.join(_SPAN_COLS)}) VALUES ({', '.join('?' * len(_SPAN_COLS))})"
+_INSERT_COUNTER = f"INSERT INTO counters ({', '.join(_COUNTER_COLS)}) VALUES ({', '.join('?' * len(_COUNTER_COLS))})"
+
+
+def rank_file(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / f"rank-{rank:05d}.sqlite"
+
+
+# ---------------------------------------------------------------- writing
+
+
+def create_run(run_dir: str | os.PathLike[str], meta: RunMeta) -> Path:
+    """Create a new run directory holding `meta.json`. Refuses a directory that already holds files, and
+    one that cannot be made (a file on the way, no permission) in one line.
+
+    A `meta` without `run_id` gets the directory's name, and one without `created_unix_ns` the time now:
+    a run deleted and made again under the same name is then another run to a reader that follows it."""
+    path = Path(run_dir)
+    made = False
+    try:
+        check_new_run_dir(path)
+        made = not path.is_dir()
+        path.mkdir(parents=True, exist_ok=True)
+        meta = dataclasses.replace(
+            meta, run_id=meta.run_id or path.resolve().name, created_unix_ns=meta.created_unix_ns or time.time_ns()
+        )
+        write_meta(path, meta, exclusive=True)  # two runs started at once with one --out: one of them gets it
+    except FileExistsError:
+        raise RunExistsError(
+            f"{path} was just taken by another run; ppscope never overwrites a run: choose another --out"
+        ) from None
+    except OSError as exc:
+        if made:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        reason = exc.strerror or str(exc)
+        if exc.filename is not None and Path(exc.filename) != path:
+            reason += f" ({exc.filename})"
+        raise InvalidConfigError(f"cannot create run directory {path}: {reason}; choose another --out") from None
+    return path
+
+
+def check_new_run_dir(run_dir: str | os.PathLike[str]) -> None:
+    """Refuse a path where a new run cannot go: a file, or a directory that already holds files."""
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise RunExistsError(f"{path} exists and is not a directory: choose another --out")
+    if path.is_dir() and any(path.iterdir()):
+        raise RunExistsError(f"{path} already holds files; ppscope never overwrites a run: choose another --out")
+
+
+def write_meta(run_dir: str | os.PathLike[str], meta: RunMeta, *, exclusive: bool = False) -> None:
+    """Replace `meta.json` atomically: a reader sees the old or the new file, never half of one. The file
+    gets the umask's permissions, as every other file of the run (mkstemp's would be owner-only).
+    `exclusive`: only create it, raising FileExistsError if it is there (the test and the creation are one
+    step, a hard link, so of two writers exactly one succeeds)."""
+    path = Path(run_dir)
+    tmp = path / f".meta-{secrets.token_hex(8)}.json"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(meta.to_json())
+        if exclusive:
+            _move_exclusive(tmp, path / META_FILE)
+        else:
+            os.replace(tmp, path / META_FILE)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _move_exclusive(src: Path, dst: Path) -> None:
+    """Rename `src` to `dst` unless `dst` exists (FileExistsError)."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links: claim the name, then fill it (a reader may see it empty)
+        os.close(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        os.replace(src, dst)
+    else:
+        os.unlink(src)
+
+
+class RankWriter:
+    """Appends one rank's spans and counters to `rank-NNNNN.sqlite`. Not thread-safe: one thread writes.
+
+    Rows are tuples in schema column order (`SPAN_COLUMNS`, `COUNTER_COLUMNS`), times on the rank's clock.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], rank: int) -> None:
+        self.path = rank_file(run_dir, rank)
+        if self.path.exists():
+            raise RunExistsError(f"{self.path} already exists; ppscope never overwrites a rank's spans")
+        if not Path(run_dir).is_dir():
+            raise RunNotFoundError(f"{run_dir} is not a run directory: create it with create_run() first")
+        # The flush thread is the only user after construction, so the thread check is off on purpose.
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self.rank = rank
+        self.spans_written = 0
+        self.counters_written = 0
+
+    def write(self, spans: Sequence[tuple[Any, ...]] = (), counters: Sequence[tuple[Any, ...]] = ()) -> None:
+        """Append one batch in one transaction."""
+        if not spans and not counters:
+            return
+        with _transaction(self._db):
+            if spans:
+                self._db.executemany(_INSERT_SPAN, spans)
+            if counters:
+                self._db.executemany(_INSERT_COUNTER, counters)
+        self.spans_written += len(spans)
+        self.counters_written += len(counters)
+
+    def set_info(self, key: str, value: Any) -> None:
+        with _transaction(self._db):
+            self._db.execute("INSERT OR REPLACE INTO info VALUES (?, ?)", (key, json.dumps(value)))
+
+    def close(self) -> None:
+        """Checkpoint and leave a plain rollback-journal file, so read-only readers need no side files."""
+        if self._db is None:
+            return
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA journal_mode=DELETE")
+        self._db.close()
+        self._db = None  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Any:
+    db.execute("BEGIN")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+# ---------------------------------------------------------------- reading
+
+
+def is_run_dir(path: str | os.PathLike[str]) -> bool:
+    return (Path(path) / META_FILE).is_file()
+
+
+def read_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
+    path = _check_run_dir(run_dir)
+    meta_path = path / META_FILE
+    try:
+        text = meta_path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorruptFileError(f"{meta_path}: cannot be read ({exc})") from None
+    return RunMeta.from_json(text, where=str(meta_path))
+
+
+def _check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
+    path = Path(run_dir)
+    if not path.exists():
+        raise RunNotFoundError(f"{path} does not exist: give the directory that `ppscope run` wrote")
+    if not path.is_dir():
+        raise RunNotFoundError(f"{path} is not a run directory (a run is a directory with meta.json)")
+    if not any(path.iterdir()):
+        raise RunNotFoundError(f"{path} is empty: it holds no run (expected meta.json and rank-*.sqlite)")
+    if not (path / META_FILE).is_file():
+        raise RunNotFoundError(f"{path} has no {META_FILE}: it is not a ppscope run, or the run died before it started")
+    return path
+
+
+def _rank_files(path: Path) -> dict[int, Path]:
+    found = {}
+    for p in path.iterdir():
+        m = _RANK_RE.match(p.name)
+        if m:
+            found[int(m.group(1))] = p
+    return found
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where an incremental read stopped: per rank, the last span and counter row ids seen."""
+
+    spans: dict[int, int] = field(default_factory=dict)
+    counters: dict[int, int] = field(default_factory=dict)
+    requests_bytes: int = 0
+
+
+def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> tuple[Trace, Cursor]:
+    """Everything written to the run after `since` (all of it when None), and the cursor to pass next time.
+
+    Spans are on the common clock and sorted by start time. A rank file that is missing is reported in
+    `Trace.warnings`; one that is damaged raises CorruptFileError naming it.
+    """
+    path = _check_run_dir(run_dir)
+    meta = read_meta(path)
+    since = since or Cursor()
+    files = _rank_files(path)
+    warnings = []
+    missing = sorted(set(range(meta.world_size)) - set(files))
+    unrecorded = meta.source == "ppscope" and meta.config.get("record") is False
+    if unrecorded:  # --no-record: no rank writes a file, by design
+        warnings.append("recorded with --no-record: there are no spans, only the requests' latency")
+    elif missing:
+        names = ", ".join(rank_file(path, r).name for r in missing)
+        warnings.append(f"rank(s) {', '.join(map(str, missing))} have no file ({names}); loaded the rest")
+    table, opened = read_ranks(files, since.spans, since.counters)
+    warnings += recorded_failures({rank: rf.error for rank, rf, _ in opened if rf.error}, meta.error)
+    span_pos, counter_pos = dict(since.spans), dict(since.counters)
+    for rank, rf, _ in opened:
+        span_pos[rank], counter_pos[rank] = rf.last_span, rf.last_counter
+    values = merge_values(table, opened)
+    parts = [rf.counters for _, rf, _ in opened if rf.counters is not None]
+    counters = pd.concat(parts, ignore_index=True) if parts else counters_frame()
+    del opened
+    spans = spans_of(table, values, files, meta, warnings)
+    wide = unshiftable(counters["rank"].to_numpy(), meta, counters["ts_ns"].to_numpy())
+    if wide.any():
+        warnings.append(f"{int(wide.sum())} counter sample(s) {UNSHIFTABLE} (a damaged file); left them out")
+        counters = counters[~wide].reset_index(drop=True)
+    for info in meta.ranks:
+        if info.clock.offset_ns:
+            counters.loc[counters["rank"].to_numpy() == info.rank, "ts_ns"] -= np.int64(info.clock.offset_ns)
+    counters = counters.sort_values(["ts_ns", "rank"], kind="stable").reset_index(drop=True)  # as Trace.sorted()
+    requests, req_pos = _read_requests(path, since.requests_bytes)
+    trace = Trace(spans=spans, counters=counters, meta=meta, requests=requests, warnings=warnings)
+    return trace, Cursor(spans=span_pos, counters=counter_pos, requests_bytes=req_pos)
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> Trace:
+    """The whole run as one Trace: every rank merged onto the common clock, spans sorted by start."""
+    trace, _ = read_since(run_dir)
+    return trace
+
+
+def read_rank_info(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
+    """The `info` table of each rank file (schema version, the recorder's span counts once it closed:
+    `spans_recorded`, `spans_written`, and under torchrun a failed rank's `error`), read-only, values decoded
+    from JSON."""
+    path = _check_run_dir(run_dir)
+    out: dict[int, dict[str, Any]] = {}
+    for rank, file in sorted(_rank_files(path).items()):
+        db = connect_ro(file)
+        try:
+            tables = {r[0] for r in query(db, file, "SELECT name FROM sqlite_master WHERE type='table'")}
+            rows = query(db, file, "SELECT key, value FROM info") if "info" in tables else []
+        finally:
+            db.close()
+        try:
+            out[rank] = {str(k): json.loads(v) for k, v in rows}
+        except (TypeError, ValueError):
+            raise CorruptFileError(
+                f"{file}: its info table holds a value that is not JSON; the file is damaged"
+            ) from None
+    return out
+
+
+def read_requests(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    return _read_requests(Path(run_dir), 0)[0]
+
+
+_REQUEST_BOUNDS = {c: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for c, t in REQUEST_COLUMNS.items()}
+
+
+def _read_requests(path: Path, offset: int) -> tuple[pd.DataFrame, int]:
+    """Complete lines of `requests.jsonl` after byte `offset`; a half-written last line waits for later."""
+    req_path = path / REQUESTS_FILE
+    if not req_path.is_file():
+        return requests_frame(), offset
+    with open(req_path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    rows = []
+    for lineno, line in enumerate(data[:end].splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            row = {c: int(obj.get(c, -1) if obj.get(c) is not None else -1) for c in REQUEST_COLUMNS}
+        except (json.JSONDecodeError, TypeError, ValueError, AttributeError, OverflowError):
+            raise CorruptFileError(f"{req_path}: line {lineno} after byte {offset} is not a request record") from None
+        wide = [c for c, v in row.items() if not _REQUEST_BOUNDS[c][0] <= v <= _REQUEST_BOUNDS[c][1]]
+        if wide:
+            raise CorruptFileError(f"{req_path}: line {lineno} after byte {offset}: {wide[0]} is out of range")
+        rows.append(row)
+    frame = requests_frame(pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))) if rows else requests_frame()
+    return frame, offset + end
+
+
+class RunTail:
+    """Follows a run while it is written: each `poll()` returns only what arrived since the last one."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self.cursor = Cursor()
+
+    def poll(self) -> Trace:
+        delta, self.cursor = read_since(self.run_dir, self.cursor)
+        return delta
