@@ -22,7 +22,8 @@ def _best_ms(fn: Callable[[], object]) -> float:
 
 def main() -> list[str]:
     from ppscope.balance.costs import LayerCosts, StageCosts
-    from ppscope.balance.rebalance import BalanceProblem, MemoryModel, balance, evaluate
+    from ppscope.balance.problem import BalanceProblem, MemoryModel
+    from ppscope.balance.rebalance import balance, evaluate
     from ppscope.balance.split import vllm_default_split
 
     rng = random.Random(0)

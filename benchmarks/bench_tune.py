@@ -59,7 +59,8 @@ def main() -> list[str]:
 
 def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> list[str]:
     """Each stage's predicted decode-step compute ÷ its measured median, for a cold and a warm profile."""
-    from ppscope.balance.rebalance import BalanceProblem, evaluate
+    from ppscope.balance.problem import BalanceProblem
+    from ppscope.balance.rebalance import evaluate
     from ppscope.engine.config import EngineConfig
     from ppscope.engine.launch import run
     from ppscope.engine.profiler import profile_layers

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ppscope.analysis import analyze
-from ppscope.analysis.pipeline import balance, count_distinct, hop_stats, message_latencies
+from ppscope.analysis.pipeline import count_distinct, hop_stats, message_latencies, stage_imbalance
 from ppscope.analysis.result import StageResult
 from ppscope.trace.model import RunMeta, Trace
 
@@ -93,12 +93,12 @@ def _stage(stage: int, busy: int, per_mb: float | None) -> StageResult:
 
 
 def test_balance() -> None:
-    imb, basis, worst, gain = balance([_stage(0, 10, 10.0), _stage(1, 10, 20.0), _stage(2, 10, 30.0)])
+    imb, basis, worst, gain = stage_imbalance([_stage(0, 10, 10.0), _stage(1, 10, 20.0), _stage(2, 10, 30.0)])
     assert basis == "time_per_mb" and worst == 2
     assert imb == pytest.approx(1 - 20 / 30) and gain == pytest.approx(30 / 20)
-    imb, basis, worst, gain = balance([_stage(0, 10, None), _stage(1, 40, 20.0)])
+    imb, basis, worst, gain = stage_imbalance([_stage(0, 10, None), _stage(1, 40, 20.0)])
     assert basis == "busy" and worst == 1 and gain == pytest.approx(40 / 25)
-    assert balance([]) == (None, "none", None, None)
+    assert stage_imbalance([]) == (None, "none", None, None)
 
 
 def test_count_distinct() -> None:

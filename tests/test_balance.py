@@ -12,15 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ppscope.balance.costs import LayerCosts, StageCosts
-from ppscope.balance.rebalance import (
-    BalanceProblem,
-    MemoryModel,
-    balance,
-    engine_lines,
-    evaluate,
-    megatron_args,
-    rebalance,
-)
+from ppscope.balance.problem import BalanceProblem, MemoryModel
+from ppscope.balance.rebalance import balance, engine_lines, evaluate, megatron_args, rebalance
 from ppscope.balance.search import CostModel
 from ppscope.balance.split import vllm_default_split
 from ppscope.errors import InvalidConfigError

@@ -24,7 +24,18 @@ def test_dir_lists_the_lazy_names() -> None:
 def test_the_wheel_installs_ppscope_alone(tmp_path: Path) -> None:
     """`pip install .` puts one name into site-packages: a user's own `engine` or `dashboard` stays theirs."""
     out = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -49,3 +60,22 @@ def test_engine_and_dashboard_are_not_top_level_names() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["None", "None"]
+
+
+def test_no_import_cycles() -> None:
+    """Every import counts, in a function or under TYPE_CHECKING too: a part reads only parts below it."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("ppscope")
+    cycles = [
+        (m, i) for m in graph.modules for i in graph.find_modules_directly_imported_by(m) if graph.chain_exists(i, m)
+    ]
+    assert not cycles, f"import cycles through: {sorted(cycles)[:5]}"
+
+
+def test_no_module_over_500_lines() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in (ROOT / "ppscope").rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 500
+    }
+    assert not long, f"split these by responsibility: {long}"

@@ -12,11 +12,11 @@ from ppscope.errors import InvalidConfigError
 from ppscope.simulate.schedule import (
     Action,
     ServePolicy,
-    check_plan,
+    check_schedule,
     dependencies,
     gpipe,
     interleaved,
-    make_plan,
+    make_schedule,
     render_grid,
     serve,
     unit_grid,
@@ -66,7 +66,7 @@ def test_serve_waits_only_for_own_token() -> None:
 @given(st.integers(1, 5), st.integers(1, 9), st.integers(1, 3), st.integers(1, 3))
 def test_every_plan_keeps_the_invariants(ranks: int, mbs: int, chunks: int, steps: int) -> None:
     for plan in (gpipe(ranks, mbs, steps), interleaved(ranks, mbs, chunks, steps), serve(ranks, mbs, steps)):
-        check_plan(plan)
+        check_schedule(plan)
         grid = unit_grid(plan)
         busy = sum(a is not None for row in grid for a in row)
         assert busy == plan.virtual_stages * mbs * steps
@@ -76,20 +76,20 @@ def test_check_plan_catches_broken_plans() -> None:
     plan = interleaved(2, 2, 2)
     swapped = (tuple(reversed(plan.actions[0])), plan.actions[1])
     with pytest.raises(InvalidConfigError, match="deadlocks"):
-        check_plan(dataclasses.replace(plan, actions=swapped))
+        check_schedule(dataclasses.replace(plan, actions=swapped))
     doubled = (plan.actions[0] + plan.actions[0][:1], plan.actions[1])
     with pytest.raises(InvalidConfigError, match="twice"):
-        check_plan(dataclasses.replace(plan, actions=doubled))
+        check_schedule(dataclasses.replace(plan, actions=doubled))
     misplaced = (plan.actions[1], plan.actions[0])
     with pytest.raises(InvalidConfigError, match="placed on rank"):
-        check_plan(dataclasses.replace(plan, actions=misplaced))
+        check_schedule(dataclasses.replace(plan, actions=misplaced))
 
 
 def test_make_plan_names_valid_options() -> None:
-    assert make_plan("gpipe", 2, 3).name == "gpipe"
+    assert make_schedule("gpipe", 2, 3).name == "gpipe"
     with pytest.raises(InvalidConfigError, match="valid schedules: gpipe, interleaved, serve"):
-        make_plan("1f1b", 2, 3)
+        make_schedule("1f1b", 2, 3)
     with pytest.raises(InvalidConfigError, match="--schedule interleaved"):
-        make_plan("gpipe", 2, 3, chunks=2)
+        make_schedule("gpipe", 2, 3, chunks=2)
     with pytest.raises(InvalidConfigError, match="max_inflight"):
         ServePolicy(max_inflight=0)

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppscope.balance.costs import LayerCosts, fit_layer_costs
-from ppscope.balance.rebalance import BalanceProblem, balance, evaluate
+from ppscope.balance.problem import BalanceProblem
+from ppscope.balance.rebalance import balance, evaluate
 from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError, RunExistsError
 from ppscope.formats.sources import open_trace

@@ -136,7 +136,8 @@ def test_a_predicted_gain_within_noise_is_called_so(tmp_path: Path) -> None:
     from rich.console import Console
 
     from ppscope.balance.costs import LayerCosts
-    from ppscope.balance.rebalance import BalanceProblem, rebalance
+    from ppscope.balance.problem import BalanceProblem
+    from ppscope.balance.rebalance import rebalance
     from ppscope.cli.tuning import RunSummary, TuneResult
     from ppscope.cli.tuning_report import print_tune
 

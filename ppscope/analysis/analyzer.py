@@ -24,7 +24,7 @@ from ppscope.analysis.bubbles import (
 )
 from ppscope.analysis.intervals import Intervals, clip
 from ppscope.analysis.latency import request_latency
-from ppscope.analysis.pipeline import balance, count_distinct, hop_stats, measured_inflight, stage_of_ranks
+from ppscope.analysis.pipeline import count_distinct, hop_stats, measured_inflight, stage_imbalance, stage_of_ranks
 from ppscope.analysis.result import AnalysisResult, RequestLatency, Theory, WindowInfo
 from ppscope.analysis.theory import theory_for
 from ppscope.analysis.window import active_window, full_window, resolve_window, steady_window
@@ -115,7 +115,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     results, gaps = stage_bubbles(
         times, stages, window, dependency=dependency, has_waits=has_waits, no_requests=idle
     )  # fmt: skip
-    imbalance, basis, bottleneck, gain = balance(results)
+    imbalance, basis, bottleneck, gain = stage_imbalance(results)
     if basis == "busy":
         warnings.append("no `forward` spans on some stage: imbalance compares busy time per stage")
     theory = _theory(meta.schedule, p, meta.microbatches, meta.chunks, inflight, mb[is_compute], window)

@@ -13,7 +13,7 @@ from ppscope.analysis.bubbles import ROLE_RECV, ROLE_SEND, ROLE_WAIT, span_roles
 from ppscope.analysis.result import HopStats, StageResult
 from ppscope.trace.model import RunMeta
 
-__all__ = ["balance", "count_distinct", "hop_stats", "measured_inflight", "message_latencies", "stage_of_ranks"]
+__all__ = ["count_distinct", "hop_stats", "measured_inflight", "message_latencies", "stage_imbalance", "stage_of_ranks"]
 
 
 def count_distinct(values: npt.NDArray[np.int64]) -> int:
@@ -51,7 +51,7 @@ def stage_of_ranks(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) -> d
     return {int(r): i for i, r in enumerate(ranks)}
 
 
-def balance(stages: list[StageResult]) -> tuple[float | None, str, int | None, float | None]:
+def stage_imbalance(stages: list[StageResult]) -> tuple[float | None, str, int | None, float | None]:
     """(imbalance, basis, bottleneck stage, balance gain) from per-micro-batch stage times.
 
     t_s is the stage's busy time per micro-batch pass; when some stage has no `forward` spans (imports), the

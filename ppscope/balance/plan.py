@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppscope.balance.costs import LayerCosts
-from ppscope.balance.rebalance import BalanceProblem, MemoryModel, balance
+from ppscope.balance.problem import BalanceProblem, MemoryModel
+from ppscope.balance.rebalance import balance
 from ppscope.balance.shapes import ModelShape, dtype_bytes
 from ppscope.balance.split import format_split, validate_split, vllm_default_split
 from ppscope.errors import InvalidConfigError

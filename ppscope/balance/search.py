@@ -10,17 +10,13 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from ppscope.balance.rebalance import BalanceProblem
+from ppscope.balance.problem import UNLIMITED_TOKENS, BalanceProblem
 
-__all__ = ["UNLIMITED_TOKENS", "CostModel", "evenest", "max_kv", "min_time", "probe"]
-
-UNLIMITED_TOKENS = 1 << 62
-"""KV capacity of a stage without a memory model, or of a model without KV cache."""
+__all__ = ["CostModel", "evenest", "max_kv", "min_time", "probe"]
 
 
 class CostModel:

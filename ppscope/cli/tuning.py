@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ppscope.analysis import AnalysisResult, analyze
 from ppscope.balance.costs import LayerCosts, fit_layer_costs
-from ppscope.balance.rebalance import BalanceProblem, Rebalance, engine_lines, rebalance
+from ppscope.balance.problem import BalanceProblem
+from ppscope.balance.rebalance import Rebalance, engine_lines, rebalance
 from ppscope.errors import InvalidConfigError, PPScopeError
 from ppscope.simulate.calibrate import makespan_ns, replay_config
 from ppscope.simulate.simulator import simulate

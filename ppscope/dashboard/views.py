@@ -117,7 +117,8 @@ def _advise(trace: Trace, profile: LayerProfile | None) -> tuple[Advice | None, 
     """Ask the rebalancer with the run's per-layer profile when it has one (decode pass), else with costs
     fitted from the trace's stage spans: what `ppscope rebalance RUN` does."""
     from ppscope.balance.costs import fit_layer_costs
-    from ppscope.balance.rebalance import BalanceProblem, rebalance
+    from ppscope.balance.problem import BalanceProblem
+    from ppscope.balance.rebalance import rebalance
 
     meta = trace.meta
     if not meta.split:

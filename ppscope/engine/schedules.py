@@ -24,7 +24,7 @@ from ppscope.engine.model import Batch, to_device
 from ppscope.engine.requests import Arrivals, Request
 from ppscope.engine.sampling import Sampling, row_keys, sample
 from ppscope.engine.stage import StageModule
-from ppscope.simulate.schedule import ServePolicy, make_plan
+from ppscope.simulate.schedule import ServePolicy, make_schedule
 from ppscope.trace.model import SpanKind
 from ppscope.trace.recorder import Recorder
 
@@ -187,7 +187,7 @@ class Pipeline:
     def drive_batch(self, schedule: str, requests: Sequence[Request], microbatches: int, progress: ProgressFn) -> None:
         """gpipe / interleaved: the requests in `microbatches` groups, every step flushed."""
         groups = [requests[i::microbatches] for i in range(microbatches)]
-        order = make_plan(schedule, self.ranks, microbatches, self.chunks).for_rank(0)
+        order = make_schedule(schedule, self.ranks, microbatches, self.chunks).for_rank(0)
         start_ns = self.rec.now_ns()
         for r in requests:
             r.arrival_ns = start_ns

@@ -1,6 +1,6 @@
 """Pipeline schedules as data: which action each rank runs, in which order, and what each action waits for.
 
-A `Plan` holds one ordered list of `Action`s per rank (forward-only: this is inference). The engine walks
+A `Schedule` holds one ordered list of `Action`s per rank (forward-only: this is inference). The engine walks
 its rank's list; the simulator replays all lists with real costs; tests read the rank x step grid that
 `unit_grid` produces with unit-time actions. Schedules:
 
@@ -8,7 +8,7 @@ its rank's list; the simulator replays all lists with real costs; tests read the
   first stage starts step t+1 only when every micro-batch's token of step t is back.
 - `interleaved`: each rank holds V chunks, chunk c on rank r is virtual stage c*P + r (Megatron-style);
   micro-batches go round the ring V times, in groups of P, and every step is a flush as in gpipe.
-- `serve`: continuous batching. The order is decided at run time (requests arrive and finish), so the plan
+- `serve`: continuous batching. The order is decided at run time (requests arrive and finish), so the schedule
   only describes the steady state: `max_inflight` micro-batch slots circulate, and a slot's next pass on
   the first stage waits for its own token from the last stage, never for the other slots (no flush).
 
@@ -26,13 +26,13 @@ from ppscope.errors import InvalidConfigError
 __all__ = [
     "SCHEDULES",
     "Action",
-    "Plan",
+    "Schedule",
     "ServePolicy",
-    "check_plan",
+    "check_schedule",
     "dependencies",
     "gpipe",
     "interleaved",
-    "make_plan",
+    "make_schedule",
     "render_grid",
     "serve",
     "unit_grid",
@@ -70,7 +70,7 @@ class Action:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class Schedule:
     """Ordered actions per rank for a pipeline of `ranks` ranks with `chunks` chunks per rank."""
 
     name: str
@@ -129,16 +129,16 @@ def _check_sizes(ranks: int, microbatches: int, chunks: int, steps: int) -> None
             raise InvalidConfigError(f"a schedule needs at least 1 of {name}, got {value}")
 
 
-def gpipe(ranks: int, microbatches: int, steps: int = 1) -> Plan:
+def gpipe(ranks: int, microbatches: int, steps: int = 1) -> Schedule:
     """Every rank runs micro-batches 0..M-1 in order, step after step, with a flush between steps."""
     _check_sizes(ranks, microbatches, 1, steps)
     actions = tuple(
         tuple(Action(r, FORWARD, m, 0, t) for t in range(steps) for m in range(microbatches)) for r in range(ranks)
     )
-    return Plan(name="gpipe", ranks=ranks, microbatches=microbatches, steps=steps, actions=actions)
+    return Schedule(name="gpipe", ranks=ranks, microbatches=microbatches, steps=steps, actions=actions)
 
 
-def interleaved(ranks: int, microbatches: int, chunks: int, steps: int = 1) -> Plan:
+def interleaved(ranks: int, microbatches: int, chunks: int, steps: int = 1) -> Schedule:
     """Megatron's forward order: groups of P micro-batches run chunk 0, then chunk 1, ... on every rank.
 
     With groups of P, a micro-batch leaving the last rank in chunk c arrives at rank 0 exactly when rank 0
@@ -153,22 +153,22 @@ def interleaved(ranks: int, microbatches: int, chunks: int, steps: int = 1) -> P
                 group = range(start, min(start + ranks, microbatches))
                 order += [Action(c * ranks + r, FORWARD, m, c, t) for c in range(chunks) for m in group]
         per_rank.append(tuple(order))
-    return Plan(
+    return Schedule(
         name="interleaved", ranks=ranks, chunks=chunks, microbatches=microbatches, steps=steps, actions=tuple(per_rank)
     )
 
 
-def serve(ranks: int, max_inflight: int, steps: int = 1) -> Plan:
+def serve(ranks: int, max_inflight: int, steps: int = 1) -> Schedule:
     """Steady state of continuous batching: slots 0..k-1 circulate; each waits only for its own token."""
     _check_sizes(ranks, max_inflight, 1, steps)
     actions = tuple(
         tuple(Action(r, FORWARD, m, 0, t) for t in range(steps) for m in range(max_inflight)) for r in range(ranks)
     )
-    return Plan(name="serve", ranks=ranks, microbatches=max_inflight, steps=steps, flush=False, actions=actions)
+    return Schedule(name="serve", ranks=ranks, microbatches=max_inflight, steps=steps, flush=False, actions=actions)
 
 
-def make_plan(name: str, ranks: int, microbatches: int, chunks: int = 1, steps: int = 1) -> Plan:
-    """The plan of schedule `name`; `microbatches` is the number of in-flight slots for serve."""
+def make_schedule(name: str, ranks: int, microbatches: int, chunks: int = 1, steps: int = 1) -> Schedule:
+    """The schedule `name`; `microbatches` is the number of in-flight slots for serve."""
     if name == "gpipe":
         if chunks != 1:
             raise InvalidConfigError(
@@ -182,41 +182,41 @@ def make_plan(name: str, ranks: int, microbatches: int, chunks: int = 1, steps: 
     raise InvalidConfigError(f"unknown schedule {name!r}; valid schedules: {', '.join(SCHEDULES)}")
 
 
-def dependencies(plan: Plan, action: Action) -> list[Action]:
+def dependencies(schedule: Schedule, action: Action) -> list[Action]:
     """What `action` waits for besides its rank's previous action.
 
     Stage s > 0 waits for stage s-1 on the same micro-batch and step. Stage 0 at step t > 0 waits for the
-    token of step t-1 from the last stage: of its own micro-batch, or of every micro-batch when the plan
+    token of step t-1 from the last stage: of its own micro-batch, or of every micro-batch when the schedule
     flushes between steps.
     """
-    last = plan.virtual_stages - 1
+    last = schedule.virtual_stages - 1
     if action.stage > 0:
         prev = action.stage - 1
-        return [Action(prev, action.kind, action.mb, prev // plan.ranks, action.step)]
+        return [Action(prev, action.kind, action.mb, prev // schedule.ranks, action.step)]
     if action.step == 0:
         return []
-    mbs = range(plan.microbatches) if plan.flush else (action.mb,)
-    return [Action(last, action.kind, m, last // plan.ranks, action.step - 1) for m in mbs]
+    mbs = range(schedule.microbatches) if schedule.flush else (action.mb,)
+    return [Action(last, action.kind, m, last // schedule.ranks, action.step - 1) for m in mbs]
 
 
-def unit_grid(plan: Plan) -> list[list[Action | None]]:
-    """Run the plan with every action taking one time unit and free transfers: rank x step, None = idle.
+def unit_grid(schedule: Schedule) -> list[list[Action | None]]:
+    """Run the schedule with every action taking one time unit and free transfers: rank x step, None = idle.
 
-    Raises InvalidConfigError when the plan deadlocks (some rank's next action can never start).
+    Raises InvalidConfigError when the schedule deadlocks (some rank's next action can never start).
     """
     done_at: dict[Action, int] = {}
-    pos = [0] * plan.ranks
-    grid: list[list[Action | None]] = [[] for _ in range(plan.ranks)]
-    total = sum(len(a) for a in plan.actions)
+    pos = [0] * schedule.ranks
+    grid: list[list[Action | None]] = [[] for _ in range(schedule.ranks)]
+    total = sum(len(a) for a in schedule.actions)
     t = 0
     while len(done_at) < total:
         progressed = False
         finished_now = []
-        for r in range(plan.ranks):
-            acts = plan.actions[r]
+        for r in range(schedule.ranks):
+            acts = schedule.actions[r]
             if pos[r] < len(acts):
                 act = acts[pos[r]]
-                if all(done_at.get(d, t + 1) <= t for d in dependencies(plan, act)):
+                if all(done_at.get(d, t + 1) <= t for d in dependencies(schedule, act)):
                     grid[r].append(act)
                     finished_now.append(act)
                     pos[r] += 1
@@ -227,9 +227,11 @@ def unit_grid(plan: Plan) -> list[list[Action | None]]:
             done_at[act] = t + 1
         if not progressed:  # nothing finished in this step either, so nothing ever will
             stuck = ", ".join(
-                f"rank {r}: {plan.actions[r][pos[r]]}" for r in range(plan.ranks) if pos[r] < len(plan.actions[r])
+                f"rank {r}: {schedule.actions[r][pos[r]]}"
+                for r in range(schedule.ranks)
+                if pos[r] < len(schedule.actions[r])
             )
-            raise InvalidConfigError(f"schedule {plan.name} deadlocks: nothing can run ({stuck})")
+            raise InvalidConfigError(f"schedule {schedule.name} deadlocks: nothing can run ({stuck})")
         t += 1
     width = max((len(row) for row in grid), default=0)
     for row in grid:
@@ -246,29 +248,31 @@ def render_grid(grid: Sequence[Sequence[Action | None]], *, idle: str = ".") -> 
     return "\n".join(f"rank {r} | " + " ".join(c.rjust(width) for c in row) for r, row in enumerate(cells))
 
 
-def check_plan(plan: Plan) -> None:
-    """Raise InvalidConfigError unless the plan runs every (virtual stage, micro-batch, step) exactly once,
+def check_schedule(schedule: Schedule) -> None:
+    """Raise InvalidConfigError unless the schedule runs every (virtual stage, micro-batch, step) exactly once,
     on the rank that holds that stage, and never runs a micro-batch on stage s+1 before stage s."""
-    if len(plan.actions) != plan.ranks:
-        raise InvalidConfigError(f"plan {plan.name} has {len(plan.actions)} rank lists for {plan.ranks} ranks")
+    if len(schedule.actions) != schedule.ranks:
+        raise InvalidConfigError(
+            f"schedule {schedule.name} has {len(schedule.actions)} rank lists for {schedule.ranks} ranks"
+        )
     seen: set[tuple[int, int, int]] = set()
-    for r, acts in enumerate(plan.actions):
+    for r, acts in enumerate(schedule.actions):
         for a in acts:
-            if plan.rank_of(a.stage) != r or a.chunk != a.stage // plan.ranks:
-                raise InvalidConfigError(f"plan {plan.name}: action {a} (chunk {a.chunk}) placed on rank {r}")
+            if schedule.rank_of(a.stage) != r or a.chunk != a.stage // schedule.ranks:
+                raise InvalidConfigError(f"schedule {schedule.name}: action {a} (chunk {a.chunk}) placed on rank {r}")
             key = (a.stage, a.mb, a.step)
             if key in seen:
-                raise InvalidConfigError(f"plan {plan.name}: action {a} appears twice")
+                raise InvalidConfigError(f"schedule {schedule.name}: action {a} appears twice")
             seen.add(key)
-    expected = plan.virtual_stages * plan.microbatches * plan.steps
+    expected = schedule.virtual_stages * schedule.microbatches * schedule.steps
     if len(seen) != expected:
-        raise InvalidConfigError(f"plan {plan.name} has {len(seen)} distinct actions, expected {expected}")
+        raise InvalidConfigError(f"schedule {schedule.name} has {len(seen)} distinct actions, expected {expected}")
     finish: dict[Action, int] = {}
-    for row in unit_grid(plan):
+    for row in unit_grid(schedule):
         for t, cell in enumerate(row):
             if cell is not None:
                 finish[cell] = t + 1
     for act, end in finish.items():
-        for dep in dependencies(plan, act):
+        for dep in dependencies(schedule, act):
             if finish[dep] > end - 1:
-                raise InvalidConfigError(f"plan {plan.name}: {act} runs before {dep} has finished")
+                raise InvalidConfigError(f"schedule {schedule.name}: {act} runs before {dep} has finished")

@@ -26,7 +26,7 @@ import numpy as np
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.split import stage_layer_ranges, validate_split, vllm_default_split
 from ppscope.errors import InvalidConfigError
-from ppscope.simulate.schedule import Action, dependencies, make_plan
+from ppscope.simulate.schedule import Action, dependencies, make_schedule
 from ppscope.trace.model import SPAN_COLUMNS, RankInfo, RunMeta, SpanKind, Trace, requests_frame
 from ppscope.trace.store import REQUESTS_FILE, RankWriter, create_run
 
@@ -126,7 +126,7 @@ def _durations_ns(cfg: SimConfig) -> list[dict[str, int]]:
 
 def simulate(cfg: SimConfig) -> Trace:
     """The predicted trace of `cfg`, starting at time 0 on the common clock."""
-    plan = make_plan(cfg.schedule, cfg.stages, cfg.microbatches, cfg.chunks, cfg.steps)
+    plan = make_schedule(cfg.schedule, cfg.stages, cfg.microbatches, cfg.chunks, cfg.steps)
     last = plan.virtual_stages - 1
     durations = _durations_ns(cfg)
     overhead = round(cfg.overhead_ms * _NS_PER_MS)

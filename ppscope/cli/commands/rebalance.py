@@ -150,7 +150,8 @@ def _profile_costs(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from ppscope.balance.costs import StageCosts, fit_layer_costs
     from ppscope.balance.plan import stage_memory_model
-    from ppscope.balance.rebalance import BalanceProblem, rebalance
+    from ppscope.balance.problem import BalanceProblem
+    from ppscope.balance.rebalance import rebalance
     from ppscope.balance.split import parse_split
     from ppscope.errors import InvalidConfigError, UnsupportedInputError
     from ppscope.formats.sources import open_trace
