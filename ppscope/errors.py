@@ -13,7 +13,6 @@ __all__ = [
     "InvalidConfigError",
     "InvalidSpanError",
     "InvalidSplitError",
-    "NotBuiltError",
     "PPScopeError",
     "RunExistsError",
     "RunNotFoundError",
@@ -26,12 +25,6 @@ class PPScopeError(Exception):
     """Base of every error ppscope reports to a user as one line."""
 
     exit_code: int = 1
-
-
-class NotBuiltError(PPScopeError):
-    """A planned command or option that does not exist yet."""
-
-    exit_code = 2
 
 
 class InvalidConfigError(PPScopeError):

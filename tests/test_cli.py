@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import ppscope
-from ppscope.cli.main import COMMANDS, main, parse_args
+from ppscope.cli.main import COMMANDS, main
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -21,7 +21,7 @@ def test_version() -> None:
     assert out.returncode == 0 and out.stdout.strip() == f"ppscope {ppscope.__version__}"
 
 
-def test_help_lists_every_planned_command() -> None:
+def test_help_lists_every_command() -> None:
     out = _run("--help")
     assert out.returncode == 0
     for name in ("run", "analyze", "rebalance", "simulate", "plan", "export", "dashboard", "demo"):
@@ -48,20 +48,12 @@ def test_bad_input_is_one_line_without_traceback(name: str, tmp_path: Path) -> N
     assert len(lines) == 1 and lines[0].startswith(f"ppscope {name}: error:"), out.stderr
 
 
-def test_planned_command_says_so_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    import argparse
-
-    from ppscope.cli.commands._common import add_planned
-
-    parser = argparse.ArgumentParser(prog="ppscope")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_planned(sub, "later", "Do something later", "ppscope later --x 1")
-    args = parse_args(parser, ["later", "--x", "1"])
-    from ppscope.errors import NotBuiltError
-
-    with pytest.raises(NotBuiltError, match="not built yet") as exc:
-        args.func(args)
-    assert exc.value.exit_code == 2
+def test_a_mistyped_option_shows_the_usage_of_its_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--stags", "4"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ppscope run ") and err.strip().endswith("error: unrecognized arguments: --stags 4")
 
 
 def test_import_ppscope_pulls_in_neither_torch_nor_streamlit() -> None:

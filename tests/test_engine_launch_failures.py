@@ -135,21 +135,21 @@ def test_the_rank_whose_own_code_failed_is_blamed_not_the_peer_that_lost_it(tmp_
     arrives first: the report names the root cause, and the echo is left out."""
     own = "RuntimeError: injected failure after 1 passes"
     procs = [_Proc(1), _Proc(1), _Proc(None)]
-    msg = _supervised(procs, [("error", 1, PEER_ERROR), ("error", 2, "TimeoutError: rank 2 received nothing from "
-                      "rank 1 for 60 s"), ("error", 0, own)], tmp_path)  # fmt: skip
+    msg = _supervised(procs, [("error", 1, PEER_ERROR, None), ("error", 2, "TimeoutError: rank 2 received nothing from "
+                      "rank 1 for 60 s", 1), ("error", 0, own, None)], tmp_path)  # fmt: skip
     assert msg == f"rank 0 failed: {own}; the trace up to then is in {tmp_path}"
 
 
 def test_a_killed_rank_is_blamed_before_the_errors_it_caused(tmp_path: Path) -> None:
-    msg = _supervised([_Proc(-signal.SIGKILL), _Proc(1)], [("error", 1, PEER_ERROR)], tmp_path)
+    msg = _supervised([_Proc(-signal.SIGKILL), _Proc(1)], [("error", 1, PEER_ERROR, None)], tmp_path)
     assert msg.startswith(f"rank 0 was killed by SIGKILL; rank 1 then failed: {PEER_ERROR}")
-    msg = _supervised([_Proc(7), _Proc(1)], [("error", 1, PEER_ERROR)], tmp_path)
+    msg = _supervised([_Proc(7), _Proc(1)], [("error", 1, PEER_ERROR, None)], tmp_path)
     assert msg.startswith("rank 0 exited with code 7 without reporting an error (killed? out of memory?); rank 1 then")
 
 
 def test_only_peer_failures_name_the_first_to_report(tmp_path: Path) -> None:
-    msg = _supervised([_Proc(1), _Proc(1)], [("error", 1, PEER_ERROR), ("error", 0, "RuntimeError: rank 0: send "
-                      "to rank 1 failed: Connection reset by peer")], tmp_path)  # fmt: skip
+    msg = _supervised([_Proc(1), _Proc(1)], [("error", 1, PEER_ERROR, None), ("error", 0, "RuntimeError: rank 0: send "
+                      "to rank 1 failed: Connection reset by peer", None)], tmp_path)  # fmt: skip
     assert msg.startswith(f"rank 1 failed: {PEER_ERROR}")
 
 
@@ -180,7 +180,9 @@ def test_a_silent_rank_others_heard_nothing_from_is_named_as_hanging(tmp_path: P
     """A frozen rank (kill -STOP, a deadlock) reports nothing; its successor times out waiting for it and its
     predecessor loses the link when the successor goes: the frozen one is named, not the first to report."""
     timeout = "TimeoutError: rank 2 received nothing from rank 1 for 5 s (a peer failed or hangs)"
-    msg = _supervised([_Proc(1), _Proc(None), _Proc(1)], [("error", 0, PEER_ERROR), ("error", 2, timeout)], tmp_path)
+    msg = _supervised(
+        [_Proc(1), _Proc(None), _Proc(1)], [("error", 0, PEER_ERROR, None), ("error", 2, timeout, 1)], tmp_path
+    )
     assert msg.startswith(f"rank 1 hangs (alive, silent): rank 2: {timeout}"), msg
 
 
@@ -214,3 +216,27 @@ def test_ranks_load_torch_with_its_cpp_logs_quiet_unless_the_caller_set_them(tmp
     assert rank_environment({"A": "1"}, "gloo") == {"A": "1", CPP_LOG_LEVEL_ENV: "FATAL"}
     assert rank_environment({CPP_LOG_LEVEL_ENV: "INFO"}, "gloo") == {CPP_LOG_LEVEL_ENV: "INFO"}
     assert rank_environment({"A": "1"}, "nccl") == {"A": "1"}  # NCCL's watchdog may say what a hang waits on
+
+
+def test_the_silent_peer_travels_as_a_field_not_as_text() -> None:
+    from ppscope.engine.comm import PeerTimeout, silent_peer
+
+    timeout = PeerTimeout("rank 2 received nothing from rank 1 for 5 s", peer=1)
+    assert silent_peer(timeout) == 1
+    try:
+        try:
+            raise timeout
+        except PeerTimeout as inner:
+            raise RuntimeError("stage 2 stopped") from inner
+    except RuntimeError as outer:
+        assert silent_peer(outer) == 1
+    assert silent_peer(TimeoutError("rank 2 received nothing from rank 1 for 5 s")) is None
+
+
+def test_a_message_that_only_reads_like_a_timeout_names_no_hang(tmp_path: Path) -> None:
+    """Wording is for people: a rank is named as hanging only when a peer's report says it waited on it."""
+    timeout = "TimeoutError: rank 2 received nothing from rank 1 for 5 s (a peer failed or hangs)"
+    msg = _supervised(
+        [_Proc(1), _Proc(None), _Proc(1)], [("error", 0, PEER_ERROR, None), ("error", 2, timeout, None)], tmp_path
+    )
+    assert "hangs" not in msg.split(":")[0], msg

@@ -68,7 +68,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     if meta.status in _STATUS_NOTES and (meta.status != "running" or meta.source == "ppscope"):
         warnings.append(_STATUS_NOTES[meta.status] + (f" ({meta.error})" if meta.error else ""))
     if len(spans) == 0:
-        if not any("--no-record" in w for w in warnings):
+        if not meta.unrecorded:  # the store has said why there are none
             warnings.append("the trace holds no spans: nothing to analyse (did the run record anything?)")
         return _empty(trace, warnings, latency)
 

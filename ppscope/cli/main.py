@@ -34,11 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """Parse; commands that are only planned take any arguments, so they can say they are not built."""
+    """Parse; an unknown option is reported with the usage of the command it was given to, not the top level's."""
     args, extra = parser.parse_known_args(argv)
-    if extra and not getattr(args, "planned", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     return args
+
+
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:  # argparse keeps no public handle on its subcommands' parsers
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices.get(command, parser)
+            return found
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

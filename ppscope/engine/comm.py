@@ -41,7 +41,19 @@ from ppscope.engine.model import Batch
 from ppscope.trace.model import SpanKind
 from ppscope.trace.recorder import Recorder
 
-__all__ = ["ACT", "MAX_DEPTH", "MAX_INLINE_NBYTES", "PING", "REAP_S", "STOP", "TOKENS", "Message", "Ring"]
+__all__ = [
+    "ACT",
+    "MAX_DEPTH",
+    "MAX_INLINE_NBYTES",
+    "PING",
+    "REAP_S",
+    "STOP",
+    "TOKENS",
+    "Message",
+    "PeerTimeout",
+    "Ring",
+    "silent_peer",
+]
 
 ACT, TOKENS, STOP, PING = 1, 2, 3, 4
 """Message kinds. PING carries nothing and goes once round the ring: rank 0 sends it while it waits for
@@ -59,6 +71,26 @@ _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.in
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.bfloat16: np.int16, torch.float16: np.float16,
           torch.int64: np.int64}  # fmt: skip
 """How an inline payload of each dtype is read out of the header (bfloat16 as its bits)."""
+
+
+class PeerTimeout(TimeoutError):
+    """Nothing arrived from `peer` within the timeout: that peer failed or hangs."""
+
+    def __init__(self, message: str, *, peer: int) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+def silent_peer(exc: BaseException) -> int | None:
+    """The peer a rank timed out waiting for, if `exc` is (or was raised from) a PeerTimeout."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, PeerTimeout):
+            return cur.peer
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 @dataclass
@@ -302,10 +334,11 @@ class Ring:
         except Exception as exc:
             raise self._timeout() if "timed out" in str(exc).lower() else self._failed(exc) from exc
 
-    def _timeout(self) -> TimeoutError:
-        return TimeoutError(
+    def _timeout(self) -> PeerTimeout:
+        return PeerTimeout(
             f"rank {self.rank} received nothing from rank {self.prev} for {self.timeout_s:.0f} s "
-            "(a peer failed or hangs; raise --timeout for slow models)"
+            "(a peer failed or hangs; raise --timeout for slow models)",
+            peer=self.prev,
         )
 
     def _failed(self, exc: BaseException) -> RuntimeError:

@@ -13,7 +13,6 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
-import re
 import signal
 import socket
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ppscope.balance.shapes import PRESETS
+from ppscope.engine.comm import silent_peer
 from ppscope.engine.config import EngineConfig
 from ppscope.engine.prepare import Prepared, check_memory, host_available_bytes, prepare
 from ppscope.engine.worker import default_run_dir, run_rank
@@ -42,7 +42,6 @@ _INTERRUPT_GRACE_S = 15.0
 _BLAME_WAIT_S = 3.0
 """After a rank fails, how long the others get to report (or show how they died) before the cause is named;
 the wait ends as soon as every rank has reported or exited and nothing is left to read."""
-_NOTHING_FROM = re.compile(r"received nothing from rank (\d+)")
 
 __all__ = [
     "CPP_LOG_LEVEL_ENV",
@@ -277,6 +276,7 @@ def _supervise(
 ) -> None:
     done: set[int] = set()
     errors: dict[int, str] = {}
+    waited_on: dict[int, int] = {}  # rank -> the peer it timed out waiting for
     blame_at: float | None = None  # once a rank failed: when to stop waiting for the others' reports
     bar = _ProgressBar(total) if cfg.progress and on_progress is None else None
     try:
@@ -284,14 +284,14 @@ def _supervise(
             # Once a rank failed, the cause is named when the wait is over, or when every rank has reported or
             # exited before a read found the queue empty (a rank writes its report to the queue before it exits).
             if blame_at is not None and (time.monotonic() >= blame_at or len(done) + len(errors) == len(procs)):
-                raise _failure(procs, errors, run_dir)
+                raise _failure(procs, errors, waited_on, run_dir)
             exited = [p.exitcode is not None for p in procs]
             try:
                 event = events.get(timeout=0.1)
             except queue.Empty:
                 event = None
                 if blame_at is not None and all(r in done or r in errors or exited[r] for r in range(len(procs))):
-                    raise _failure(procs, errors, run_dir) from None
+                    raise _failure(procs, errors, waited_on, run_dir) from None
             if event is not None:
                 kind = event[0]
                 if kind == "progress":
@@ -303,6 +303,8 @@ def _supervise(
                     raise KeyboardInterrupt
                 elif kind == "error":
                     errors.setdefault(event[1], event[2])
+                    if event[3] is not None:
+                        waited_on.setdefault(event[1], event[3])
                     blame_at = blame_at or time.monotonic() + _BLAME_WAIT_S
                 elif kind == "done":
                     done.add(event[1])
@@ -331,7 +333,7 @@ def _interrupt_all(procs: list[Any], grace_s: float) -> None:
     _stop_all(procs)
 
 
-def _failure(procs: list[Any], errors: dict[int, str], run_dir: Path) -> EngineFailedError:
+def _failure(procs: list[Any], errors: dict[int, str], waited_on: dict[int, int], run_dir: Path) -> EngineFailedError:
     """The failure to report: its root cause, not its echoes. When one rank fails its peers fail too, and their
     errors often arrive first (a failing rank tears its process group down before it reports), so a rank killed
     by a signal comes first, then one that failed in its own code, then one that exited without a word, and a
@@ -354,11 +356,9 @@ def _failure(procs: list[Any], errors: dict[int, str], run_dir: Path) -> EngineF
             cause += f"; rank {then} then failed: {errors[then]}"
         return EngineFailedError(f"{cause}; {where}")
     if not own:  # a rank still running, silent, from which a peer received nothing: it hangs
-        for peer, detail in errors.items():
-            m = _NOTHING_FROM.search(detail)
-            rank = int(m.group(1)) if m else -1
+        for peer, rank in waited_on.items():
             if 0 <= rank < len(procs) and rank not in errors and procs[rank].exitcode is None:
-                return EngineFailedError(f"rank {rank} hangs (alive, silent): rank {peer}: {detail}; {where}")
+                return EngineFailedError(f"rank {rank} hangs (alive, silent): rank {peer}: {errors[peer]}; {where}")
     first = (own or list(errors))[0]
     return EngineFailedError(f"rank {first} failed: {errors[first]}; {where}")
 
@@ -427,7 +427,10 @@ def _child(
         cfg = EngineConfig.from_dict(cfg_dict)
         run_rank(cfg, rank, world, local_rank=rank, run_dir=Path(run_dir), progress=progress if rank == 0 else None)
     except BaseException as exc:
-        events.put(("interrupted", rank) if isinstance(exc, KeyboardInterrupt) else ("error", rank, plain_error(exc)))
+        if isinstance(exc, KeyboardInterrupt):
+            events.put(("interrupted", rank))
+        else:
+            events.put(("error", rank, plain_error(exc), silent_peer(exc)))
         events.close()
         events.join_thread()
         os._exit(1)

@@ -270,6 +270,11 @@ class RunMeta:
     error: str = ""
     """Why the run failed, when it did."""
 
+    @property
+    def unrecorded(self) -> bool:
+        """An engine run made with `--no-record`: no rank writes spans, by design; only requests are kept."""
+        return self.source == "ppscope" and self.config.get("record") is False
+
     def rank_info(self, rank: int) -> RankInfo | None:
         for info in self.ranks:
             if info.rank == rank:

@@ -282,8 +282,7 @@ def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> 
     files = _rank_files(path)
     warnings = []
     missing = sorted(set(range(meta.world_size)) - set(files))
-    unrecorded = meta.source == "ppscope" and meta.config.get("record") is False
-    if unrecorded:  # --no-record: no rank writes a file, by design
+    if meta.unrecorded:
         warnings.append("recorded with --no-record: there are no spans, only the requests' latency")
     elif missing:
         names = ", ".join(rank_file(path, r).name for r in missing)

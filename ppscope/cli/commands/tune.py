@@ -43,7 +43,7 @@ def add_tune_arguments(p: argparse.ArgumentParser, repeats: int = 1) -> None:
 def engine_config(args: argparse.Namespace) -> Any:
     from ppscope.engine.config import EngineConfig
 
-    skip = {"func", "command", "json", "costs", "phase", "repeats", "dashboard", "planned"}
+    skip = {"func", "command", "json", "costs", "phase", "repeats", "dashboard"}
     return EngineConfig(**{k: v for k, v in vars(args).items() if k not in skip})
 
 
