@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from ppscope.balance.split import (
     ENV_VAR,
+    boundaries_as_counts,
     parse_split,
     resolve_split,
     stage_layer_ranges,
@@ -27,6 +28,15 @@ def test_parse_split_accepts_counts_and_spaces() -> None:
     [
         ("5,4,4", 16, None, "sums to 13 but the model has 16 layers: add 3"),
         ("9,4,4", 16, None, "sums to 17 but the model has 16 layers: remove 1"),
+        (
+            "4,8",
+            8,
+            None,
+            "looks like stage boundaries (where each stage ends), but a split is layer counts per stage, "
+            "as in VLLM_PP_LAYER_PARTITION: give 4,4",
+        ),
+        ("20,40,60,80", 80, 4, "give 20,20,20,20"),
+        ("8,4", 8, None, "sums to 12 but the model has 8 layers: remove 4"),
         ("8,8", 16, 4, "has 2 stage(s) but the pipeline has 4"),
         ("16,0", 16, None, "fewer than 1 layer"),
         ("a,b", 16, None, "not a list of integers"),
@@ -38,6 +48,13 @@ def test_invalid_splits_say_what_is_wrong(text: str, layers: int, stages: int | 
     with pytest.raises(InvalidSplitError) as info:
         parse_split(text, layers, stages)
     assert fragment in str(info.value)
+
+
+@given(st.lists(st.integers(1, 40), min_size=2, max_size=8))
+def test_boundaries_read_back_as_the_counts_they_bound(counts: list[int]) -> None:
+    ends = [sum(counts[: i + 1]) for i in range(len(counts))]
+    assert boundaries_as_counts(ends, sum(counts)) == counts
+    assert boundaries_as_counts(ends, sum(counts) + 1) is None
 
 
 def test_vllm_default_matches_its_rule() -> None:

@@ -17,6 +17,7 @@ __all__ = [
     "SOURCE_CLI",
     "SOURCE_DEFAULT",
     "SOURCE_ENV",
+    "boundaries_as_counts",
     "format_split",
     "parse_split",
     "resolve_split",
@@ -66,11 +67,27 @@ def validate_split(split: Sequence[int], layers: int, stages: int | None = None)
         )
     total = sum(split)
     if total != layers:
+        bounds = boundaries_as_counts(split, layers)
+        if bounds is not None:
+            raise InvalidSplitError(
+                f"split {text} looks like stage boundaries (where each stage ends), but a split is layer counts "
+                f"per stage, as in VLLM_PP_LAYER_PARTITION: give {format_split(bounds)}"
+            )
         diff = layers - total
         raise InvalidSplitError(
             f"split {text} sums to {total} but the model has {layers} layers: "
             f"{'add' if diff > 0 else 'remove'} {abs(diff)} layer(s) so the counts sum to {layers}"
         )
+
+
+def boundaries_as_counts(values: Sequence[int], layers: int) -> list[int] | None:
+    """The layer counts meant by `values` when they read as the layer where each stage ends (strictly
+    increasing, the last equal to `layers`, e.g. 20,40,60,80 for 80 layers), else None."""
+    if len(values) < 2 or values[-1] != layers or values[0] < 1:
+        return None
+    if any(b <= a for a, b in zip(values, values[1:], strict=False)):
+        return None
+    return [b - a for a, b in zip([0, *values], values, strict=False)]
 
 
 def vllm_default_split(layers: int, stages: int) -> list[int]:
