@@ -76,7 +76,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     stage_ids = sorted(set(rank_stage.values()))
     stages = [(s, sorted(r for r, st in rank_stage.items() if st == s)) for s in stage_ids]
     p = len(stages)
-    _check_missing(meta.world_size, meta.pp_size, rank_stage, p, warnings)
+    missing = _missing(meta.world_size, meta.pp_size, rank_stage, p)
 
     rank = spans["rank"].to_numpy()
     ranks_sorted = np.array(sorted(rank_stage), np.int64)
@@ -116,9 +116,12 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
         times, stages, window, dependency=dependency, has_waits=has_waits, no_requests=idle
     )  # fmt: skip
     imbalance, basis, bottleneck, gain = stage_imbalance(results)
+    if missing:  # the stages that are there cannot say which is slowest, nor what balance would gain
+        imbalance, basis, bottleneck, gain = None, "incomplete", None, None
     if basis == "busy":
         warnings.append("no `forward` spans on some stage: imbalance compares busy time per stage")
-    theory = _theory(meta.schedule, p, meta.microbatches, meta.chunks, inflight, mb[is_compute], window)
+    stages_run = max(p, meta.pp_size) if missing else p  # the formula is of the pipeline that ran
+    theory = _theory(meta.schedule, stages_run, meta.microbatches, meta.chunks, inflight, mb[is_compute], window)
     throughput, basis_tp = _throughput(latency, spans, role, window)
     in_window = (end > window.start_ns) & (start < window.end_ns)
     return AnalysisResult(
@@ -139,6 +142,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
         inflight=inflight,
         warnings=warnings,
         gaps=gaps,
+        missing=missing,
     )
 
 
@@ -168,12 +172,20 @@ def _choose_window(config: AnalysisConfig, t: StageTimes, p: int, warnings: list
     return steady
 
 
-def _check_missing(world: int, pp: int, rank_stage: dict[int, int], p: int, warnings: list[str]) -> None:
+def _missing(world: int, pp: int, rank_stage: dict[int, int], p: int) -> str | None:
+    """What the trace lacks to describe the whole pipeline, in words; None when nothing is missing."""
     missing = sorted(set(range(world)) - set(rank_stage))
     if missing:
-        warnings.append(f"rank(s) {', '.join(map(str, missing))} recorded no spans and are left out (P = {p})")
-    if pp > p and not missing:
-        warnings.append(f"the run has {pp} stages but only {p} recorded spans (P = {p})")
+        return (
+            f"rank(s) {', '.join(map(str, missing))} of {world} recorded no spans (P = {p} of {pp}): imbalance, "
+            "bottleneck and balance gain need every stage"
+        )
+    if pp > p:
+        return (
+            f"the run has {pp} stages but only {p} recorded spans: imbalance, bottleneck and balance gain need "
+            "every stage"
+        )
+    return None
 
 
 def _check_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_], warnings: list[str]) -> None:

@@ -56,7 +56,8 @@ def stage_table(res: AnalysisResult) -> Table:
 def summary_lines(res: AnalysisResult) -> list[str]:
     """The headline facts, one per line (shared by the text and HTML reports)."""
     w = res.window
-    lines = [f"source: {res.source}   schedule: {res.schedule or 'unknown'}   stages (P): {res.pp_size}"]
+    lines = [f"incomplete: {res.missing}"] if res.missing else []
+    lines.append(f"source: {res.source}   schedule: {res.schedule or 'unknown'}   stages (P): {res.pp_size}")
     if w is not None:
         lines.append(f"window: {_ms(w.length_ns)} ms — {w.how}")
     lines.append(f"bubble ratio: {_pct(res.bubble_ratio)}   ({DENOMINATOR})")
@@ -76,7 +77,7 @@ def summary_lines(res: AnalysisResult) -> list[str]:
                 f"no requests in the system for {_pct(unloaded / total)} of it (arrivals too sparse to keep the "
                 f"pipeline busy): while requests were in, the bubble ratio was {_pct(1 - busy / (total - unloaded))}"
             )
-        if th.bubble_ratio is not None:
+        if th.bubble_ratio is not None and not res.missing:
             waits = [c for c in CAUSES if c not in ("fill", "drain", "no_requests")]
             other = sum(s.causes[c] for s in res.stages for c in waits) / total
             gap = 100 * (res.bubble_ratio - th.bubble_ratio)

@@ -173,6 +173,8 @@ class AnalysisResult:
     warnings: list[str] = field(default_factory=list)
     gaps: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
     """Idle intervals: stage, start_ns, end_ns, cause (adjacent same-cause pieces merged)."""
+    missing: str | None = None
+    """What the trace lacks to describe the whole pipeline (ranks or stages without spans); None if nothing."""
 
     @property
     def pp_size(self) -> int:
@@ -223,6 +225,7 @@ class AnalysisResult:
             ],
             "hops": [vars(h).copy() for h in self.hops],
             "latency": _latency_json(self.latency),
+            "missing": self.missing,
             "warnings": list(self.warnings),
         }
 

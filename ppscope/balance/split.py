@@ -7,6 +7,7 @@ and defaults splits; it knows nothing about costs (that is the rebalancer's job)
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Mapping, Sequence
 
@@ -85,7 +86,7 @@ def boundaries_as_counts(values: Sequence[int], layers: int) -> list[int] | None
     increasing, the last equal to `layers`, e.g. 20,40,60,80 for 80 layers), else None."""
     if len(values) < 2 or values[-1] != layers or values[0] < 1:
         return None
-    if any(b <= a for a, b in zip(values, values[1:], strict=False)):
+    if any(b <= a for a, b in itertools.pairwise(values)):
         return None
     return [b - a for a, b in zip([0, *values], values, strict=False)]
 

@@ -248,6 +248,7 @@ def load_kineto(files: list[Path]) -> Trace:
                 raise
             skipped.append(path.name)  # another JSON file next to the traces (a config, a summary)
             continue
+        _refuse_own_export(path, top)
         rank = _rank_of(path, top, i, warnings)
         if rank in per_rank:
             raise UnsupportedInputError(f"{path}: rank {rank} appears in two files; give one file per rank")
@@ -282,6 +283,16 @@ def load_kineto(files: list[Path]) -> Trace:
         config={"files": [str(f) for f in files], "distributedInfo": info, "stage_order": order.explanation},
     )
     return Trace(spans=spans_frame(spans), meta=meta, warnings=warnings).sorted()
+
+
+def _refuse_own_export(path: Path, top: dict[str, Any]) -> None:
+    """ppscope's Chrome export is a view for Perfetto; read as a Kineto trace it would hold no spans at all."""
+    other = top.get("otherData")
+    if isinstance(other, dict) and "ppscope_run_id" in other:
+        raise UnsupportedInputError(
+            f"{path} is ppscope's Chrome/Perfetto export of run {other['ppscope_run_id']}, a view that ppscope "
+            "does not read back: analyse the run directory it was exported from"
+        )
 
 
 def _rank_of(path: Path, top: dict[str, Any], index: int, warnings: list[str]) -> int:

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ppscope.analysis import AnalysisConfig, analyze, parse_window_ms
     from ppscope.analysis.report import print_report, write_html
-    from ppscope.errors import InvalidConfigError
+    from ppscope.errors import InvalidConfigError, UnsupportedInputError
     from ppscope.formats.sources import open_trace
 
     if args.max_bars < 1:
@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     config = AnalysisConfig(steady=args.steady, active=args.active, window_ms=window_ms)
     trace = open_trace(args.run)
     result = analyze(trace, config)
+    if not result.stages and not trace.meta.unrecorded:
+        raise UnsupportedInputError(f"{args.run} holds no spans: nothing to analyse ({'; '.join(result.warnings)})")
     if args.html:
         if Path(args.html).resolve() == Path(args.run).resolve():
             raise InvalidConfigError(f"--html {args.html} is the input trace: give another file name")

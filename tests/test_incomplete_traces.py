@@ -1,0 +1,59 @@
+"""A trace that cannot answer the question says so first, or refuses: never a confident figure from part of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ppscope.analysis import analyze
+from ppscope.analysis.report import render_text
+from ppscope.balance.costs import LayerCosts
+from ppscope.cli.main import main
+from ppscope.formats.sources import open_trace
+from ppscope.simulate.simulator import SimConfig, simulate, write_run
+
+
+@pytest.fixture
+def gpipe_run(tmp_path: Path) -> Path:
+    cfg = SimConfig(schedule="gpipe", stages=4, microbatches=8, steps=2, costs=LayerCosts.uniform(8, 1.0))
+    return write_run(simulate(cfg), tmp_path / "sim")
+
+
+def test_a_missing_rank_file_leads_the_report_and_withholds_the_balance_figures(gpipe_run: Path) -> None:
+    (gpipe_run / "rank-00002.sqlite").unlink()
+    result = analyze(open_trace(gpipe_run))
+    assert result.pp_size == 3 and result.missing is not None and "rank(s) 2 of 4" in result.missing
+    assert result.imbalance is None and result.bottleneck_stage is None and result.balance_gain is None
+    assert result.theory.params["P"] == 4  # the formula is of the pipeline that ran, not of what is left
+    text = render_text(result)
+    assert text.startswith("incomplete: rank(s) 2 of 4 recorded no spans")
+    assert "perfect balance would gain" not in text and "gap to theory" not in text
+    assert result.to_json()["missing"] == result.missing
+
+
+def test_a_complete_run_misses_nothing(gpipe_run: Path) -> None:
+    result = analyze(open_trace(gpipe_run))
+    assert result.missing is None and result.balance_gain is not None
+    assert not render_text(result).startswith("incomplete")
+
+
+def test_ppscopes_own_chrome_export_is_named_not_analysed_as_empty(
+    gpipe_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sim.json"
+    assert main(["export", str(gpipe_run), "--format", "chrome", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ppscope analyze: error: ") and "Chrome/Perfetto export of run sim" in err
+    assert "analyse the run directory it was exported from" in err
+
+
+def test_a_trace_with_no_spans_exits_non_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 0, "args": {}}]}))
+    assert main(["analyze", str(empty)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds no spans: nothing to analyse" in err[0]
