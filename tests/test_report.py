@@ -126,11 +126,15 @@ def test_cli_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys: pytest.C
     assert "cannot write" in capsys.readouterr().err
 
 
-def test_empty_run_reports_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_empty_run_is_an_error_that_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     create_run(tmp_path / "empty", RunMeta(world_size=1))
-    assert main(["analyze", str(tmp_path / "empty"), "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["stages"] == [] and any("no spans" in w for w in out["warnings"])
+    assert main(["analyze", str(tmp_path / "empty"), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == (
+        f"ppscope analyze: error: {tmp_path / 'empty'} holds no spans: nothing to analyse "
+        "(rank(s) 0 have no file (rank-00000.sqlite); loaded the rest)"
+    )
 
 
 def test_a_run_stopped_before_any_request_finished_reports_none_of_those_asked(

@@ -9,6 +9,8 @@ from __future__ import annotations
 import html
 import io
 import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -17,7 +19,7 @@ from rich.table import Table
 from ppscope.analysis import CAUSES, AnalysisResult
 from ppscope.trace.model import Trace
 
-__all__ = ["DENOMINATOR", "html_report", "print_report", "render_text", "write_html"]
+__all__ = ["DENOMINATOR", "fit_table", "html_report", "print_report", "render_text", "stdout_console", "write_html"]
 
 DENOMINATOR = "Σ bubble / (P × window): the share of the P stages' wall time spent idle"
 
@@ -34,11 +36,29 @@ def _used_causes(res: AnalysisResult) -> list[str]:
     return [c for c in CAUSES if any(s.causes[c] for s in res.stages)]
 
 
-def stage_table(res: AnalysisResult) -> Table:
+def fit_table(table: Table, width: int, drop_order: Sequence[str]) -> Table:
+    """Drop the columns named in `drop_order`, in that order, until `table` fits `width` characters, and say
+    in its caption which were left out: a number is never broken across lines to make a table fit."""
+    measure = Console(width=width, file=io.StringIO())
+    dropped: list[str] = []
+    for name in drop_order:
+        if measure.measure(table, options=measure.options.update_width(1 << 16)).maximum <= width:
+            break
+        index = next((i for i, c in enumerate(table.columns) if c.header == name), None)
+        if index is not None:
+            table.columns.pop(index)
+            dropped.append(name)
+    if dropped:
+        table.caption = f"left out to fit {width} columns: {', '.join(dropped)} (see --json or a wider terminal)"
+        table.caption_justify = "left"
+    return table
+
+
+def stage_table(res: AnalysisResult, width: int | None = None) -> Table:
     causes = _used_causes(res)
     t = Table(title="Stages × causes of idle time (ms)", title_justify="left")
     for col in ["stage", "ranks", "busy", "bubble", "bubble %", "time/mb", *causes]:
-        t.add_column(col, justify="left" if col == "ranks" else "right", overflow="fold")
+        t.add_column(col, justify="left" if col == "ranks" else "right", no_wrap=True)
     for s in res.stages:
         mark = " ◀" if s.stage == res.bottleneck_stage else ""
         t.add_row(
@@ -50,7 +70,10 @@ def stage_table(res: AnalysisResult) -> Table:
             _ms(s.time_per_mb_ns),
             *(_ms(s.causes[c]) for c in causes),
         )
-    return t
+    if width is None:
+        return t
+    smallest_first = sorted(causes, key=lambda c: sum(s.causes[c] for s in res.stages))
+    return fit_table(t, width, [*smallest_first, "ranks", "time/mb", "bubble"])
 
 
 def summary_lines(res: AnalysisResult) -> list[str]:
@@ -100,10 +123,10 @@ def summary_lines(res: AnalysisResult) -> list[str]:
     return lines
 
 
-def hop_table(res: AnalysisResult) -> Table:
+def hop_table(res: AnalysisResult, width: int | None = None) -> Table:
     t = Table(title="Per-hop communication", title_justify="left")
     for col in ["hop", "messages", "MB", "send ms", "transfer ms", "wait ms", "GB/s", "latency µs"]:
-        t.add_column(col, justify="right", overflow="fold")
+        t.add_column(col, justify="right", no_wrap=True)
     for h in res.hops:
         bw = "-" if h.bandwidth_gbps is None else f"{h.bandwidth_gbps:.2f}"
         t.add_row(
@@ -116,10 +139,10 @@ def hop_table(res: AnalysisResult) -> Table:
             bw,
             "-" if h.latency_ns is None else f"{h.latency_ns / 1e3:,.0f}",
         )
-    return t
+    return t if width is None else fit_table(t, width, ["send ms", "MB", "messages", "transfer ms"])
 
 
-def latency_table(res: AnalysisResult) -> Table | None:
+def latency_table(res: AnalysisResult, width: int | None = None) -> Table | None:
     lat = res.latency
     if lat is None:
         return None
@@ -128,25 +151,36 @@ def latency_table(res: AnalysisResult) -> Table | None:
         title_justify="left",
     )
     for col in ["measure", "n", "mean ms", "p50 ms", "p90 ms", "p99 ms", "max ms"]:
-        t.add_column(col, justify="right", overflow="fold")
+        t.add_column(col, justify="right", no_wrap=True)
     for name, st in (("TTFT", lat.ttft), ("TPOT", lat.tpot), ("end to end", lat.e2e)):
         if st is not None:
             t.add_row(name, str(st.n), *(f"{v:,.3f}" for v in (st.mean_ms, st.p50_ms, st.p90_ms, st.p99_ms, st.max_ms)))
-    return t
+    return t if width is None else fit_table(t, width, ["n", "p90 ms", "mean ms"])
 
 
 def print_report(res: AnalysisResult, console: Console) -> None:
+    """Sentences wrap at words on a terminal and not at all when piped; tables fit the console's width."""
+    wrap = console.is_terminal
     for line in summary_lines(res):
-        console.print(line, highlight=False, markup=False)
+        console.print(line, highlight=False, markup=False, soft_wrap=not wrap)
+    width = console.width
     if res.stages:
-        console.print(stage_table(res))
+        console.print(stage_table(res, width))
     if res.hops:
-        console.print(hop_table(res))
-    lat = latency_table(res)
+        console.print(hop_table(res, width))
+    lat = latency_table(res, width)
     if lat is not None:
         console.print(lat)
     for w in res.warnings:
-        console.print(f"warning: {w}", style="yellow", highlight=False, markup=False)
+        console.print(f"warning: {w}", style="yellow", highlight=False, markup=False, soft_wrap=not wrap)
+
+
+def stdout_console() -> Console:
+    """The console reports print to: the terminal's own width, or $COLUMNS (else unbounded) when piped."""
+    if sys.stdout.isatty():
+        return Console()
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else 1 << 12)
 
 
 def render_text(res: AnalysisResult, *, width: int = 120) -> str:

@@ -40,10 +40,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from ppscope.analysis import AnalysisConfig, analyze, parse_window_ms
-    from ppscope.analysis.report import print_report, write_html
+    from ppscope.analysis.report import print_report, stdout_console, write_html
     from ppscope.errors import InvalidConfigError, UnsupportedInputError
     from ppscope.formats.sources import open_trace
 
@@ -54,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     trace = open_trace(args.run)
     result = analyze(trace, config)
     if not result.stages and not trace.meta.unrecorded:
-        raise UnsupportedInputError(f"{args.run} holds no spans: nothing to analyse ({'; '.join(result.warnings)})")
+        why = "; ".join(trace.warnings) or "did the run record anything?"
+        raise UnsupportedInputError(f"{args.run} holds no spans: nothing to analyse ({why})")
     if args.html:
         if Path(args.html).resolve() == Path(args.run).resolve():
             raise InvalidConfigError(f"--html {args.html} is the input trace: give another file name")
@@ -67,6 +66,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
-        # Piped output gets room for every cause column; a terminal keeps its own width.
-        print_report(result, Console(width=None if sys.stdout.isatty() else 160))
+        print_report(result, stdout_console())
     return 0
