@@ -16,7 +16,8 @@ out: every request so far is done, the next has not arrived) is `no_requests`: t
 empty, not the pipeline itself.
 Engine wait spans rank above imported comm kernels because an NCCL receive kernel also spins while it waits
 for its sender: the engine's span says why the stage is idle. Causes add up to the bubble exactly (ns).
-This module knows span kinds and times; it does not choose windows or stage numbers.
+This module knows span kinds and times; it does not choose windows or stage numbers. The definitions around
+these rules are in docs/ARCHITECTURE.md, "Definitions".
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ __all__ = [
 
 
 class Cause(StrEnum):
-    """Why a stage is idle at one instant (DESIGN.md, "Analysis")."""
+    """Why a stage is idle at one instant (docs/ARCHITECTURE.md, "Idle causes")."""
 
     FILL = "fill"  # before the stage's first compute
     DRAIN = "drain"  # after the stage's last compute

@@ -10,13 +10,14 @@ stage starts nearest where an even share of the layer cost before it would put i
 hair apart do not tip the advice to a split with two stages at the limit.
 It knows nothing about where costs come from (`ppscope.balance.costs`) or how engines run a split.
 
-Note on exactness: every stage time is computed by one formula from prefix sums (`balance_search.CostModel`).
+Note on exactness: every stage time is computed by one formula from prefix sums (`ppscope.balance.search.CostModel`).
 Floating-point rounding is monotone, so "stage s can take layers [i, j) within T" is monotone in i, j and T,
 and a search over T that always snaps to the slowest stage of a split it found ends on an achieved value
 with the next smaller double infeasible: the optimum itself, not an approximation of it. The probe "is there
 a split within T keeping C tokens of KV cache per stage" is a greedy O(P log L) reach while every stage can
 hold each single layer it might start at (checked with a range-maximum table), else an exact O(P·L) pass
-over every reachable stage end. KV capacity is an integer, searched the same way.
+over every reachable stage end. KV capacity is an integer, searched the same way (docs/ARCHITECTURE.md, "Why the
+split is exact").
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ SKEW_ENV = "PPSCOPE_TEST_CLOCK_SKEW_NS"
 FAIL_ENV = "PPSCOPE_TEST_FAIL"
 """Tests only: `RANK=N`, that rank raises after N passes, to check failure propagation."""
 HOST_HEADERS_ENV = "PPSCOPE_TEST_HOST_HEADERS"
-"""Tests only: `1` runs a CPU ring with a GPU ring's protocol (headers on their own groups; see engine.comm)."""
+"""Tests only: `1` runs a CPU ring with a GPU ring's protocol (headers on their own groups; see ppscope.engine.comm)."""
 
 ProgressFn = Callable[[int, int], None]
 SWITCH_INTERVAL_S = 1e-4

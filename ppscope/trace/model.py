@@ -128,7 +128,7 @@ class Metric(StrEnum):
     RSS_BYTES = "rss_bytes"
 
 
-# Column name -> dtype. The one declaration of the span schema (DESIGN.md, "The trace model").
+# Column name -> dtype. The one declaration of the span schema (docs/ARCHITECTURE.md, "Spans").
 SPAN_COLUMNS: dict[str, Any] = {
     "rank": np.int32,  # global rank; for imports one per process/GPU
     "stage": np.int32,  # pipeline stage, virtual stage with interleaving; -1 unknown
