@@ -188,7 +188,7 @@ def _pick_phase(spans: pd.DataFrame, phase: str | None) -> str:
 def _per_pass_ms(spans: pd.DataFrame, kind: str, stage: int) -> tuple[float | None, int]:
     """Mean time of one pass's span of `kind` on `stage`, and the passes. Each span is one pass: a stage
     records one span of each kind per pass, and (micro-batch, step) does not tell passes apart in a serve
-    run, whose slots are reused by request after request (grouping by it made passes 8x too long)."""
+    run, whose slots are reused by request after request (docs/ARCHITECTURE.md, "Notes behind design choices")."""
     rows = spans[(spans["kind"] == kind) & (spans["stage"] == stage)]
     if rows.empty:
         return None, 0

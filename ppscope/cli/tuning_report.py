@@ -10,8 +10,8 @@ from ppscope.cli.tuning import TuneResult
 __all__ = ["NOISE", "print_tune"]
 
 NOISE = 0.02
-"""Throughput of two runs of the same split differs by a few percent (2-5% on a busy 2-core machine); a
-predicted gain below this is not one that a single pair of runs can show."""
+"""Throughput of two runs of the same split differs by a few percent (docs/ARCHITECTURE.md, "Notes behind design
+choices"); a predicted gain below this is not one that a single pair of runs can show."""
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:

@@ -1,28 +1,7 @@
 """The ring: rank r receives only from r-1 and sends only to r+1 (the last rank sends sampled tokens to rank 0).
 
-Each message is an int64 header (what it is, which micro-batch, which sequences) followed by its
-payload (activations `(N, D)` or token ids `(B,)`); a payload that fits rides inside the header, so a
-decode hop is one message. The compute thread keeps receives of the next headers posted (`irecv`; one that
-lands is posted again at once, before the compute it starts: posting sends the predecessor a ready notice,
-which then lands while the predecessor computes, not while it sends; posted after the rank's own send, or
-before it blocks for the message, the notice lands while the predecessor sends and serve efficiency on 4
-ranks of a 2-vCPU machine fell from 0.92-0.93 to 0.85-0.90, A/B) and waits on them itself, so an
-arriving message wakes no other thread of ours; it records
-`recv_wait` while it blocks there and `recv` while a separate payload transfers. It posts its sends with
-`isend` (its `send` span is the time it is blocked: posting) and a reaper thread, waking every REAP_S, waits
-for their completion, keeping the tensors alive until then. So compute never blocks on a send and the ring
-cannot deadlock however many micro-batches circulate. The wrap-around link (last rank -> rank 0) uses its
-own process group so that with two ranks the two directions never share a communicator (NCCL orders the
-operations of one communicator).
-
-On a GPU the headers travel over CPU (gloo) groups of their own and only payloads over NCCL, as vLLM sends
-its metadata: the host reads a header without waiting for the GPU, posts the payload's receive, and makes
-the compute stream (not itself) wait for it, so it queues the next pass while the GPU still runs this one.
-A header read from GPU memory would make the host wait for everything queued before it.
-There spans are timed on the compute stream: `send` where the payload is ready (NCCL's stream waits for
-that point), `recv_wait` the stream's wait for the payload, transfer included; the host's wait for a header
-is not GPU time and is not recorded.
-This module knows nothing about models or schedules.
+How messages, posted-ahead receives, the send reaper and the GPU's gloo headers beside NCCL payloads work, and
+why: docs/ARCHITECTURE.md, "The ring". This module knows nothing about models or schedules.
 """
 
 from __future__ import annotations

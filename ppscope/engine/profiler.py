@@ -1,24 +1,8 @@
 """Per-layer cost profile: time each decoder layer, the embedding and the LM head + sampling on the device.
 
-Like torchgpipe's `balance_by_time`, but per phase (a prefill of N tokens and a decode step of B sequences)
-and with the ends of the model included, because the embedding and the head are what make the first and
-last stage differ. One process builds one layer at a time (so a model larger than one device still
-profiles), runs warm-up passes, then takes the median of timed passes: CUDA events on a GPU (the profile
-is a separate phase, so synchronising is allowed here), `perf_counter_ns` on a CPU.
-
-Each timed pass starts with cold caches, as Triton's `do_bench` does: a buffer twice the size of the largest
-cache is written first. In the pipeline a layer's weights have been pushed out by the stage's other layers
-(and the head) by the time the layer runs again; timed back to back, a layer that fits in cache looks far
-cheaper than it is there, and the head, with several layers' worth of weights, looks no dearer than one layer
-(the tiny model on a CPU with a 32 MiB L3: layer 0.23 ms and head 0.23 ms hot, 0.65 and 1.02 ms cold; in a
-2-stage run 0.5 and 0.9 ms). Warm timings also hang on whatever else shares the cache: the warm head read
-anything from 0.22 to 1.27 ms from one process to the next on that machine.
-
-Every decoder layer of a Llama-style model has the same shape, so each is given the median over all of them
-(each one's own median is kept beside it): timed one after another on a busy machine, identical layers came
-out 0.45 to 0.95 ms apart, and on the tiny model that noise could advise keeping 4,4 when 5,3 is faster.
-The synthetic model's layers keep their own times: their costs differ by design. The result is written to the
-run directory as `profile.json`; `ppscope.balance.profile` reads it without torch.
+The result goes to the run directory as `profile.json`, which `ppscope.balance.profile` reads without torch;
+this module knows nothing about how the costs are used. Why each timed pass starts from cold caches and why
+every decoder layer gets the median of all of them: docs/ARCHITECTURE.md, "The per-layer profile".
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""The recorder: one NVTX range and one timed span per step of the pipeline, at about a microsecond each.
+"""The recorder: one NVTX range and one timed span per step of the pipeline, cheap enough to record every step.
 
 `Recorder.span()` is a context manager and a decorator. Entering pushes an NVTX range (domain `ppscope`,
 one cached attribute object per kind/stage/micro-batch, colour and category per kind, payload = micro-batch)
 and reads the clock; leaving pops the range and appends a tuple to a lock-free deque. A background thread
 drains the deque into the rank's SQLite file in batches, so the hot path never touches I/O and never
 synchronises a device. GPU timing (CUDA events resolved after the fact) is the engine's job: it hands the
-resolved times to `Recorder.record()`.
+resolved times to `Recorder.record()`. What a span costs, `make bench` measures (benchmarks/RESULTS.md,
+"recorder").
 """
 
 from __future__ import annotations
