@@ -109,6 +109,11 @@ class StagePlan:
     """Max-length sequences whose KV cache the stage holds."""
 
     @property
+    def layer_weights_bytes(self) -> int:
+        """The decoder layers' weights alone: `weights_bytes` less `extra_bytes`."""
+        return self.weights_bytes - self.extra_bytes
+
+    @property
     def fits(self) -> bool:
         return self.kv_bytes >= 0
 
@@ -160,7 +165,7 @@ class Plan:
         cfg = self.config
 
         def stages(rows: tuple[StagePlan, ...]) -> list[dict[str, Any]]:
-            return [{**r.__dict__, "fits": r.fits} for r in rows]
+            return [{**r.__dict__, "layer_weights_bytes": r.layer_weights_bytes, "fits": r.fits} for r in rows]
 
         return {
             "model": cfg.model.name,
@@ -169,6 +174,7 @@ class Plan:
             "max_model_len": cfg.seq_len,
             "gpus": cfg.cluster.gpus,
             "usable_bytes_per_gpu": cfg.cluster.usable_bytes,
+            "reserve_bytes_per_gpu": int(cfg.reserve_gib * GIB),
             "tp": self.layout.tp,
             "pp": self.layout.pp,
             "replicas": self.layout.replicas,

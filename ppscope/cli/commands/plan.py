@@ -88,25 +88,30 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / 2**30:.2f}"
 
 
-def _stage_table(title: str, rows: list[dict[str, Any]]) -> None:
-    from rich.console import Console
+def _stage_table(title: str, d: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
-    table = Table(title=title)
-    for col in ("stage", "layers", "weights GiB", "extra GiB", "KV GiB", "KV tokens", "max-len seqs", "fits"):
-        table.add_column(col, justify="right")
+    from ppscope.analysis.report import stdout_console
+
+    table = Table(title=title, caption_justify="left")
+    table.caption = (
+        f"weights (decoder layers) + extra + KV + reserve {_gib(d['reserve_bytes_per_gpu'])} GiB = the usable "
+        f"{_gib(d['usable_bytes_per_gpu'])} GiB of each GPU (KV is negative where a stage does not fit)"
+    )
+    for col in ("stage", "layers", "weights\nGiB", "extra\nGiB", "KV\nGiB", "KV\ntokens", "max-len\nseqs", "fits"):
+        table.add_column(col, justify="right", no_wrap=True)
     for r in rows:
         table.add_row(
             str(r["stage"]),
             str(r["layers"]),
-            _gib(r["weights_bytes"]),
+            _gib(r["layer_weights_bytes"]),
             _gib(r["extra_bytes"]),
             _gib(r["kv_bytes"]),
             f"{max(r['kv_tokens'], 0):,}",
             str(max(r["kv_sequences"], 0)),
             "yes" if r["fits"] else "NO",
         )
-    Console().print(table)
+    stdout_console().print(table)
 
 
 def _print(d: dict[str, Any]) -> None:
@@ -119,16 +124,16 @@ def _print(d: dict[str, Any]) -> None:
         f"({d['kv_bytes_per_token_per_layer_per_gpu']:,} B per GPU); max-model-len {d['max_model_len']}"
     )
     weights = [r["weights_bytes"] for r in d["stages"]]
+    total = sum(weights) * d["tp"]
     print(
-        f"weights per GPU: {', '.join(f'{w / 1e9:.1f}' for w in weights)} GB "
-        f"(mean {sum(weights) / len(weights) / 1e9:.1f} GB; the pipeline's {d['tp'] * d['pp']} GPU(s) hold "
-        f"{sum(weights) * d['tp'] / 1e9:.1f} GB)"
+        f"weights per GPU, layers + extra: {', '.join(_gib(w) for w in weights)} GiB "
+        f"(the pipeline's {d['tp'] * d['pp']} GPU(s) hold {_gib(total)} GiB = {total / 1e9:.1f} GB)"
     )
     print(
         f"first stage extra (embedding): {_gib(d['first_stage_extra_bytes'])} GiB; "
         f"last stage extra (LM head + logits): {_gib(d['last_stage_extra_bytes'])} GiB"
     )
-    _stage_table(f"per GPU, split {','.join(map(str, d['split']))}", d["stages"])
+    _stage_table(f"per GPU, split {','.join(map(str, d['split']))}", d, d["stages"])
     print(
         f"pipeline KV capacity: {d['pipeline_kv_tokens']:,} tokens = {d['pipeline_kv_sequences']} sequence(s) of "
         f"{d['max_model_len']} tokens (the smallest stage's): room for KV cache is {d['kv_verdict'].upper()}"
@@ -143,7 +148,7 @@ def _print(d: dict[str, Any]) -> None:
             + ("fixes it" if not d["fits"] else "holds more KV cache")
             + f": pipeline KV capacity {tokens:,} tokens; use {d['fix_vllm_env']}"
         )
-        _stage_table("with that split", fix)
+        _stage_table("with that split", d, fix)
     print("Assumptions:")
     for a in d["assumptions"]:
         print(f"  - {a}")
