@@ -340,3 +340,29 @@ def test_of_two_runs_created_at_once_in_one_directory_one_is_refused(tmp_path: P
         outcomes.clear()
         (run / META_FILE).unlink()
         run.rmdir()
+
+
+def test_reading_a_finished_run_leaves_every_file_as_it_was(tmp_path: Path) -> None:
+    """A closed rank file is opened immutable: no -shm or -wal appears, no byte or timestamp changes."""
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=1))
+    w = RankWriter(run, 0)
+    w.write([_span(0, 5_000, 6_000, mb=m) for m in range(3)])
+    w.close()
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()}
+    assert len(load_run(run).spans) == 3
+    assert len(RunTail(run).poll().spans) == 3
+    after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()}
+    assert after == before
+
+
+def test_a_run_being_written_is_read_through_its_log(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    create_run(run, RunMeta(world_size=1))
+    w = RankWriter(run, 0)
+    w.write([_span(0, 5_000, 6_000, mb=m) for m in range(3)])  # in the write-ahead log, not yet in the file
+    try:
+        assert (run / "rank-00000.sqlite-wal").stat().st_size > 0
+        assert len(load_run(run).spans) == 3
+    finally:
+        w.close()
