@@ -29,7 +29,8 @@ from ppscope.analysis.result import AnalysisResult, RequestLatency, Theory, Wind
 from ppscope.analysis.theory import theory_for
 from ppscope.analysis.window import active_window, full_window, resolve_window, steady_window
 from ppscope.errors import InvalidConfigError
-from ppscope.trace.model import Phase, SpanKind, Trace
+from ppscope.trace.clock import causality_violations
+from ppscope.trace.model import Phase, RunMeta, SpanKind, Trace
 
 __all__ = ["AnalysisConfig", "analyze"]
 
@@ -109,6 +110,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     if p == 1:
         warnings.append("one stage only: there is no pipeline; the bubble is that stage's idle time")
     _check_overlaps(spans, is_compute, warnings)
+    _check_causality(spans, meta, warnings)
 
     # every request of a finished run is in its requests table: between them the pipeline had nothing to do
     idle = _no_requests(trace.requests, window) if (meta.schedule, meta.status) == ("serve", "finished") else None
@@ -186,6 +188,23 @@ def _missing(world: int, pp: int, rank_stage: dict[int, int], p: int) -> str | N
             "every stage"
         )
     return None
+
+
+def _check_causality(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) -> None:
+    """Warn when a receive ends before its send began on the common clock, beyond the offsets' uncertainty:
+    the ranks' clock offsets are then wrong, and so is every wait measured across them."""
+    bad = causality_violations(spans, uncertainty_ns={r.rank: r.clock.uncertainty_ns for r in meta.ranks})
+    if bad.empty:
+        return
+    early = bad["send_start_ns"] - bad["recv_end_ns"]
+    worst = bad.loc[early.idxmax()]
+    pairs = ", ".join(f"{s}→{d}" for s, d in sorted(set(zip(bad["src"], bad["dst"], strict=True))))
+    warnings.append(
+        f"{len(bad)} receive(s) end before their send starts on the common clock (rank pairs {pairs}; worst "
+        f"{int(early.max()) / 1e3:,.1f} µs early, micro-batch {int(worst['mb'])} step {int(worst['step'])}), "
+        "beyond the clock offsets' uncertainty: the offsets are off, so waits and hop latencies between these "
+        "ranks are not to be trusted"
+    )
 
 
 def _check_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_], warnings: list[str]) -> None:

@@ -9,8 +9,9 @@ with the smallest round trip gives the tightest bound. This module knows nothing
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 from ppscope.trace.model import ClockInfo, SpanKind
@@ -28,30 +29,71 @@ def estimate_offset(samples: Sequence[tuple[int, int, int]]) -> ClockInfo:
     return ClockInfo(offset_ns=(t1 + t2) // 2 - t0, uncertainty_ns=(t2 - t1 + 1) // 2, method="ping-pong")
 
 
-_KEYS = ["src", "dst", "mb", "step"]
-
-
-def causality_violations(spans: pd.DataFrame, slack_ns: int = 0) -> pd.DataFrame:
+def causality_violations(
+    spans: pd.DataFrame, slack_ns: int = 0, uncertainty_ns: Mapping[int, int] | None = None
+) -> pd.DataFrame:
     """Receives (`recv` or `recv_wait`) that end before their matching send started, on the common clock.
 
     A receive on rank d from peer s matches the send on rank s to peer d with the same micro-batch and step,
-    in order when several share them. Empty when the clocks are consistent (within `slack_ns`).
+    in order when several share them. Empty when the clocks are consistent within `slack_ns` plus, per pair,
+    the two ranks' offset uncertainties (`uncertainty_ns` by rank).
     """
     cols = ["src", "dst", "mb", "step", "kind", "send_start_ns", "recv_end_ns"]
-    send = spans[spans["kind"] == str(SpanKind.SEND)]
-    rows = []
-    for kind in (SpanKind.RECV, SpanKind.RECV_WAIT):
-        recv = spans[spans["kind"] == str(kind)]
-        if recv.empty or send.empty:
+    rank, peer = spans["rank"].to_numpy(np.int64), spans["peer"].to_numpy(np.int64)
+    mb_step = _pack(spans["mb"].to_numpy(np.int64), spans["step"].to_numpy(np.int64))
+    is_send = (spans["kind"] == str(SpanKind.SEND)).to_numpy(bool)
+    if not is_send.any():
+        return pd.DataFrame(columns=cols)
+    sends = _numbered(_pack(rank, peer)[is_send], mb_step[is_send], spans["start_ns"].to_numpy(np.int64)[is_send])
+    unc = dict(uncertainty_ns or {})
+    frames = []
+    for recv_kind in (SpanKind.RECV, SpanKind.RECV_WAIT):
+        sel = (spans["kind"] == str(recv_kind)).to_numpy(bool)
+        if not sel.any():
             continue
-        left = send.rename(columns={"rank": "src", "peer": "dst"})[["src", "dst", "mb", "step", "start_ns"]]
-        right = recv.rename(columns={"peer": "src", "rank": "dst"})[["src", "dst", "mb", "step", "end_ns"]]
-        left = left.sort_values("start_ns")
-        left["n"] = left.groupby(_KEYS).cumcount()
-        right = right.sort_values("end_ns")
-        right["n"] = right.groupby(_KEYS).cumcount()
-        both = left.merge(right, on=[*_KEYS, "n"])
-        bad = both[both["end_ns"] + slack_ns < both["start_ns"]]
-        for r in bad.itertuples():
-            rows.append((int(r.src), int(r.dst), int(r.mb), int(r.step), str(kind), int(r.start_ns), int(r.end_ns)))
-    return pd.DataFrame(rows, columns=cols)
+        recvs = _numbered(_pack(peer, rank)[sel], mb_step[sel], spans["end_ns"].to_numpy(np.int64)[sel])
+        both = sends.merge(recvs, on=["link", "mb_step", "n"], suffixes=("_send", "_recv"))
+        src, dst = _unpack(both["link"].to_numpy())
+        slack = slack_ns + pd.Series(src).map(unc).fillna(0).to_numpy() + pd.Series(dst).map(unc).fillna(0).to_numpy()
+        bad = (both["t_recv"].to_numpy() + slack < both["t_send"].to_numpy()).nonzero()[0]
+        if len(bad):
+            mb, step = _unpack(both["mb_step"].to_numpy()[bad])
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "src": src[bad],
+                        "dst": dst[bad],
+                        "mb": mb,
+                        "step": step,
+                        "kind": str(recv_kind),
+                        "send_start_ns": both["t_send"].to_numpy()[bad],
+                        "recv_end_ns": both["t_recv"].to_numpy()[bad],
+                    }
+                )
+            )
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+
+
+_BIAS = 1 << 31
+"""Added to the low half so that a negative value (-1: none) packs below the high half's bits."""
+
+
+def _pack(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """Two int32-range columns as one int64 key in the same order, so sorting and joining compare one column."""
+    return (hi << 32) | (lo + _BIAS)
+
+
+def _unpack(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return packed >> 32, (packed & 0xFFFFFFFF) - _BIAS
+
+
+def _numbered(link: np.ndarray, mb_step: np.ndarray, t: np.ndarray) -> pd.DataFrame:
+    """(link, mb_step, n, t): n numbers the messages of one link, micro-batch and step in time order, so the
+    n-th send of a key pairs with its n-th receive."""
+    order = np.lexsort((t, mb_step, link))
+    link, mb_step = link[order], mb_step[order]
+    new = np.ones(len(order), bool)
+    new[1:] = (link[1:] != link[:-1]) | (mb_step[1:] != mb_step[:-1])
+    first = np.flatnonzero(new)
+    occurrence = np.arange(len(order)) - first[np.cumsum(new) - 1]
+    return pd.DataFrame({"link": link, "mb_step": mb_step, "n": occurrence, "t": t[order]})
