@@ -46,7 +46,10 @@ __all__ = [
     "RankWriter",
     "RunTail",
     "check_new_run_dir",
+    "check_outside_runs",
     "create_run",
+    "enclosing_run",
+    "holds_run",
     "is_run_dir",
     "load_run",
     "rank_file",
@@ -122,12 +125,16 @@ def create_run(run_dir: str | os.PathLike[str], meta: RunMeta) -> Path:
 
 
 def check_new_run_dir(run_dir: str | os.PathLike[str]) -> None:
-    """Refuse a path where a new run cannot go: a file, or a directory that already holds files."""
+    """Refuse a path where a new run cannot go: a file, a directory that already holds files, or a place
+    inside another run."""
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
         raise RunExistsError(f"{path} exists and is not a directory: choose another --out")
     if path.is_dir() and any(path.iterdir()):
         raise RunExistsError(f"{path} already holds files; ppscope never overwrites a run: choose another --out")
+    run = enclosing_run(path.parent)  # not `path`: a run started at once with this one may be filling it
+    if run is not None:
+        raise _inside_run(f"--out {path}", run, same=False)
 
 
 def write_meta(run_dir: str | os.PathLike[str], meta: RunMeta, *, exclusive: bool = False) -> None:
@@ -227,6 +234,44 @@ def _transaction(db: sqlite3.Connection) -> Any:
 
 def is_run_dir(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / META_FILE).is_file()
+
+
+def holds_run(path: str | os.PathLike[str]) -> bool:
+    """True for a directory ppscope wrote as a run: `meta.json` beside `rank-*.sqlite` files, or a `meta.json`
+    that ppscope wrote (a run stopped before its ranks started). Narrower than `is_run_dir`, which reads any
+    folder with a `meta.json`: this one decides where nothing may be written, and a project folder holding
+    some other tool's `meta.json` is not a run."""
+    folder = Path(path)
+    if not (folder / META_FILE).is_file():
+        return False
+    try:
+        if any(_RANK_RE.match(name) for name in os.listdir(folder)):
+            return True
+        with open(folder / META_FILE, "rb") as f:
+            data = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"schema_version", "pp_size", "ranks"} <= data.keys()
+
+
+def check_outside_runs(path: str | os.PathLike[str], what: str) -> None:
+    """Refuse `path` when it is or lies inside a run directory: nothing but the run's own recorder writes
+    there. `what` names the path in the message, e.g. `--html runs/r1/meta.json`."""
+    run = enclosing_run(path)
+    if run is not None:
+        raise _inside_run(what, run, same=run == Path(path).resolve())
+
+
+def _inside_run(what: str, run: Path, *, same: bool) -> InvalidConfigError:
+    where = "the run" if same else "inside the run"
+    return InvalidConfigError(f"{what} is {where} {run}: ppscope never writes into a run; give a path outside it")
+
+
+def enclosing_run(path: str | os.PathLike[str]) -> Path | None:
+    """The run directory `path` is or lies inside (`holds_run`), looking at `path` and each of its parents
+    once symbolic links are resolved; None when there is none."""
+    target = Path(path).resolve()
+    return next((p for p in (target, *target.parents) if holds_run(p)), None)
 
 
 def read_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
