@@ -31,15 +31,21 @@ def test_one_file_per_rank_with_every_span(tmp_path: Path) -> None:
 
 
 def test_refuses_a_non_empty_directory_without_force(tmp_path: Path) -> None:
+    """--force replaces an earlier export; a folder holding anything else is never emptied, even with it."""
     trace = load_run(make_run(tmp_path / "run"))
     out = tmp_path / "nvtxt"
     out.mkdir()
-    (out / "mine.txt").write_text("keep")
+    (out / "rank-0.nvtxt").write_text("an earlier export")
     with pytest.raises(RunExistsError, match="--force"):
         export_nvtxt(trace, out)
-    assert (out / "mine.txt").read_text() == "keep"
+    assert (out / "rank-0.nvtxt").read_text() == "an earlier export"
     export_nvtxt(trace, out, force=True)
     assert sorted(p.name for p in out.iterdir()) == ["rank-0.nvtxt", "rank-1.nvtxt", "rank-2.nvtxt"]
+    (out / "mine.txt").write_text("keep")
+    with pytest.raises(RunExistsError, match="earlier export only"):
+        export_nvtxt(trace, out, force=True)
+    assert (out / "mine.txt").read_text() == "keep" and len(list(out.iterdir())) == 4
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
 
 
 def test_imported_spans_keep_their_names(tmp_path: Path) -> None:

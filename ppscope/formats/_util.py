@@ -1,21 +1,13 @@
-"""Helpers the exporters share: interval nesting, lane stacking and safe output files.
+"""Helpers the exporters share: interval nesting and lane stacking (output files: `ppscope.outputs`).
 
 Nothing here knows a file format.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
-
 import numpy as np
 
-from ppscope.errors import RunExistsError
-
-__all__ = ["atomic_output", "brief", "nests", "stack_levels"]
+__all__ = ["brief", "nests", "stack_levels"]
 
 
 def brief(exc: BaseException, limit: int = 200) -> str:
@@ -57,26 +49,3 @@ def stack_levels(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
             stacks.append([i])
             levels[i] = len(stacks) - 1
     return levels
-
-
-@contextlib.contextmanager
-def atomic_output(path: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary path next to `path`; on success it replaces `path` in one rename.
-
-    Refuses an existing `path` unless `force`: exports never overwrite by surprise, and a failed export
-    leaves nothing behind.
-    """
-    out = Path(path)
-    if out.is_dir():
-        raise RunExistsError(f"{out} is a directory: give a file name for --out")
-    if out.exists() and not force:
-        raise RunExistsError(f"{out} already exists: choose another --out or pass --force to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, out)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)

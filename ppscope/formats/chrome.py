@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.formats._util import atomic_output, stack_levels
+from ppscope.formats._util import stack_levels
+from ppscope.outputs import atomic_file
 from ppscope.trace.model import SpanKind, Trace
 
 __all__ = ["chrome_events", "export_chrome", "match_flows"]
@@ -31,7 +32,7 @@ def export_chrome(trace: Trace, out: str | Path, *, force: bool = False) -> Path
     """Write `trace` to `out` (gzip when it ends in `.gz`). Refuses an existing file unless `force`."""
     out = Path(out)
     doc = {"traceEvents": chrome_events(trace), "displayTimeUnit": "ns", "otherData": _other(trace)}
-    with atomic_output(out, force=force) as tmp:
+    with atomic_file(out, force=force) as tmp:
         data = json.dumps(doc, separators=(",", ":")).encode()
         if out.name.endswith(".gz"):
             with gzip.open(tmp, "wb", compresslevel=6) as f:

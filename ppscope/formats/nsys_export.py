@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from ppscope import __version__
-from ppscope.formats._util import atomic_output, nests
+from ppscope.formats._util import nests
 from ppscope.formats.nsys_schema import ENUM_ROWS, EXPORT_SCHEMA_VERSION, TABLES, create_tables_sql
 from ppscope.formats.nsys_tables import PPSCOPE_DOMAIN
-from ppscope.trace.model import COMM_KINDS, COMPUTE_KINDS, SpanKind, Trace, lane_of
+from ppscope.outputs import atomic_file
 from ppscope.trace.recorder import KIND_COLORS
+from ppscope.trace.model import COMM_KINDS, COMPUTE_KINDS, SpanKind, Trace, lane_of
 
 __all__ = ["STREAM_OF_LANE", "export_nsys", "global_tid", "ppscope_message"]
 
@@ -48,7 +49,7 @@ def ppscope_message(stage: int, kind: str, mb: int, chunk: int) -> str:
 
 def export_nsys(trace: Trace, out: str | Path, *, force: bool = False) -> Path:
     """Write `trace` to `out` as nsys SQLite. Refuses an existing file unless `force`."""
-    with atomic_output(out, force=force) as tmp:
+    with atomic_file(out, force=force) as tmp:
         db = sqlite3.connect(tmp, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=OFF")

@@ -11,16 +11,18 @@ general NVTXT parser.
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 from ppscope import __version__
-from ppscope.errors import CorruptFileError, RunExistsError
+from ppscope.errors import CorruptFileError
 from ppscope.formats.nsys_export import ppscope_message
+from ppscope.outputs import atomic_folder
 from ppscope.trace.model import SpanKind, Trace
 
-__all__ = ["NVTXT_NOTE", "export_nvtxt", "nvtxt_message", "read_nvtxt"]
+__all__ = ["NVTXT_FILES", "NVTXT_NOTE", "export_nvtxt", "nvtxt_message", "read_nvtxt"]
 
+NVTXT_FILES = "rank-*.nvtxt"
+"""What an NVTXT export folder holds: all that `--force` may replace."""
 NVTXT_NOTE = "best effort: follows NVIDIA's NVTXT description; not checked against Nsight Systems' importer"
 _RANGE = re.compile(r'^RangeStartEnd, (-?\d+), (-?\d+), ThreadId, "(.*)"$')
 _MARK = re.compile(r'^Marker, (-?\d+), ThreadId, "(.*)"$')
@@ -32,27 +34,13 @@ def _quote(text: str) -> str:
 
 
 def export_nvtxt(trace: Trace, out: str | Path, *, force: bool = False) -> list[Path]:
-    """Write `out/rank-<r>.nvtxt` for every rank. Refuses a non-empty `out` unless `force`."""
+    """Write `out/rank-<r>.nvtxt` for every rank. Refuses a non-empty `out` unless `force`, and even then one
+    holding anything but an earlier export's `rank-*.nvtxt` files."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise RunExistsError(f"{out} is a file: NVTXT export writes a directory (one file per rank)")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise RunExistsError(f"{out} already holds files: choose another --out or pass --force to replace it")
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    written = []
-    try:
+    with atomic_folder(out, force=force, replaceable=NVTXT_FILES) as tmp:
         for rank in trace.ranks:
-            name = f"rank-{rank}.nvtxt"
-            (tmp / name).write_text(_rank_text(trace, rank))
-            written.append(out / name)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return written
+            (tmp / f"rank-{rank}.nvtxt").write_text(_rank_text(trace, rank))
+    return [out / f"rank-{rank}.nvtxt" for rank in trace.ranks]
 
 
 def _rank_text(trace: Trace, rank: int) -> str:
