@@ -18,6 +18,7 @@ from rich.table import Table
 
 from ppscope.analysis import CAUSES, AnalysisResult
 from ppscope.trace.model import Trace
+from ppscope.outputs import atomic_file
 
 __all__ = ["DENOMINATOR", "fit_table", "html_report", "print_report", "render_text", "stdout_console", "write_html"]
 
@@ -239,9 +240,16 @@ def html_report(res: AnalysisResult, trace: Trace | None = None, *, max_bars: in
 
 
 def write_html(
-    res: AnalysisResult, path: str | os.PathLike[str], trace: Trace | None = None, *, max_bars: int = 20_000
+    res: AnalysisResult,
+    path: str | os.PathLike[str],
+    trace: Trace | None = None,
+    *,
+    max_bars: int = 20_000,
+    force: bool = False,
 ) -> Path:
-    """Write `html_report` to `path` (a new or replaced file; never an input file)."""
-    out = Path(path)
-    out.write_text(html_report(res, trace, max_bars=max_bars), encoding="utf-8")
-    return out
+    """Write `html_report` to `path`, a new file (replaced only with `force`) outside any run, in one rename
+    (`ppscope.outputs.atomic_file`: a failed write leaves nothing)."""
+    page = html_report(res, trace, max_bars=max_bars)
+    with atomic_file(path, option="--html", force=force) as tmp:
+        tmp.write_text(page, encoding="utf-8")
+    return Path(path)

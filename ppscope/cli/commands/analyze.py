@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 HELP = "Report bubbles, their causes and the bottleneck stage of a run or an nsys/Kineto trace"
@@ -32,7 +31,8 @@ def register(sub: Any) -> None:
         "--window", metavar="START_MS:END_MS", help="analyse this window, in ms from the trace's first span"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
-    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report to FILE")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report to FILE (a new file)")
+    p.add_argument("--force", action="store_true", help="replace an existing --html FILE")
     p.add_argument(
         "--max-bars", type=int, default=20_000, help="most bars in the HTML Gantt chart (neighbours merged above it)"
     )
@@ -44,23 +44,21 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.analysis.report import print_report, stdout_console, write_html
     from ppscope.errors import InvalidConfigError, UnsupportedInputError
     from ppscope.formats.sources import open_trace
+    from ppscope.outputs import check_output
 
     if args.max_bars < 1:
         raise InvalidConfigError(f"--max-bars must be >= 1, got {args.max_bars}")
     window_ms = parse_window_ms(args.window) if args.window else None
     config = AnalysisConfig(steady=args.steady, active=args.active, window_ms=window_ms)
+    if args.html:  # before the analysis: a refused --html costs nothing
+        check_output(args.html, option="--html", inputs=[args.run], force=args.force)
     trace = open_trace(args.run)
     result = analyze(trace, config)
     if not result.stages and not trace.meta.unrecorded:
         why = "; ".join(trace.warnings) or "did the run record anything?"
         raise UnsupportedInputError(f"{args.run} holds no spans: nothing to analyse ({why})")
     if args.html:
-        if Path(args.html).resolve() == Path(args.run).resolve():
-            raise InvalidConfigError(f"--html {args.html} is the input trace: give another file name")
-        try:
-            path = write_html(result, args.html, trace, max_bars=args.max_bars)
-        except OSError as exc:
-            raise InvalidConfigError(f"cannot write the HTML report to {args.html}: {exc.strerror}") from None
+        path = write_html(result, args.html, trace, max_bars=args.max_bars, force=args.force)
         if not args.json:
             print(f"wrote {path}", file=sys.stderr)
     if args.json:

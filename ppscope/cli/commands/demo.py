@@ -51,8 +51,11 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.cli.tuning_report import print_tune
     from ppscope.engine.config import EngineConfig
     from ppscope.errors import InvalidConfigError
+    from ppscope.outputs import check_output
+    from ppscope.cli.tuning_report import print_tune
+    from ppscope.cli.tuning import tune
 
-    out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    out = check_output(args.out or str(Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")), kind="runs")
     given = [c for c in (args.split or "").split(",") if c.strip()]
     if args.split is not None and not given:
         raise InvalidConfigError(f"--split {args.split!r} names no stage: give layer counts per stage, e.g. 1,7")

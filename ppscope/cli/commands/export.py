@@ -18,8 +18,8 @@ _DESCRIPTION = (
     "file or a directory of them), recognised by content. nsys-sqlite writes the tables of `nsys export --type "
     "sqlite` (NVTX ranges + a launch and a kernel row per compute/communication span); chrome writes Chrome "
     "trace JSON for Perfetto (gzip when --out ends in .gz); nvtxt writes one NVTXT file per rank into the --out "
-    "directory (best effort: not checked against Nsight itself). The input is never written; an existing "
-    "output is replaced only with --force."
+    "directory (best effort: not checked against Nsight itself). Nothing inside the input or any run is "
+    "written; an existing output is replaced only with --force (nvtxt: only an earlier export)."
 )
 
 
@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
     p.add_argument("input", metavar="INPUT", help="a run directory, an nsys .sqlite export or a Kineto trace")
     p.add_argument("--format", choices=FORMATS, default=None, help="output format (required)")
     p.add_argument("--out", metavar="PATH", help="output file (nvtxt: directory); default: INPUT's name + suffix")
-    p.add_argument("--force", action="store_true", help="replace an existing output")
+    p.add_argument("--force", action="store_true", help="replace an existing output (never one inside a run)")
     p.set_defaults(func=run)
 
 
@@ -39,25 +39,24 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.formats import export_trace
     from ppscope.formats.detect import detect
     from ppscope.formats.sources import open_trace
+    from ppscope.formats.nvtxt import NVTXT_FILES
+    from ppscope.outputs import check_output
 
     found = detect(args.input)  # cheap: names a missing or unreadable input before anything else
     if args.format is None:
         raise InvalidConfigError(f"give --format, one of {', '.join(FORMATS)}")
     src = Path(args.input)
-    out = Path(args.out) if args.out else Path(src.name.split(".")[0] + _DEFAULT_SUFFIX[args.format])
-    _refuse_input(out, src, found.files)
+    given = args.out if args.out is not None else src.name.split(".")[0] + _DEFAULT_SUFFIX[args.format]
+    out = check_output(  # before reading: a refused --out costs nothing
+        given,
+        kind="folder" if args.format == "nvtxt" else "file",
+        inputs=[src, *found.files],
+        force=args.force,
+        replaceable=NVTXT_FILES,
+    )
     trace = open_trace(src)
     for warning in trace.warnings:
         print(f"ppscope export: note: {warning}", file=sys.stderr)
     written = export_trace(trace, args.format, out, force=args.force)
     print(f"wrote {written}")
     return 0
-
-
-def _refuse_input(out: Path, src: Path, files: list[Path]) -> None:
-    from ppscope.errors import InvalidConfigError
-
-    target = out.resolve()
-    inputs = {src.resolve(), *(f.resolve() for f in files)}
-    if target in inputs or (src.is_dir() and src.resolve() in target.parents):
-        raise InvalidConfigError(f"--out {out} would write into the input {src}: give a path outside it")

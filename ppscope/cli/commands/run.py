@@ -86,6 +86,10 @@ def add_engine_arguments(
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ppscope.outputs import check_output
+
+    if args.out is not None:  # before torch loads (the run checks it again as it creates it)
+        check_output(args.out, kind="run")
     # A Ctrl-C while torch loads can be swallowed by it or abort the process: it is held until torch is in,
     # then raised here, before anything is created.
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None

@@ -50,9 +50,10 @@ def engine_config(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from ppscope.cli.tuning import tune
     from ppscope.cli.tuning_report import print_tune
+    from ppscope.outputs import check_output
 
     cfg = engine_config(args)
-    out = Path(cfg.out) if cfg.out else Path("runs") / time.strftime("tune-%Y%m%d-%H%M%S")
+    out = check_output(cfg.out or str(Path("runs") / time.strftime("tune-%Y%m%d-%H%M%S")), kind="runs")
     result = tune(
         cfg, out_dir=out, cost_source=args.costs, phase=args.phase, on_step=_say(args.json), repeats=args.repeats
     )
