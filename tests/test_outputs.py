@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from test_formats_helpers import fingerprint, make_run
 
-from ppscope.cli import main
+from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError, RunExistsError
-from ppscope.outputs import atomic_file, atomic_folder, check_output
-from ppscope.sources import open_trace
-from ppscope.store import enclosing_run, holds_run, load_run
+from ppscope.formats.sources import open_trace
+from ppscope.trace.outputs import atomic_file, atomic_folder, check_output
+from ppscope.trace.store import enclosing_run, holds_run, load_run
 
 Runs = tuple[Path, Path]
 Capsys = pytest.CaptureFixture[str]

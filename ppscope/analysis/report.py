@@ -18,7 +18,7 @@ from rich.table import Table
 
 from ppscope.analysis import CAUSES, AnalysisResult
 from ppscope.trace.model import Trace
-from ppscope.outputs import atomic_file
+from ppscope.trace.outputs import atomic_file
 
 __all__ = ["DENOMINATOR", "fit_table", "html_report", "print_report", "render_text", "stdout_console", "write_html"]
 
@@ -248,7 +248,7 @@ def write_html(
     force: bool = False,
 ) -> Path:
     """Write `html_report` to `path`, a new file (replaced only with `force`) outside any run, in one rename
-    (`ppscope.outputs.atomic_file`: a failed write leaves nothing)."""
+    (`ppscope.trace.outputs.atomic_file`: a failed write leaves nothing)."""
     page = html_report(res, trace, max_bars=max_bars)
     with atomic_file(path, option="--html", force=force) as tmp:
         tmp.write_text(page, encoding="utf-8")

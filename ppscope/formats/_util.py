@@ -1,4 +1,4 @@
-"""Helpers the exporters share: interval nesting and lane stacking (output files: `ppscope.outputs`).
+"""Helpers the exporters share: interval nesting and lane stacking (output files: `ppscope.trace.outputs`).
 
 Nothing here knows a file format.
 """

@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from ppscope.formats._util import stack_levels
-from ppscope.outputs import atomic_file
 from ppscope.trace.model import SpanKind, Trace
+from ppscope.trace.outputs import atomic_file
 
 __all__ = ["chrome_events", "export_chrome", "match_flows"]
 

@@ -22,9 +22,9 @@ from ppscope import __version__
 from ppscope.formats._util import nests
 from ppscope.formats.nsys_schema import ENUM_ROWS, EXPORT_SCHEMA_VERSION, TABLES, create_tables_sql
 from ppscope.formats.nsys_tables import PPSCOPE_DOMAIN
-from ppscope.outputs import atomic_file
-from ppscope.trace.recorder import KIND_COLORS
 from ppscope.trace.model import COMM_KINDS, COMPUTE_KINDS, SpanKind, Trace, lane_of
+from ppscope.trace.outputs import atomic_file
+from ppscope.trace.recorder import KIND_COLORS
 
 __all__ = ["STREAM_OF_LANE", "export_nsys", "global_tid", "ppscope_message"]
 

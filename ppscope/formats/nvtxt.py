@@ -16,8 +16,8 @@ from pathlib import Path
 from ppscope import __version__
 from ppscope.errors import CorruptFileError
 from ppscope.formats.nsys_export import ppscope_message
-from ppscope.outputs import atomic_folder
 from ppscope.trace.model import SpanKind, Trace
+from ppscope.trace.outputs import atomic_folder
 
 __all__ = ["NVTXT_FILES", "NVTXT_NOTE", "export_nvtxt", "nvtxt_message", "read_nvtxt"]
 

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.analysis.report import print_report, stdout_console, write_html
     from ppscope.errors import InvalidConfigError, UnsupportedInputError
     from ppscope.formats.sources import open_trace
-    from ppscope.outputs import check_output
+    from ppscope.trace.outputs import check_output
 
     if args.max_bars < 1:
         raise InvalidConfigError(f"--max-bars must be >= 1, got {args.max_bars}")

@@ -51,9 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.cli.tuning_report import print_tune
     from ppscope.engine.config import EngineConfig
     from ppscope.errors import InvalidConfigError
-    from ppscope.outputs import check_output
-    from ppscope.cli.tuning_report import print_tune
-    from ppscope.cli.tuning import tune
+    from ppscope.trace.outputs import check_output
 
     out = check_output(args.out or str(Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")), kind="runs")
     given = [c for c in (args.split or "").split(",") if c.strip()]

@@ -38,9 +38,9 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.errors import InvalidConfigError
     from ppscope.formats import export_trace
     from ppscope.formats.detect import detect
-    from ppscope.formats.sources import open_trace
     from ppscope.formats.nvtxt import NVTXT_FILES
-    from ppscope.outputs import check_output
+    from ppscope.formats.sources import open_trace
+    from ppscope.trace.outputs import check_output
 
     found = detect(args.input)  # cheap: names a missing or unreadable input before anything else
     if args.format is None:

@@ -86,7 +86,7 @@ def add_engine_arguments(
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ppscope.outputs import check_output
+    from ppscope.trace.outputs import check_output
 
     if args.out is not None:  # before torch loads (the run checks it again as it creates it)
         check_output(args.out, kind="run")

@@ -73,7 +73,7 @@ def _replay(args: argparse.Namespace) -> tuple[Any, Any]:
 def run(args: argparse.Namespace) -> int:
     from ppscope.simulate.calibrate import compare
     from ppscope.simulate.simulator import simulate, summarize, write_run
-    from ppscope.outputs import check_output
+    from ppscope.trace.outputs import check_output
 
     check_output(args.out, kind="run", inputs=[args.from_run] if args.from_run else [])
     if args.from_run:

@@ -50,7 +50,7 @@ def engine_config(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from ppscope.cli.tuning import tune
     from ppscope.cli.tuning_report import print_tune
-    from ppscope.outputs import check_output
+    from ppscope.trace.outputs import check_output
 
     cfg = engine_config(args)
     out = check_output(cfg.out or str(Path("runs") / time.strftime("tune-%Y%m%d-%H%M%S")), kind="runs")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from ppscope.errors import InvalidConfigError, RunExistsError
-from ppscope.store import check_new_run_dir, check_outside_runs
+from ppscope.trace.store import check_new_run_dir, check_outside_runs
 
 __all__ = ["OutputKind", "atomic_file", "atomic_folder", "check_output"]
 
@@ -85,7 +85,7 @@ def _check_outside_inputs(out: Path, option: str, inputs: Sequence[PathLike]) ->
 
 def _check_run_place(out: Path, option: str, *, new: bool) -> None:
     """A run directory (`new`) must be new or empty; a folder of runs may exist. Missing parents are made
-    when the run starts (`ppscope.store.create_run`, which also says when one of them is a file)."""
+    when the run starts (`ppscope.trace.store.create_run`, which also says when one of them is a file)."""
     if new:
         check_new_run_dir(out)
     elif out.exists() and not out.is_dir():
