@@ -18,7 +18,15 @@ __all__ = [
     "RunNotFoundError",
     "SchemaVersionError",
     "UnsupportedInputError",
+    "brief",
 ]
+
+
+def brief(exc: BaseException, limit: int = 200) -> str:
+    """A library's exception text on one line and at most `limit` characters, to quote inside a ppscope error:
+    SQLite, for one, quotes a damaged schema, newlines and all, into its messages."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class PPScopeError(Exception):

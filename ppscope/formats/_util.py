@@ -7,14 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["brief", "nests", "stack_levels"]
-
-
-def brief(exc: BaseException, limit: int = 200) -> str:
-    """An exception's text on one line and at most `limit` characters: SQLite quotes a damaged schema, newlines
-    and all, into its messages."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+__all__ = ["nests", "stack_levels"]
 
 
 def nests(starts: np.ndarray, ends: np.ndarray) -> bool:

@@ -15,8 +15,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ppscope.errors import CorruptFileError, RunNotFoundError, UnsupportedInputError
-from ppscope.formats._util import brief
+from ppscope.errors import CorruptFileError, RunNotFoundError, UnsupportedInputError, brief
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum

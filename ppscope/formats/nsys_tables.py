@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError
-from ppscope.formats._util import brief
+from ppscope.errors import CorruptFileError, brief
 from ppscope.formats.detect import open_sqlite_ro
 from ppscope.trace.model import SPAN_COLUMNS, SpanKind, lane_of
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError, SchemaVersionError
+from ppscope.errors import CorruptFileError, SchemaVersionError, brief
 from ppscope.trace.model import COUNTER_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, RunMeta, counters_frame, spans_frame
 
 __all__ = [
@@ -57,13 +57,7 @@ def connect_ro(path: Path) -> sqlite3.Connection:
         db.execute("PRAGMA query_only=1")
         return db
     except sqlite3.Error as exc:
-        raise CorruptFileError(f"{path}: cannot be opened as SQLite ({_brief(exc)})") from None
-
-
-def _brief(exc: BaseException, limit: int = 200) -> str:
-    """SQLite's message on one line, shortened: it quotes a damaged schema, newlines and all."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+        raise CorruptFileError(f"{path}: cannot be opened as SQLite ({brief(exc)})") from None
 
 
 def query(db: sqlite3.Connection, path: Path, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -71,7 +65,7 @@ def query(db: sqlite3.Connection, path: Path, sql: str, args: Sequence[Any] = ()
         return db.execute(sql, args).fetchall()
     except (sqlite3.Error, UnicodeDecodeError) as exc:  # text cells that are not UTF-8 fail as they are fetched
         raise CorruptFileError(
-            f"{path}: unreadable ({_brief(exc)}); the file is damaged or not a ppscope rank file"
+            f"{path}: unreadable ({brief(exc)}); the file is damaged or not a ppscope rank file"
         ) from None
 
 
@@ -220,7 +214,7 @@ def _read_chunks(rf: RankFile, table: Table, pos: int) -> bool:
             return False
         except sqlite3.Error as exc:
             raise CorruptFileError(
-                f"{path}: unreadable ({_brief(exc)}); the file is damaged or not a ppscope rank file"
+                f"{path}: unreadable ({brief(exc)}); the file is damaged or not a ppscope rank file"
             ) from None
         n, last_id, top = row[:3]
         if not n:  # a gap in the row ids (rows deleted): jump to the next one
