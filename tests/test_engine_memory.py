@@ -14,7 +14,9 @@ from ppscope.engine.stage import build_stage
 from ppscope.errors import InvalidConfigError
 
 
-@pytest.mark.parametrize(("stages", "chunks", "dtype"), [(1, 1, "float32"), (2, 1, "bfloat16"), (2, 2, "float32")])
+@pytest.mark.parametrize(
+    ("stages", "chunks", "dtype"), [(1, 1, "float32"), (2, 1, "bfloat16"), (2, 2, "float32"), (1, 1, "float64")]
+)
 def test_estimate_is_what_each_rank_allocates(stages: int, chunks: int, dtype: str) -> None:
     cfg = EngineConfig(stages=stages, chunks=chunks, dtype=dtype, schedule="interleaved" if chunks > 1 else "serve",
                        requests=3, prompt_len=6, max_new_tokens=5, progress=False)  # fmt: skip

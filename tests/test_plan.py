@@ -29,6 +29,12 @@ def test_70b_fp16_pp4_holds_35_gb_of_weights_per_gpu_not_17_5() -> None:
     assert result.kv_bytes_per_token_per_layer == 2 * 8 * 128 * 2
 
 
+@pytest.mark.parametrize(("dtype", "nbytes"), [("float64", 8), ("float32", 4), ("bf16", 2), ("fp8", 1)])
+def test_kv_bytes_per_token_per_layer_is_k_and_v_of_every_kv_head(dtype: str, nbytes: int) -> None:
+    tiny = ModelShape.from_name("tiny")  # 4 KV heads of 256 / 8 = 32 dimensions
+    assert tiny.kv_bytes_per_token_per_layer(dtype) == 2 * 4 * 32 * nbytes  # the engine's float64 too
+
+
 def test_70b_pp4_has_almost_no_kv_room_on_40_gib_and_ample_on_80() -> None:
     small, large = plan(seventy_b_on_four(40)), plan(seventy_b_on_four(80))
     assert small.config.cluster.usable_bytes == int(36 * GIB)

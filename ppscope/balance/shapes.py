@@ -18,7 +18,10 @@ from ppscope.errors import InvalidConfigError, UnsupportedInputError
 
 __all__ = ["DTYPE_BYTES", "PRESETS", "ModelShape", "RopeScaling", "dtype_bytes"]
 
-DTYPE_BYTES: dict[str, int] = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "fp8": 1}
+DTYPE_BYTES: dict[str, int] = {
+    "float64": 8, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "fp8": 1,
+}  # fmt: skip
+"""Bytes per element of each dtype name `ppscope plan` and the engine take (the engine runs float64 too)."""
 
 
 @dataclass(frozen=True)

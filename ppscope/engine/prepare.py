@@ -79,7 +79,7 @@ class Prepared:
         params = layers * s.layer_params
         params += s.embed_params if rank == 0 else 0
         params += s.head_params if rank == (len(self.split) - 1) % world else 0
-        kv = layers * self.cache_slots * self.max_len * 2 * s.kv_heads * s.head_dim * itemsize
+        kv = layers * self.cache_slots * self.max_len * s.kv_bytes_per_token_per_layer(self.cfg.dtype)
         return params * itemsize, kv
 
     def meta(self, world: int) -> RunMeta:
