@@ -6,19 +6,21 @@ import dataclasses
 import json
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ppscope.analysis import analyze
 from ppscope.balance.costs import LayerCosts, fit_layer_costs
 from ppscope.balance.problem import BalanceProblem
 from ppscope.balance.rebalance import balance, evaluate
 from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError, RunExistsError
 from ppscope.formats.sources import open_trace
-from ppscope.simulate.simulator import CommModel, SimConfig, bubble_ratio, simulate, summarize, write_run
+from ppscope.simulate.simulator import CommModel, SimConfig, simulate, summarize, write_run
 from ppscope.trace.model import SPAN_COLUMNS
 
 
@@ -53,9 +55,9 @@ def test_interleaved_bubble_is_the_formula_exactly(p: int, groups: int, v: int, 
 def test_serve_with_fewer_microbatches_than_stages_idles_by_the_ring() -> None:
     # m in flight on P stages: each stage works m of every P slots once the ring is full.
     cfg = SimConfig(schedule="serve", stages=4, microbatches=2, steps=200, costs=LayerCosts.uniform(8, 1.0))
-    assert bubble_ratio(simulate(cfg)) == pytest.approx(1 - 2 / 4, abs=0.01)
+    assert analyze(simulate(cfg)).bubble_ratio == pytest.approx(1 - 2 / 4, abs=0.01)
     full = SimConfig(schedule="serve", stages=4, microbatches=4, steps=200, costs=LayerCosts.uniform(8, 1.0))
-    assert bubble_ratio(simulate(full)) < 0.01
+    assert analyze(simulate(full)).bubble_ratio < 0.01
 
 
 def test_spans_follow_the_engine_schema_and_causality() -> None:
@@ -89,7 +91,8 @@ def test_comm_and_speed_change_the_prediction() -> None:
     )
     fast_gpu = SimConfig(schedule="gpipe", stages=2, microbatches=4, costs=LayerCosts.uniform(4, 1.0), speed=(2.0, 2.0))
     ms = [summarize(c, simulate(c))["makespan_ms"] for c in (base, slow_link, fast_gpu)]
-    assert ms == pytest.approx([10.0, 10.5, 5.0])
+    # the run ends when the last token is back on the first stage: 0.5 ms after the last compute, one more hop
+    assert ms == pytest.approx([10.0, 11.0, 5.0])
 
 
 def test_written_run_loads_back_identically(tmp_path: Path) -> None:
@@ -147,6 +150,33 @@ def test_cli_simulate_then_rebalance_the_prediction(tmp_path: Path, capsys: pyte
     assert "already holds files" in capsys.readouterr().err
     assert main(["simulate", "--stages", "2", "--microbatches", "2", "--out", str(tmp_path / "x")]) == 2
     assert "--layer-costs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ["--schedule", "gpipe", "--stages", "3", "--microbatches", "4", "--comm-latency-us", "200"],
+        ["--schedule", "interleaved", "--stages", "2", "--microbatches", "2", "--chunks", "2"],
+        ["--schedule", "serve", "--stages", "3", "--microbatches", "2", "--steps", "4", "--overhead-ms", "0.1"],
+    ],
+)
+def test_simulate_and_analyze_of_the_prediction_agree(
+    shape: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sim"
+    costs = ["--layers", "8", "--layer-cost-ms", "0.5", "--head-cost-ms", "1.5", "--embed-cost-ms", "0.25"]
+
+    def cli(*args: str) -> dict[str, Any]:
+        assert main(list(args)) == 0
+        return dict(json.loads(capsys.readouterr().out))
+
+    predicted = cli("simulate", *shape, *costs, "--out", str(out), "--json")
+    analysed = cli("analyze", str(out), "--json")
+    assert predicted["bubble_ratio"] == analysed["bubble_ratio"]
+    assert analysed["theory"]["bubble_ratio"] is not None
+    assert predicted["theory_bubble_ratio"] == analysed["theory"]["bubble_ratio"]
+    assert predicted["theory_formula"] == analysed["theory"]["formula"]
+    assert predicted["makespan_ms"] == analysed["window_ns"] / 1e6
 
 
 def test_replaying_a_simulated_run_reproduces_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,8 +6,8 @@ previous step). Compute spans (`embed`, `forward`, `head`, `sample`) take the mo
 sends go out one at a time over its link (latency + bytes ÷ bandwidth) as `send` spans, the receiver's
 waiting shows as `recv_wait` and the transfer as `recv`, as the engine records them. Per-stage overhead is
 left uncovered by spans, as host work is in a real run. The result is written as a normal run directory,
-so `analyze`, `export` and the dashboard read predictions and measurements alike.
-This module knows nothing about torch, processes or the analyzer.
+so `analyze`, `export` and the dashboard read predictions and measurements alike; `summarize` takes its
+figures from the analyzer rather than defining them again. This module knows nothing about torch or processes.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ppscope.analysis import analyze
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.split import stage_layer_ranges, validate_split, vllm_default_split
 from ppscope.errors import InvalidConfigError
@@ -30,7 +30,7 @@ from ppscope.simulate.schedule import Action, dependencies, make_schedule
 from ppscope.trace.model import SPAN_COLUMNS, RankInfo, RunMeta, SpanKind, Trace, requests_frame
 from ppscope.trace.store import REQUESTS_FILE, RankWriter, create_run
 
-__all__ = ["CommModel", "SimConfig", "bubble_ratio", "simulate", "summarize", "theory_bubble_ratio", "write_run"]
+__all__ = ["CommModel", "SimConfig", "simulate", "summarize", "write_run"]
 
 _NS_PER_MS = 1_000_000
 
@@ -246,43 +246,13 @@ def _plain(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
-def bubble_ratio(trace: Trace, ranks: Sequence[int] | None = None) -> float:
-    """Σ idle / (P × window) over ranks, from compute spans: the window spans the first to the last compute."""
-    comp = trace.spans[trace.spans["lane"] == "compute"]
-    ranks = list(ranks) if ranks is not None else sorted(int(r) for r in comp["rank"].unique())
-    if comp.empty or not ranks:
-        return 0.0
-    t0, t1 = int(comp["start_ns"].min()), int(comp["end_ns"].max())
-    busy = 0
-    for r in ranks:
-        own = comp[comp["rank"] == r].sort_values("start_ns")
-        end = t0
-        for s, e in zip(own["start_ns"].to_numpy(), own["end_ns"].to_numpy(), strict=True):
-            s, e = max(int(s), end), int(e)
-            if e > s:
-                busy += e - s
-                end = e
-    return 1.0 - busy / (len(ranks) * (t1 - t0)) if t1 > t0 else 0.0
-
-
-def theory_bubble_ratio(cfg: SimConfig) -> tuple[float, str]:
-    """The textbook bubble of balanced stages with free transfers, and its formula. For serve it is a lower
-    bound of the steady state (imbalance, fill and drain come on top)."""
-    p, m, v = cfg.stages, cfg.microbatches, cfg.chunks
-    if cfg.schedule == "gpipe":
-        return (p - 1) / (m + p - 1), "(P-1)/(M+P-1)"
-    if cfg.schedule == "interleaved":
-        return (p - 1) / (v * m + p - 1), "(P-1)/(V*M+P-1)"
-    return max(0.0, 1 - m / p), "max(0, 1-m/P), a lower bound"
-
-
 def summarize(cfg: SimConfig, trace: Trace) -> dict[str, Any]:
-    """Headline figures of a simulated trace (keys documented in the README)."""
-    comp = trace.spans[trace.spans["lane"] == "compute"]
-    t0, t1 = int(comp["start_ns"].min()), int(comp["end_ns"].max())
-    busy = [float((g["end_ns"] - g["start_ns"]).sum()) / _NS_PER_MS for _, g in comp.groupby("rank", sort=True)]
+    """Headline figures of a simulated trace (keys documented in the README). The window (makespan), busy
+    time, bubble ratio and theory are the analyzer's, over the whole run as `ppscope analyze` takes it by
+    default: a prediction and its analysis cannot disagree."""
+    result = analyze(trace)
+    window_ns = result.window.length_ns if result.window is not None else 0
     passes = cfg.microbatches * cfg.steps
-    theory = theory_bubble_ratio(cfg)
     return {
         "schedule": cfg.schedule,
         "stages": cfg.stages,
@@ -290,10 +260,10 @@ def summarize(cfg: SimConfig, trace: Trace) -> dict[str, Any]:
         "chunks": cfg.chunks,
         "steps": cfg.steps,
         "split": list(cfg.resolved_split),
-        "makespan_ms": (t1 - t0) / _NS_PER_MS,
-        "passes_per_s": passes / ((t1 - t0) / 1e9) if t1 > t0 else 0.0,
-        "busy_ms_per_rank": busy,
-        "bubble_ratio": bubble_ratio(trace),
-        "theory_bubble_ratio": theory[0],
-        "theory_formula": theory[1],
+        "makespan_ms": window_ns / _NS_PER_MS,
+        "passes_per_s": passes / (window_ns / 1e9) if window_ns > 0 else 0.0,
+        "busy_ms_per_rank": [s.busy_ns / _NS_PER_MS for s in result.stages],
+        "bubble_ratio": result.bubble_ratio,
+        "theory_bubble_ratio": result.theory.bubble_ratio,
+        "theory_formula": result.theory.formula,
     }

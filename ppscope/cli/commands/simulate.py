@@ -130,10 +130,11 @@ def _print(cfg: Any, summary: dict[str, Any]) -> None:
         + (f", {cfg.chunks} chunks" if cfg.chunks > 1 else "")
         + f", {cfg.steps} step(s), split {','.join(map(str, summary['split']))}"
     )
+    theory = summary["theory_bubble_ratio"]
     print(
         f"makespan {summary['makespan_ms']:.3f} ms; {summary['passes_per_s']:.1f} micro-batch passes/s; "
-        f"bubble ratio {summary['bubble_ratio']:.4f} (Σ idle / (P × window), from compute spans)"
-        + f"; theory {summary['theory_bubble_ratio']:.4f} = {summary['theory_formula']}"
+        f"bubble ratio {summary['bubble_ratio']:.4f} (Σ idle / (P × window), as `ppscope analyze` reports it)"
+        + (f"; theory {theory:.4f} = {summary['theory_formula']}" if theory is not None else "")
     )
     busy = ", ".join(f"{b:.3f}" for b in summary["busy_ms_per_rank"])
     print(f"busy per rank (ms): {busy}")
