@@ -195,6 +195,25 @@ def test_replaying_a_simulated_run_reproduces_it(tmp_path: Path, capsys: pytest.
     assert "drop --stages" in capsys.readouterr().err
 
 
+def test_a_replay_predicts_the_run_under_its_own_split_and_others() -> None:
+    from ppscope.simulate.calibrate import Replay
+
+    # gpipe, 2 stages, 4 micro-batches, 1 ms layers and a 2 ms head: split 2,2 takes 2 + 4 x 4 = 18 ms
+    cfg = SimConfig(schedule="gpipe", stages=2, microbatches=4, costs=LayerCosts.uniform(4, 1.0, head_ms=2.0))
+    replay = Replay.of(simulate(cfg))
+    assert replay.config.split == (2, 2) and replay.config.costs.layer_ms == pytest.approx((1.0,) * 4)
+    own = replay.predict()
+    assert own.split == (2, 2) and (own.measured_ms, own.predicted_ms) == pytest.approx((18.0, 18.0))
+    assert own.throughput_error == pytest.approx(0.0)
+    other = replay.predict((3, 1))  # 3 ms a stage: 3 + 4 x 3 = 15 ms
+    assert other.split == (3, 1) and other.trace.meta.split == [3, 1]
+    assert (other.measured_ms, other.predicted_ms, other.throughput_error) == pytest.approx((18.0, 15.0, 0.2))
+    given = Replay.of(simulate(cfg), costs=LayerCosts.uniform(4, 0.5, head_ms=2.0)).predict()
+    assert given.predicted_ms == pytest.approx(1.0 + 4 * 3.0)  # the caller's costs, not the fitted ones
+    with pytest.raises(InvalidConfigError, match="sums to 5"):
+        replay.predict((3, 2))
+
+
 def test_a_long_run_replays_its_first_steps_scaled_to_all_of_them() -> None:
     from ppscope.simulate.calibrate import MAX_REPLAY_STEPS, compare, replay_config
 

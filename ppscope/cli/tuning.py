@@ -20,8 +20,7 @@ from ppscope.balance.costs import LayerCosts, fit_layer_costs
 from ppscope.balance.problem import BalanceProblem
 from ppscope.balance.rebalance import Rebalance, engine_lines, rebalance
 from ppscope.errors import InvalidConfigError, PPScopeError
-from ppscope.simulate.calibrate import makespan_ns, replay_config
-from ppscope.simulate.simulator import simulate
+from ppscope.simulate.calibrate import Replay
 from ppscope.trace.model import Trace
 from ppscope.trace.store import load_run
 
@@ -150,11 +149,16 @@ def _share(measured: float | None, predicted: float) -> float | None:
 
 
 def _simulate_both(trace: Trace, costs: LayerCosts, given: tuple[int, ...], advised: tuple[int, ...]) -> Simulated:
-    """Simulate both splits calibrated on run 1: its pipeline and host gaps (`replay_config`), the costs the
-    advice was made with, and the hop latency of its messages (`hop_latency_us`) plus any payload transfer."""
-    cfg = replay_config(trace, costs=costs)
-    given_ns, advised_ns = (makespan_ns(simulate(dataclasses.replace(cfg, split=s))) for s in (given, advised))
-    return Simulated(speedup=given_ns / advised_ns, hop_latency_us=cfg.comm.latency_us, overhead_ms=cfg.overhead_ms)
+    """Simulate both splits calibrated on run 1: its pipeline and host gaps (`Replay`), the costs the advice
+    was made with, and the hop latency of its messages (`hop_latency_us`) plus any payload transfer."""
+    replay = Replay.of(trace, costs=costs)
+    before, after = replay.predict(given), replay.predict(advised)
+    cfg = replay.config
+    return Simulated(
+        speedup=before.predicted_ms / after.predicted_ms,
+        hop_latency_us=cfg.comm.latency_us,
+        overhead_ms=cfg.overhead_ms,
+    )
 
 
 Step = Callable[[str], None]

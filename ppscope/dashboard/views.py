@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult
     from ppscope.balance.profile import LayerProfile
     from ppscope.balance.rebalance import Rebalance
+    from ppscope.simulate.calibrate import Prediction
 
     Advice = tuple[Rebalance, str]
     """The rebalancer's answer and where its costs came from."""
@@ -198,11 +199,12 @@ def rebalance(live: LiveTrace) -> None:
     if sim is None:
         st.warning(f"No simulated timeline for this trace: {md(problem)}")
     else:
+        now, new_ms = sim.current, sim.advised.predicted_ms
         st.markdown(
             f"**Simulated replay** (the run's schedule and sizes, costs fitted from its spans, measured hops): "
-            f"current split {sim.current_ms:,.3f} ms against {sim.measured_ms:,.3f} ms measured "
-            f"({sim.error:+.1%} simulator error); advised split {sim.advised_ms:,.3f} ms, "
-            f"×{sim.current_ms / sim.advised_ms if sim.advised_ms else 1.0:.3f}."
+            f"current split {now.predicted_ms:,.3f} ms against {now.measured_ms:,.3f} ms measured "
+            f"({now.throughput_error:+.1%} simulator error); advised split {new_ms:,.3f} ms, "
+            f"×{now.predicted_ms / new_ms if new_ms else 1.0:.3f}."
         )
     left, right = st.columns(2)
     with left:
@@ -213,42 +215,27 @@ def rebalance(live: LiveTrace) -> None:
     with right:
         st.markdown("**Simulated timeline (advised split)**")
         if sim is not None:
-            view = gantt.gantt_figure(sim.advised.spans, color_by="kind", max_bars=3000)
+            view = gantt.gantt_figure(sim.advised.trace.spans, color_by="kind", max_bars=3000)
             st.plotly_chart(view.figure, key="simulated_gantt", config={"displaylogo": False})
             st.caption(view.note + " Predicted by ppscope.simulate.simulator, not measured.")
 
 
 @dataclass(kw_only=True)
 class _Replay:
-    advised: Trace
-    measured_ms: float
-    current_ms: float
-    advised_ms: float
-    error: float
-    """Simulator error on the current split: measured time ÷ simulated time - 1."""
+    current: Prediction
+    """The run replayed with its own split."""
+    advised: Prediction
 
 
 def _simulate_advised(trace: Trace, split: Sequence[int]) -> tuple[_Replay | None, str]:
     """Replay the run with the simulator, as it is and with `split` (what `ppscope simulate --from` does)."""
-    import dataclasses
-
-    from ppscope.simulate.calibrate import makespan_ns, replay_config
-    from ppscope.simulate.simulator import simulate
+    from ppscope.simulate.calibrate import Replay
 
     try:
-        cfg = replay_config(trace)
-        current = simulate(cfg)
-        advised = simulate(dataclasses.replace(cfg, split=tuple(split)))
-        measured_ns, current_ns, advised_ns = makespan_ns(trace), makespan_ns(current), makespan_ns(advised)
+        replay = Replay.of(trace)
+        return _Replay(current=replay.predict(), advised=replay.predict(split)), ""
     except PPScopeError as exc:
         return None, str(exc)
-    return _Replay(
-        advised=advised,
-        measured_ms=measured_ns / 1e6,
-        current_ms=current_ns / 1e6,
-        advised_ms=advised_ns / 1e6,
-        error=measured_ns / current_ns - 1.0 if current_ns else float("inf"),
-    ), ""
 
 
 def compare(live: LiveTrace, others: Sequence[Entry], opener: Callable[[Entry], LiveTrace]) -> None:

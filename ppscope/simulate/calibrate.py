@@ -4,11 +4,15 @@
 spans (`ppscope.balance.costs`), takes the hop latency from its `recv` (transfer) spans (plus, in a run of ppscope's
 engine, where those time only a payload sent after its header, the messages' post-to-wake latency) and the
 per-action host overhead from the gaps no span covers; `compare` sets a simulated trace against the measured
-one. Change the split of the replayed config to ask "what would this run have done with another split".
+one. `Replay` asks "what would this run have done with another split": the replayed config under any split,
+each prediction timed against the run as `compare` does.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -16,10 +20,10 @@ import pandas as pd
 from ppscope.analysis.pipeline import message_latencies
 from ppscope.balance.costs import LayerCosts, fit_layer_costs
 from ppscope.errors import UnsupportedInputError
-from ppscope.simulate.simulator import CommModel, SimConfig
+from ppscope.simulate.simulator import CommModel, SimConfig, simulate
 from ppscope.trace.model import SpanKind, Trace
 
-__all__ = ["MAX_REPLAY_STEPS", "compare", "hop_latency_us", "makespan_ns", "replay_config"]
+__all__ = ["MAX_REPLAY_STEPS", "Prediction", "Replay", "compare", "hop_latency_us", "makespan_ns", "replay_config"]
 
 MAX_REPLAY_STEPS = 256
 """A replay simulates at most this many passes per micro-batch: a serve run of 100k requests has ~10^5 of them
@@ -112,3 +116,44 @@ def compare(measured: Trace, predicted: Trace) -> dict[str, Any]:
         "predicted_ms": p / 1e6,
         "throughput_error": m / p - 1.0 if p else float("inf"),
     }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """The simulator's replay of a run under one split, timed against the run (`compare`)."""
+
+    config: SimConfig
+    """The simulated config: the replayed one with the split asked for."""
+    trace: Trace
+    """The predicted trace."""
+    measured_ms: float
+    predicted_ms: float
+    """Simulated time, scaled to the run's steps when the replay simulates fewer."""
+    throughput_error: float
+    """Measured time ÷ predicted time − 1: the simulator's error under the run's own split, the predicted
+    speedup − 1 of another split."""
+
+    @property
+    def split(self) -> tuple[int, ...]:
+        """The layer counts per virtual stage that were simulated."""
+        return self.config.resolved_split
+
+
+@dataclass(frozen=True, kw_only=True)
+class Replay:
+    """A measured run set up for the simulator (`replay_config`), to predict it under its split or others."""
+
+    measured: Trace
+    config: SimConfig
+    """The replayed config, with the run's own split."""
+
+    @classmethod
+    def of(cls, measured: Trace, *, costs: LayerCosts | None = None) -> Replay:
+        """Replay `measured` with costs fitted from its spans, or `costs` when the caller has better ones."""
+        return cls(measured=measured, config=replay_config(measured, costs=costs))
+
+    def predict(self, split: Sequence[int] | None = None) -> Prediction:
+        """The run simulated with `split` (None: its own), and its time against the run's."""
+        cfg = self.config if split is None else dataclasses.replace(self.config, split=tuple(split))
+        trace = simulate(cfg)
+        return Prediction(config=cfg, trace=trace, **compare(self.measured, trace))

@@ -51,40 +51,45 @@ def register(sub: Any) -> None:
 
 
 def _replay(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The replayed config of --from RUN (with --split applied) and the measured trace."""
-    import dataclasses
-
+    """The replay of --from RUN and its prediction with --split (the run's own split without)."""
     from ppscope.balance.split import parse_split
     from ppscope.errors import InvalidConfigError
     from ppscope.formats.sources import open_trace
-    from ppscope.simulate.calibrate import replay_config
+    from ppscope.simulate.calibrate import Replay
 
     given = [o for o, v in (("--stages", args.stages), ("--microbatches", args.microbatches), ("--layers", args.layers),
                             ("--layer-costs", args.layer_costs)) if v is not None]  # fmt: skip
     if given:
         raise InvalidConfigError(f"--from RUN takes the pipeline and costs from the run: drop {', '.join(given)}")
-    measured = open_trace(args.from_run)
-    cfg = replay_config(measured)
-    if args.split:
-        cfg = dataclasses.replace(cfg, split=tuple(parse_split(args.split, cfg.costs.layers, len(cfg.split))))
-    return cfg, measured
+    replay = Replay.of(open_trace(args.from_run))
+    cfg = replay.config
+    split = parse_split(args.split, cfg.costs.layers, len(cfg.split)) if args.split else None
+    return replay, replay.predict(split)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppscope.simulate.calibrate import compare
     from ppscope.simulate.simulator import simulate, summarize, write_run
     from ppscope.trace.outputs import check_output
 
     check_output(args.out, kind="run", inputs=[args.from_run] if args.from_run else [])
+    measured: dict[str, Any] | None = None
     if args.from_run:
-        cfg, measured = _replay(args)
+        replay, prediction = _replay(args)
+        cfg, trace = prediction.config, prediction.trace
+        measured = {
+            "run_dir": args.from_run,
+            "split": list(replay.measured.meta.split),
+            "measured_ms": prediction.measured_ms,
+            "predicted_ms": prediction.predicted_ms,
+            "throughput_error": prediction.throughput_error,
+        }
     else:
-        cfg, measured = _config(args), None
-    trace = simulate(cfg)
+        cfg = _config(args)
+        trace = simulate(cfg)
     path = write_run(trace, args.out)
     summary = {"run_dir": str(path), **summarize(cfg, trace)}
     if measured is not None:
-        summary["measured"] = {"run_dir": args.from_run, "split": list(measured.meta.split), **compare(measured, trace)}
+        summary["measured"] = measured
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
