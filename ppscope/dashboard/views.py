@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult
     from ppscope.balance.profile import LayerProfile
     from ppscope.balance.rebalance import Rebalance
+    from ppscope.balance.runcosts import RunCosts
     from ppscope.simulate.calibrate import Prediction
 
     Advice = tuple[Rebalance, str]
@@ -115,40 +116,35 @@ def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:
 
 
 def _advise(trace: Trace, profile: LayerProfile | None) -> tuple[Advice | None, str]:
-    """Ask the rebalancer with the run's per-layer profile when it has one (decode pass), else with costs
-    fitted from the trace's stage spans: what `ppscope rebalance RUN` does."""
-    from ppscope.balance.costs import fit_layer_costs
+    """Ask the rebalancer with the costs `ppscope rebalance RUN` takes: the run's per-layer profile when it has
+    one (decode pass), else costs fitted from the trace's stage spans."""
     from ppscope.balance.problem import BalanceProblem
     from ppscope.balance.rebalance import rebalance
+    from ppscope.balance.runcosts import run_costs
 
-    meta = trace.meta
-    if not meta.split:
-        return None, (
-            "the trace does not say how its layers are split across stages (ppscope runs record it; nsys and "
-            "Kineto imports cannot), so layer costs cannot be fitted from it. Give the costs yourself: "
-            "`ppscope rebalance --layer-costs MS,MS,... --stages P`"
-        )
-    if meta.chunks > 1:
-        return None, "rebalancing interleaved runs (chunks > 1) is not supported: rebalance a gpipe or serve run"
+    split = list(trace.meta.split)
     try:
-        if profile is not None and len(profile.decode.layer_ms) == sum(meta.split):
-            costs = profile.decode.costs()
-            source = (
-                f"Costs from the run's per-layer profile (profile.json, decode pass, timed with {profile.how} "
-                f"on {profile.device}): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on average."
-            )
-        else:
-            fit = fit_layer_costs([trace])
-            costs = fit.costs
-            passes = "all passes" if fit.phase == "all" else f"the {fit.phase} passes"
-            source = (
-                f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer on average, "
-                f"R² {fit.r_squared:.3f}. " + " ".join(f"Note: {md(n)}." for n in fit.notes)
-            )
-        advice = rebalance(BalanceProblem(costs=costs, stages=len(meta.split)), list(meta.split))
+        got = run_costs([trace], profile)
+        advice = rebalance(BalanceProblem(costs=got.costs, stages=len(split)), split)
     except PPScopeError as exc:
         return None, str(exc)
-    return (advice, source), ""
+    return (advice, _cost_source(got)), ""
+
+
+def _cost_source(got: RunCosts) -> str:
+    """Where the costs came from, in a sentence or two for the page."""
+    costs, fit, profile = got.costs, got.fit, got.profile
+    if profile is not None:
+        return (
+            f"Costs from the run's per-layer profile (profile.json, {got.phase} pass, timed with {profile.how} "
+            f"on {profile.device}): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on average."
+        )
+    assert fit is not None  # costs not from a profile are fitted
+    passes = "all passes" if fit.phase == "all" else f"the {fit.phase} passes"
+    return (
+        f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer on average, "
+        f"R² {fit.r_squared:.3f}. " + " ".join(f"Note: {md(n)}." for n in (*got.notes, *fit.notes))
+    )
 
 
 def _profile(live: LiveTrace) -> tuple[LayerProfile | None, str]:

@@ -125,53 +125,35 @@ def _model_shape(args: argparse.Namespace, run_model: dict[str, Any]) -> Any:
     return None
 
 
-def _profile_costs(args: argparse.Namespace) -> Any:
-    """The last run's profiled LayerCosts for --phase (decode by default), or None when --costs says fit."""
+def _read_profile(args: argparse.Namespace) -> Any:
+    """The last run's profile.json when --costs may use it, else None."""
     from pathlib import Path
 
-    from ppscope.balance.profile import PROFILE_FILE, read_profile
-    from ppscope.errors import UnsupportedInputError
+    from ppscope.balance.profile import read_profile
 
-    if args.costs == "fit":
-        return None
     last = Path(args.runs[-1])
-    profile = read_profile(last) if last.is_dir() else None
-    if profile is None:
-        if args.costs == "profile":
-            raise UnsupportedInputError(
-                f"{last} has no {PROFILE_FILE}: profile the model with `ppscope tune`, or use --costs fit"
-            )
-        return None
-    if args.phase == "all":
-        raise UnsupportedInputError("a profile has a prefill and a decode phase, not `all`: give --phase decode")
-    return profile.phase(args.phase or "decode").costs()
+    return read_profile(last) if args.costs != "fit" and last.is_dir() else None
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppscope.balance.costs import StageCosts, fit_layer_costs
+    from ppscope.balance.costs import StageCosts
     from ppscope.balance.plan import stage_memory_model
     from ppscope.balance.problem import BalanceProblem
     from ppscope.balance.rebalance import rebalance
+    from ppscope.balance.runcosts import run_costs
     from ppscope.balance.split import parse_split
-    from ppscope.errors import InvalidConfigError, UnsupportedInputError
+    from ppscope.errors import InvalidConfigError
     from ppscope.formats.sources import open_trace
 
     fit, profiled, run_model, current, measured = None, None, {}, None, None
+    notes: tuple[str, ...] = ()
     stages = args.stages
     if args.runs:
         traces = [open_trace(r) for r in args.runs]
         meta = traces[-1].meta
-        if meta.chunks > 1:
-            raise InvalidConfigError(
-                "rebalancing interleaved runs (chunks > 1) is not supported: rebalance a gpipe or serve run"
-            )
-        profiled = _profile_costs(args)
-        try:
-            fit = fit_layer_costs(traces, phase=args.phase)
-        except UnsupportedInputError:
-            if profiled is None:
-                raise
-            fit = None  # the profile is enough; the spans just cannot be fitted
+        got = run_costs(traces, _read_profile(args), choice=args.costs, phase=args.phase, where=args.runs[-1])
+        fit, notes = got.fit, got.notes
+        profiled = got.costs if got.source == "profile" else None
         run_model, current = meta.model, list(meta.split)
         args.dtype = args.dtype or str(meta.config.get("dtype") or "") or None
         if fit is not None:
@@ -242,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
             "rms_residual_ms": fit.rms_residual_ms,
             "layer_rms_residual_ms": fit.layer_rms_residual_ms,
             "extras_measured": fit.extras_measured,
-            "notes": list(fit.notes),
+            "notes": [*notes, *fit.notes],
         }
     if args.json:
         print(json.dumps(out, indent=2))

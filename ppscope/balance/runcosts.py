@@ -1,0 +1,105 @@
+"""The costs to balance a run on: its per-layer profile when it has one, else a fit of its stage spans.
+
+`ppscope rebalance RUN` and the dashboard's Rebalance page both ask this question; `run_costs` is the one
+answer, with the one set of errors. The caller reads the profile (`ppscope.balance.profile.read_profile`),
+since what to do with a damaged one is its own business. This module knows nothing about how the costs are
+balanced or shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ppscope.balance.costs import CostFit, LayerCosts, fit_layer_costs
+from ppscope.balance.profile import PROFILE_FILE, LayerProfile
+from ppscope.errors import InvalidConfigError, UnsupportedInputError
+from ppscope.trace.model import Trace
+
+__all__ = ["COST_CHOICES", "RunCosts", "run_costs"]
+
+COST_CHOICES = ("auto", "profile", "fit")
+"""`auto`: the profile when the run has one that covers its layers, else the fit; `profile` or `fit`: that one."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCosts:
+    """The layer costs of a run and where they came from."""
+
+    costs: LayerCosts
+    source: str
+    """`profile` (the run's profile.json) or `fit` (least squares over the runs' stage spans)."""
+    fit: CostFit | None
+    """The fit of the stage spans: the costs themselves for `fit`, a comparison next to a profile; None when
+    the spans cannot be fitted and the profile does without them."""
+    profile: LayerProfile | None
+    """The profile the costs come from (source `profile`), else None."""
+    phase: str
+    """The pass the costs describe: the profile's `decode`/`prefill`, or the fit's (`all` too)."""
+    notes: tuple[str, ...] = ()
+    """Why a profile the run has was left aside."""
+
+
+def run_costs(
+    traces: Sequence[Trace],
+    profile: LayerProfile | None,
+    *,
+    choice: str = "auto",
+    phase: str | None = None,
+    where: str = "the run",
+) -> RunCosts:
+    """Costs to rebalance the last of `traces` on: `profile` (the last run's) when `choice` allows and it
+    covers the run's layers, else a fit of every run's stage spans (fitted beside a profile too, for
+    comparison, when the spans allow). `phase`: which passes (default decode); `where` names the run in errors."""
+    if choice not in COST_CHOICES:
+        raise InvalidConfigError(f"unknown cost source {choice!r}; valid: {', '.join(COST_CHOICES)}")
+    if not traces:
+        raise InvalidConfigError("give at least one run to take costs from")
+    _check_rebalanceable(traces[-1])
+    profiled, notes = _profile_costs(profile, sum(traces[-1].meta.split), choice, phase, where)
+    if profiled is None:
+        fit = fit_layer_costs(traces, phase=phase)
+        return RunCosts(costs=fit.costs, source="fit", fit=fit, profile=None, phase=fit.phase, notes=notes)
+    try:
+        beside: CostFit | None = fit_layer_costs(traces, phase=phase)
+    except UnsupportedInputError:
+        beside = None  # the profile is enough; the spans just cannot be fitted
+    return RunCosts(costs=profiled, source="profile", fit=beside, profile=profile, phase=phase or "decode")
+
+
+def _check_rebalanceable(trace: Trace) -> None:
+    """Raise unless the run's layers can be rebalanced: a known split, one chunk per rank."""
+    if not trace.meta.split:
+        raise UnsupportedInputError(
+            "the trace does not say how its layers are split across stages (ppscope runs record it; nsys and "
+            "Kineto imports cannot), so layer costs cannot be fitted from it. Give the costs yourself: "
+            "`ppscope rebalance --layer-costs MS,MS,... --stages P`"
+        )
+    if trace.meta.chunks > 1:
+        raise InvalidConfigError(
+            "rebalancing interleaved runs (chunks > 1) is not supported: rebalance a gpipe or serve run"
+        )
+
+
+def _profile_costs(
+    profile: LayerProfile | None, layers: int, choice: str, phase: str | None, where: str
+) -> tuple[LayerCosts | None, tuple[str, ...]]:
+    """The profile's costs for `phase` when `choice` takes them (None: fit instead), and why not when the
+    run has a profile that is left aside."""
+    if choice == "fit":
+        return None, ()
+    if profile is None:
+        if choice == "profile":
+            raise UnsupportedInputError(
+                f"{where} has no {PROFILE_FILE}: profile the model with `ppscope tune`, or use --costs fit"
+            )
+        return None, ()
+    if phase == "all":
+        raise UnsupportedInputError("a profile has a prefill and a decode phase, not `all`: give --phase decode")
+    costs = profile.phase(phase or "decode").costs()
+    if costs.layers == layers:
+        return costs, ()
+    mismatch = f"{where}'s {PROFILE_FILE} times {costs.layers} layers, the run has {layers}"
+    if choice == "profile":
+        raise UnsupportedInputError(f"{mismatch}: it profiles another model; use --costs fit")
+    return None, (f"{mismatch}: costs fitted from its spans instead",)

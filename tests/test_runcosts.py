@@ -1,0 +1,79 @@
+"""`run_costs`: a run's profile when it has one that fits, else a fit of its spans, and one set of errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ppscope.balance.costs import LayerCosts
+from ppscope.balance.profile import LayerProfile, PhaseCosts
+from ppscope.balance.runcosts import run_costs
+from ppscope.errors import InvalidConfigError, UnsupportedInputError
+from ppscope.simulate.simulator import SimConfig, simulate
+from ppscope.trace.model import Trace
+
+# 3 stages of 2 layers: stage times 1.5 + 2, 2, 2 + 3 ms, from 1 ms layers, a 0.5 ms embedding and a 3 ms head
+TRUE = LayerCosts(layer_ms=(1.0,) * 6, embed_ms=0.5, head_ms=3.0)
+
+
+def run(costs: LayerCosts = TRUE, stages: int = 3, **kw: int) -> Trace:
+    return simulate(SimConfig(schedule="gpipe", stages=stages, microbatches=2, costs=costs, **kw))
+
+
+def profile(layer_ms: tuple[float, ...]) -> LayerProfile:
+    decode = PhaseCosts(layer_ms=layer_ms, embed_ms=0.1, head_ms=0.2, sample_ms=0.0, tokens=1)
+    prefill = dataclasses.replace(decode, layer_ms=tuple(4 * c for c in layer_ms))
+    return LayerProfile(model="m", device="cpu", dtype="float32", method="perf_counter", repeats=3,
+                        prefill=prefill, decode=decode)  # fmt: skip
+
+
+def test_without_a_profile_the_costs_are_the_fit_of_the_spans() -> None:
+    got = run_costs([run()], None)
+    assert got.source == "fit" and got.profile is None and got.fit is not None and got.phase == "all"
+    assert got.costs.layer_ms == pytest.approx(TRUE.layer_ms)
+    assert (got.costs.embed_ms, got.costs.head_ms) == pytest.approx((0.5, 3.0))
+
+
+def test_a_profile_that_covers_the_layers_wins_and_the_fit_stands_beside_it() -> None:
+    prof = profile((2.0, 1.0, 1.0, 1.0, 1.0, 1.0))
+    got = run_costs([run()], prof)
+    assert got.source == "profile" and got.profile is prof and got.phase == "decode"
+    assert got.costs == LayerCosts(layer_ms=(2.0, 1.0, 1.0, 1.0, 1.0, 1.0), embed_ms=0.1, head_ms=0.2)
+    assert got.fit is not None and got.fit.costs.layer_ms == pytest.approx(TRUE.layer_ms)
+    assert run_costs([run()], prof, phase="prefill").costs.layer_ms == (8.0, 4.0, 4.0, 4.0, 4.0, 4.0)
+    assert run_costs([run()], prof, choice="fit").source == "fit"
+
+
+def test_a_profile_needs_no_fit_when_the_spans_cannot_give_one() -> None:
+    # two stages and no embed/head cost: every stage is a first or a last one, the extras are not separable
+    trace = run(LayerCosts.uniform(6, 1.0), stages=2)
+    got = run_costs([trace], profile((1.0,) * 6))
+    assert got.source == "profile" and got.fit is None
+    with pytest.raises(UnsupportedInputError, match="cannot separate the embedding/LM-head cost"):
+        run_costs([trace], None)
+
+
+def test_a_profile_of_another_model_is_left_aside_or_refused() -> None:
+    other = profile((1.0,) * 4)
+    got = run_costs([run()], other, where="runs/r1")
+    assert got.source == "fit" and got.notes == (
+        "runs/r1's profile.json times 4 layers, the run has 6: costs fitted from its spans instead",
+    )
+    with pytest.raises(UnsupportedInputError, match="times 4 layers, the run has 6: it profiles another model"):
+        run_costs([run()], other, choice="profile")
+
+
+def test_errors_are_named() -> None:
+    with pytest.raises(UnsupportedInputError, match=r"runs/r1 has no profile\.json: profile the model"):
+        run_costs([run()], None, choice="profile", where="runs/r1")
+    with pytest.raises(UnsupportedInputError, match="not `all`: give --phase decode"):
+        run_costs([run()], profile((1.0,) * 6), phase="all")
+    with pytest.raises(InvalidConfigError, match=r"interleaved runs \(chunks > 1\) is not supported"):
+        run_costs([simulate(SimConfig(schedule="interleaved", stages=2, microbatches=2, chunks=2, costs=TRUE))], None)
+    unsplit = run()
+    unsplit.meta = dataclasses.replace(unsplit.meta, split=[])
+    with pytest.raises(UnsupportedInputError, match="does not say how its layers are split"):
+        run_costs([unsplit], None)
+    with pytest.raises(InvalidConfigError, match="unknown cost source 'best'"):
+        run_costs([run()], None, choice="best")
