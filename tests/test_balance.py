@@ -209,13 +209,13 @@ def test_fewer_layers_than_stages_and_wrong_lengths() -> None:
 
 
 def test_engine_lines() -> None:
-    lines = engine_lines([5, 4, 4, 3])
+    lines = engine_lines([5, 4, 4, 3], 16)
     assert lines["vllm_env"] == "VLLM_PP_LAYER_PARTITION=5,4,4,3"
     assert lines["sglang_env"] == "SGLANG_PP_LAYER_PARTITION=5,4,4,3"
     assert lines["ppscope_run"] == "ppscope run --split 5,4,4,3"
     assert megatron_args([5, 4, 4, 3]) == "--decoder-first-pipeline-num-layers 5 --decoder-last-pipeline-num-layers 3"
     assert megatron_args([5, 4, 3, 3]) is None
-    assert "not expressible" in engine_lines([5, 4, 3, 3])["megatron_args"]
+    assert "not expressible" in engine_lines([5, 4, 3, 3], 15)["megatron_args"]
 
 
 def test_large_problem_is_exact_against_a_slow_dp() -> None:
@@ -247,7 +247,7 @@ def test_cli_rebalance_from_layer_costs(capsys: pytest.CaptureFixture[str]) -> N
     assert data["sglang_env"].startswith("SGLANG_PP_LAYER_PARTITION=")
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "predicted speedup 1.200x" in text and "VLLM_PP_LAYER_PARTITION=" in text and "ppscope run --split" in text
+    assert "predicted speedup ×1.200" in text and "VLLM_PP_LAYER_PARTITION=" in text and "ppscope run --split" in text
 
 
 def test_cli_rebalance_with_memory_shows_kv_capacity(capsys: pytest.CaptureFixture[str]) -> None:

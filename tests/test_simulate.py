@@ -188,7 +188,8 @@ def test_replaying_a_simulated_run_reproduces_it(tmp_path: Path, capsys: pytest.
     write_run(simulate(cfg), tmp_path / "a")
     assert main(["simulate", "--from", str(tmp_path / "a"), "--out", str(tmp_path / "b"), "--json"]) == 0
     replay = json.loads(capsys.readouterr().out)
-    assert abs(replay["measured"]["throughput_error"]) < 1e-3
+    assert abs(replay["measured"]["replay_throughput_error"]) < 1e-3
+    assert replay["measured"]["predicted_speedup"] == pytest.approx(1.0)
     assert main(["simulate", "--from", str(tmp_path / "a"), "--split", "3,3,3", "--out", str(tmp_path / "c")]) == 0
     assert "predicted speedup" in capsys.readouterr().out
     assert main(["simulate", "--from", str(tmp_path / "a"), "--stages", "2", "--out", str(tmp_path / "d")]) == 2

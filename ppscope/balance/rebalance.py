@@ -144,7 +144,7 @@ class Rebalance:
             "predicted_speedup": self.predicted_speedup,
             "kv_tokens": {k: None if v.kv_tokens is None else list(v.kv_tokens) for k, v in both.items()},
             "kv_capacity_tokens": {k: v.kv_capacity for k, v in both.items()},
-            **engine_lines(self.proposed.split),
+            **engine_lines(self.proposed.split, sum(self.current.split)),
         }
 
 
@@ -166,8 +166,10 @@ def megatron_args(split: Sequence[int]) -> str | None:
     return f"--decoder-first-pipeline-num-layers {split[0]} --decoder-last-pipeline-num-layers {split[-1]}"
 
 
-def engine_lines(split: Sequence[int]) -> dict[str, str]:
-    """The split written the way each engine takes it."""
+def engine_lines(split: Sequence[int], layers: int) -> dict[str, str]:
+    """The split written the way each engine takes it, checked first against the model's `layers`: a line
+    to paste never names a split of another model."""
+    validate_split(split, layers)
     text = format_split(split)
     megatron = megatron_args(split)
     return {

@@ -16,7 +16,7 @@ from ppscope.balance.profile import PROFILE_FILE, LayerProfile
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import Trace
 
-__all__ = ["COST_CHOICES", "RunCosts", "run_costs"]
+__all__ = ["COST_CHOICES", "RunCosts", "mixed_runs", "run_costs"]
 
 COST_CHOICES = ("auto", "profile", "fit")
 """`auto`: the profile when the run has one that covers its layers, else the fit; `profile` or `fit`: that one."""
@@ -47,16 +47,28 @@ def run_costs(
     choice: str = "auto",
     phase: str | None = None,
     where: str = "the run",
+    mix: bool = False,
 ) -> RunCosts:
     """Costs to rebalance the last of `traces` on: `profile` (the last run's) when `choice` allows and it
     covers the run's layers, else a fit of every run's stage spans (fitted beside a profile too, for
-    comparison, when the spans allow). `phase`: which passes (default decode); `where` names the run in errors."""
+    comparison, when the spans allow). `phase`: which passes (default decode); `where` names the run in errors.
+    Runs of different models, dtypes, devices or schedules are refused unless `mix` (then a note says so)."""
+    notes: tuple[str, ...] = ()
     if choice not in COST_CHOICES:
         raise InvalidConfigError(f"unknown cost source {choice!r}; valid: {', '.join(COST_CHOICES)}")
     if not traces:
         raise InvalidConfigError("give at least one run to take costs from")
     _check_rebalanceable(traces[-1])
-    profiled, notes = _profile_costs(profile, sum(traces[-1].meta.split), choice, phase, where)
+    mixed = mixed_runs(traces)
+    if mixed and not mix:
+        raise InvalidConfigError(
+            f"the runs differ in {mixed}: one cost model cannot describe them. Fit one kind of run at a time, or "
+            "give --mix to fit them together anyway"
+        )
+    if mixed:
+        notes += (f"fitted across runs that differ in {mixed} (--mix)",)
+    profiled, profile_notes = _profile_costs(profile, sum(traces[-1].meta.split), choice, phase, where)
+    notes += profile_notes
     if profiled is None:
         fit = fit_layer_costs(traces, phase=phase)
         return RunCosts(costs=fit.costs, source="fit", fit=fit, profile=None, phase=fit.phase, notes=notes)
@@ -65,6 +77,22 @@ def run_costs(
     except UnsupportedInputError:
         beside = None  # the profile is enough; the spans just cannot be fitted
     return RunCosts(costs=profiled, source="profile", fit=beside, profile=profile, phase=phase or "decode")
+
+
+def mixed_runs(traces: Sequence[Trace]) -> str:
+    """What the runs differ in, among model, dtype, device and schedule, in words ('' when alike)."""
+    kinds = {
+        "model": lambda m: str(m.model.get("name") or ""),
+        "dtype": lambda m: str(m.config.get("dtype") or ""),
+        "device": lambda m: ",".join(sorted({r.device.split(":")[0] for r in m.ranks if r.device})),
+        "schedule": lambda m: m.schedule,
+    }
+    differ = []
+    for name, of in kinds.items():
+        values = [of(t.meta) for t in traces]
+        if len(set(values)) > 1:
+            differ.append(f"{name} ({' vs '.join(dict.fromkeys(v or '?' for v in values))})")
+    return ", ".join(differ)
 
 
 def _check_rebalanceable(trace: Trace) -> None:

@@ -126,7 +126,7 @@ class TuneResult:
             "simulated": dataclasses.asdict(self.simulated) if self.simulated else None,
             "realised_share_of_simulated_gain": self.realised_simulated,
             "advice": self.advice.to_dict(),
-            "lines": engine_lines(self.advice.proposed.split),
+            "lines": engine_lines(self.advice.proposed.split, sum(self.advice.current.split)),
             "notes": self.notes,
         }
 

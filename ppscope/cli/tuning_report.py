@@ -85,5 +85,5 @@ def print_tune(result: TuneResult, console: Console | None = None) -> None:
     out.print(f"advised split, predicted stage times (ms): {stage_ms}")
     from ppscope.balance.rebalance import engine_lines
 
-    for line in engine_lines(advice.proposed.split).values():
+    for line in engine_lines(advice.proposed.split, sum(advice.current.split)).values():
         out.print(f"  {line}", highlight=False, soft_wrap=True)

@@ -187,7 +187,7 @@ def rebalance(live: LiveTrace) -> None:
     st.plotly_chart(charts.split_figure(cur.stage_ms, new.stage_ms), key="split", config={"displaylogo": False})
     from ppscope.balance.rebalance import engine_lines
 
-    lines = engine_lines(new.split)
+    lines = engine_lines(new.split, sum(cur.split))
     st.markdown("**Ready to paste**")
     st.code(f"{lines['vllm_env']}\n{lines['sglang_env']}\n{lines['ppscope_run']}", language="bash")
     st.caption(f"Megatron-LM: {lines['megatron_args'] or '(one stage: no flags needed)'}")

@@ -79,6 +79,11 @@ def register(sub: Any) -> None:
         "of its stage spans, or auto: the profile when the last run has one (default)",
     )
     p.add_argument("--phase", choices=("decode", "prefill", "all"), help="passes to use (default: decode)")
+    p.add_argument(
+        "--mix",
+        action="store_true",
+        help="fit runs of different models, dtypes, devices or schedules together (refused otherwise)",
+    )
     p.add_argument("--overhead-ms", default="0", help="fixed time per stage: one value or one per stage")
     p.add_argument("--comm-ms", default="0", help="time of each stage's hop to the next: one value or one per stage")
     p.add_argument("--speeds", default="1", help="relative speed of each stage's GPU: one value or one per stage")
@@ -113,6 +118,22 @@ def _per_stage(text: str, what: str, stages: int) -> float | list[float]:
     return values
 
 
+def _given_costs(args: argparse.Namespace) -> str:
+    return "--layer-costs" if args.layer_costs else "--layers"
+
+
+def _check_given_layers(args: argparse.Namespace, split: list[int]) -> None:
+    """Costs given on the command line describe the run's model: one per layer of its split."""
+    from ppscope.errors import InvalidConfigError
+
+    layers = costs_from_args(args).layers
+    if layers != sum(split):
+        raise InvalidConfigError(
+            f"{_given_costs(args)} gives {layers} layer cost(s) but the run has {sum(split)} layers "
+            f"(split {','.join(map(str, split))}): give one cost per layer of the run's model"
+        )
+
+
 def _model_shape(args: argparse.Namespace, run_model: dict[str, Any]) -> Any:
     from ppscope.balance.shapes import ModelShape
     from ppscope.cli.commands.plan import model_shape
@@ -142,44 +163,58 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.balance.rebalance import rebalance
     from ppscope.balance.runcosts import run_costs
     from ppscope.balance.split import parse_split
-    from ppscope.errors import InvalidConfigError
+    from ppscope.errors import InvalidConfigError, UnsupportedInputError
     from ppscope.formats.sources import open_trace
 
     fit, profiled, run_model, current, measured = None, None, {}, None, None
     notes: tuple[str, ...] = ()
     stages = args.stages
+    given = bool(args.layer_costs or args.layers or args.layer_cost_ms is not None)
     if args.runs:
         traces = [open_trace(r) for r in args.runs]
         meta = traces[-1].meta
-        got = run_costs(traces, _read_profile(args), choice=args.costs, phase=args.phase, where=args.runs[-1])
-        fit, notes = got.fit, got.notes
-        profiled = got.costs if got.source == "profile" else None
-        run_model, current = meta.model, list(meta.split)
+        run_model, current = meta.model, list(meta.split) or None
+        if given and current is not None:
+            _check_given_layers(args, current)
+        try:
+            got = run_costs(
+                traces, _read_profile(args), choice=args.costs, phase=args.phase, where=args.runs[-1], mix=args.mix
+            )
+        except UnsupportedInputError:
+            if not given:
+                raise
+            got = None  # the costs given need only the run's split, which the comparison fit could not use
+        if got is not None:
+            fit, notes = got.fit, got.notes
+            profiled = got.costs if got.source == "profile" else None
         args.dtype = args.dtype or str(meta.config.get("dtype") or "") or None
         if fit is not None:
             last_run = [o for o in fit.observations if o.run == len(traces) - 1]
             measured = [
                 o.forward_ms + (o.embed_ms or 0.0) + (o.head_ms or 0.0) + (o.sample_ms or 0.0) for o in last_run
             ]
-        if stages is not None and stages != len(current):
-            raise InvalidConfigError(f"--stages {stages} differs from the run's {len(current)} stages")
-        stages = len(current)
+        if current is not None:
+            if stages is not None and stages != len(current):
+                raise InvalidConfigError(f"--stages {stages} differs from the run's {len(current)} stages")
+            stages = len(current)
     base = profiled if profiled is not None else (fit.costs if fit else None)
     costs = costs_from_args(args, base)
     if stages is None:
         raise InvalidConfigError("give --stages P with --layer-costs")
     if args.current_split:
         current = parse_split(args.current_split, costs.layers, stages)
-    elif current is not None and sum(current) != costs.layers:
-        current = None
     args.dtype = args.dtype or "fp16"
     shape = _model_shape(args, run_model)
+    if shape is not None and shape.layers != costs.layers:
+        raise InvalidConfigError(
+            f"--model {args.model or shape.name} has {shape.layers} layers but "
+            f"{_given_costs(args) if given else 'the costs'} cover {costs.layers}: give one cost per layer of the "
+            "model whose split you want"
+        )
     memory = None
     if args.gpu_mem_gib:
         if shape is None:
             raise InvalidConfigError("--gpu-mem-gib needs --model (a preset or config.json) to size weights and KV")
-        if shape.layers != costs.layers:
-            raise InvalidConfigError(f"--model has {shape.layers} layers but the costs cover {costs.layers}")
         gib = _per_stage(args.gpu_mem_gib, "--gpu-mem-gib", stages)
         memory = stage_memory_model(
             shape,
@@ -213,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         None if shape is None else [n * shape.kv_bytes_per_token_per_layer(args.dtype) for n in advice.proposed.split]
     )
     out["fit"] = None
-    out["cost_source"] = "profile" if profiled is not None else ("fit" if fit is not None else "given")
+    out["cost_source"] = "given" if given else ("profile" if profiled is not None else "fit")
     out["measured_stage_ms"] = measured
     if fit is not None:
         out["fit"] = {
@@ -240,6 +275,11 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     fit = d["fit"]
     if d["cost_source"] == "profile":
         print("costs: the run's per-layer profile (profile.json); the fit from its stage spans is for comparison")
+    if d["cost_source"] == "given":
+        print(
+            "costs: the layer costs given on the command line"
+            + ("; the run's fit below is for comparison" if fit else "")
+        )
     if fit is not None:
         print(
             f"costs fitted from {fit['runs']} run(s), {fit['phase']} passes: {fit['uniform_layer_ms']:.3f} ms per "
@@ -279,15 +319,15 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     bn, mx = d["bottleneck_stage"], d["max_stage_ms"]
     print(
         f"slowest stage: {bn['current']} at {mx['current']:.3f} ms now, {bn['proposed']} at {mx['proposed']:.3f} ms "
-        f"proposed: predicted speedup {d['predicted_speedup']:.3f}x"
+        f"proposed: predicted speedup ×{d['predicted_speedup']:.3f}"
         + (" (the current split is already optimal)" if d["current_split"] == d["proposed_split"] else "")
     )
     cap = d["kv_capacity_tokens"]
     if cap["current"] is not None:
         print(f"pipeline KV capacity (smallest stage): {max(cap['current'], 0):,} -> {cap['proposed']:,} tokens")
     elif d["kv_bytes_per_token"] is not None:
-        per = ", ".join(f"{b:,}" for b in d["kv_bytes_per_token"])
-        print(f"KV cache per token per stage (proposed): {per} B; give --gpu-mem-gib for KV capacity")
+        per = "; ".join(f"stage {s}: {b} B" for s, b in enumerate(d["kv_bytes_per_token"]))
+        print(f"KV cache per token (proposed split): {per}; give --gpu-mem-gib for KV capacity")
     elif not has_model:
         print("KV capacity: give --model and --gpu-mem-gib")
     print("ready to paste:")

@@ -32,11 +32,11 @@ def register(sub: Any) -> None:
         help="replay a measured run: its schedule, sizes and split, costs fitted from its spans, hop latency and "
         "host overhead from its gaps (add --split to ask what another split would do)",
     )
-    p.add_argument("--schedule", choices=("gpipe", "interleaved", "serve"), default="gpipe")
+    p.add_argument("--schedule", choices=("gpipe", "interleaved", "serve"), help="the schedule (gpipe)")
     p.add_argument("--stages", type=int, help="ranks (physical pipeline stages)")
     p.add_argument("--microbatches", type=int, help="micro-batches (serve: micro-batches in flight)")
-    p.add_argument("--chunks", type=int, default=1, help="model chunks per rank (interleaved)")
-    p.add_argument("--steps", type=int, default=1, help="passes per micro-batch: 1 prefill + decode steps (1)")
+    p.add_argument("--chunks", type=int, help="model chunks per rank (interleaved) (1)")
+    p.add_argument("--steps", type=int, help="passes per micro-batch: 1 prefill + decode steps (1)")
     add_cost_arguments(p)
     p.add_argument("--split", help="layer counts per (virtual) stage (default: vLLM's rule)")
     p.add_argument("--overhead-ms", type=float, default=0.0, help="host time per action, outside any span")
@@ -57,10 +57,15 @@ def _replay(args: argparse.Namespace) -> tuple[Any, Any]:
     from ppscope.formats.sources import open_trace
     from ppscope.simulate.calibrate import Replay
 
-    given = [o for o, v in (("--stages", args.stages), ("--microbatches", args.microbatches), ("--layers", args.layers),
-                            ("--layer-costs", args.layer_costs)) if v is not None]  # fmt: skip
+    taken = (("--schedule", args.schedule), ("--stages", args.stages), ("--microbatches", args.microbatches),
+             ("--chunks", args.chunks), ("--steps", args.steps), ("--layers", args.layers),
+             ("--layer-costs", args.layer_costs))  # fmt: skip
+    given = [o for o, v in taken if v is not None]
     if given:
-        raise InvalidConfigError(f"--from RUN takes the pipeline and costs from the run: drop {', '.join(given)}")
+        raise InvalidConfigError(
+            f"--from RUN replays the run's own schedule, sizes and costs: drop {', '.join(given)} (or simulate "
+            "without --from)"
+        )
     replay = Replay.of(open_trace(args.from_run))
     cfg = replay.config
     split = parse_split(args.split, cfg.costs.layers, len(cfg.split)) if args.split else None
@@ -76,12 +81,15 @@ def run(args: argparse.Namespace) -> int:
     if args.from_run:
         replay, prediction = _replay(args)
         cfg, trace = prediction.config, prediction.trace
+        own = prediction if tuple(cfg.split) == tuple(replay.config.split) else replay.predict()
         measured = {
             "run_dir": args.from_run,
             "split": list(replay.measured.meta.split),
-            "measured_ms": prediction.measured_ms,
+            "measured_ms": own.measured_ms,
+            "replay_ms": own.predicted_ms,
+            "replay_throughput_error": own.throughput_error,
             "predicted_ms": prediction.predicted_ms,
-            "throughput_error": prediction.throughput_error,
+            "predicted_speedup": own.predicted_ms / prediction.predicted_ms if prediction.predicted_ms else None,
         }
     else:
         cfg = _config(args)
@@ -108,13 +116,14 @@ def _config(args: argparse.Namespace) -> Any:
     costs = costs_from_args(
         args, missing="give the costs: --layer-costs MS,MS,... (one per layer) or --layers N --layer-cost-ms MS"
     )
-    virtual = args.stages * args.chunks
+    chunks = args.chunks or 1
+    virtual = args.stages * chunks
     return SimConfig(
-        schedule=args.schedule,
+        schedule=args.schedule or "gpipe",
         stages=args.stages,
         microbatches=args.microbatches,
-        chunks=args.chunks,
-        steps=args.steps,
+        chunks=chunks,
+        steps=args.steps or 1,
         costs=costs,
         split=tuple(parse_split(args.split, costs.layers, virtual)) if args.split else (),
         overhead_ms=args.overhead_ms,
@@ -130,30 +139,32 @@ def _config(args: argparse.Namespace) -> Any:
 
 def _print(cfg: Any, summary: dict[str, Any]) -> None:
     path = summary["run_dir"]
+    m = summary.get("measured")
     print(
         f"{cfg.schedule}: {cfg.stages} stage(s), {cfg.microbatches} micro-batch(es)"
         + (f", {cfg.chunks} chunks" if cfg.chunks > 1 else "")
         + f", {cfg.steps} step(s), split {','.join(map(str, summary['split']))}"
     )
     theory = summary["theory_bubble_ratio"]
+    timing = "" if m is not None else f"makespan {summary['makespan_ms']:.3f} ms; "  # with --from: the lines below
     print(
-        f"makespan {summary['makespan_ms']:.3f} ms; {summary['passes_per_s']:.1f} micro-batch passes/s; "
-        f"bubble ratio {summary['bubble_ratio']:.4f} (Σ idle / (P × window), as `ppscope analyze` reports it)"
-        + (f"; theory {theory:.4f} = {summary['theory_formula']}" if theory is not None else "")
+        f"{timing}{summary['passes_per_s']:.1f} micro-batch passes/s; bubble ratio {summary['bubble_ratio']:.1%} "
+        "(Σ idle / (P × window), as `ppscope analyze` reports it)"
+        + (f"; theory {theory:.1%} = {summary['theory_formula']}" if theory is not None else "")
     )
     busy = ", ".join(f"{b:.3f}" for b in summary["busy_ms_per_rank"])
     print(f"busy per rank (ms): {busy}")
-    m = summary.get("measured")
     if m is not None:
-        same = m["split"] == summary["split"]
+        own = ",".join(map(str, m["split"]))
         print(
-            f"measured run {m['run_dir']} (split {','.join(map(str, m['split']))}): {m['measured_ms']:.3f} ms; "
-            f"predicted {m['predicted_ms']:.3f} ms"
-            + (
-                f": throughput error {m['throughput_error']:+.1%} (the model's fidelity on this run)"
-                if same
-                else f" with split {','.join(map(str, summary['split']))}: predicted speedup "
-                f"{m['measured_ms'] / m['predicted_ms']:.3f}x"
-            )
+            f"replay of {m['run_dir']} (split {own}): simulated {m['replay_ms']:.3f} ms against measured "
+            f"{m['measured_ms']:.3f} ms: the simulator's throughput error on this run is "
+            f"{m['replay_throughput_error']:+.1%}"
         )
+        if m["split"] != summary["split"]:
+            print(
+                f"split {','.join(map(str, summary['split']))}: simulated {m['predicted_ms']:.3f} ms, predicted "
+                f"speedup ×{m['predicted_speedup']:.3f} against the replay of split {own} (both simulated; the "
+                "error above is how far the simulator was off on the run itself)"
+            )
     print(f"wrote {path}: inspect it with `ppscope analyze {path}`")

@@ -1,0 +1,82 @@
+"""Advice that fits the model it is for: layer counts checked, runs of one kind, speedups of like against like."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ppscope.balance.costs import LayerCosts
+from ppscope.balance.rebalance import engine_lines
+from ppscope.cli.main import main
+from ppscope.errors import InvalidSplitError
+from ppscope.simulate.simulator import SimConfig, simulate, write_run
+
+COSTS = LayerCosts(layer_ms=(1.0,) * 7 + (3.0,), embed_ms=1.0, head_ms=3.0)
+
+
+def _run(path: Path, schedule: str = "gpipe", split: tuple[int, ...] = (4, 4)) -> Path:
+    cfg = SimConfig(schedule=schedule, stages=2, microbatches=4, steps=3, costs=COSTS, split=split)
+    return write_run(simulate(cfg), path)
+
+
+def test_layer_costs_that_do_not_cover_the_runs_layers_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run(tmp_path / "r")
+    assert main(["rebalance", str(run), "--layer-costs", "1,1,1,1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "ppscope rebalance: error: --layer-costs gives 4 layer cost(s) but the run has 8 layers (split 4,4): "
+        "give one cost per layer of the run's model"
+    )
+    assert main(["rebalance", "--layer-costs", "1,1,1,1", "--stages", "2", "--model", "llama3-8b"]) == 2
+    assert "--model llama3-8b has 32 layers but --layer-costs cover 4" in capsys.readouterr().err
+
+
+def test_given_costs_are_said_to_be_given(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run(tmp_path / "r")
+    assert main(["rebalance", str(run), "--layer-costs", "1,1,1,1,1,1,1,3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cost_source"] == "given" and out["vllm_env"] == "VLLM_PP_LAYER_PARTITION=6,2"
+
+
+def test_a_paste_line_never_names_another_models_split() -> None:
+    assert engine_lines([5, 3], 8)["vllm_env"] == "VLLM_PP_LAYER_PARTITION=5,3"
+    with pytest.raises(InvalidSplitError, match="sums to 4 but the model has 8 layers"):
+        engine_lines([3, 1], 8)
+
+
+def test_runs_of_different_kinds_are_not_fitted_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gpipe, serve = _run(tmp_path / "g"), _run(tmp_path / "s", schedule="serve", split=(5, 3))
+    assert main(["rebalance", str(gpipe), str(serve)]) == 2
+    assert "the runs differ in schedule (gpipe vs serve)" in capsys.readouterr().err
+    assert main(["rebalance", str(gpipe), str(serve), "--mix", "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["fit"]["notes"]
+    assert "fitted across runs that differ in schedule (gpipe vs serve) (--mix)" in notes
+
+
+def test_a_replay_compares_simulated_with_simulated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run(tmp_path / "r")
+    assert main(["simulate", "--from", str(run), "--split", "5,3", "--out", str(tmp_path / "p"), "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)["measured"]
+    assert m["predicted_speedup"] == pytest.approx(m["replay_ms"] / m["predicted_ms"])
+    assert m["predicted_speedup"] > 1.0 and abs(m["replay_throughput_error"]) < 1e-3
+    assert main(["simulate", "--from", str(run), "--split", "5,3", "--out", str(tmp_path / "q")]) == 0
+    text = capsys.readouterr().out
+    assert f"predicted speedup ×{m['predicted_speedup']:.3f} against the replay of split 4,4" in text
+    assert "makespan" not in text  # one timing per split: the replay's lines
+
+
+def test_a_replay_refuses_a_schedule_it_would_ignore(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run(tmp_path / "r", schedule="serve")
+    assert main(["simulate", "--from", str(run), "--schedule", "gpipe", "--out", str(tmp_path / "p")]) == 2
+    assert "drop --schedule" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
+
+
+def test_kv_bytes_per_stage_read_without_separators_inside_a_list(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["rebalance", "--layer-costs", ",".join(["1"] * 32), "--stages", "2", "--model", "llama3-8b"]
+    assert main(args) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("KV cache per token"))
+    assert line.startswith("KV cache per token (proposed split): stage 0: 65536 B; stage 1: 65536 B")
