@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from ppscope.balance.costs import LayerCosts, StageCosts, fit_layer_costs, observe_stages
+from ppscope.balance.costs import LayerCosts, StageCosts, fit_layer_costs, observe_stages, r_squared_text
 from ppscope.balance.split import stage_layer_ranges
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import RankInfo, RunMeta, Trace
@@ -77,10 +77,14 @@ def test_one_run_gives_each_stage_time_divided_by_its_layers() -> None:
     layer_ms = [1.0, 1.0, 3.0, 3.0, 2.0, 2.0, 2.0, 2.0]
     fit = fit_layer_costs([fake_run(layer_ms, [4, 4])])
     assert fit.costs.layer_ms == pytest.approx([2.0] * 4 + [2.0] * 4)
+    assert fit.r_squared is None  # the same layers on every stage: nothing for R² to measure but noise
+    assert any("cannot be told apart" in n for n in fit.notes)
+    assert r_squared_text(fit.r_squared) == "R² – (no spread in layers per stage to explain)"
     fit = fit_layer_costs([fake_run(layer_ms, [2, 2, 4])])
     assert fit.costs.layer_ms == pytest.approx(layer_ms)
     assert fit.uniform_layer_ms == pytest.approx(sum(layer_ms) / 8, rel=0.2)
-    assert fit.r_squared < 1.0  # a single per-layer cost does not explain stages of 1+1 and 3+3 ms
+    assert fit.r_squared is not None and fit.r_squared < 1.0  # one cost does not explain stages of 1+1, 3+3 ms
+    assert r_squared_text(fit.r_squared) == f"R² {fit.r_squared:.3f}"
     assert fit.layer_rms_residual_ms == pytest.approx(0.0, abs=1e-9)
 
 

@@ -145,7 +145,7 @@ def test_cli_simulate_then_rebalance_the_prediction(tmp_path: Path, capsys: pyte
     assert advice["current_split"] == [4, 4, 4, 4]
     assert advice["stage_times_ms"]["current"] == pytest.approx([4.5, 4.0, 4.0, 7.0])
     assert max(advice["stage_times_ms"]["proposed"]) == pytest.approx(5.0)
-    assert advice["fit"]["r_squared"] == pytest.approx(1.0) and advice["fit"]["extras_measured"]
+    assert advice["fit"]["r_squared"] is None and advice["fit"]["extras_measured"]  # 4 layers on every stage
     assert main([*args[:-3], "--out", str(out)]) == 2  # never overwrites a run
     assert "already holds files" in capsys.readouterr().err
     assert main(["simulate", "--stages", "2", "--microbatches", "2", "--out", str(tmp_path / "x")]) == 2

@@ -29,6 +29,7 @@ __all__ = [
     "fit_layer_costs",
     "observe_stages",
     "parse_ms_list",
+    "r_squared_text",
 ]
 
 
@@ -162,8 +163,10 @@ class CostFit:
     observations: tuple[StageObservation, ...]
     uniform_layer_ms: float
     """The one per-layer cost that best explains every stage (least squares)."""
-    r_squared: float
-    """Share of the variance of stage times the uniform model explains (1.0: all of it)."""
+    r_squared: float | None
+    """Share of the variance of stage times the uniform model explains (1.0: all of it); None when every
+    stage holds the same layers and extras, so the model can only predict one time for all of them and there
+    is nothing for it to explain."""
     rms_residual_ms: float
     """Root-mean-square error of the uniform model per stage."""
     layer_rms_residual_ms: float
@@ -171,6 +174,11 @@ class CostFit:
     extras_measured: bool
     """Embedding and head/sample times came from their own spans (True) or were fitted (False)."""
     notes: tuple[str, ...] = ()
+
+
+def r_squared_text(r_squared: float | None) -> str:
+    """R² for people: the figure, or a dash and why there is none."""
+    return "R² – (no spread in layers per stage to explain)" if r_squared is None else f"R² {r_squared:.3f}"
 
 
 _ALL = "all"
@@ -285,7 +293,15 @@ def fit_layer_costs(traces: Sequence[Trace], *, phase: str | None = None) -> Cos
     coef, *_ = np.linalg.lstsq(a, t, rcond=None)
     ss_res = float(((t - a @ coef) ** 2).sum())
     ss_tot = float(((t - t.mean()) ** 2).sum())
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-18 else (1.0 if ss_res <= 1e-18 else 0.0)
+    predicted = a @ coef
+    if np.ptp(predicted) <= 1e-12 * max(1.0, float(np.abs(predicted).max())):
+        r2: float | None = None  # one prediction for every stage: R² would only measure the noise
+        notes.append(
+            "every stage holds the same number of layers, so per-layer costs cannot be told apart from these runs: "
+            "each layer costs its stage's time ÷ its layers (R² is not defined; add a run with another split)"
+        )
+    else:
+        r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-18 else 1.0
     c = float(coef[0])
     extras = np.zeros(len(obs))
     if fit_embed:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppscope.analysis import AnalysisResult, analyze
-from ppscope.balance.costs import LayerCosts, fit_layer_costs
+from ppscope.balance.costs import LayerCosts, fit_layer_costs, r_squared_text
 from ppscope.balance.problem import BalanceProblem
 from ppscope.balance.rebalance import Rebalance, engine_lines, rebalance
 from ppscope.errors import InvalidConfigError, PPScopeError
@@ -173,7 +173,7 @@ def _costs(cfg: EngineConfig, run_dir: Path, source: str, phase: str, step: Step
         write_profile(profile, run_dir)
         return profile.phase(phase).costs(), [f"costs: {phase} pass timed layer by layer ({profile.how})"]
     fit = fit_layer_costs([load_run(run_dir)], phase=phase)
-    note = f"costs: fitted from the run's {fit.phase} spans, R² = {fit.r_squared:.3f}"
+    note = f"costs: fitted from the run's {fit.phase} spans, {r_squared_text(fit.r_squared)}"
     return fit.costs, [note, *fit.notes]
 
 

@@ -133,6 +133,8 @@ def _advise(trace: Trace, profile: LayerProfile | None) -> tuple[Advice | None, 
 
 def _cost_source(got: RunCosts) -> str:
     """Where the costs came from, in a sentence or two for the page."""
+    from ppscope.balance.costs import r_squared_text
+
     costs, fit, profile = got.costs, got.fit, got.profile
     if profile is not None:
         return (
@@ -143,7 +145,7 @@ def _cost_source(got: RunCosts) -> str:
     passes = "all passes" if fit.phase == "all" else f"the {fit.phase} passes"
     return (
         f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer on average, "
-        f"R² {fit.r_squared:.3f}. " + " ".join(f"Note: {md(n)}." for n in (*got.notes, *fit.notes))
+        f"{r_squared_text(fit.r_squared)}. " + " ".join(f"Note: {md(n)}." for n in (*got.notes, *fit.notes))
     )
 
 

@@ -272,6 +272,8 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from ppscope.balance.costs import r_squared_text
+
     fit = d["fit"]
     if d["cost_source"] == "profile":
         print("costs: the run's per-layer profile (profile.json); the fit from its stage spans is for comparison")
@@ -283,7 +285,8 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     if fit is not None:
         print(
             f"costs fitted from {fit['runs']} run(s), {fit['phase']} passes: {fit['uniform_layer_ms']:.3f} ms per "
-            f"layer on average, R² {fit['r_squared']:.3f} (uniform model, RMS error {fit['rms_residual_ms']:.3f} ms), "
+            f"layer on average, {r_squared_text(fit['r_squared'])} (uniform model, RMS error "
+            f"{fit['rms_residual_ms']:.3f} ms), "
             f"per-layer RMS error {fit['layer_rms_residual_ms']:.3f} ms"
         )
         for note in fit["notes"]:
