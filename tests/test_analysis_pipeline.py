@@ -24,9 +24,9 @@ def test_hop_stats_exact() -> None:
     assert [(h.src_rank, h.dst_rank) for h in hops] == [(0, 1), (1, 0)]
     h = hops[0]
     assert (h.messages, h.nbytes, h.send_ns, h.recv_ns, h.wait_ns) == (2, 2000, 15, 10, 4)
-    assert h.bandwidth_gbps == pytest.approx(2000 / 10)  # bytes per ns = GB/s, over the timed transfer
+    assert h.bandwidth_gb_per_s == pytest.approx(2000 / 10)  # bytes per ns = GB/s, over the timed transfer
     back = hops[1]
-    assert (back.messages, back.nbytes, back.send_ns, back.bandwidth_gbps) == (1, 8, 1, 8.0)
+    assert (back.messages, back.nbytes, back.send_ns, back.bandwidth_gb_per_s) == (1, 8, 1, 8.0)
 
 
 def test_message_latency_is_post_to_wake_of_a_waiting_receiver() -> None:

@@ -64,7 +64,7 @@ def test_spans_follow_the_engine_schema_and_causality() -> None:
     costs = LayerCosts(layer_ms=(1.0, 2.0, 1.0, 1.0, 3.0), embed_ms=0.5, head_ms=1.0, sample_ms=0.2)
     cfg = SimConfig(
         schedule="gpipe", stages=3, microbatches=4, steps=3, costs=costs, split=(2, 2, 1),
-        comm=CommModel(latency_us=50, bandwidth_gbps=80, activation_bytes=1_000_000),
+        comm=CommModel(latency_us=50, bandwidth_gb_per_s=10, activation_bytes=1_000_000),
     )  # fmt: skip
     trace = simulate(cfg)
     s = trace.spans
@@ -73,7 +73,7 @@ def test_spans_follow_the_engine_schema_and_causality() -> None:
     assert set(s[s["lane"] == "compute"]["kind"]) == {"embed", "forward", "head", "sample"}
     assert set(s[s["rank"] == 0]["kind"]) >= {"embed", "send", "recv", "recv_wait"}
     sends = s[(s["kind"] == "send") & (s["nbytes"] == 1_000_000)]
-    assert ((sends["end_ns"] - sends["start_ns"]) == 150_000).all()  # 50 µs + 8 Mbit / 80 Gbit/s
+    assert ((sends["end_ns"] - sends["start_ns"]) == 150_000).all()  # 50 µs + 1 MB / 10 GB/s
     fwd = s[s["kind"] == "forward"].set_index(["stage", "mb", "step"])
     for (stage, mb, step), row in fwd.iterrows():
         if stage > 0:  # a micro-batch never starts on stage s before stage s-1 finished it and sent it
@@ -128,8 +128,8 @@ def test_bad_configs_are_named() -> None:
         SimConfig(schedule="interleaved", stages=4, microbatches=4, chunks=2, costs=LayerCosts.uniform(6, 1.0))
     with pytest.raises(InvalidConfigError, match="sums to 5"):
         SimConfig(schedule="gpipe", stages=2, microbatches=2, costs=LayerCosts.uniform(6, 1.0), split=(2, 3))
-    with pytest.raises(InvalidConfigError, match="bandwidth_gbps"):
-        CommModel(bandwidth_gbps=-1)
+    with pytest.raises(InvalidConfigError, match="bandwidth_gb_per_s"):
+        CommModel(bandwidth_gb_per_s=-1)
 
 
 def test_cli_simulate_then_rebalance_the_prediction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

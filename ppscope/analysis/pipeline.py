@@ -124,7 +124,7 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
                 send_ns=int(dur_sum[h, send]),
                 recv_ns=int(dur_sum[h, recv]),
                 wait_ns=int(dur_sum[h, wait]),
-                bandwidth_gbps=nb / transfer_ns if transfer_ns > 0 and nb > 0 else None,
+                bandwidth_gb_per_s=nb / transfer_ns if transfer_ns > 0 and nb > 0 else None,
                 latency_ns=_int_or_none(median_ns.get((int(hops[0, h]), int(hops[1, h])))),
             )
         )

@@ -129,7 +129,7 @@ def hop_table(res: AnalysisResult, width: int | None = None) -> Table:
     for col in ["hop", "messages", "MB", "send ms", "transfer ms", "wait ms", "GB/s", "latency µs"]:
         t.add_column(col, justify="right", no_wrap=True)
     for h in res.hops:
-        bw = "-" if h.bandwidth_gbps is None else f"{h.bandwidth_gbps:.2f}"
+        bw = "-" if h.bandwidth_gb_per_s is None else f"{h.bandwidth_gb_per_s:.2f}"
         t.add_row(
             f"{h.src_rank}→{h.dst_rank}",
             str(h.messages),

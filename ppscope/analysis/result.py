@@ -110,7 +110,7 @@ class HopStats:
     """Total transfer time (kind `recv`) on dst."""
     wait_ns: int
     """Total time waiting (kind `recv_wait`) on dst for this hop."""
-    bandwidth_gbps: float | None
+    bandwidth_gb_per_s: float | None
     """nbytes / transfer time (recv if timed, else send), in GB/s (1e9 bytes/s)."""
     latency_ns: int | None = None
     """Median time from the sender posting a message to the receiver, already waiting, waking up with it (see

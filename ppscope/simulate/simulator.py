@@ -40,21 +40,21 @@ class CommModel:
     """One hop between neighbouring ranks: latency + bytes ÷ bandwidth."""
 
     latency_us: float = 0.0
-    bandwidth_gbps: float = 0.0
-    """Link bandwidth in gigabits per second (400 Gb/s InfiniBand = 50 GB/s); 0: unlimited."""
+    bandwidth_gb_per_s: float = 0.0
+    """Link bandwidth in gigabytes per second (400 Gbit/s InfiniBand = 50 GB/s); 0: unlimited."""
     activation_bytes: int = 0
     """Bytes of the activation one micro-batch sends to the next stage."""
     token_bytes: int = 8
     """Bytes of the sampled tokens the last stage sends back to the first."""
 
     def __post_init__(self) -> None:
-        for name in ("latency_us", "bandwidth_gbps", "activation_bytes", "token_bytes"):
+        for name in ("latency_us", "bandwidth_gb_per_s", "activation_bytes", "token_bytes"):
             value = getattr(self, name)
             if not np.isfinite(value) or value < 0:
                 raise InvalidConfigError(f"comm model: {name} must be a finite number >= 0, got {value!r}")
 
     def transfer_ns(self, nbytes: int) -> int:
-        wire = nbytes * 8 / self.bandwidth_gbps if self.bandwidth_gbps > 0 else 0.0  # ns: bits ÷ (Gbit/s)
+        wire = nbytes / self.bandwidth_gb_per_s if self.bandwidth_gb_per_s > 0 else 0.0  # ns: bytes ÷ (GB/s)
         return round(self.latency_us * 1000 + wire)
 
 

@@ -43,7 +43,12 @@ def register(sub: Any) -> None:
     p.add_argument("--speeds", help="relative speed of each rank's device, comma-separated")
     p.add_argument("--prefill-factor", type=float, default=1.0, help="cost of a step-0 pass relative to decode")
     p.add_argument("--comm-latency-us", type=float, default=0.0, help="latency per hop, µs")
-    p.add_argument("--comm-bandwidth-gbps", type=float, default=0.0, help="link bandwidth, Gbit/s (0: unlimited)")
+    p.add_argument(
+        "--comm-gb-per-s",
+        type=float,
+        default=0.0,
+        help="link bandwidth, GB/s (gigabytes: 400 Gbit/s InfiniBand is 50) (0: unlimited)",
+    )
     p.add_argument("--activation-bytes", type=int, default=0, help="bytes one micro-batch sends to the next stage")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="where to write the predicted run (must be new)")
     p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
@@ -131,7 +136,7 @@ def _config(args: argparse.Namespace) -> Any:
         prefill_factor=args.prefill_factor,
         comm=CommModel(
             latency_us=args.comm_latency_us,
-            bandwidth_gbps=args.comm_bandwidth_gbps,
+            bandwidth_gb_per_s=args.comm_gb_per_s,
             activation_bytes=args.activation_bytes,
         ),
     )
