@@ -42,7 +42,7 @@ def test_causality_violations_match_sends_to_receives_in_order() -> None:
 def test_injected_skew_is_recovered_and_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ppscope.engine.config import EngineConfig
     from ppscope.engine.launch import run
-    from ppscope.engine.worker import SKEW_ENV
+    from ppscope.engine.testing import SKEW_ENV
     from ppscope.trace.store import load_run
 
     skew_ns = 3_000_000_000

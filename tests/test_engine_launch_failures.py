@@ -20,7 +20,7 @@ import pytest
 from ppscope.cli.main import main
 from ppscope.engine.config import EngineConfig
 from ppscope.engine.launch import CPP_LOG_LEVEL_ENV, _interrupt_deferred, _supervise, rank_environment, run
-from ppscope.engine.worker import FAIL_ENV
+from ppscope.engine.testing import FAIL_ENV
 from ppscope.errors import EngineFailedError
 from ppscope.trace.store import read_meta
 

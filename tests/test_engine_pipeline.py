@@ -80,7 +80,7 @@ def test_gpu_ring_protocol_on_cpu_matches(
 ) -> None:
     """A GPU ring's protocol (headers on CPU groups of their own, every payload a second message on the process
     group, as NCCL carries it there) run over gloo: the same tokens; Poisson arrivals make rank 0 poll."""
-    from ppscope.engine.worker import HOST_HEADERS_ENV
+    from ppscope.engine.testing import HOST_HEADERS_ENV
 
     monkeypatch.setenv(HOST_HEADERS_ENV, "1")
     chunks = 2 if schedule == "interleaved" else 1

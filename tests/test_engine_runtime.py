@@ -13,7 +13,7 @@ from ppscope.engine.config import EngineConfig
 from ppscope.engine.launch import run
 from ppscope.engine.reference import reference_outputs
 from ppscope.engine.requests import poisson_arrivals_ns
-from ppscope.engine.worker import FAIL_ENV
+from ppscope.engine.testing import FAIL_ENV
 from ppscope.errors import EngineFailedError, InvalidConfigError
 from ppscope.trace.store import load_run, read_meta, read_requests
 

@@ -89,8 +89,9 @@ class Pipeline:
         ring.device_spans = self.device_spans
         self.on_finish: Callable[[Request], None] = lambda request: None
         """Called on rank 0 when a request has its last token (the worker appends it to requests.jsonl)."""
-        self.fail_after = 0
-        """Tests only: raise after this many passes (0 = never)."""
+        self.before_pass: Callable[[int], None] = lambda passes: None
+        """Called with each pass's number (from 1) before it runs: where a test injects a failure
+        (`ppscope.engine.testing.failure_after`)."""
         self.alternate_ns = 0
         """Benchmarks: pause recording in every other window of this many ns of the host clock (0 = never)."""
         self._passes = 0
@@ -113,8 +114,7 @@ class Pipeline:
         """Run virtual stage `stage` on one micro-batch: embed first if it is stage 0, head and sampling if last.
         Called inside the drivers' inference mode."""
         self._passes += 1
-        if self.fail_after and self._passes > self.fail_after:
-            raise RuntimeError(f"injected failure after {self.fail_after} passes")
+        self.before_pass(self._passes)
         if self.alternate_ns:
             self.rec.set_paused(self.rec.now_ns() // self.alternate_ns % 2 == 1)
         chunk = stage // self.ranks

@@ -13,7 +13,6 @@ import os
 import shlex
 import socket
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +28,8 @@ from ppscope.engine.requests import RequestLog
 from ppscope.engine.sampling import Sampling
 from ppscope.engine.schedules import Pipeline
 from ppscope.engine.stage import build_stage
+from ppscope.engine.testing import clock as test_clock
+from ppscope.engine.testing import failure_after, host_headers
 from ppscope.engine.usage import CounterSampler
 from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
 from ppscope.failures import plain_error, rank_failure
@@ -37,14 +38,7 @@ from ppscope.trace.model import ClockInfo, RankInfo
 from ppscope.trace.recorder import Recorder
 from ppscope.trace.store import RankWriter, create_run, read_meta, write_meta
 
-__all__ = ["FAIL_ENV", "HOST_HEADERS_ENV", "SKEW_ENV", "default_run_dir", "run_rank"]
-
-SKEW_ENV = "PPSCOPE_TEST_CLOCK_SKEW_NS"
-"""Tests only: `RANK=NS[,RANK=NS]`, nanoseconds added to a rank's clock, to check the offset estimate."""
-FAIL_ENV = "PPSCOPE_TEST_FAIL"
-"""Tests only: `RANK=N`, that rank raises after N passes, to check failure propagation."""
-HOST_HEADERS_ENV = "PPSCOPE_TEST_HOST_HEADERS"
-"""Tests only: `1` runs a CPU ring with a GPU ring's protocol (headers on their own groups; see ppscope.engine.comm)."""
+__all__ = ["default_run_dir", "run_rank"]
 
 ProgressFn = Callable[[int, int], None]
 SWITCH_INTERVAL_S = 1e-4
@@ -53,22 +47,6 @@ SWITCH_INTERVAL_S = 1e-4
 
 def default_run_dir() -> Path:
     return Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-
-
-def _test_hook(name: str, rank: int) -> int:
-    """The value for `rank` in a test hook variable `RANK=VALUE[,RANK=VALUE]`, else 0."""
-    for item in os.environ.get(name, "").split(","):
-        key, _, value = item.partition("=")
-        if key.strip() == str(rank) and value.strip():
-            return int(value)
-    return 0
-
-
-def _clock(rank: int) -> Callable[[], int]:
-    skew = _test_hook(SKEW_ENV, rank)
-    if not skew:
-        return time.perf_counter_ns
-    return lambda: time.perf_counter_ns() + skew
 
 
 def _device(cfg: EngineConfig, backend: str, local_rank: int) -> torch.device:
@@ -130,7 +108,7 @@ def _run(
     run_dir: Path | None,
     progress: ProgressFn | None,
 ) -> Path:
-    clock = _clock(rank)
+    clock = test_clock(rank)
     clock_info = measure_offset(rank, world, clock, device)
     supervised = run_dir is not None
     if run_dir is None:  # torchrun: rank 0 names and creates the run, the others follow
@@ -224,7 +202,7 @@ def _run_pipeline(
             cfg.timeout_s,
             act_nbytes,
             depth=prep.inflight + 1,
-            host_headers=os.environ.get(HOST_HEADERS_ENV) == "1",
+            host_headers=host_headers(),
         )
         pipe = Pipeline(
             module=module,
@@ -236,7 +214,7 @@ def _run_pipeline(
             chunks=cfg.chunks,
             sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed),
         )
-        pipe.fail_after = _test_hook(FAIL_ENV, rank)
+        pipe.before_pass = failure_after(rank)
         pipe.alternate_ns = int(cfg.record_alternate_ms * 1e6)
         if rank == 0:
             log = RequestLog(run_dir)

@@ -1,0 +1,58 @@
+"""Hooks that exist for ppscope's own tests, and for nothing else: a real run never sets them.
+
+Each is an environment variable, so that it reaches every rank however it was started (spawned by the
+launcher, which hands its environment on, or by torchrun) without a field in `EngineConfig`:
+
+- `PPSCOPE_TEST_CLOCK_SKEW_NS=RANK=NS[,RANK=NS]`: nanoseconds added to a rank's clock, to check that the
+  clock offset is estimated and undone;
+- `PPSCOPE_TEST_FAIL=RANK=N[,...]`: that rank raises after N passes, to check how a failure is reported;
+- `PPSCOPE_TEST_HOST_HEADERS=1`: a CPU ring speaks a GPU ring's protocol (headers on process groups of
+  their own, every payload a message of its own; see `ppscope.engine.comm`), so that it is tested without
+  a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+__all__ = ["FAIL_ENV", "HOST_HEADERS_ENV", "SKEW_ENV", "clock", "failure_after", "host_headers"]
+
+SKEW_ENV = "PPSCOPE_TEST_CLOCK_SKEW_NS"
+FAIL_ENV = "PPSCOPE_TEST_FAIL"
+HOST_HEADERS_ENV = "PPSCOPE_TEST_HOST_HEADERS"
+
+
+def rank_value(name: str, rank: int) -> int:
+    """The value for `rank` in a hook variable `RANK=VALUE[,RANK=VALUE]`, else 0."""
+    for item in os.environ.get(name, "").split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == str(rank) and value.strip():
+            return int(value)
+    return 0
+
+
+def clock(rank: int) -> Callable[[], int]:
+    """This rank's clock in ns: perf_counter_ns, skewed as PPSCOPE_TEST_CLOCK_SKEW_NS says."""
+    skew = rank_value(SKEW_ENV, rank)
+    if not skew:
+        return time.perf_counter_ns
+    return lambda: time.perf_counter_ns() + skew
+
+
+def failure_after(rank: int) -> Callable[[int], None]:
+    """Called with each pass's number (from 1) before it runs: raises once PPSCOPE_TEST_FAIL's number of passes
+    for this rank is done (never without one)."""
+    passes = rank_value(FAIL_ENV, rank)
+
+    def check(n: int) -> None:
+        if passes and n > passes:
+            raise RuntimeError(f"injected failure after {passes} passes")
+
+    return check
+
+
+def host_headers() -> bool:
+    """Whether a CPU ring is to speak a GPU ring's protocol (PPSCOPE_TEST_HOST_HEADERS=1)."""
+    return os.environ.get(HOST_HEADERS_ENV) == "1"
