@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from ppscope.balance.split import (
     ENV_VAR,
     boundaries_as_counts,
+    parse_counts,
     parse_split,
     resolve_split,
     stage_layer_ranges,
@@ -87,3 +88,9 @@ def test_resolve_split_order_cli_env_default() -> None:
     assert resolve_split(None, 8, 2, {}) == ([4, 4], "vllm-default")
     with pytest.raises(InvalidSplitError, match=ENV_VAR):
         resolve_split(None, 8, 2, {ENV_VAR: "3,4"})
+
+
+def test_counts_are_parsed_as_text_alone() -> None:
+    assert parse_counts(" 3, 5") == [3, 5] and parse_counts("0,9") == [0, 9]  # the model is not known yet
+    with pytest.raises(InvalidSplitError, match=r"e\.g\. 1,7$"):
+        parse_counts("1,,7", "1,7")

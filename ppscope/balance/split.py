@@ -20,6 +20,7 @@ __all__ = [
     "SOURCE_ENV",
     "boundaries_as_counts",
     "format_split",
+    "parse_counts",
     "parse_split",
     "resolve_split",
     "stage_layer_ranges",
@@ -33,20 +34,27 @@ SOURCE_ENV = ENV_VAR
 SOURCE_DEFAULT = "vllm-default"
 
 
-def parse_split(text: str, layers: int, stages: int | None = None) -> list[int]:
-    """Parse `5,4,4,3` into layer counts per stage and validate them against `layers` (and `stages`)."""
+def parse_counts(text: str, example: str = "5,4,4,3") -> list[int]:
+    """`5,4,4,3` into layer counts, checked only as text (`validate_split` checks them against a model);
+    `example` is the split a refusal of an empty entry suggests."""
     parts = [p.strip() for p in text.strip().split(",")]
     if not text.strip() or any(not p for p in parts):
         raise InvalidSplitError(
             f"split {text!r} is empty or has an empty entry: give comma-separated layer counts per stage, e.g. "
-            f"{format_split(vllm_default_split(layers, stages or 2)) if layers >= (stages or 2) else '4,4'}"
+            f"{example}"
         )
     try:
-        counts = [int(p) for p in parts]
+        return [int(p) for p in parts]
     except ValueError:
         raise InvalidSplitError(
             f"split {text!r} is not a list of integers: give comma-separated layer counts per stage, e.g. 5,4,4,3"
         ) from None
+
+
+def parse_split(text: str, layers: int, stages: int | None = None) -> list[int]:
+    """Parse `5,4,4,3` into layer counts per stage and validate them against `layers` (and `stages`)."""
+    example = format_split(vllm_default_split(layers, stages or 2)) if layers >= (stages or 2) else "4,4"
+    counts = parse_counts(text, example)
     validate_split(counts, layers, stages)
     return counts
 
