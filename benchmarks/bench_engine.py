@@ -26,7 +26,7 @@ def _run(out: Path, **kw: object) -> Path:
     from ppscope.engine.config import EngineConfig
     from ppscope.engine.launch import run
 
-    return run(EngineConfig(progress=False, out=str(out), timeout_s=120, **kw))  # type: ignore[arg-type]
+    return run(EngineConfig.from_json({"progress": False, "out": str(out), "timeout_s": 120, **kw}))  # the flat form
 
 
 def _compute(spans: pd.DataFrame) -> pd.DataFrame:

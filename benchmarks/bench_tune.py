@@ -19,20 +19,13 @@ from typing import Any
 
 def main() -> list[str]:
     from ppscope.cli.tuning import tune
-    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 
     cfg = EngineConfig(
-        stages=4,
-        schedule="serve",
-        model="synthetic",
-        layers=8,
-        layer_cost_ms="5",
-        head_cost_ms=15.0,
-        requests=16,
-        prompt_len=8,
-        max_new_tokens=24,
-        progress=False,
-        nvtx=False,
+        pipeline=PipelineConfig(stages=4, schedule="serve"),
+        model=ModelConfig(name="synthetic", layers=8, layer_cost_ms=(5.0,), head_cost_ms=15.0),
+        workload=WorkloadConfig(requests=16, prompt_len=8, max_new_tokens=24),
+        output=OutputConfig(progress=False, nvtx=False),
     )
     with tempfile.TemporaryDirectory() as tmp:
         result = tune(cfg, out_dir=Path(tmp) / "tune", cost_source="profile")
@@ -61,13 +54,17 @@ def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> lis
     """Each stage's predicted decode-step compute ÷ its measured median, for a cold and a warm profile."""
     from ppscope.balance.problem import BalanceProblem
     from ppscope.balance.rebalance import evaluate
-    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
     from ppscope.engine.launch import run
     from ppscope.engine.profiler import profile_layers
     from ppscope.trace.store import load_run
 
-    cfg = EngineConfig(stages=stages, schedule="serve", model="tiny", requests=16, prompt_len=16,
-                       max_new_tokens=32, progress=False, out=str(tmp / f"profiled-{stages}"))  # fmt: skip
+    cfg = EngineConfig(
+        pipeline=PipelineConfig(stages=stages, schedule="serve"),
+        model=ModelConfig(name="tiny"),
+        workload=WorkloadConfig(requests=16, prompt_len=16, max_new_tokens=32),
+        output=OutputConfig(progress=False, out=tmp / f"profiled-{stages}"),
+    )
     trace = load_run(run(cfg))
     measured = _stage_step_ms(trace)
     split = tuple(trace.meta.split)
@@ -87,15 +84,18 @@ def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> lis
 
 def replay_vs_run(tmp: Path) -> str:
     """The simulator calibrated on one engine run (4 stages, gpipe) ÷ that run, in throughput."""
-    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
     from ppscope.engine.launch import run
     from ppscope.simulate.calibrate import compare, replay_config
     from ppscope.simulate.simulator import simulate
     from ppscope.trace.store import load_run
 
-    cfg = EngineConfig(stages=4, schedule="gpipe", model="synthetic", layers=16, layer_cost_ms="2", embed_cost_ms=1.0,
-                       head_cost_ms=6.0, microbatches=4, requests=8, max_new_tokens=6, progress=False, nvtx=False,
-                       out=str(tmp / "replayed"))  # fmt: skip
+    cfg = EngineConfig(
+        pipeline=PipelineConfig(stages=4, schedule="gpipe", microbatches=4),
+        model=ModelConfig(name="synthetic", layers=16, layer_cost_ms=(2.0,), embed_cost_ms=1.0, head_cost_ms=6.0),
+        workload=WorkloadConfig(requests=8, max_new_tokens=6),
+        output=OutputConfig(progress=False, nvtx=False, out=tmp / "replayed"),
+    )
     trace = load_run(run(cfg))
     replay = replay_config(trace)
     error = compare(trace, simulate(replay))["throughput_error"]

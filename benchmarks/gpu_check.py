@@ -45,13 +45,16 @@ def tests() -> list[str]:
 
 
 def synthetic(tmp: Path) -> list[str]:
-    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
     from ppscope.engine.launch import run
     from ppscope.trace.store import load_run
 
-    cfg = EngineConfig(model="synthetic", layers=LAYERS, layer_cost_ms=str(SLEEP_MS), stages=1, schedule="serve",
-                       requests=8, prompt_len=8, max_new_tokens=32, progress=False,
-                       out=str(tmp / "synthetic"))  # fmt: skip
+    cfg = EngineConfig(
+        pipeline=PipelineConfig(stages=1, schedule="serve"),
+        model=ModelConfig(name="synthetic", layers=LAYERS, layer_cost_ms=(SLEEP_MS,)),
+        workload=WorkloadConfig(requests=8, prompt_len=8, max_new_tokens=32),
+        output=OutputConfig(progress=False, out=tmp / "synthetic"),
+    )
     trace = load_run(run(cfg))
     fwd = trace.spans[trace.spans["kind"] == SpanKind.FORWARD]
     took = ((fwd["end_ns"] - fwd["start_ns"]) / 1e6).to_numpy()

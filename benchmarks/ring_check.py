@@ -43,7 +43,7 @@ def _run(out: Path, **kw: Any) -> Path:
     from ppscope.engine.config import EngineConfig
     from ppscope.engine.launch import run
 
-    return run(EngineConfig(progress=False, out=str(out), timeout_s=120, **kw))
+    return run(EngineConfig.from_json({"progress": False, "out": str(out), "timeout_s": 120, **kw}))  # the flat form
 
 
 def _outputs(run_dir: Path) -> list[list[int]]:

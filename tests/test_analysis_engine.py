@@ -29,12 +29,17 @@ downstream wait) moves it by up to the formula's value, 0.16-0.75 at these sizes
 a busy machine by 0.01-0.04."""
 
 
-def _run(out: Path, **kw: Any) -> AnalysisResult:
-    from ppscope.engine.config import EngineConfig
+def _run(out: Path, pipeline: dict[str, Any], model: dict[str, Any], requests: int) -> AnalysisResult:
+    """P stages of the synthetic model with `pipeline`'s and `model`'s fields, `requests` of one token each."""
+    from ppscope.engine import config as c
     from ppscope.engine.launch import run
 
-    cfg = EngineConfig(
-        stages=P, model="synthetic", max_new_tokens=1, progress=False, nvtx=False, out=str(out), timeout_s=120, **kw
+    cfg = c.EngineConfig(
+        pipeline=c.PipelineConfig(stages=P, **pipeline),
+        model=c.ModelConfig(name="synthetic", **model),
+        workload=c.WorkloadConfig(requests=requests, max_new_tokens=1),
+        output=c.OutputConfig(progress=False, nvtx=False, out=out),
+        runtime=c.RuntimeConfig(timeout_s=120),
     )
     return analyze(open_trace(run(cfg)), AnalysisConfig(active=True))
 
@@ -55,6 +60,7 @@ def _formula_gap(res: AnalysisResult, expected: float) -> float:
 
 
 def _until(tmp_path: Path, ok: Callable[[AnalysisResult], bool], **kw: Any) -> AnalysisResult:
+    """`_run(**kw)` until `ok` (ATTEMPTS at most)."""
     for attempt in range(ATTEMPTS):
         res = _run(tmp_path / f"run{attempt}", **kw)
         for s in res.stages:
@@ -72,7 +78,8 @@ def test_gpipe_matches_formula(m: int, tmp_path: Path) -> None:
         balanced = r.imbalance is not None and r.imbalance < 0.1  # equal layers: sleep jitter only
         return _formula_gap(r, expected) <= GAP and balanced
 
-    res = _until(tmp_path, ok, schedule="gpipe", microbatches=m, requests=m, layers=4, layer_cost_ms="100")
+    gpipe = {"schedule": "gpipe", "microbatches": m}
+    res = _until(tmp_path, ok, pipeline=gpipe, model={"layers": 4, "layer_cost_ms": (100.0,)}, requests=m)
     assert res.theory.formula == "GPipe (P-1)/(M+P-1)" and res.theory.bubble_ratio == pytest.approx(expected)
     assert _formula_gap(res, expected) <= GAP
     assert res.imbalance is not None and res.imbalance < 0.1
@@ -83,13 +90,9 @@ def test_interleaved_matches_formula(tmp_path: Path) -> None:
     res = _until(
         tmp_path,
         lambda r: _formula_gap(r, expected) <= GAP,
-        schedule="interleaved",
-        chunks=2,
-        microbatches=4,
+        pipeline={"schedule": "interleaved", "chunks": 2, "microbatches": 4, "split": (1,) * 8},
+        model={"layers": 8, "layer_cost_ms": (50.0,)},
         requests=4,
-        layers=8,
-        layer_cost_ms="50",
-        split="1,1,1,1,1,1,1,1",
     )
     assert res.theory.formula == "interleaved (P-1)/(V*M+P-1)" and res.theory.bubble_ratio == expected
     assert _formula_gap(res, expected) <= GAP
@@ -100,7 +103,11 @@ def test_slow_stage_is_the_bottleneck(tmp_path: Path) -> None:
     def ok(r: AnalysisResult) -> bool:
         return r.balance_gain == pytest.approx(1.6, rel=0.1) and r.imbalance == pytest.approx(0.375, abs=0.05)
 
-    res = _until(tmp_path, ok, schedule="gpipe", microbatches=4, requests=4, layers=4, layer_cost_ms="50,50,100,50")
+    gpipe, slow_third = (
+        {"schedule": "gpipe", "microbatches": 4},
+        {"layers": 4, "layer_cost_ms": (50.0, 50.0, 100.0, 50.0)},
+    )
+    res = _until(tmp_path, ok, pipeline=gpipe, model=slow_third, requests=4)
     assert res.bottleneck_stage == 2
     assert res.balance_gain == pytest.approx(1.6, rel=0.1)
     assert res.imbalance == pytest.approx(0.375, abs=0.05)

@@ -40,7 +40,7 @@ def test_causality_violations_match_sends_to_receives_in_order() -> None:
 
 @pytest.mark.slow
 def test_injected_skew_is_recovered_and_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
     from ppscope.engine.launch import run
     from ppscope.engine.testing import SKEW_ENV
     from ppscope.trace.store import load_run
@@ -48,9 +48,11 @@ def test_injected_skew_is_recovered_and_undone(tmp_path: Path, monkeypatch: pyte
     skew_ns = 3_000_000_000
     monkeypatch.setenv(SKEW_ENV, f"1={skew_ns}")
     cfg = EngineConfig(
-        stages=2, schedule="gpipe", model="synthetic", layers=2, layer_cost_ms="10", requests=4, prompt_len=4,
-        max_new_tokens=8, progress=False, out=str(tmp_path / "run"),
-    )  # fmt: skip
+        pipeline=PipelineConfig(stages=2, schedule="gpipe"),
+        model=ModelConfig(name="synthetic", layers=2, layer_cost_ms=(10.0,)),
+        workload=WorkloadConfig(requests=4, prompt_len=4, max_new_tokens=8),
+        output=OutputConfig(progress=False, out=tmp_path / "run"),
+    )
     trace = load_run(run(cfg))
     clock = trace.meta.ranks[1].clock
     assert clock.method == "ping-pong"

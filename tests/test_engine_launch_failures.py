@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ppscope.cli.main import main
-from ppscope.engine.config import EngineConfig
+from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 from ppscope.engine.launch import CPP_LOG_LEVEL_ENV, _interrupt_deferred, _supervise, rank_environment, run
 from ppscope.engine.testing import FAIL_ENV
 from ppscope.errors import EngineFailedError
@@ -26,7 +26,8 @@ from ppscope.trace.store import read_meta
 
 pytestmark = pytest.mark.timeout(120)
 
-FAST = {"model": "synthetic", "layers": 2, "layer_cost_ms": "0", "progress": False}
+FAST = ModelConfig(name="synthetic", layers=2, layer_cost_ms=(0.0,))
+QUIET = OutputConfig(progress=False)
 PEER_ERROR = (
     "RuntimeError: rank 1: receive from rank 0 failed: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] "
     "Connection closed by peer [127.0.0.1]:14008. This is typically caused by a remote worker crashing. GLHF!"
@@ -123,7 +124,7 @@ def _supervised(procs: list[_Proc], events: list[tuple[Any, ...]], tmp_path: Pat
     q: queue.Queue[tuple[Any, ...]] = queue.Queue()
     for e in events:
         q.put(e)
-    cfg = EngineConfig(stages=len(procs), **FAST)  # type: ignore[arg-type]
+    cfg = EngineConfig(pipeline=PipelineConfig(stages=len(procs)), model=FAST, output=QUIET)
     with pytest.raises(EngineFailedError) as exc:
         _supervise(cfg, procs, q, tmp_path, 1, None)  # type: ignore[arg-type]
     assert "\n" not in str(exc.value)
@@ -159,7 +160,12 @@ def test_a_failed_middle_rank_is_named_among_its_peers_errors(tmp_path: Path, mo
     # Rank 1's own report may come after its neighbours' on a loaded machine, and is weighed only if it comes
     # within the blame wait. Every rank reports here, which ends the wait at once, so a long one costs nothing.
     monkeypatch.setattr("ppscope.engine.launch._BLAME_WAIT_S", 30.0)
-    cfg = EngineConfig(stages=3, requests=3, max_new_tokens=3, out=str(tmp_path / "run"), **(FAST | {"layers": 3}))  # type: ignore[arg-type]
+    cfg = EngineConfig(
+        pipeline=PipelineConfig(stages=3),
+        model=ModelConfig(name="synthetic", layers=3, layer_cost_ms=(0.0,)),
+        workload=WorkloadConfig(requests=3, max_new_tokens=3),
+        output=OutputConfig(progress=False, out=tmp_path / "run"),
+    )
     with pytest.raises(EngineFailedError, match=r"^rank 1 failed: RuntimeError: injected failure after 1 passes; "):
         run(cfg)
     meta = read_meta(tmp_path / "run")

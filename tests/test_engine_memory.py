@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppscope.engine.config import EngineConfig
+from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 from ppscope.engine.prepare import check_memory, host_available_bytes, make_source, prepare, torch_dtype
 from ppscope.engine.requests import GeneratedRequests
 from ppscope.engine.stage import build_stage
@@ -18,8 +18,12 @@ from ppscope.errors import InvalidConfigError
     ("stages", "chunks", "dtype"), [(1, 1, "float32"), (2, 1, "bfloat16"), (2, 2, "float32"), (1, 1, "float64")]
 )
 def test_estimate_is_what_each_rank_allocates(stages: int, chunks: int, dtype: str) -> None:
-    cfg = EngineConfig(stages=stages, chunks=chunks, dtype=dtype, schedule="interleaved" if chunks > 1 else "serve",
-                       requests=3, prompt_len=6, max_new_tokens=5, progress=False)  # fmt: skip
+    cfg = EngineConfig(
+        pipeline=PipelineConfig(stages=stages, chunks=chunks, schedule="interleaved" if chunks > 1 else "serve"),
+        model=ModelConfig(dtype=dtype),
+        workload=WorkloadConfig(requests=3, prompt_len=6, max_new_tokens=5),
+        output=OutputConfig(progress=False),
+    )
     prep = prepare(cfg, stages)
     for rank in range(stages):
         stage = build_stage(make_source(cfg, prep.shape), prep.split, rank, stages, chunks, torch.device("cpu"),
@@ -33,7 +37,7 @@ def test_estimate_is_what_each_rank_allocates(stages: int, chunks: int, dtype: s
 
 
 def test_run_that_does_not_fit_is_refused_in_one_line(tmp_path: Path) -> None:
-    cfg = EngineConfig(stages=2, progress=False, out=str(tmp_path / "run"))
+    cfg = EngineConfig(pipeline=PipelineConfig(stages=2), output=OutputConfig(progress=False, out=tmp_path / "run"))
     prep = prepare(cfg, 2)
     check_memory(prep, [0, 1], 2, 10 << 30, "this host", processes=True)  # fits
     with pytest.raises(InvalidConfigError) as err:
@@ -41,7 +45,7 @@ def test_run_that_does_not_fit_is_refused_in_one_line(tmp_path: Path) -> None:
     text = str(err.value)
     assert "tiny in float32 needs about" in text and "this host has 0.1 GB free" in text and "\n" not in text
     assert "ppscope plan --model tiny" in text
-    synthetic = prepare(EngineConfig(stages=2, model="synthetic", progress=False), 2)
+    synthetic = prepare(EngineConfig(pipeline=PipelineConfig(stages=2), model=ModelConfig(name="synthetic")), 2)
     check_memory(synthetic, [0, 1], 2, 1, "GPU 0", processes=False)  # sleeps: nothing to hold
 
 
@@ -52,7 +56,11 @@ def test_launcher_refuses_before_creating_the_run(tmp_path: Path) -> None:
     if available is None:
         pytest.skip("no /proc/meminfo here")
     # a preset whose float32 weights alone are several times this host's free memory
-    cfg = EngineConfig(stages=2, model="llama3-405b", progress=False, out=str(tmp_path / "run"))
+    cfg = EngineConfig(
+        pipeline=PipelineConfig(stages=2),
+        model=ModelConfig(name="llama3-405b"),
+        output=OutputConfig(progress=False, out=tmp_path / "run"),
+    )
     with pytest.raises(InvalidConfigError, match="llama3-405b in float32 needs about"):
         run(cfg)
     assert not (tmp_path / "run").exists()
@@ -64,7 +72,11 @@ def test_millions_of_generated_requests_are_refused_before_any_is_made(tmp_path:
     if host_available_bytes() is None:
         pytest.skip("no /proc/meminfo here")
     # gpipe holds every request's KV cache; 2M of them took 34 s and 2.3 GB to make before this refusal
-    cfg = EngineConfig(stages=2, schedule="gpipe", requests=2_000_000, progress=False, out=str(tmp_path / "run"))
+    cfg = EngineConfig(
+        pipeline=PipelineConfig(stages=2, schedule="gpipe"),
+        workload=WorkloadConfig(requests=2_000_000),
+        output=OutputConfig(progress=False, out=tmp_path / "run"),
+    )
     prep = prepare(cfg, 2)
     assert len(prep.requests) == 2_000_000 and prep.cache_slots == 2_000_000 and prep.max_len == 16 + 8
     assert isinstance(prep.requests, GeneratedRequests) and prep.requests.made == 0

@@ -145,13 +145,17 @@ def test_any_split_of_seeded_layers_equals_the_whole_model(split: list[int]) -> 
 
 
 def test_checkpoint_runs_pipelined_through_the_launcher(checkpoint: Path, tmp_path: Path) -> None:
-    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
     from ppscope.engine.launch import run
     from ppscope.engine.reference import reference_outputs
     from ppscope.trace.store import read_meta
 
-    cfg = EngineConfig(stages=2, schedule="serve", model=str(checkpoint), requests=3, prompt_len=5, max_new_tokens=4,
-                       progress=False, out=str(tmp_path / "run"))  # fmt: skip
+    cfg = EngineConfig(
+        pipeline=PipelineConfig(stages=2, schedule="serve"),
+        model=ModelConfig(name=str(checkpoint)),
+        workload=WorkloadConfig(requests=3, prompt_len=5, max_new_tokens=4),
+        output=OutputConfig(progress=False, out=tmp_path / "run"),
+    )
     run_dir = run(cfg)
     lines = sorted(
         (json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines()), key=lambda r: r["id"]
@@ -193,7 +197,7 @@ def test_checkpoint_the_engine_would_compute_differently_fails_before_launch(
     checkpoint: Path, tmp_path: Path, change: dict[str, object], says: str
 ) -> None:
     """It fails in one line naming the field, before any process starts; planning still reads the shape."""
-    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.config import ModelConfig
     from ppscope.errors import UnsupportedInputError
 
     for f in checkpoint.iterdir():
@@ -201,7 +205,7 @@ def test_checkpoint_the_engine_would_compute_differently_fails_before_launch(
     (tmp_path / "config.json").unlink()
     (tmp_path / "config.json").write_text(json.dumps(json.loads((checkpoint / "config.json").read_text()) | change))
     with pytest.raises(UnsupportedInputError, match="the engine cannot run this checkpoint exactly") as err:
-        EngineConfig(model=str(tmp_path), stages=2)
+        ModelConfig(name=str(tmp_path))
     assert says in str(err.value) and "\n" not in str(err.value)
     assert ModelShape.from_hf_config(tmp_path).layers == 3
 

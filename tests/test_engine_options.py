@@ -3,6 +3,7 @@ recorded as it ran (micro-batches and cache at most one per request)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -10,64 +11,105 @@ from typing import Any
 import pytest
 
 from ppscope.cli.main import main
-from ppscope.engine.config import EngineConfig
+from ppscope.engine.config import (
+    EngineConfig,
+    ModelConfig,
+    OutputConfig,
+    PipelineConfig,
+    RuntimeConfig,
+    WorkloadConfig,
+)
 from ppscope.engine.prepare import check_memory, prepare
 from ppscope.errors import InvalidConfigError, InvalidSplitError
 
-SYNTHETIC: dict[str, Any] = {"model": "synthetic", "layers": 4, "layer_cost_ms": "0"}
+SYNTHETIC: dict[str, Any] = {"name": "synthetic", "layers": 4, "layer_cost_ms": (0.0,)}
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("section", "options", "message"),
     [
-        ({"rate": float("nan")}, "--rate must be a finite number"),
-        ({"rate": 1e-300}, "too slow to schedule"),
-        ({"temperature": float("nan")}, "--temperature must be a finite number"),
-        ({"top_p": float("inf")}, "--top-p must be a finite number"),
-        ({"rate": -1.0}, r"--rate must be >= 0, got -1.0"),
-        ({"temperature": -0.5}, r"--temperature must be >= 0, got -0.5"),
-        ({"top_p": 0.0}, r"--top-p must be in \(0, 1\], got 0.0"),
-        ({"top_p": 1.5}, r"--top-p must be in \(0, 1\], got 1.5"),
-        ({"timeout_s": float("inf")}, "--timeout must be a finite number"),
-        ({"timeout_s": 1e12}, "--timeout must be > 0 and <= 1000000 seconds"),
-        ({"seed": 2**70}, r"--seed must be in \[0, 2\*\*63\)"),
-        ({"seed": -1}, r"--seed must be in \[0, 2\*\*63\)"),
-        ({**SYNTHETIC, "layer_cost_ms": "nan"}, "negative or non-finite cost"),
-        ({**SYNTHETIC, "layer_cost_ms": "1,inf,1,1"}, "negative or non-finite cost"),
-        ({**SYNTHETIC, "embed_cost_ms": float("nan")}, "--embed-cost-ms must be a finite number"),
+        (WorkloadConfig, {"rate": float("nan")}, "workload.rate must be a finite number"),
+        (WorkloadConfig, {"rate": 1e-300}, "too slow to schedule"),
+        (WorkloadConfig, {"temperature": float("nan")}, "workload.temperature must be a finite number"),
+        (WorkloadConfig, {"top_p": float("inf")}, "workload.top_p must be a finite number"),
+        (WorkloadConfig, {"rate": -1.0}, r"workload.rate must be >= 0, got -1.0"),
+        (WorkloadConfig, {"temperature": -0.5}, r"workload.temperature must be >= 0, got -0.5"),
+        (WorkloadConfig, {"top_p": 0.0}, r"workload.top_p must be in \(0, 1\], got 0.0"),
+        (WorkloadConfig, {"top_p": 1.5}, r"workload.top_p must be in \(0, 1\], got 1.5"),
+        (RuntimeConfig, {"timeout_s": float("inf")}, "runtime.timeout_s must be a finite number"),
+        (RuntimeConfig, {"timeout_s": 1e12}, "runtime.timeout_s must be > 0 and <= 1000000 seconds"),
+        (WorkloadConfig, {"seed": 2**70}, r"workload.seed must be in \[0, 2\*\*63\)"),
+        (WorkloadConfig, {"seed": -1}, r"workload.seed must be in \[0, 2\*\*63\)"),
+        (ModelConfig, {**SYNTHETIC, "layer_cost_ms": (float("nan"),)}, "negative or non-finite cost"),
+        (ModelConfig, {**SYNTHETIC, "layer_cost_ms": (1.0, float("inf"), 1.0, 1.0)}, "negative or non-finite cost"),
+        (ModelConfig, {**SYNTHETIC, "layer_cost_ms": (1.0, 2.0)}, "gives 2 values for 4 layers"),
+        (ModelConfig, {**SYNTHETIC, "embed_cost_ms": float("nan")}, "model.embed_cost_ms must be a finite number"),
+        (PipelineConfig, {"microbatches": -1}, r"pipeline.microbatches must be >= 0 \(0 = one per stage\), got -1"),
+        (PipelineConfig, {"stages": 0}, "pipeline.stages must be >= 1, got 0"),
+        (PipelineConfig, {"split": ()}, "pipeline.split"),
     ],
 )
-def test_non_finite_and_out_of_range_values_are_refused(options: dict[str, Any], message: str) -> None:
+def test_non_finite_and_out_of_range_values_are_refused(section: type, options: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidConfigError, match=message):
-        EngineConfig(**options)
+        section(**options)
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("argv", "message"),
     [
-        ({"schedule": "gpipe", "rate": 5.0}, r"--rate has no effect here \(gpipe takes every request at once\)"),
-        ({"schedule": "gpipe", "max_inflight": 2}, "--max-inflight has no effect here"),
-        ({"schedule": "interleaved", "max_batch": 2}, "--max-batch has no effect here"),
-        ({"schedule": "serve", "microbatches": 3}, "serve keeps --max-inflight micro-batches in flight"),
-        ({"layers": 3}, "--layers has no effect here .*tiny has its own layers"),
-        ({"layer_cost_ms": "1,2"}, "--layer-cost-ms has no effect here"),
-        ({"head_cost_ms": 2.0}, "--head-cost-ms has no effect here"),
+        (["--rate", "nan"], "--rate must be a finite number, got nan"),
+        (["--timeout", "inf"], "--timeout must be a finite number"),
+        (["--microbatches", "-1"], r"--microbatches must be >= 0 \(0 = one per stage\)"),
+        (["--model", "synthetic", "--layers", "4", "--layer-cost-ms", "1,inf,1,1"], "--layer-cost-ms: entry 1 is inf"),
+        (["--model", "synthetic", "--layers", "4", "--layer-cost-ms", "1,2"], "--layer-cost-ms gives 2 values"),
+        (["--split", "a,b"], "split 'a,b' is not a list of integers"),
+        (["--chunks", "2"], "--chunks 2 needs --schedule interleaved"),
+        (["--model", "nowhere"], "--model 'nowhere' is neither a preset"),
+        (["--schedule", "gpipe", "--rate", "5"], r"--rate has no effect here \(gpipe takes every request at once\)"),
+        (["--schedule", "gpipe", "--max-inflight", "2"], "--max-inflight has no effect here"),
+        (["--schedule", "interleaved", "--max-batch", "2"], "--max-batch has no effect here"),
+        (["--microbatches", "3"], "serve keeps --max-inflight micro-batches in flight"),
+        (["--layers", "3"], "--layers has no effect here .*tiny has its own layers"),
+        (["--layer-cost-ms", "1,2"], "--layer-cost-ms has no effect here"),
+        (["--head-cost-ms", "2"], "--head-cost-ms has no effect here"),
+        (["--prompts", __file__, "--requests", "4"], "--prompts gives the requests"),
     ],
 )
-def test_an_option_the_run_would_ignore_is_refused(options: dict[str, Any], message: str) -> None:
+def test_the_command_line_names_flags_where_the_config_names_fields(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "--no-progress", "--out", str(tmp_path / "run"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and not re.search(r"\b(pipeline|model|workload|output|runtime)\.\w", err), err
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (lambda: EngineConfig(pipeline=PipelineConfig(schedule="gpipe"), workload=WorkloadConfig(rate=5.0)),
+         r"workload.rate has no effect here \(gpipe takes every request at once\)"),
+        (lambda: PipelineConfig(schedule="gpipe", max_inflight=2), "pipeline.max_inflight has no effect here"),
+        (lambda: PipelineConfig(schedule="interleaved", max_batch=2), "pipeline.max_batch has no effect here"),
+        (lambda: PipelineConfig(schedule="serve", microbatches=3), "serve keeps pipeline.max_inflight micro-batches"),
+        (lambda: ModelConfig(layers=3), "model.layers has no effect here .*tiny has its own layers"),
+        (lambda: ModelConfig(layer_cost_ms=(1.0, 2.0)), "model.layer_cost_ms has no effect here"),
+        (lambda: ModelConfig(head_cost_ms=2.0), "model.head_cost_ms has no effect here"),
+    ],
+)  # fmt: skip
+def test_an_option_the_run_would_ignore_is_refused(config: Any, message: str) -> None:
     with pytest.raises(InvalidConfigError, match=message):
-        EngineConfig(**options)
+        config()
 
 
 def test_generated_request_options_are_refused_beside_a_prompts_file(tmp_path: Path) -> None:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_ids": [1, 2], "max_new_tokens": 2}\n')
-    EngineConfig(prompts=str(prompts), max_new_tokens=3)  # the default for lines without their own
+    WorkloadConfig(prompts=prompts, max_new_tokens=3)  # the default for lines without their own
     for options in ({"requests": 4}, {"prompt_len": 8}):
-        with pytest.raises(InvalidConfigError, match="--prompts gives the"):
-            EngineConfig(prompts=str(prompts), **options)
+        with pytest.raises(InvalidConfigError, match=r"workload\.prompts gives the"):
+            WorkloadConfig(prompts=prompts, **options)
     with pytest.raises(InvalidConfigError, match="is a directory"):
-        EngineConfig(prompts=str(tmp_path))
+        WorkloadConfig(prompts=tmp_path)
 
 
 def test_refusals_are_one_line_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -78,14 +120,28 @@ def test_refusals_are_one_line_with_exit_code_2(tmp_path: Path, capsys: pytest.C
     assert not (tmp_path / "run").exists()
 
 
+def _config(pipeline: PipelineConfig, requests: int) -> EngineConfig:
+    return EngineConfig(pipeline=pipeline, workload=WorkloadConfig(requests=requests))
+
+
 def test_micro_batches_and_cache_are_at_most_one_per_request() -> None:
-    gpipe = prepare(EngineConfig(stages=2, schedule="gpipe", microbatches=5, requests=2), 2)
+    gpipe = prepare(_config(PipelineConfig(stages=2, schedule="gpipe", microbatches=5), requests=2), 2)
     assert (gpipe.inflight, gpipe.max_seqs, gpipe.meta(2).microbatches) == (2, 1, 2)
-    serve = prepare(EngineConfig(stages=2, max_inflight=5, max_batch=4, requests=3), 2)
+    serve = prepare(_config(PipelineConfig(stages=2, max_inflight=5, max_batch=4), requests=3), 2)
     assert (serve.inflight, serve.max_seqs, serve.cache_slots) == (3, 3, 9)
     assert serve.meta(2).microbatches == 3 and serve.meta(2).config["max_inflight"] == 3
-    default = prepare(EngineConfig(stages=4, schedule="gpipe", requests=8), 4)
+    default = prepare(_config(PipelineConfig(stages=4, schedule="gpipe"), requests=8), 4)
     assert (default.inflight, default.max_seqs, default.cache_slots) == (4, 2, 8)
+
+
+def test_meta_json_keeps_the_flat_config_its_readers_take() -> None:
+    """The analyzer reads `requests` and `max_inflight`, the store `record`, rebalance `dtype`: as the run had them."""
+    cfg = EngineConfig(pipeline=PipelineConfig(stages=2, split=(6, 2)), workload=WorkloadConfig(requests=3),
+                       output=OutputConfig(record=False))  # fmt: skip
+    config = prepare(cfg, 2).meta(2).config
+    assert (config["requests"], config["max_inflight"], config["record"], config["dtype"]) == (3, 2, False, "float32")
+    assert (config["split"], config["model"], config["microbatches"]) == ([6, 2], "tiny", 0)
+    assert EngineConfig.from_json(json.loads(json.dumps(config))).pipeline.max_inflight == 2
 
 
 def test_the_run_says_how_it_was_laid_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -102,29 +158,35 @@ def test_the_run_says_how_it_was_laid_out(tmp_path: Path, capsys: pytest.Capture
 
 
 @pytest.mark.parametrize(
-    ("options", "wait"),
+    ("pipeline", "model", "wait"),
     [
-        ({"stages": 2, "layer_cost_ms": "1e7"}, "20000.0"),  # the second rank waits for the first one's 2 layers
-        ({"stages": 4, "layer_cost_ms": "1,1,1,70000"}, "70.0"),  # rank 0 waits for the tokens of the last
-        ({"stages": 2, "layer_cost_ms": "1", "embed_cost_ms": 61000.0}, "61.0"),
-        ({"stages": 4, "schedule": "interleaved", "chunks": 2, "layers": 8, "layer_cost_ms": "25000"}, "75.0"),
+        ({"stages": 2}, {"layer_cost_ms": (1e7,)}, "20000.0"),  # the second rank waits for the first one's 2 layers
+        ({"stages": 4}, {"layer_cost_ms": (1.0, 1.0, 1.0, 70000.0)}, "70.0"),  # rank 0 waits for the last's tokens
+        ({"stages": 2}, {"layer_cost_ms": (1.0,), "embed_cost_ms": 61000.0}, "61.0"),
+        ({"stages": 4, "schedule": "interleaved", "chunks": 2}, {"layers": 8, "layer_cost_ms": (25000.0,)}, "75.0"),
     ],
 )
-def test_synthetic_costs_a_rank_cannot_wait_for_are_refused(options: dict[str, Any], wait: str) -> None:
+def test_synthetic_costs_a_rank_cannot_wait_for_are_refused(
+    pipeline: dict[str, Any], model: dict[str, Any], wait: str
+) -> None:
+    stages, synthetic = pipeline["stages"], ModelConfig(**{**SYNTHETIC, **model})
     with pytest.raises(InvalidConfigError, match=rf"a rank waits {wait} s for its first message .* above {wait} "):
-        prepare(EngineConfig(**{**SYNTHETIC, **options}), options["stages"])
-    assert prepare(EngineConfig(**{**SYNTHETIC, **options, "timeout_s": float(wait) + 1}), options["stages"])
-    assert prepare(EngineConfig(**{**SYNTHETIC, **options, "stages": 1, "chunks": 1, "schedule": "serve"}), 1)
+        prepare(EngineConfig(pipeline=PipelineConfig(**pipeline), model=synthetic), stages)
+    longer = RuntimeConfig(timeout_s=float(wait) + 1)
+    assert prepare(EngineConfig(pipeline=PipelineConfig(**pipeline), model=synthetic, runtime=longer), stages)
+    assert prepare(EngineConfig(pipeline=PipelineConfig(stages=1), model=synthetic), 1)
 
 
 def test_memory_refusal_names_what_sizes_the_cache() -> None:
-    serve = prepare(EngineConfig(stages=2, max_inflight=2, max_batch=4, requests=8), 2)
+    serve = prepare(_config(PipelineConfig(stages=2, max_inflight=2, max_batch=4), requests=8), 2)
     with pytest.raises(InvalidConfigError, match=r"KV cache for 8 sequences = --max-inflight x --max-batch, 24 pos"):
         check_memory(serve, [0, 1], 2, 1 << 20, "this host", processes=True)
-    gpipe = prepare(EngineConfig(stages=2, schedule="gpipe", requests=6), 2)
+    gpipe = prepare(_config(PipelineConfig(stages=2, schedule="gpipe"), requests=6), 2)
     with pytest.raises(InvalidConfigError, match="6 sequences = every request of a gpipe batch"):
         check_memory(gpipe, [0, 1], 2, 1 << 20, "this host", processes=True)
-    many = prepare(EngineConfig(stages=64, **{**SYNTHETIC, "layers": 64}), 64)
+    many = prepare(
+        EngineConfig(pipeline=PipelineConfig(stages=64), model=ModelConfig(**{**SYNTHETIC, "layers": 64})), 64
+    )
     with pytest.raises(InvalidConfigError, match=r"64 synthetic ranks need about 26.8 GB .* use fewer --stages"):
         check_memory(many, list(range(64)), 64, 8 << 30, "this host", processes=True)
 
@@ -133,16 +195,16 @@ def test_too_many_chunks_says_how_many_fit() -> None:
     with pytest.raises(
         InvalidSplitError, match=r"8 layer\(s\) cannot be split over 2 stages x 8 chunks.*at most 4 chunks"
     ):
-        prepare(EngineConfig(stages=2, schedule="interleaved", chunks=8), 2)
+        prepare(EngineConfig(pipeline=PipelineConfig(stages=2, schedule="interleaved", chunks=8)), 2)
 
 
 def test_a_request_too_long_for_the_model_is_named(tmp_path: Path) -> None:
     with pytest.raises(InvalidConfigError, match=r"each request needs 500 prompt \+ 20 new = 520 .*lower --prompt-len"):
-        prepare(EngineConfig(prompt_len=500, max_new_tokens=20), 2)
+        prepare(EngineConfig(workload=WorkloadConfig(prompt_len=500, max_new_tokens=20)), 2)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_ids": [1, 2], "max_new_tokens": 2}\n{"prompt_ids": [1, 2], "max_new_tokens": 600}\n')
     with pytest.raises(InvalidConfigError, match=re.escape(f"{prompts}:2: 2 prompt ids + 600 new tokens")):
-        prepare(EngineConfig(prompts=str(prompts)), 2)
+        prepare(EngineConfig(workload=WorkloadConfig(prompts=prompts)), 2)
 
 
 @pytest.mark.parametrize(

@@ -3,24 +3,30 @@ stages on CPU (gloo), and writes the run store the analyzer reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ppscope.engine.config import EngineConfig
+from ppscope.engine.config import EngineConfig, OutputConfig, PipelineConfig, RuntimeConfig, WorkloadConfig
 from ppscope.engine.launch import run
 from ppscope.engine.reference import reference_outputs
 from ppscope.trace.model import SpanKind
 from ppscope.trace.store import load_run, read_meta
 
-REQUESTS: dict[str, Any] = {"requests": 5, "prompt_len": 5, "max_new_tokens": 3, "seed": 3}
+REQUESTS = WorkloadConfig(requests=5, prompt_len=5, max_new_tokens=3, seed=3)
+
+
+def _config(out: Path, pipeline: PipelineConfig, workload: WorkloadConfig = REQUESTS) -> EngineConfig:
+    return EngineConfig(pipeline=pipeline, workload=workload, output=OutputConfig(progress=False, out=out),
+                        runtime=RuntimeConfig(timeout_s=60))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def expected() -> list[list[int]]:
-    return reference_outputs(EngineConfig(stages=1, **REQUESTS))
+    return reference_outputs(EngineConfig(pipeline=PipelineConfig(stages=1), workload=REQUESTS))
 
 
 def _outputs(run_dir: Path) -> list[list[int]]:
@@ -40,10 +46,7 @@ def test_pipeline_output_equals_unsplit_model(
     schedule: str, stages: int, expected: list[list[int]], tmp_path: Path
 ) -> None:
     chunks = 2 if schedule == "interleaved" else 1
-    cfg = EngineConfig(
-        stages=stages, schedule=schedule, chunks=chunks, progress=False, out=str(tmp_path / "run"), timeout_s=60,
-        **REQUESTS,
-    )  # fmt: skip
+    cfg = _config(tmp_path / "run", PipelineConfig(stages=stages, schedule=schedule, chunks=chunks))
     run_dir = run(cfg)
     assert _outputs(run_dir) == expected
     meta = read_meta(run_dir)
@@ -84,10 +87,8 @@ def test_gpu_ring_protocol_on_cpu_matches(
 
     monkeypatch.setenv(HOST_HEADERS_ENV, "1")
     chunks = 2 if schedule == "interleaved" else 1
-    cfg = EngineConfig(
-        stages=3, schedule=schedule, chunks=chunks, rate=50.0 if schedule == "serve" else 0.0, progress=False,
-        out=str(tmp_path / "run"), timeout_s=60, **REQUESTS,
-    )  # fmt: skip
+    arriving = dataclasses.replace(REQUESTS, rate=50.0 if schedule == "serve" else 0.0)
+    cfg = _config(tmp_path / "run", PipelineConfig(stages=3, schedule=schedule, chunks=chunks), arriving)
     run_dir = run(cfg)
     assert _outputs(run_dir) == expected
     spans = load_run(run_dir).spans
@@ -96,10 +97,9 @@ def test_gpu_ring_protocol_on_cpu_matches(
 
 
 def test_uneven_split_and_batched_serve_match(expected: list[list[int]], tmp_path: Path) -> None:
-    cfg = EngineConfig(
-        stages=2, schedule="serve", split="6,2", max_inflight=1, max_batch=3, progress=False,
-        out=str(tmp_path / "run"), **REQUESTS,
-    )  # fmt: skip
+    cfg = _config(
+        tmp_path / "run", PipelineConfig(stages=2, schedule="serve", split=(6, 2), max_inflight=1, max_batch=3)
+    )
     run_dir = run(cfg)
     assert _outputs(run_dir) == expected
     meta = read_meta(run_dir)
@@ -111,10 +111,10 @@ def test_serve_admits_a_request_as_soon_as_another_in_its_micro_batch_finishes(t
     lines = [([5, 9, 2], 1), ([7, 1, 3, 3, 8], 6), ([4, 4], 3), ([11, 2, 6, 1], 2), ([3], 5)]
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt_ids": ids, "max_new_tokens": n}) + "\n" for ids, n in lines))
-    cfg = EngineConfig(stages=stages, schedule="serve", max_inflight=1, max_batch=2, prompts=str(prompts),
-                       progress=False, out=str(tmp_path / "run"))  # fmt: skip
+    pipeline = PipelineConfig(stages=stages, schedule="serve", max_inflight=1, max_batch=2)
+    cfg = _config(tmp_path / "run", pipeline, WorkloadConfig(prompts=prompts))
     run_dir = run(cfg)
-    assert _outputs(run_dir) == reference_outputs(EngineConfig(prompts=str(prompts)))
+    assert _outputs(run_dir) == reference_outputs(EngineConfig(workload=WorkloadConfig(prompts=prompts)))
     trace = load_run(run_dir)
     reqs = trace.requests.set_index("id")
     # request 0 finishes after its first token; request 2 takes its place while request 1 still decodes
@@ -128,10 +128,8 @@ def test_serve_admits_a_request_as_soon_as_another_in_its_micro_batch_finishes(t
 
 def test_interleaved_with_uneven_groups_and_split(expected: list[list[int]], tmp_path: Path) -> None:
     # 3 micro-batches on 2 ranks: the last group of Megatron's order is short; virtual stages get 3,1,2,2 layers
-    cfg = EngineConfig(
-        stages=2, schedule="interleaved", chunks=2, microbatches=3, split="3,1,2,2", progress=False,
-        out=str(tmp_path / "run"), **REQUESTS,
-    )  # fmt: skip
+    pipeline = PipelineConfig(stages=2, schedule="interleaved", chunks=2, microbatches=3, split=(3, 1, 2, 2))
+    cfg = _config(tmp_path / "run", pipeline)
     assert _outputs(run(cfg)) == expected
 
 
@@ -159,7 +157,7 @@ def test_every_receive_forward_and_send_is_an_nvtx_range(tmp_path: Path, monkeyp
             pass
 
     monkeypatch.setattr(nvtx, "get_domain", lambda name: Spy())
-    run(EngineConfig(stages=1, schedule="serve", progress=False, out=str(tmp_path / "run"), **REQUESTS))
+    run(_config(tmp_path / "run", PipelineConfig(stages=1, schedule="serve")))
     kinds = {message.split()[1] for message in pushed}
     assert {"recv_wait", "embed", "forward", "head", "sample"} <= kinds, kinds
     assert pushed.count("s0 recv_wait") == 5 * 3 + 1  # every pass's tokens came back round the ring, then stop

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,15 @@ from typing import Any
 import pytest
 
 from ppscope.cli.main import main
-from ppscope.engine.config import EngineConfig
+from ppscope.engine.config import (
+    BenchConfig,
+    EngineConfig,
+    ModelConfig,
+    OutputConfig,
+    PipelineConfig,
+    RuntimeConfig,
+    WorkloadConfig,
+)
 from ppscope.engine.launch import run
 from ppscope.engine.reference import reference_outputs
 from ppscope.engine.requests import poisson_arrivals_ns
@@ -17,12 +26,18 @@ from ppscope.engine.testing import FAIL_ENV
 from ppscope.errors import EngineFailedError, InvalidConfigError
 from ppscope.trace.store import load_run, read_meta, read_requests
 
-FAST = {"model": "synthetic", "layers": 2, "layer_cost_ms": "0", "progress": False}
+FAST = ModelConfig(name="synthetic", layers=2, layer_cost_ms=(0.0,))
+
+
+def _fast(out: Path, pipeline: PipelineConfig, workload: WorkloadConfig, **sections: Any) -> EngineConfig:
+    """The 2-layer synthetic model that sleeps 0 ms, writing to `out` without a progress bar."""
+    output = OutputConfig(out=out, progress=False)
+    return EngineConfig(pipeline=pipeline, workload=workload, **{"model": FAST, "output": output, **sections})
 
 
 def test_failed_rank_is_named_and_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FAIL_ENV, "1=3")
-    cfg = EngineConfig(stages=2, schedule="serve", requests=4, max_new_tokens=4, out=str(tmp_path / "run"), **FAST)
+    cfg = _fast(tmp_path / "run", PipelineConfig(stages=2), WorkloadConfig(requests=4, max_new_tokens=4))
     with pytest.raises(EngineFailedError, match=r"rank 1 failed: RuntimeError: injected failure") as exc:
         run(cfg)
     assert exc.value.exit_code != 0
@@ -39,14 +54,14 @@ def test_bad_split_fails_before_anything_starts(tmp_path: Path, capsys: pytest.C
     assert len(err) == 1 and "sums to 6 but the model has 8 layers" in err[0]
     assert not out.exists()
     with pytest.raises(InvalidConfigError, match="valid: gpipe, interleaved, serve"):
-        EngineConfig(schedule="1f1b")
-    with pytest.raises(InvalidConfigError, match="--schedule interleaved"):
-        EngineConfig(schedule="serve", chunks=2)
+        PipelineConfig(schedule="1f1b")
+    with pytest.raises(InvalidConfigError, match=r"pipeline\.schedule interleaved"):
+        PipelineConfig(schedule="serve", chunks=2)
     import torch
 
     if not torch.cuda.is_available():
         with pytest.raises(InvalidConfigError, match="--backend nccl needs NVIDIA GPUs"):
-            run(EngineConfig(stages=2, backend="nccl", out=str(tmp_path / "nccl"), **FAST))
+            run(_fast(tmp_path / "nccl", PipelineConfig(), WorkloadConfig(), runtime=RuntimeConfig(backend="nccl")))
         assert not (tmp_path / "nccl").exists()
 
 
@@ -76,8 +91,11 @@ def test_prompts_file_with_uneven_lengths_in_one_batch(tmp_path: Path) -> None:
     rows = [{"prompt_ids": [1, 2, 3], "max_new_tokens": 4}, {"prompt_ids": [7] * 9, "max_new_tokens": 2},
             {"prompt_ids": [5, 6], "max_new_tokens": 3}]  # fmt: skip
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = EngineConfig(stages=1, schedule="gpipe", microbatches=1, prompts=str(prompts), progress=False,
-                       out=str(tmp_path / "run"))  # fmt: skip
+    cfg = EngineConfig(
+        pipeline=PipelineConfig(stages=1, schedule="gpipe", microbatches=1),
+        workload=WorkloadConfig(prompts=prompts),
+        output=OutputConfig(progress=False, out=tmp_path / "run"),
+    )
     run_dir = run(cfg)
     finish_order = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
     assert [r["id"] for r in finish_order] == [1, 2, 0]  # written as each finishes
@@ -94,26 +112,33 @@ def test_sampling_draws_per_request_whatever_the_schedule(tmp_path: Path) -> Non
     prompts = tmp_path / "same.jsonl"
     prompts.write_text('{"prompt_ids": [5, 6, 7], "max_new_tokens": 6}\n' * 4)
 
-    def outputs(name: str, **kw: Any) -> list[list[int]]:
-        cfg = EngineConfig(prompts=str(prompts), temperature=1.0, top_p=0.9, progress=False,
-                           out=str(tmp_path / name), **{"stages": 1, **kw})  # fmt: skip
+    sampled = WorkloadConfig(prompts=prompts, temperature=1.0, top_p=0.9)
+
+    def outputs(name: str, pipeline: PipelineConfig, workload: WorkloadConfig = sampled) -> list[list[int]]:
+        output = OutputConfig(progress=False, out=tmp_path / name)
+        cfg = EngineConfig(pipeline=pipeline, workload=workload, output=output)
         lines = [json.loads(line) for line in (run(cfg) / "requests.jsonl").read_text().splitlines()]
         return [r["output_ids"] for r in sorted(lines, key=lambda r: r["id"])]
 
-    expected = reference_outputs(EngineConfig(prompts=str(prompts), temperature=1.0, top_p=0.9))
+    expected = reference_outputs(EngineConfig(workload=sampled))
     assert len({tuple(out) for out in expected}) == 4  # four requests, four draws
-    assert outputs("serve-1") == expected  # one slot, refilled by each request in turn
-    assert outputs("gpipe-2", schedule="gpipe", stages=2) == expected
-    assert outputs("serve-2", schedule="serve", stages=2, max_batch=2, rate=200.0) == expected
-    assert expected != reference_outputs(EngineConfig(prompts=str(prompts)))  # greedy
-    assert expected != reference_outputs(EngineConfig(prompts=str(prompts), temperature=1.0, top_p=0.9, seed=1))
+    assert outputs("serve-1", PipelineConfig(stages=1)) == expected  # one slot, refilled by each request in turn
+    assert outputs("gpipe-2", PipelineConfig(schedule="gpipe", stages=2)) == expected
+    arriving = dataclasses.replace(sampled, rate=200.0)
+    assert outputs("serve-2", PipelineConfig(schedule="serve", stages=2, max_batch=2), arriving) == expected
+    assert expected != reference_outputs(EngineConfig(workload=WorkloadConfig(prompts=prompts)))  # greedy
+    assert expected != reference_outputs(EngineConfig(workload=dataclasses.replace(sampled, seed=1)))
 
 
 def test_waiting_for_sparse_arrivals_is_not_taken_for_a_hung_rank(tmp_path: Path) -> None:
     # seed 1 at 1 req/s: the first request arrives after 3.2 s, longer than the 2 s the other rank waits for
     # rank 0 (a timeout that also bounds start-up and every barrier, hence not shorter on a busy machine)
-    cfg = EngineConfig(stages=2, schedule="serve", rate=1.0, requests=3, max_new_tokens=2, seed=1, timeout_s=2.0,
-                       out=str(tmp_path / "run"), **FAST)  # fmt: skip
+    cfg = _fast(
+        tmp_path / "run",
+        PipelineConfig(stages=2, schedule="serve"),
+        WorkloadConfig(rate=1.0, requests=3, max_new_tokens=2, seed=1),
+        runtime=RuntimeConfig(timeout_s=2.0),
+    )
     assert poisson_arrivals_ns(3, 1.0, 1)[0] > 3e9
     trace = load_run(run(cfg))
     assert trace.meta.status == "finished" and len(trace.requests) == 3
@@ -123,7 +148,9 @@ def test_waiting_for_sparse_arrivals_is_not_taken_for_a_hung_rank(tmp_path: Path
 
 def test_a_serve_pass_is_named_by_its_micro_batch_and_step_through_every_request(tmp_path: Path) -> None:
     # 6 requests of 2 tokens through 2 slots: each slot takes 3 requests one after another, 6 passes in all
-    cfg = EngineConfig(stages=2, schedule="serve", requests=6, max_new_tokens=2, out=str(tmp_path / "run"), **FAST)
+    cfg = _fast(
+        tmp_path / "run", PipelineConfig(stages=2, schedule="serve"), WorkloadConfig(requests=6, max_new_tokens=2)
+    )
     spans = load_run(run(cfg)).spans
     forward = spans[spans["kind"] == "forward"]
     assert not forward.duplicated(["rank", "mb", "step"]).any()
@@ -132,8 +159,8 @@ def test_a_serve_pass_is_named_by_its_micro_batch_and_step_through_every_request
 
 
 def test_poisson_arrivals_are_spread_and_served_after_arrival(tmp_path: Path) -> None:
-    cfg = EngineConfig(stages=1, schedule="serve", rate=200.0, requests=5, max_new_tokens=2,
-                       out=str(tmp_path / "run"), **FAST)  # fmt: skip
+    cfg = _fast(tmp_path / "run", PipelineConfig(stages=1, schedule="serve"),
+                WorkloadConfig(rate=200.0, requests=5, max_new_tokens=2))  # fmt: skip
     reqs = read_requests(run(cfg)).sort_values("id")
     arrivals = reqs["arrival_ns"].to_numpy()
     assert (arrivals[1:] > arrivals[:-1]).all()
@@ -142,8 +169,13 @@ def test_poisson_arrivals_are_spread_and_served_after_arrival(tmp_path: Path) ->
 
 def test_every_token_is_timed_and_recording_can_alternate_within_a_run(tmp_path: Path) -> None:
     window_ms = 40.0
-    cfg = EngineConfig(stages=2, schedule="serve", requests=4, max_new_tokens=30, record_alternate_ms=window_ms,
-                       out=str(tmp_path / "run"), **{**FAST, "layer_cost_ms": "2"})  # fmt: skip
+    cfg = _fast(
+        tmp_path / "run",
+        PipelineConfig(stages=2, schedule="serve"),
+        WorkloadConfig(requests=4, max_new_tokens=30),
+        model=dataclasses.replace(FAST, layer_cost_ms=(2.0,)),
+        bench=BenchConfig(record_alternate_ms=window_ms),
+    )
     run_dir = run(cfg)
     lines = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
     for req in lines:
@@ -161,8 +193,12 @@ def test_every_token_is_timed_and_recording_can_alternate_within_a_run(tmp_path:
 
 
 def test_one_rank_stamps_each_micro_batch_s_tokens_when_they_are_sampled(tmp_path: Path) -> None:
-    cfg = EngineConfig(stages=1, schedule="gpipe", microbatches=2, requests=2, max_new_tokens=2,
-                       out=str(tmp_path / "run"), **{**FAST, "layer_cost_ms": "10"})  # fmt: skip
+    cfg = _fast(
+        tmp_path / "run",
+        PipelineConfig(stages=1, schedule="gpipe", microbatches=2),
+        WorkloadConfig(requests=2, max_new_tokens=2),
+        model=dataclasses.replace(FAST, layer_cost_ms=(10.0,)),
+    )
     trace = load_run(run(cfg))
     sample = trace.spans[(trace.spans["kind"] == "sample") & (trace.spans["step"] == 0)].set_index("mb")["end_ns"]
     first = trace.requests.set_index("id")["first_token_ns"]  # request i is in micro-batch i
@@ -172,7 +208,9 @@ def test_one_rank_stamps_each_micro_batch_s_tokens_when_they_are_sampled(tmp_pat
 
 def test_alternating_needs_recording_on() -> None:
     with pytest.raises(InvalidConfigError, match="record_alternate_ms"):
-        EngineConfig(record=False, record_alternate_ms=10.0)
+        EngineConfig(output=OutputConfig(record=False), bench=BenchConfig(record_alternate_ms=10.0))
+    with pytest.raises(InvalidConfigError, match=r"bench\.record_alternate_ms must be >= 0"):
+        BenchConfig(record_alternate_ms=-1.0)
 
 
 def test_a_rank_freezes_its_start_up_heap_for_the_run_and_gives_it_back(
@@ -189,7 +227,7 @@ def test_a_rank_freezes_its_start_up_heap_for_the_run_and_gives_it_back(
 
     monkeypatch.setattr("ppscope.engine.worker.gc.freeze", freeze)
     before = gc.get_freeze_count()
-    run(EngineConfig(stages=1, requests=2, max_new_tokens=2, out=str(tmp_path / "run"), **FAST))
+    run(_fast(tmp_path / "run", PipelineConfig(stages=1), WorkloadConfig(requests=2, max_new_tokens=2)))
     assert len(frozen_during) == 1 and frozen_during[0] > before  # the full collector skips it during the run
     assert gc.get_freeze_count() == before  # a rank run in the caller's process leaves its heap as it was
 

@@ -25,7 +25,7 @@ from fuzz_helpers import CASES, DATA, FUZZ, OUTCOMES, check_input, examples, mut
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppscope.engine.config import EngineConfig
+from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 from ppscope.engine.launch import run
 from ppscope.formats.nsys_export import export_nsys
 from ppscope.formats.sources import open_trace
@@ -59,8 +59,12 @@ def _tally() -> Iterator[None]:
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small two-stage run recorded by the engine (spans, counters, requests)."""
     out = tmp_path_factory.mktemp("recorded") / "run"
-    fast = {"model": "synthetic", "layers": 2, "layer_cost_ms": "0", "progress": False}
-    run(EngineConfig(stages=2, schedule="serve", requests=6, max_new_tokens=4, out=str(out), **fast))
+    run(EngineConfig(
+        pipeline=PipelineConfig(stages=2, schedule="serve"),
+        model=ModelConfig(name="synthetic", layers=2, layer_cost_ms=(0.0,)),
+        workload=WorkloadConfig(requests=6, max_new_tokens=4),
+        output=OutputConfig(progress=False, out=out),
+    ))  # fmt: skip
     return out
 
 

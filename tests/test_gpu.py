@@ -27,10 +27,11 @@ def test_synthetic_layer_sleeps_its_time_on_the_gpu() -> None:
 
 
 def test_profile_times_layers_with_cuda_events() -> None:
-    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.config import EngineConfig, OutputConfig, WorkloadConfig
     from ppscope.engine.profiler import profile_layers
 
-    prof = profile_layers(EngineConfig(model="tiny", prompt_len=8, progress=False), warmup=1, repeats=3, device="cuda")
+    cfg = EngineConfig(workload=WorkloadConfig(prompt_len=8), output=OutputConfig(progress=False))
+    prof = profile_layers(cfg, warmup=1, repeats=3, device="cuda")
     assert prof.method == "cuda-events" and prof.device != "cpu"
     assert len(prof.decode.layer_ms) == 8 and all(t > 0 for t in prof.decode.layer_ms)
 
@@ -60,13 +61,16 @@ def test_device_spans_time_gpu_work_with_cuda_events() -> None:
 
 
 def test_engine_runs_one_stage_on_the_gpu_with_device_timed_spans(tmp_path: Path) -> None:
-    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.config import EngineConfig, OutputConfig, PipelineConfig, WorkloadConfig
     from ppscope.engine.launch import run
     from ppscope.trace.store import load_run, read_requests
 
     out = tmp_path / "run"
-    run(EngineConfig(model="tiny", stages=1, schedule="serve", requests=4, prompt_len=8, max_new_tokens=8,
-                     progress=False, out=str(out)))  # fmt: skip
+    run(EngineConfig(
+        pipeline=PipelineConfig(stages=1, schedule="serve"),
+        workload=WorkloadConfig(requests=4, prompt_len=8, max_new_tokens=8),
+        output=OutputConfig(progress=False, out=out),
+    ))  # fmt: skip
     trace = load_run(out)
     assert trace.meta.backend in ("nccl", "gloo") and trace.meta.ranks[0].device != "cpu"
     kinds = set(trace.spans["kind"].astype(str))

@@ -230,14 +230,18 @@ def test_a_long_run_replays_its_first_steps_scaled_to_all_of_them() -> None:
 @pytest.mark.slow
 def test_a_serve_run_with_more_requests_than_slots_replays_all_of_them(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="the engine needs torch")
-    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
     from ppscope.engine.launch import run
     from ppscope.simulate.calibrate import compare, replay_config
 
     # 24 requests of 3 tokens through 2 slots: 36 passes a slot, where one request has 3; the replay used to
     # simulate 3 and was off by 160x on such a run (300 requests)
-    cfg = EngineConfig(stages=2, model="synthetic", layers=4, layer_cost_ms="1", head_cost_ms=2.0, requests=24,
-                       max_new_tokens=3, progress=False, nvtx=False, out=str(tmp_path / "run"))  # fmt: skip
+    cfg = EngineConfig(
+        pipeline=PipelineConfig(stages=2),
+        model=ModelConfig(name="synthetic", layers=4, layer_cost_ms=(1.0,), head_cost_ms=2.0),
+        workload=WorkloadConfig(requests=24, max_new_tokens=3),
+        output=OutputConfig(progress=False, nvtx=False, out=tmp_path / "run"),
+    )
     measured = open_trace(run(cfg))
     replay = replay_config(measured)
     assert replay.steps >= 33  # 36 when the two slots take 12 requests each

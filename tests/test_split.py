@@ -83,7 +83,7 @@ def test_default_split_covers_every_layer_once(layers: int, stages: int) -> None
 
 def test_resolve_split_order_cli_env_default() -> None:
     env = {ENV_VAR: "3,5"}
-    assert resolve_split("6,2", 8, 2, env) == ([6, 2], "--split")
+    assert resolve_split((6, 2), 8, 2, env) == ([6, 2], "--split")
     assert resolve_split(None, 8, 2, env) == ([3, 5], ENV_VAR)
     assert resolve_split(None, 8, 2, {}) == ([4, 4], "vllm-default")
     with pytest.raises(InvalidSplitError, match=ENV_VAR):
@@ -94,3 +94,8 @@ def test_counts_are_parsed_as_text_alone() -> None:
     assert parse_counts(" 3, 5") == [3, 5] and parse_counts("0,9") == [0, 9]  # the model is not known yet
     with pytest.raises(InvalidSplitError, match=r"e\.g\. 1,7$"):
         parse_counts("1,,7", "1,7")
+
+
+def test_a_given_split_is_checked_against_the_model_when_resolved() -> None:
+    with pytest.raises(InvalidSplitError, match="sums to 6 but the model has 8 layers"):
+        resolve_split((3, 3), 8, 2, {})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,20 +13,29 @@ pytest.importorskip("torch")
 
 from ppscope.balance.profile import PROFILE_FILE, read_profile
 from ppscope.cli.tuning import tune
-from ppscope.engine.config import EngineConfig
+from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 from ppscope.engine.profiler import profile_layers, write_profile
 from ppscope.errors import CorruptFileError, InvalidConfigError
 
+QUIET = OutputConfig(progress=False, nvtx=False)
 
-def _synthetic(**kw: object) -> EngineConfig:
-    base = dict(model="synthetic", layers=6, layer_cost_ms="1,1,1,1,1,1", head_cost_ms=3.0, stages=3,
-                requests=4, prompt_len=4, max_new_tokens=4, progress=False, nvtx=False)  # fmt: skip
-    base.update(kw)
-    return EngineConfig(**base)  # type: ignore[arg-type]
+
+def _synthetic(
+    pipeline: dict[str, Any] | None = None, model: dict[str, Any] | None = None, workload: dict[str, Any] | None = None
+) -> EngineConfig:
+    """3 stages of the synthetic model's 6 layers of 1 ms and a 3 ms head, 4 requests of 4 + 4 tokens; each
+    section's fields as given."""
+    return EngineConfig(
+        pipeline=PipelineConfig(**{"stages": 3, **(pipeline or {})}),
+        model=ModelConfig(**{"name": "synthetic", "layers": 6, "layer_cost_ms": (1.0,) * 6, "head_cost_ms": 3.0,
+                             **(model or {})}),
+        workload=WorkloadConfig(**{"requests": 4, "prompt_len": 4, "max_new_tokens": 4, **(workload or {})}),
+        output=QUIET,
+    )  # fmt: skip
 
 
 def test_profile_times_each_layer_and_the_ends(tmp_path: Path) -> None:
-    cfg = _synthetic(layer_cost_ms="1,1,10,1,1,1", embed_cost_ms=2.0)
+    cfg = _synthetic(model={"layer_cost_ms": (1.0, 1.0, 10.0, 1.0, 1.0, 1.0), "embed_cost_ms": 2.0})
     prof = profile_layers(cfg, warmup=1, repeats=3)
     for phase in ("prefill", "decode"):
         costs = prof.phase(phase).costs()
@@ -42,7 +52,8 @@ def test_profile_times_each_layer_and_the_ends(tmp_path: Path) -> None:
 
 
 def test_real_model_profile_times_passes_from_cold_caches() -> None:
-    prof = profile_layers(EngineConfig(model="tiny", stages=2, prompt_len=8, progress=False), warmup=1, repeats=3)
+    tiny = EngineConfig(workload=WorkloadConfig(prompt_len=8), output=OutputConfig(progress=False))
+    prof = profile_layers(tiny, warmup=1, repeats=3)
     assert len(prof.decode.layer_ms) == 8 and all(t > 0 for t in prof.decode.layer_ms)
     assert prof.method == "perf_counter" and prof.device == "cpu" and prof.how == "perf_counter, cold caches"
     assert prof.cache_flush_bytes >= 2 * _largest_cpu_cache()
@@ -53,7 +64,7 @@ def test_real_model_profile_times_passes_from_cold_caches() -> None:
     # one shape for all layers: each gets their common median, and each one's own is kept beside it
     assert len(set(layers)) == 1 and len(prof.decode.layer_ms_each) == 8
     assert layers[0] == pytest.approx(statistics.median(prof.decode.layer_ms_each))
-    warm = profile_layers(EngineConfig(model="tiny", stages=2, prompt_len=8, progress=False), repeats=1, cold=False)
+    warm = profile_layers(tiny, repeats=1, cold=False)
     assert warm.cache_flush_bytes == 0 and warm.how == "perf_counter, warm caches"
 
 
@@ -64,7 +75,7 @@ def _largest_cpu_cache() -> int:
 
 
 def test_a_synthetic_profile_sleeps_without_flushing_and_old_profiles_read_as_warm(tmp_path: Path) -> None:
-    prof = profile_layers(_synthetic(layers=2, layer_cost_ms="1,1"), warmup=0, repeats=1)
+    prof = profile_layers(_synthetic(model={"layers": 2, "layer_cost_ms": (1.0, 1.0)}), warmup=0, repeats=1)
     assert prof.cache_flush_bytes == 0 and prof.how.endswith("warm caches") and prof.decode.layer_ms_each == ()
     data = prof.to_dict()
     del data["cache_flush_bytes"]  # as written before these fields existed
@@ -101,14 +112,18 @@ def test_tune_moves_layers_off_the_slow_last_stage(tmp_path: Path) -> None:
 
 
 def test_tune_with_a_balanced_split_does_not_rerun(tmp_path: Path) -> None:
-    cfg = _synthetic(stages=2, layers=2, layer_cost_ms="1,1", head_cost_ms=0.0, requests=2, max_new_tokens=2)
+    cfg = _synthetic(
+        {"stages": 2},
+        {"layers": 2, "layer_cost_ms": (1.0, 1.0), "head_cost_ms": 0.0},
+        {"requests": 2, "max_new_tokens": 2},
+    )
     result = tune(cfg, out_dir=tmp_path / "t", cost_source="fit")
     assert result.after is None and result.measured_speedup == 1.0
     assert any("already the best" in n for n in result.notes)
 
 
 def test_tune_refuses_interleaved(tmp_path: Path) -> None:
-    cfg = _synthetic(schedule="interleaved", chunks=2, stages=3, layers=6)
+    cfg = _synthetic({"schedule": "interleaved", "chunks": 2, "stages": 3})
     with pytest.raises(InvalidConfigError, match="interleaved"):
         tune(cfg, out_dir=tmp_path / "t")
 
@@ -164,7 +179,11 @@ def test_a_predicted_gain_within_noise_is_called_so(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_repeats_run_both_splits_pair_by_pair_in_abba_order(tmp_path: Path) -> None:
-    cfg = _synthetic(stages=2, layers=4, layer_cost_ms="1,1,1,1", head_cost_ms=2.0, requests=2, max_new_tokens=3)
+    cfg = _synthetic(
+        {"stages": 2},
+        {"layers": 4, "layer_cost_ms": (1.0,) * 4, "head_cost_ms": 2.0},
+        {"requests": 2, "max_new_tokens": 3},
+    )
     result = tune(cfg, out_dir=tmp_path / "t", cost_source="profile", repeats=2)
     assert result.after is not None and result.after.split == (3, 1)
     assert [r.split for r in result.reruns] == [(3, 1), (2, 2)]  # advised first in the second pair
@@ -217,10 +236,14 @@ def test_profile_passes_are_shaped_as_the_run_s_micro_batches(tmp_path: Path) ->
     prompts.write_text(
         '{"prompt_ids": [1, 2, 3, 4, 5, 6], "max_new_tokens": 8}\n{"prompt_ids": [1, 2], "max_new_tokens": 4}\n' * 3
     )
-    gpipe = EngineConfig(model="synthetic", layers=2, layer_cost_ms="0", schedule="gpipe", microbatches=2,
-                         prompts=str(prompts), progress=False)  # fmt: skip
+    gpipe = EngineConfig(
+        pipeline=PipelineConfig(schedule="gpipe", microbatches=2),
+        model=ModelConfig(name="synthetic", layers=2, layer_cost_ms=(0.0,)),
+        workload=WorkloadConfig(prompts=prompts),
+        output=OutputConfig(progress=False),
+    )
     prof = profile_layers(gpipe, warmup=0, repeats=1)
     # 6 requests in 2 micro-batches: 3 sequences a pass, prompts of 4 tokens on average
     assert (prof.prefill.tokens, prof.decode.tokens) == (12, 3)
-    serve = profile_layers(_synthetic(max_batch=2, requests=5), warmup=0, repeats=1)
+    serve = profile_layers(_synthetic({"max_batch": 2}, workload={"requests": 5}), warmup=0, repeats=1)
     assert (serve.prefill.tokens, serve.decode.tokens) == (8, 2)

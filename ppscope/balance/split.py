@@ -130,12 +130,14 @@ def format_split(split: Sequence[int]) -> str:
 
 
 def resolve_split(
-    cli_text: str | None, layers: int, stages: int, env: Mapping[str, str] | None = None
+    given: Sequence[int] | None, layers: int, stages: int, env: Mapping[str, str] | None = None
 ) -> tuple[list[int], str]:
-    """The split to use and where it came from: `--split`, then PPSCOPE_PP_LAYER_PARTITION, then vLLM's default."""
+    """The split to use and where it came from: `--split` (`given`), then PPSCOPE_PP_LAYER_PARTITION, then
+    vLLM's default."""
     env = os.environ if env is None else env
-    if cli_text:
-        return parse_split(cli_text, layers, stages), SOURCE_CLI
+    if given:
+        validate_split(given, layers, stages)
+        return list(given), SOURCE_CLI
     env_text = env.get(ENV_VAR, "").strip()
     if env_text:
         try:

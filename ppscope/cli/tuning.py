@@ -177,6 +177,12 @@ def _costs(cfg: EngineConfig, run_dir: Path, source: str, phase: str, step: Step
     return fit.costs, [note, *fit.notes]
 
 
+def _with(cfg: EngineConfig, out: Path, split: tuple[int, ...] | None = None) -> EngineConfig:
+    """`cfg` writing to `out`, with `split` if given."""
+    pipeline = cfg.pipeline if split is None else dataclasses.replace(cfg.pipeline, split=split)
+    return dataclasses.replace(cfg, pipeline=pipeline, output=dataclasses.replace(cfg.output, out=out))
+
+
 def tune(
     cfg: EngineConfig,
     *,
@@ -195,17 +201,18 @@ def tune(
         raise InvalidConfigError(f"unknown cost source {cost_source!r}; valid: {', '.join(COST_SOURCES)}")
     if repeats < 1:
         raise InvalidConfigError(f"--repeats must be at least 1, not {repeats}")
-    if cfg.chunks != 1:
+    pipe = cfg.pipeline
+    if pipe.chunks != 1:
         raise InvalidConfigError("tune balances one chunk per rank: use --schedule gpipe or serve, not interleaved")
     step = on_step or (lambda _msg: None)
     out = Path(out_dir)
-    step(f"run 1: {cfg.model} on {cfg.stages} stages, {cfg.schedule} schedule, split as given")
-    before_dir = run(dataclasses.replace(cfg, out=str(out / "1-before")))
+    step(f"run 1: {cfg.model.name} on {pipe.stages} stages, {pipe.schedule} schedule, split as given")
+    before_dir = run(_with(cfg, out / "1-before"))
     before_trace = load_run(before_dir)
     split = tuple(before_trace.meta.split)
     before = RunSummary.of(before_dir, analyze(before_trace), split)
     costs, notes = _costs(cfg, before_dir, cost_source, phase, step)
-    advice = rebalance(BalanceProblem(costs=costs, stages=cfg.stages), current=split)
+    advice = rebalance(BalanceProblem(costs=costs, stages=pipe.stages), current=split)
     proposed = tuple(advice.proposed.split)
     if proposed == split:
         notes.append("the split is already the best one for these costs: no second run")
@@ -220,7 +227,7 @@ def tune(
 
     def run_split(n: int, split_now: tuple[int, ...]) -> RunSummary:
         name = "before" if split_now == split else "after"
-        run_dir = run(dataclasses.replace(cfg, split=",".join(map(str, split_now)), out=str(out / f"{n}-{name}")))
+        run_dir = run(_with(cfg, out / f"{n}-{name}", split_now))
         return RunSummary.of(run_dir, analyze(load_run(run_dir)), split_now)
 
     after = run_split(2, proposed)

@@ -1,179 +1,118 @@
-"""The engine's configuration: one validated dataclass that the CLI fills and every rank receives.
+"""The engine's configuration: what one run needs, in typed sections, validated as it is made.
 
-Validation happens here, before any process starts, so a bad option is one clear line. This module knows
-nothing about processes, tensors or hardware (whether NCCL can run is decided in `ppscope.engine.prepare`).
+`EngineConfig` is made of `pipeline` (how the model is laid over the ranks), `model`, `workload` (the
+requests and how tokens are drawn), `output` (what is recorded, where), `runtime` (backend, timeout) and
+`bench`, knobs only benchmarks set. Values are typed (a split is a tuple of ints, layer costs a tuple of ms):
+text is parsed once, at the edge (`ppscope.cli.engine_options`). Each section checks its own fields when it
+is made, `EngineConfig` what spans sections; a refusal names the field (`pipeline.microbatches must be >= 0`),
+which the CLI words as its flag. `to_json`/`from_json` give the flat form kept as meta.json's `config` and
+sent to each spawned rank. Nothing here knows about processes, tensors or hardware (whether NCCL can run is
+decided in `ppscope.engine.prepare`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ppscope.balance.costs import parse_ms_list
 from ppscope.balance.shapes import PRESETS, ModelShape
+from ppscope.balance.split import parse_counts
 from ppscope.errors import InvalidConfigError
 from ppscope.simulate.schedule import SCHEDULES
 
-__all__ = ["DTYPES", "EngineConfig", "parse_costs"]
+__all__ = [
+    "BACKENDS",
+    "DTYPES",
+    "FLAT_KEYS",
+    "SECTIONS",
+    "BenchConfig",
+    "EngineConfig",
+    "ModelConfig",
+    "OutputConfig",
+    "PipelineConfig",
+    "RuntimeConfig",
+    "WorkloadConfig",
+]
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 MAX_TIMEOUT_S = 1e6
-"""The longest --timeout (11.6 days): longer ones overflow the timers they are handed to."""
+"""The longest timeout (11.6 days): longer ones overflow the timers they are handed to."""
 MIN_RATE = 1e-3
-"""The slowest Poisson --rate (one request per 17 minutes) whose arrival times fit a nanosecond clock."""
+"""The slowest Poisson rate (one request per 17 minutes) whose arrival times fit a nanosecond clock."""
 BACKENDS = ("auto", "gloo", "nccl")
 SYNTHETIC = "synthetic"
 
 
-def parse_costs(text: str, layers: int) -> list[float]:
-    """`5` (every layer) or `5,5,7,...` (one per layer) into per-layer milliseconds."""
-    try:
-        values = [float(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise InvalidConfigError(f"--layer-cost-ms {text!r} is not a number or a comma-separated list") from None
-    if len(values) == 1:
-        values = values * layers
-    if len(values) != layers:
-        raise InvalidConfigError(
-            f"--layer-cost-ms gives {len(values)} values for {layers} layers: give one value, or one per layer"
-        )
-    if not all(math.isfinite(v) and v >= 0 for v in values):
-        raise InvalidConfigError(f"--layer-cost-ms {text!r} has a negative or non-finite cost: give ms >= 0")
-    return values
+def _finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise InvalidConfigError(f"{name} must be a finite number, got {value}")
 
 
-@dataclass(kw_only=True)
-class EngineConfig:
-    """Everything one run of the engine needs. Times in ms unless named otherwise."""
+def _at_least(name: str, value: int, low: int, note: str = "") -> None:
+    if value < low:
+        raise InvalidConfigError(f"{name} must be >= {low}{note}, got {value}")
+
+
+def _one_of(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise InvalidConfigError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
+
+
+def _refuse_unused(section: str, values: Any, ignored: Mapping[str, str]) -> None:
+    """A field this run would ignore, given other than its default, is refused: whoever gave it expects
+    something that will not happen. `ignored`: field -> why it is ignored ("" where it is not)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(values)}
+    for name, why in ignored.items():
+        if why and getattr(values, name) != defaults[name]:
+            raise InvalidConfigError(f"{section}.{name} has no effect here ({why}): drop it")
+
+
+def _ms_text(values: tuple[float, ...]) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    """How the model is laid over the ranks and how micro-batches go round them."""
 
     stages: int = 2
-    """Pipeline stages = ranks."""
+    """Pipeline stages = ranks (count)."""
     schedule: str = "serve"
-    """gpipe, interleaved or serve."""
+    """`gpipe`, `interleaved` or `serve` (a name)."""
     microbatches: int = 0
-    """Micro-batches per step (gpipe/interleaved); 0 = one per stage."""
+    """Micro-batches per step, gpipe/interleaved (count; 0 = one per stage)."""
     chunks: int = 1
-    """Model chunks per rank (interleaved)."""
+    """Model chunks per rank, interleaved (count)."""
     max_inflight: int = 0
-    """Micro-batches in flight (serve); 0 = one per stage."""
+    """Micro-batches in flight, serve (count; 0 = one per stage)."""
     max_batch: int = 1
-    """Requests per micro-batch (serve)."""
-    model: str = "tiny"
-    """A preset name, `synthetic`, or a Hugging Face Llama checkpoint directory."""
-    layers: int = 8
-    """Decoder layers of the synthetic model."""
-    layer_cost_ms: str = "5"
-    """Synthetic per-layer time: one value or one per layer."""
-    embed_cost_ms: float = 0.0
-    head_cost_ms: float = 0.0
-    split: str | None = None
-    """Layer counts per (virtual) stage, e.g. 5,4,4,3; default PPSCOPE_PP_LAYER_PARTITION or vLLM's rule."""
-    requests: int = 8
-    prompt_len: int = 16
-    max_new_tokens: int = 8
-    prompts: str | None = None
-    """JSONL file of {"prompt_ids": [...], "max_new_tokens": n}."""
-    seed: int = 0
-    """Seeds the random weights, generated prompts, arrivals and sampling."""
-    rate: float = 0.0
-    """Poisson arrival rate in requests/s (serve); 0 = all at once."""
-    temperature: float = 0.0
-    """0 = greedy."""
-    top_p: float = 1.0
-    backend: str = "auto"
-    dtype: str = "float32"
-    timeout_s: float = 60.0
-    """How long a rank waits for a peer before giving up; failures stop every rank within it."""
-    record: bool = True
-    out: str | None = None
-    """Run directory; default runs/<timestamp>."""
-    progress: bool = True
-    nvtx: bool = True
-    sample_interval_ms: float = 100.0
-    """NVML / CPU counter period."""
-    record_alternate_ms: float = 0.0
-    """Benchmarks: recording pauses in every other window of this many ms of the host clock (0 = never), so
-    one run measures throughput with and without it side by side (`requests.jsonl` has each token's time)."""
+    """Requests per micro-batch, serve (count)."""
+    split: tuple[int, ...] | None = None
+    """Decoder layers per virtual stage (counts); None = $PPSCOPE_PP_LAYER_PARTITION, else vLLM's rule."""
 
     def __post_init__(self) -> None:
-        if self.stages < 1:
-            raise InvalidConfigError(f"--stages must be >= 1, got {self.stages}")
-        if self.schedule not in SCHEDULES:
-            raise InvalidConfigError(f"unknown --schedule {self.schedule!r}; valid: {', '.join(SCHEDULES)}")
+        _at_least("pipeline.stages", self.stages, 1)
+        _one_of("pipeline.schedule", self.schedule, SCHEDULES)
         if self.chunks < 1 or (self.chunks > 1 and self.schedule != "interleaved"):
-            raise InvalidConfigError(f"--chunks {self.chunks} needs --schedule interleaved (and chunks >= 1)")
+            raise InvalidConfigError(
+                f"pipeline.chunks {self.chunks} needs pipeline.schedule interleaved (and chunks >= 1)"
+            )
         for name in ("microbatches", "max_inflight"):
-            if getattr(self, name) < 0:
-                raise InvalidConfigError(f"--{name.replace('_', '-')} must be >= 0 (0 = one per stage)")
-        for name in ("max_batch", "requests", "prompt_len", "max_new_tokens", "layers"):
-            if getattr(self, name) < 1:
-                raise InvalidConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        floats = ("rate", "temperature", "top_p", "timeout_s", "embed_cost_ms", "head_cost_ms", "sample_interval_ms",
-                  "record_alternate_ms")  # fmt: skip
-        for name in floats:
-            if not math.isfinite(getattr(self, name)):
-                flag = "--timeout" if name == "timeout_s" else f"--{name.replace('_', '-')}"
-                raise InvalidConfigError(f"{flag} must be a finite number, got {getattr(self, name)}")
-        for name in ("rate", "temperature"):
-            if getattr(self, name) < 0:
-                raise InvalidConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if 0 < self.rate < MIN_RATE:
-            raise InvalidConfigError(
-                f"--rate {self.rate} req/s is too slow to schedule: give 0 (all at once) or >= {MIN_RATE}"
-            )
-        if not 0 <= self.seed < 2**63:
-            raise InvalidConfigError(f"--seed must be in [0, 2**63), got {self.seed}")
-        if self.sample_interval_ms <= 0:
-            raise InvalidConfigError("sample_interval_ms must be > 0")
-        if self.backend not in BACKENDS:
-            raise InvalidConfigError(f"unknown --backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
-        if self.dtype not in DTYPES:
-            raise InvalidConfigError(f"unknown --dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
-        if self.record_alternate_ms < 0 or (self.record_alternate_ms > 0 and not self.record):
-            raise InvalidConfigError("record_alternate_ms must be >= 0, and > 0 only with recording on")
-        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
-            raise InvalidConfigError(f"--timeout must be > 0 and <= {MAX_TIMEOUT_S:.0f} seconds, got {self.timeout_s}")
-        if self.model != SYNTHETIC and self.model not in PRESETS and not Path(self.model).is_dir():
-            raise InvalidConfigError(
-                f"--model {self.model!r} is neither a preset ({', '.join(PRESETS)}), `synthetic`, nor a directory "
-                "holding a Hugging Face checkpoint (config.json + *.safetensors)"
-            )
-        if not self.synthetic and self.model not in PRESETS:
-            self.shape()  # a checkpoint the engine would compute differently from transformers fails here
-        if self.synthetic:
-            parse_costs(self.layer_cost_ms, self.layers)
-            if self.embed_cost_ms < 0 or self.head_cost_ms < 0:
-                raise InvalidConfigError("--embed-cost-ms and --head-cost-ms must be >= 0")
-        if self.prompts is not None and not Path(self.prompts).is_file():
-            what = "is a directory" if Path(self.prompts).is_dir() else "does not exist"
-            raise InvalidConfigError(f"--prompts {self.prompts} {what}: give a JSONL file of prompt_ids")
-        self._refuse_unused()
-
-    def _refuse_unused(self) -> None:
-        """An option this run would ignore is refused: whoever gave it expects something that will not happen."""
-        fields = EngineConfig.__dataclass_fields__
+            _at_least(f"pipeline.{name}", getattr(self, name), 0, " (0 = one per stage)")
+        _at_least("pipeline.max_batch", self.max_batch, 1)
+        if self.split is not None and (not self.split or not all(type(n) is int for n in self.split)):
+            raise InvalidConfigError(f"pipeline.split {self.split} must hold one layer count per (virtual) stage")
         serve = self.schedule == "serve"
-        ignored = {
-            "microbatches": "" if not serve else "serve keeps --max-inflight micro-batches in flight",
-            "max_inflight": "" if serve else f"{self.schedule} runs --microbatches per step",
-            "max_batch": "" if serve else f"{self.schedule} splits the requests over --microbatches",
-            "rate": "" if serve else f"{self.schedule} takes every request at once",
-            "requests": "" if self.prompts is None else "--prompts gives the requests",
-            "prompt_len": "" if self.prompts is None else "--prompts gives the prompts",
-        }
-        for name in ("layers", "layer_cost_ms", "embed_cost_ms", "head_cost_ms"):
-            ignored[name] = "" if self.synthetic else f"it shapes --model synthetic; {self.model} has its own layers"
-        for name, why in ignored.items():
-            if why and getattr(self, name) != fields[name].default:
-                raise InvalidConfigError(f"--{name.replace('_', '-')} has no effect here ({why}): drop it")
-
-    @property
-    def synthetic(self) -> bool:
-        return self.model == SYNTHETIC
+        _refuse_unused("pipeline", self, {
+            "microbatches": "serve keeps pipeline.max_inflight micro-batches in flight" if serve else "",
+            "max_inflight": "" if serve else f"{self.schedule} runs pipeline.microbatches per step",
+            "max_batch": "" if serve else f"{self.schedule} splits the requests over pipeline.microbatches",
+        })  # fmt: skip
 
     @property
     def inflight(self) -> int:
@@ -185,20 +124,256 @@ class EngineConfig:
     def virtual_stages(self) -> int:
         return self.stages * self.chunks
 
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """The model the ranks run, and the costs of the synthetic one."""
+
+    name: str = "tiny"
+    """A preset name, `synthetic`, or a Hugging Face Llama checkpoint directory (a path)."""
+    dtype: str = "float32"
+    """Weights, activations and KV cache: float32, float64, bfloat16 or float16 (a name)."""
+    layers: int = 8
+    """Decoder layers of the synthetic model (count)."""
+    layer_cost_ms: tuple[float, ...] = (5.0,)
+    """Synthetic model: time of each decoder layer (ms), one value for every layer or one per layer."""
+    embed_cost_ms: float = 0.0
+    """Synthetic model: time of the embedding (ms)."""
+    head_cost_ms: float = 0.0
+    """Synthetic model: time of the final norm + LM head (ms)."""
+
+    def __post_init__(self) -> None:
+        _one_of("model.dtype", self.dtype, DTYPES)
+        _at_least("model.layers", self.layers, 1)
+        for name in ("embed_cost_ms", "head_cost_ms"):
+            _finite(f"model.{name}", getattr(self, name))
+        if self.name != SYNTHETIC and self.name not in PRESETS and not Path(self.name).is_dir():
+            raise InvalidConfigError(
+                f"model.name {self.name!r} is neither a preset ({', '.join(PRESETS)}), `synthetic`, nor a directory "
+                "holding a Hugging Face checkpoint (config.json + *.safetensors)"
+            )
+        if not self.synthetic and self.name not in PRESETS:
+            self.shape()  # a checkpoint the engine would compute differently from transformers fails here
+        if self.synthetic:
+            self._check_costs()
+        else:
+            why = f"it shapes model.name synthetic; {self.name} has its own layers"
+            synthetic_only = ("layers", "layer_cost_ms", "embed_cost_ms", "head_cost_ms")
+            _refuse_unused("model", self, dict.fromkeys(synthetic_only, why))
+
+    def _check_costs(self) -> None:
+        n = len(self.layer_cost_ms)
+        if n not in (1, self.layers):
+            raise InvalidConfigError(
+                f"model.layer_cost_ms gives {n} values for {self.layers} layers: give one value, or one per layer"
+            )
+        if not all(math.isfinite(v) and v >= 0 for v in self.layer_cost_ms):
+            raise InvalidConfigError(
+                f"model.layer_cost_ms {_ms_text(self.layer_cost_ms)} has a negative or non-finite cost: give ms >= 0"
+            )
+        if self.embed_cost_ms < 0 or self.head_cost_ms < 0:
+            raise InvalidConfigError("model.embed_cost_ms and model.head_cost_ms must be >= 0")
+
+    @property
+    def synthetic(self) -> bool:
+        return self.name == SYNTHETIC
+
     def shape(self) -> ModelShape:
-        """The model's shape: a preset, the checkpoint's config, or `tiny`'s widths with --layers layers."""
+        """The model's shape: a preset, the checkpoint's config, or `tiny`'s widths with `layers` layers."""
         if self.synthetic:
             return dataclasses.replace(PRESETS["tiny"], name=SYNTHETIC, layers=self.layers)
-        if self.model in PRESETS:
-            return ModelShape.from_name(self.model)
-        return ModelShape.from_hf_config(self.model, exact=True)
+        if self.name in PRESETS:
+            return ModelShape.from_name(self.name)
+        return ModelShape.from_hf_config(self.name, exact=True)
 
     def layer_costs_ms(self) -> list[float]:
-        return parse_costs(self.layer_cost_ms, self.layers) if self.synthetic else []
+        """Each decoder layer's synthetic time (ms); empty for a real model."""
+        if not self.synthetic:
+            return []
+        costs = self.layer_cost_ms
+        return list(costs * self.layers if len(costs) == 1 else costs)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadConfig:
+    """The requests of the run and how their tokens are drawn."""
+
+    prompts: Path | None = None
+    """JSONL file of {"prompt_ids": [...], "max_new_tokens": n}; None = generated requests."""
+    requests: int = 8
+    """Generated requests (count)."""
+    prompt_len: int = 16
+    """Generated prompt length (tokens)."""
+    max_new_tokens: int = 8
+    """Tokens to generate per request (tokens; a prompts file's line may give its own)."""
+    rate: float = 0.0
+    """Poisson arrivals, serve (requests/s; 0 = all at once)."""
+    temperature: float = 0.0
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (a probability in (0, 1])."""
+    seed: int = 0
+    """Seeds the random weights, generated prompts, arrivals and sampling (an integer in [0, 2**63))."""
+
+    def __post_init__(self) -> None:
+        for name in ("requests", "prompt_len", "max_new_tokens"):
+            _at_least(f"workload.{name}", getattr(self, name), 1)
+        for name in ("rate", "temperature", "top_p"):
+            _finite(f"workload.{name}", getattr(self, name))
+        for name in ("rate", "temperature"):
+            if getattr(self, name) < 0:
+                raise InvalidConfigError(f"workload.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidConfigError(f"workload.top_p must be in (0, 1], got {self.top_p}")
+        if 0 < self.rate < MIN_RATE:
+            raise InvalidConfigError(
+                f"workload.rate {self.rate} req/s is too slow to schedule: give 0 (all at once) or >= {MIN_RATE}"
+            )
+        if not 0 <= self.seed < 2**63:
+            raise InvalidConfigError(f"workload.seed must be in [0, 2**63), got {self.seed}")
+        if self.prompts is not None and not self.prompts.is_file():
+            what = "is a directory" if self.prompts.is_dir() else "does not exist"
+            raise InvalidConfigError(f"workload.prompts {self.prompts} {what}: give a JSONL file of prompt_ids")
+        if self.prompts is not None:
+            gives = "workload.prompts gives the"
+            _refuse_unused("workload", self, {"requests": f"{gives} requests", "prompt_len": f"{gives} prompts"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputConfig:
+    """What the run records and shows, and where."""
+
+    out: Path | None = None
+    """Run directory (a path; None = runs/<timestamp>)."""
+    record: bool = True
+    """Record spans and counters (False: an overhead baseline that records nothing)."""
+    nvtx: bool = True
+    """Push an NVTX range for every recorded span."""
+    progress: bool = True
+    """Show a progress bar on stderr."""
+    sample_interval_ms: float = 100.0
+    """NVML / CPU counter period (ms)."""
+
+    def __post_init__(self) -> None:
+        _finite("output.sample_interval_ms", self.sample_interval_ms)
+        if self.sample_interval_ms <= 0:
+            raise InvalidConfigError(f"output.sample_interval_ms must be > 0, got {self.sample_interval_ms}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    """How the ranks talk and how long they wait for each other."""
+
+    backend: str = "auto"
+    """auto, gloo or nccl (a name; auto = nccl with a GPU per rank)."""
+    timeout_s: float = 60.0
+    """How long a rank waits for a peer before giving up (s); a failure stops every rank within it."""
+
+    def __post_init__(self) -> None:
+        _one_of("runtime.backend", self.backend, BACKENDS)
+        _finite("runtime.timeout_s", self.timeout_s)
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise InvalidConfigError(
+                f"runtime.timeout_s must be > 0 and <= {MAX_TIMEOUT_S:.0f} seconds, got {self.timeout_s}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """Benchmarks only, never a command-line option: knobs that change what a run measures. Alternating
+    recording lets one run measure throughput with and without it side by side (`requests.jsonl` has each
+    token's time)."""
+
+    record_alternate_ms: float = 0.0
+    """Recording pauses in every other window of this many ms of the host clock (ms; 0 = never)."""
+
+    def __post_init__(self) -> None:
+        _finite("bench.record_alternate_ms", self.record_alternate_ms)
+        if self.record_alternate_ms < 0:
+            raise InvalidConfigError(f"bench.record_alternate_ms must be >= 0, got {self.record_alternate_ms}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Everything one run of the engine needs; every rank gets the same."""
+
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    """Stages, schedule, micro-batches, chunks, split."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Which model, its dtype, the synthetic model's layers and costs."""
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    """Requests (generated or from a file), arrivals, sampling, seed."""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """Run directory, what is recorded, progress bar."""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """Backend and timeout."""
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    """Benchmarks only."""
+
+    def __post_init__(self) -> None:
+        schedule = self.pipeline.schedule
+        if schedule != "serve":
+            _refuse_unused("workload", self.workload, {"rate": f"{schedule} takes every request at once"})
+        if self.bench.record_alternate_ms > 0 and not self.output.record:
+            raise InvalidConfigError("bench.record_alternate_ms must be 0 with recording off: it pauses the recording")
+
+    def to_json(self) -> dict[str, Any]:
+        """The flat form (meta.json's `config`, what a spawned rank is sent): one key per field, as before the
+        sections (`model` is model.name); tuples as lists, paths as text."""
+        return {key: _to_json(getattr(getattr(self, section), name)) for key, (section, name) in FLAT_KEYS.items()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
-        return cls(**data)
+    def from_json(cls, data: Mapping[str, Any]) -> EngineConfig:
+        """The config of a flat form (`to_json`'s, or an older run's, whose split and layer costs were text)."""
+        unknown = sorted(set(data) - set(FLAT_KEYS))
+        if unknown:
+            raise InvalidConfigError(f"unknown engine config key(s): {', '.join(unknown)}")
+        return cls.from_fields({".".join(FLAT_KEYS[key]): _from_json(key, value) for key, value in data.items()})
+
+    @classmethod
+    def from_fields(cls, values: Mapping[str, Any]) -> EngineConfig:
+        """The config of `section.field` -> typed value (the rest default)."""
+        given: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        for path, value in values.items():
+            section, _, name = path.partition(".")
+            if section not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[section])}:
+                raise InvalidConfigError(f"unknown engine config field {path!r}")
+            given[section][name] = value
+        return cls(**{name: SECTIONS[name](**kw) for name, kw in given.items()})
+
+
+SECTIONS: dict[str, type[Any]] = {
+    "pipeline": PipelineConfig,
+    "model": ModelConfig,
+    "workload": WorkloadConfig,
+    "output": OutputConfig,
+    "runtime": RuntimeConfig,
+    "bench": BenchConfig,
+}
+"""Section name -> its dataclass, in EngineConfig's order."""
+assert list(SECTIONS) == [f.name for f in dataclasses.fields(EngineConfig)], "SECTIONS lists EngineConfig's fields"
+FLAT_KEYS: dict[str, tuple[str, str]] = {
+    ("model" if (section, f.name) == ("model", "name") else f.name): (section, f.name)
+    for section, kind in SECTIONS.items()
+    for f in dataclasses.fields(kind)
+}
+"""Key of the flat form -> (section, field)."""
+assert len(FLAT_KEYS) == sum(len(dataclasses.fields(kind)) for kind in SECTIONS.values()), "flat keys collide"
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    return str(value) if isinstance(value, Path) else value
+
+
+def _from_json(key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if key == "split":
+        return tuple(parse_counts(value) if isinstance(value, str) else (int(n) for n in value))
+    if key == "layer_cost_ms":
+        return tuple(parse_ms_list(value, "layer_cost_ms") if isinstance(value, str) else (float(v) for v in value))
+    if key in ("prompts", "out"):
+        return Path(value)
+    return value

@@ -98,11 +98,12 @@ def _sigterm_interrupts() -> Iterator[None]:
 
 
 def _run_local(cfg: EngineConfig, on_progress: ProgressHook | None) -> Path:
-    prep = prepare(cfg, cfg.stages)  # raises before anything starts
+    stages = cfg.pipeline.stages
+    prep = prepare(cfg, stages)  # raises before anything starts
     _check_checkpoint(cfg, prep)
     if prep.backend == "gloo":  # every rank on this host's memory (on GPUs each rank checks its own)
-        check_memory(prep, list(range(cfg.stages)), cfg.stages, host_available_bytes(), "this host", processes=True)
-    run_dir = Path(cfg.out) if cfg.out else default_run_dir()
+        check_memory(prep, list(range(stages)), stages, host_available_bytes(), "this host", processes=True)
+    run_dir = cfg.output.out or default_run_dir()
     procs: list[Any] = []
     events: Any = None
     created = False
@@ -110,16 +111,16 @@ def _run_local(cfg: EngineConfig, on_progress: ProgressHook | None) -> Path:
         # A Ctrl-C while the run directory is made and the ranks start waits until every rank is known, so
         # all of them are stopped and the run is marked interrupted, wherever it came.
         with _interrupt_deferred():
-            create_run(run_dir, prep.meta(cfg.stages))
+            create_run(run_dir, prep.meta(stages))
             created = True
-            if cfg.stages > 1:
+            if stages > 1:
                 procs, events = _start_ranks(cfg, run_dir, prep.backend)
-        if cfg.stages == 1:
+        if stages == 1:
             return _run_inline(cfg, prep, run_dir, on_progress)
         _supervise(cfg, procs, events, run_dir, len(prep.requests), on_progress)
     except KeyboardInterrupt as exc:
         with _interrupt_deferred(drop=True):  # a second Ctrl-C must not cut this short: the run would stay "running"
-            _interrupt_all(procs, grace_s=min(cfg.timeout_s, _INTERRUPT_GRACE_S))
+            _interrupt_all(procs, grace_s=min(cfg.runtime.timeout_s, _INTERRUPT_GRACE_S))
             if created:
                 _mark(run_dir, "interrupted", str(exc) or "interrupted by the user")
         if not created:
@@ -138,13 +139,14 @@ def _start_ranks(cfg: EngineConfig, run_dir: Path, backend: str) -> tuple[list[A
     events = ctx.Queue()
     port = free_port()
     env = rank_environment(os.environ, backend)
+    stages = cfg.pipeline.stages
     procs = [
         ctx.Process(
             target=_child,
-            args=(cfg.to_dict(), r, cfg.stages, port, str(run_dir.resolve()), events, env, os.getcwd()),
+            args=(cfg.to_json(), r, stages, port, str(run_dir.resolve()), events, env, os.getcwd()),
             name=f"ppscope-rank{r}",
         )
-        for r in range(cfg.stages)
+        for r in range(stages)
     ]
     # The fork server and the ranks start with SIGINT blocked: the server ignores it once it has imported
     # the engine (a Ctrl-C while it imports would print its traceback) and each rank unblocks it in `_child`
@@ -249,7 +251,7 @@ def _context() -> Any:
 def _run_inline(cfg: EngineConfig, prep: Prepared, run_dir: Path, on_progress: ProgressHook | None) -> Path:
     """One stage needs no processes: run it here, with the same failure reporting."""
     total = len(prep.requests)
-    bar = _ProgressBar(total) if cfg.progress and on_progress is None else None
+    bar = _ProgressBar(total) if cfg.output.progress and on_progress is None else None
 
     def progress(finished: int, tokens: int) -> None:
         if on_progress:
@@ -278,7 +280,7 @@ def _supervise(
     errors: dict[int, str] = {}
     waited_on: dict[int, int] = {}  # rank -> the peer it timed out waiting for
     blame_at: float | None = None  # once a rank failed: when to stop waiting for the others' reports
-    bar = _ProgressBar(total) if cfg.progress and on_progress is None else None
+    bar = _ProgressBar(total) if cfg.output.progress and on_progress is None else None
     try:
         while len(done) < len(procs):
             # Once a rank failed, the cause is named when the wait is over, or when every rank has reported or
@@ -317,7 +319,7 @@ def _supervise(
         if bar:
             bar.close()
     for p in procs:
-        p.join(timeout=cfg.timeout_s)
+        p.join(timeout=cfg.runtime.timeout_s)
 
 
 def _interrupt_all(procs: list[Any], grace_s: float) -> None:
@@ -424,7 +426,7 @@ def _child(
     try:
         if hasattr(signal, "pthread_sigmask"):  # started with it blocked (see _start_ranks); a Ctrl-C since lands here
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        cfg = EngineConfig.from_dict(cfg_dict)
+        cfg = EngineConfig.from_json(cfg_dict)
         run_rank(cfg, rank, world, local_rank=rank, run_dir=Path(run_dir), progress=progress if rank == 0 else None)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
@@ -442,10 +444,11 @@ def _child(
 def _check_checkpoint(cfg: EngineConfig, prep: Prepared) -> None:
     """A checkpoint directory's files are checked from their headers here, before any process starts or the
     run directory exists: a damaged file or a missing tensor would otherwise fail inside the ranks."""
-    if not cfg.synthetic and cfg.model not in PRESETS:
+    name = cfg.model.name
+    if not cfg.model.synthetic and name not in PRESETS:
         from ppscope.engine.hf import check_checkpoint
 
-        check_checkpoint(cfg.model, prep.shape)
+        check_checkpoint(name, prep.shape)
 
 
 def _run_torchrun(cfg: EngineConfig) -> Path:
@@ -453,8 +456,8 @@ def _run_torchrun(cfg: EngineConfig) -> Path:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     prep = prepare(cfg, world)
     _check_checkpoint(cfg, prep)
-    if cfg.out:  # every rank refuses alike, before any starts (rank 0 alone would leave the others failing)
-        check_new_run_dir(cfg.out)
+    if cfg.output.out:  # every rank refuses alike, before any starts (rank 0 alone would leave the others failing)
+        check_new_run_dir(cfg.output.out)
     try:
         return run_rank(cfg, rank, world, local_rank=local, run_dir=None, prepared=prep)
     except PPScopeError:

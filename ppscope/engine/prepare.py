@@ -19,7 +19,7 @@ import torch
 from ppscope import __version__
 from ppscope.balance.shapes import PRESETS, ModelShape
 from ppscope.balance.split import resolve_split, stage_layer_ranges
-from ppscope.engine.config import EngineConfig
+from ppscope.engine.config import EngineConfig, PipelineConfig
 from ppscope.engine.model import LayerSource, RandomSource, SyntheticSource
 from ppscope.engine.requests import Request, generate_requests, load_prompts, poisson_arrivals_ns
 from ppscope.errors import InvalidConfigError, InvalidSplitError
@@ -67,15 +67,16 @@ class Prepared:
     @functools.cached_property
     def arrivals_ns(self) -> list[int]:
         """Arrival of each request after the start (serve): made when first asked for, by rank 0 alone."""
-        rate = self.cfg.rate if self.cfg.schedule == "serve" else 0.0
-        return poisson_arrivals_ns(len(self.requests), rate, self.cfg.seed)
+        work = self.cfg.workload
+        rate = work.rate if self.cfg.pipeline.schedule == "serve" else 0.0
+        return poisson_arrivals_ns(len(self.requests), rate, work.seed)
 
     def rank_bytes(self, rank: int, world: int) -> tuple[int, int]:
         """Weights and KV cache `rank` of `world` allocates (0, 0 for the synthetic model)."""
-        if self.cfg.synthetic:
+        if self.cfg.model.synthetic:
             return 0, 0
-        s, itemsize = self.shape, torch_dtype(self.cfg.dtype).itemsize
-        layers = sum(self.split[c * world + rank] for c in range(self.cfg.chunks))
+        s, itemsize = self.shape, torch_dtype(self.cfg.model.dtype).itemsize
+        layers = sum(self.split[c * world + rank] for c in range(self.cfg.pipeline.chunks))
         params = layers * s.layer_params
         params += s.embed_params if rank == 0 else 0
         params += s.head_params if rank == (len(self.split) - 1) % world else 0
@@ -83,24 +84,23 @@ class Prepared:
         return params * itemsize, kv
 
     def meta(self, world: int) -> RunMeta:
-        cfg = self.cfg
-        model = {**self.shape.to_dict(), "name": self.shape.name, "synthetic": cfg.synthetic, "source": cfg.model}
-        if cfg.synthetic:
-            model.update(
-                layer_cost_ms=cfg.layer_costs_ms(), embed_cost_ms=cfg.embed_cost_ms, head_cost_ms=cfg.head_cost_ms
-            )
-        config = cfg.to_dict()
-        config["max_inflight"] = self.inflight if cfg.schedule == "serve" else cfg.max_inflight
-        config["microbatches"] = self.inflight if cfg.schedule != "serve" else cfg.microbatches
+        m, pipe = self.cfg.model, self.cfg.pipeline
+        model = {**self.shape.to_dict(), "name": self.shape.name, "synthetic": m.synthetic, "source": m.name}
+        if m.synthetic:
+            model.update(layer_cost_ms=m.layer_costs_ms(), embed_cost_ms=m.embed_cost_ms, head_cost_ms=m.head_cost_ms)
+        # the flat form, keys as readers take them (requests, max_inflight, record, dtype), with what the run did:
+        config = self.cfg.to_json()
+        config["max_inflight"] = self.inflight if pipe.schedule == "serve" else pipe.max_inflight
+        config["microbatches"] = self.inflight if pipe.schedule != "serve" else pipe.microbatches
         config["requests"] = len(self.requests)  # a prompts file's too: an interrupted run logs fewer
         return RunMeta(
             source="ppscope",
             status="running",
             world_size=world,
             pp_size=world,
-            schedule=cfg.schedule,
+            schedule=pipe.schedule,
             microbatches=self.inflight,
-            chunks=cfg.chunks,
+            chunks=pipe.chunks,
             split=list(self.split),
             split_source=self.split_source,
             model=model,
@@ -134,57 +134,66 @@ def resolve_backend(requested: str, world: int) -> str:
 
 
 def make_source(cfg: EngineConfig, shape: ModelShape) -> LayerSource:
-    if cfg.synthetic:
-        return SyntheticSource(shape, cfg.layer_costs_ms(), cfg.embed_cost_ms, cfg.head_cost_ms)
-    if cfg.model in PRESETS:
-        return RandomSource(shape, cfg.seed)
+    m = cfg.model
+    if m.synthetic:
+        return SyntheticSource(shape, m.layer_costs_ms(), m.embed_cost_ms, m.head_cost_ms)
+    if m.name in PRESETS:
+        return RandomSource(shape, cfg.workload.seed)
     from ppscope.engine.hf import CheckpointSource
 
-    return CheckpointSource(cfg.model, shape)
+    return CheckpointSource(m.name, shape)
 
 
 def _check_synthetic_waits(cfg: EngineConfig, split: Sequence[int]) -> None:
     """Refuse synthetic costs under which a rank is sure to wait longer than --timeout for its first input (the
     last rank for what the stages before it do, rank 0 for what comes back), rather than find it out then."""
-    if cfg.stages < 2:
+    stages, timeout_s = cfg.pipeline.stages, cfg.runtime.timeout_s
+    if stages < 2:
         return
-    per_layer = cfg.layer_costs_ms()
+    per_layer = cfg.model.layer_costs_ms()
     stage_ms = [sum(per_layer[start:end]) for start, end in stage_layer_ranges(split)]  # in the order visited
-    stage_ms[0] += cfg.embed_cost_ms
-    stage_ms[-1] += cfg.head_cost_ms
-    wait_s = max(sum(stage_ms[: cfg.stages - 1]), sum(stage_ms[1 : cfg.stages])) / 1e3
-    if wait_s >= cfg.timeout_s:
+    stage_ms[0] += cfg.model.embed_cost_ms
+    stage_ms[-1] += cfg.model.head_cost_ms
+    wait_s = max(sum(stage_ms[: stages - 1]), sum(stage_ms[1:stages])) / 1e3
+    if wait_s >= timeout_s:
         raise InvalidConfigError(
             f"with these synthetic costs a rank waits {wait_s:.1f} s for its first message (the stages before it "
-            f"in the ring take that long) but --timeout is {cfg.timeout_s:g} s: raise --timeout above {wait_s:.1f} "
+            f"in the ring take that long) but --timeout is {timeout_s:g} s: raise --timeout above {wait_s:.1f} "
             "or lower the costs"
         )
 
 
-def prepare(cfg: EngineConfig, world: int) -> Prepared:
-    """Resolve the split, the requests and the backend; raise a named error for anything inconsistent."""
-    if world != cfg.stages:
-        raise InvalidConfigError(
-            f"--stages {cfg.stages} but {world} ranks were started: "
-            "under torchrun give --stages equal to the world size"
-        )
-    shape = cfg.shape()
+def _split(pipe: PipelineConfig, layers: int) -> tuple[list[int], str]:
+    """The split of `layers` over the virtual stages and where it came from; with chunks, a refusal says how
+    a split of virtual stages is laid out."""
     try:
-        split, source = resolve_split(cfg.split, shape.layers, cfg.virtual_stages)
+        return resolve_split(pipe.split, layers, pipe.virtual_stages)
     except InvalidSplitError as exc:
-        if cfg.chunks == 1:
+        if pipe.chunks == 1:
             raise
-        if cfg.split is None and shape.layers < cfg.virtual_stages:
+        if pipe.split is None and layers < pipe.virtual_stages:
             raise InvalidSplitError(
-                f"{shape.layers} layer(s) cannot be split over {cfg.stages} stages x {cfg.chunks} chunks "
-                f"(each virtual stage needs at least one): use at most {max(shape.layers // cfg.stages, 1)} chunks"
+                f"{layers} layer(s) cannot be split over {pipe.stages} stages x {pipe.chunks} chunks "
+                f"(each virtual stage needs at least one): use at most {max(layers // pipe.stages, 1)} chunks"
             ) from None
         raise InvalidSplitError(
-            f"{exc} (with --chunks {cfg.chunks} the split gives one count per virtual stage: "
-            f"{cfg.stages} stages x {cfg.chunks} chunks = {cfg.virtual_stages} entries, "
+            f"{exc} (with --chunks {pipe.chunks} the split gives one count per virtual stage: "
+            f"{pipe.stages} stages x {pipe.chunks} chunks = {pipe.virtual_stages} entries, "
             "ordered rank 0..P-1 for chunk 0, then for chunk 1, ...)"
         ) from None
-    if cfg.synthetic:
+
+
+def prepare(cfg: EngineConfig, world: int) -> Prepared:
+    """Resolve the split, the requests and the backend; raise a named error for anything inconsistent."""
+    pipe = cfg.pipeline
+    if world != pipe.stages:
+        raise InvalidConfigError(
+            f"--stages {pipe.stages} but {world} ranks were started: "
+            "under torchrun give --stages equal to the world size"
+        )
+    shape = cfg.model.shape()
+    split, source = _split(pipe, shape.layers)
+    if cfg.model.synthetic:
         _check_synthetic_waits(cfg, split)
     b = batching(cfg, shape)
     return Prepared(
@@ -193,7 +202,7 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
         split=split,
         split_source=source,
         requests=b.requests,
-        backend=resolve_backend(cfg.backend, world),
+        backend=resolve_backend(cfg.runtime.backend, world),
         inflight=b.inflight,
         max_seqs=b.max_seqs,
         cache_slots=b.cache_slots,
@@ -216,21 +225,22 @@ class Batching(NamedTuple):
 def batching(cfg: EngineConfig, shape: ModelShape) -> Batching:
     """The requests (read or generated) and the micro-batches they make, whatever the split."""
     requests: Sequence[Request]
-    if cfg.prompts:
-        requests = load_prompts(cfg.prompts, shape.vocab, cfg.max_new_tokens, max_len=shape.max_seq_len)
+    work, pipe = cfg.workload, cfg.pipeline
+    if work.prompts:
+        requests = load_prompts(work.prompts, shape.vocab, work.max_new_tokens, max_len=shape.max_seq_len)
         longest_prompt = max(len(r.prompt_ids) for r in requests)
         max_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
     else:  # made one by one as the run takes them: nothing here may go through them all
-        requests = generate_requests(cfg.requests, cfg.prompt_len, cfg.max_new_tokens, shape.vocab, cfg.seed)
-        longest_prompt, max_len = cfg.prompt_len, cfg.prompt_len + cfg.max_new_tokens
+        requests = generate_requests(work.requests, work.prompt_len, work.max_new_tokens, shape.vocab, work.seed)
+        longest_prompt, max_len = work.prompt_len, work.prompt_len + work.max_new_tokens
         if max_len > shape.max_seq_len:  # (a prompts file names its line)
             raise InvalidConfigError(
-                f"each request needs {cfg.prompt_len} prompt + {cfg.max_new_tokens} new = {max_len} positions but "
+                f"each request needs {work.prompt_len} prompt + {work.max_new_tokens} new = {max_len} positions but "
                 f"model {shape.name} holds {shape.max_seq_len}: lower --prompt-len or --max-new-tokens"
             )
-    inflight = min(cfg.inflight, len(requests))
-    if cfg.schedule == "serve":
-        max_seqs = min(cfg.max_batch, len(requests))
+    inflight = min(pipe.inflight, len(requests))
+    if pipe.schedule == "serve":
+        max_seqs = min(pipe.max_batch, len(requests))
         return Batching(requests, inflight, max_seqs, inflight * max_seqs, max_len, longest_prompt)
     per_mb = math.ceil(len(requests) / inflight)
     return Batching(requests, inflight, per_mb, len(requests), max_len, longest_prompt)
@@ -264,21 +274,21 @@ def check_memory(
     need = weights + kv + (PROCESS_BYTES * len(ranks) if processes else 0)
     if need <= available:
         return
-    cfg = prep.cfg
+    m, schedule = prep.cfg.model, prep.cfg.pipeline.schedule
     who = f"{len(ranks)} ranks" if len(ranks) > 1 else f"rank {ranks[0]}"
-    if cfg.synthetic:  # its layers allocate nothing: only the processes count
+    if m.synthetic:  # its layers allocate nothing: only the processes count
         raise InvalidConfigError(
             f"{len(ranks)} synthetic ranks need about {need / 1e9:.1f} GB ({PROCESS_BYTES >> 20} MB per process) "
             f"and {where} has {available / 1e9:.1f} GB free: use fewer --stages"
         )
-    if cfg.schedule == "serve":
+    if schedule == "serve":
         seqs = f"{prep.cache_slots} sequences = --max-inflight x --max-batch"
     else:  # every request of the batch keeps its cache until the batch is done
-        seqs = f"{prep.cache_slots} sequences = every request of a {cfg.schedule} batch"
+        seqs = f"{prep.cache_slots} sequences = every request of a {schedule} batch"
     raise InvalidConfigError(
-        f"{prep.shape.name} in {cfg.dtype} needs about {need / 1e9:.1f} GB for {who} ({weights / 1e9:.1f} GB of "
+        f"{prep.shape.name} in {m.dtype} needs about {need / 1e9:.1f} GB for {who} ({weights / 1e9:.1f} GB of "
         f"weights, {kv / 1e9:.1f} GB of KV cache for {seqs}, {prep.max_len} positions each) and {where} has "
         f"{available / 1e9:.1f} GB free: use a smaller --dtype, fewer sequences or positions, more --stages on "
         f"more devices, or size it without running it: ppscope plan --model "
-        f"{cfg.model if cfg.model in PRESETS else 'DIR/config.json'}"
+        f"{m.name if m.name in PRESETS else 'DIR/config.json'}"
     )

@@ -96,12 +96,13 @@ def _profile(
 ) -> dict[str, PhaseCosts]:
     """PhaseCosts per kind of pass. Each module is built (read from a checkpoint) once and timed for every
     pass while it is in memory, one decoder layer at a time."""
-    shape = cfg.shape()
-    dtype = torch_dtype(cfg.dtype)
+    shape = cfg.model.shape()
+    dtype = torch_dtype(cfg.model.dtype)
     source = make_source(cfg, shape)
     timer = _Timer(device, flush_bytes)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
+    work = cfg.workload
+    gen = torch.Generator().manual_seed(work.seed)
+    sampling = Sampling(temperature=work.temperature, top_p=work.top_p, seed=work.seed)
     layer_ms: dict[str, list[float]] = {name: [] for name in batches}
     with torch.inference_mode():
         ends = _ends(source, device, dtype)
@@ -130,7 +131,7 @@ def _profile(
             embed = functools.partial(ends.run_embed, ids[n], shape.hidden, dtype)
             head = functools.partial(ends.run_head, x[n], batch, shape.vocab)
             positions = [start + length for start, length in zip(batch.starts, batch.lens, strict=True)]
-            keys = row_keys(cfg.seed, batch.seq_ids(), positions) if sampling.temperature > 0 else None
+            keys = row_keys(work.seed, batch.seq_ids(), positions) if sampling.temperature > 0 else None
             pick = functools.partial(sample, logits, sampling, keys)
             phases[n] = PhaseCosts(
                 layer_ms=tuple(layer_ms[n]),
@@ -169,13 +170,13 @@ def profile_layers(
     `prefill_tokens`), and a decode step of that many (or `decode_batch`) sequences halfway through their
     generation; each pass from cold caches unless `cold` is False (for comparison: passes back to back)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    shape = cfg.shape()
+    shape = cfg.model.shape()
     run = batching(cfg, shape)
-    if cfg.prompts:
+    if cfg.workload.prompts:
         prompt = round(statistics.mean(len(r.prompt_ids) for r in run.requests))
         new = statistics.mean(r.max_new_tokens for r in run.requests)
     else:  # generated alike, and made only when taken
-        prompt, new = cfg.prompt_len, cfg.max_new_tokens
+        prompt, new = cfg.workload.prompt_len, cfg.workload.max_new_tokens
     seqs = run.max_seqs
     b = decode_batch or seqs
     if prefill_tokens:
@@ -185,10 +186,10 @@ def profile_layers(
     # a decode step halfway through the generation: attention reads the mean context of the run's steps
     context = min(round(prompt + new / 2), shape.max_seq_len - 1)
     decode = Batch(slots=list(range(b)), starts=[context] * b, lens=[1] * b)
-    flush_bytes = cache_flush_bytes(dev) if cold and not cfg.synthetic else 0  # a sleep has nothing in cache
+    flush_bytes = cache_flush_bytes(dev) if cold and not cfg.model.synthetic else 0  # a sleep has nothing in cache
     threads = torch.get_num_threads()
     if dev.type == "cpu":  # as many threads as each rank of the pipeline gets (ppscope.engine.worker does the same)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.stages))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.pipeline.stages))
     try:
         batches = {"prefill": prefill, "decode": decode}
         phases = _profile(cfg, dev, batches, warmup=warmup, repeats=repeats, flush_bytes=flush_bytes)
@@ -196,9 +197,9 @@ def profile_layers(
         torch.set_num_threads(threads)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     return LayerProfile(
-        model=cfg.shape().name,
+        model=shape.name,
         device=name,
-        dtype=cfg.dtype,
+        dtype=cfg.model.dtype,
         method="cuda-events" if dev.type == "cuda" else "perf_counter",
         repeats=repeats,
         cache_flush_bytes=flush_bytes,

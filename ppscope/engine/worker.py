@@ -49,7 +49,7 @@ def default_run_dir() -> Path:
     return Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
 
 
-def _device(cfg: EngineConfig, backend: str, local_rank: int) -> torch.device:
+def _device(backend: str, local_rank: int) -> torch.device:
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
@@ -81,12 +81,14 @@ def run_rank(
     it and tells the others. Raises on any failure; the caller reports it."""
     prep = prepared or prepare(cfg, world)
     backend = prep.backend
-    device = _device(cfg, backend, local_rank)
+    device = _device(backend, local_rank)
     if device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))
     if world > 1:
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+        dist.init_process_group(
+            backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=cfg.runtime.timeout_s)
+        )
     # A thread that wakes (a message landed, a send completed) waits for the GIL up to the switch interval
     # (5 ms by default, a whole stage of a small model): let the holder hand it over much sooner.
     switch_s = sys.getswitchinterval()
@@ -114,7 +116,7 @@ def _run(
     if run_dir is None:  # torchrun: rank 0 names and creates the run, the others follow
         box: list[object] = [None]
         if rank == 0:
-            path = Path(cfg.out) if cfg.out else default_run_dir()
+            path = cfg.output.out or default_run_dir()
             create_run(path, prep.meta(world))
             box[0] = str(path)
         if world > 1:
@@ -173,21 +175,23 @@ def _run_pipeline(
         write_meta(run_dir, meta)
 
     shape = prep.shape
-    dtype = torch_dtype(cfg.dtype)
-    sink = RankWriter(run_dir, rank) if cfg.record else None
+    work, schedule = cfg.workload, cfg.pipeline.schedule
+    dtype = torch_dtype(cfg.model.dtype)
+    out = cfg.output
+    sink = RankWriter(run_dir, rank) if out.record else None
     log: RequestLog | None = None
-    rec = Recorder(sink, rank=rank, stage=rank, enabled=cfg.record, nvtx=cfg.nvtx, clock=clock)
+    rec = Recorder(sink, rank=rank, stage=rank, enabled=out.record, nvtx=out.nvtx, clock=clock)
     sampler: CounterSampler | None = None
     pipe: Pipeline | None = None
     frozen = False
     failure: dict[str, str] = {}
     try:  # from here on, whatever stops the rank (a Ctrl-C included) closes its file
-        sampler = CounterSampler(rec, _nvml_index(device), cfg.sample_interval_ms)
+        sampler = CounterSampler(rec, _nvml_index(device), out.sample_interval_ms)
         if device.type == "cuda":
             free = torch.cuda.mem_get_info(device)[0]
             check_memory(prep, [rank], world, free, f"GPU {device.index}", processes=False)
-        module = build_stage(make_source(cfg, shape), prep.split, rank, world, cfg.chunks, device, dtype)
-        if cfg.synthetic:
+        module = build_stage(make_source(cfg, shape), prep.split, rank, world, cfg.pipeline.chunks, device, dtype)
+        if cfg.model.synthetic:
             calibrate_sleep(device)
         module.allocate_cache(prep.cache_slots, prep.max_len, dtype, shape.kv_heads, shape.head_dim)
         # room in the receive posted ahead for the largest activation (a prefill of the longest prompts)
@@ -199,7 +203,7 @@ def _run_pipeline(
             rec,
             prep.max_seqs,
             device,
-            cfg.timeout_s,
+            cfg.runtime.timeout_s,
             act_nbytes,
             depth=prep.inflight + 1,
             host_headers=host_headers(),
@@ -211,15 +215,15 @@ def _run_pipeline(
             hidden=shape.hidden,
             vocab=shape.vocab,
             dtype=dtype,
-            chunks=cfg.chunks,
-            sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed),
+            chunks=cfg.pipeline.chunks,
+            sampling=Sampling(temperature=work.temperature, top_p=work.top_p, seed=work.seed),
         )
         pipe.before_pass = failure_after(rank)
-        pipe.alternate_ns = int(cfg.record_alternate_ms * 1e6)
+        pipe.alternate_ns = int(cfg.bench.record_alternate_ms * 1e6)
         if rank == 0:
             log = RequestLog(run_dir)
             pipe.on_finish = log
-            arrivals = prep.arrivals_ns if cfg.schedule == "serve" else []  # made now, before the clock starts
+            arrivals = prep.arrivals_ns if schedule == "serve" else []  # made now, before the clock starts
         ring.start()
         # Everything built so far lives for the whole run. Left to the collector, a full collection walks it
         # all (~0.2M objects with torch loaded, ~0.1 s here): a stall of every stage behind this one. Frozen,
@@ -233,11 +237,11 @@ def _run_pipeline(
         report = progress or (lambda done, tokens: None)
         if rank != 0:
             pipe.follow()
-        elif cfg.schedule == "serve":
+        elif schedule == "serve":
             policy = ServePolicy(max_inflight=prep.inflight, max_batch=prep.max_seqs)
-            pipe.drive_serve(prep.requests, arrivals, policy, cfg.timeout_s, report)
+            pipe.drive_serve(prep.requests, arrivals, policy, cfg.runtime.timeout_s, report)
         else:
-            pipe.drive_batch(cfg.schedule, prep.requests, prep.inflight, report)
+            pipe.drive_batch(schedule, prep.requests, prep.inflight, report)
         pipe.close()
         ring.close()
     except Exception as exc:  # a failure; a KeyboardInterrupt (Ctrl-C, torchrun's SIGTERM) only stopped the rank

@@ -18,17 +18,15 @@ EXAMPLE = "ppscope demo --no-dashboard"
 
 def register(sub: Any) -> None:
     from ppscope.cli.commands.tune import add_tune_arguments
+    from ppscope.cli.engine_options import add_option
 
     p: argparse.ArgumentParser = sub.add_parser("demo", help=HELP, description=f"{HELP}.", epilog=f"example: {EXAMPLE}")
-    p.add_argument(
-        "--stages", type=int, default=None, help="pipeline stages (default 4; without a GPU at most the CPU cores)"
-    )
-    p.add_argument("--model", default="tiny", help="model preset, `synthetic` or a checkpoint directory (default tiny)")
-    p.add_argument("--split", default=None, help="layer counts per stage to start from, e.g. 1,7; sets --stages "
-                   "(default: vLLM's rule)")  # fmt: skip
-    p.add_argument("--requests", type=int, default=16, help="requests (default 16)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per request (default 32)")
-    p.add_argument("--out", default=None, help="folder for the runs (default runs/demo-<timestamp>)")
+    add_option(p, "--stages", default=None, help="pipeline stages (default 4; without a GPU at most the CPU cores)")
+    add_option(p, "--model", help="model preset, `synthetic` or a checkpoint directory (default tiny)")
+    add_option(p, "--split", help="layer counts per stage to start from, e.g. 1,7; sets --stages (vLLM's by default)")
+    add_option(p, "--requests", default=16, help="requests (default 16)")
+    add_option(p, "--max-new-tokens", default=32, help="tokens per request (default 32)")
+    add_option(p, "--out", help="folder for the runs (default runs/demo-<timestamp>)")
     p.add_argument("--no-dashboard", dest="dashboard", action="store_false", help="do not open the dashboard")
     p.add_argument("--port", type=int, default=None, help="dashboard port (default 8501 or the next free one)")
     add_tune_arguments(p, repeats=2)  # one pair of runs here can be 10% apart however alike the splits
@@ -47,26 +45,15 @@ def default_stages() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ppscope.cli.engine_options import engine_config, option
     from ppscope.cli.tuning import tune
     from ppscope.cli.tuning_report import print_tune
-    from ppscope.engine.config import EngineConfig
-    from ppscope.errors import InvalidConfigError
     from ppscope.trace.outputs import check_output
 
-    out = check_output(args.out or str(Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")), kind="runs")
-    given = [c for c in (args.split or "").split(",") if c.strip()]
-    if args.split is not None and not given:
-        raise InvalidConfigError(f"--split {args.split!r} names no stage: give layer counts per stage, e.g. 1,7")
-    cfg = EngineConfig(
-        stages=args.stages or len(given) or default_stages(),
-        split=args.split,
-        schedule="serve",
-        model=args.model,
-        requests=args.requests,
-        max_new_tokens=args.max_new_tokens,
-        prompt_len=16,
-        progress=True,
-    )
+    split = option("--split").parse(args.split)
+    # what the demo has no option for is as `ppscope run` has it by default
+    cfg = engine_config(args, stages=args.stages or len(split or ()) or default_stages())
+    out = check_output(str(cfg.output.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")), kind="runs")
 
     def step(msg: str) -> None:
         print(f"• {msg}", flush=True)

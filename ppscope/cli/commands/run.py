@@ -23,6 +23,8 @@ EPILOG = f"""examples:
 
 
 def register(sub: Any) -> None:
+    from ppscope.cli.engine_options import add_engine_arguments
+
     p: argparse.ArgumentParser = sub.add_parser(
         "run",
         help=HELP,
@@ -41,50 +43,6 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_run)
 
 
-def add_engine_arguments(
-    p: argparse.ArgumentParser, *, out_help: str = "run directory (default runs/<timestamp>; never overwritten)"
-) -> None:
-    """The options of one engine run (shared with `ppscope tune`)."""
-    g = p.add_argument_group("pipeline")
-    g.add_argument("--stages", type=int, default=2, help="pipeline stages = processes (default 2)")
-    g.add_argument("--schedule", default="serve", help="gpipe | interleaved | serve (default serve)")
-    g.add_argument(
-        "--microbatches", type=int, default=0, help="micro-batches per step, gpipe/interleaved (default: stages)"
-    )
-    g.add_argument("--chunks", type=int, default=1, help="model chunks per rank, interleaved (default 1)")
-    g.add_argument("--max-inflight", type=int, default=0, help="micro-batches in flight, serve (default: stages)")
-    g.add_argument("--max-batch", type=int, default=1, help="requests per micro-batch, serve (default 1)")
-    g.add_argument("--split", default=None, help="layer counts per (virtual) stage, e.g. 5,4,4,3 "
-                   "(default: $PPSCOPE_PP_LAYER_PARTITION, else vLLM's rule)")  # fmt: skip
-    g.add_argument("--backend", default="auto", help="auto | nccl | gloo (default auto: nccl with GPUs)")
-    g.add_argument("--timeout", dest="timeout_s", type=float, default=60.0,
-                   help="seconds a rank waits for a peer; a failure stops all within it (default 60)")  # fmt: skip
-    m = p.add_argument_group("model")
-    m.add_argument("--model", default="tiny", help="preset (tiny, llama3-8b, ...), `synthetic`, or a Hugging Face "
-                   "Llama checkpoint directory (default tiny)")  # fmt: skip
-    m.add_argument("--dtype", default="float32", help="float32 | float64 | bfloat16 | float16 (default float32)")
-    m.add_argument("--layers", type=int, default=8, help="synthetic model: decoder layers (default 8)")
-    m.add_argument("--layer-cost-ms", default="5", help="synthetic: ms per layer, one value or one per layer")
-    m.add_argument("--embed-cost-ms", type=float, default=0.0, help="synthetic: ms of the embedding")
-    m.add_argument("--head-cost-ms", type=float, default=0.0, help="synthetic: ms of the final norm + LM head")
-    r = p.add_argument_group("requests")
-    r.add_argument("--prompts", default=None, help='JSONL file, one {"prompt_ids": [...], "max_new_tokens": n} a line')
-    r.add_argument("--requests", type=int, default=8, help="generated requests (default 8)")
-    r.add_argument("--prompt-len", type=int, default=16, help="generated prompt length (default 16)")
-    r.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate per request (default 8)")
-    r.add_argument(
-        "--rate", type=float, default=0.0, help="serve: Poisson arrivals per second (default 0: all at once)"
-    )
-    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1)")
-    r.add_argument("--seed", type=int, default=0, help="seeds weights, prompts, arrivals and sampling (default 0)")
-    o = p.add_argument_group("output")
-    o.add_argument("--out", default=None, help=out_help)
-    o.add_argument("--no-record", dest="record", action="store_false", help="record nothing (overhead baseline)")
-    o.add_argument("--no-nvtx", dest="nvtx", action="store_false", help="record spans without NVTX ranges")
-    o.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-
-
 def _run(args: argparse.Namespace) -> int:
     from ppscope.trace.outputs import check_output
 
@@ -94,18 +52,17 @@ def _run(args: argparse.Namespace) -> int:
     # then raised here, before anything is created.
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
     try:
-        from ppscope.engine.config import EngineConfig
         from ppscope.engine.launch import run
     finally:
         if held is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    from ppscope.cli.engine_options import engine_config
 
-    fields = {k: v for k, v in vars(args).items() if k not in ("func", "command", "json", "profile_layers")}
-    cfg = EngineConfig(**fields)
+    cfg = engine_config(args)
     start = time.perf_counter()
     run_dir = run(cfg)
     wall_s = time.perf_counter() - start
-    summary = _summary(run_dir, wall_s, cfg.inflight)
+    summary = _summary(run_dir, wall_s, cfg.pipeline.inflight)
     if args.profile_layers and summary:  # rank 0 only under torchrun
         from ppscope.engine.profiler import profile_layers, write_profile
 

@@ -16,7 +16,7 @@ EXAMPLE = "ppscope tune --stages 4 --model synthetic --layers 8 --layer-cost-ms 
 
 
 def register(sub: Any) -> None:
-    from ppscope.cli.commands.run import add_engine_arguments
+    from ppscope.cli.engine_options import add_engine_arguments
 
     p: argparse.ArgumentParser = sub.add_parser(
         "tune",
@@ -40,20 +40,14 @@ def add_tune_arguments(p: argparse.ArgumentParser, repeats: int = 1) -> None:
                    f"(default {repeats})")  # fmt: skip
 
 
-def engine_config(args: argparse.Namespace) -> Any:
-    from ppscope.engine.config import EngineConfig
-
-    skip = {"func", "command", "json", "costs", "phase", "repeats", "dashboard"}
-    return EngineConfig(**{k: v for k, v in vars(args).items() if k not in skip})
-
-
 def run(args: argparse.Namespace) -> int:
+    from ppscope.cli.engine_options import engine_config
     from ppscope.cli.tuning import tune
     from ppscope.cli.tuning_report import print_tune
     from ppscope.trace.outputs import check_output
 
     cfg = engine_config(args)
-    out = check_output(cfg.out or str(Path("runs") / time.strftime("tune-%Y%m%d-%H%M%S")), kind="runs")
+    out = check_output(str(cfg.output.out or Path("runs") / time.strftime("tune-%Y%m%d-%H%M%S")), kind="runs")
     result = tune(
         cfg, out_dir=out, cost_source=args.costs, phase=args.phase, on_step=_say(args.json), repeats=args.repeats
     )
