@@ -80,7 +80,7 @@ class Prepared:
         params = layers * s.layer_params
         params += s.embed_params if rank == 0 else 0
         params += s.head_params if rank == (len(self.split) - 1) % world else 0
-        kv = layers * self.cache_slots * self.max_len * s.kv_bytes_per_token_per_layer(self.cfg.dtype)
+        kv = layers * self.cache_slots * self.max_len * s.kv_bytes_per_token_per_layer(self.cfg.model.dtype)
         return params * itemsize, kv
 
     def meta(self, world: int) -> RunMeta:
