@@ -30,7 +30,8 @@ def test_missing_ranks_warned() -> None:
     meta = RunMeta(world_size=4, pp_size=4)
     res = analyze(Trace.from_records([_fwd(0, 0, 10), _fwd(2, 10, 20)], meta=meta))
     assert [s.stage for s in res.stages] == [0, 2]
-    assert any("rank(s) 1, 3 recorded no spans" in w for w in res.warnings)
+    assert res.missing is not None and res.missing.startswith("rank(s) 1, 3 of 4 recorded no spans (P = 2 of 4)")
+    assert res.imbalance is None and res.balance_gain is None
 
 
 def test_window_outside_trace_raises_clear_error() -> None:
