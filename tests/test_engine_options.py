@@ -157,6 +157,21 @@ def test_the_run_says_how_it_was_laid_out(tmp_path: Path, capsys: pytest.Capture
     assert "serve on 1 stage, split 2 (--split), 1 micro-batch in flight\n" in said  # the default: one per stage
 
 
+def test_the_run_leads_with_the_throughput_analyze_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Start-up (torch, the process group) is no part of the pipeline's speed: that figure comes second."""
+    args = ["run", "--stages", "1", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "1", "--no-progress"]
+    assert main([*args, "--requests", "3", "--out", str(tmp_path / "a"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert main(["analyze", str(tmp_path / "a"), "--json"]) == 0
+    analysed = json.loads(capsys.readouterr().out)
+    assert summary["tokens_per_s"] == pytest.approx(analysed["throughput_tokens_per_s"])
+    assert summary["tokens_per_s_incl_startup"] < summary["tokens_per_s"]
+    assert main([*args, "--requests", "3", "--out", str(tmp_path / "b")]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "tokens/s from first arrival to last finish (as `ppscope analyze` reports it); " in first
+    assert first.index("from first arrival") < first.index("with start-up")
+
+
 @pytest.mark.parametrize(
     ("pipeline", "model", "wait"),
     [

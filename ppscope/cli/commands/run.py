@@ -71,8 +71,9 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     elif summary:
         print(
-            f"run {summary['run_dir']}: {summary['requests']} requests, {summary['tokens']} tokens in "
-            f"{summary['wall_s']:.2f} s ({summary['tokens_per_s']:.1f} tokens/s incl. start-up)\n"
+            f"run {summary['run_dir']}: {summary['requests']} requests, {summary['tokens']} tokens: "
+            f"{_rate(summary['tokens_per_s'])} from first arrival to last finish (as `ppscope analyze` reports "
+            f"it); {summary['wall_s']:.2f} s in all with start-up, {_rate(summary['tokens_per_s_incl_startup'])}\n"
             f"{_shape_line(summary)}\n"
             f"next: ppscope analyze {shlex.quote(str(summary['run_dir']))}"
         )
@@ -100,6 +101,7 @@ def _summary(run_dir: Any, wall_s: float, asked: int) -> dict[str, Any]:
     """`asked`: micro-batches per step or in flight the run was given (it runs at most one per request)."""
     import os
 
+    from ppscope.analysis.latency import request_latency
     from ppscope.trace.store import read_meta, read_requests
 
     if os.environ.get("RANK", "0") != "0" or not (run_dir / "meta.json").is_file():
@@ -107,6 +109,7 @@ def _summary(run_dir: Any, wall_s: float, asked: int) -> dict[str, Any]:
     meta = read_meta(run_dir)
     reqs = read_requests(run_dir)
     tokens = int(reqs["output_len"].sum()) if len(reqs) else 0
+    latency = request_latency(reqs, len(reqs))
     return {
         "run_dir": str(run_dir),
         "status": meta.status,
@@ -119,5 +122,10 @@ def _summary(run_dir: Any, wall_s: float, asked: int) -> dict[str, Any]:
         "requests": len(reqs),
         "tokens": tokens,
         "wall_s": wall_s,
-        "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
+        "tokens_per_s": latency.tokens_per_s if latency is not None else None,
+        "tokens_per_s_incl_startup": tokens / wall_s if wall_s > 0 else None,
     }
+
+
+def _rate(tokens_per_s: float | None) -> str:
+    return "– tokens/s (no request finished)" if tokens_per_s is None else f"{tokens_per_s:,.1f} tokens/s"
