@@ -41,8 +41,8 @@ class RunSummary:
     throughput_tokens_per_s: float | None
     bubble_ratio: float | None
     bottleneck_stage: int | None
-    stage_busy_ms: tuple[float, ...]
-    """Per-stage busy time per micro-batch pass (the analyzer's time_per_mb), ms."""
+    stage_busy_ms_per_mb: tuple[float, ...]
+    """Per-stage busy time per micro-batch pass (the analyzer's time_per_mb), ms: per pass, not a total."""
 
     @classmethod
     def of(cls, run_dir: Path, result: AnalysisResult, split: tuple[int, ...]) -> RunSummary:
@@ -52,7 +52,7 @@ class RunSummary:
             throughput_tokens_per_s=result.throughput_tokens_per_s,
             bubble_ratio=result.bubble_ratio,
             bottleneck_stage=result.bottleneck_stage,
-            stage_busy_ms=tuple((s.time_per_mb_ns or 0) / 1e6 for s in result.stages),
+            stage_busy_ms_per_mb=tuple((s.time_per_mb_ns or 0) / 1e6 for s in result.stages),
         )
 
 

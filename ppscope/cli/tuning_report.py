@@ -61,13 +61,21 @@ def print_tune(result: TuneResult, console: Console | None = None) -> None:
         + (f"   simulated ×{sim.speedup:.3f}" if sim else "")
         + f"   measured ×{_fmt(measured, '.3f')}"
     )
-    if measured is not None and result.after is not None:
-        against = f"×{measured / result.predicted_speedup:.3f} against the slowest stage"
+    if result.after is None:
+        pass
+    elif max(result.predicted_speedup, sim.speedup if sim else 0.0) < 1.0 + NOISE:
+        out.print(
+            f"measured gain ÷ predicted gain: – (a predicted gain under {NOISE:.0%} is within run-to-run noise: so "
+            "is the measured change)"
+        )
+    elif measured is not None:
+        against = f"{_fmt(result.realised, '.2f')} against the slowest stage"
         if sim:
-            against += f", ×{measured / sim.speedup:.3f} against the simulation"
-        out.print(f"measured ÷ predicted speedup: {against}")
-    if result.after is not None and max(result.predicted_speedup, sim.speedup if sim else 0.0) < 1.0 + NOISE:
-        out.print(f"a predicted gain under {NOISE:.0%} is within run-to-run noise: so is the measured change")
+            against += f", {_fmt(result.realised_simulated, '.2f')} against the simulation"
+        out.print(
+            f"measured gain ÷ predicted gain (gain = speedup − 1; 1.00: the advice delivered what it promised): "
+            f"{against}"
+        )
     if sim:
         out.print(
             "simulated: both splits through the simulator with run 1's schedule and in-flight micro-batches, "
