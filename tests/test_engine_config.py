@@ -121,3 +121,15 @@ def test_messages_are_worded_in_flags() -> None:
     )
     assert in_flags("runtime.timeout_s must be > 0; model.name 'x'") == "--timeout must be > 0; --model 'x'"
     assert in_flags("bench.record_alternate_ms, a.pipeline.stages") == "bench.record_alternate_ms, a.pipeline.stages"
+
+
+@pytest.mark.parametrize(("given", "name"), [("fp16", "float16"), ("bf16", "bfloat16"), ("FP32", "float32"),
+                                             ("float64", "float64"), ("fp64", "float64")])  # fmt: skip
+def test_every_command_takes_both_spellings_of_a_dtype(
+    given: str, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ppscope.cli.main import main
+
+    assert ModelConfig(dtype=given).dtype == name
+    assert main(["plan", "--model", "llama3-8b", "--gpus", "2", "--dtype", given, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["dtype"] == given

@@ -51,3 +51,19 @@ def test_a_serve_run_makes_generated_requests_only_as_they_arrive() -> None:
     assert reqs.made == 1  # the next one is looked at, no further
     waiting.pop()
     assert reqs.made == 2
+
+
+def test_poisson_arrivals_are_made_as_they_are_reached_and_in_order() -> None:
+    from ppscope.engine.requests import PoissonArrivals
+
+    lazy = PoissonArrivals(100_000_000, 2.0, seed=3)  # a hundred million: nothing is made up front
+    first = [lazy[i] for i in range(5)]
+    assert first == sorted(first) and first[0] > 0
+    again = PoissonArrivals(5, 2.0, seed=3)
+    assert again[4] == first[4] and again[0] == first[0] and again[:] == first  # going back makes them again
+    assert PoissonArrivals(10**9, 0.0, seed=1)[10**9 - 1] == 0
+    with pytest.raises(IndexError):
+        PoissonArrivals(3, 1.0, seed=1)[3]
+    reqs = GeneratedRequests(100_000_000, 2, 1, vocab=10, seed=0)
+    waiting = Arrivals(reqs, lazy, start_ns=0)  # in order by construction: not walked to check
+    assert waiting.pop().arrival_ns == first[0] and reqs.made == 2

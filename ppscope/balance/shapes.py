@@ -16,12 +16,20 @@ from typing import Any
 
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 
-__all__ = ["DTYPE_BYTES", "PRESETS", "ModelShape", "RopeScaling", "dtype_bytes"]
+__all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "PRESETS", "ModelShape", "RopeScaling", "canonical_dtype", "dtype_bytes"]
 
 DTYPE_BYTES: dict[str, int] = {
-    "float64": 8, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "fp8": 1,
+    "float64": 8, "fp64": 8, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "fp8": 1,
 }  # fmt: skip
 """Bytes per element of each dtype name `ppscope plan` and the engine take (the engine runs float64 too)."""
+
+DTYPE_NAMES: dict[str, str] = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+"""Short spellings and the full name each stands for: every command takes both."""
+
+
+def canonical_dtype(name: str) -> str:
+    """The full name of a dtype given either way (`fp16` -> `float16`); other names are returned as given."""
+    return DTYPE_NAMES.get(name.strip().lower(), name.strip().lower())
 
 
 @dataclass(frozen=True)
@@ -220,7 +228,7 @@ def _inexact(cfg: dict[str, Any]) -> str:
 
 def dtype_bytes(dtype: str) -> int:
     try:
-        return DTYPE_BYTES[dtype]
+        return DTYPE_BYTES[dtype.strip().lower()]
     except KeyError:
         raise InvalidConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}") from None
 

@@ -101,8 +101,8 @@ OPTIONS: tuple[Option, ...] = (
            "seconds a rank waits for a peer; a failure stops all within it (default 60)", float, 60.0),
     Option("--model", "model.name", "model", "preset (tiny, llama3-8b, ...), `synthetic`, or a Hugging Face Llama "
            "checkpoint directory (default tiny)", default="tiny"),
-    Option("--dtype", "model.dtype", "model", "float32 | float64 | bfloat16 | float16 (default float32)",
-           default="float32"),
+    Option("--dtype", "model.dtype", "model", "float32 | float64 | bfloat16 | float16, or fp32, fp64, bf16, fp16 "
+           "(default float32)", default="float32"),
     Option("--layers", "model.layers", "model", "synthetic model: decoder layers (default 8)", int, 8),
     Option("--layer-cost-ms", "model.layer_cost_ms", "model", "synthetic: ms per layer, one value or one per layer",
            default="5", parse=_layer_costs),

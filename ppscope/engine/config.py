@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ppscope.balance.costs import parse_ms_list
-from ppscope.balance.shapes import PRESETS, ModelShape
+from ppscope.balance.shapes import PRESETS, ModelShape, canonical_dtype
 from ppscope.balance.split import parse_counts
 from ppscope.errors import InvalidConfigError
 from ppscope.simulate.schedule import SCHEDULES
@@ -143,6 +143,7 @@ class ModelConfig:
     """Synthetic model: time of the final norm + LM head (ms)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))  # fp16 and float16 are one dtype
         _one_of("model.dtype", self.dtype, DTYPES)
         _at_least("model.layers", self.layers, 1)
         for name in ("embed_cost_ms", "head_cost_ms"):

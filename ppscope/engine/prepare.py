@@ -65,7 +65,7 @@ class Prepared:
     """Longest prompt: a prefill's activations, the largest message a rank receives."""
 
     @functools.cached_property
-    def arrivals_ns(self) -> list[int]:
+    def arrivals_ns(self) -> Sequence[int]:
         """Arrival of each request after the start (serve): made when first asked for, by rank 0 alone."""
         work = self.cfg.workload
         rate = work.rate if self.cfg.pipeline.schedule == "serve" else 0.0

@@ -19,6 +19,7 @@ from ppscope.trace.store import REQUESTS_FILE
 __all__ = [
     "Arrivals",
     "GeneratedRequests",
+    "PoissonArrivals",
     "Request",
     "RequestLog",
     "generate_requests",
@@ -191,7 +192,8 @@ class Arrivals:
         n = len(requests)
         if len(offsets_ns) != n:
             raise ValueError(f"{n} requests but {len(offsets_ns)} arrival times")
-        ordered = all(a <= b for a, b in itertools.pairwise(offsets_ns))  # a Poisson process is
+        # a Poisson process is in order by construction; other offsets are checked (and sorted if need be)
+        ordered = isinstance(offsets_ns, PoissonArrivals) or all(a <= b for a, b in itertools.pairwise(offsets_ns))
         self._order = iter(range(n) if ordered else sorted(range(n), key=offsets_ns.__getitem__))
         self._requests, self._offsets, self._start = requests, offsets_ns, start_ns
         self._next: Request | None = None
@@ -221,16 +223,45 @@ class Arrivals:
         return r
 
 
-def poisson_arrivals_ns(n: int, rate_per_s: float, seed: int) -> list[int]:
+class PoissonArrivals(Sequence[int]):
+    """Arrival offsets from the start (ns), in order: all zero when the rate is 0, else a Poisson process of
+    `rate_per_s`. Each is made when first asked for, in order, from one seeded stream (the same times as a list
+    made at once), so a run of millions of requests neither waits for nor holds them all."""
+
+    def __init__(self, n: int, rate_per_s: float, seed: int) -> None:
+        self._n, self._rate, self._seed = n, rate_per_s, seed
+        self._restart()
+
+    def _restart(self) -> None:
+        self._rng = random.Random(self._seed + 7919)
+        self._index, self._t = -1, 0.0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._n))]
+        i = index + self._n if index < 0 else index
+        if not 0 <= i < self._n:
+            raise IndexError(f"arrival {index} of {self._n}")
+        if self._rate <= 0:
+            return 0
+        if i < self._index:  # going back (never in a run): make the stream again from its start
+            self._restart()
+        while self._index < i:
+            self._t += self._rng.expovariate(self._rate)
+            self._index += 1
+        return int(self._t * 1e9)
+
+
+def poisson_arrivals_ns(n: int, rate_per_s: float, seed: int) -> PoissonArrivals:
     """Arrival offsets from the start: all zero when rate is 0, else a Poisson process of `rate_per_s`."""
-    if rate_per_s <= 0:
-        return [0] * n
-    rng = random.Random(seed + 7919)
-    t, out = 0.0, []
-    for _ in range(n):
-        t += rng.expovariate(rate_per_s)
-        out.append(int(t * 1e9))
-    return out
+    return PoissonArrivals(n, rate_per_s, seed)
 
 
 class RequestLog:

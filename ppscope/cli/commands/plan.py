@@ -28,7 +28,9 @@ def register(sub: Any) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
     p.add_argument("--gpu-mem-gib", type=float, default=80.0, help="memory of one GPU in GiB (default 80)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share the engine may use (0.9)")
-    p.add_argument("--dtype", default="fp16", help="weights dtype: fp32, fp16, bf16, fp8 (default fp16)")
+    p.add_argument(
+        "--dtype", default="fp16", help="weights dtype: fp32, fp16, bf16, fp8 or float32, float16, bfloat16 (fp16)"
+    )
     p.add_argument("--kv-dtype", default="", help="KV cache dtype (default: the weights dtype)")
     p.add_argument("--max-model-len", type=int, default=0, help="longest sequence in tokens (default: the model's)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per batch, sizes the logits (256)")
