@@ -80,3 +80,17 @@ def test_kv_bytes_per_stage_read_without_separators_inside_a_list(capsys: pytest
     assert main(args) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("KV cache per token"))
     assert line.startswith("KV cache per token (proposed split): stage 0: 65536 B; stage 1: 65536 B")
+
+
+def test_rebalance_says_keep_or_change_with_the_interval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run(tmp_path / "r")
+    assert main(["rebalance", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["advice"] == "change" and out["predicted_interval"] is not None
+    low, high = out["predicted_interval"]
+    assert low <= out["predicted_speedup"] <= high  # a simulated run does not vary: the interval is the point
+    # 40 layers of 1 ms and a head of 1.5 ms: 20,20 takes 21.5 ms, 21,19 21 ms: +2.4%, not worth a change
+    assert main(["rebalance", "--layer-costs", ",".join(["1"] * 40), "--head-cost", "1.5", "--stages", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "advice: KEEP the current split: the predicted gain +2.4% is under 3%" in text
+    assert "ready to paste" not in text and "the proposed split, not advised: VLLM_PP_LAYER_PARTITION=" in text

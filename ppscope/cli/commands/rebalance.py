@@ -118,6 +118,25 @@ def _per_stage(text: str, what: str, stages: int) -> float | list[float]:
     return values
 
 
+def _advice(args: argparse.Namespace, traces: list[Any], problem: Any, advice: Any) -> dict[str, Any]:
+    """The interval of the predicted speedup from the runs' own variability, and keep or change."""
+    from ppscope.balance.advice import Advice, advise, speedup_interval
+
+    cur, new = advice.current.split, advice.proposed.split
+    interval = speedup_interval(traces, problem, cur, new) if traces and cur != new else None
+    if problem.objective == "memory":
+        decision = Advice(change=cur != new, reason="objective memory: the split that holds the most KV cache")
+    else:
+        why = "costs given without a run" if not traces else "the runs are too short to tell how they vary"
+        decision = advise(cur, new, advice.predicted_speedup, interval, why)
+    return {
+        "predicted_interval": None if interval is None else [interval.low, interval.high],
+        "predicted_interval_how": None if interval is None else f"{interval.level:.0%} interval, {interval.how}",
+        "advice": decision.word,
+        "advice_reason": decision.reason,
+    }
+
+
 def _given_costs(args: argparse.Namespace) -> str:
     return "--layer-costs" if args.layer_costs else "--layers"
 
@@ -238,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
     )
     advice = rebalance(problem, current)
     out = advice.to_dict()
+    out.update(_advice(args, traces if args.runs else [], problem, advice))
     out["costs"] = {
         "layer_ms": list(costs.layer_ms),
         "embed_ms": costs.embed_ms,
@@ -323,8 +343,11 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     print(
         f"slowest stage: {bn['current']} at {mx['current']:.3f} ms now, {bn['proposed']} at {mx['proposed']:.3f} ms "
         f"proposed: predicted speedup ×{d['predicted_speedup']:.3f}"
-        + (" (the current split is already optimal)" if d["current_split"] == d["proposed_split"] else "")
-    )
+        + (f" ({d['predicted_interval_how']}: {d['predicted_interval'][0]:.3f}–{d['predicted_interval'][1]:.3f})"
+           if d["predicted_interval"] else "")
+    )  # fmt: skip
+    keep = d["advice"] == "keep"
+    print(f"advice: {'KEEP the current split' if keep else 'change the split'}: {d['advice_reason']}")
     cap = d["kv_capacity_tokens"]
     if cap["current"] is not None:
         print(f"pipeline KV capacity (smallest stage): {max(cap['current'], 0):,} -> {cap['proposed']:,} tokens")
@@ -333,6 +356,9 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
         print(f"KV cache per token (proposed split): {per}; give --gpu-mem-gib for KV capacity")
     elif not has_model:
         print("KV capacity: give --model and --gpu-mem-gib")
+    if keep:
+        print(f"the proposed split, not advised: {d['vllm_env']}")
+        return
     print("ready to paste:")
     print(f"  {d['vllm_env']}")
     print(f"  {d['sglang_env']}")

@@ -1,0 +1,191 @@
+"""Advice you can trust: an interval on a predicted speedup from the run's own variability, and the rule that
+says "keep your split" when the gain is noise.
+
+The interval is a block bootstrap over time. Each run is cut into consecutive blocks; a resample draws as
+many blocks with replacement (the same blocks for every stage, so a machine's slow spell moves all of them
+together, as it did in the run) and scales each part of each stage's cost (its layers, the embedding, the LM
+head, sampling) by that part's resampled mean time over its mean in the whole run. The speedup of the proposed
+split over the current one under those costs, over many resamples, gives the interval. Blocks rather than
+single passes keep the drifts of a shared machine inside the resample: passes next to each other are not
+independent. It measures how sure the run's own data is, not how far a cost model can be off another way
+(a profile taken elsewhere, a changed load); the 3% floor of the keep rule stands for that.
+
+This module knows nothing about how costs were found (profile, fit or given) or how advice is printed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ppscope.balance.costs import LayerCosts
+from ppscope.balance.problem import BalanceProblem
+from ppscope.balance.rebalance import evaluate
+from ppscope.balance.split import stage_layer_ranges
+from ppscope.trace.model import SpanKind, Trace
+
+__all__ = ["KEEP_BELOW_GAIN", "MIN_BLOCKS", "Advice", "Interval", "advise", "speedup_interval", "stage_block_times"]
+
+MIN_BLOCKS = 4
+"""Fewer time blocks than this cannot say how a run varies."""
+KEEP_BELOW_GAIN = 0.03
+"""A predicted gain under 3% is kept: runs of one split differ by about that on a shared machine."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Interval:
+    """A range the true value lies in with the stated confidence."""
+
+    low: float
+    high: float
+    level: float = 0.95
+    """Share of resamples between `low` and `high`."""
+    how: str = ""
+    """How it was found, in words."""
+
+    def __contains__(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    def text(self) -> str:
+        return f"×{self.low:.3f}–×{self.high:.3f}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Advice:
+    """Change to the proposed split, or keep the current one, and why."""
+
+    change: bool
+    reason: str
+
+    @property
+    def word(self) -> str:
+        return "change" if self.change else "keep"
+
+
+def advise(
+    current: Sequence[int], proposed: Sequence[int], speedup: float, interval: Interval | None, no_interval: str = ""
+) -> Advice:
+    """Keep the current split when it is already the best, when the predicted gain is under 3%, or when the
+    interval of the speedup reaches down to ×1 (the run's own variability could erase the gain). `no_interval`
+    says why there is no interval, when there is none."""
+    if list(current) == list(proposed):
+        return Advice(change=False, reason="the current split is already the best one the cost model finds")
+    gain = speedup - 1.0
+    if gain < KEEP_BELOW_GAIN:
+        return Advice(
+            change=False,
+            reason=f"the predicted gain {gain:+.1%} is under {KEEP_BELOW_GAIN:.0%}: runs of one split differ by "
+            "about that",
+        )
+    if interval is not None and interval.low <= 1.0:
+        return Advice(
+            change=False,
+            reason=f"the {interval.level:.0%} interval of the speedup, {interval.text()}, reaches ×1: the run's own "
+            "variability could erase the gain",
+        )
+    sure = f"{interval.level:.0%} interval {interval.text()}" if interval is not None else f"no interval: {no_interval}"
+    return Advice(change=True, reason=f"predicted speedup ×{speedup:.3f} ({sure})")
+
+
+_PARTS = (SpanKind.FORWARD, SpanKind.EMBED, SpanKind.HEAD, SpanKind.SAMPLE)
+"""The parts of a stage's pass whose costs the rebalancer moves separately: its layers (`forward`), and the
+embedding, LM head and sampling that stay on the first or last stage."""
+
+
+def stage_block_times(trace: Trace, blocks: int = 10) -> tuple[np.ndarray, np.ndarray] | None:
+    """(time ns, spans) of each part (`_PARTS`) of each stage in each of `blocks` consecutive time blocks, each
+    of shape (blocks, parts, stages). None when some block lacks a `forward` pass of some stage (too short a
+    run to tell its spread)."""
+    if blocks < 1:
+        return None
+    stages = len(trace.meta.split)
+    spans = trace.spans
+    kinds = spans["kind"]
+    chosen = kinds.isin([str(k) for k in _PARTS]) & (spans["stage"] >= 0) & (spans["stage"] < stages)
+    rows = spans[chosen]
+    if rows.empty:
+        return None
+    part = np.select([(rows["kind"] == str(k)).to_numpy(bool) for k in _PARTS], list(range(len(_PARTS))))
+    start = rows["start_ns"].to_numpy(np.int64)
+    edges = np.quantile(start, np.linspace(0.0, 1.0, blocks + 1)[1:-1])
+    where = (np.searchsorted(edges, start, side="right"), part, rows["stage"].to_numpy(np.int64))
+    busy = np.zeros((blocks, len(_PARTS), stages))
+    count = np.zeros((blocks, len(_PARTS), stages))
+    np.add.at(busy, where, (rows["end_ns"] - rows["start_ns"]).to_numpy(np.float64))
+    np.add.at(count, where, 1.0)
+    if (count[:, 0, :] == 0).any():
+        return None
+    return busy, count
+
+
+def speedup_interval(
+    traces: Sequence[Trace],
+    problem: BalanceProblem,
+    current: Sequence[int],
+    proposed: Sequence[int],
+    *,
+    blocks: int = 10,
+    resamples: int = 400,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Interval | None:
+    """The `level` interval of the speedup of `proposed` over `current` under `problem`, from a block
+    bootstrap of the runs' stage times (see the module's note); None when the runs are too short to tell."""
+    parts = [stage_block_times(t, _blocks(t, blocks)) for t in traces if len(t.meta.split) == problem.stages]
+    if not parts or any(p is None for p in parts):
+        return None
+    busy = np.concatenate([p[0] for p in parts if p is not None])  # (all blocks, parts, stages)
+    count = np.concatenate([p[1] for p in parts if p is not None])
+    measured = traces[-1].meta.split
+    with np.errstate(invalid="ignore", divide="ignore"):
+        whole = busy.sum(axis=0) / count.sum(axis=0)
+        rng = np.random.default_rng(seed)
+        picks = rng.integers(0, len(busy), size=(resamples, len(busy)))
+        factors = (busy[picks].sum(axis=1) / count[picks].sum(axis=1)) / whole  # (resamples, parts, stages)
+    factors = np.where(np.isfinite(factors), factors, 1.0)  # a part a stage never runs keeps its cost
+    speedups = [_speedup(problem, measured, current, proposed, f) for f in factors]
+    low, high = np.quantile(speedups, [(1 - level) / 2, (1 + level) / 2])
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    how = f"block bootstrap: {len(busy)} time blocks of {len(parts)} run(s), {resamples} resamples"
+    return Interval(low=float(low), high=float(high), level=level, how=how)
+
+
+def _blocks(trace: Trace, most: int) -> int:
+    """As many blocks as `most`, fewer for a short run: at least 3 passes of each stage in each (0: too short)."""
+    spans = trace.spans
+    forward = spans[spans["kind"] == str(SpanKind.FORWARD)]
+    per_stage = forward.groupby("stage").size()
+    fewest = int(per_stage.min()) if len(per_stage) == len(trace.meta.split) else 0
+    blocks = min(most, fewest // 3)
+    return blocks if blocks >= MIN_BLOCKS else 0
+
+
+def _speedup(
+    problem: BalanceProblem,
+    measured: Sequence[int],
+    current: Sequence[int],
+    proposed: Sequence[int],
+    factor: np.ndarray,
+) -> float:
+    """Speedup of `proposed` over `current` with each cost scaled by its part's factor (`factor[part, stage]`):
+    a layer's by the `forward` factor of the stage that ran it (split `measured`), the embedding's by the
+    first stage's embed factor, the head's and sampling's by the last stage's."""
+    costs = problem.costs
+    scale = np.empty(costs.layers)
+    for s, (first, end) in enumerate(stage_layer_ranges(measured)):
+        scale[first:end] = factor[0, s]
+    scaled = LayerCosts(
+        layer_ms=tuple(float(x) for x in np.asarray(costs.layer_ms) * scale),
+        embed_ms=costs.embed_ms * float(factor[1, 0]),
+        head_ms=costs.head_ms * float(factor[2, -1]),
+        sample_ms=costs.sample_ms * float(factor[3, -1]),
+    )
+    resampled = BalanceProblem(
+        costs=scaled, stages=problem.stages, stage_costs=problem.stage_costs, memory=None, objective="throughput"
+    )
+    before, after = evaluate(resampled, current).max_ms, evaluate(resampled, proposed).max_ms
+    return before / after if after > 0 else 1.0

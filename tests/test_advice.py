@@ -1,0 +1,73 @@
+"""The interval on a predicted speedup, and the rule that keeps a split when its gain is noise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ppscope.balance.advice import Interval, advise, speedup_interval, stage_block_times
+from ppscope.balance.costs import LayerCosts
+from ppscope.balance.problem import BalanceProblem
+from ppscope.balance.rebalance import rebalance
+from ppscope.trace.model import RunMeta, SpanKind, Trace
+
+
+def _run(passes: int, stage_ms: tuple[float, float], head_ms: float, jitter: float, seed: int = 0) -> Trace:
+    """Two stages of 2 layers each, stage 1 also runs the LM head; every pass's times vary by `jitter` (share)."""
+    rng = np.random.default_rng(seed)
+    rows, t = [], 0
+    for p in range(passes):
+        for stage, ms in enumerate(stage_ms):
+            dur = int(ms * 1e6 * max(0.2, 1 + jitter * rng.standard_normal()))
+            rows.append({"rank": stage, "stage": stage, "kind": SpanKind.FORWARD, "mb": p, "step": 0,
+                         "start_ns": t, "end_ns": t + dur})  # fmt: skip
+            t += dur
+        dur = int(head_ms * 1e6 * max(0.2, 1 + jitter * rng.standard_normal()))
+        rows.append(
+            {"rank": 1, "stage": 1, "kind": SpanKind.HEAD, "mb": p, "step": 0, "start_ns": t, "end_ns": t + dur}
+        )
+        t += dur
+    return Trace.from_records(rows, meta=RunMeta(world_size=2, pp_size=2, split=[2, 2]))
+
+
+def _problem() -> BalanceProblem:
+    return BalanceProblem(costs=LayerCosts(layer_ms=(1.0,) * 4, head_ms=2.0), stages=2)
+
+
+def test_the_interval_holds_the_prediction_and_narrows_with_a_steadier_run() -> None:
+    problem = _problem()
+    advice = rebalance(problem, [2, 2])
+    assert advice.proposed.split == (3, 1) and advice.predicted_speedup == pytest.approx(4 / 3)
+    noisy = speedup_interval([_run(200, (2.0, 2.0), 2.0, 0.3)], problem, [2, 2], [3, 1])
+    steady = speedup_interval([_run(200, (2.0, 2.0), 2.0, 0.02)], problem, [2, 2], [3, 1])
+    assert noisy is not None and steady is not None
+    assert 4 / 3 in noisy and 4 / 3 in steady
+    assert steady.high - steady.low < noisy.high - noisy.low
+    assert noisy.low < 4 / 3 - 0.005 and "block bootstrap: 10 time blocks of 1 run(s)" in noisy.how
+    exact = speedup_interval([_run(200, (2.0, 2.0), 2.0, 0.0)], problem, [2, 2], [3, 1])
+    assert exact is not None and exact.low == pytest.approx(exact.high)
+
+
+def test_a_run_too_short_to_vary_gives_no_interval() -> None:
+    assert speedup_interval([_run(8, (2.0, 2.0), 2.0, 0.3)], _problem(), [2, 2], [3, 1]) is None
+    assert stage_block_times(_run(8, (2.0, 2.0), 2.0, 0.3), 10) is None
+
+
+@pytest.mark.parametrize(
+    ("current", "proposed", "speedup", "interval", "change", "why"),
+    [
+        ([2, 2], [2, 2], 1.0, None, False, "already the best"),
+        ([2, 2], [3, 1], 1.02, Interval(low=1.01, high=1.03), False, "the predicted gain +2.0% is under 3%"),
+        ([2, 2], [3, 1], 1.10, Interval(low=0.98, high=1.2), False, "95% interval of the speedup, ×0.980–×1.200, "
+                                                                     "reaches ×1"),
+        ([2, 2], [3, 1], 1.10, Interval(low=1.05, high=1.15), True, "predicted speedup ×1.100 (95% interval "
+                                                                    "×1.050–×1.150)"),
+        ([2, 2], [3, 1], 1.10, None, True, "(no interval: costs given without a run)"),
+    ],
+)  # fmt: skip
+def test_the_keep_rule(
+    current: list[int], proposed: list[int], speedup: float, interval: Interval | None, change: bool, why: str
+) -> None:
+    advice = advise(current, proposed, speedup, interval, "costs given without a run")
+    assert advice.change is change and why in advice.reason
+    assert advice.word == ("change" if change else "keep")
