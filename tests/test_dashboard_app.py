@@ -169,8 +169,11 @@ def test_rebalance_advises_moving_layers_off_the_slow_stage(tmp_path: Path) -> N
     assert not at.exception, at.exception
     values = {m.label: m.value for m in at.metric}
     assert values["Current split"] == "2,2,2"
-    assert values["Advised split"] == "3,2,1"
+    assert values["Proposed split"] == "3,2,1"
     assert values["Predicted speedup"] == "×1.333"
+    said = [s.value.replace("\\", "") for s in at.success]  # markdown's escapes off
+    assert any(s.startswith("Advice: change the split. predicted speedup ×1.333 (no interval: the run is too short")
+               for s in said)  # fmt: skip
     code = at.code[0].value
     assert "VLLM_PP_LAYER_PARTITION=3,2,1" in code and "SGLANG_PP_LAYER_PARTITION=3,2,1" in code
     # the simulated timeline of the advised split sits beside the measured one
@@ -197,7 +200,7 @@ def test_rebalance_prefers_the_runs_layer_profile_to_fitted_costs(tmp_path: Path
     at.sidebar.radio(key="section").set_value("Rebalance").run()
     assert not at.exception, at.exception
     values = {m.label: m.value for m in at.metric}
-    assert values["Advised split"] == "1,1,4"
+    assert values["Proposed split"] == "1,1,4"
     assert any("per-layer profile (profile.json" in c.value for c in at.caption)
 
 
@@ -210,7 +213,7 @@ def test_rebalance_with_a_damaged_profile_says_so_and_fits_the_spans(tmp_path: P
     at.sidebar.radio(key="section").set_value("Rebalance").run()
     assert not at.exception, at.exception
     assert any("profile" in w.value for w in at.warning)
-    assert {m.label: m.value for m in at.metric}["Advised split"] == "3,2,1"
+    assert {m.label: m.value for m in at.metric}["Proposed split"] == "3,2,1"
 
 
 def test_rebalance_says_why_when_costs_cannot_be_fitted(tmp_path: Path) -> None:

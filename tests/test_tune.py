@@ -109,6 +109,10 @@ def test_tune_moves_layers_off_the_slow_last_stage(tmp_path: Path) -> None:
     assert (tmp_path / "t" / "1-before" / PROFILE_FILE).is_file()
     data = result.to_dict()
     assert data["lines"]["vllm_env"] == "VLLM_PP_LAYER_PARTITION=" + ",".join(map(str, result.after.split))
+    assert data["advice"] == "change" and data["rebalance"]["proposed_split"] == list(result.after.split)
+    low, high = data["predicted_interval"]
+    assert low <= data["predicted_speedup"] <= high  # the interval is of run 1's variability, around its estimate
+    assert data["measured_interval"] is None or data["measured_interval"][0] <= data["measured_speedup"] * 1.05
 
 
 def test_tune_with_a_balanced_split_does_not_rerun(tmp_path: Path) -> None:
@@ -249,3 +253,18 @@ def test_profile_passes_are_shaped_as_the_run_s_micro_batches(tmp_path: Path) ->
     assert (prof.prefill.tokens, prof.decode.tokens) == (12, 3)
     serve = profile_layers(_synthetic({"max_batch": 2}, workload={"requests": 5}), warmup=0, repeats=1)
     assert (serve.prefill.tokens, serve.decode.tokens) == (8, 2)
+
+
+@pytest.mark.slow
+def test_demo_json_leads_with_the_answer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ppscope.cli.main import main
+
+    args = ["demo", "--no-dashboard", "--json", "--model", "synthetic", "--split", "6,2", "--requests", "2",
+            "--max-new-tokens", "4", "--repeats", "1", "--costs", "fit", "--out", str(tmp_path / "d")]  # fmt: skip
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert list(out)[:7] == ["predicted_speedup", "predicted_interval", "measured_speedup", "measured_interval",
+                             "advice", "advice_reason", "realised_share_of_predicted_gain"]  # fmt: skip
+    assert out["advice"] in ("keep", "change") and out["tune"]["before"]["split"] == [6, 2]
+    assert "• run 1" in captured.err

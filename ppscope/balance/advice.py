@@ -27,7 +27,16 @@ from ppscope.balance.rebalance import evaluate
 from ppscope.balance.split import stage_layer_ranges
 from ppscope.trace.model import SpanKind, Trace
 
-__all__ = ["KEEP_BELOW_GAIN", "MIN_BLOCKS", "Advice", "Interval", "advise", "speedup_interval", "stage_block_times"]
+__all__ = [
+    "KEEP_BELOW_GAIN",
+    "MIN_BLOCKS",
+    "Advice",
+    "Interval",
+    "advise",
+    "speedup_interval",
+    "stage_block_times",
+    "throughput_ratio_interval",
+]
 
 MIN_BLOCKS = 4
 """Fewer time blocks than this cannot say how a run varies."""
@@ -152,6 +161,49 @@ def speedup_interval(
         return None
     how = f"block bootstrap: {len(busy)} time blocks of {len(parts)} run(s), {resamples} resamples"
     return Interval(low=float(low), high=float(high), level=level, how=how)
+
+
+def throughput_ratio_interval(
+    before: Sequence[Trace], after: Sequence[Trace], *, blocks: int = 10, resamples: int = 400, seed: int = 0,
+    level: float = 0.95,
+) -> Interval | None:  # fmt: skip
+    """The `level` interval of the throughput of the `after` runs ÷ that of the `before` runs, from a block
+    bootstrap of each run's tokens over time (the tokens of its `sample` spans, block by block); None when a
+    run is too short or records no tokens."""
+    rates = [_token_blocks(t, blocks) for t in [*before, *after]]
+    if any(r is None for r in rates):
+        return None
+    rng = np.random.default_rng(seed)
+
+    def resampled(group: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        total_tokens = np.zeros(resamples)
+        total_ns = np.zeros(resamples)
+        for tokens, ns in group:
+            picks = rng.integers(0, len(tokens), size=(resamples, len(tokens)))
+            total_tokens += tokens[picks].sum(axis=1)
+            total_ns += ns[picks].sum(axis=1)
+        return total_tokens / total_ns
+
+    groups = [r for r in rates if r is not None]
+    ratio = resampled(groups[len(before) :]) / resampled(groups[: len(before)])
+    low, high = np.quantile(ratio, [(1 - level) / 2, (1 + level) / 2])
+    how = f"block bootstrap: {blocks} time blocks of each of {len(groups)} run(s), {resamples} resamples"
+    return Interval(low=float(low), high=float(high), level=level, how=how)
+
+
+def _token_blocks(trace: Trace, blocks: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(tokens, ns) of each of `blocks` equal time blocks between the run's first and last token."""
+    spans = trace.spans
+    sample = spans[(spans["kind"] == str(SpanKind.SAMPLE)) & (spans["tokens"] > 0)]
+    if len(sample) < blocks * MIN_BLOCKS:
+        return None
+    end = sample["end_ns"].to_numpy(np.int64)
+    edges = np.linspace(float(end.min()), float(end.max()), blocks + 1)
+    block = np.clip(np.searchsorted(edges, end, side="right") - 1, 0, blocks - 1)
+    tokens = np.bincount(block, weights=sample["tokens"].to_numpy(np.float64), minlength=blocks)
+    if edges[-1] <= edges[0]:
+        return None
+    return tokens, np.diff(edges)
 
 
 def _blocks(trace: Trace, most: int) -> int:

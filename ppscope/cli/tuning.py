@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppscope.analysis import AnalysisResult, analyze
+from ppscope.balance.advice import Advice, Interval, advise, speedup_interval, throughput_ratio_interval
 from ppscope.balance.costs import LayerCosts, fit_layer_costs, r_squared_text
 from ppscope.balance.problem import BalanceProblem
 from ppscope.balance.rebalance import Rebalance, engine_lines, rebalance
@@ -70,6 +71,12 @@ class TuneResult:
     """Further runs of the two splits (`repeats` > 1), pair by pair in ABBA order after runs 1 and 2."""
     simulated: Simulated | None = None
     """The two splits through the simulator, calibrated on run 1 (None when it could not be)."""
+    predicted_interval: Interval | None = None
+    """95% interval of the predicted speedup from run 1's own variability (None: too short a run)."""
+    measured_interval: Interval | None = None
+    """95% interval of the measured speedup from the runs' own variability (None: too short runs)."""
+    decision: Advice | None = None
+    """Keep the given split or change it, and why (`ppscope.balance.advice.advise`)."""
 
     @property
     def predicted_speedup(self) -> float:
@@ -125,7 +132,11 @@ class TuneResult:
             "realised_share_of_predicted_gain": self.realised,
             "simulated": dataclasses.asdict(self.simulated) if self.simulated else None,
             "realised_share_of_simulated_gain": self.realised_simulated,
-            "advice": self.advice.to_dict(),
+            "predicted_interval": _pair(self.predicted_interval),
+            "measured_interval": _pair(self.measured_interval),
+            "advice": self.decision.word if self.decision else None,
+            "advice_reason": self.decision.reason if self.decision else None,
+            "rebalance": self.advice.to_dict(),
             "lines": engine_lines(self.advice.proposed.split, sum(self.advice.current.split)),
             "notes": self.notes,
         }
@@ -140,6 +151,10 @@ class Simulated:
     """Simulated time of the given split ÷ that of the advised one."""
     hop_latency_us: float
     overhead_ms: float
+
+
+def _pair(interval: Interval | None) -> list[float] | None:
+    return None if interval is None else [interval.low, interval.high]
 
 
 def _share(measured: float | None, predicted: float) -> float | None:
@@ -212,11 +227,15 @@ def tune(
     split = tuple(before_trace.meta.split)
     before = RunSummary.of(before_dir, analyze(before_trace), split)
     costs, notes = _costs(cfg, before_dir, cost_source, phase, step)
-    advice = rebalance(BalanceProblem(costs=costs, stages=pipe.stages), current=split)
+    problem = BalanceProblem(costs=costs, stages=pipe.stages)
+    advice = rebalance(problem, current=split)
     proposed = tuple(advice.proposed.split)
+    interval = speedup_interval([before_trace], problem, split, proposed) if proposed != split else None
+    decision = advise(split, proposed, advice.predicted_speedup, interval, "run 1 is too short to tell how it varies")
     if proposed == split:
         notes.append("the split is already the best one for these costs: no second run")
-        return TuneResult(before=before, after=None, advice=advice, costs=costs, cost_source=cost_source, notes=notes)
+        return TuneResult(before=before, after=None, advice=advice, costs=costs, cost_source=cost_source, notes=notes,
+                          decision=decision)  # fmt: skip
     try:
         simulated: Simulated | None = _simulate_both(before_trace, costs, split, proposed)
     except PPScopeError as exc:  # a run the simulator cannot replay: the slowest-stage prediction remains
@@ -225,10 +244,14 @@ def tune(
     sim = f", simulated ×{simulated.speedup:.3f}" if simulated else ""
     step(f"run 2: advised split {','.join(map(str, proposed))} (predicted ×{advice.predicted_speedup:.3f}{sim})")
 
+    traces: dict[tuple[int, ...], list[Trace]] = {split: [before_trace], proposed: []}
+
     def run_split(n: int, split_now: tuple[int, ...]) -> RunSummary:
         name = "before" if split_now == split else "after"
         run_dir = run(_with(cfg, out / f"{n}-{name}", split_now))
-        return RunSummary.of(run_dir, analyze(load_run(run_dir)), split_now)
+        trace = load_run(run_dir)
+        traces[split_now].append(trace)
+        return RunSummary.of(run_dir, analyze(trace), split_now)
 
     after = run_split(2, proposed)
     reruns = []
@@ -238,4 +261,6 @@ def tune(
         step(f"runs {2 * pair + 1} and {2 * pair + 2} of {2 * repeats}: {names}")
         reruns += [run_split(2 * pair + 1 + i, s) for i, s in enumerate(order)]
     return TuneResult(before=before, after=after, advice=advice, costs=costs, cost_source=cost_source, notes=notes,
-                      reruns=tuple(reruns), simulated=simulated)  # fmt: skip
+                      reruns=tuple(reruns), simulated=simulated, predicted_interval=interval,
+                      measured_interval=throughput_ratio_interval(traces[split], traces[proposed]),
+                      decision=decision)  # fmt: skip

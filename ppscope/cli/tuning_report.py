@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from ppscope.balance.advice import Interval
 from ppscope.cli.tuning import TuneResult
 
 __all__ = ["NOISE", "print_tune"]
@@ -16,6 +17,10 @@ choices"); a predicted gain below this is not one that a single pair of runs can
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "—" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _within(interval: Interval | None) -> str:
+    return "" if interval is None else f"; {interval.level:.0%} interval {interval.text()}"
 
 
 def print_tune(result: TuneResult, console: Console | None = None) -> None:
@@ -57,10 +62,15 @@ def print_tune(result: TuneResult, console: Console | None = None) -> None:
         out.print(f"note: {note}")
     measured, sim = result.measured_speedup, result.simulated
     out.print(
-        f"predicted speedup ×{result.predicted_speedup:.3f} (slowest stage)"
+        f"predicted speedup ×{result.predicted_speedup:.3f} (slowest stage{_within(result.predicted_interval)})"
         + (f"   simulated ×{sim.speedup:.3f}" if sim else "")
         + f"   measured ×{_fmt(measured, '.3f')}"
+        + (f" ({_within(result.measured_interval).removeprefix('; ')})" if result.measured_interval else ""),
+        soft_wrap=True,
     )
+    if result.decision is not None:
+        word = "change to the advised split" if result.decision.change else "KEEP the given split"
+        out.print(f"advice: {word}: {result.decision.reason}", soft_wrap=True)
     if result.after is None:
         pass
     elif max(result.predicted_speedup, sim.speedup if sim else 0.0) < 1.0 + NOISE:

@@ -22,13 +22,14 @@ from ppscope.trace.model import Trace
 
 if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult
+    from ppscope.balance.advice import Advice, Interval
     from ppscope.balance.profile import LayerProfile
     from ppscope.balance.rebalance import Rebalance
     from ppscope.balance.runcosts import RunCosts
     from ppscope.simulate.calibrate import Prediction
 
-    Advice = tuple[Rebalance, str]
-    """The rebalancer's answer and where its costs came from."""
+    Answer = tuple[Rebalance, str, Interval | None, Advice]
+    """The rebalancer's answer, where its costs came from, the interval of its speedup, keep or change."""
 
 __all__ = ["analysis", "compare", "rebalance", "requests", "stages"]
 
@@ -115,9 +116,10 @@ def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:
     return rows
 
 
-def _advise(trace: Trace, profile: LayerProfile | None) -> tuple[Advice | None, str]:
+def _advise(trace: Trace, profile: LayerProfile | None) -> tuple[Answer | None, str]:
     """Ask the rebalancer with the costs `ppscope rebalance RUN` takes: the run's per-layer profile when it has
     one (decode pass), else costs fitted from the trace's stage spans."""
+    from ppscope.balance.advice import advise, speedup_interval
     from ppscope.balance.problem import BalanceProblem
     from ppscope.balance.rebalance import rebalance
     from ppscope.balance.runcosts import run_costs
@@ -125,10 +127,14 @@ def _advise(trace: Trace, profile: LayerProfile | None) -> tuple[Advice | None, 
     split = list(trace.meta.split)
     try:
         got = run_costs([trace], profile)
-        advice = rebalance(BalanceProblem(costs=got.costs, stages=len(split)), split)
+        problem = BalanceProblem(costs=got.costs, stages=len(split))
+        advice = rebalance(problem, split)
     except PPScopeError as exc:
         return None, str(exc)
-    return (advice, _cost_source(got)), ""
+    cur, new = advice.current.split, advice.proposed.split
+    interval = speedup_interval([trace], problem, cur, new) if cur != new else None
+    decision = advise(cur, new, advice.predicted_speedup, interval, "the run is too short to tell how it varies")
+    return (advice, _cost_source(got), interval, decision), ""
 
 
 def _cost_source(got: RunCosts) -> str:
@@ -169,12 +175,17 @@ def rebalance(live: LiveTrace) -> None:
     if got is None:
         st.error(f"No advice for this trace: {md(problem)}")
         return
-    advice, source = got
+    advice, source, interval, decision = got
     cur, new = advice.current, advice.proposed
     cols = st.columns(4)
     cols[0].metric("Current split", ",".join(map(str, cur.split)))
-    cols[1].metric("Advised split", ",".join(map(str, new.split)))
-    cols[2].metric("Predicted speedup", f"×{advice.predicted_speedup:.3f}", help="slowest stage now / advised")
+    cols[1].metric("Proposed split", ",".join(map(str, new.split)))
+    cols[2].metric(
+        "Predicted speedup",
+        f"×{advice.predicted_speedup:.3f}",
+        help="slowest stage now / proposed"
+        + (f"; {interval.level:.0%} interval {interval.text()} ({interval.how})" if interval else ""),
+    )
     change = new.max_ms - cur.max_ms
     cols[3].metric(
         "Slowest stage",
@@ -184,15 +195,18 @@ def rebalance(live: LiveTrace) -> None:
         help="predicted time per micro-batch of the slowest stage with the advised split (change from now)",
     )
     st.caption(source)
-    if cur.split == new.split:
-        st.success("The current split is already the fastest one the cost model finds.")
+    if decision.change:
+        st.success(f"Advice: change the split. {md(decision.reason)}.")
+    else:
+        st.info(f"Advice: keep the current split: {md(decision.reason)}.")
     st.plotly_chart(charts.split_figure(cur.stage_ms, new.stage_ms), key="split", config={"displaylogo": False})
     from ppscope.balance.rebalance import engine_lines
 
     lines = engine_lines(new.split, sum(cur.split))
-    st.markdown("**Ready to paste**")
-    st.code(f"{lines['vllm_env']}\n{lines['sglang_env']}\n{lines['ppscope_run']}", language="bash")
-    st.caption(f"Megatron-LM: {lines['megatron_args'] or '(one stage: no flags needed)'}")
+    if decision.change:
+        st.markdown("**Ready to paste**")
+        st.code(f"{lines['vllm_env']}\n{lines['sglang_env']}\n{lines['ppscope_run']}", language="bash")
+        st.caption(f"Megatron-LM: {lines['megatron_args'] or '(one stage: no flags needed)'}")
     sim, problem = live.memo("simulated", lambda t: _simulate_advised(t, new.split))
     if sim is None:
         st.warning(f"No simulated timeline for this trace: {md(problem)}")

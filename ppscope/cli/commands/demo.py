@@ -7,7 +7,9 @@ re-runs with the advised split, prints measured vs predicted gain and opens the 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ def register(sub: Any) -> None:
     add_option(p, "--out", help="folder for the runs (default runs/demo-<timestamp>)")
     p.add_argument("--no-dashboard", dest="dashboard", action="store_false", help="do not open the dashboard")
     p.add_argument("--port", type=int, default=None, help="dashboard port (default 8501 or the next free one)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (progress goes to stderr)")
     add_tune_arguments(p, repeats=2)  # one pair of runs here can be 10% apart however alike the splits
     p.set_defaults(func=run)
 
@@ -44,6 +47,15 @@ def default_stages() -> int:
     return max(2, min(4, os.cpu_count() or 2))
 
 
+def demo_json(result: Any) -> dict[str, Any]:
+    """The demo's answer first (predicted and measured speedups with their intervals, keep or change), then
+    everything `ppscope tune --json` prints."""
+    full = result.to_dict()
+    keys = ("predicted_speedup", "predicted_interval", "measured_speedup", "measured_interval", "advice",
+            "advice_reason", "realised_share_of_predicted_gain")  # fmt: skip
+    return {**{k: full[k] for k in keys}, "tune": full}
+
+
 def run(args: argparse.Namespace) -> int:
     from ppscope.cli.engine_options import engine_config, option
     from ppscope.cli.tuning import tune
@@ -56,10 +68,13 @@ def run(args: argparse.Namespace) -> int:
     out = check_output(str(cfg.output.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")), kind="runs")
 
     def step(msg: str) -> None:
-        print(f"• {msg}", flush=True)
+        print(f"• {msg}", flush=True, file=sys.stderr if args.json else sys.stdout)
 
     result = tune(cfg, out_dir=out, cost_source=args.costs, phase=args.phase, on_step=step, repeats=args.repeats)
-    print_tune(result)
+    if args.json:
+        print(json.dumps(demo_json(result), indent=2))
+    else:
+        print_tune(result)
     if not args.dashboard:
         return 0
     from ppscope.cli.commands.dashboard import start_dashboard
