@@ -280,3 +280,18 @@ def test_cli_rebalance_bad_input_is_one_line(
     assert main(["rebalance", *extra]) == 2
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1
+
+
+def test_the_split_in_the_trainers_own_terms() -> None:
+    from ppscope.balance.rebalance import megatron_layout, torchtitan_parts
+
+    assert megatron_layout([5, 3]) == "Et*5|t*3,L"
+    assert megatron_layout([2, 3, 3, 2]) == "Et*2|t*3|t*3|t*2,L"
+    assert megatron_layout([8]) == "Et*8,L"
+    parts = torchtitan_parts([2, 1])
+    assert parts == [["tok_embeddings", "layers.0", "layers.1"], ["layers.2", "norm", "output"]]
+    lines = engine_lines([2, 1], 3)
+    assert lines["megatron_layout"] == "--pipeline-model-parallel-layout 'Et*2|t*1,L'"
+    assert lines["torchtitan_toml"] == (
+        'module_fqns_per_model_part = [["tok_embeddings", "layers.0", "layers.1"], ["layers.2", "norm", "output"]]'
+    )

@@ -29,7 +29,7 @@ from typing import Any
 
 from ppscope.balance.problem import BalanceProblem
 from ppscope.balance.search import CostModel, evenest, max_kv, min_time
-from ppscope.balance.split import format_split, validate_split, vllm_default_split
+from ppscope.balance.split import format_split, stage_layer_ranges, validate_split, vllm_default_split
 from ppscope.errors import InvalidConfigError
 
 __all__ = [
@@ -39,7 +39,9 @@ __all__ = [
     "engine_lines",
     "evaluate",
     "megatron_args",
+    "megatron_layout",
     "rebalance",
+    "torchtitan_parts",
 ]
 
 
@@ -166,17 +168,38 @@ def megatron_args(split: Sequence[int]) -> str | None:
     return f"--decoder-first-pipeline-num-layers {split[0]} --decoder-last-pipeline-num-layers {split[-1]}"
 
 
+def megatron_layout(split: Sequence[int]) -> str:
+    """Megatron-LM's `--pipeline-model-parallel-layout`: one `|`-separated part per (virtual) stage, `E` the
+    embedding on the first, `t*N` its decoder layers, `L` the output layer and loss on the last."""
+    parts = [f"t*{n}" for n in split]
+    parts[0] = f"E{parts[0]}"
+    parts[-1] = f"{parts[-1]},L"
+    return "|".join(parts)
+
+
+def torchtitan_parts(split: Sequence[int]) -> list[list[str]]:
+    """torchtitan's `module_fqns_per_model_part` for its Llama-style models: each (virtual) stage's modules,
+    the embedding with the first, the final norm and output with the last."""
+    parts = [[f"layers.{i}" for i in range(first, end)] for first, end in stage_layer_ranges(split)]
+    parts[0] = ["tok_embeddings", *parts[0]]
+    parts[-1] = [*parts[-1], "norm", "output"]
+    return parts
+
+
 def engine_lines(split: Sequence[int], layers: int) -> dict[str, str]:
     """The split written the way each engine takes it, checked first against the model's `layers`: a line
     to paste never names a split of another model."""
     validate_split(split, layers)
     text = format_split(split)
     megatron = megatron_args(split)
+    fqns = ", ".join("[" + ", ".join(f'"{m}"' for m in part) + "]" for part in torchtitan_parts(split))
     return {
         "vllm_env": f"VLLM_PP_LAYER_PARTITION={text}",
         "sglang_env": f"SGLANG_PP_LAYER_PARTITION={text}",
         "megatron_args": megatron
         if megatron is not None
         else "(not expressible: Megatron's first/last form needs equal middle stages)",
+        "megatron_layout": f"--pipeline-model-parallel-layout '{megatron_layout(split)}'",
+        "torchtitan_toml": f"module_fqns_per_model_part = [{fqns}]",
         "ppscope_run": f"ppscope run --split {text}",
     }

@@ -363,4 +363,6 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     print(f"  {d['vllm_env']}")
     print(f"  {d['sglang_env']}")
     print(f"  Megatron: {d['megatron_args']}" if d["megatron_args"] else "  Megatron: (one stage: no flags needed)")
+    print(f"  Megatron: {d['megatron_layout']}")
+    print(f"  torchtitan ([parallelism] in the job's .toml): {d['torchtitan_toml']}")
     print(f"  {d['ppscope_run']}")
