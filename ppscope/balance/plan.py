@@ -227,12 +227,11 @@ def _bytes(cfg: PlanConfig, tp: int, pp: int) -> _Bytes:
     head = m.head_params
     if m.tie_embeddings and pp == 1:
         head -= m.vocab * m.hidden  # one copy serves both ends
-    kv_heads_per_gpu = -(-m.kv_heads // tp)  # replicated when tp > kv_heads
     return _Bytes(
         layer=-(-m.layer_params * wb // tp),
         embed=-(-m.embed_params * wb // tp),
         head=-(-head * wb // tp) + cfg.max_num_seqs * -(-m.vocab // tp) * _LOGITS_BYTES,
-        kv_per_token_layer=2 * kv_heads_per_gpu * m.head_dim * dtype_bytes(cfg.kv_dtype or cfg.dtype),
+        kv_per_token_layer=m.kv_bytes_per_token_per_layer_per_gpu(cfg.kv_dtype or cfg.dtype, tp),
         reserve=int(cfg.reserve_gib * GIB),
         usable=cfg.cluster.usable_bytes,
     )
@@ -425,4 +424,19 @@ def _assumptions(cfg: PlanConfig, layout: Layout) -> tuple[str, ...]:
         f"{cfg.reserve_gib:g} GiB per GPU reserved for activations, workspace and runtime (--reserve-gib)",
         f"a layout fits when every stage holds {cfg.min_sequences} sequence(s) of {cfg.seq_len} tokens",
         "no pipeline KV cache is shared: the pipeline's capacity is the smallest stage's",
+        *_shape_notes(cfg.model),
     )
+
+
+def _shape_notes(m: ModelShape) -> tuple[str, ...]:
+    """What the plan assumes about shapes beyond Llama's: layers of different sizes (DeepSeek-V3's dense ones
+    before its MoE ones) are planned at the largest's; a latent KV cache is whole on every GPU."""
+    notes: tuple[str, ...] = ()
+    if m.layer_params_at(0) != m.layer_params:
+        notes += (
+            f"every layer is counted at the largest one's size ({m.layer_params / 1e9:.2f}B parameters; the first "
+            f"layers hold {m.layer_params_at(0) / 1e9:.2f}B), which overstates the first stage's weights",
+        )
+    if m.mla is not None:
+        notes += ("latent attention: each token's cached latent is whole on every GPU of a TP group (as in vLLM)",)
+    return notes

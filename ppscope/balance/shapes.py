@@ -1,8 +1,12 @@
-"""Model shapes: the numbers that decide cost and memory of a Llama-style decoder, without any weights.
+"""Model shapes: the numbers that decide cost and memory of a decoder-only LLM, without any weights.
 
-The engine builds its layers from a `ModelShape`; the planner and the rebalancer count bytes with one.
-Presets carry the published shapes of well-known models; `from_hf_config` reads a Hugging Face
-`config.json`. This module knows nothing about torch.
+The engine builds its layers from a `ModelShape` (Llama-style only); the planner, the rebalancer and the
+cost model (`ppscope.balance.roofline`) count parameters and bytes with one, including what the engine does
+not run: biases and norms of Qwen's attention, mixture-of-experts MLPs (Mixtral, Qwen3-MoE, DeepSeek) and
+DeepSeek's multi-head latent attention. `PRESETS` are the shapes the engine builds, `PUBLISHED` the
+published shapes it only plans for; `from_hf_config` reads a Hugging Face `config.json` and refuses, naming
+the field, what it cannot represent (alternating or sliding-window attention layers, sparse MoE strides).
+It knows nothing about torch, and nothing about speed (`ppscope.balance.roofline`).
 """
 
 from __future__ import annotations
@@ -14,9 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ppscope.balance.archs import MLA, MoE, Unrepresentable, arch_fields
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 
-__all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "PRESETS", "ModelShape", "RopeScaling", "canonical_dtype", "dtype_bytes"]
+__all__ = [
+    "DTYPE_BYTES",
+    "DTYPE_NAMES",
+    "MLA",
+    "PRESETS",
+    "PUBLISHED",
+    "MoE",
+    "ModelShape",
+    "RopeScaling",
+    "all_presets",
+    "canonical_dtype",
+    "dtype_bytes",
+]
 
 DTYPE_BYTES: dict[str, int] = {
     "float64": 8, "fp64": 8, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "fp8": 1,
@@ -85,12 +102,30 @@ class ModelShape:
     tie_embeddings: bool = False
     """LM head shares the embedding matrix."""
     rope_scaling: RopeScaling | None = None
+    head_size: int = 0
+    """Width of one attention head; 0: hidden / heads (Qwen3 sets it apart: 128 at hidden 5120 and 64 heads)."""
+    qkv_bias: bool = False
+    """The q, k and v projections carry biases (Qwen2)."""
+    qk_norm: bool = False
+    """An RMSNorm over each head's query and key (Qwen3)."""
+    sliding_window: int = 0
+    """Tokens of context every layer attends to and keeps in its KV cache; 0: all of them."""
+    moe: MoE | None = None
+    """Mixture-of-experts MLPs; None: every MLP is dense."""
+    mla: MLA | None = None
+    """Multi-head latent attention; None: grouped-query attention."""
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "max_seq_len"):
             if getattr(self, f) < 1:
                 raise InvalidConfigError(f"model {self.name!r}: {f} must be >= 1, got {getattr(self, f)}")
-        if self.hidden % self.heads:
+        if self.head_size < 0 or self.sliding_window < 0:
+            raise InvalidConfigError(f"model {self.name!r}: head_size and sliding_window must be >= 0")
+        if self.moe is not None and not 1 <= self.moe.per_token <= self.moe.experts:
+            raise InvalidConfigError(
+                f"model {self.name!r}: {self.moe.per_token} experts per token of {self.moe.experts} experts"
+            )
+        if self.head_size == 0 and self.hidden % self.heads:
             raise InvalidConfigError(
                 f"model {self.name!r}: hidden {self.hidden} is not a multiple of heads {self.heads}"
             )
@@ -101,14 +136,51 @@ class ModelShape:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def attn_params(self) -> int:
+        """Parameters of one layer's attention: projections, their biases and norms."""
+        d, h = self.hidden, self.heads
+        if (m := self.mla) is not None:
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            q = d * h * qk if not m.q_lora_rank else d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * h * qk
+            kv = (
+                d * (m.kv_lora_rank + m.qk_rope_head_dim)
+                + m.kv_lora_rank
+                + m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim)
+            )
+            return q + kv + h * m.v_head_dim * d
+        q_width, kv_width = h * self.head_dim, self.kv_heads * self.head_dim
+        bias = q_width + 2 * kv_width if self.qkv_bias else 0
+        norm = 2 * self.head_dim if self.qk_norm else 0
+        return 2 * d * q_width + 2 * d * kv_width + bias + norm
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer >= self.moe.dense_layers
+
+    def mlp_params(self, layer: int) -> int:
+        """Parameters of layer `layer`'s MLP: dense SwiGLU, or router + every expert."""
+        if (m := self.moe) is None or not self.is_moe_layer(layer):
+            return 3 * self.hidden * self.intermediate
+        return self.hidden * m.experts + (m.experts + m.shared) * m.expert_params * self.hidden
+
+    def active_params(self, layer: int) -> int:
+        """Parameters one token goes through in layer `layer`: all but the experts it is not routed to."""
+        if (m := self.moe) is None or not self.is_moe_layer(layer):
+            return self.layer_params_at(layer)
+        idle = (m.experts - m.per_token) * m.expert_params * self.hidden
+        return self.layer_params_at(layer) - idle
+
+    def layer_params_at(self, layer: int) -> int:
+        """Parameters of decoder layer `layer` (0-based): attention, MLP and two RMSNorms."""
+        return self.attn_params + self.mlp_params(layer) + 2 * self.hidden
 
     @property
     def layer_params(self) -> int:
-        """Parameters of one decoder layer: q, k, v, o projections, gate/up/down MLP, two RMSNorms."""
-        attn = self.hidden * self.hidden * 2 + 2 * self.hidden * self.kv_heads * self.head_dim
-        mlp = 3 * self.hidden * self.intermediate
-        return attn + mlp + 2 * self.hidden
+        """Parameters of the largest decoder layer (a MoE one when there are any): memory is planned as if
+        every layer were that large. Per layer: q, k, v, o projections, MLP, two RMSNorms."""
+        return max(self.layer_params_at(0), self.layer_params_at(self.layers - 1))
 
     @property
     def embed_params(self) -> int:
@@ -122,29 +194,45 @@ class ModelShape:
     @property
     def params(self) -> int:
         tied = self.vocab * self.hidden if self.tie_embeddings else 0
-        return self.embed_params + self.layers * self.layer_params + self.head_params - tied
+        dense = self.moe.dense_layers if self.moe is not None else self.layers
+        dense = min(dense, self.layers)
+        layers = dense * self.layer_params_at(0) + (self.layers - dense) * self.layer_params_at(self.layers - 1)
+        return self.embed_params + layers + self.head_params - tied
 
     def kv_bytes_per_token_per_layer(self, dtype: str = "float16") -> int:
-        """K and V of one token in one layer."""
+        """K and V of one token in one layer; with latent attention, the latent and the rotary key."""
+        if (m := self.mla) is not None:
+            return (m.kv_lora_rank + m.qk_rope_head_dim) * dtype_bytes(dtype)
         return 2 * self.kv_heads * self.head_dim * dtype_bytes(dtype)
+
+    def kv_bytes_per_token_per_layer_per_gpu(self, dtype: str, tp: int) -> int:
+        """One GPU's share of `kv_bytes_per_token_per_layer` under tensor parallelism: KV heads are divided
+        (replicated when TP exceeds them); a latent is cached whole on every GPU, as vLLM does."""
+        if self.mla is not None:
+            return self.kv_bytes_per_token_per_layer(dtype)
+        return 2 * -(-self.kv_heads // tp) * self.head_dim * dtype_bytes(dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_name(cls, name: str) -> ModelShape:
+        """A preset by name: one the engine builds (`PRESETS`) or a published shape it only plans for."""
+        presets = all_presets()
         try:
-            return PRESETS[name]
+            return presets[name]
         except KeyError:
-            raise InvalidConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+            raise InvalidConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(presets)}") from None
 
     @classmethod
     def from_hf_config(cls, path: str | os.PathLike[str], *, exact: bool = False) -> ModelShape:
-        """Read a Hugging Face Llama-format `config.json` (or the directory holding it).
+        """Read a Hugging Face `config.json` (or the directory holding it).
 
-        Planning needs only the shape, so a config of another architecture with the same parts reads too;
-        `exact` (the engine, which computes with the weights) refuses anything it would compute differently
-        from transformers: another architecture, biases, another activation, an unknown rope scaling."""
+        Planning needs only the shape: Llama, Mistral, Qwen2/3, Mixtral, Qwen3-MoE and DeepSeek-V2/V3 read with
+        their parts (`ppscope.balance.archs`), another architecture as Llama-style when it has no part the shape
+        would miss; a field the shape cannot represent is refused by name. `exact` (the engine, which computes
+        with the weights) refuses anything it would compute differently from transformers: another
+        architecture, biases, another activation, an unknown rope scaling."""
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
@@ -161,11 +249,12 @@ class ModelShape:
                 f"{p}: the engine cannot run this checkpoint exactly: {problem}. It runs Llama-format models "
                 "(LlamaForCausalLM); a preset or --model synthetic shows the same pipeline"
             )
+        kind = str(cfg.get("model_type") or "llama")
         try:
             heads = int(cfg["num_attention_heads"])
             rope = _rope_fields(cfg)
             return cls(
-                name=str(cfg.get("_name_or_path") or p.parent.name),
+                name=str(cfg.get("_name_or_path") or (p.parent.name if p.name == "config.json" else p.stem)),
                 layers=int(cfg["num_hidden_layers"]),
                 hidden=int(cfg["hidden_size"]),
                 heads=heads,
@@ -177,9 +266,19 @@ class ModelShape:
                 norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 rope_scaling=_rope_scaling(rope) if rope is not None else None,
+                **arch_fields(cfg),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UnsupportedInputError(f"{p}: not a Llama-style config (missing or bad field {exc})") from None
+        except Unrepresentable as exc:
+            raise UnsupportedInputError(f"{p}: cannot be represented: {exc}") from None
+        except KeyError as exc:
+            raise UnsupportedInputError(
+                f"{p}: config.json lacks the field {exc}, which a {kind} model needs: give the checkpoint's own "
+                "config.json, unedited"
+            ) from None
+        except (TypeError, ValueError) as exc:
+            raise UnsupportedInputError(
+                f"{p}: a field has a bad value ({exc}): give the checkpoint's own config.json"
+            ) from None
 
 
 def _rope_fields(cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -250,3 +349,37 @@ PRESETS: dict[str, ModelShape] = {
                    vocab=128256, max_seq_len=8192, rope_theta=500000.0),
     )
 }  # fmt: skip
+"""Llama-style shapes the engine builds (and plans for)."""
+
+# Published shapes the engine does not build (biases, head norms, experts, latent attention): the planner, the
+# rebalancer and the cost model use them. Each is read from the model's published config.json, kept in
+# tests/data/configs/ (tests/test_roofline.py checks they agree). Qwen3 has no dense 72B: its largest is 32B.
+PUBLISHED: dict[str, ModelShape] = {
+    m.name: m
+    for m in (
+        ModelShape(name="qwen2.5-7b", layers=28, hidden=3584, heads=28, kv_heads=4, intermediate=18944,
+                   vocab=152064, max_seq_len=32768, rope_theta=1e6, norm_eps=1e-6, qkv_bias=True),
+        ModelShape(name="qwen2.5-32b", layers=64, hidden=5120, heads=40, kv_heads=8, intermediate=27648,
+                   vocab=152064, max_seq_len=32768, rope_theta=1e6, norm_eps=1e-6, qkv_bias=True),
+        ModelShape(name="qwen2.5-72b", layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=29568,
+                   vocab=152064, max_seq_len=32768, rope_theta=1e6, norm_eps=1e-6, qkv_bias=True),
+        ModelShape(name="qwen3-8b", layers=36, hidden=4096, heads=32, kv_heads=8, intermediate=12288,
+                   vocab=151936, max_seq_len=40960, rope_theta=1e6, norm_eps=1e-6, qk_norm=True),
+        ModelShape(name="qwen3-32b", layers=64, hidden=5120, heads=64, kv_heads=8, intermediate=25600,
+                   vocab=151936, max_seq_len=40960, rope_theta=1e6, norm_eps=1e-6, qk_norm=True, head_size=128),
+        ModelShape(name="mixtral-8x22b", layers=56, hidden=6144, heads=48, kv_heads=8, intermediate=16384,
+                   vocab=32768, max_seq_len=65536, rope_theta=1e6,
+                   moe=MoE(experts=8, per_token=2, intermediate=16384)),
+        ModelShape(name="deepseek-v3", layers=61, hidden=7168, heads=128, kv_heads=128, intermediate=18432,
+                   vocab=129280, max_seq_len=163840, norm_eps=1e-6,
+                   moe=MoE(experts=256, per_token=8, intermediate=2048, shared=1, dense_layers=3),
+                   mla=MLA(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                           q_lora_rank=1536)),
+    )
+}  # fmt: skip
+"""Published shapes for planning and cost modelling only (the engine refuses them)."""
+
+
+def all_presets() -> dict[str, ModelShape]:
+    """Every preset `--model` takes: the engine's, then the published ones."""
+    return {**PRESETS, **PUBLISHED}
