@@ -100,7 +100,8 @@ def _check_rebalanceable(trace: Trace) -> None:
     if not trace.meta.split:
         raise UnsupportedInputError(
             "the trace does not say how its layers are split across stages (ppscope runs record it; nsys and "
-            "Kineto imports cannot), so layer costs cannot be fitted from it. Give the costs yourself: "
+            "Kineto imports cannot), so layer costs cannot be fitted from it. Give the model to calibrate on it: "
+            "`ppscope rebalance TRACE --model PRESET|config.json [--current-split N,N,..]`, or the costs yourself: "
             "`ppscope rebalance --layer-costs MS,MS,... --stages P`"
         )
     if trace.meta.chunks > 1:

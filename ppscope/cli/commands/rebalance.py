@@ -7,13 +7,19 @@ import json
 from typing import Any
 
 HELP = "Advise the layer split that minimises the slowest stage"
-EXAMPLE = "ppscope rebalance runs/r1   |   ppscope rebalance --layer-costs 1,1,1,1,1,1,1,1 --head-cost 3 --stages 4"
+EXAMPLE = (
+    "ppscope rebalance runs/r1   |   ppscope rebalance --layer-costs 1,1,1,1,1,1,1,1 --head-cost 3 --stages 4   |   "
+    "ppscope rebalance --model llama3-70b --stages 4 --gpu h100-sxm   |   ppscope rebalance trace.sqlite --model "
+    "config.json --current-split 20,20,20,20"
+)
 
 _DESCRIPTION = (
     f"{HELP}, exactly, over contiguous splits. Costs come from the compute spans of one or more runs (more runs "
     "with different splits make the fit exact) or from --layer-costs (ms per layer). Stage time = embedding "
     "(first stage) + its layers + LM head and sampling (last stage) + --overhead-ms, divided by --speeds, plus "
-    "--comm-ms. Prints current vs proposed split, per-stage times, the predicted speedup, KV capacity per stage "
+    "--comm-ms. Without a run, --model with --gpu times every layer from the model's shape and the GPU's "
+    "datasheet; with an nsys or Kineto trace of another engine, --model's costs are calibrated on the trace's "
+    "stage busy times. Prints current vs proposed split, per-stage times, the predicted speedup, KV capacity per stage "
     "(with --model/--gpu-mem-gib) and the split as vLLM, SGLang, Megatron and ppscope take it."
 )
 
@@ -102,8 +108,35 @@ def register(sub: Any) -> None:
     mem.add_argument("--tp", type=int, default=1, help="tensor-parallel size within each stage")
     mem.add_argument("--reserve-gib", type=float, default=1.0, help="per GPU, for activations and runtime")
     mem.add_argument("--min-kv-tokens", type=int, default=0, help="KV tokens every stage must hold")
+    _add_model_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
     p.set_defaults(func=run)
+
+
+def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The cost model's options: costs from --model and --gpu with no run, or calibrated on a TRACE."""
+    from ppscope.cli.model_costs import DEFAULT_GPU, add_workload_arguments
+
+    group = p.add_argument_group(
+        "cost model (--model and --gpu without a run, or an nsys/Kineto TRACE with --model): --phase, --tp and "
+        "--dtype (default bf16) set the pass too"
+    )
+    add_workload_arguments(group, default_gpu_note=f" (with a TRACE, default {DEFAULT_GPU})")
+
+
+def _run_model(args: argparse.Namespace) -> int:
+    """Advice from the cost model, with no run or calibrated on another engine's trace."""
+    from ppscope.cli.commands.plan import model_shape
+    from ppscope.cli.model_costs import advise_from_model, print_assumptions, print_model_lines
+
+    out = advise_from_model(args, model_shape(args.model))
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print_model_lines(out, args.runs[-1] if args.runs else "")
+    _print(out, True)
+    print_assumptions(out)
+    return 0
 
 
 def _per_stage(text: str, what: str, stages: int) -> float | list[float]:
@@ -182,9 +215,12 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.balance.rebalance import rebalance
     from ppscope.balance.runcosts import run_costs
     from ppscope.balance.split import parse_split
+    from ppscope.cli.model_costs import wants_model
     from ppscope.errors import InvalidConfigError, UnsupportedInputError
     from ppscope.formats.sources import open_trace
 
+    if wants_model(args):
+        return _run_model(args)
     fit, profiled, run_model, current, measured = None, None, {}, None, None
     notes: tuple[str, ...] = ()
     stages = args.stages

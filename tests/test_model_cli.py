@@ -1,0 +1,102 @@
+"""`ppscope rebalance --model M --stages P --gpu G` with no run, and `ppscope plan --gpu G`: the cost model's
+figures on the command line, its JSON keys and its one-line refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ppscope.balance.gpus import GPUS
+from ppscope.cli.main import main
+
+CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
+TODAYS_KEYS = ("current_split", "proposed_split", "stage_times_ms", "predicted_speedup", "vllm_env", "sglang_env")
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main([*argv, "--json"]) == 0, capsys.readouterr().err
+    out: dict = json.loads(capsys.readouterr().out)
+    return out
+
+
+def test_no_run_advice_has_todays_keys_and_moves_layers_off_the_heavy_head(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    d = _json(capsys, "rebalance", "--model", "llama3-8b", "--stages", "4", "--gpu", "h100-sxm", "--batch", "1")
+    for key in TODAYS_KEYS:
+        assert key in d
+    assert d["cost_source"] == "model" and d["calibration"] is None and d["measured_stage_ms"] is None
+    assert d["current_split"] == [8, 8, 8, 8]  # vLLM's rule
+    # Llama-3-8B's LM head reads 128256 x 4096 weights, 2.4 layers' worth: the last stage sheds layers.
+    head_layers = d["model_costs"]["head"]["weight_bytes"] / d["model_costs"]["layers"][0]["weight_bytes"]
+    assert head_layers == pytest.approx(128256 * 4096 / 218_112_000, rel=1e-3)  # ≈ 2.41
+    assert d["proposed_split"][-1] < 8 and d["predicted_speedup"] > 1.1
+    layer = d["costs"]["layer_ms"][0]
+    assert d["stage_times_ms"]["current"][1] == pytest.approx(8 * layer)
+    assert any("h100-sxm" in a and "datasheet" in a for a in d["assumptions"])
+
+
+@pytest.mark.parametrize(
+    "model", ["deepseek-v3", str(CONFIGS / "mixtral-8x22b.json"), "qwen2.5-72b", str(CONFIGS / "qwen3-32b.json")]
+)
+def test_published_models_take_every_option(capsys: pytest.CaptureFixture[str], model: str) -> None:
+    argv = ["rebalance", "--model", model, "--stages", "4", "--gpu", "h200", "--phase", "prefill", "--tp", "8"]
+    d = _json(capsys, *argv, "--batch", "2", "--context", "1024", "--dtype", "fp8")
+    assert sum(d["proposed_split"]) == len(d["costs"]["layer_ms"]) and d["predicted_speedup"] >= 1.0
+    assert d["model_costs"]["tp"] == 8 and d["model_costs"]["phase"] == "prefill"
+    assert any("TP=8" in a and "all-reduce" in a for a in d["assumptions"])
+
+
+def test_deepseek_v3_moe_layers_cost_more_than_its_dense_ones_at_batch_16(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    d = _json(capsys, "rebalance", "--model", "deepseek-v3", "--stages", "4", "--gpu", "b200", "--dtype", "fp8")
+    ms = d["costs"]["layer_ms"]
+    assert ms[0] == ms[1] == ms[2] < ms[3] == ms[60]  # 3 dense, then MoE layers reading ~100 of 256 experts
+    assert d["proposed_split"][0] > d["current_split"][0]  # the cheap dense layers go to the first stage
+
+
+def test_text_report_names_the_source_and_the_assumptions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rebalance", "--model", "llama3-70b", "--stages", "4", "--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "modelled from llama3-70b on h100-sxm, no run" in out and "memory-bound" in out
+    assert "VLLM_PP_LAYER_PARTITION=" in out and "Assumptions:" in out and "NVIDIA H100" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--gpu", "v100"], "unknown GPU 'v100'; known GPUs: " + ", ".join(GPUS)),
+        ([], "give --gpu NAME to time llama3-8b without a run (known GPUs: h100-sxm"),
+        (["--gpu", "h100", "--stages", "0"], "at least 1 stage"),
+        (["--gpu", "h100", "--phase", "all"], "give --phase decode or --phase prefill"),
+        (["--gpu", "l4", "--dtype", "fp32"], "give --dtype bf16, fp16 or fp8"),
+        (["--gpu", "l4", "--batch", "0"], "--batch must be >= 1"),
+        (["--gpu", "l4", "--tp", "3"], "--tp 3 does not divide"),
+        (["--gpu", "l4", "--current-split", "8,8"], "has 2 stage(s) but the pipeline has 4"),
+    ],
+)
+def test_bad_input_is_one_line(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["rebalance", "--model", "llama3-8b"] + ([] if "--stages" in argv else ["--stages", "4"])
+    assert main([*base, *argv]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
+
+
+def test_a_config_without_a_needed_field_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = json.loads((CONFIGS / "qwen3-8b.json").read_text())
+    del cfg["num_hidden_layers"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert main(["rebalance", "--model", str(tmp_path / "config.json"), "--stages", "2", "--gpu", "l40s"]) == 2
+    err = capsys.readouterr().err
+    assert "lacks the field 'num_hidden_layers'" in err and err.count("\n") == 1
+
+
+def test_memory_limits_apply_to_modelled_costs(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["rebalance", "--model", "llama3-70b", "--stages", "4", "--gpu", "a100-80gb", "--gpu-mem-gib", "80"]
+    d = _json(capsys, *argv)
+    assert d["kv_capacity_tokens"]["proposed"] > 0 and d["warnings"] == []
+    d = _json(capsys, "rebalance", "--model", "llama3-405b", "--stages", "2", "--gpu", "l4")
+    assert any("exceed a l4's 24 GB" in w for w in d["warnings"])
