@@ -100,3 +100,18 @@ def test_memory_limits_apply_to_modelled_costs(capsys: pytest.CaptureFixture[str
     assert d["kv_capacity_tokens"]["proposed"] > 0 and d["warnings"] == []
     d = _json(capsys, "rebalance", "--model", "llama3-405b", "--stages", "2", "--gpu", "l4")
     assert any("exceed a l4's 24 GB" in w for w in d["warnings"])
+
+
+def test_plan_prints_each_stages_decode_step_from_the_same_model(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--model", "llama3-70b", "--gpus", "4", "--pp", "4", "--gpu", "h100-sxm", "--batch", "1"]
+    d = _json(capsys, *argv)
+    steps = d["step_times"]
+    assert steps["gpu"] == "h100-sxm" and len(steps["stage_ms"]) == 4
+    r = _json(capsys, "rebalance", "--model", "llama3-70b", "--stages", "4", "--gpu", "h100-sxm", "--batch", "1")
+    assert steps["stage_ms"] == pytest.approx(r["stage_times_ms"]["current"])  # one cost model for both
+    assert d["usable_bytes_per_gpu"] == int(80 * 2**30 * 0.9)  # the H100's 80 GB from the table
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "decode step on h100-sxm" in out and "micro-batch steps/s" in out
+    d = _json(capsys, "plan", "--model", "qwen3-32b", "--gpus", "2", "--gpu", "mi300x")
+    assert d["usable_bytes_per_gpu"] == int(192 * 2**30 * 0.9) and d["step_times"]["stage_ms"]

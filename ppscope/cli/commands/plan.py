@@ -22,11 +22,12 @@ def register(sub: Any) -> None:
         "plan", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
     )
     p.add_argument(
-        "--model", required=True, help="a preset (tiny, llama3-8b, llama3-70b, llama3-405b) or a config.json"
-    )
+        "--model", required=True, help="a preset (llama3-8b/70b/405b, qwen2.5-7b/32b/72b, qwen3-8b/32b, "
+        "mixtral-8x22b, deepseek-v3, tiny) or a config.json"
+    )  # fmt: skip
     p.add_argument("--gpus", type=int, required=True, help="GPUs available in all")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
-    p.add_argument("--gpu-mem-gib", type=float, default=80.0, help="memory of one GPU in GiB (default 80)")
+    p.add_argument("--gpu-mem-gib", type=float, help="memory of one GPU in GiB (default: --gpu's, else 80)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share the engine may use (0.9)")
     p.add_argument(
         "--dtype", default="fp16", help="weights dtype: fp32, fp16, bf16, fp8 or float32, float16, bfloat16 (fp16)"
@@ -40,15 +41,33 @@ def register(sub: Any) -> None:
     p.add_argument("--tp", type=int, default=0, help="evaluate this tensor-parallel size instead of recommending")
     p.add_argument("--pp", type=int, default=0, help="evaluate this pipeline-parallel size instead of recommending")
     p.add_argument("--split", default="", help="evaluate these layer counts per stage (default: vLLM's rule)")
+    _add_gpu_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
     p.set_defaults(func=run)
 
 
+def _add_gpu_arguments(p: argparse.ArgumentParser) -> None:
+    """--gpu and the decode pass it times: the step time of each stage from the cost model."""
+    from ppscope.cli.model_costs import add_workload_arguments
+
+    group = p.add_argument_group("step time (with --gpu: each stage's modelled decode step)")
+    add_workload_arguments(group, default_gpu_note="; sets --gpu-mem-gib too")
+
+
+def _gpu_mem_gib(args: argparse.Namespace) -> float:
+    """--gpu-mem-gib, else --gpu's memory (its datasheet GB, which HBM sizes in binary units), else 80."""
+    from ppscope.balance.gpus import gpu_named
+
+    if args.gpu_mem_gib is not None:
+        return float(args.gpu_mem_gib)
+    return gpu_named(args.gpu).memory_gb if args.gpu else 80.0
+
+
 def model_shape(text: str) -> Any:
     """A preset name or a config.json / model directory as a ModelShape."""
-    from ppscope.balance.shapes import PRESETS, ModelShape
+    from ppscope.balance.shapes import ModelShape, all_presets
 
-    if text in PRESETS or not (text.endswith(".json") or Path(text).is_dir()):
+    if text in all_presets() or not (text.endswith(".json") or Path(text).is_dir()):
         return ModelShape.from_name(text)
     return ModelShape.from_hf_config(text)
 
@@ -64,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         cluster=Cluster(
             gpus=args.gpus,
             gpus_per_node=args.gpus_per_node,
-            gpu_mem_gib=args.gpu_mem_gib,
+            gpu_mem_gib=_gpu_mem_gib(args),
             gpu_memory_utilization=args.gpu_memory_utilization,
         ),
         dtype=args.dtype,
@@ -79,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
         split=split,
     )
     result = plan(cfg).to_dict()
+    if args.gpu:
+        from ppscope.cli.model_costs import plan_step_times
+
+        result["step_times"] = plan_step_times(args, model, result)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -151,6 +174,10 @@ def _print(d: dict[str, Any]) -> None:
             + f": pipeline KV capacity {tokens:,} tokens; use {d['fix_vllm_env']}"
         )
         _stage_table("with that split", d, fix)
+    if "step_times" in d:
+        from ppscope.cli.model_costs import print_step_times
+
+        print_step_times(d)
     print("Assumptions:")
     for a in d["assumptions"]:
         print(f"  - {a}")
