@@ -36,11 +36,13 @@ def add_workload_arguments(group: Any, *, default_gpu_note: str) -> None:
     group.add_argument(
         "--gpu", help=f"GPU type timing the model from its datasheet: {', '.join(GPUS)}{default_gpu_note}"
     )
-    group.add_argument("--batch", type=int, default=16, help="with --gpu: sequences per micro-batch (16)")
+    group.add_argument("--batch", type=int, default=16, help="the modelled pass: sequences per micro-batch (16)")
     group.add_argument(
-        "--context", type=int, default=2048, help="with --gpu: tokens per sequence, in the KV cache (decode) or the "
-        "prompt (prefill) (2048)"
-    )  # fmt: skip
+        "--context",
+        type=int,
+        default=2048,
+        help="the modelled pass: tokens per sequence, in the KV cache (decode) or the prompt (prefill) (2048)",
+    )
 
 
 def wants_model(args: argparse.Namespace) -> bool:
