@@ -125,9 +125,10 @@ class _Costs:
     assumptions: tuple[str, ...] = ()
 
 
-def advise_from_model(args: argparse.Namespace, shape: Any) -> dict[str, Any]:
+def advise_from_model(args: argparse.Namespace, shape: Any) -> tuple[dict[str, Any], Any, Any]:
     """`ppscope rebalance`'s answer from the cost model: with no run, or calibrated on a trace's stage times.
-    The keys of the usual answer, plus `model_costs`, `calibration`, `assumptions` and `warnings`."""
+    The keys of the usual answer, plus `model_costs`, `calibration`, `assumptions` and `warnings`; with the
+    BalanceProblem and the Rebalance they come from."""
     from ppscope.balance.gpus import gpu_named
     from ppscope.balance.problem import BalanceProblem
     from ppscope.balance.rebalance import rebalance
@@ -168,7 +169,7 @@ def advise_from_model(args: argparse.Namespace, shape: Any) -> dict[str, Any]:
         assumptions=[*got.assumptions, *modelled.assumptions()],
         warnings=_warnings(args, shape, gpu, list(advice.current.split), got.calibration),
     )
-    return out
+    return out, problem, advice
 
 
 def _without_run(args: argparse.Namespace, shape: Any, modelled: Any) -> _Costs:

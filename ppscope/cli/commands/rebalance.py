@@ -129,7 +129,7 @@ def _run_model(args: argparse.Namespace) -> int:
     from ppscope.cli.commands.plan import model_shape
     from ppscope.cli.model_costs import advise_from_model, print_assumptions, print_model_lines
 
-    out = advise_from_model(args, model_shape(args.model))
+    out, _problem, _advice = advise_from_model(args, model_shape(args.model))
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
