@@ -129,7 +129,8 @@ def _run_model(args: argparse.Namespace) -> int:
     from ppscope.cli.commands.plan import model_shape
     from ppscope.cli.model_costs import advise_from_model, print_assumptions, print_model_lines
 
-    out, _problem, _advice = advise_from_model(args, model_shape(args.model))
+    out, problem, advice = advise_from_model(args, model_shape(args.model))
+    out.update(_advice(args, [], problem, advice, "costs modelled from the model and the GPU, not measured"))
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -151,7 +152,9 @@ def _per_stage(text: str, what: str, stages: int) -> float | list[float]:
     return values
 
 
-def _advice(args: argparse.Namespace, traces: list[Any], problem: Any, advice: Any) -> dict[str, Any]:
+def _advice(
+    args: argparse.Namespace, traces: list[Any], problem: Any, advice: Any, no_interval: str = ""
+) -> dict[str, Any]:
     """The interval of the predicted speedup from the runs' own variability, and keep or change."""
     from ppscope.balance.advice import Advice, advise, speedup_interval
 
@@ -160,7 +163,9 @@ def _advice(args: argparse.Namespace, traces: list[Any], problem: Any, advice: A
     if problem.objective == "memory":
         decision = Advice(change=cur != new, reason="objective memory: the split that holds the most KV cache")
     else:
-        why = "costs given without a run" if not traces else "the runs are too short to tell how they vary"
+        why = no_interval or (
+            "costs given without a run" if not traces else "the runs are too short to tell how they vary"
+        )
         decision = advise(cur, new, advice.predicted_speedup, interval, why)
     return {
         "predicted_interval": None if interval is None else [interval.low, interval.high],
