@@ -192,3 +192,24 @@ def test_a_span_begun_while_recording_is_kept_through_a_pause_and_none_begins_du
     with dev_off.span("forward", mb=0):
         gpu.launch(1)
     assert dev_off.close() == 0 and off.spans_recorded == 0
+
+
+@pytest.mark.parametrize("own_stream", [True, False])
+def test_the_first_span_after_an_idle_gap_is_placed_from_a_fresh_anchor(own_stream: bool) -> None:
+    """The host idles 10 s between two passes (a sparse --rate) without polling: the span that starts after
+    the gap must not be placed from the anchor taken before it (2000 ppm over 10 s: 20 ms off)."""
+    gpu = FakeGpu(rate=1.002)
+    side = FakeGpu(rate=1.002, clock=gpu.clock) if own_stream else None
+    rec = Recorder(None, rank=0, stage=0, nvtx=False, clock=gpu.clock)
+    dev = DeviceSpans(rec, gpu, gpu.event, reanchor_s=2.0, anchor_stream=side)
+    with dev.span("forward", mb=0):
+        gpu.launch(10)
+    gpu.synchronize()
+    gpu.clock.sleep(10.0)
+    with dev.span("forward", mb=1):
+        gpu.launch(10)
+    dev.close()
+    spans = rec.frame().sort_values("mb")
+    assert dev.anchors == 2
+    for (start, end), got in zip(gpu.ran, spans.itertuples(), strict=True):
+        assert abs(got.start_ns - start) < 0.1 * MS and abs(got.end_ns - end) < 0.1 * MS

@@ -9,11 +9,12 @@ events' offsets from an *anchor* event whose time on the recorder's clock is kno
 The anchor is an event recorded on an idle stream between two host clock readings, so it ran between them;
 its time is their midpoint, give or take half their distance (a few microseconds). The GPU's timer and the
 host's clock drift apart by some parts per million, and the timer's float32 milliseconds lose precision
-with distance from the anchor (62 us ten minutes on), so the anchor is renewed every `reanchor_s`. Given an
-`anchor_stream` of its own (a stream nothing else uses, as the engine does), the anchor is recorded there
-and renewed on time however busy the compute stream is; without one, on the compute stream whenever no
-timed work is outstanding (renewing waits for it, which is then idle or nearly so). Each span keeps the
-anchor it was timed against.
+with distance from the anchor (62 us ten minutes on), so an anchor older than `reanchor_s` is renewed, looked
+at when a span starts (so the first span after an idle gap is not placed from an anchor as old as the gap)
+and at each `poll()`. Given an `anchor_stream` of its own (a stream nothing else uses, as the engine does),
+the anchor is recorded there and renewed on time however busy the compute stream is; without one, on the
+compute stream whenever no timed work is outstanding (renewing waits for it, which is then idle or nearly
+so). Each span keeps the anchor it was timed against.
 
 This module needs torch only through the event and stream objects it is given, so tests drive it with a
 simulated device on a CPU.
@@ -111,6 +112,7 @@ class DeviceSpans:
         if not self.rec.enabled:
             yield
             return
+        self._renew_if_old()
         start, end = self._event(), self._event()
         where = {k: fields[k] for k in ("stage", "mb", "chunk") if k in fields}
         with self.rec.nvtx_range(kind, **where):
@@ -121,15 +123,28 @@ class DeviceSpans:
 
     def poll(self) -> int:
         """Hand every span whose work has finished to the recorder, in stream order; return how many."""
+        done = self._resolve_finished()
+        self._renew_if_old()
+        return done
+
+    def _resolve_finished(self) -> int:
         done = 0
         while self._pending and self._pending[0].end.query():
             self._resolve(self._pending.popleft())
             done += 1
-        idle = self.anchor_stream is not None or not self._pending
-        if idle and self.rec.now_ns() - self.anchor.host_ns > self.reanchor_ns:
-            self.anchor = self._make_anchor()
-            self.anchors += 1
         return done
+
+    def _renew_if_old(self) -> None:
+        """A new anchor when this one is older than `reanchor_s`: at once on an anchor stream of its own, else
+        only when no timed work is outstanding on the compute stream (finished work is resolved first)."""
+        if self.rec.now_ns() - self.anchor.host_ns <= self.reanchor_ns:
+            return
+        if self.anchor_stream is None:
+            self._resolve_finished()
+            if self._pending:
+                return
+        self.anchor = self._make_anchor()
+        self.anchors += 1
 
     def close(self) -> int:
         """Wait for the stream and hand over every span still pending; return how many."""
