@@ -213,3 +213,20 @@ def test_the_first_span_after_an_idle_gap_is_placed_from_a_fresh_anchor(own_stre
     assert dev.anchors == 2
     for (start, end), got in zip(gpu.ran, spans.itertuples(), strict=True):
         assert abs(got.start_ns - start) < 0.1 * MS and abs(got.end_ns - end) < 0.1 * MS
+
+
+def test_a_span_since_a_host_time_starts_then_and_ends_where_its_work_ends() -> None:
+    """A receive's span on a GPU: from when the host began waiting for the header to when the stream has the
+    payload, whatever the stream did meanwhile."""
+    gpu = FakeGpu()
+    rec, dev = _timer(gpu)
+    with dev.span("forward", mb=0):
+        gpu.launch(8)  # still running while the host waits for the next header
+    waited = gpu.clock()
+    gpu.clock.sleep(0.003)
+    with dev.span("recv_wait", since_ns=waited, mb=1):
+        gpu.launch(1)  # the stream's wait for the payload
+    dev.close()
+    span = rec.frame().set_index("mb").loc[1]
+    assert span["start_ns"] == waited
+    assert abs(span["end_ns"] - gpu.ran[1][1]) < 0.3 * MS

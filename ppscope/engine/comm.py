@@ -261,6 +261,7 @@ class Ring:
         must give up after `timeout_s` shorter than the link's timeout: then a waiter thread waits for it."""
         if not self._posted:
             raise RuntimeError(f"rank {self.rank} waits for rank {self.prev} after the ring stopped (a schedule bug)")
+        waited_from = self.rec.now_ns()
         buf, posted = self._posted[0]
         if timeout_s is not None and timeout_s >= self.timeout_s:
             timeout_s = None  # the process group's own timeout applies
@@ -294,10 +295,11 @@ class Ring:
             nbytes=payload.numel() * payload.element_size(),
         )  # fmt: skip
         if self.device_timed:
-            # The stream waits for the payload, the host does not. On the GPU's timeline that is the stage
-            # waiting for its input, transfer included, as a CPU's recv_wait with the payload in its header;
-            # the host's wait for the header is not GPU time and is not recorded.
-            with self.device_spans.span(SpanKind.RECV_WAIT, **fields):
+            # The stream waits for the payload, the host does not. The span runs from when the host began
+            # waiting for the header to when the stream has the payload: the stage waiting for its input,
+            # transfer included, as a CPU's recv_wait with the payload in its header. Where the device was
+            # still computing meanwhile, its compute spans take precedence in the analysis.
+            with self.device_spans.span(SpanKind.RECV_WAIT, since_ns=waited_from, **fields):
                 self._wait(work)
         else:
             with self.rec.nvtx_range(SpanKind.RECV, stage=stage, mb=msg.mb, chunk=fields["chunk"]):

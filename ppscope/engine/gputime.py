@@ -62,10 +62,12 @@ class Anchor:
 @dataclass(frozen=True)
 class _Pending:
     anchor: Anchor
-    start: Event
+    start: Event | None
     end: Event
     kind: str
     fields: dict[str, Any]
+    since_ns: int | None = None
+    """The start on the host's clock, when the span has no start event."""
 
 
 class DeviceSpans:
@@ -105,21 +107,26 @@ class DeviceSpans:
         return Anchor(event, (before + after) // 2, (after - before + 1) // 2)
 
     @contextlib.contextmanager
-    def span(self, kind: str, **fields: Any) -> Iterator[None]:
+    def span(self, kind: str, *, since_ns: int | None = None, **fields: Any) -> Iterator[None]:
         """Time the work the body puts on the stream as one span of `kind` (recorder fields as keywords).
         The host does not wait: the span reaches the recorder at a later `poll()` or `close()`, even if the
-        recording was paused since; nothing is timed while it is paused (or off)."""
+        recording was paused since; nothing is timed while it is paused (or off).
+
+        `since_ns`: the span starts then, on the recorder's clock, instead of where the work starts on the
+        stream: a wait the host began before it could queue the work (a receive's wait for its header)."""
         if not self.rec.enabled:
             yield
             return
         self._renew_if_old()
-        start, end = self._event(), self._event()
+        start = self._event() if since_ns is None else None
+        end = self._event()
         where = {k: fields[k] for k in ("stage", "mb", "chunk") if k in fields}
         with self.rec.nvtx_range(kind, **where):
-            start.record(self.stream)
+            if start is not None:
+                start.record(self.stream)
             yield
             end.record(self.stream)
-        self._pending.append(_Pending(self.anchor, start, end, kind, fields))
+        self._pending.append(_Pending(self.anchor, start, end, kind, fields, since_ns))
 
     def poll(self) -> int:
         """Hand every span whose work has finished to the recorder, in stream order; return how many."""
@@ -155,8 +162,13 @@ class DeviceSpans:
         return done
 
     def _resolve(self, p: _Pending) -> None:
-        self.rec.record(p.kind, p.anchor.to_host(p.start), p.anchor.to_host(p.end), begun_recording=True, **p.fields)
-        self._spare += (p.start, p.end)  # an event can be recorded again once it has completed
+        end = p.anchor.to_host(p.end)
+        if p.start is not None:
+            start = p.anchor.to_host(p.start)
+        else:  # a host start may lie a hair past an end placed from the anchor (within its uncertainty)
+            start = min(end, p.since_ns if p.since_ns is not None else end)
+        self.rec.record(p.kind, start, end, begun_recording=True, **p.fields)
+        self._spare += [e for e in (p.start, p.end) if e is not None]  # recorded again once completed
 
     @property
     def pending(self) -> int:

@@ -70,7 +70,10 @@ class Pipeline:
         dtype: torch.dtype,
         chunks: int,
         sampling: Sampling,
+        device_spans: DeviceSpans | None = None,
     ) -> None:
+        """`device_spans`: what times the spans on a device; on a GPU (when recording) CUDA events on the
+        current stream unless given (tests give a stand-in on a CPU)."""
         self.m = module
         self.ring = ring
         self.rec = recorder
@@ -79,8 +82,8 @@ class Pipeline:
         self.hidden, self.vocab, self.dtype, self.chunks = hidden, vocab, dtype, chunks
         self.sampling = sampling
         self.cuda = module.device.type == "cuda"
-        self.device_spans: DeviceSpans | None = None
-        if self.cuda and recorder.enabled:
+        self.device_spans = device_spans if recorder.enabled else None
+        if self.device_spans is None and self.cuda and recorder.enabled:
             stream = torch.cuda.current_stream(module.device)
             self.device_spans = DeviceSpans(
                 recorder, stream, lambda: torch.cuda.Event(enable_timing=True),

@@ -8,7 +8,10 @@ launcher, which hands its environment on, or by torchrun) without a field in `En
 - `PPSCOPE_TEST_FAIL=RANK=N[,...]`: that rank raises after N passes, to check how a failure is reported;
 - `PPSCOPE_TEST_HOST_HEADERS=1`: a CPU ring speaks a GPU ring's protocol (headers on process groups of
   their own, every payload a message of its own; see `ppscope.engine.comm`), so that it is tested without
-  a GPU.
+  a GPU;
+- `PPSCOPE_TEST_DEVICE_TIMED=1`: a CPU rank also times its spans as a GPU rank does, through
+  `ppscope.engine.gputime` on a stand-in stream whose work is done when it is queued, so that the schedules'
+  and the ring's device-timed path runs without a GPU.
 """
 
 from __future__ import annotations
@@ -17,11 +20,23 @@ import os
 import time
 from collections.abc import Callable
 
-__all__ = ["FAIL_ENV", "HOST_HEADERS_ENV", "SKEW_ENV", "clock", "failure_after", "host_headers"]
+__all__ = [
+    "DEVICE_TIMED_ENV",
+    "FAIL_ENV",
+    "HOST_HEADERS_ENV",
+    "SKEW_ENV",
+    "HostEvent",
+    "HostStream",
+    "clock",
+    "device_timed",
+    "failure_after",
+    "host_headers",
+]
 
 SKEW_ENV = "PPSCOPE_TEST_CLOCK_SKEW_NS"
 FAIL_ENV = "PPSCOPE_TEST_FAIL"
 HOST_HEADERS_ENV = "PPSCOPE_TEST_HOST_HEADERS"
+DEVICE_TIMED_ENV = "PPSCOPE_TEST_DEVICE_TIMED"
 
 
 def rank_value(name: str, rank: int) -> int:
@@ -54,5 +69,38 @@ def failure_after(rank: int) -> Callable[[int], None]:
 
 
 def host_headers() -> bool:
-    """Whether a CPU ring is to speak a GPU ring's protocol (PPSCOPE_TEST_HOST_HEADERS=1)."""
-    return os.environ.get(HOST_HEADERS_ENV) == "1"
+    """Whether a CPU ring is to speak a GPU ring's protocol (PPSCOPE_TEST_HOST_HEADERS=1, or
+    PPSCOPE_TEST_DEVICE_TIMED=1, which implies it)."""
+    return os.environ.get(HOST_HEADERS_ENV) == "1" or device_timed()
+
+
+def device_timed() -> bool:
+    """Whether a CPU rank is to time its spans as a GPU rank does (PPSCOPE_TEST_DEVICE_TIMED=1)."""
+    return os.environ.get(DEVICE_TIMED_ENV) == "1"
+
+
+class HostStream:
+    """A stand-in for a CUDA stream whose work is done as soon as it is queued (the host ran it)."""
+
+    def synchronize(self) -> None:
+        pass
+
+
+class HostEvent:
+    """A stand-in for a timing CUDA event on a `HostStream`: it happens when it is recorded, on `clock`."""
+
+    def __init__(self, clock: Callable[[], int]) -> None:
+        self.clock = clock
+        self.at = 0
+
+    def record(self, stream: object = None) -> None:
+        self.at = self.clock()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end_event: HostEvent) -> float:
+        return (end_event.at - self.at) / 1e6

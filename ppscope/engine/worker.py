@@ -22,14 +22,15 @@ import torch.distributed as dist
 from ppscope.engine.clock_sync import measure_offset
 from ppscope.engine.comm import Ring
 from ppscope.engine.config import EngineConfig
+from ppscope.engine.gputime import DeviceSpans
 from ppscope.engine.model import calibrate_sleep
 from ppscope.engine.prepare import Prepared, check_memory, make_source, prepare, torch_dtype
 from ppscope.engine.requests import RequestLog
 from ppscope.engine.sampling import Sampling
 from ppscope.engine.schedules import Pipeline
 from ppscope.engine.stage import build_stage
+from ppscope.engine.testing import HostEvent, HostStream, device_timed, failure_after, host_headers
 from ppscope.engine.testing import clock as test_clock
-from ppscope.engine.testing import failure_after, host_headers
 from ppscope.engine.usage import CounterSampler
 from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
 from ppscope.failures import plain_error, rank_failure
@@ -65,6 +66,11 @@ def _nvml_index(device: torch.device) -> int | None:
         return int(torch.cuda._get_nvml_device_index(device))
     except Exception:  # an unusual CUDA_VISIBLE_DEVICES (UUIDs NVML cannot resolve): the ordinal is the guess
         return device.index
+
+
+def _host_timer(rec: Recorder) -> DeviceSpans:
+    """Device-timed spans on a stand-in stream that the host runs (PPSCOPE_TEST_DEVICE_TIMED)."""
+    return DeviceSpans(rec, HostStream(), lambda: HostEvent(rec.now_ns), anchor_stream=HostStream())
 
 
 def run_rank(
@@ -217,6 +223,7 @@ def _run_pipeline(
             dtype=dtype,
             chunks=cfg.pipeline.chunks,
             sampling=Sampling(temperature=work.temperature, top_p=work.top_p, seed=work.seed),
+            device_spans=_host_timer(rec) if device.type == "cpu" and device_timed() else None,
         )
         pipe.before_pass = failure_after(rank)
         pipe.alternate_ns = int(cfg.bench.record_alternate_ms * 1e6)
