@@ -157,3 +157,39 @@ def test_inline_payload_of_every_dtype_comes_back_bit_for_bit(dtype: torch.dtype
     ids = torch.tensor([11, 2**40, -3])
     msg, _, _ = ring._parse(ring._pack(Message(TOKENS, 2, 5, 1, batch, ids))[0])
     assert msg.payload is not None and torch.equal(msg.payload, ids)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("host_headers", [False, True])
+def test_each_link_has_a_group_of_its_own_made_in_one_order_on_every_rank(
+    world: int, host_headers: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No two links share a process group (so no communicator, whatever torch does with a group's
+    point-to-point operations), and every rank makes every group in the same order: new_group is collective."""
+    from ppscope.engine import comm
+
+    made: list[tuple[tuple[int, ...], str | None]] = []
+
+    def new_group(ranks: list[int], backend: str | None = None) -> int:
+        made.append((tuple(ranks), backend))
+        return len(made) - 1  # the group, as its index in `made`
+
+    monkeypatch.setattr(comm.dist, "new_group", new_group)
+    monkeypatch.setattr(comm.Ring, "_warm_links", lambda self: None)
+    monkeypatch.setattr(comm.Ring, "_post_header", lambda self: None)
+    sequences = []
+    for rank in range(world):
+        made.clear()
+        ring = Ring(rank, world, Recorder(None, rank=rank, stage=rank), 2, torch.device("cpu"), 5,
+                    host_headers=host_headers)  # fmt: skip
+        ring.start()
+        ring.close()
+        sequences.append(list(made))
+        prev, succ = (rank - 1) % world, (rank + 1) % world
+        for header in (False, True):
+            into, out = ring._group(prev, header), ring._group(rank, header)
+            assert into != out
+            assert made[into] == ((prev, rank), "gloo" if header and host_headers else None)
+            assert made[out] == ((rank, succ), "gloo" if header and host_headers else None)
+    assert all(seq == sequences[0] for seq in sequences)
+    assert len(sequences[0]) == world * (2 if host_headers else 1)

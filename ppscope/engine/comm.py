@@ -143,12 +143,9 @@ class Ring:
     def start(self) -> None:
         if self.world == 1:
             return
-        # Every rank must create the groups in the same order.
-        everyone = list(range(self.world))
-        wrap = dist.new_group(everyone)
-        self._groups = self._header_groups = (None, wrap)
+        self._groups = self._header_groups = self._link_groups(None)
         if self.host_headers:
-            self._header_groups = (dist.new_group(everyone, backend="gloo"), dist.new_group(everyone, backend="gloo"))
+            self._header_groups = self._link_groups("gloo")
         self._warm_links()
         self._reaper = threading.Thread(target=self._reap_loop, name=f"ppscope-send-r{self.rank}", daemon=True)
         self._reaper.start()
@@ -174,9 +171,20 @@ class Ring:
         if sent is not None:  # None only for a rank outside the group, which a ring rank never is
             sent.wait()
 
+    def _link_groups(self, backend: str | None) -> tuple[Any, Any]:
+        """(incoming, outgoing): the two-rank process groups of the links prev -> rank and rank -> next.
+
+        Each link has a group of its own, so no two links share a communicator whatever torch does with a
+        group's point-to-point operations (a middle rank's receive never queues behind its send; with two
+        ranks, neither direction behind the other). new_group is collective: every rank creates every
+        link's group, in the same order."""
+        links = [dist.new_group([r, (r + 1) % self.world], backend=backend) for r in range(self.world)]
+        return links[self.prev], links[self.rank]
+
     def _group(self, src: int, header: bool = False) -> Any:
+        """The group of the link from `src`: the incoming one, or the outgoing one when `src` is this rank."""
         groups = self._header_groups if header else self._groups
-        return groups[1] if src == self.world - 1 else groups[0]
+        return groups[1] if src == self.rank else groups[0]
 
     # ------------------------------------------------------------ compute-thread side
 
