@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ppscope.engine.model import Batch
+from ppscope.engine.recvstream import ReceiveStream
 from ppscope.trace.model import SpanKind
 from ppscope.trace.recorder import Recorder
 
@@ -137,12 +138,16 @@ class Ring:
         """Receives of the next headers (buffer, work), in arrival order, posted ahead to land while the
         rank computes."""
         self._spare: list[torch.Tensor] = []
+        self._receiver: ReceiveStream | None = None
+        """On a GPU, payloads are received on a stream of their own (ppscope.engine.recvstream)."""
         self._waiter: _Waiter | None = None
         self.error: BaseException | None = None
 
     def start(self) -> None:
         if self.world == 1:
             return
+        if self.cuda:
+            self._receiver = ReceiveStream(self.device)
         self._groups = self._header_groups = self._link_groups(None)
         if self.host_headers:
             self._header_groups = self._link_groups("gloo")
@@ -293,8 +298,7 @@ class Ring:
                 self._post_header()
             return msg
         start = self.rec.now_ns()
-        payload = torch.empty(shape, dtype=dtype, device=self.device)
-        work = dist.irecv(payload, src=self.prev, group=self._group(self.prev), tag=self._payload_tag)
+        payload, work = self._post_payload(shape, dtype)
         if msg.kind != STOP:
             self._post_header()
         stage = self._consumer_stage(msg)
@@ -302,19 +306,44 @@ class Ring:
             mb=msg.mb, step=msg.step, phase=msg.phase, stage=stage, chunk=stage // self.world, peer=self.prev,
             nbytes=payload.numel() * payload.element_size(),
         )  # fmt: skip
-        if self.device_timed:
+        if self._receiver is not None and msg.kind == TOKENS:
+            # Rank 0 reads tokens on the host: copied to pinned memory on the receive stream, the host waits
+            # for that copy alone, not for the passes queued on its compute stream; a host-timed wait.
+            with self.rec.nvtx_range(SpanKind.RECV_WAIT, stage=stage, mb=msg.mb, chunk=fields["chunk"]):
+                payload = self._receiver.to_host(payload, work, self._wait)
+            self.rec.record(SpanKind.RECV_WAIT, waited_from, self.rec.now_ns(), **fields)
+        elif self.device_timed:
             # The stream waits for the payload, the host does not. The span runs from when the host began
             # waiting for the header to when the stream has the payload: the stage waiting for its input,
             # transfer included, as a CPU's recv_wait with the payload in its header. Where the device was
             # still computing meanwhile, its compute spans take precedence in the analysis.
             with self.device_spans.span(SpanKind.RECV_WAIT, since_ns=waited_from, **fields):
-                self._wait(work)
+                self._arrive(payload, work)
         else:
             with self.rec.nvtx_range(SpanKind.RECV, stage=stage, mb=msg.mb, chunk=fields["chunk"]):
-                self._wait(work)
+                self._arrive(payload, work)
             self.rec.record(SpanKind.RECV, start, self.rec.now_ns(), **fields)
         msg.payload = payload
         return msg
+
+    def _post_payload(self, shape: list[int], dtype: torch.dtype) -> tuple[torch.Tensor, Any]:
+        """A payload's buffer and its posted receive: on a GPU on the receive stream, so that the transfer
+        does not wait for the passes queued on the compute stream."""
+
+        def irecv(buf: torch.Tensor) -> Any:
+            return dist.irecv(buf, src=self.prev, group=self._group(self.prev), tag=self._payload_tag)
+
+        if self._receiver is not None:
+            return self._receiver.post(shape, dtype, irecv)
+        payload = torch.empty(shape, dtype=dtype, device=self.device)
+        return payload, irecv(payload)
+
+    def _arrive(self, payload: torch.Tensor, work: Any) -> None:
+        """Wait for a payload: the host on a CPU; the compute stream on a GPU, which then keeps the buffer."""
+        if self._receiver is not None:
+            self._receiver.to_compute(payload, work, self._wait)
+        else:
+            self._wait(work)
 
     def _wait(self, work: Any) -> None:
         """Wait for a receive: the host for a header (gloo), the current stream for a payload on a GPU (NCCL)."""

@@ -242,7 +242,7 @@ class Pipeline:
 
     def _apply_tokens(self, reqs: list[Request], msg: Message) -> int:
         assert msg.payload is not None
-        ids = msg.payload.tolist()  # on a GPU the host waits here for the tokens, so the clock is read after
+        ids = msg.payload.tolist()  # in host memory (on a GPU the ring waited for their copy alone)
         now = self.rec.now_ns()
         for r, tok in zip(reqs, ids, strict=True):
             r.output_ids.append(int(tok))
