@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppscope.trace.clock import causality_violations, estimate_offset
-from ppscope.trace.model import ClockInfo, Metric, RankInfo, SpanKind, Trace
+from ppscope.trace.clock import causality_violations, estimate_offset, offsets_at, with_drift
+from ppscope.trace.model import ClockInfo, Metric, RankInfo, RunMeta, SpanKind, Trace
 
 
 def test_estimate_keeps_the_fastest_round_trip() -> None:
@@ -21,8 +22,43 @@ def test_estimate_keeps_the_fastest_round_trip() -> None:
     assert info.uncertainty_ns == 50
     assert abs(info.offset_ns - 1000) <= info.uncertainty_ns
     assert info.offset_ns == (20_000 + 20_100) // 2 - 19_040
+    assert info.at_ns == 20_050  # measured then, on the rank's clock
     with pytest.raises(ValueError, match="at least one"):
         estimate_offset([])
+
+
+def test_a_drift_beyond_the_uncertainties_is_kept_and_interpolated() -> None:
+    start = ClockInfo(offset_ns=1_000_000, uncertainty_ns=20_000, method="ping-pong", at_ns=10**9)
+    # 10 s later on the rank's clock the offset grew by 500 µs: 50 ppm
+    end = ClockInfo(offset_ns=1_500_000, uncertainty_ns=30_000, method="ping-pong", at_ns=11 * 10**9)
+    clock = with_drift(start, end)
+    assert clock.drift_ppm == pytest.approx(50.0)
+    assert (clock.offset_ns, clock.at_ns, clock.uncertainty_ns) == (1_000_000, 10**9, 30_000)
+    at = offsets_at(clock, np.array([10**9, 6 * 10**9, 11 * 10**9, 0], np.int64))
+    assert at.tolist() == [1_000_000, 1_250_000, 1_500_000, 950_000]  # before the first measurement too
+    assert offsets_at(start, np.array([5, 7], np.int64)).tolist() == [1_000_000, 1_000_000]
+    # a change within the two uncertainties is noise: no drift
+    noise = ClockInfo(offset_ns=1_040_000, uncertainty_ns=30_000, method="ping-pong", at_ns=11 * 10**9)
+    assert with_drift(start, noise) == start
+
+
+def test_a_run_with_a_drifting_rank_is_read_back_on_the_common_clock(tmp_path: Path) -> None:
+    from ppscope.trace.store import RankWriter, create_run, load_run
+
+    run = tmp_path / "run"
+    drifting = ClockInfo(offset_ns=2_000, method="ping-pong", at_ns=1_000_000, drift_ppm=1_000.0)
+    create_run(run, RunMeta(world_size=2, ranks=[RankInfo(rank=0), RankInfo(rank=1, clock=drifting)]))
+    for rank in (0, 1):
+        w = RankWriter(run, rank)
+        # rank 1: a span from 1 ms to 3 ms of its clock; 1000 ppm moves the end's offset by 2 µs more
+        w.write([(rank, rank, "compute", "forward", "forward", 0, 0, 0, "", 1_000_000, 3_000_000, 0, 0, -1)],
+                [(3_000_000, rank, -1, "cpu_util_pct", 1.0)])  # fmt: skip
+        w.close()
+    trace = load_run(run)
+    one = trace.spans[trace.spans["rank"] == 1].iloc[0]
+    assert (one["start_ns"], one["end_ns"]) == (1_000_000 - 2_000, 3_000_000 - 4_000)
+    counters = trace.counters.set_index("rank")["ts_ns"]
+    assert (counters[0], counters[1]) == (3_000_000, 3_000_000 - 4_000)
 
 
 def test_causality_violations_match_sends_to_receives_in_order() -> None:
@@ -39,39 +75,58 @@ def test_causality_violations_match_sends_to_receives_in_order() -> None:
 
 
 @pytest.mark.slow
-def test_injected_skew_is_recovered_and_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_injected_skew_and_drift_are_recovered_and_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1's clock is 3 s ahead and runs 2% fast: measured at the start and the end of the run, undone on
+    reading. Rank 2 reads rank 0's clock on rank 0's host: offset 0, not measured."""
     from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
     from ppscope.engine.launch import run
-    from ppscope.engine.testing import SKEW_ENV
+    from ppscope.engine.testing import DRIFT_ENV, SKEW_ENV
     from ppscope.trace.store import load_run
 
-    skew_ns = 3_000_000_000
+    skew_ns, ppm = 3_000_000_000, 20_000
     monkeypatch.setenv(SKEW_ENV, f"1={skew_ns}")
+    monkeypatch.setenv(DRIFT_ENV, f"1={ppm}")
     cfg = EngineConfig(
-        pipeline=PipelineConfig(stages=2, schedule="gpipe"),
-        model=ModelConfig(name="synthetic", layers=2, layer_cost_ms=(10.0,)),
-        workload=WorkloadConfig(requests=4, prompt_len=4, max_new_tokens=8),
+        pipeline=PipelineConfig(stages=3, schedule="gpipe"),
+        model=ModelConfig(name="synthetic", layers=3, layer_cost_ms=(10.0,)),
+        workload=WorkloadConfig(requests=4, prompt_len=4, max_new_tokens=12),
         output=OutputConfig(progress=False, out=tmp_path / "run"),
     )
     trace = load_run(run(cfg))
-    clock = trace.meta.ranks[1].clock
-    assert clock.method == "ping-pong"
-    assert abs(clock.offset_ns - skew_ns) <= clock.uncertainty_ns
-    assert trace.meta.ranks[0].clock.offset_ns == 0
+    clocks = [r.clock for r in trace.meta.ranks]
+    assert [c.method for c in clocks] == ["none", "ping-pong", "same-host"]
+    assert clocks[0].offset_ns == clocks[2].offset_ns == 0 and clocks[2].drift_ppm == 0
+    clock = clocks[1]
+    assert abs(clock.offset_ns - skew_ns) < 50_000_000  # the skew, and what 2% added since the rank started
+    assert clock.drift_ppm == pytest.approx(ppm / (1 + ppm * 1e-6), rel=0.1)  # ns of offset per ns of its clock
     spans = trace.spans
     r0, r1 = spans[spans["rank"] == 0], spans[spans["rank"] == 1]
     # back on the common clock, rank 1 works inside rank 0's window (give or take a message), not 3 s later
     slack_ns = 1_000_000_000  # a busy machine can stall a rank for a while; the skew is 3 s
     assert r0["start_ns"].min() - slack_ns <= r1["start_ns"].min()
     assert r1["end_ns"].max() <= r0["end_ns"].max() + slack_ns
-    assert causality_violations(spans, slack_ns=clock.uncertainty_ns).empty
-    raw = spans.copy()  # on the rank's own clock, rank 0 would get tokens 3 s before rank 1 sent them
-    raw.loc[raw["rank"] == 1, ["start_ns", "end_ns"]] += clock.offset_ns
-    assert not causality_violations(raw).empty
+    uncertainty = {r.rank: r.clock.uncertainty_ns for r in trace.meta.ranks}
+    assert causality_violations(spans, uncertainty_ns=uncertainty).empty  # the drift too is undone
+    fwd = r1[r1["kind"] == SpanKind.FORWARD]
+    assert ((fwd["end_ns"] - fwd["start_ns"]) / 1e6).median() < 10.0 * 1.01  # not 2% long any more
     # no GPU here: each rank's CPU use, on the host device, labelled as such
     cpu = trace.counters[trace.counters["metric"] == Metric.CPU_UTIL_PCT]
-    assert set(cpu["rank"]) == {0, 1} and set(cpu["device"]) == {-1}
+    assert set(cpu["rank"]) == {0, 1, 2} and set(cpu["device"]) == {-1}
     assert pd.Series(cpu["value"]).between(0, 400).all()
+
+
+def test_ranks_on_rank_0s_host_are_not_measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from ppscope.engine import clock_sync
+
+    assert clock_sync.ranks_to_measure(["a", "a", "b", ""]) == [2, 3]
+    assert clock_sync.ranks_to_measure(["", "", "a"]) == [1, 2]  # rank 0's clock is not the host's: all
+    boot = tmp_path / "boot_id"
+    boot.write_text("5f1c\n")
+    monkeypatch.setattr(clock_sync, "BOOT_ID", boot)
+    monkeypatch.setattr(clock_sync, "TIME_NAMESPACE", str(tmp_path / "none"))
+    assert clock_sync.host_clock_key() == "5f1c "
+    monkeypatch.setattr(clock_sync, "BOOT_ID", tmp_path / "missing")
+    assert clock_sync.host_clock_key() == ""
 
 
 def _ring(offset_1_ns: int, uncertainty_ns: int) -> Trace:

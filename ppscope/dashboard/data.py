@@ -142,7 +142,9 @@ class LiveTrace:
 
 def _identity(meta: RunMeta) -> tuple[object, ...]:
     """What makes rows already read still valid: the same run, with the same clock offsets."""
-    offsets = tuple(sorted((info.rank, info.clock.offset_ns) for info in meta.ranks))
+    offsets = tuple(
+        sorted((info.rank, info.clock.offset_ns, info.clock.at_ns, info.clock.drift_ppm) for info in meta.ranks)
+    )
     return (meta.run_id, meta.created_unix_ns, offsets)
 
 

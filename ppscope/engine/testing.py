@@ -5,6 +5,10 @@ launcher, which hands its environment on, or by torchrun) without a field in `En
 
 - `PPSCOPE_TEST_CLOCK_SKEW_NS=RANK=NS[,RANK=NS]`: nanoseconds added to a rank's clock, to check that the
   clock offset is estimated and undone;
+- `PPSCOPE_TEST_CLOCK_DRIFT_PPM=RANK=PPM[,...]`: that rank's clock runs PPM parts per million fast, to check
+  that the drift is measured and undone;
+- `PPSCOPE_TEST_PING_PONG=1`: ranks on rank 0's host are measured by ping-pong too, as if on another host
+  (the GPU check compares that measurement with the 0 they get);
 - `PPSCOPE_TEST_FAIL=RANK=N[,...]`: that rank raises after N passes, to check how a failure is reported;
 - `PPSCOPE_TEST_HOST_HEADERS=1`: a CPU ring speaks a GPU ring's protocol (headers on process groups of
   their own, every payload a message of its own; see `ppscope.engine.comm`), so that it is tested without
@@ -22,8 +26,10 @@ from collections.abc import Callable
 
 __all__ = [
     "DEVICE_TIMED_ENV",
+    "DRIFT_ENV",
     "FAIL_ENV",
     "HOST_HEADERS_ENV",
+    "PING_PONG_ENV",
     "SKEW_ENV",
     "HostEvent",
     "HostStream",
@@ -31,9 +37,12 @@ __all__ = [
     "device_timed",
     "failure_after",
     "host_headers",
+    "ping_pong",
 ]
 
 SKEW_ENV = "PPSCOPE_TEST_CLOCK_SKEW_NS"
+DRIFT_ENV = "PPSCOPE_TEST_CLOCK_DRIFT_PPM"
+PING_PONG_ENV = "PPSCOPE_TEST_PING_PONG"
 FAIL_ENV = "PPSCOPE_TEST_FAIL"
 HOST_HEADERS_ENV = "PPSCOPE_TEST_HOST_HEADERS"
 DEVICE_TIMED_ENV = "PPSCOPE_TEST_DEVICE_TIMED"
@@ -49,11 +58,18 @@ def rank_value(name: str, rank: int) -> int:
 
 
 def clock(rank: int) -> Callable[[], int]:
-    """This rank's clock in ns: perf_counter_ns, skewed as PPSCOPE_TEST_CLOCK_SKEW_NS says."""
-    skew = rank_value(SKEW_ENV, rank)
-    if not skew:
+    """This rank's clock in ns: perf_counter_ns, skewed and drifting as PPSCOPE_TEST_CLOCK_SKEW_NS and
+    PPSCOPE_TEST_CLOCK_DRIFT_PPM say."""
+    skew, ppm = rank_value(SKEW_ENV, rank), rank_value(DRIFT_ENV, rank)
+    if not skew and not ppm:
         return time.perf_counter_ns
-    return lambda: time.perf_counter_ns() + skew
+    since = time.perf_counter_ns()
+    return lambda: (now := time.perf_counter_ns()) + skew + (now - since) * ppm // 1_000_000
+
+
+def ping_pong() -> bool:
+    """Whether ranks on rank 0's host are to be measured by ping-pong too (PPSCOPE_TEST_PING_PONG=1)."""
+    return os.environ.get(PING_PONG_ENV) == "1"
 
 
 def failure_after(rank: int) -> Callable[[int], None]:

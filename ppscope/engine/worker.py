@@ -15,11 +15,12 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ppscope.engine.clock_sync import measure_offset
+from ppscope.engine.clock_sync import ClockSync, system_clock
 from ppscope.engine.comm import Ring
 from ppscope.engine.config import EngineConfig
 from ppscope.engine.gputime import DeviceSpans
@@ -29,7 +30,7 @@ from ppscope.engine.requests import RequestLog
 from ppscope.engine.sampling import Sampling
 from ppscope.engine.schedules import Pipeline
 from ppscope.engine.stage import build_stage
-from ppscope.engine.testing import HostEvent, HostStream, device_timed, failure_after, host_headers
+from ppscope.engine.testing import HostEvent, HostStream, device_timed, failure_after, host_headers, ping_pong
 from ppscope.engine.testing import clock as test_clock
 from ppscope.engine.usage import CounterSampler
 from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
@@ -91,16 +92,18 @@ def run_rank(
     if device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))
+    group = None  # for what the host exchanges (clocks, objects): gloo, the default group's or one of its own
     if world > 1:
         dist.init_process_group(
             backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=cfg.runtime.timeout_s)
         )
+        group = dist.new_group(backend="gloo") if backend != "gloo" else None
     # A thread that wakes (a message landed, a send completed) waits for the GIL up to the switch interval
     # (5 ms by default, a whole stage of a small model): let the holder hand it over much sooner.
     switch_s = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
-        return _run(cfg, prep, rank, world, device, run_dir, progress)
+        return _run(cfg, prep, rank, world, device, run_dir, progress, group)
     finally:
         sys.setswitchinterval(switch_s)
         if world > 1 and dist.is_initialized():
@@ -115,9 +118,10 @@ def _run(
     device: torch.device,
     run_dir: Path | None,
     progress: ProgressFn | None,
+    group: Any,
 ) -> Path:
     clock = test_clock(rank)
-    clock_info = measure_offset(rank, world, clock, device)
+    sync = ClockSync(rank, world, clock, group, shared_clock=system_clock(clock) and not ping_pong())
     supervised = run_dir is not None
     if run_dir is None:  # torchrun: rank 0 names and creates the run, the others follow
         box: list[object] = [None]
@@ -126,11 +130,11 @@ def _run(
             create_run(path, prep.meta(world))
             box[0] = str(path)
         if world > 1:
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast_object_list(box, src=0, group=group)
         run_dir = Path(str(box[0]))
         run_dir.mkdir(parents=True, exist_ok=True)  # other nodes without a shared file system
     try:
-        return _run_pipeline(cfg, prep, rank, world, device, run_dir, progress, clock, clock_info, not supervised)
+        return _run_pipeline(cfg, prep, rank, world, device, run_dir, progress, sync, not supervised)
     except BaseException as exc:
         if supervised:
             raise
@@ -157,8 +161,7 @@ def _run_pipeline(
     device: torch.device,
     run_dir: Path,
     progress: ProgressFn | None,
-    clock: Callable[[], int],
-    clock_info: ClockInfo,
+    sync: ClockSync,
     keep_failure: bool,
 ) -> Path:
     """`keep_failure`: record this rank's own error in its file (under torchrun, where no launcher hears it)."""
@@ -168,11 +171,11 @@ def _run_pipeline(
         host=socket.gethostname(),
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         pid=os.getpid(),
-        clock=clock_info,
+        clock=sync.start,
     )
     infos: list[RankInfo | None] = [None] * world if rank == 0 else []
     if world > 1:
-        dist.gather_object(info, infos if rank == 0 else None, dst=0)
+        dist.gather_object(info, infos if rank == 0 else None, dst=0, group=sync.group)
     else:
         infos = [info]
     if rank == 0:
@@ -186,7 +189,7 @@ def _run_pipeline(
     out = cfg.output
     sink = RankWriter(run_dir, rank) if out.record else None
     log: RequestLog | None = None
-    rec = Recorder(sink, rank=rank, stage=rank, enabled=out.record, nvtx=out.nvtx, clock=clock)
+    rec = Recorder(sink, rank=rank, stage=rank, enabled=out.record, nvtx=out.nvtx, clock=sync.clock)
     sampler: CounterSampler | None = None
     pipe: Pipeline | None = None
     frozen = False
@@ -266,10 +269,14 @@ def _run_pipeline(
         rec.close(failure)
         if log is not None:
             log.close()
-    if world > 1:
+    clocks: list[ClockInfo | None] = [None] * world if rank == 0 else []
+    if world > 1:  # every rank is done: the clocks are measured again, for their drift
+        dist.gather_object(sync.at_end(), clocks if rank == 0 else None, dst=0, group=sync.group)
         dist.barrier()
     if rank == 0:
         meta = read_meta(run_dir)
         meta.status = "finished"
+        for info in meta.ranks:
+            info.clock = clocks[info.rank] or info.clock
         write_meta(run_dir, meta)
     return run_dir

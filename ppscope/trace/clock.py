@@ -4,11 +4,14 @@ common clock keeps causality.
 A rank sends a ping at t1 (its clock), the reference rank stamps t0 (reference clock) when it answers, and
 the answer arrives at t2 (rank's clock). Whatever the path delays, the reference stamp happened between
 t1 and t2 in true time, so offset = (t1 + t2) / 2 - t0 is right within +/- (t2 - t1) / 2; the exchange
-with the smallest round trip gives the tightest bound. This module knows nothing about transports.
+with the smallest round trip gives the tightest bound. Clocks of different hosts also drift apart (parts per
+million): an offset measured again at the end of a run gives the drift, and the offset of each instant is
+interpolated between the two (`with_drift`, `offsets_at`). This module knows nothing about transports.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -16,7 +19,7 @@ import pandas as pd
 
 from ppscope.trace.model import ClockInfo, SpanKind
 
-__all__ = ["causality_violations", "estimate_offset"]
+__all__ = ["causality_violations", "estimate_offset", "offsets_at", "with_drift"]
 
 
 def estimate_offset(samples: Sequence[tuple[int, int, int]]) -> ClockInfo:
@@ -26,7 +29,30 @@ def estimate_offset(samples: Sequence[tuple[int, int, int]]) -> ClockInfo:
     t1, t0, t2 = min(samples, key=lambda s: s[2] - s[0])
     if t2 < t1:
         raise ValueError(f"a ping-pong exchange ends before it starts (t1={t1}, t2={t2}): the clock is not monotonic")
-    return ClockInfo(offset_ns=(t1 + t2) // 2 - t0, uncertainty_ns=(t2 - t1 + 1) // 2, method="ping-pong")
+    mid = (t1 + t2) // 2
+    return ClockInfo(offset_ns=mid - t0, uncertainty_ns=(t2 - t1 + 1) // 2, method="ping-pong", at_ns=mid)
+
+
+def with_drift(start: ClockInfo, end: ClockInfo) -> ClockInfo:
+    """`start`, with the drift that `end` (the same rank's offset measured later) shows. A change within the
+    two measurements' uncertainties is noise, not drift: then `start` as it was, since a drift made of noise
+    would move every span by up to that noise. Between the two measurements the interpolated offset is good
+    within the larger uncertainty."""
+    elapsed = end.at_ns - start.at_ns
+    moved = end.offset_ns - start.offset_ns
+    if elapsed <= 0 or abs(moved) <= start.uncertainty_ns + end.uncertainty_ns:
+        return start
+    return dataclasses.replace(
+        start, drift_ppm=moved / elapsed * 1e6, uncertainty_ns=max(start.uncertainty_ns, end.uncertainty_ns)
+    )
+
+
+def offsets_at(clock: ClockInfo, local_ns: np.ndarray) -> np.ndarray:
+    """The offset (int64) to subtract from each of a rank's local times to put it on the common clock."""
+    if not clock.drift_ppm:
+        return np.full(len(local_ns), clock.offset_ns, np.int64)
+    since = local_ns.astype(np.float64) - float(clock.at_ns)
+    return clock.offset_ns + np.rint(since * (clock.drift_ppm * 1e-6)).astype(np.int64)
 
 
 def causality_violations(

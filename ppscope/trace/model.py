@@ -214,11 +214,18 @@ class ClockInfo:
     """How one rank's clock relates to the common clock (rank 0's monotonic clock)."""
 
     offset_ns: int = 0
-    """This rank's clock minus the common clock: common = local - offset_ns."""
+    """This rank's clock minus the common clock at `at_ns`: common = local - offset, where the offset at local
+    time t is offset_ns + drift_ppm × 1e-6 × (t - at_ns) (`ppscope.trace.clock.offsets_at`)."""
     uncertainty_ns: int = 0
     """Half the round trip of the best ping-pong exchange: the true offset lies within ± this."""
     method: str = "none"
-    """How the offset was found: `none` (same host, same clock), `ping-pong`, `import`."""
+    """How the offset was found: `none` (rank 0, or a single rank), `same-host` (a rank on rank 0's host,
+    which reads the same monotonic clock: offset 0 exactly), `ping-pong`, `import`."""
+    at_ns: int = 0
+    """When the offset was measured, on this rank's clock."""
+    drift_ppm: float = 0.0
+    """How fast the offset grows, in ns per ms of this rank's clock x 1000 (parts per million): measured again
+    at the end of a run, when it moved by more than the two measurements' uncertainties; else 0."""
 
 
 @dataclass(kw_only=True)
@@ -374,6 +381,15 @@ def _check_types(meta: RunMeta, where: str) -> None:
         limits = ((info.rank, 1 << 31), (info.stage, 1 << 31), (info.clock.offset_ns, 1 << 62))
         if not all(-limit < v < limit for v, limit in (*limits, (info.clock.uncertainty_ns, 1 << 62))):
             raise CorruptFileError(f"{where}: rank {info.rank}: rank, stage or clock offset out of range")
+        _check_drift(info, where)
+
+
+def _check_drift(info: RankInfo, where: str) -> None:
+    at, drift = info.clock.at_ns, info.clock.drift_ppm
+    if not isinstance(at, int) or isinstance(at, bool) or not -(1 << 62) < at < 1 << 62:
+        raise CorruptFileError(f"{where}: rank {info.rank}: clock.at_ns must be an integer in range")
+    if not isinstance(drift, (int, float)) or isinstance(drift, bool) or not -1e5 < drift < 1e5:
+        raise CorruptFileError(f"{where}: rank {info.rank}: clock.drift_ppm must be a number under 1e5 in size")
 
 
 @dataclass

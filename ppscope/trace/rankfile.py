@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ppscope.errors import CorruptFileError, SchemaVersionError, brief
+from ppscope.trace.clock import offsets_at
 from ppscope.trace.model import COUNTER_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, RunMeta, counters_frame, spans_frame
 
 __all__ = [
@@ -337,12 +338,8 @@ def spans_of(
             warnings.append(f"{int(bad.sum())} span(s) in {where} {what} (a damaged file); left them out")
     if reversed_.any() or wide.any():
         cols = {c: a[~(reversed_ | wide)] for c, a in cols.items()}
-    for info in meta.ranks:
-        offset = np.int64(info.clock.offset_ns)
-        if offset:
-            rows = cols["rank"] == info.rank
-            cols["start_ns"][rows] -= offset
-            cols["end_ns"][rows] -= offset
+    for ts in (cols["start_ns"], cols["end_ns"]):
+        to_common(cols["rank"], meta, ts)
     order = _start_order(cols["start_ns"], cols["rank"], cols["end_ns"])
     for c in SPAN_COLUMNS:
         cols[c] = cols[c][order]  # one column at a time: the unsorted one is let go at once
@@ -361,12 +358,24 @@ def unshiftable(rank: np.ndarray, meta: RunMeta, *times: np.ndarray) -> np.ndarr
     out = np.zeros(len(rank), dtype=bool)
     low, high = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
     for info in meta.ranks:
-        offset = info.clock.offset_ns
-        if offset:
-            rows = rank == info.rank
+        if info.clock.offset_ns or info.clock.drift_ppm:
+            rows = np.flatnonzero(rank == info.rank)
             for ts in times:
-                out |= rows & ((ts < low + offset) if offset > 0 else (ts > high + offset))
+                t = ts[rows]
+                off = offsets_at(info.clock, t)
+                out[rows] |= ((off > 0) & (t < low + np.maximum(off, 0))) | (
+                    (off < 0) & (t > high + np.minimum(off, 0))
+                )
     return out
+
+
+def to_common(rank: np.ndarray, meta: RunMeta, ts: np.ndarray) -> None:
+    """Move a column of times on their ranks' clocks onto the common clock, in place (leave out the
+    `unshiftable` rows first)."""
+    for info in meta.ranks:
+        if info.clock.offset_ns or info.clock.drift_ppm:
+            rows = rank == info.rank
+            ts[rows] -= offsets_at(info.clock, ts[rows])
 
 
 def _start_order(start: np.ndarray, rank: np.ndarray, end: np.ndarray) -> np.ndarray:

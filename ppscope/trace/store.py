@@ -3,8 +3,8 @@
 Writers (one per rank, used by the recorder's flush thread) append in batches to their own file in WAL
 mode, so readers can tail a run while it is written. Readers open every file read-only: loading a run
 never writes to it (the reading of one rank file is `ppscope.trace.rankfile`). Each rank stores times on its own
-clock; the reader moves them onto the common clock with the offsets in `meta.json` (common = local -
-offset_ns).
+clock; the reader moves them onto the common clock with the offsets in `meta.json` (common = local - offset,
+the offset interpolated along a measured drift: `ppscope.trace.clock.offsets_at`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,16 @@ from ppscope.trace.model import (
     counters_frame,
     requests_frame,
 )
-from ppscope.trace.rankfile import UNSHIFTABLE, connect_ro, merge_values, query, read_ranks, spans_of, unshiftable
+from ppscope.trace.rankfile import (
+    UNSHIFTABLE,
+    connect_ro,
+    merge_values,
+    query,
+    read_ranks,
+    spans_of,
+    to_common,
+    unshiftable,
+)
 
 __all__ = [
     "META_FILE",
@@ -346,9 +355,10 @@ def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> 
     if wide.any():
         warnings.append(f"{int(wide.sum())} counter sample(s) {UNSHIFTABLE} (a damaged file); left them out")
         counters = counters[~wide].reset_index(drop=True)
-    for info in meta.ranks:
-        if info.clock.offset_ns:
-            counters.loc[counters["rank"].to_numpy() == info.rank, "ts_ns"] -= np.int64(info.clock.offset_ns)
+    if any(info.clock.offset_ns or info.clock.drift_ppm for info in meta.ranks):
+        ts = counters["ts_ns"].to_numpy(np.int64, copy=True)
+        to_common(counters["rank"].to_numpy(), meta, ts)
+        counters["ts_ns"] = ts
     counters = counters.sort_values(["ts_ns", "rank"], kind="stable").reset_index(drop=True)  # as Trace.sorted()
     requests, req_pos = _read_requests(path, since.requests_bytes)
     trace = Trace(spans=spans, counters=counters, meta=meta, requests=requests, warnings=warnings)
