@@ -242,3 +242,33 @@ def test_sharded_checkpoint_is_read_through_its_index(checkpoint: Path, tmp_path
     with pytest.raises(UnsupportedInputError, match=f"not in {partial}, e.g. {shards[1].name}: download") as err:
         CheckpointSource(partial, shape)
     assert "\n" not in str(err.value)
+
+
+class _RampingClock:
+    """A GPU whose SM clock ramps from 1000 to 1800 MHz over its first 80 ms of work, as an idle GPU's does."""
+
+    def __init__(self) -> None:
+        self.busy_ms = 0.0
+
+    def rate(self) -> float:  # cycles per ms
+        return 1e6 + 0.8e6 * min(self.busy_ms / 80.0, 1.0)
+
+    def timed_ms(self, cycles: int) -> float:
+        took = cycles / self.rate()
+        self.busy_ms += took
+        return took
+
+
+def test_the_gpu_sleep_is_calibrated_after_the_clock_settles() -> None:
+    from ppscope.engine.model import settled_rate
+
+    gpu = _RampingClock()
+    rate = settled_rate(gpu.timed_ms)
+    assert rate == pytest.approx(1.8e6, rel=0.01)
+    assert gpu.busy_ms >= 100.0  # warmed up at least 100 ms first
+    one_sample = _RampingClock()  # what a single sample after a short warm-up would have taken
+    one_sample.timed_ms(10_000_000)
+    assert 10_000_000 / one_sample.timed_ms(10_000_000) < 1.8e6 * 0.9
+    # a clock that never settles: the last sample, after a bounded number of them
+    jumpy = iter([10.0] * 11 + [5.0, 10.0] * 100)
+    assert settled_rate(lambda cycles: next(jumpy), cycles=10_000, tries=6) == pytest.approx(1_000.0)

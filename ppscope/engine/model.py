@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -34,6 +35,8 @@ __all__ = [
     "Rotary",
     "SyntheticLayer",
     "SyntheticSource",
+    "calibrate_sleep",
+    "settled_rate",
     "sleep_ms",
 ]
 
@@ -286,27 +289,53 @@ _LATE_MAX_S = 3e-4
 _SPIN_MARGIN_S = 5e-5
 """Spun on top of the expected lateness: covers its jitter."""
 _CYCLES_PER_MS: dict[int, float] = {}
+SLEEP_SAMPLE_CYCLES = 10_000_000
+"""Cycles of one timed spin of the calibration (about 5-10 ms at today's SM clocks)."""
 
 
-def calibrate_sleep(device: torch.device) -> None:
-    """Measure the GPU sleep's clock now (before the run's clock starts), not inside the first pass."""
-    if device.type == "cuda":
-        _cycles_per_ms(device)
+def calibrate_sleep(device: torch.device) -> float:
+    """Measure the GPU sleep's clock now (before the run's clock starts), not inside the first pass; return
+    it in cycles per ms (the SM clock in kHz), 0 on a CPU."""
+    return _cycles_per_ms(device) if device.type == "cuda" else 0.0
 
 
 def _cycles_per_ms(device: torch.device) -> float:
     """GPU clock cycles of `torch.cuda._sleep` per millisecond, measured once per device with CUDA events."""
     index = device.index or 0
     if index not in _CYCLES_PER_MS:
-        cycles = 10_000_000
-        torch.cuda._sleep(cycles)  # warm-up
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        _CYCLES_PER_MS[index] = cycles / max(start.elapsed_time(end), 1e-3)
+        with torch.cuda.device(device):
+            _CYCLES_PER_MS[index] = settled_rate(_timed_sleep_ms)
     return _CYCLES_PER_MS[index]
+
+
+def _timed_sleep_ms(cycles: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end))
+
+
+def settled_rate(
+    timed_ms: Callable[[int], float], *, cycles: int = SLEEP_SAMPLE_CYCLES, warmup_ms: float = 100.0,
+    tolerance: float = 0.01, tries: int = 50,
+) -> float:  # fmt: skip
+    """Cycles per ms of a spin that `timed_ms(cycles)` runs and times, once the clock it counts has settled.
+
+    An idle GPU's SM clock ramps up when work comes, so a sample taken at once would scale every synthetic
+    cost by the ramp: the spin first runs at least `warmup_ms`, then samples until two in a row agree within
+    `tolerance` (their mean), or `tries` samples (the last)."""
+    spent = 0.0
+    while spent < warmup_ms:
+        spent += max(timed_ms(cycles), 1e-3)
+    last = cycles / max(timed_ms(cycles), 1e-3)
+    for _ in range(tries):
+        rate = cycles / max(timed_ms(cycles), 1e-3)
+        if abs(rate - last) <= tolerance * last:
+            return (rate + last) / 2
+        last = rate
+    return last
 
 
 class SyntheticLayer(nn.Module):

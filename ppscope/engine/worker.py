@@ -165,6 +165,7 @@ def _run_pipeline(
     keep_failure: bool,
 ) -> Path:
     """`keep_failure`: record this rank's own error in its file (under torchrun, where no launcher hears it)."""
+    cycles_per_ms = calibrate_sleep(device) if cfg.model.synthetic else 0.0
     info = RankInfo(
         rank=rank,
         stage=rank,
@@ -172,6 +173,7 @@ def _run_pipeline(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         pid=os.getpid(),
         clock=sync.start,
+        sm_clock_mhz=cycles_per_ms / 1e3,
     )
     infos: list[RankInfo | None] = [None] * world if rank == 0 else []
     if world > 1:
@@ -200,8 +202,6 @@ def _run_pipeline(
             free = torch.cuda.mem_get_info(device)[0]
             check_memory(prep, [rank], world, free, f"GPU {device.index}", processes=False)
         module = build_stage(make_source(cfg, shape), prep.split, rank, world, cfg.pipeline.chunks, device, dtype)
-        if cfg.model.synthetic:
-            calibrate_sleep(device)
         module.allocate_cache(prep.cache_slots, prep.max_len, dtype, shape.kv_heads, shape.head_dim)
         # room in the receive posted ahead for the largest activation (a prefill of the longest prompts)
         act_nbytes = prep.max_seqs * max(prep.longest_prompt, 1) * shape.hidden * dtype.itemsize

@@ -240,6 +240,9 @@ class RankInfo:
     """Device name, e.g. `NVIDIA H100 80GB HBM3` or `cpu`."""
     pid: int = -1
     clock: ClockInfo = field(default_factory=ClockInfo)
+    sm_clock_mhz: float = 0.0
+    """The SM clock the synthetic model's GPU sleep was calibrated at (cycles of `torch.cuda._sleep` per µs,
+    once the clock settled); 0 when not measured."""
 
 
 @dataclass(kw_only=True)
@@ -381,11 +384,13 @@ def _check_types(meta: RunMeta, where: str) -> None:
         limits = ((info.rank, 1 << 31), (info.stage, 1 << 31), (info.clock.offset_ns, 1 << 62))
         if not all(-limit < v < limit for v, limit in (*limits, (info.clock.uncertainty_ns, 1 << 62))):
             raise CorruptFileError(f"{where}: rank {info.rank}: rank, stage or clock offset out of range")
-        _check_drift(info, where)
+        _check_numbers(info, where)
 
 
-def _check_drift(info: RankInfo, where: str) -> None:
-    at, drift = info.clock.at_ns, info.clock.drift_ppm
+def _check_numbers(info: RankInfo, where: str) -> None:
+    at, drift, mhz = info.clock.at_ns, info.clock.drift_ppm, info.sm_clock_mhz
+    if not isinstance(mhz, (int, float)) or isinstance(mhz, bool) or not 0 <= mhz < 1e6:
+        raise CorruptFileError(f"{where}: rank {info.rank}: sm_clock_mhz must be a number from 0 to 1e6")
     if not isinstance(at, int) or isinstance(at, bool) or not -(1 << 62) < at < 1 << 62:
         raise CorruptFileError(f"{where}: rank {info.rank}: clock.at_ns must be an integer in range")
     if not isinstance(drift, (int, float)) or isinstance(drift, bool) or not -1e5 < drift < 1e5:
