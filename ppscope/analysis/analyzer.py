@@ -68,6 +68,8 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     latency = request_latency(trace.requests, asked if isinstance(asked, int) and not isinstance(asked, bool) else 0)
     if meta.status in _STATUS_NOTES and (meta.status != "running" or meta.source == "ppscope"):
         warnings.append(_STATUS_NOTES[meta.status] + (f" ({meta.error})" if meta.error else ""))
+    warnings += [f"rank {r.rank} recorded CPU counters, not its GPU's: {r.counters[4:].strip()}"
+                 for r in meta.ranks if r.counters.startswith("cpu:")]  # fmt: skip
     if len(spans) == 0:
         if not meta.unrecorded:  # the store has said why there are none
             warnings.append("the trace holds no spans: nothing to analyse (did the run record anything?)")

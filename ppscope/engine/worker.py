@@ -32,7 +32,7 @@ from ppscope.engine.schedules import Pipeline
 from ppscope.engine.stage import build_stage
 from ppscope.engine.testing import HostEvent, HostStream, device_timed, failure_after, host_headers, ping_pong
 from ppscope.engine.testing import clock as test_clock
-from ppscope.engine.usage import CounterSampler
+from ppscope.engine.usage import CounterSampler, find_gpu
 from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
 from ppscope.failures import plain_error, rank_failure
 from ppscope.simulate.schedule import ServePolicy
@@ -58,15 +58,11 @@ def _device(backend: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _nvml_index(device: torch.device) -> int | None:
-    """NVML's index of a CUDA device (nvidia-smi's GPU number), which is not its CUDA ordinal when
-    CUDA_VISIBLE_DEVICES picks GPUs; None on CPU."""
+def _gpu_uuid(device: torch.device) -> str | None:
+    """The UUID CUDA gives this rank's device (a MIG instance's own), None on a CPU."""
     if device.type != "cuda":
         return None
-    try:
-        return int(torch.cuda._get_nvml_device_index(device))
-    except Exception:  # an unusual CUDA_VISIBLE_DEVICES (UUIDs NVML cannot resolve): the ordinal is the guess
-        return device.index
+    return str(torch.cuda.get_device_properties(device).uuid)
 
 
 def _host_timer(rec: Recorder) -> DeviceSpans:
@@ -166,6 +162,7 @@ def _run_pipeline(
 ) -> Path:
     """`keep_failure`: record this rank's own error in its file (under torchrun, where no launcher hears it)."""
     cycles_per_ms = calibrate_sleep(device) if cfg.model.synthetic else 0.0
+    gpu, counters = find_gpu(_gpu_uuid(device), device.index if device.index is not None else -1)
     info = RankInfo(
         rank=rank,
         stage=rank,
@@ -174,6 +171,7 @@ def _run_pipeline(
         pid=os.getpid(),
         clock=sync.start,
         sm_clock_mhz=cycles_per_ms / 1e3,
+        counters=counters,
     )
     infos: list[RankInfo | None] = [None] * world if rank == 0 else []
     if world > 1:
@@ -197,7 +195,7 @@ def _run_pipeline(
     frozen = False
     failure: dict[str, str] = {}
     try:  # from here on, whatever stops the rank (a Ctrl-C included) closes its file
-        sampler = CounterSampler(rec, _nvml_index(device), out.sample_interval_ms)
+        sampler = CounterSampler(rec, gpu, out.sample_interval_ms)
         if device.type == "cuda":
             free = torch.cuda.mem_get_info(device)[0]
             check_memory(prep, [rank], world, free, f"GPU {device.index}", processes=False)

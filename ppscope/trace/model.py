@@ -243,6 +243,9 @@ class RankInfo:
     sm_clock_mhz: float = 0.0
     """The SM clock the synthetic model's GPU sleep was calibrated at (cycles of `torch.cuda._sleep` per µs,
     once the clock settled); 0 when not measured."""
+    counters: str = ""
+    """Where the rank's usage counters come from: `nvml GPU-…` or `nvml MIG-…` (the device NVML found by the
+    UUID CUDA gives it), `cpu`, or `cpu:` and why NVML could not be used on a GPU rank; empty when not said."""
 
 
 @dataclass(kw_only=True)
@@ -379,8 +382,8 @@ def _check_types(meta: RunMeta, where: str) -> None:
             raise CorruptFileError(
                 f"{where}: rank entries need integer rank, stage, pid, clock.offset_ns and clock.uncertainty_ns"
             )
-        if not all(isinstance(v, str) for v in (info.host, info.device, info.clock.method)):
-            raise CorruptFileError(f"{where}: rank entries need text host, device and clock.method")
+        if not all(isinstance(v, str) for v in (info.host, info.device, info.clock.method, info.counters)):
+            raise CorruptFileError(f"{where}: rank entries need text host, device, counters and clock.method")
         limits = ((info.rank, 1 << 31), (info.stage, 1 << 31), (info.clock.offset_ns, 1 << 62))
         if not all(-limit < v < limit for v, limit in (*limits, (info.clock.uncertainty_ns, 1 << 62))):
             raise CorruptFileError(f"{where}: rank {info.rank}: rank, stage or clock offset out of range")
