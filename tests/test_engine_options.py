@@ -231,6 +231,9 @@ def test_a_request_too_long_for_the_model_is_named(tmp_path: Path) -> None:
         (8, 16, None, "auto", "gloo"),  # one machine, 16 ranks, 8 GPUs
         (4, 8, "8", "nccl", "needs a GPU per rank: 8 ranks on this node, 4"),
         (0, 2, None, "nccl", "needs NVIDIA GPUs"),
+        (1, 16, "8", "auto", "nccl"),  # SLURM/Kubernetes: each process sees its own GPU (rank 0 checks they differ)
+        (1, 16, "8", "nccl", "nccl"),
+        (1, 2, None, "nccl", "needs a GPU per rank: 2 ranks on this node, 1"),  # spawned here: they would share it
     ],
 )
 def test_backend_follows_the_gpus_of_this_node(

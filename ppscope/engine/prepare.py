@@ -117,19 +117,22 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def resolve_backend(requested: str, world: int) -> str:
-    """`auto`: NCCL when this node has a GPU for each of its ranks (under torchrun, LOCAL_WORLD_SIZE of the
-    `world`), else gloo."""
+    """This process's view of the backend, checked before any rank starts. `auto`: NCCL when this node shows a
+    GPU for each of its ranks (under a launcher, LOCAL_WORLD_SIZE of the `world`), or one GPU to a rank under a
+    launcher (a scheduler's binding of a GPU per process: SLURM, Kubernetes), else gloo. The ranks then settle
+    one backend for the whole run on rank 0, from every rank's GPU (`ppscope.engine.binding`)."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    bound = gpus == 1 and "LOCAL_WORLD_SIZE" in os.environ
     if requested == "nccl" and gpus == 0:
         raise InvalidConfigError("--backend nccl needs NVIDIA GPUs and none is visible: use --backend gloo (CPU)")
-    if requested == "nccl" and local > gpus:
+    if requested == "nccl" and local > gpus and not bound:
         raise InvalidConfigError(
             f"--backend nccl needs a GPU per rank: {local} ranks on this node, {gpus} GPU(s) visible; "
             "use fewer --stages per node or --backend gloo"
         )
     if requested == "auto":
-        return "nccl" if gpus >= 1 and local <= gpus else "gloo"
+        return "nccl" if gpus >= 1 and (local <= gpus or bound) else "gloo"
     return requested
 
 

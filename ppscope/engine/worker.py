@@ -7,6 +7,7 @@ Only rank 0 writes the run's `meta.json` and `requests.jsonl`; every rank writes
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import gc
 import os
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppscope.engine.binding import agree_backend, device_for, gpu_uuid, rendezvous, run_store
 from ppscope.engine.clock_sync import ClockSync, system_clock
 from ppscope.engine.comm import Ring
 from ppscope.engine.config import EngineConfig
@@ -51,13 +53,6 @@ def default_run_dir() -> Path:
     return Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
 
 
-def _device(backend: str, local_rank: int) -> torch.device:
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
 def _gpu_uuid(device: torch.device) -> str | None:
     """The UUID CUDA gives this rank's device (a MIG instance's own), None on a CPU."""
     if device.type != "cuda":
@@ -83,16 +78,23 @@ def run_rank(
     """Run this rank to the end and return the run directory. With `run_dir` None (torchrun), rank 0 creates
     it and tells the others. Raises on any failure; the caller reports it."""
     prep = prepared or prepare(cfg, world)
+    store: Any = None
+    if world > 1:  # rank 0 decides the backend for every rank
+        store = rendezvous(rank, world, cfg.runtime.timeout_s)
+        uuid = gpu_uuid(local_rank) if cfg.runtime.backend != "gloo" else ""
+        prep = dataclasses.replace(
+            prep, backend=agree_backend(run_store(store), rank, world, cfg.runtime.backend, uuid)
+        )
     backend = prep.backend
-    device = _device(backend, local_rank)
+    device = device_for(backend, local_rank)
     if device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))
     group = None  # for what the host exchanges (clocks, objects): gloo, the default group's or one of its own
     if world > 1:
-        dist.init_process_group(
-            backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=cfg.runtime.timeout_s)
-        )
+        timeout = datetime.timedelta(seconds=cfg.runtime.timeout_s)
+        default_store = dist.PrefixStore("default_pg", store)  # as init_process_group makes it itself
+        dist.init_process_group(backend, store=default_store, rank=rank, world_size=world, timeout=timeout)
         group = dist.new_group(backend="gloo") if backend != "gloo" else None
     # A thread that wakes (a message landed, a send completed) waits for the GIL up to the switch interval
     # (5 ms by default, a whole stage of a small model): let the holder hand it over much sooner.
@@ -181,6 +183,7 @@ def _run_pipeline(
     if rank == 0:
         meta = read_meta(run_dir)
         meta.ranks = [i for i in infos if i is not None]
+        meta.backend = prep.backend  # as rank 0 decided it (the launcher's was this host's view)
         write_meta(run_dir, meta)
 
     shape = prep.shape

@@ -1,0 +1,85 @@
+"""Which GPU a rank takes and the one backend every rank uses, decided on rank 0 from every rank's GPU: with a
+stand-in torch.cuda and an in-process store shared by ranks run as threads."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ppscope.engine.binding import agree_backend, decide_backend, device_for
+from ppscope.errors import InvalidConfigError
+
+
+@pytest.mark.parametrize(
+    ("requested", "gpus", "expected"),
+    [
+        ("auto", ["a", "b", "c"], "nccl"),
+        ("nccl", ["a", "b"], "nccl"),
+        ("auto", ["a", "", "c"], "gloo"),  # a node without GPUs: gloo everywhere, not NCCL on some nodes
+        ("auto", ["a", "a"], "gloo"),  # two ranks would share one GPU
+        ("gloo", ["a", "b"], "gloo"),
+        ("nccl", ["a", "", ""], "rank 1 sees none (2 of 3 ranks without one)"),
+        ("nccl", ["a", "b", "a"], "ranks 0 and 2 would share GPU a"),
+    ],
+)
+def test_nccl_needs_a_gpu_of_its_own_for_every_rank(requested: str, gpus: list[str], expected: str) -> None:
+    if expected in ("nccl", "gloo"):
+        assert decide_backend(requested, gpus) == expected
+    else:
+        with pytest.raises(InvalidConfigError, match=re.escape(expected)):
+            decide_backend(requested, gpus)
+
+
+def _agree(requested: str, gpus: list[str]) -> list[str]:
+    """What each rank (a thread) gets from agree_backend, or the error it raises."""
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=20))
+    got = [""] * len(gpus)
+
+    def rank(r: int) -> None:
+        try:
+            got[r] = agree_backend(store, r, len(gpus), requested, gpus[r])
+        except InvalidConfigError as exc:
+            got[r] = f"error: {exc}"
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in reversed(range(len(gpus)))]  # rank 0 last
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return got
+
+
+def test_every_rank_gets_rank_0s_decision_from_every_rank_s_gpu() -> None:
+    assert _agree("auto", ["a", "b", "c", "d"]) == ["nccl"] * 4
+    # rank 0's node has GPUs, rank 3's has none: every rank takes gloo (deciding per node would hang)
+    assert _agree("auto", ["a", "b", "c", ""]) == ["gloo"] * 4
+    said = _agree("nccl", ["a", "b", "a"])
+    assert len(set(said)) == 1 and said[0].startswith("error: --backend nccl needs a GPU per rank, and ranks 0 and 2")
+
+
+class _Cuda:
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.current = -1
+
+    def set_device(self, index: int) -> None:
+        self.current = index
+
+
+@pytest.mark.parametrize(("count", "local_rank", "index"), [(1, 5, 0), (4, 6, 2), (8, 3, 3)])
+def test_a_rank_takes_its_local_rank_modulo_the_gpus_it_sees(
+    monkeypatch: pytest.MonkeyPatch, count: int, local_rank: int, index: int
+) -> None:
+    """One GPU per process (SLURM, Kubernetes): local rank 5 takes GPU 0, its only one; all GPUs shown: its own."""
+    cuda = _Cuda(count)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda.count)
+    monkeypatch.setattr(torch.cuda, "set_device", cuda.set_device)
+    assert device_for("nccl", local_rank) == torch.device("cuda", index) and cuda.current == index
+    assert device_for("gloo", local_rank) == torch.device("cpu")
