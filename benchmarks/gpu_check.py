@@ -12,7 +12,12 @@ It prints its findings and writes them to DIR/gpu_check.md (default: the current
 5. recording overhead on the GPU: one run with recording paused in every other window.
 6. with two or more GPUs, the ring over NCCL (`benchmarks.ring_check`, up to 4 ranks): every schedule's tokens
    against one rank's, efficiency against the ideal, device-timed spans, the analyzer's warnings and the
-   ranks' clock offsets. On one GPU it says that it was not checked.
+   ranks' clock offsets;
+7. with two or more GPUs, what the engine measures there (`benchmarks.gpu_path_check`, up to 4 ranks): the
+   idle causes of one gpipe run on CPUs and on the GPUs, the gap between consecutive forwards while every
+   stage is busy (receives overlap the compute), clock offsets on one host (0, and a ping-pong finding 0),
+   causality in every run, and each rank's NVML device found by its UUID. On one GPU 6 and 7 say that they
+   were not checked.
 Every figure is a ratio to a reference taken in the same run. Needs torch with CUDA, pynvml and nvtx.
 """
 
@@ -83,6 +88,14 @@ def _ring(tmp: Path, gpus: int) -> list[str]:
     return ring_checks(tmp, "nccl", min(gpus, 4))
 
 
+def _gpu_path(tmp: Path, gpus: int) -> list[str]:
+    if gpus < 2:
+        return [f"GPU path over NCCL: not checked: it needs two or more GPUs and this machine has {gpus}"]
+    from benchmarks.gpu_path_check import gpu_path_checks
+
+    return gpu_path_checks(tmp, "nccl", min(gpus, 4))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".", help="folder for gpu_check.md (default: the current folder)")
@@ -106,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             ("profile", lambda: profile_vs_run(Path(tmp), stages=1, device="cuda")),
             ("overhead", lambda: [overhead_alternating(Path(tmp), stages=1)]),
             ("ring", lambda: _ring(Path(tmp), torch.cuda.device_count())),
+            ("gpu path", lambda: _gpu_path(Path(tmp), torch.cuda.device_count())),
         ]
         for name, check in checks:
             try:

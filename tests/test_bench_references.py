@@ -4,6 +4,7 @@ efficiency (measured ÷ ideal) of a pipeline that only sleeps and passes message
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,30 @@ def test_the_gpu_check_says_the_ring_is_not_checked_on_one_gpu(tmp_path: Path) -
     from benchmarks.gpu_check import _ring
 
     assert _ring(tmp_path, 1) == ["ring over NCCL: not checked: it needs two or more GPUs and this machine has 1"]
+
+
+@pytest.mark.slow
+def test_the_gpu_path_check_a_multi_gpu_machine_runs_works_over_gloo(tmp_path: Path) -> None:
+    """The GPU-path section of the GPU check, its GPU runs device-timed on a stand-in stream over gloo: one line
+    per finding, offsets 0 on one host and found 0 by ping-pong, no causality violation. (Whether the causes
+    agree is tests/test_engine_device_timed.py's to say: on a busy machine of few cores a gloo send can block
+    for milliseconds now and then, which a single pair of runs cannot tell from a difference.)"""
+    from benchmarks.gpu_path_check import gpu_path_checks
+
+    lines = gpu_path_checks(tmp_path, "gloo", 2, stage_ms=20.0)
+    print("\n".join(lines))
+    assert lines[0] == "GPU path, 2 ranks over gloo:" and len(lines) == 6, lines
+    causes, overlap, offsets, causality, counters = lines[1:]
+    assert re.search(r"idle causes, gpipe, .* upstream .*; worst difference \d\.\d{3}: (same|DIFFER)", causes), causes
+    assert "rank 0 " in overlap and "rank 1 " in overlap, overlap
+    assert "rank 1 same-host +0.0" in offsets and "all within their uncertainty" in offsets, offsets
+    assert causality.endswith("gpipe, CPU 0, gpipe, device 0, serve 0, ping-pong 0"), causality
+    assert counters == "  counters: rank 0 cpu; rank 1 cpu", counters
+
+
+def test_the_gpu_check_says_the_gpu_path_is_not_checked_on_one_gpu(tmp_path: Path) -> None:
+    from benchmarks.gpu_check import _gpu_path
+
+    assert _gpu_path(tmp_path, 1) == [
+        "GPU path over NCCL: not checked: it needs two or more GPUs and this machine has 1"
+    ]
