@@ -224,8 +224,9 @@ class ClockInfo:
     at_ns: int = 0
     """When the offset was measured, on this rank's clock."""
     drift_ppm: float = 0.0
-    """How fast the offset grows, in ns per ms of this rank's clock x 1000 (parts per million): measured again
-    at the end of a run, when it moved by more than the two measurements' uncertainties; else 0."""
+    """How fast the offset grows, in parts per million (ns per ms of this rank's clock): from a second
+    measurement at the end of a run, when the offset moved by more than the two measurements'
+    uncertainties; else 0."""
 
 
 @dataclass(kw_only=True)
