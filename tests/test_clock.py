@@ -191,3 +191,12 @@ def test_causality_violations_agree_with_matching_by_hand(
             expected += [(*key, str(kind), a, b) for a, b in zip(sends, recvs, strict=False) if b + slack < a]
     if got is not None:
         assert sorted(map(tuple, got.values.tolist())) == sorted(expected)
+
+
+def test_a_simulated_run_has_one_clock_and_no_causality_warning(tmp_path: Path) -> None:
+    from ppscope.analysis import analyze
+    from ppscope.balance.costs import LayerCosts
+    from ppscope.simulate.simulator import SimConfig, simulate
+
+    trace = simulate(SimConfig(schedule="gpipe", stages=4, microbatches=8, steps=2, costs=LayerCosts.uniform(8, 1.0)))
+    assert not [w for w in analyze(trace).warnings if "before their send" in w]
