@@ -18,7 +18,16 @@ from ppscope.analysis.result import (
     Theory,
     WindowInfo,
 )
-from ppscope.analysis.theory import decode_bubble, gpipe_bubble, interleaved_bubble, theory_for
+from ppscope.analysis.theory import (
+    PassCosts,
+    decode_bubble,
+    dualpipev_bubble,
+    gpipe_bubble,
+    interleaved_bubble,
+    theory_for,
+    zb_h1_bubble,
+    zbv_bubble,
+)
 from ppscope.analysis.window import parse_window_ms
 
 __all__ = [
@@ -28,14 +37,18 @@ __all__ = [
     "Cause",
     "HopStats",
     "LatencyStats",
+    "PassCosts",
     "RequestLatency",
     "StageResult",
     "Theory",
     "WindowInfo",
     "analyze",
     "decode_bubble",
+    "dualpipev_bubble",
     "gpipe_bubble",
     "interleaved_bubble",
     "parse_window_ms",
     "theory_for",
+    "zb_h1_bubble",
+    "zbv_bubble",
 ]

@@ -26,7 +26,7 @@ from ppscope.analysis.intervals import Intervals, clip
 from ppscope.analysis.latency import request_latency
 from ppscope.analysis.pipeline import count_distinct, hop_stats, measured_inflight, stage_imbalance, stage_of_ranks
 from ppscope.analysis.result import AnalysisResult, RequestLatency, Theory, WindowInfo
-from ppscope.analysis.theory import theory_for
+from ppscope.analysis.theory import flushes, theory_for
 from ppscope.analysis.window import active_window, full_window, resolve_window, steady_window
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.clock import causality_violations
@@ -236,8 +236,9 @@ def _theory(
 ) -> Theory:
     m = m_meta if m_meta > 0 else count_distinct(mb[mb >= 0])
     theory = theory_for(schedule, p=p, m=m, v=max(v, 1), inflight=inflight)
-    if w.mode != "full" and schedule in ("gpipe", "interleaved"):
-        theory.note = "the formula counts fill and drain over the whole run; this window leaves part of them out"
+    if w.mode != "full" and flushes(schedule) and theory.bubble_ratio is not None:
+        left_out = "the formula counts fill and drain over the whole run; this window leaves part of them out"
+        theory.note = f"{theory.note}; {left_out}" if theory.note else left_out
     return theory
 
 

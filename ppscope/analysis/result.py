@@ -94,6 +94,9 @@ class Theory:
     params: dict[str, int] = field(default_factory=dict)
     """The values plugged in: P, M, V, m."""
     note: str = ""
+    causes: tuple[str, ...] = ()
+    """The causes the formula counts: `fill` and `drain` for flushed schedules, `dependency` for continuous
+    decode; empty when there is no formula."""
 
 
 @dataclass(kw_only=True)
@@ -206,6 +209,7 @@ class AnalysisResult:
                 "bubble_ratio": self.theory.bubble_ratio,
                 "params": dict(self.theory.params),
                 "note": self.theory.note,
+                "causes": list(self.theory.causes),
             },
             "throughput_tokens_per_s": self.throughput_tokens_per_s,
             "throughput_basis": self.throughput_basis,
