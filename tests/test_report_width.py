@@ -14,12 +14,14 @@ from ppscope.analysis import analyze
 from ppscope.analysis.report import print_report, summary_lines
 from ppscope.balance.costs import LayerCosts
 from ppscope.formats.sources import open_trace
-from ppscope.simulate.simulator import SimConfig, simulate, write_run
+from ppscope.simulate.simulator import CommModel, SimConfig, simulate, write_run
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cfg = SimConfig(schedule="gpipe", stages=4, microbatches=8, steps=2, costs=LayerCosts.uniform(8, 1.0))
+    # host time and hop latency give the stage table more causes than 80 columns hold beside fill and drain
+    cfg = SimConfig(schedule="gpipe", stages=4, microbatches=8, steps=2, costs=LayerCosts.uniform(8, 1.0),
+                    overhead_ms=0.05, comm=CommModel(latency_us=20))  # fmt: skip
     return write_run(simulate(cfg), tmp_path_factory.mktemp("w") / "sim")
 
 

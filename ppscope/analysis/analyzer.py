@@ -19,6 +19,7 @@ from ppscope.analysis.bubbles import (
     ROLE_SEND,
     ROLE_WAIT,
     StageTimes,
+    dependency_waits,
     span_roles,
     stage_bubbles,
 )
@@ -86,23 +87,29 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     group_of_rank = np.array([stage_ids.index(rank_stage[int(r)]) for r in ranks_sorted], np.int64)
     group = group_of_rank[np.searchsorted(ranks_sorted, rank)]
     role = span_roles(spans["kind"])
+    is_compute = role == ROLE_COMPUTE
     decode = (spans["phase"] == Phase.DECODE).to_numpy()
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
     mb = spans["mb"].to_numpy(np.int64)
-    forward = (spans["kind"] == SpanKind.FORWARD).to_numpy()
-    chunk = spans["chunk"].to_numpy(np.int64)
-    times = StageTimes(group=group, role=role, decode=decode, start_ns=start, end_ns=end, forward=forward, chunk=chunk)
+    inflight, _ = measured_inflight(mb.astype(np.int32), is_compute & decode, meta)
+    prefill = (spans["phase"] == Phase.PREFILL).to_numpy()
+    dependency = dependency_waits(
+        role, spans["stage"].to_numpy(np.int64), prefill, decode, ring_bound=inflight is not None and inflight < p
+    )
+    backward = (spans["phase"] == Phase.BACKWARD).to_numpy()
+    times = StageTimes(
+        group=group, role=role, dependency=dependency, step=spans["step"].to_numpy(np.int64), backward=backward,
+        start_ns=start, end_ns=end, forward=(spans["kind"] == SpanKind.FORWARD).to_numpy(),
+        chunk=spans["chunk"].to_numpy(np.int64),
+    )  # fmt: skip
 
     window = _choose_window(config, times, p, warnings)
     if window.length_ns <= 0:
         warnings.append("the trace lasts 0 ns (only instantaneous spans): no ratio can be computed")
         return _empty(trace, warnings, latency, window=window)
 
-    is_compute = role == ROLE_COMPUTE
     if not is_compute.any():
         warnings.append("no compute spans (forward/embed/head/sample/kernel): every stage counts as idle")
-    inflight, _ = measured_inflight(mb.astype(np.int32), is_compute & decode, meta)
-    dependency = inflight is not None and inflight < p
     has_waits = bool(np.isin(role, [ROLE_RECV, ROLE_WAIT, ROLE_SEND]).any())
     if not has_waits and is_compute.any():
         warnings.append(
@@ -116,9 +123,8 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
 
     # every request of a finished run is in its requests table: between them the pipeline had nothing to do
     idle = _no_requests(trace.requests, window) if (meta.schedule, meta.status) == ("serve", "finished") else None
-    results, gaps = stage_bubbles(
-        times, stages, window, dependency=dependency, has_waits=has_waits, no_requests=idle
-    )  # fmt: skip
+    flush = flushes(meta.schedule) or bool((backward & is_compute).any())  # synchronous training flushes
+    results, gaps = stage_bubbles(times, stages, window, flush=flush, has_waits=has_waits, no_requests=idle)
     imbalance, basis, bottleneck, gain = stage_imbalance(results)
     if missing:  # the stages that are there cannot say which is slowest, nor what balance would gain
         imbalance, basis, bottleneck, gain = None, "incomplete", None, None

@@ -1,11 +1,15 @@
 """Per-stage busy time, bubble time and the cause of every idle instant.
 
 Note (cause precedence): busy = union of compute spans (kinds in COMPUTE_KINDS). Every idle instant gets
-exactly one cause. Before the stage's first compute it is `fill`, after its last compute `drain`. Between
-them the first of these that covers the instant wins:
+exactly one cause. Where the schedule itself leaves the stage idle it is `fill` or `drain`: before the stage's
+first compute and after its last, and when every step ends in a flush also at each step boundary and in each
+training step's warm-up and cool-down (`ppscope.analysis.steps`). Elsewhere the first of these that covers
+the instant wins:
   1. a `recv` span (the engine timed the transfer itself)          -> comm
-  2. a `recv_wait` span                                           -> upstream, or dependency in decode when
-                                                                     fewer micro-batches are in flight than stages
+  2. a `recv_wait` span                                           -> dependency when it waits for a token to
+                                                                     come round the ring (`dependency_waits`);
+                                                                     downstream for a backward's gradient (from
+                                                                     the next stage); else upstream
   3. a `send` span (blocked until the successor took the data)     -> downstream
   4. an imported `nccl` / `memcpy` / `memset` kernel               -> comm
   5. nothing                                                      -> host, or unknown when the source has no
@@ -28,11 +32,21 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from ppscope.analysis.intervals import Intervals, Segments, clip, label_segments, merge_runs
+from ppscope.analysis.intervals import Intervals, Segments, clip, coverage, label_segments, merge_runs
 from ppscope.analysis.result import CAUSES, Cause, StageResult, WindowInfo
+from ppscope.analysis.steps import ComputeSpans, fill_drain
 from ppscope.trace.model import COMPUTE_KINDS, SpanKind
 
-__all__ = ["ROLE_COMPUTE", "ROLE_RECV", "ROLE_SEND", "ROLE_WAIT", "StageTimes", "span_roles", "stage_bubbles"]
+__all__ = [
+    "ROLE_COMPUTE",
+    "ROLE_RECV",
+    "ROLE_SEND",
+    "ROLE_WAIT",
+    "StageTimes",
+    "dependency_waits",
+    "span_roles",
+    "stage_bubbles",
+]
 
 # Span roles: what a span kind says about its stage.
 _OTHER, _COMPUTE, _RECV, _WAIT, _SEND, _KERNEL_COMM = range(6)
@@ -57,7 +71,11 @@ class StageTimes:
     group: npt.NDArray[np.int64]
     """Index of the span's physical stage in `stages`."""
     role: npt.NDArray[np.int8]
-    decode: npt.NDArray[np.bool_]
+    dependency: npt.NDArray[np.bool_]
+    """A wait for a token to come round the ring (`dependency_waits`)."""
+    step: npt.NDArray[np.int64]
+    backward: npt.NDArray[np.bool_]
+    """Phase `backward`: a training backward pass (B, I or W), or its wait for the next stage's gradient."""
     start_ns: npt.NDArray[np.int64]
     end_ns: npt.NDArray[np.int64]
     forward: npt.NDArray[np.bool_]
@@ -72,17 +90,41 @@ def span_roles(kind: pd.Series) -> npt.NDArray[np.int8]:
     return table[codes]  # code -1 (missing) picks the trailing _OTHER
 
 
+def dependency_waits(
+    role: npt.NDArray[np.int8],
+    stage: npt.NDArray[np.int64],
+    prefill: npt.NDArray[np.bool_],
+    decode: npt.NDArray[np.bool_],
+    *,
+    ring_bound: bool,
+) -> npt.NDArray[np.bool_]:
+    """The `recv_wait` spans that wait for a token to come round the ring: those of the first virtual stage in
+    inference (stage 0 waits for the token of the micro-batch it runs next, in every schedule), and, when fewer
+    micro-batches are in flight than stages (`ring_bound`), every decode wait, since each stage then waits for a
+    micro-batch held up by its own token."""
+    wait = role == _WAIT
+    token = wait & (stage == 0) & (prefill | decode)
+    return token | (wait & decode) if ring_bound else token
+
+
 def stage_bubbles(
     times: StageTimes,
     stages: list[tuple[int, list[int]]],
     window: WindowInfo,
     *,
-    dependency: bool,
+    flush: bool,
     has_waits: bool,
     no_requests: Intervals | None = None,
 ) -> tuple[list[StageResult], pd.DataFrame]:
     """Busy, bubble and causes for each (stage, ranks) in `stages`, plus the merged idle intervals.
-    `no_requests`: when no request was in the system (disjoint intervals)."""
+    `flush`: every step ends in a flush (fill and drain per step); `no_requests`: when no request was in the
+    system (disjoint intervals)."""
+    compute = times.role == _COMPUTE
+    positions = fill_drain(
+        ComputeSpans(times.group[compute], times.step[compute], times.backward[compute], times.start_ns[compute],
+                     times.end_ns[compute]),
+        len(stages), window.start_ns, window.end_ns, flush=flush,
+    )  # fmt: skip
     order = np.argsort(times.group, kind="stable")
     cuts = np.searchsorted(times.group[order], np.arange(len(stages) + 1))
     results: list[StageResult] = []
@@ -90,7 +132,7 @@ def stage_bubbles(
     for gi, (stage, ranks) in enumerate(stages):
         idx = order[cuts[gi] : cuts[gi + 1]]
         res, gap = _one_stage(
-            times, idx, stage, ranks, window, dependency=dependency, has_waits=has_waits,
+            times, idx, stage, ranks, window, positions[gi], has_waits=has_waits,
             no_requests=no_requests or Intervals.empty(),
         )  # fmt: skip
         results.append(res)
@@ -106,8 +148,8 @@ def _one_stage(
     stage: int,
     ranks: list[int],
     window: WindowInfo,
+    positions: tuple[Intervals, Intervals],
     *,
-    dependency: bool,
     has_waits: bool,
     no_requests: Intervals,
 ) -> tuple[StageResult, pd.DataFrame]:
@@ -120,24 +162,25 @@ def _one_stage(
     is_compute = role == _COMPUTE
     compute = pick(is_compute)
     is_wait = role == _WAIT
-    dep = is_wait & t.decode[idx] if dependency else np.zeros_like(is_wait)
+    dep = is_wait & t.dependency[idx]
+    gradient = is_wait & t.backward[idx] & ~dep
     levels = [
         (_CODE[Cause.NO_REQUESTS], clip(no_requests, lo, hi)),
         (_CODE[Cause.COMM], pick(role == _RECV)),
-        (_CODE[Cause.UPSTREAM], pick(is_wait & ~dep)),
+        (_CODE[Cause.UPSTREAM], pick(is_wait & ~dep & ~gradient)),
         (_CODE[Cause.DEPENDENCY], pick(dep)),
-        (_CODE[Cause.DOWNSTREAM], pick(role == _SEND)),
+        (_CODE[Cause.DOWNSTREAM], pick((role == _SEND) | gradient)),
         (_CODE[Cause.COMM], pick(role == _KERNEL_COMM)),
     ]
-    seg = Segments.of(lo, hi, compute, *(iv for _, iv in levels))
+    fill, drain = positions
+    seg = Segments.of(lo, hi, compute, *(iv for _, iv in levels), fill, drain)
     codes = [_BUSY, *(code for code, _ in levels)]
     labels = label_segments(seg, codes, _CODE[Cause.HOST if has_waits else Cause.UNKNOWN])
-    if is_compute.any():
-        # Positional causes: fill/drain are relative to the stage's whole-run compute, not the window's.
-        first, last = start[is_compute].min(), end[is_compute].max()
-        idle = (labels != _BUSY) & (labels != _CODE[Cause.NO_REQUESTS])
-        labels[idle & (seg.start_ns < first)] = _CODE[Cause.FILL]
-        labels[idle & (seg.start_ns >= last)] = _CODE[Cause.DRAIN]
+    # Positional causes, placed by the schedule (`steps.fill_drain`), relative to the stage's compute in the
+    # whole run, not the window's.
+    idle = (labels != _BUSY) & (labels != _CODE[Cause.NO_REQUESTS])
+    labels[idle & coverage(seg, len(codes))] = _CODE[Cause.FILL]
+    labels[idle & coverage(seg, len(codes) + 1)] = _CODE[Cause.DRAIN]
     lengths = seg.length_ns
     causes = {c: int(lengths[labels == _CODE[c]].sum()) for c in CAUSES}
     busy = int(lengths[labels == _BUSY].sum())

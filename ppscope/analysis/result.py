@@ -33,10 +33,10 @@ __all__ = [
 class Cause(StrEnum):
     """Why a stage is idle at one instant (docs/ARCHITECTURE.md, "Idle causes")."""
 
-    FILL = "fill"  # before the stage's first compute
-    DRAIN = "drain"  # after the stage's last compute
+    FILL = "fill"  # before the stage's first compute (of each step, and its warm-up, when steps flush)
+    DRAIN = "drain"  # after the stage's last compute (of each step, and its cool-down, when steps flush)
     UPSTREAM = "upstream"  # waiting in recv for a slower predecessor
-    DEPENDENCY = "dependency"  # decode: waiting for the micro-batch's own previous token (too few in flight)
+    DEPENDENCY = "dependency"  # waiting for a micro-batch's own token to come round the ring
     DOWNSTREAM = "downstream"  # blocked in send until the successor takes the data
     COMM = "comm"  # the transfer itself (recv transfer, NCCL kernel, copies)
     HOST = "host"  # no span covers it: scheduling or Python overhead

@@ -114,6 +114,7 @@ def lane_of(kind: str) -> str:
 class Phase(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
+    BACKWARD = "backward"  # training: a backward pass (B, I or W); a training forward has no phase
     NONE = ""
 
 
@@ -138,7 +139,7 @@ SPAN_COLUMNS: dict[str, Any] = {
     "mb": np.int32,  # micro-batch id, -1 none
     "step": np.int32,  # decode step / iteration, -1 none
     "chunk": np.int32,  # model chunk on this rank (interleaved PP), else 0
-    "phase": str,  # prefill / decode / ""
+    "phase": str,  # prefill / decode / backward / ""
     "start_ns": np.int64,  # on the run's common clock
     "end_ns": np.int64,
     "nbytes": np.int64,  # bytes moved, 0 none

@@ -1,0 +1,113 @@
+"""Where a stage's fill and drain lie: the idle time the schedule itself puts there, step by step.
+
+Note (the positions): without a flush between steps, a stage fills once, before its first compute, and drains
+once, after its last. When every step ends in a flush (gpipe and interleaved inference, every training
+schedule), each step fills and drains the pipeline again, and on each stage:
+  - between its last compute of step t and its first of step t+1, the time up to the instant the step's last
+    compute ends on any stage (the pipeline has emptied) is the drain of step t, the rest the fill of step t+1;
+  - in a training step, the time before its first backward (B or I) is fill, the warm-up: the backward wave has
+    not reached it; the time after its last forward is drain, the cool-down: the forward wave has left it.
+    Where the last forward comes before the first backward (GPipe's order), the gap between them is split at
+    the instant the last forward ends on any stage: drain of the forward wave, then fill of the backward one.
+Between the warm-up and the cool-down (1F1B's steady state) idle time keeps the cause of the span that covers it.
+On balanced stages with free transfers this makes fill + drain the textbook bubble and leaves nothing else.
+This module knows compute spans, steps and times; `bubbles` decides what the rest of the idle time is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from ppscope.analysis.intervals import Intervals, clip
+
+__all__ = ["ComputeSpans", "fill_drain"]
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class ComputeSpans:
+    """The compute spans of a trace, one entry per span."""
+
+    group: I64
+    """Index of the span's physical stage."""
+    step: I64
+    backward: npt.NDArray[np.bool_]
+    """A training backward pass (B, I or W); False for forwards and for inference."""
+    start_ns: I64
+    end_ns: I64
+
+
+def fill_drain(c: ComputeSpans, groups: int, lo: int, hi: int, *, flush: bool) -> list[tuple[Intervals, Intervals]]:
+    """(fill, drain) intervals of each stage 0..groups-1, clipped to the window [lo, hi).
+
+    `flush`: every step ends in a flush, so fill and drain are placed per step (module note); else once per
+    stage. Stages without compute get none (all their idle time keeps its span's cause)."""
+    empty = (Intervals.empty(), Intervals.empty())
+    out = [empty] * groups
+    if c.start_ns.shape[0] == 0:
+        return out
+    step = c.step if flush else np.zeros_like(c.step)
+    frame = pd.DataFrame({"group": c.group, "step": step, "bwd": c.backward, "start": c.start_ns, "end": c.end_ns})
+    per = frame.groupby(["group", "step"], sort=True).agg(first=("start", "min"), last=("end", "max"))
+    fwd, bwd = frame[~frame["bwd"]], frame[frame["bwd"]]
+    per["first_bwd"] = bwd.groupby(["group", "step"])["start"].min()
+    per["last_fwd"] = fwd.groupby(["group", "step"])["end"].max()
+    wave_end = frame.groupby("step")["end"].max()
+    fwd_end = fwd.groupby("step")["end"].max()
+    for g, rows in per.groupby(level="group", sort=True):
+        steps = rows.index.get_level_values("step").to_numpy()
+        fill, drain = _positions(
+            rows["first"].to_numpy(np.int64),
+            rows["last"].to_numpy(np.int64),
+            wave_end.loc[steps].to_numpy(np.int64),
+            rows["first_bwd"].to_numpy(np.float64),
+            rows["last_fwd"].to_numpy(np.float64),
+            fwd_end.reindex(steps).to_numpy(np.float64),
+            lo,
+            hi,
+        )
+        out[int(g)] = (clip(fill, lo, hi), clip(drain, lo, hi))
+    return out
+
+
+def _positions(
+    first: I64,
+    last: I64,
+    wave_end: I64,
+    first_bwd: npt.NDArray[np.float64],
+    last_fwd: npt.NDArray[np.float64],
+    fwd_end: npt.NDArray[np.float64],
+    lo: int,
+    hi: int,
+) -> tuple[Intervals, Intervals]:
+    """One stage's fill and drain from its steps in order: first/last compute, the pipeline's end of each step,
+    and for training steps the first backward, last forward and the pipeline's end of the forwards (NaN: none)."""
+    # before the first step and after the last one
+    fill_s, fill_e = [np.array([min(lo, int(first[0]))])], [first[:1]]
+    drain_s, drain_e = [last[-1:]], [np.array([max(hi, int(last[-1]))])]
+    # between steps: drain until the pipeline has emptied, then fill
+    cut = np.clip(wave_end[:-1], last[:-1], np.maximum(first[1:], last[:-1]))
+    drain_s.append(last[:-1])
+    drain_e.append(cut)
+    fill_s.append(cut)
+    fill_e.append(first[1:])
+    # inside training steps: warm-up before the first backward, cool-down after the last forward
+    train = ~np.isnan(first_bwd) & ~np.isnan(last_fwd)
+    if train.any():
+        fb = first_bwd[train].astype(np.int64)
+        lf = last_fwd[train].astype(np.int64)
+        wave = np.where(np.isnan(fwd_end[train]), lf, np.nan_to_num(fwd_end[train])).astype(np.int64)
+        split = np.clip(wave, np.minimum(lf, fb), fb)  # only used where the last forward comes first
+        steady = lf > fb
+        fill_s.append(first[train])
+        fill_e.append(np.where(steady, fb, split))
+        drain_s.append(np.where(steady, lf, split))
+        drain_e.append(last[train])
+    fill = Intervals(np.concatenate(fill_s).astype(np.int64), np.concatenate(fill_e).astype(np.int64))
+    drain = Intervals(np.concatenate(drain_s).astype(np.int64), np.concatenate(drain_e).astype(np.int64))
+    return fill, drain
