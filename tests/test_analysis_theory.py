@@ -14,7 +14,7 @@ from ppscope.analysis import (
     zb_h1_bubble,
     zbv_bubble,
 )
-from ppscope.analysis.theory import flushes
+from ppscope.analysis.theory import flushes, gap_parts
 from ppscope.errors import InvalidConfigError
 
 
@@ -83,3 +83,16 @@ def test_published_figures_that_do_not_convert_say_so() -> None:
     assert interleaved_zb.bubble_ratio is None and "V = 1" in interleaved_zb.note
     with pytest.raises(InvalidConfigError, match="pass costs"):
         PassCosts(f=-1.0)
+
+
+def test_gap_parts_add_up_with_their_signs() -> None:
+    serve = theory_for("serve", p=4, m=0, inflight=2)
+    shares = {"fill": 0.01, "drain": 0.04, "upstream": 0.06, "dependency": 0.45, "host": 0.0}
+    gap = gap_parts(shares, serve)
+    assert gap is not None and gap.ratio == pytest.approx(sum(shares.values()) - 0.5)
+    assert gap.parts == {"dependency": pytest.approx(-0.05), "fill": 0.01, "drain": 0.04, "upstream": 0.06}
+    assert sum(gap.parts.values()) == pytest.approx(gap.ratio)
+    gpipe = gap_parts({"fill": 0.2, "drain": 0.1, "comm": 0.05}, theory_for("gpipe", p=4, m=8))
+    assert gpipe is not None and list(gpipe.parts) == ["fill+drain", "comm"]
+    assert gpipe.parts["fill+drain"] == pytest.approx(0.3 - 3 / 11)
+    assert gap_parts(shares, theory_for("", p=4, m=8)) is None

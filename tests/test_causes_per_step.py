@@ -50,6 +50,7 @@ def test_balanced_flushed_schedules_are_fill_and_drain_only(kw: dict[str, Any]) 
     shares = _shares(res)
     assert shares["fill"] + shares["drain"] == pytest.approx(expected, abs=1e-12)
     assert {c for c, x in shares.items() if x} <= FILL_DRAIN
+    assert res.theory_gap is not None and res.theory_gap.parts == {"fill+drain": pytest.approx(0, abs=1e-12)}
     for s in res.stages:  # every stage fills and drains as much as any other: (P-1) of M+P-1 per step
         assert s.causes["fill"] + s.causes["drain"] == res.stages[0].causes["fill"] + res.stages[0].causes["drain"]
 

@@ -16,6 +16,7 @@ from ppscope.analysis.result import (
     RequestLatency,
     StageResult,
     Theory,
+    TheoryGap,
     WindowInfo,
 )
 from ppscope.analysis.theory import (
@@ -41,6 +42,7 @@ __all__ = [
     "RequestLatency",
     "StageResult",
     "Theory",
+    "TheoryGap",
     "WindowInfo",
     "analyze",
     "decode_bubble",

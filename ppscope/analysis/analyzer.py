@@ -26,8 +26,8 @@ from ppscope.analysis.bubbles import (
 from ppscope.analysis.intervals import Intervals, clip
 from ppscope.analysis.latency import request_latency
 from ppscope.analysis.pipeline import count_distinct, hop_stats, measured_inflight, stage_imbalance, stage_of_ranks
-from ppscope.analysis.result import AnalysisResult, RequestLatency, Theory, WindowInfo
-from ppscope.analysis.theory import flushes, theory_for
+from ppscope.analysis.result import AnalysisResult, RequestLatency, StageResult, Theory, TheoryGap, WindowInfo
+from ppscope.analysis.theory import flushes, gap_parts, theory_for
 from ppscope.analysis.window import active_window, full_window, resolve_window, steady_window
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.clock import causality_violations
@@ -145,6 +145,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
         bottleneck_stage=bottleneck,
         balance_gain=gain,
         theory=theory,
+        theory_gap=None if missing else _theory_gap(results, theory, window),
         throughput_tokens_per_s=throughput,
         throughput_basis=basis_tp,
         latency=latency,
@@ -246,6 +247,15 @@ def _theory(
         left_out = "the formula counts fill and drain over the whole run; this window leaves part of them out"
         theory.note = f"{theory.note}; {left_out}" if theory.note else left_out
     return theory
+
+
+def _theory_gap(stages: list[StageResult], theory: Theory, w: WindowInfo) -> TheoryGap | None:
+    """Measured minus predicted bubble ratio, in parts that add up to it (`theory.gap_parts`)."""
+    if theory.bubble_ratio is None or not stages:
+        return None
+    total = len(stages) * w.length_ns
+    shares = {c: sum(s.causes[c] for s in stages) / total for c in stages[0].causes}
+    return gap_parts(shares, theory)
 
 
 def _no_requests(requests: pd.DataFrame | None, window: WindowInfo) -> Intervals | None:

@@ -101,16 +101,8 @@ def summary_lines(res: AnalysisResult) -> list[str]:
                 f"no requests in the system for {_pct(unloaded / total)} of it (arrivals too sparse to keep the "
                 f"pipeline busy): while requests were in, the bubble ratio was {_pct(1 - busy / (total - unloaded))}"
             )
-        if th.bubble_ratio is not None and not res.missing:
-            waits = [c for c in CAUSES if c not in ("fill", "drain", "no_requests")]
-            other = sum(s.causes[c] for s in res.stages for c in waits) / total
-            gap = 100 * (res.bubble_ratio - th.bubble_ratio)
-            lines.append(
-                f"gap to theory: {gap:+.1f} points: {100 * other:.1f} from waits other than fill/drain"
-                + (f", {100 * unloaded / total:.1f} with no requests" if unloaded else "")
-                + ", the rest from fill/drain longer than the formula's (start-up skew, per-hop latency, uneven "
-                "stages)"
-            )
+        if res.theory_gap is not None:
+            lines.append(gap_sentence(res))
     if res.bottleneck_stage is not None:
         basis = "busy time per micro-batch" if res.imbalance_basis == "time_per_mb" else "busy time"
         lines.append(
@@ -122,6 +114,34 @@ def summary_lines(res: AnalysisResult) -> list[str]:
     if res.inflight is not None:
         lines.append(f"micro-batches in flight during decode: {res.inflight}")
     return lines
+
+
+def gap_sentence(res: AnalysisResult) -> str:
+    """The gap to theory in signed parts that add up to it, as printed (each rounded so that they do)."""
+    gap, th = res.theory_gap, res.theory
+    assert gap is not None and th.bubble_ratio is not None
+    names = list(gap.parts)
+    tenths = _tenths_summing([gap.parts[n] for n in names], gap.ratio)
+    total = sum(tenths)
+    own, measured = names[0], gap.parts[names[0]] + th.bubble_ratio
+    terms = [
+        f"{own.replace('+', '/')} {tenths[0] / 10:+.1f} (measured {100 * measured:.1f} against the formula's "
+        f"{100 * th.bubble_ratio:.1f})"
+    ]
+    terms += [f"{n} {t / 10:+.1f}" for n, t in zip(names[1:], tenths[1:], strict=True)]
+    return f"gap to theory: {total / 10:+.1f} points = " + " + ".join(terms)
+
+
+def _tenths_summing(values: list[float], total: float) -> list[int]:
+    """`values` (shares) in tenths of a point, rounded so that they add up to `total` rounded the same way: the
+    parts that rounding moved furthest from their value take the difference."""
+    raw = [1000 * v for v in values]
+    out = [round(x) for x in raw]
+    diff = round(1000 * total) - sum(out)
+    step = 1 if diff > 0 else -1
+    for i in sorted(range(len(raw)), key=lambda i: step * (raw[i] - out[i]), reverse=True)[: abs(diff)]:
+        out[i] += step
+    return out
 
 
 def hop_table(res: AnalysisResult, width: int | None = None) -> Table:

@@ -26,6 +26,7 @@ __all__ = [
     "RequestLatency",
     "StageResult",
     "Theory",
+    "TheoryGap",
     "WindowInfo",
 ]
 
@@ -100,6 +101,16 @@ class Theory:
 
 
 @dataclass(kw_only=True)
+class TheoryGap:
+    """Measured bubble ratio minus the formula's, split into parts that add up to it (shares of P × window)."""
+
+    ratio: float
+    parts: dict[str, float]
+    """Signed shares: first the formula's causes together (e.g. `fill+drain`: their measured share minus the
+    formula), then every other cause with a measured share, in report order."""
+
+
+@dataclass(kw_only=True)
 class HopStats:
     """Traffic from one rank to another, from send/recv spans."""
 
@@ -167,6 +178,8 @@ class AnalysisResult:
     balance_gain: float | None
     """max(t_s) / mean(t_s): the throughput factor perfect balance would give."""
     theory: Theory
+    theory_gap: TheoryGap | None = None
+    """The gap to the formula in parts; None without a formula or with stages missing."""
     throughput_tokens_per_s: float | None
     throughput_basis: str
     latency: RequestLatency | None
@@ -211,6 +224,9 @@ class AnalysisResult:
                 "note": self.theory.note,
                 "causes": list(self.theory.causes),
             },
+            "theory_gap": None
+            if self.theory_gap is None
+            else {"ratio": self.theory_gap.ratio, "parts": dict(self.theory_gap.parts)},
             "throughput_tokens_per_s": self.throughput_tokens_per_s,
             "throughput_basis": self.throughput_basis,
             "inflight": self.inflight,

@@ -14,8 +14,9 @@ backward for inputs and backward for weights, and B = I + W the full backward; s
 the backward only need F + B. Where the caller has no measured costs, F = I = W.
 
 Which causes a formula counts: the flushed schedules' bubble is their fill and drain (every stage idles while
-the pipeline fills and drains, each step); the bound for continuous decode is the `dependency` wait. This
-module knows nothing about traces; callers pass P, M, V, m and costs.
+the pipeline fills and drains, each step); the bound for continuous decode is the `dependency` wait. The report
+compares those causes with the formula and lists the others as the rest of the gap. This module knows
+nothing about traces; callers pass P, M, V, m and costs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ppscope.analysis.result import Theory
+from ppscope.analysis.result import Theory, TheoryGap
 from ppscope.errors import InvalidConfigError
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "decode_bubble",
     "dualpipev_bubble",
     "flushes",
+    "gap_parts",
     "gpipe_bubble",
     "interleaved_bubble",
     "theory_for",
@@ -258,3 +260,15 @@ def theory_for(
         bubble_ratio=None,
         note=f"no formula for {what} (known: {known}; needs M >= 1, or micro-batches in flight for serve)",
     )
+
+
+def gap_parts(shares: dict[str, float], theory: Theory) -> TheoryGap | None:
+    """Measured minus predicted bubble ratio in parts that add up to it: the formula's causes together against
+    the formula (their share minus its ratio, either sign), then every other cause's share, in `shares`'
+    order. `shares`: each cause's share of P × window; their sum is the measured bubble ratio."""
+    if theory.bubble_ratio is None:
+        return None
+    own = [c for c in theory.causes if c in shares]
+    parts = {"+".join(own) or "formula": sum(shares[c] for c in own) - theory.bubble_ratio}
+    parts.update({c: v for c, v in shares.items() if c not in own and v})
+    return TheoryGap(ratio=sum(shares.values()) - theory.bubble_ratio, parts=parts)
