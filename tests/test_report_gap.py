@@ -1,4 +1,4 @@
-"""The report's gap to theory adds up, in its parts and as printed."""
+"""The report's gap to theory adds up, and figures not measured read "–" with the reason."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ppscope.analysis import AnalysisResult, analyze
-from ppscope.analysis.report import gap_sentence, render_text
+from ppscope.analysis.report import NOT_MEASURED, gap_sentence, hop_table, render_text
 from ppscope.balance.costs import LayerCosts
 from ppscope.simulate.simulator import CommModel, SimConfig, simulate
 from ppscope.trace.model import RunMeta, Trace
@@ -72,3 +72,28 @@ def test_no_gap_without_a_formula_or_with_a_stage_missing() -> None:
     assert analyze(Trace.from_records(rows)).theory_gap is None  # no schedule, no formula
     missing = Trace.from_records(rows, meta=RunMeta(schedule="gpipe", world_size=2, pp_size=2, microbatches=2))
     assert analyze(missing).theory_gap is None and "gap to theory" not in render_text(analyze(missing))
+
+
+def test_a_transfer_inside_the_receive_wait_reads_not_measured_with_the_reason() -> None:
+    # the engine over gloo: the payload rides in its header, so a hop has sends and waits but no `recv` span
+    rows = []
+    for i in range(3):
+        t = 100 * i
+        rows += [
+            dict(rank=0, stage=0, kind="forward", start_ns=t, end_ns=t + 40, mb=0, step=i),
+            dict(rank=0, stage=0, kind="send", start_ns=t + 40, end_ns=t + 45, mb=0, step=i, peer=1, nbytes=4096),
+            dict(rank=1, stage=1, kind="recv_wait", start_ns=t, end_ns=t + 50, mb=0, step=i, peer=0, nbytes=4096),
+            dict(rank=1, stage=1, kind="forward", start_ns=t + 50, end_ns=t + 90, mb=0, step=i),
+        ]
+    res = analyze(Trace.from_records(rows))
+    (hop,) = res.hops
+    assert hop.recv_ns is None and hop.bandwidth_gb_per_s is None and hop.latency_ns == 10
+    assert res.to_json()["hops"][0]["recv_ns"] is None
+    text = render_text(res, width=200)
+    row = next(line for line in text.splitlines() if "0→1" in line and "│" in line)
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert cells[4] == NOT_MEASURED and cells[6] == NOT_MEASURED != cells[7]  # transfer ms, GB/s
+    assert "0.000" not in cells[4] and cells[6] != "0.00"
+    assert f"{NOT_MEASURED} transfer ms, GB/s on 0→1: not measured (no `recv` span: the transfer is inside" in text
+    caption = str(hop_table(res).caption)
+    assert "latency" not in caption  # the latency was measured

@@ -15,6 +15,9 @@ from ppscope.trace.model import RunMeta
 
 __all__ = ["count_distinct", "hop_stats", "measured_inflight", "message_latencies", "stage_imbalance", "stage_of_ranks"]
 
+_NOT_TIMED = "no `recv` span: the transfer is inside the receive wait, wait ms"
+_NOT_PAIRED = "no send paired with a receiver already waiting for it: needs micro-batch ids"
+
 
 def count_distinct(values: npt.NDArray[np.int64]) -> int:
     """Number of distinct values, by sorting (faster than hashing for large int arrays)."""
@@ -113,8 +116,15 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
     for h in range(hops.shape[1]):
         send, recv, wait = 0, 1, 2
         src_role = send if count[h, send] else (recv if count[h, recv] else wait)
-        transfer_ns = int(dur_sum[h, recv] or dur_sum[h, send])
+        timed = bool(count[h, recv])
+        transfer_ns = int(dur_sum[h, recv])
         nb = int(byte_sum[h, src_role])
+        latency_ns = _int_or_none(median_ns.get((int(hops[0, h]), int(hops[1, h]))))
+        unmeasured = {} if timed else {"recv_ns": _NOT_TIMED, "bandwidth_gb_per_s": _NOT_TIMED}
+        if timed and not (transfer_ns > 0 and nb > 0):
+            unmeasured["bandwidth_gb_per_s"] = "the timed transfers moved no bytes or took no time"
+        if latency_ns is None:
+            unmeasured["latency_ns"] = _NOT_PAIRED
         out.append(
             HopStats(
                 src_rank=int(hops[0, h]),
@@ -122,10 +132,11 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
                 messages=int(count[h, src_role]),
                 nbytes=nb,
                 send_ns=int(dur_sum[h, send]),
-                recv_ns=int(dur_sum[h, recv]),
+                recv_ns=transfer_ns if timed else None,
                 wait_ns=int(dur_sum[h, wait]),
-                bandwidth_gb_per_s=nb / transfer_ns if transfer_ns > 0 and nb > 0 else None,
-                latency_ns=_int_or_none(median_ns.get((int(hops[0, h]), int(hops[1, h])))),
+                bandwidth_gb_per_s=nb / transfer_ns if timed and transfer_ns > 0 and nb > 0 else None,
+                latency_ns=latency_ns,
+                unmeasured=unmeasured,
             )
         )
     return out

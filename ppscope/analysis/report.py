@@ -23,6 +23,8 @@ from ppscope.trace.outputs import atomic_file
 __all__ = ["DENOMINATOR", "fit_table", "html_report", "print_report", "render_text", "stdout_console", "write_html"]
 
 DENOMINATOR = "Σ bubble / (P × window): the share of the P stages' wall time spent idle"
+NOT_MEASURED = "–"
+"""What a figure that was not measured reads (never 0); the table's caption says why."""
 
 
 def _ms(ns: float | None) -> str:
@@ -144,23 +146,46 @@ def _tenths_summing(values: list[float], total: float) -> list[int]:
     return out
 
 
+_HOP_COLUMNS = {"recv_ns": "transfer ms", "bandwidth_gb_per_s": "GB/s", "latency_ns": "latency µs"}
+
+
 def hop_table(res: AnalysisResult, width: int | None = None) -> Table:
     t = Table(title="Per-hop communication", title_justify="left")
     for col in ["hop", "messages", "MB", "send ms", "transfer ms", "wait ms", "GB/s", "latency µs"]:
         t.add_column(col, justify="right", no_wrap=True)
     for h in res.hops:
-        bw = "-" if h.bandwidth_gb_per_s is None else f"{h.bandwidth_gb_per_s:.2f}"
         t.add_row(
             f"{h.src_rank}→{h.dst_rank}",
             str(h.messages),
             f"{h.nbytes / 1e6:,.3f}",
             _ms(h.send_ns),
-            _ms(h.recv_ns),
+            NOT_MEASURED if h.recv_ns is None else _ms(h.recv_ns),
             _ms(h.wait_ns),
-            bw,
-            "-" if h.latency_ns is None else f"{h.latency_ns / 1e3:,.0f}",
+            NOT_MEASURED if h.bandwidth_gb_per_s is None else f"{h.bandwidth_gb_per_s:.2f}",
+            NOT_MEASURED if h.latency_ns is None else f"{h.latency_ns / 1e3:,.0f}",
         )
-    return t if width is None else fit_table(t, width, ["send ms", "MB", "messages", "transfer ms"])
+    why = _unmeasured_caption(res)
+    fitted = t if width is None else fit_table(t, width, ["send ms", "MB", "messages", "transfer ms"])
+    if why:
+        fitted.caption = "\n".join(filter(None, [why, str(fitted.caption or "")]))
+        fitted.caption_justify = "left"
+    return fitted
+
+
+def _unmeasured_caption(res: AnalysisResult) -> str:
+    """One line per reason the analysis gave for unmeasured cells: which columns, on which hops."""
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for field, column in _HOP_COLUMNS.items():
+        by_reason: dict[str, list[str]] = {}
+        for h in res.hops:
+            if field in h.unmeasured:
+                by_reason.setdefault(h.unmeasured[field], []).append(f"{h.src_rank}→{h.dst_rank}")
+        for reason, hops in by_reason.items():
+            groups.setdefault((reason, tuple(hops)), []).append(column)
+    return "\n".join(
+        f"{NOT_MEASURED} {', '.join(cols)} on {', '.join(hops)}: not measured ({reason})"
+        for (reason, hops), cols in groups.items()
+    )
 
 
 def latency_table(res: AnalysisResult, width: int | None = None) -> Table | None:
@@ -217,14 +242,15 @@ def _table_html(t: Table) -> str:
     rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(col[i]))}</td>" for col in cells) + "</tr>" for i in range(t.row_count)
     )
-    return f"<h3>{html.escape(str(t.title or ''))}</h3><table><tr>{heads}</tr>{rows}</table>"
+    caption = "".join(f"<p class='note'>{html.escape(line)}</p>" for line in str(t.caption or "").splitlines())
+    return f"<h3>{html.escape(str(t.title or ''))}</h3><table><tr>{heads}</tr>{rows}</table>{caption}"
 
 
 _GANTT = "Pipeline timeline: compute, receive and send per rank; idle time hatched by cause"
 _CSS = (
     "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0}"
     "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}th{background:#f3f3f3}"
-    ".warn{color:#a15c00}pre{white-space:pre-wrap}"
+    ".warn{color:#a15c00}.note{color:#555;margin:.2em 0}pre{white-space:pre-wrap}"
 )
 
 

@@ -120,15 +120,18 @@ class HopStats:
     nbytes: int
     send_ns: int
     """Total time blocked in send on src."""
-    recv_ns: int
-    """Total transfer time (kind `recv`) on dst."""
+    recv_ns: int | None
+    """Total transfer time (kind `recv`) on dst; None when the hop has no `recv` span (the transfer was not
+    timed apart from the wait: a payload inside its header, as on gloo)."""
     wait_ns: int
     """Total time waiting (kind `recv_wait`) on dst for this hop."""
     bandwidth_gb_per_s: float | None
-    """nbytes / transfer time (recv if timed, else send), in GB/s (1e9 bytes/s)."""
+    """nbytes / timed transfer time (`recv`), in GB/s (1e9 bytes/s); None when the transfer was not timed."""
     latency_ns: int | None = None
     """Median time from the sender posting a message to the receiver, already waiting, waking up with it (see
     `pipeline.message_latencies`); None when no message could be paired."""
+    unmeasured: dict[str, str] = field(default_factory=dict)
+    """Field name -> why it is None (not measured, which is not 0)."""
 
 
 @dataclass(kw_only=True)
@@ -243,7 +246,7 @@ class AnalysisResult:
                 }
                 for s in self.stages
             ],
-            "hops": [vars(h).copy() for h in self.hops],
+            "hops": [{**vars(h), "unmeasured": dict(h.unmeasured)} for h in self.hops],
             "latency": _latency_json(self.latency),
             "missing": self.missing,
             "warnings": list(self.warnings),
