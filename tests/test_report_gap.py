@@ -1,4 +1,5 @@
-"""The report's gap to theory adds up, and figures not measured read "–" with the reason."""
+"""The report's gap to theory adds up, figures not measured read "–" with the reason, and a trace that only
+holds collectives says it does not look like a pipeline."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ppscope.balance.costs import LayerCosts
 from ppscope.simulate.simulator import CommModel, SimConfig, simulate
 from ppscope.trace.model import RunMeta, Trace
 
+ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 NOISY = dict(overhead_ms=0.3, comm=CommModel(latency_us=400, bandwidth_gb_per_s=1, activation_bytes=200_000))
 
 
@@ -97,3 +99,21 @@ def test_a_transfer_inside_the_receive_wait_reads_not_measured_with_the_reason()
     assert f"{NOT_MEASURED} transfer ms, GB/s on 0→1: not measured (no `recv` span: the transfer is inside" in text
     caption = str(hop_table(res).caption)
     assert "latency" not in caption  # the latency was measured
+
+
+def test_collectives_without_point_to_point_traffic_are_not_a_pipeline() -> None:
+    rows = []
+    for r in range(2):
+        rows += [
+            dict(rank=r, kind="kernel", name="sm90_gemm", lane="stream 7", start_ns=0, end_ns=50),
+            dict(rank=r, kind="nccl", name=ALL_REDUCE, lane="stream 9", start_ns=50, end_ns=80),
+            dict(rank=r, kind="range", name="nccl:all_gather", lane="host", start_ns=80, end_ns=90),
+            dict(rank=r, kind="kernel", name="sm90_gemm", lane="stream 7", start_ns=100, end_ns=150),
+        ]
+    res = analyze(Trace.from_records(rows, meta=RunMeta(source="kineto", world_size=2)))
+    (warning,) = [w for w in res.warnings if "does not look like a pipeline" in w]
+    assert "collectives (all-reduce, all-gather) but no point-to-point traffic" in warning
+    assert all(s.causes["comm"] == 40 for s in res.stages)  # the all-reduce kernel and the all-gather range
+    rows.append(dict(rank=0, kind="nccl", name="ncclDevKernel_SendRecv", lane="stream 9", start_ns=90, end_ns=95))
+    res = analyze(Trace.from_records(rows, meta=RunMeta(source="kineto", world_size=2)))
+    assert not any("does not look like a pipeline" in w for w in res.warnings)

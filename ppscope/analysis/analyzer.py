@@ -25,7 +25,14 @@ from ppscope.analysis.bubbles import (
 )
 from ppscope.analysis.intervals import Intervals, clip
 from ppscope.analysis.latency import request_latency
-from ppscope.analysis.pipeline import count_distinct, hop_stats, measured_inflight, stage_imbalance, stage_of_ranks
+from ppscope.analysis.pipeline import (
+    collectives_without_p2p,
+    count_distinct,
+    hop_stats,
+    measured_inflight,
+    stage_imbalance,
+    stage_of_ranks,
+)
 from ppscope.analysis.result import AnalysisResult, RequestLatency, StageResult, Theory, TheoryGap, WindowInfo
 from ppscope.analysis.theory import flushes, gap_parts, theory_for
 from ppscope.analysis.window import active_window, full_window, resolve_window, steady_window
@@ -86,7 +93,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     ranks_sorted = np.array(sorted(rank_stage), np.int64)
     group_of_rank = np.array([stage_ids.index(rank_stage[int(r)]) for r in ranks_sorted], np.int64)
     group = group_of_rank[np.searchsorted(ranks_sorted, rank)]
-    role = span_roles(spans["kind"])
+    role = span_roles(spans["kind"], spans["name"])
     is_compute = role == ROLE_COMPUTE
     decode = (spans["phase"] == Phase.DECODE).to_numpy()
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
@@ -110,6 +117,13 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
 
     if not is_compute.any():
         warnings.append("no compute spans (forward/embed/head/sample/kernel): every stage counts as idle")
+    collectives = collectives_without_p2p(spans, role)
+    if collectives:
+        warnings.append(
+            f"this trace has collectives ({', '.join(collectives)}) but no point-to-point traffic: it does not "
+            "look like a pipeline (data, tensor or expert parallelism?); each rank is analysed as a stage, and "
+            "collective time is reported as communication (`comm`)"
+        )
     has_waits = bool(np.isin(role, [ROLE_RECV, ROLE_WAIT, ROLE_SEND]).any())
     if not has_waits and is_compute.any():
         warnings.append(

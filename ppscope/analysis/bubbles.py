@@ -11,7 +11,8 @@ the instant wins:
                                                                      downstream for a backward's gradient (from
                                                                      the next stage); else upstream
   3. a `send` span (blocked until the successor took the data)     -> downstream
-  4. an imported `nccl` / `memcpy` / `memset` kernel               -> comm
+  4. an imported `nccl` / `memcpy` / `memset` kernel, or a         -> comm
+     collective's range (`nccl:all_reduce`, `gloo:broadcast`, ...)
   5. nothing                                                      -> host, or unknown when the source has no
                                                                      recv/send spans at all (imports), since
                                                                      waiting cannot be told from host overhead
@@ -26,6 +27,7 @@ these rules are in docs/ARCHITECTURE.md, "Definitions".
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +40,7 @@ from ppscope.analysis.steps import ComputeSpans, fill_drain
 from ppscope.trace.model import COMPUTE_KINDS, SpanKind
 
 __all__ = [
+    "ROLE_COLLECTIVE",
     "ROLE_COMPUTE",
     "ROLE_RECV",
     "ROLE_SEND",
@@ -49,8 +52,8 @@ __all__ = [
 ]
 
 # Span roles: what a span kind says about its stage.
-_OTHER, _COMPUTE, _RECV, _WAIT, _SEND, _KERNEL_COMM = range(6)
-ROLE_COMPUTE, ROLE_RECV, ROLE_WAIT, ROLE_SEND = _COMPUTE, _RECV, _WAIT, _SEND
+_OTHER, _COMPUTE, _RECV, _WAIT, _SEND, _KERNEL_COMM, _COLLECTIVE = range(7)
+ROLE_COMPUTE, ROLE_RECV, ROLE_WAIT, ROLE_SEND, ROLE_COLLECTIVE = _COMPUTE, _RECV, _WAIT, _SEND, _COLLECTIVE
 _ROLE_OF_KIND = {
     **{str(k): _COMPUTE for k in COMPUTE_KINDS},
     str(SpanKind.RECV): _RECV,
@@ -60,6 +63,12 @@ _ROLE_OF_KIND = {
     str(SpanKind.MEMCPY): _KERNEL_COMM,
     str(SpanKind.MEMSET): _KERNEL_COMM,
 }
+_COLLECTIVE_RANGE = re.compile(
+    r"^(nccl|gloo|mpi|ucc|xccl):_?(all_?reduce|all_?gather|reduce_?scatter|broadcast|all_?to_?all|reduce|gather|"
+    r"scatter|barrier)",
+    re.IGNORECASE,
+)
+"""PyTorch's range around a collective (c10d's `<backend>:<op>`): communication, but not between neighbours."""
 _CODE = {c: i for i, c in enumerate(CAUSES)}
 _BUSY = len(CAUSES)
 
@@ -83,11 +92,19 @@ class StageTimes:
     chunk: npt.NDArray[np.int64]
 
 
-def span_roles(kind: pd.Series) -> npt.NDArray[np.int8]:
-    """Role code per span from its kind, via one factorisation (no per-row Python)."""
+def span_roles(kind: pd.Series, name: pd.Series | None = None) -> npt.NDArray[np.int8]:
+    """Role code per span from its kind, via one factorisation (no per-row Python); with `name`, a `range`
+    named as a collective (`nccl:all_reduce`) is communication too."""
     codes, uniques = pd.factorize(kind, sort=False)
     table = np.array([_ROLE_OF_KIND.get(str(u), _OTHER) for u in uniques] + [_OTHER], np.int8)
-    return table[codes]  # code -1 (missing) picks the trailing _OTHER
+    role = table[codes]  # code -1 (missing) picks the trailing _OTHER
+    if name is not None:
+        ranges = np.flatnonzero((kind == SpanKind.RANGE).to_numpy())
+        if ranges.shape[0]:
+            names, unique_names = pd.factorize(name.iloc[ranges], sort=False)
+            hit = np.array([bool(_COLLECTIVE_RANGE.match(str(u))) for u in unique_names] + [False])
+            role[ranges[hit[names]]] = _COLLECTIVE
+    return role
 
 
 def dependency_waits(
@@ -170,7 +187,7 @@ def _one_stage(
         (_CODE[Cause.UPSTREAM], pick(is_wait & ~dep & ~gradient)),
         (_CODE[Cause.DEPENDENCY], pick(dep)),
         (_CODE[Cause.DOWNSTREAM], pick((role == _SEND) | gradient)),
-        (_CODE[Cause.COMM], pick(role == _KERNEL_COMM)),
+        (_CODE[Cause.COMM], pick((role == _KERNEL_COMM) | (role == _COLLECTIVE))),
     ]
     fill, drain = positions
     seg = Segments.of(lo, hi, compute, *(iv for _, iv in levels), fill, drain)

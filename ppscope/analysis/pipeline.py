@@ -9,12 +9,28 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from ppscope.analysis.bubbles import ROLE_RECV, ROLE_SEND, ROLE_WAIT, span_roles
+from ppscope.analysis.bubbles import ROLE_COLLECTIVE, ROLE_RECV, ROLE_SEND, ROLE_WAIT, span_roles
 from ppscope.analysis.result import HopStats, StageResult
-from ppscope.trace.model import RunMeta
+from ppscope.trace.model import RunMeta, SpanKind
 
-__all__ = ["count_distinct", "hop_stats", "measured_inflight", "message_latencies", "stage_imbalance", "stage_of_ranks"]
+__all__ = [
+    "collectives_without_p2p",
+    "count_distinct",
+    "hop_stats",
+    "measured_inflight",
+    "message_latencies",
+    "stage_imbalance",
+    "stage_of_ranks",
+]
 
+_COLLECTIVE_OPS = (
+    ("allreduce", "all-reduce"),
+    ("allgather", "all-gather"),
+    ("reducescatter", "reduce-scatter"),
+    ("alltoall", "all-to-all"),
+    ("broadcast", "broadcast"),
+    ("barrier", "barrier"),
+)
 _NOT_TIMED = "no `recv` span: the transfer is inside the receive wait, wait ms"
 _NOT_PAIRED = "no send paired with a receiver already waiting for it: needs micro-batch ids"
 
@@ -140,6 +156,20 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
             )
         )
     return out
+
+
+def collectives_without_p2p(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) -> list[str]:
+    """The collectives (all-reduce, all-gather, ...) of a trace that has no point-to-point traffic at all: no
+    send or receive span, no communication kernel or range of a send or receive. Empty when there is
+    point-to-point traffic or no collective: a pipeline's stages talk to their neighbours."""
+    role = span_roles(spans["kind"], spans["name"]) if roles is None else roles
+    if np.isin(role, [ROLE_SEND, ROLE_RECV, ROLE_WAIT]).any():
+        return []
+    comm = (spans["kind"] == SpanKind.NCCL).to_numpy() | (role == ROLE_COLLECTIVE)
+    names = {str(n).lower().replace("_", "").replace("-", "") for n in pd.unique(spans["name"].to_numpy()[comm])}
+    if any("send" in n or "recv" in n for n in names):
+        return []
+    return [label for key, label in _COLLECTIVE_OPS if any(key in n for n in names)]
 
 
 def message_latencies(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) -> pd.DataFrame:
