@@ -31,8 +31,8 @@ _COLLECTIVE_OPS = (
     ("broadcast", "broadcast"),
     ("barrier", "barrier"),
 )
-_NOT_TIMED = "no `recv` span: the transfer is inside the receive wait, wait ms"
-_NOT_PAIRED = "no send paired with a receiver already waiting for it: needs micro-batch ids"
+_NOT_TIMED = "no `recv` span: the transfer, if any, is inside the receive wait (wait ms)"
+_NOT_PAIRED = "no message was posted while its receiver waited for it (pairing needs micro-batch ids)"
 
 
 def count_distinct(values: npt.NDArray[np.int64]) -> int:

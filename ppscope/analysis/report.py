@@ -183,7 +183,7 @@ def _unmeasured_caption(res: AnalysisResult) -> str:
         for reason, hops in by_reason.items():
             groups.setdefault((reason, tuple(hops)), []).append(column)
     return "\n".join(
-        f"{NOT_MEASURED} {', '.join(cols)} on {', '.join(hops)}: not measured ({reason})"
+        f"{NOT_MEASURED} {', '.join(cols)} on {', '.join(hops)}: not measured, {reason}"
         for (reason, hops), cols in groups.items()
     )
 
