@@ -16,7 +16,7 @@ from ppscope.errors import PPScopeError
 
 __all__ = ["COMMANDS", "build_parser", "main", "parse_args"]
 
-COMMANDS = ("run", "analyze", "rebalance", "simulate", "plan", "tune", "export", "dashboard", "demo")
+COMMANDS = ("run", "analyze", "rebalance", "simulate", "plan", "tune", "export", "dashboard", "watch", "demo")
 
 _DESCRIPTION = (
     "Measure the bubbles of a pipeline-parallel LLM deployment, find the bottleneck stage, and get the "
