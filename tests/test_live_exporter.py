@@ -166,3 +166,16 @@ def test_without_prometheus_client_the_error_says_how_to_install_it(monkeypatch:
         monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(PPScopeError, match=r"pip install 'ppscope\[metrics\]'"):
         load_client()
+
+
+def test_run_refuses_to_serve_under_torchrun(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pytest.importorskip("torch", reason="the engine needs torch")
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(key, value)
+    code = main(["run", "--prometheus-port", "0", "--out", str(tmp_path / "run")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "under torchrun, serve the run with `ppscope watch RUN" in err[0], err
+    assert not (tmp_path / "run").exists()

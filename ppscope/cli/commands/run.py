@@ -6,10 +6,14 @@ A thin layer over `ppscope.engine.launch.run`; torch is imported only when the c
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import shlex
 import signal
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 HELP = "Run the pipeline-parallel engine and record every receive, forward and send"
@@ -23,6 +27,7 @@ EPILOG = f"""examples:
 
 
 def register(sub: Any) -> None:
+    from ppscope.cli.commands.watch import add_metrics_arguments
     from ppscope.cli.engine_options import add_engine_arguments
 
     p: argparse.ArgumentParser = sub.add_parser(
@@ -40,6 +45,8 @@ def register(sub: Any) -> None:
         "prefill and a decode pass, into the run's profile.json (what `ppscope rebalance RUN` balances on)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    metrics = p.add_argument_group("live metrics (as `ppscope watch` serves them, for this run)")
+    add_metrics_arguments(metrics, host_flag="--prometheus-host", window_flag="--prometheus-window", required=False)
     p.set_defaults(func=_run)
 
 
@@ -60,7 +67,8 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg = engine_config(args)
     start = time.perf_counter()
-    run_dir = run(cfg)
+    with _live_metrics(args, cfg) as cfg:
+        run_dir = run(cfg)
     wall_s = time.perf_counter() - start
     summary = _summary(run_dir, wall_s, cfg.pipeline.inflight)
     if args.profile_layers and summary:  # rank 0 only under torchrun
@@ -78,6 +86,43 @@ def _run(args: argparse.Namespace) -> int:
             f"next: ppscope analyze {shlex.quote(str(summary['run_dir']))}"
         )
     return 0
+
+
+@contextlib.contextmanager
+def _live_metrics(args: argparse.Namespace, cfg: Any) -> Iterator[Any]:
+    """With --prometheus-port, serve the run's live metrics while it runs (a watcher thread follows the run
+    directory, as `ppscope watch` does) and stop once the watcher has read how it ended. Yields the config, with
+    the run directory settled beforehand so that the watcher knows where to look."""
+    if args.prometheus_port is None:
+        yield cfg
+        return
+    from ppscope.cli.commands.watch import check_seconds
+    from ppscope.cli.exporter import BackgroundWatch, Exporter, is_loopback
+    from ppscope.engine.launch import under_torchrun
+    from ppscope.engine.worker import default_run_dir
+    from ppscope.errors import InvalidConfigError
+
+    check_seconds(args.metrics_window, "--prometheus-window")
+    if under_torchrun():
+        raise InvalidConfigError(
+            "--prometheus-port serves a run started here; under torchrun, serve the run with `ppscope watch RUN "
+            "--prometheus-port PORT` on a machine that sees its run directory"
+        )
+    if cfg.output.out is None:
+        cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, out=default_run_dir()))
+    exporter = Exporter(args.prometheus_host, args.prometheus_port)
+    print(f"ppscope run: serving live metrics at {exporter.url}", file=sys.stderr, flush=True)
+    if not is_loopback(args.prometheus_host):
+        print(f"ppscope run: warning: listening on {args.prometheus_host}: anyone who can reach this machine can "
+              "read these metrics", file=sys.stderr)  # fmt: skip
+    watch = BackgroundWatch(cfg.output.out, exporter, window_s=args.metrics_window, interval_s=1.0)
+    try:
+        yield cfg
+    finally:
+        watch.finish()
+        exporter.close()
+        if watch.error:
+            print(f"ppscope run: warning: live metrics stopped early: {watch.error}", file=sys.stderr)
 
 
 _SOURCES = {"--split": "--split", "vllm-default": "vLLM's default rule"}
