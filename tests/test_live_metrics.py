@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -262,3 +263,29 @@ def test_bad_window_and_a_vanished_run_are_named(tmp_path: Path) -> None:
     run.rmdir()
     with pytest.raises(RunNotFoundError):
         follower.update()
+
+
+GRAFANA = Path(__file__).resolve().parents[1] / "examples" / "grafana-dashboard.json"
+
+
+def grafana_queries() -> list[str]:
+    """Every PromQL expression of the shipped Grafana dashboard (panels and variables)."""
+    board = json.loads(GRAFANA.read_text(encoding="utf-8"))
+    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    exprs += [v["definition"] for v in board["templating"]["list"] if v["type"] == "query"]
+    return exprs
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_that_are_served() -> None:
+    board = json.loads(GRAFANA.read_text(encoding="utf-8"))
+    ids = [p["id"] for p in board["panels"]]
+    assert len(set(ids)) == len(ids)
+    assert all(p["datasource"]["uid"] == "${datasource}" for p in board["panels"])
+    served = {s.name for s in SPECS}
+    served |= {f"{s.name}_{suffix}" for s in SPECS if s.kind == "histogram" for suffix in ("bucket", "sum", "count")}
+    asked = {name for expr in grafana_queries() for name in re.findall(r"\bppscope_\w+", expr)}
+    assert asked - served == set()
+    for name in ("ppscope_stage_busy_ratio", "ppscope_stage_bubble_ratio", "ppscope_stage_idle_seconds_total",
+                 "ppscope_hop_latency_seconds_bucket", "ppscope_tokens_per_second", "ppscope_bottleneck_stage",
+                 "ppscope_balance_gain"):  # fmt: skip
+        assert name in asked, f"the dashboard shows no {name}"
