@@ -232,7 +232,7 @@ def _attribute(df: pd.DataFrame, runtime: pd.DataFrame, own: pd.DataFrame, warni
     launches = df[["pid", "corr", "start", "end"]].reset_index().merge(runtime, on=["pid", "corr"], how="inner")
     if not len(launches):
         return none
-    ranges = own[own["kind"].isin(["forward", "embed", "head", "sample", "send", "recv", "recv_wait"])]
+    ranges = own[own["kind"].isin(["forward", "backward", "embed", "head", "sample", "send", "recv", "recv_wait"])]
     ranges = ranges.rename(columns={"start_ns": "rstart"}).assign(ridx=ranges.index).sort_values("rstart")
     launches = launches.sort_values("rstart")
     hit = pd.merge_asof(

@@ -75,10 +75,11 @@ class SpanKind(StrEnum):
     STEP = "step"  # one scheduler iteration on a rank (host side)
     HOST = "host"  # host-side work of the engine outside the model (scheduling, bookkeeping)
     MARK = "mark"  # a one-off event: start_ns == end_ns
+    BACKWARD = "backward"  # training: one chunk's backward on one micro-batch (phase B full, I inputs, W weights)
 
 
 COMPUTE_KINDS: frozenset[str] = frozenset(
-    {SpanKind.FORWARD, SpanKind.EMBED, SpanKind.HEAD, SpanKind.SAMPLE, SpanKind.KERNEL}
+    {SpanKind.FORWARD, SpanKind.BACKWARD, SpanKind.EMBED, SpanKind.HEAD, SpanKind.SAMPLE, SpanKind.KERNEL}
 )
 """Kinds whose union over a stage is that stage's busy time."""
 
@@ -139,7 +140,7 @@ SPAN_COLUMNS: dict[str, Any] = {
     "mb": np.int32,  # micro-batch id, -1 none
     "step": np.int32,  # decode step / iteration, -1 none
     "chunk": np.int32,  # model chunk on this rank (interleaved PP), else 0
-    "phase": str,  # prefill / decode / backward / ""
+    "phase": str,  # prefill / decode / backward / ""; pipelining imports: the action type (F, B, I, W, ...)
     "start_ns": np.int64,  # on the run's common clock
     "end_ns": np.int64,
     "nbytes": np.int64,  # bytes moved, 0 none
