@@ -30,6 +30,7 @@ __all__ = ["GZIP_MAGIC", "SQLITE_MAGIC", "Detected", "InputKind", "detect", "ope
 SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 _RUN_META = "meta.json"
+_TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".gz")
 
 
 class InputKind(StrEnum):
@@ -71,6 +72,8 @@ def detect(path: str | os.PathLike[str]) -> Detected:
     if p.is_dir():
         return _detect_dir(p)
     kind = sniff_file(p)
+    if not kind and p.stat().st_size == 0:
+        raise CorruptFileError(f"{p} is empty (0 bytes): give a trace the profiler finished writing")
     if kind == "sqlite":
         return Detected(InputKind.NSYS, p, [p])
     if kind in ("gzip", "json"):
@@ -86,8 +89,9 @@ def _detect_dir(p: Path) -> Detected:
         return Detected(InputKind.RUN, p, [])
     files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
     kineto = [f for f in files if sniff_file(f) in ("gzip", "json")]
-    if kineto:
-        return Detected(InputKind.KINETO, p, kineto)
+    empty = [f for f in files if f.name.endswith(_TRACE_SUFFIXES) and f.stat().st_size == 0]
+    if kineto or empty:  # an empty trace file is named by the reader, not taken for a folder without traces
+        return Detected(InputKind.KINETO, p, sorted(kineto + empty))
     nsys = [f for f in files if sniff_file(f) == "sqlite"]
     if len(nsys) == 1:
         return Detected(InputKind.NSYS, nsys[0], nsys)

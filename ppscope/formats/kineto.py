@@ -15,7 +15,9 @@ import io
 import json
 import re
 import zlib
+from array import array
 from collections.abc import Iterator
+from dataclasses import dataclass
 from decimal import Decimal, DecimalException
 from pathlib import Path
 from typing import IO, Any
@@ -25,6 +27,9 @@ import pandas as pd
 
 from ppscope.errors import CorruptFileError, UnsupportedInputError
 from ppscope.formats.detect import GZIP_MAGIC
+from ppscope.formats.kineto_jobs import CLOCK_NOTE, JobFacts, one_job, refuse_empty
+from ppscope.formats.kineto_pipeline import RankFile, cpu_compute, read_pipeline
+from ppscope.formats.kineto_pp import RankEvents, top_level
 from ppscope.formats.ordering import order_stages
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
 
@@ -34,7 +39,10 @@ _CHUNK = 1 << 20
 _RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _GPU_KINDS = {"kernel": SpanKind.KERNEL, "gpu_memcpy": SpanKind.MEMCPY, "gpu_memset": SpanKind.MEMSET}
-_P2P = {"nccl:send": "send", "nccl:recv": "recv", "ncclSend": "send", "ncclRecv": "recv"}
+_P2P = {
+    **{"nccl:send": "send", "nccl:recv": "recv", "ncclSend": "send", "ncclRecv": "recv"},
+    **{"gloo:send": "send", "gloo:recv": "recv"},
+}
 _DECODER = json.JSONDecoder(parse_float=str)  # keep float text: `ts` in epoch µs needs exact ns
 
 
@@ -150,15 +158,33 @@ def _key(value: Any) -> Any:
     return value if value is None or isinstance(value, (int, float, str)) else json.dumps(value)
 
 
-def _read_file(path: Path) -> tuple[dict[str, Any], pd.DataFrame, list[tuple[str, int]]]:
-    """One rank file: top-level keys, its spans (without rank/stage), its p2p evidence."""
+@dataclass
+class _File:
+    """One rank file read: its top-level keys, the spans ppscope keeps as they are, the pipeline's events."""
+
+    top: dict[str, Any]
+    spans: pd.DataFrame
+    """Spans without rank, stage, mb, chunk, phase, tokens or peer (GPU work, ranges, steps)."""
+    events: RankEvents
+    p2p: list[tuple[str, int]]
+    gpu: bool
+    """The file holds GPU activity: kernels are the compute, not the CPU operators."""
+
+
+def _read_file(path: Path) -> _File:
+    """One rank file, times on the common clock (the file's base time added)."""
     top: dict[str, Any] = {}
     gpu: list[tuple[Any, ...]] = []
     host: list[tuple[Any, ...]] = []
+    ops: tuple[list[str], array[int], array[int], list[Any]] = ([], array("q"), array("q"), [])
+    flows = array("q")
     launches: dict[int, int] = {}
     p2p: list[tuple[str, int]] = []
     for ev in iter_trace_events(path, top):
-        if ev.get("ph") != "X":
+        ph = ev.get("ph")
+        if ph == "s" and ev.get("cat") == "fwdbwd":
+            flows.append(_ns(ev.get("ts", 0), path, "flow: ts"))
+        if ph != "X":
             continue
         cat, name, args = ev.get("cat"), str(ev.get("name", "")), ev.get("args")
         cat = cat if isinstance(cat, str) else ""  # a category of another type matches none
@@ -180,22 +206,39 @@ def _read_file(path: Path) -> tuple[dict[str, Any], pd.DataFrame, list[tuple[str
             host.append((name, start, end, _key(ev.get("tid"))))
             if name in _P2P:
                 p2p.append((_P2P[name], start))
-        elif cat == "cpu_op" and name in _P2P:
-            p2p.append((_P2P[name], start))
-    base = top.get("baseTimeNanoseconds")
+        elif cat == "cpu_op":
+            if name in _P2P:
+                p2p.append((_P2P[name], start))
+            ops[0].append(name)
+            ops[1].append(start)
+            ops[2].append(end)
+            ops[3].append(_key(ev.get("tid")))
+    shift = _shift(path, top.get("baseTimeNanoseconds"))
+    spans, annotations = _spans(gpu, host, launches, shift)
+    names, starts, ends, tids = ops
+    op_frame = pd.DataFrame(
+        {"name": pd.Series(names, dtype=object), "start_ns": np.frombuffer(starts, np.int64) + shift,
+         "end_ns": np.frombuffer(ends, np.int64) + shift, "tid": pd.Series(tids, dtype=object)}
+    )  # fmt: skip
+    events = RankEvents(path.name, annotations, op_frame, np.frombuffer(flows, np.int64) + shift)
+    return _File(top, spans, events, [(op, t + shift) for op, t in p2p], bool(gpu))
+
+
+def _shift(path: Path, base: Any) -> int:
+    """The file's base time in ns (0 without one): `ts` is relative to it."""
     try:
         shift = int(base) if isinstance(base, (int, str)) and str(base).lstrip("-").isdecimal() else 0
     except ValueError:  # more digits than Python converts
         shift = _NS_LIMIT
     if not -_NS_LIMIT < shift < _NS_LIMIT:
         raise CorruptFileError(f"{path}: baseTimeNanoseconds {base!r} is out of range; the trace is damaged")
-    spans = _spans(gpu, host, launches, shift)
-    return top, spans, [(op, t + shift) for op, t in p2p]
+    return shift
 
 
 def _spans(
     gpu: list[tuple[Any, ...]], host: list[tuple[Any, ...]], launches: dict[int, int], shift: int
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(spans, annotations): GPU work and ranges as spans; the ranges also as (name, start_ns, end_ns, tid)."""
     g = pd.DataFrame(gpu, columns=["kind", "name", "start_ns", "end_ns", "dev", "stream", "corr", "nbytes"])
     devices = g["dev"].nunique()
     lane = "stream " + g["stream"].astype(str)
@@ -210,14 +253,19 @@ def _spans(
     # GPU work takes the step of the CPU launch that issued it, else of its own start time.
     steps = h[is_step].sort_values("start_ns")
     when = np.array(
-        [launches.get(c, s) if isinstance(c, int) else s for c, s in zip(g["corr"], g["start_ns"], strict=True)]
+        [launches.get(c, s) if isinstance(c, int) else s for c, s in zip(g["corr"], g["start_ns"], strict=True)],
+        dtype=np.int64,
     )
     g["step"] = _step_at(when, steps)
+    g["launch_ns"] = when
+    h["launch_ns"] = h["start_ns"]
     out = pd.concat([g.drop(columns=["dev", "stream", "corr"]), h.drop(columns="tid")], ignore_index=True)
-    out["start_ns"] = out["start_ns"].astype(np.int64) + shift
-    out["end_ns"] = out["end_ns"].astype(np.int64) + shift
+    for column in ("start_ns", "end_ns", "launch_ns"):
+        out[column] = out[column].astype(np.int64) + shift
     out["nbytes"] = out["nbytes"].fillna(0).astype(np.int64)
-    return out
+    annotations = h[["name", "start_ns", "end_ns", "tid"]].astype({"start_ns": np.int64, "end_ns": np.int64})
+    annotations = annotations.assign(start_ns=annotations["start_ns"] + shift, end_ns=annotations["end_ns"] + shift)
+    return out, annotations
 
 
 def _step_at(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
@@ -235,54 +283,88 @@ def load_kineto(files: list[Path]) -> Trace:
     """The Kineto trace files (one per rank) as one Trace, ranks ordered into stages."""
     if not files:
         raise UnsupportedInputError("no Kineto trace files given")
-    per_rank: dict[int, pd.DataFrame] = {}
-    evidence: list[tuple[int, str, int]] = []
+    read: dict[int, _File] = {}
     warnings: list[str] = []
-    info: dict[str, Any] = {}
     skipped: list[str] = []
     for i, path in enumerate(sorted(files)):
+        refuse_empty(path)
         try:
-            top, spans, p2p = _read_file(path)
+            data = _read_file(path)
         except UnsupportedInputError:
             if len(files) == 1:
                 raise
             skipped.append(path.name)  # another JSON file next to the traces (a config, a summary)
             continue
-        _refuse_own_export(path, top)
-        rank = _rank_of(path, top, i, warnings)
-        if rank in per_rank:
+        _refuse_own_export(path, data.top)
+        rank = _rank_of(path, data.top, i, warnings)
+        if rank in read:
             raise UnsupportedInputError(f"{path}: rank {rank} appears in two files; give one file per rank")
-        per_rank[rank] = spans
-        evidence += [(rank, op, t) for op, t in p2p]
-        dist = top.get("distributedInfo")
-        if isinstance(dist, dict):
-            info = dist
-    if not per_rank:
+        read[rank] = data
+    if not read:
         folder = Path(files[0]).parent
         raise UnsupportedInputError(f"{folder} holds no traces: none of its JSON files has a traceEvents list")
     if skipped:
         warnings.append(f"skipped {len(skipped)} JSON file(s) without traceEvents: {', '.join(skipped[:5])}")
-    order = order_stages(per_rank, evidence, {r: r for r in per_rank}, "rank")
-    warnings.append(order.explanation)
-    frames = []
-    for rank, spans in per_rank.items():
-        spans = spans.assign(rank=rank, stage=order.stage_of[rank], mb=-1, chunk=0, phase="", tokens=0, peer=-1)
-        frames.append(spans)
-    spans = pd.concat(frames, ignore_index=True) if frames else None
+    keep = one_job({r: JobFacts(d.events.name, d.top, *_extent(d)) for r, d in read.items()}, warnings)
+    read = {r: read[r] for r in keep}
+    if len(read) > 1:
+        warnings.append(CLOCK_NOTE)
+    evidence = [(rank, op, t) for rank, data in read.items() for op, t in data.p2p]
+    pipeline = read_pipeline({r: RankFile(d.events, d.spans, d.gpu) for r, d in read.items()}, evidence)
+    if pipeline is not None:
+        stage_of, per_rank = pipeline.stage_of, pipeline.spans
+        warnings += pipeline.warnings
+        explanation = "stages from the pipelining actions"
+    else:
+        order = order_stages(read, evidence, {r: r for r in read}, "rank")
+        warnings.append(order.explanation)
+        stage_of, explanation = order.stage_of, order.explanation
+        per_rank = {r: _plain(d, stage_of[r]) for r, d in read.items()}
+    spans = pd.concat([s.assign(rank=r, tokens=0) for r, s in per_rank.items()], ignore_index=True)
+    info: dict[str, Any] = next(
+        (d.top["distributedInfo"] for d in read.values() if isinstance(d.top.get("distributedInfo"), dict)), {}
+    )
     ranks = [
-        RankInfo(rank=r, stage=order.stage_of[r], device="cuda", clock=ClockInfo(method="import")) for r in per_rank
+        RankInfo(rank=r, stage=stage_of[r], device="cuda" if read[r].gpu else "cpu", clock=ClockInfo(method="import"))
+        for r in read
     ]
     meta = RunMeta(
         run_id=Path(files[0]).parent.name if len(files) > 1 else Path(files[0]).name.split(".")[0],
         source="kineto",
         status="finished",
-        world_size=len(per_rank),
-        pp_size=len(per_rank),
+        world_size=len(read),
+        pp_size=len(read),
+        schedule=pipeline.schedule if pipeline else "",
+        microbatches=pipeline.microbatches if pipeline else 0,
+        chunks=pipeline.chunks if pipeline else 1,
         backend=str(info.get("backend", "")),
         ranks=sorted(ranks, key=lambda r: r.rank),
-        config={"files": [str(f) for f in files], "distributedInfo": info, "stage_order": order.explanation},
+        config={
+            "files": [str(f) for f in files],
+            "distributedInfo": info,
+            "stage_order": explanation,
+            **({"pipelining": pipeline.config} if pipeline else {}),
+        },
     )
     return Trace(spans=spans_frame(spans), meta=meta, warnings=warnings).sorted()
+
+
+def _extent(data: _File) -> tuple[int, int]:
+    """The first start and last end of the file's events (0, 0 when it has none)."""
+    starts = [frame["start_ns"].min() for frame in (data.spans, data.events.ops) if len(frame)]
+    ends = [frame["end_ns"].max() for frame in (data.spans, data.events.ops) if len(frame)]
+    return (int(min(starts)), int(max(ends))) if starts else (0, 0)
+
+
+def _plain(data: _File, stage: int) -> pd.DataFrame:
+    """A rank's spans when the trace shows no pipelining actions: GPU work and ranges as they are, and on a
+    CPU trace its top-level operators as the compute."""
+    spans = data.spans.assign(stage=stage, mb=-1, chunk=0, phase="", peer=-1)
+    if data.gpu:
+        return spans
+    ops = top_level(data.events.ops)
+    cpu = cpu_compute(ops, ops["tid"].mode().iloc[0] if len(ops) else None).drop(columns="tid")
+    return pd.concat([spans, cpu.assign(stage=stage, mb=-1, step=-1, chunk=0, phase="", peer=-1)], ignore_index=True)
 
 
 def _refuse_own_export(path: Path, top: dict[str, Any]) -> None:
