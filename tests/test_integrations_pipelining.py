@@ -1,0 +1,85 @@
+"""The recording hook for torch.distributed.pipelining, in this process (one rank, gloo): every action a span,
+the run directory ppscope reads, torch's functions given back when recording stops."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from torch.distributed.pipelining import schedules  # noqa: E402
+
+from ppscope.analysis import analyze  # noqa: E402
+from ppscope.integrations.pipelining import record_pipeline  # noqa: E402
+from ppscope.trace.store import load_run  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "pipelining_train.py"
+
+
+@pytest.fixture(scope="module")
+def example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("pipelining_train", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pipelining_train"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture()
+def group(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(example: ModuleType, schedule_name: str, run: Path, steps: int = 2, m: int = 4) -> None:
+    args = example.parse(["--schedule", schedule_name, "--microbatches", str(m), "--layers", "4", "--dim", "16",
+                          "--seq", "8"])  # fmt: skip
+    schedule, _ = example.build(args, 0, 1, torch.device("cpu"))
+    tokens = torch.randint(0, args.vocab, (m * args.mb_size, args.seq + 1))
+    with record_pipeline(schedule, run):
+        for _ in range(steps):
+            schedule.step(tokens[:, :-1], target=tokens[:, 1:], losses=[])
+
+
+@pytest.mark.usefixtures("group")
+@pytest.mark.parametrize(("name", "stages", "types"), [("gpipe", 1, {"B"}), ("interleaved-1f1b", 2, {"B"})])
+def test_each_action_is_a_span(example: ModuleType, tmp_path: Path, name: str, stages: int, types: set[str]) -> None:
+    before = (schedules._batch_p2p, schedules._wait_batch_p2p)
+    _train(example, name, tmp_path / "run")
+    assert (schedules._batch_p2p, schedules._wait_batch_p2p) == before  # given back
+    trace = load_run(tmp_path / "run")
+    meta, spans = trace.meta, trace.spans
+    assert (meta.source, meta.status, meta.microbatches, meta.chunks) == ("pipelining", "finished", 4, stages)
+    assert meta.config["schedule_class"] in ("ScheduleGPipe", "ScheduleInterleaved1F1B")
+    fwd = spans[spans["kind"] == "forward"]
+    bwd = spans[spans["kind"] == "backward"]
+    # each stage runs every micro-batch forward and backward in each of the 2 steps
+    assert len(fwd) == len(bwd) == 2 * 4 * stages
+    assert sorted(fwd["mb"].unique()) == [0, 1, 2, 3] and sorted(fwd["step"].unique()) == [0, 1]
+    assert sorted(fwd["stage"].unique()) == list(range(stages)) == sorted(fwd["chunk"].unique())
+    assert set(bwd["phase"]) == types and set(fwd["phase"]) == {"F"}
+    assert (spans["kind"] == "head").sum() == 2 * 4  # the loss, on the last stage
+    assert (spans["kind"] == "step").sum() == 2
+    result = analyze(trace)
+    assert result.stages[0].time_per_mb_ns is not None and result.bubble_ratio is not None
+
+
+@pytest.mark.usefixtures("group")
+def test_recording_needs_a_new_run_directory(example: ModuleType, tmp_path: Path) -> None:
+    _train(example, "gpipe", tmp_path / "run", steps=1)
+    from ppscope.errors import RunExistsError
+
+    with pytest.raises(RunExistsError):
+        _train(example, "gpipe", tmp_path / "run", steps=1)
+    assert schedules._batch_p2p.__module__ == "torch.distributed.pipelining.schedules"
