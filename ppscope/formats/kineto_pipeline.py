@@ -223,12 +223,13 @@ def _label_gpu(base: pd.DataFrame, acts: pd.DataFrame, remote: Mapping[tuple[int
     out.iloc[idx, out.columns.get_loc("phase")] = take["type"].to_numpy(object)[hit]
     types = take["type"].to_numpy(object)[hit]
     stages = take["stage"].to_numpy(np.int64)[hit]
-    for k, i in enumerate(idx):
-        if types[k] in ("RECV_F", "RECV_B") and out.iat[i, out.columns.get_loc("kind")] == str(SpanKind.NCCL):
-            peer = remote.get((int(stages[k]), types[k][-1]))
-            if peer is not None:
-                out.iat[i, out.columns.get_loc("kind")] = str(SpanKind.RECV_WAIT)
-                out.iat[i, out.columns.get_loc("peer")] = peer
+    posted = np.flatnonzero(
+        (out["kind"].to_numpy(object)[idx] == str(SpanKind.NCCL)) & np.isin(types, ["RECV_F", "RECV_B"])
+    )
+    peers = np.array([remote.get((int(stages[k]), str(types[k])[-1]), -1) for k in posted], np.int64)
+    wait = idx[posted[peers >= 0]]
+    out.iloc[wait, out.columns.get_loc("kind")] = str(SpanKind.RECV_WAIT)
+    out.iloc[wait, out.columns.get_loc("peer")] = peers[peers >= 0]
     return out
 
 
