@@ -1,0 +1,53 @@
+"""What recording a torch.distributed.pipelining job costs: ppscope's hook beside the PyTorch profiler.
+
+Two ranks under torchrun (gloo, CPU) train the example's decoder (8 micro-batches); steps with and without
+recording take turns one by one within one job (`pipelining_worker.py`), first with the hook, then under the
+profiler (its export left out). Cost per action = median over pairs of adjacent steps of (recorded − bare)
+÷ compute actions per step and rank (F, B, I, W); the recording's share of a step is in the pairs' noise on
+a busy machine, so both costs are given, never their ratio alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEDULES = ("1f1b", "interleaved-1f1b")
+
+
+def _job(schedule: str, scratch: Path) -> dict[str, object]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "benchmarks" / "pipelining_worker.py"), str(scratch), schedule]  # fmt: skip
+    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=True)
+    line = next(s for s in done.stdout.splitlines() if s.startswith("{"))
+    return dict(json.loads(line))
+
+
+def main() -> list[str]:
+    lines = []
+    for schedule in SCHEDULES:
+        with tempfile.TemporaryDirectory() as tmp:
+            got = _job(schedule, Path(tmp))
+        actions, spans = float(got["actions"]), float(got["spans"])  # type: ignore[arg-type]
+        per, bare = {}, {}
+        for mode in ("hook", "profiler"):
+            pairs: list[list[float]] = got[mode]  # type: ignore[assignment]
+            bare[mode] = statistics.median(b for b, _ in pairs)
+            per[mode] = statistics.median(r - b for b, r in pairs) * 1e3 / actions
+        lines.append(
+            f"pipelining {schedule}: median step {bare['hook']:.1f} ms; {actions:.0f} compute actions per step and "
+            f"rank, {spans / actions:.1f} hook spans per action; cost per action (median over adjacent steps with "
+            f"and without recording): hook {per['hook']:.0f} µs, profiler {per['profiler']:.0f} µs"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(main()))
