@@ -2,7 +2,9 @@
 export, a Kineto (PyTorch profiler) JSON or JSON.gz file, or a directory of per-rank Kineto files.
 
 Detection reads a few bytes of each candidate file and never writes. It does not parse traces: the
-importers do that and name what is missing when a file is what it looks like but incomplete.
+importers do that and name what is missing when a file is what it looks like but incomplete. An empty file
+has no content to go by: given alone it is named as empty, and in a folder of Kineto files an empty `.json`
+or `.gz` file goes to the Kineto reader, which names it, rather than being passed over.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ __all__ = ["GZIP_MAGIC", "SQLITE_MAGIC", "Detected", "InputKind", "detect", "ope
 SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 _RUN_META = "meta.json"
-_TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".gz")
+_TRACE_SUFFIXES = (".json", ".gz")  # an empty file has no content to tell it by: a trace's name says what it was
 
 
 class InputKind(StrEnum):
