@@ -103,7 +103,11 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     dependency = dependency_waits(
         role, spans["stage"].to_numpy(np.int64), prefill, decode, ring_bound=inflight is not None and inflight < p
     )
-    backward = (spans["phase"] == Phase.BACKWARD).to_numpy()
+    # a training backward: phase `backward`, a `backward` span, or a pipelining action's type (B, I, W; also on
+    # the waits inside those actions)
+    backward = (
+        (spans["phase"] == Phase.BACKWARD) | (spans["kind"] == SpanKind.BACKWARD) | spans["phase"].isin(["B", "I", "W"])
+    ).to_numpy()
     times = StageTimes(
         group=group, role=role, dependency=dependency, step=spans["step"].to_numpy(np.int64), backward=backward,
         start_ns=start, end_ns=end, forward=(spans["kind"] == SpanKind.FORWARD).to_numpy(),
@@ -116,7 +120,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
         return _empty(trace, warnings, latency, window=window)
 
     if not is_compute.any():
-        warnings.append("no compute spans (forward/embed/head/sample/kernel): every stage counts as idle")
+        warnings.append("no compute spans (forward/backward/embed/head/sample/kernel): every stage counts as idle")
     collectives = collectives_without_p2p(spans, role)
     if collectives:
         warnings.append(
