@@ -8,7 +8,6 @@ main thread runs the engine. What the metrics mean is `ppscope.live`'s business;
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import threading
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ppscope.cli.commands.dashboard import is_loopback
 from ppscope.errors import InvalidConfigError, PPScopeError
 from ppscope.live.follow import RunFollower, follow
 from ppscope.live.metrics import SPECS, Snapshot
@@ -37,15 +37,6 @@ def load_client() -> ModuleType:
             "serving metrics needs prometheus_client, which is not installed: pip install 'ppscope[metrics]'"
         ) from None
     return prometheus_client
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class Exporter:

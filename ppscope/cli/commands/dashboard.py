@@ -65,7 +65,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     board = start_dashboard(args.paths, host=args.host, port=args.port)
     print(f"ppscope dashboard: serving {board.url}  (Ctrl-C to stop)", flush=True)
-    if not _is_loopback(args.host):
+    if not is_loopback(args.host):
         print(
             f"ppscope dashboard: warning: listening on {args.host}: anyone who can reach this machine can see "
             "these traces (there is no login)",
@@ -203,7 +203,8 @@ def _wait_until_up(board: Dashboard, host: str, port: int, wait_s: float) -> Non
     raise PPScopeError(f"the dashboard server did not answer at {board.url} within {wait_s:.0f} s")
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only (a server bound there is reachable from nowhere else)."""
     if host == "localhost":
         return True
     try:
