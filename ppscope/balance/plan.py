@@ -210,9 +210,10 @@ class _Bytes:
     reserve: int
     usable: int
 
-    def memory_model(self, pp: int, min_tokens: int = 0) -> MemoryModel:
+    def memory_model(self, limits: tuple[int, ...], min_tokens: int = 0) -> MemoryModel:
+        """What each stage must hold, within `limits` (bytes per stage)."""
         return MemoryModel(
-            limit_bytes=(self.usable,) * pp,
+            limit_bytes=limits,
             layer_bytes=self.layer,
             kv_bytes_per_token_per_layer=self.kv_per_token_layer,
             embed_bytes=self.embed,
@@ -258,15 +259,7 @@ def stage_memory_model(
         max_num_seqs=max_num_seqs,
     )  # fmt: skip
     b = _bytes(cfg, tp, len(gpu_mem_gib))
-    return MemoryModel(
-        limit_bytes=tuple(c.usable_bytes for c in clusters),
-        layer_bytes=b.layer,
-        kv_bytes_per_token_per_layer=b.kv_per_token_layer,
-        embed_bytes=b.embed,
-        head_bytes=b.head,
-        reserve_bytes=b.reserve,
-        min_kv_tokens=min_kv_tokens,
-    )
+    return b.memory_model(tuple(c.usable_bytes for c in clusters), min_kv_tokens)
 
 
 def _stages(cfg: PlanConfig, b: _Bytes, split: tuple[int, ...]) -> tuple[StagePlan, ...]:
@@ -293,7 +286,10 @@ def _stages(cfg: PlanConfig, b: _Bytes, split: tuple[int, ...]) -> tuple[StagePl
 def _best_split(cfg: PlanConfig, b: _Bytes, pp: int) -> tuple[int, ...] | None:
     """The split with the most KV capacity (ties: the most even compute), or None when nothing fits."""
     problem = BalanceProblem(
-        costs=LayerCosts.uniform(cfg.model.layers, 1.0), stages=pp, memory=b.memory_model(pp), objective="memory"
+        costs=LayerCosts.uniform(cfg.model.layers, 1.0),
+        stages=pp,
+        memory=b.memory_model((b.usable,) * pp),
+        objective="memory",
     )
     try:
         return tuple(balance(problem))
