@@ -176,3 +176,16 @@ def test_training_steady_state_waits_keep_their_cause() -> None:
     assert first.causes["fill"] > 0 and first.causes["drain"] > 0
     # the steady state's waits are for the slower next stage's gradients: downstream, not fill or drain
     assert first.causes["downstream"] > 0 and first.causes["upstream"] == 0
+
+
+def test_gpipe_training_gap_is_the_forward_drain_then_the_backward_fill() -> None:
+    # P=3, M=2, F=B=2 units: stage 0 ends its forwards at 4, the forward wave leaves the pipeline at 8, the
+    # backward wave reaches stage 0 at 12: [4, 8) is the forward wave's drain, [8, 12) the backward wave's fill
+    res = analyze(_training(3, 2, "gpipe"))
+    unit = 500_000
+    gaps = res.gaps[res.gaps["stage"] == 0]
+    got = [
+        (int(s) // unit, int(e) // unit, str(c))
+        for s, e, c in gaps[["start_ns", "end_ns", "cause"]].itertuples(index=False)
+    ]
+    assert got == [(4, 8, "drain"), (8, 12, "fill")]

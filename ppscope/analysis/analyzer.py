@@ -112,6 +112,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
         group=group, role=role, dependency=dependency, step=spans["step"].to_numpy(np.int64), backward=backward,
         start_ns=start, end_ns=end, forward=(spans["kind"] == SpanKind.FORWARD).to_numpy(),
         chunk=spans["chunk"].to_numpy(np.int64),
+        action=((spans["kind"] == SpanKind.RANGE) & spans["phase"].isin(["F", "B", "I", "W"])).to_numpy(),
     )  # fmt: skip
 
     window = _choose_window(config, times, p, warnings)

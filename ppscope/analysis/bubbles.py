@@ -3,8 +3,9 @@
 Note (cause precedence): busy = union of compute spans (kinds in COMPUTE_KINDS). Every idle instant gets
 exactly one cause. Where the schedule itself leaves the stage idle it is `fill` or `drain`: before the stage's
 first compute and after its last, and when every step ends in a flush also at each step boundary and in each
-training step's warm-up and cool-down (`ppscope.analysis.steps`). Elsewhere the first of these that covers
-the instant wins:
+training step's warm-up and cool-down (`ppscope.analysis.steps`), except where the rank is inside one of its
+own compute actions (a pipelining F/B/I/W range) with nothing else to explain the gap: that is `host`.
+Elsewhere the first of these that covers the instant wins:
   1. a `recv` span (the engine timed the transfer itself)          -> comm
   2. a `recv_wait` span                                           -> dependency when it waits for a token to
                                                                      come round the ring (`dependency_waits`);
@@ -90,6 +91,9 @@ class StageTimes:
     forward: npt.NDArray[np.bool_]
     """The span is a `forward` (one micro-batch through one model chunk)."""
     chunk: npt.NDArray[np.int64]
+    action: npt.NDArray[np.bool_]
+    """A range of the schedule's own around one compute action (a pipelining F, B, I or W): the rank's time
+    inside it that nothing else explains is its own (host), wherever in the step it lies."""
 
 
 def span_roles(kind: pd.Series, name: pd.Series | None = None) -> npt.NDArray[np.int8]:
@@ -190,12 +194,14 @@ def _one_stage(
         (_CODE[Cause.COMM], pick((role == _KERNEL_COMM) | (role == _COLLECTIVE))),
     ]
     fill, drain = positions
-    seg = Segments.of(lo, hi, compute, *(iv for _, iv in levels), fill, drain)
+    seg = Segments.of(lo, hi, compute, *(iv for _, iv in levels), fill, drain, pick(t.action[idx]))
     codes = [_BUSY, *(code for code, _ in levels)]
     labels = label_segments(seg, codes, _CODE[Cause.HOST if has_waits else Cause.UNKNOWN])
     # Positional causes, placed by the schedule (`steps.fill_drain`), relative to the stage's compute in the
-    # whole run, not the window's.
-    idle = (labels != _BUSY) & (labels != _CODE[Cause.NO_REQUESTS])
+    # whole run, not the window's; except the rank's own time inside one of its compute actions (between the
+    # operators of a forward, say), which is host even in a training step's warm-up or cool-down.
+    own = (labels == _CODE[Cause.HOST]) & coverage(seg, len(codes) + 2)
+    idle = (labels != _BUSY) & (labels != _CODE[Cause.NO_REQUESTS]) & ~own
     labels[idle & coverage(seg, len(codes))] = _CODE[Cause.FILL]
     labels[idle & coverage(seg, len(codes) + 1)] = _CODE[Cause.DRAIN]
     lengths = seg.length_ns

@@ -102,12 +102,19 @@ def _positions(
         fb = first_bwd[train].astype(np.int64)
         lf = last_fwd[train].astype(np.int64)
         wave = np.where(np.isnan(fwd_end[train]), lf, np.nan_to_num(fwd_end[train])).astype(np.int64)
-        split = np.clip(wave, np.minimum(lf, fb), fb)  # only used where the last forward comes first
         steady = lf > fb
+        # warm-up until the first backward, cool-down from the last forward; in GPipe's order they overlap on
+        # [lf, fb), which is cut at the forward wave's end: its drain, then the backward wave's fill
         fill_s.append(first[train])
-        fill_e.append(np.where(steady, fb, split))
-        drain_s.append(np.where(steady, lf, split))
+        fill_e.append(np.where(steady, fb, lf))
+        drain_s.append(np.where(steady, lf, fb))
         drain_e.append(last[train])
+        split = np.clip(wave, lf, np.maximum(lf, fb))
+        gpipe = ~steady
+        drain_s.append(lf[gpipe])
+        drain_e.append(split[gpipe])
+        fill_s.append(split[gpipe])
+        fill_e.append(fb[gpipe])
     fill = Intervals(np.concatenate(fill_s).astype(np.int64), np.concatenate(fill_e).astype(np.int64))
     drain = Intervals(np.concatenate(drain_s).astype(np.int64), np.concatenate(drain_e).astype(np.int64))
     return fill, drain
