@@ -76,3 +76,12 @@ def test_failed_run_is_said() -> None:
     meta = RunMeta(status="failed", error="rank 1 failed: boom")
     res = analyze(Trace.from_records([_fwd(0, 0, 10)], meta=meta))
     assert any("run failed" in w and "boom" in w for w in res.warnings)
+
+
+@pytest.mark.parametrize(("source", "said"), [("ppscope", "still being recorded"), ("pipelining", "without closing")])
+def test_a_run_still_marked_running_is_said_a_snapshot(source: str, said: str) -> None:
+    res = analyze(Trace.from_records([_fwd(0, 0, 10)], meta=RunMeta(status="running", source=source)))
+    assert any(said in w for w in res.warnings)
+    # a trace made in memory or imported says nothing of a status it never had
+    quiet = analyze(Trace.from_records([_fwd(0, 0, 10)], meta=RunMeta(status="running", source="unknown")))
+    assert not any("recorded" in w for w in quiet.warnings)

@@ -47,6 +47,12 @@ _STATUS_NOTES = {
     "failed": "the run failed: the analysis covers what was recorded before the failure",
     "interrupted": "the run was interrupted: the analysis covers what was recorded before the interruption",
 }
+_LIVE_SOURCES = {
+    "ppscope": _STATUS_NOTES["running"],
+    "pipelining": "the run is still being recorded, or its job ended without closing the recorder "
+    "(`record_pipeline` as a context manager closes it): this is what was flushed so far",
+}
+"""Sources that write a run directory as they go, and what their `running` status means."""
 
 
 @dataclass(kw_only=True)
@@ -74,7 +80,9 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     spans, meta = trace.spans, trace.meta
     asked = meta.config.get("requests") if meta.source == "ppscope" else None
     latency = request_latency(trace.requests, asked if isinstance(asked, int) and not isinstance(asked, bool) else 0)
-    if meta.status in _STATUS_NOTES and (meta.status != "running" or meta.source == "ppscope"):
+    if meta.status == "running" and meta.source in _LIVE_SOURCES:
+        warnings.append(_LIVE_SOURCES[meta.source])
+    elif meta.status in _STATUS_NOTES and meta.status != "running":
         warnings.append(_STATUS_NOTES[meta.status] + (f" ({meta.error})" if meta.error else ""))
     warnings += [f"rank {r.rank} recorded CPU counters, not its GPU's: {r.counters[4:].strip()}"
                  for r in meta.ranks if r.counters.startswith("cpu:")]  # fmt: skip
