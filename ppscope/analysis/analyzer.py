@@ -33,7 +33,15 @@ from ppscope.analysis.pipeline import (
     stage_imbalance,
     stage_of_ranks,
 )
-from ppscope.analysis.result import AnalysisResult, RequestLatency, StageResult, Theory, TheoryGap, WindowInfo
+from ppscope.analysis.result import (
+    AnalysisResult,
+    HopStats,
+    RequestLatency,
+    StageResult,
+    Theory,
+    TheoryGap,
+    WindowInfo,
+)
 from ppscope.analysis.theory import flushes, gap_parts, theory_for
 from ppscope.analysis.window import active_window, full_window, resolve_window, steady_window
 from ppscope.errors import InvalidConfigError
@@ -78,89 +86,211 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     config = config or AnalysisConfig()
     warnings = list(trace.warnings)
     spans, meta = trace.spans, trace.meta
-    asked = meta.config.get("requests") if meta.source == "ppscope" else None
-    latency = request_latency(trace.requests, asked if isinstance(asked, int) and not isinstance(asked, bool) else 0)
-    if meta.status == "running" and meta.source in _LIVE_SOURCES:
-        warnings.append(_LIVE_SOURCES[meta.source])
-    elif meta.status in _STATUS_NOTES and meta.status != "running":
-        warnings.append(_STATUS_NOTES[meta.status] + (f" ({meta.error})" if meta.error else ""))
-    warnings += [f"rank {r.rank} recorded CPU counters, not its GPU's: {r.counters[4:].strip()}"
-                 for r in meta.ranks if r.counters.startswith("cpu:")]  # fmt: skip
+    latency = run_latency(trace.requests, meta)
+    warnings += meta_notes(meta)
     if len(spans) == 0:
         if not meta.unrecorded:  # the store has said why there are none
-            warnings.append("the trace holds no spans: nothing to analyse (did the run record anything?)")
-        return _empty(trace, warnings, latency)
+            warnings.append(NO_SPANS)
+        return empty_result(trace.meta, warnings, latency)
 
     rank_stage = stage_of_ranks(spans, meta, warnings)
-    stage_ids = sorted(set(rank_stage.values()))
-    stages = [(s, sorted(r for r, st in rank_stage.items() if st == s)) for s in stage_ids]
-    p = len(stages)
-    missing = _missing(meta.world_size, meta.pp_size, rank_stage, p)
-
-    rank = spans["rank"].to_numpy()
-    ranks_sorted = np.array(sorted(rank_stage), np.int64)
-    group_of_rank = np.array([stage_ids.index(rank_stage[int(r)]) for r in ranks_sorted], np.int64)
-    group = group_of_rank[np.searchsorted(ranks_sorted, rank)]
+    layout = Layout.of(rank_stage)
     role = span_roles(spans["kind"], spans["name"])
     is_compute = role == ROLE_COMPUTE
-    decode = (spans["phase"] == Phase.DECODE).to_numpy()
-    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
     mb = spans["mb"].to_numpy(np.int64)
-    inflight, _ = measured_inflight(mb.astype(np.int32), is_compute & decode, meta)
-    prefill = (spans["phase"] == Phase.PREFILL).to_numpy()
-    dependency = dependency_waits(
-        role, spans["stage"].to_numpy(np.int64), prefill, decode, ring_bound=inflight is not None and inflight < p
+    inflight, _ = measured_inflight(mb.astype(np.int32), is_compute & (spans["phase"] == Phase.DECODE).to_numpy(), meta)
+    times = stage_times(spans, role, layout, ring_bound=inflight is not None and inflight < layout.p)
+    facts = Facts(
+        extents=Extents.of(times, layout.p),
+        any_compute=bool(is_compute.any()),
+        has_waits=bool(np.isin(role, [ROLE_RECV, ROLE_WAIT, ROLE_SEND]).any()),
+        backward_compute=bool((times.backward & is_compute).any()),
+        collectives=collectives_without_p2p(spans, role),
+        overlaps=compute_overlaps(spans, is_compute),
+        inflight=inflight,
+        compute_mbs=count_distinct(mb[is_compute & (mb >= 0)]),
     )
+    window = choose_window(config, facts.extents, warnings)
+    if window.length_ns <= 0:
+        warnings.append(ZERO_LENGTH)
+        return empty_result(trace.meta, warnings, latency, window=window)
+    warnings += facts.warnings(layout.p)
+    _check_causality(spans, meta, warnings)
+
+    flush = flushes(meta.schedule) or facts.backward_compute  # synchronous training flushes
+    results, gaps = stage_bubbles(
+        times, layout.stages, window, flush=flush, has_waits=facts.has_waits,
+        no_requests=no_requests(trace.requests, meta, window),
+    )  # fmt: skip
+    start, end = times.start_ns, times.end_ns
+    in_window = (end > window.start_ns) & (start < window.end_ns)
+    hops = hop_stats(spans[in_window], role[in_window]) if not in_window.all() else hop_stats(spans, role)
+    tokens = window_tokens(spans, window)
+    return assemble(meta, window, layout, facts, results, gaps, hops, tokens, latency, warnings)
+
+
+NO_SPANS = "the trace holds no spans: nothing to analyse (did the run record anything?)"
+ZERO_LENGTH = "the trace lasts 0 ns (only instantaneous spans): no ratio can be computed"
+
+
+def run_latency(requests: pd.DataFrame | None, meta: RunMeta) -> RequestLatency | None:
+    """TTFT, TPOT and tokens/s of the run's requests."""
+    asked = meta.config.get("requests") if meta.source == "ppscope" else None
+    return request_latency(requests, asked if isinstance(asked, int) and not isinstance(asked, bool) else 0)
+
+
+def meta_notes(meta: RunMeta) -> list[str]:
+    """What the run's metadata alone says the analysis should warn of."""
+    notes = []
+    if meta.status == "running" and meta.source in _LIVE_SOURCES:
+        notes.append(_LIVE_SOURCES[meta.source])
+    elif meta.status in _STATUS_NOTES and meta.status != "running":
+        notes.append(_STATUS_NOTES[meta.status] + (f" ({meta.error})" if meta.error else ""))
+    notes += [f"rank {r.rank} recorded CPU counters, not its GPU's: {r.counters[4:].strip()}"
+              for r in meta.ranks if r.counters.startswith("cpu:")]  # fmt: skip
+    return notes
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which ranks form which physical stage: `stages` holds (stage, ranks) in stage order."""
+
+    rank_stage: dict[int, int]
+    stages: list[tuple[int, list[int]]]
+
+    @classmethod
+    def of(cls, rank_stage: dict[int, int]) -> Layout:
+        ids = sorted(set(rank_stage.values()))
+        return cls(rank_stage, [(s, sorted(r for r, st in rank_stage.items() if st == s)) for s in ids])
+
+    @property
+    def p(self) -> int:
+        return len(self.stages)
+
+    def group_of(self, rank: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The index in `stages` of each rank's stage."""
+        ranks = np.array(sorted(self.rank_stage), np.int64)
+        index = {s: i for i, (s, _) in enumerate(self.stages)}
+        group_of_rank = np.array([index[self.rank_stage[int(r)]] for r in ranks], np.int64)
+        return group_of_rank[np.searchsorted(ranks, rank)]
+
+
+def stage_times(spans: pd.DataFrame, role: npt.NDArray[np.int8], layout: Layout, *, ring_bound: bool) -> StageTimes:
+    """The span arrays the bubbles need; `ring_bound`: fewer micro-batches in flight than stages."""
+    decode = (spans["phase"] == Phase.DECODE).to_numpy()
+    prefill = (spans["phase"] == Phase.PREFILL).to_numpy()
+    dependency = dependency_waits(role, spans["stage"].to_numpy(np.int64), prefill, decode, ring_bound=ring_bound)
     # a training backward: phase `backward`, a `backward` span, or a pipelining action's type (B, I, W; also on
     # the waits inside those actions)
     backward = (
         (spans["phase"] == Phase.BACKWARD) | (spans["kind"] == SpanKind.BACKWARD) | spans["phase"].isin(["B", "I", "W"])
     ).to_numpy()
-    times = StageTimes(
-        group=group, role=role, dependency=dependency, step=spans["step"].to_numpy(np.int64), backward=backward,
-        start_ns=start, end_ns=end, forward=(spans["kind"] == SpanKind.FORWARD).to_numpy(),
+    return StageTimes(
+        group=layout.group_of(spans["rank"].to_numpy(np.int64)), role=role, dependency=dependency,
+        step=spans["step"].to_numpy(np.int64), backward=backward, start_ns=spans["start_ns"].to_numpy(np.int64),
+        end_ns=spans["end_ns"].to_numpy(np.int64), forward=(spans["kind"] == SpanKind.FORWARD).to_numpy(),
         chunk=spans["chunk"].to_numpy(np.int64),
         action=((spans["kind"] == SpanKind.RANGE) & spans["phase"].isin(["F", "B", "I", "W"])).to_numpy(),
     )  # fmt: skip
 
-    window = _choose_window(config, times, p, warnings)
-    if window.length_ns <= 0:
-        warnings.append("the trace lasts 0 ns (only instantaneous spans): no ratio can be computed")
-        return _empty(trace, warnings, latency, window=window)
 
-    if not is_compute.any():
-        warnings.append("no compute spans (forward/backward/embed/head/sample/kernel): every stage counts as idle")
-    collectives = collectives_without_p2p(spans, role)
-    if collectives:
-        warnings.append(
-            f"this trace has collectives ({', '.join(collectives)}) but no point-to-point traffic: it does not "
-            "look like a pipeline (data, tensor or expert parallelism?); each rank is analysed as a stage, and "
-            "collective time is reported as communication (`comm`)"
-        )
-    has_waits = bool(np.isin(role, [ROLE_RECV, ROLE_WAIT, ROLE_SEND]).any())
-    if not has_waits and is_compute.any():
-        warnings.append(
-            "this trace has no recv/send spans: idle time between computes is reported as `unknown` "
-            "(waiting on another stage cannot be told from host overhead)"
-        )
-    if p == 1:
-        warnings.append("one stage only: there is no pipeline; the bubble is that stage's idle time")
-    _check_overlaps(spans, is_compute, warnings)
-    _check_causality(spans, meta, warnings)
+_NONE = np.iinfo(np.int64)
 
-    # every request of a finished run is in its requests table: between them the pipeline had nothing to do
-    idle = _no_requests(trace.requests, window) if (meta.schedule, meta.status) == ("serve", "finished") else None
-    flush = flushes(meta.schedule) or bool((backward & is_compute).any())  # synchronous training flushes
-    results, gaps = stage_bubbles(times, stages, window, flush=flush, has_waits=has_waits, no_requests=idle)
+
+@dataclass(frozen=True)
+class Extents:
+    """Where the trace's spans lie: the first and last span, and per stage its first and last compute (the
+    int64 limits where a stage has none). Enough to choose any window."""
+
+    first_ns: int
+    last_ns: int
+    first_compute: npt.NDArray[np.int64]
+    last_compute: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, t: StageTimes, p: int) -> Extents:
+        compute = t.role == ROLE_COMPUTE
+        first = np.full(p, _NONE.max, np.int64)
+        last = np.full(p, _NONE.min, np.int64)
+        np.minimum.at(first, t.group[compute], t.start_ns[compute])
+        np.maximum.at(last, t.group[compute], t.end_ns[compute])
+        return cls(int(t.start_ns.min()), int(t.end_ns.max()), first, last)
+
+    @classmethod
+    def merged(cls, parts: list[Extents]) -> Extents:
+        return cls(
+            min(e.first_ns for e in parts),
+            max(e.last_ns for e in parts),
+            np.minimum.reduce([e.first_compute for e in parts]),
+            np.maximum.reduce([e.last_compute for e in parts]),
+        )
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the whole trace says beyond each stage's own spans: found in one pass, or merged from its ranks'."""
+
+    extents: Extents
+    any_compute: bool
+    has_waits: bool
+    backward_compute: bool
+    collectives: list[str]
+    overlaps: tuple[int, list[tuple[int, str]]]
+    inflight: int | None
+    compute_mbs: int
+    """Distinct micro-batch ids of compute spans."""
+
+    def warnings(self, p: int) -> list[str]:
+        out = []
+        if not self.any_compute:
+            out.append("no compute spans (forward/backward/embed/head/sample/kernel): every stage counts as idle")
+        if self.collectives:
+            out.append(
+                f"this trace has collectives ({', '.join(self.collectives)}) but no point-to-point traffic: it does "
+                "not look like a pipeline (data, tensor or expert parallelism?); each rank is analysed as a stage, "
+                "and collective time is reported as communication (`comm`)"
+            )
+        if not self.has_waits and self.any_compute:
+            out.append(
+                "this trace has no recv/send spans: idle time between computes is reported as `unknown` "
+                "(waiting on another stage cannot be told from host overhead)"
+            )
+        if p == 1:
+            out.append("one stage only: there is no pipeline; the bubble is that stage's idle time")
+        n, lanes = self.overlaps
+        if n:
+            where = ", ".join(f"rank {r} lane {la}" for r, la in lanes[:3])
+            out.append(
+                f"{n} compute span(s) overlap an earlier one on the same lane ({where}); busy time counts "
+                "overlapping compute once"
+            )
+        return out
+
+
+def assemble(
+    meta: RunMeta,
+    window: WindowInfo,
+    layout: Layout,
+    facts: Facts,
+    results: list[StageResult],
+    gaps: pd.DataFrame,
+    hops: list[HopStats],
+    tokens: int,
+    latency: RequestLatency | None,
+    warnings: list[str],
+) -> AnalysisResult:
+    """The result from the stages' bubbles and the whole trace's facts."""
+    p = layout.p
+    missing = _missing(meta.world_size, meta.pp_size, layout.rank_stage, p)
     imbalance, basis, bottleneck, gain = stage_imbalance(results)
     if missing:  # the stages that are there cannot say which is slowest, nor what balance would gain
         imbalance, basis, bottleneck, gain = None, "incomplete", None, None
     if basis == "busy":
         warnings.append("no `forward` spans on some stage: imbalance compares busy time per stage")
     stages_run = max(p, meta.pp_size) if missing else p  # the formula is of the pipeline that ran
-    theory = _theory(meta.schedule, stages_run, meta.microbatches, meta.chunks, inflight, mb[is_compute], window)
-    throughput, basis_tp = _throughput(latency, spans, role, window)
-    in_window = (end > window.start_ns) & (start < window.end_ns)
+    theory = _theory(meta.schedule, stages_run, meta.microbatches, meta.chunks, facts.inflight, facts.compute_mbs,
+                     window)  # fmt: skip
+    throughput, basis_tp = _throughput(latency, tokens, window)
     return AnalysisResult(
         source=meta.source,
         schedule=meta.schedule,
@@ -176,31 +306,26 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
         throughput_tokens_per_s=throughput,
         throughput_basis=basis_tp,
         latency=latency,
-        hops=hop_stats(spans[in_window], role[in_window]) if not in_window.all() else hop_stats(spans, role),
-        inflight=inflight,
+        hops=hops,
+        inflight=facts.inflight,
         warnings=warnings,
         gaps=gaps,
         missing=missing,
     )
 
 
-def _choose_window(config: AnalysisConfig, t: StageTimes, p: int, warnings: list[str]) -> WindowInfo:
-    full = full_window(t.start_ns, t.end_ns)
+def choose_window(config: AnalysisConfig, e: Extents, warnings: list[str]) -> WindowInfo:
+    full = full_window(np.array([e.first_ns]), np.array([e.last_ns]))
     if config.window_ms is not None:
         return resolve_window(full, config.window_ms, warnings)
-    compute = t.role == ROLE_COMPUTE
-    if config.active and compute.any():
-        return active_window(t.start_ns[compute], t.end_ns[compute])
+    have = e.last_compute > _NONE.min
+    if config.active and have.any():
+        return active_window(e.first_compute[have], e.last_compute[have])
     if config.active:
         warnings.append("no compute spans: the active window is the whole run")
     if not config.steady:
         return full
-    first = np.full(p, np.iinfo(np.int64).max, np.int64)
-    last = np.full(p, np.iinfo(np.int64).min, np.int64)
-    np.minimum.at(first, t.group[compute], t.start_ns[compute])
-    np.maximum.at(last, t.group[compute], t.end_ns[compute])
-    have = last > np.iinfo(np.int64).min
-    steady = steady_window(first[have].tolist(), last[have].tolist()) if have.all() else None
+    steady = steady_window(e.first_compute.tolist(), e.last_compute.tolist()) if have.all() else None
     if steady is None:
         warnings.append(
             "no steady state: the pipeline never has every stage working at once (too few micro-batches, "
@@ -230,18 +355,33 @@ _MEASURED_CLOCKS = ("ping-pong", "import")
 """Clock methods whose offsets were estimated, and so can be off: a violation of causality tells."""
 
 
+def estimated_clocks(meta: RunMeta) -> bool:
+    """Whether some rank's clock offset was estimated, and so can be off (a violation of causality tells)."""
+    return any(r.clock.method in _MEASURED_CLOCKS for r in meta.ranks)
+
+
 def _check_causality(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) -> None:
     """Warn when a receive ends before its send began on the common clock, beyond the offsets' uncertainty:
     the ranks' clock offsets are then wrong, and so is every wait measured across them."""
-    if not any(r.clock.method in _MEASURED_CLOCKS for r in meta.ranks):
+    if not estimated_clocks(meta):
         return  # every rank reads one clock (one host, a simulation): there is no offset to get wrong
-    bad = causality_violations(spans, uncertainty_ns={r.rank: r.clock.uncertainty_ns for r in meta.ranks})
+    said = causality_warning(causality_violations(spans, uncertainty_ns=uncertainties(meta)))
+    if said:
+        warnings.append(said)
+
+
+def uncertainties(meta: RunMeta) -> dict[int, int]:
+    return {r.rank: r.clock.uncertainty_ns for r in meta.ranks}
+
+
+def causality_warning(bad: pd.DataFrame) -> str | None:
+    """The warning for the receives `causality_violations` found; None when there are none."""
     if bad.empty:
-        return
+        return None
     early = bad["send_start_ns"] - bad["recv_end_ns"]
     worst = bad.loc[early.idxmax()]
     pairs = ", ".join(f"{s}→{d}" for s, d in sorted(set(zip(bad["src"], bad["dst"], strict=True))))
-    warnings.append(
+    return (
         f"{len(bad)} receive(s) end before their send starts on the common clock (rank pairs {pairs}; worst "
         f"{int(early.max()) / 1e3:,.1f} µs early, micro-batch {int(worst['mb'])} step {int(worst['step'])}), "
         "beyond the clock offsets' uncertainty: the offsets are off, so waits and hop latencies between these "
@@ -249,10 +389,11 @@ def _check_causality(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) ->
     )
 
 
-def _check_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_], warnings: list[str]) -> None:
-    """Warn when compute spans overlap on one (rank, lane): they are counted once (union)."""
+def compute_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_]) -> tuple[int, list[tuple[int, str]]]:
+    """Compute spans that overlap an earlier one on one (rank, lane), and the first three such lanes in
+    (rank, lane) order: they are counted once (union)."""
     if is_compute.sum() < 2:
-        return
+        return 0, []
     cols = ["rank", "lane", "start_ns", "end_ns"]
     sub = spans.loc[is_compute, cols].sort_values(cols)
     keys = sub[["rank", "lane"]]
@@ -260,19 +401,12 @@ def _check_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_], warn
     same = (keys == keys.shift(1)).all(axis=1)
     overlap = same & (sub["start_ns"] < prev_end)
     n = int(overlap.sum())
-    if n:
-        where = sub.loc[overlap, ["rank", "lane"]].drop_duplicates().head(3)
-        lanes = ", ".join(f"rank {r} lane {la}" for r, la in where.itertuples(index=False))
-        warnings.append(
-            f"{n} compute span(s) overlap an earlier one on the same lane ({lanes}); busy time counts "
-            "overlapping compute once"
-        )
+    where = sub.loc[overlap, ["rank", "lane"]].drop_duplicates().head(3) if n else sub.head(0)
+    return n, [(int(r), str(la)) for r, la in where.itertuples(index=False)]
 
 
-def _theory(
-    schedule: str, p: int, m_meta: int, v: int, inflight: int | None, mb: npt.NDArray[np.int64], w: WindowInfo
-) -> Theory:
-    m = m_meta if m_meta > 0 else count_distinct(mb[mb >= 0])
+def _theory(schedule: str, p: int, m_meta: int, v: int, inflight: int | None, mbs: int, w: WindowInfo) -> Theory:
+    m = m_meta if m_meta > 0 else mbs
     theory = theory_for(schedule, p=p, m=m, v=max(v, 1), inflight=inflight)
     if w.mode != "full" and flushes(schedule) and theory.bubble_ratio is not None:
         left_out = "the formula counts fill and drain over the whole run; this window leaves part of them out"
@@ -287,6 +421,12 @@ def _theory_gap(stages: list[StageResult], theory: Theory, w: WindowInfo) -> The
     total = len(stages) * w.length_ns
     shares = {c: sum(s.causes[c] for s in stages) / total for c in stages[0].causes}
     return gap_parts(shares, theory)
+
+
+def no_requests(requests: pd.DataFrame | None, meta: RunMeta, window: WindowInfo) -> Intervals | None:
+    """Every request of a finished serve run is in its requests table: between them the pipeline had nothing
+    to do."""
+    return _no_requests(requests, window) if (meta.schedule, meta.status) == ("serve", "finished") else None
 
 
 def _no_requests(requests: pd.DataFrame | None, window: WindowInfo) -> Intervals | None:
@@ -314,25 +454,27 @@ def _no_requests(requests: pd.DataFrame | None, window: WindowInfo) -> Intervals
     )
 
 
-def _throughput(
-    latency: RequestLatency | None, spans: pd.DataFrame, role: npt.NDArray[np.int8], w: WindowInfo
-) -> tuple[float | None, str]:
-    if latency is not None and latency.tokens_per_s is not None:
-        return latency.tokens_per_s, "requests.jsonl: output tokens / (last finish - first arrival)"
+def window_tokens(spans: pd.DataFrame, w: WindowInfo) -> int:
+    """Tokens of the `sample` spans that end in the window."""
     end = spans["end_ns"].to_numpy()
     sample = (spans["kind"] == SpanKind.SAMPLE).to_numpy() & (end > w.start_ns) & (end <= w.end_ns)
-    tokens = int(spans["tokens"].to_numpy()[sample].sum())
+    return int(spans["tokens"].to_numpy()[sample].sum())
+
+
+def _throughput(latency: RequestLatency | None, tokens: int, w: WindowInfo) -> tuple[float | None, str]:
+    if latency is not None and latency.tokens_per_s is not None:
+        return latency.tokens_per_s, "requests.jsonl: output tokens / (last finish - first arrival)"
     if tokens <= 0:
         return None, "unknown: no requests and no `sample` spans with tokens"
     return tokens / (w.length_ns / 1e9), "tokens of `sample` spans ending in the window / window"
 
 
-def _empty(
-    trace: Trace, warnings: list[str], lat: RequestLatency | None, window: WindowInfo | None = None
+def empty_result(
+    meta: RunMeta, warnings: list[str], lat: RequestLatency | None, window: WindowInfo | None = None
 ) -> AnalysisResult:
     return AnalysisResult(
-        source=trace.meta.source,
-        schedule=trace.meta.schedule,
+        source=meta.source,
+        schedule=meta.schedule,
         window=window,
         stages=[],
         bubble_ratio=None,

@@ -37,7 +37,7 @@ import pandas as pd
 
 from ppscope.analysis.intervals import Intervals, Segments, clip, coverage, label_segments, merge_runs
 from ppscope.analysis.result import CAUSES, Cause, StageResult, WindowInfo
-from ppscope.analysis.steps import ComputeSpans, fill_drain
+from ppscope.analysis.steps import ComputeSpans, Waves, fill_drain
 from ppscope.trace.model import COMPUTE_KINDS, SpanKind
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "ROLE_SEND",
     "ROLE_WAIT",
     "StageTimes",
+    "compute_spans",
     "dependency_waits",
     "span_roles",
     "stage_bubbles",
@@ -128,6 +129,12 @@ def dependency_waits(
     return token | (wait & decode) if ring_bound else token
 
 
+def compute_spans(times: StageTimes) -> ComputeSpans:
+    """The compute spans among `times`."""
+    c = times.role == _COMPUTE
+    return ComputeSpans(times.group[c], times.step[c], times.backward[c], times.start_ns[c], times.end_ns[c])
+
+
 def stage_bubbles(
     times: StageTimes,
     stages: list[tuple[int, list[int]]],
@@ -136,16 +143,12 @@ def stage_bubbles(
     flush: bool,
     has_waits: bool,
     no_requests: Intervals | None = None,
+    waves: Waves | None = None,
 ) -> tuple[list[StageResult], pd.DataFrame]:
     """Busy, bubble and causes for each (stage, ranks) in `stages`, plus the merged idle intervals.
     `flush`: every step ends in a flush (fill and drain per step); `no_requests`: when no request was in the
-    system (disjoint intervals)."""
-    compute = times.role == _COMPUTE
-    positions = fill_drain(
-        ComputeSpans(times.group[compute], times.step[compute], times.backward[compute], times.start_ns[compute],
-                     times.end_ns[compute]),
-        len(stages), window.start_ns, window.end_ns, flush=flush,
-    )  # fmt: skip
+    system (disjoint intervals); `waves`: the whole trace's, when `times` holds only some of its stages."""
+    positions = fill_drain(compute_spans(times), len(stages), window.start_ns, window.end_ns, flush=flush, waves=waves)
     order = np.argsort(times.group, kind="stable")
     cuts = np.searchsorted(times.group[order], np.arange(len(stages) + 1))
     results: list[StageResult] = []

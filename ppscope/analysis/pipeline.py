@@ -165,8 +165,17 @@ def collectives_without_p2p(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | N
     role = span_roles(spans["kind"], spans["name"]) if roles is None else roles
     if np.isin(role, [ROLE_SEND, ROLE_RECV, ROLE_WAIT]).any():
         return []
+    return collective_labels(comm_names(spans, role))
+
+
+def comm_names(spans: pd.DataFrame, role: npt.NDArray[np.int8]) -> set[str]:
+    """The names of the communication kernels and collective ranges, normalised (lower case, no - or _)."""
     comm = (spans["kind"] == SpanKind.NCCL).to_numpy() | (role == ROLE_COLLECTIVE)
-    names = {str(n).lower().replace("_", "").replace("-", "") for n in pd.unique(spans["name"].to_numpy()[comm])}
+    return {str(n).lower().replace("_", "").replace("-", "") for n in pd.unique(spans["name"].to_numpy()[comm])}
+
+
+def collective_labels(names: set[str]) -> list[str]:
+    """The collectives among `comm_names`; none when a send or receive is among them."""
     if any("send" in n or "recv" in n for n in names):
         return []
     return [label for key, label in _COLLECTIVE_OPS if any(key in n for n in names)]

@@ -24,7 +24,7 @@ import pandas as pd
 
 from ppscope.analysis.intervals import Intervals, clip
 
-__all__ = ["ComputeSpans", "fill_drain"]
+__all__ = ["ComputeSpans", "Waves", "fill_drain"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -42,23 +42,55 @@ class ComputeSpans:
     end_ns: I64
 
 
-def fill_drain(c: ComputeSpans, groups: int, lo: int, hi: int, *, flush: bool) -> list[tuple[Intervals, Intervals]]:
+@dataclass(frozen=True)
+class Waves:
+    """When each step's compute ends on any stage (`wave_end`), and its forwards (`fwd_end`): Series indexed
+    by step (all step 0 without a flush). The only part of fill and drain that needs every stage at once."""
+
+    wave_end: pd.Series
+    fwd_end: pd.Series
+
+    @classmethod
+    def of(cls, c: ComputeSpans, *, flush: bool) -> Waves:
+        frame = _frame(c, flush=flush)
+        fwd = frame[~frame["bwd"]]
+        return cls(frame.groupby("step")["end"].max(), fwd.groupby("step")["end"].max())
+
+    @classmethod
+    def merged(cls, parts: list[Waves]) -> Waves:
+        """The waves of a whole trace from those of its parts (each rank's, say)."""
+
+        def top(series: list[pd.Series]) -> pd.Series:
+            kept = [s for s in series if len(s)]
+            return pd.concat(kept).groupby(level=0).max() if kept else pd.Series(dtype=np.int64)
+
+        return cls(top([p.wave_end for p in parts]), top([p.fwd_end for p in parts]))
+
+
+def _frame(c: ComputeSpans, *, flush: bool) -> pd.DataFrame:
+    step = c.step if flush else np.zeros_like(c.step)
+    return pd.DataFrame({"group": c.group, "step": step, "bwd": c.backward, "start": c.start_ns, "end": c.end_ns})
+
+
+def fill_drain(
+    c: ComputeSpans, groups: int, lo: int, hi: int, *, flush: bool, waves: Waves | None = None
+) -> list[tuple[Intervals, Intervals]]:
     """(fill, drain) intervals of each stage 0..groups-1, clipped to the window [lo, hi).
 
     `flush`: every step ends in a flush, so fill and drain are placed per step (module note); else once per
-    stage. Stages without compute get none (all their idle time keeps its span's cause)."""
+    stage. Stages without compute get none (all their idle time keeps its span's cause). `waves`: those of the
+    whole trace when `c` holds only some of its stages; else they are found from `c`."""
     empty = (Intervals.empty(), Intervals.empty())
     out = [empty] * groups
     if c.start_ns.shape[0] == 0:
         return out
-    step = c.step if flush else np.zeros_like(c.step)
-    frame = pd.DataFrame({"group": c.group, "step": step, "bwd": c.backward, "start": c.start_ns, "end": c.end_ns})
+    frame = _frame(c, flush=flush)
     per = frame.groupby(["group", "step"], sort=True).agg(first=("start", "min"), last=("end", "max"))
     fwd, bwd = frame[~frame["bwd"]], frame[frame["bwd"]]
     per["first_bwd"] = bwd.groupby(["group", "step"])["start"].min()
     per["last_fwd"] = fwd.groupby(["group", "step"])["end"].max()
-    wave_end = frame.groupby("step")["end"].max()
-    fwd_end = fwd.groupby("step")["end"].max()
+    waves = waves or Waves.of(c, flush=flush)
+    wave_end, fwd_end = waves.wave_end, waves.fwd_end
     for g, rows in per.groupby(level="group", sort=True):
         steps = rows.index.get_level_values("step").to_numpy()
         fill, drain = _positions(

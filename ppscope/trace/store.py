@@ -64,8 +64,10 @@ __all__ = [
     "rank_file",
     "read_meta",
     "read_rank_info",
+    "read_rank_spans",
     "read_requests",
     "read_since",
+    "run_files",
     "write_meta",
 ]
 
@@ -330,17 +332,9 @@ def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> 
     Spans are on the common clock and sorted by start time. A rank file that is missing is reported in
     `Trace.warnings`; one that is damaged raises CorruptFileError naming it.
     """
+    meta, files, warnings = run_files(run_dir)
     path = _check_run_dir(run_dir)
-    meta = read_meta(path)
     since = since or Cursor()
-    files = _rank_files(path)
-    warnings = []
-    missing = sorted(set(range(meta.world_size)) - set(files))
-    if meta.unrecorded:
-        warnings.append("recorded with --no-record: there are no spans, only the requests' latency")
-    elif missing:
-        names = ", ".join(rank_file(path, r).name for r in missing)
-        warnings.append(f"rank(s) {', '.join(map(str, missing))} have no file ({names}); loaded the rest")
     table, opened = read_ranks(files, since.spans, since.counters)
     warnings += recorded_failures({rank: rf.error for rank, rf, _ in opened if rf.error}, meta.error)
     span_pos, counter_pos = dict(since.spans), dict(since.counters)
@@ -363,6 +357,36 @@ def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> 
     requests, req_pos = _read_requests(path, since.requests_bytes)
     trace = Trace(spans=spans, counters=counters, meta=meta, requests=requests, warnings=warnings)
     return trace, Cursor(spans=span_pos, counters=counter_pos, requests_bytes=req_pos)
+
+
+def run_files(run_dir: str | os.PathLike[str]) -> tuple[RunMeta, dict[int, Path], list[str]]:
+    """A run's metadata, its rank files by rank, and what is to be said of the files it lacks."""
+    path = _check_run_dir(run_dir)
+    meta = read_meta(path)
+    files = _rank_files(path)
+    warnings = []
+    missing = sorted(set(range(meta.world_size)) - set(files))
+    if meta.unrecorded:
+        warnings.append("recorded with --no-record: there are no spans, only the requests' latency")
+    elif missing:
+        names = ", ".join(rank_file(path, r).name for r in missing)
+        warnings.append(f"rank(s) {', '.join(map(str, missing))} have no file ({names}); loaded the rest")
+    return meta, files, warnings
+
+
+def read_rank_spans(
+    files: dict[int, Path], ranks: Sequence[int], meta: RunMeta
+) -> tuple[pd.DataFrame, dict[int, str], list[str]]:
+    """The spans of `ranks` alone, on the common clock and sorted as `load_run` sorts them, with the errors
+    those ranks recorded and the warnings of their damaged spans: a large run read a few ranks at a time.
+    `files` and `meta` are `run_files`'s."""
+    chosen = {r: files[r] for r in ranks if r in files}
+    table, opened = read_ranks(chosen, {}, {})
+    errors = {rank: rf.error for rank, rf, _ in opened if rf.error}
+    values = merge_values(table, opened)
+    del opened
+    warnings: list[str] = []
+    return spans_of(table, values, chosen, meta, warnings), errors, warnings
 
 
 def load_run(run_dir: str | os.PathLike[str]) -> Trace:

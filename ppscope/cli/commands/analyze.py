@@ -36,6 +36,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--max-bars", type=int, default=20_000, help="most bars in the HTML Gantt chart (neighbours merged above it)"
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="read a run directory a rank at a time in N processes (1: this one), so memory holds one stage's spans "
+        "per worker, not the whole job; the same figures to the nanosecond",
+    )
     p.set_defaults(func=run)
 
 
@@ -52,10 +59,14 @@ def run(args: argparse.Namespace) -> int:
     config = AnalysisConfig(steady=args.steady, active=args.active, window_ms=window_ms)
     if args.html:  # before the analysis: a refused --html costs nothing
         check_output(args.html, option="--html", inputs=[args.run], force=args.force)
-    trace = open_trace(args.run)
-    result = analyze(trace, config)
-    if not result.stages and not trace.meta.unrecorded:
-        why = "; ".join(trace.warnings) or "did the run record anything?"
+    if args.workers is not None:
+        result, unrecorded, said = _rank_by_rank(args, config)
+    else:
+        trace = open_trace(args.run)
+        result = analyze(trace, config)
+        unrecorded, said = trace.meta.unrecorded, trace.warnings
+    if not result.stages and not unrecorded:
+        why = "; ".join(said) or "did the run record anything?"
         raise UnsupportedInputError(f"{args.run} holds no spans: nothing to analyse ({why})")
     if args.html:
         path = write_html(result, args.html, trace, max_bars=args.max_bars, force=args.force)
@@ -66,3 +77,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_report(result, stdout_console())
     return 0
+
+
+def _rank_by_rank(args: argparse.Namespace, config: Any) -> tuple[Any, bool, list[str]]:
+    """`--workers`: the run directory analysed a rank, then a stage, at a time (`ppscope.analysis.sharded`)."""
+    from ppscope.analysis.analyzer import NO_SPANS
+    from ppscope.analysis.sharded import analyze_run
+    from ppscope.errors import InvalidConfigError
+    from ppscope.trace.store import is_run_dir, read_meta
+
+    if args.html:
+        raise InvalidConfigError("--html draws every span, so it needs the whole trace in memory: leave out --workers")
+    if not is_run_dir(args.run):
+        raise InvalidConfigError(
+            f"--workers reads a ppscope run directory rank by rank, and {args.run} is not one: leave out --workers"
+        )
+    result = analyze_run(args.run, config, workers=args.workers)
+    return result, read_meta(args.run).unrecorded, [w for w in result.warnings if w != NO_SPANS]

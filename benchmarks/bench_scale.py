@@ -1,0 +1,139 @@
+"""A job of many ranks analysed a rank at a time (`ppscope analyze --workers N`): time and peak memory against
+a bare SQLite SELECT of the same rows, measured in the same run.
+
+The job: RANKS ranks of SPANS spans each (256 × 100 k = 25.6 M spans by default), written by the run store's
+writer, one pipeline stage per rank. Each step runs in a fresh process so its peak memory is its own (with
+workers, the largest of the parent and its workers). The whole-trace `analyze(load_run(...))` runs only where
+the job fits comfortably in memory (≤ 5 M spans). The same job at a tenth of the ranks shows how time scales.
+Set PPSCOPE_SCALE_RANKS and PPSCOPE_SCALE_SPANS for a smaller check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+RANKS = int(os.environ.get("PPSCOPE_SCALE_RANKS", 256))
+SPANS = int(os.environ.get("PPSCOPE_SCALE_SPANS", 100_000))
+WHOLE_LIMIT = 5_000_000
+
+_STEP = r"""
+import json, resource, sqlite3, sys, time
+from pathlib import Path
+step, run_dir, ranks, spans = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+t0 = time.perf_counter()
+extra = {}
+if step == "write":
+    from benchmarks.bench_scale import write_job
+    write_job(run_dir, ranks, spans)
+elif step == "select":
+    rows = 0
+    for f in sorted(run_dir.glob("rank-*.sqlite")):
+        db = sqlite3.connect(f"file:{f}?mode=ro", uri=True)
+        rows += len(db.execute("SELECT * FROM spans").fetchall())
+        db.close()
+    extra = {"rows": rows}
+elif step == "whole":
+    from ppscope.analysis import analyze
+    from ppscope.trace.store import load_run
+    res = analyze(load_run(run_dir))
+    extra = {"bubble": res.bubble_ratio}
+else:
+    from ppscope.analysis.sharded import analyze_run
+    res = analyze_run(run_dir, workers=int(step))
+    extra = {"bubble": res.bubble_ratio}
+s = time.perf_counter() - t0
+peak = max(resource.getrusage(r).ru_maxrss for r in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
+print(json.dumps({"s": s, "peak_mb": peak, **extra}))
+"""
+
+
+def write_job(run_dir: Path, ranks: int, spans: int) -> None:
+    """`ranks` ranks in one pipeline, `spans` spans each (a recv_wait, a recv, a forward and a send per
+    micro-batch, one stage slower), written rank by rank with the run store's writer."""
+    import numpy as np
+
+    from ppscope.trace.model import RunMeta
+    from ppscope.trace.store import RankWriter, create_run
+
+    create_run(run_dir, RunMeta(world_size=ranks, pp_size=ranks, schedule="gpipe", microbatches=spans // 4))
+    per = spans // 4
+    for r in range(ranks):
+        rng = np.random.default_rng(r)
+        mb = np.arange(per)
+        slot = (mb + r) * 13_000 + rng.integers(0, 500, per)
+        wait_end = slot + 1_000
+        fwd_start = wait_end + 400
+        fwd_end = fwd_start + 10_000 + 2_000 * (r == ranks // 2) + rng.integers(0, 300, per)
+        rows = []
+        for kind, lane, start, end, peer in (
+            ("recv_wait", "recv", slot, wait_end, r - 1),
+            ("recv", "recv", wait_end, fwd_start, r - 1),
+            ("forward", "compute", fwd_start, fwd_end, -1),
+            ("send", "send", fwd_end, fwd_end + 200, r + 1 if r + 1 < ranks else -1),
+        ):
+            nbytes = 0 if kind == "forward" else 4096
+            rows += [
+                (r, r, lane, kind, kind, int(m), -1, 0, "", int(a), int(b), nbytes, 0, peer)
+                for m, a, b in zip(mb, start, end, strict=True)
+            ]
+        rows.sort(key=lambda row: row[9])
+        w = RankWriter(run_dir, r)
+        for i in range(0, len(rows), 100_000):
+            w.write(rows[i : i + 100_000])
+        w.close()
+
+
+def _step(step: str, run_dir: Path, ranks: int) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", _STEP, step, str(run_dir), str(ranks), str(SPANS)],
+        capture_output=True,
+        text=True,
+        timeout=7200,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"step {step} failed: {out.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _job(ranks: int) -> dict[str, dict[str, float]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        got = {"write": _step("write", run_dir, ranks), "select": _step("select", run_dir, ranks)}
+        for step in ("1", "2") + (("whole",) if ranks * SPANS <= WHOLE_LIMIT else ()):
+            got[step] = _step(step, run_dir, ranks)
+    return got
+
+
+def main() -> list[str]:
+    small_ranks = max(2, RANKS // 10)
+    big, small = _job(RANKS), _job(small_ranks)
+    ref = big["select"]
+    lines = [
+        f"scale: reference = a bare SELECT of every span row of {RANKS} rank files ({RANKS * SPANS:,} spans): "
+        f"{ref['s']:.1f} s, peak {ref['peak_mb']:,.0f} MB (written in {big['write']['s']:.0f} s)"
+    ]
+    for step, what in (("1", "analyze --workers 1"), ("2", "analyze --workers 2"), ("whole", "analyze (whole)")):
+        if step in big:
+            r = big[step]
+            lines.append(
+                f"scale: {what}: {r['s']:.1f} s = {r['s'] / ref['s']:.2f}x the SELECT; peak {r['peak_mb']:,.0f} MB "
+                f"= {r['peak_mb'] / ref['peak_mb']:.2f}x the SELECT's"
+            )
+    same = {big[s]["bubble"] for s in ("1", "2", "whole") if s in big}
+    lines.append(f"scale: bubble ratio the same on every path: {len(same) == 1} ({', '.join(map(str, same))})")
+    lines.append(
+        f"scale: {RANKS} against {small_ranks} ranks ({RANKS / small_ranks:.1f}x the spans): --workers 2 takes "
+        f"{big['2']['s'] / small['2']['s']:.1f}x the time, --workers 1 {big['1']['s'] / small['1']['s']:.1f}x"
+    )
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(main()))

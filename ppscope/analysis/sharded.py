@@ -1,0 +1,339 @@
+"""`analyze_run(run_dir)`: the analysis of a run directory read a few ranks at a time, in worker processes.
+
+Note (why two passes): almost all of the analysis is one stage's own business (its busy time, the cause of
+each of its idle instants); only a handful of facts need every rank: the window, which rank is which stage,
+each step's end on any stage (where fill turns into drain), the micro-batches in flight, and the pairing of a
+send with its receive across two ranks. So:
+  1. each rank file is read alone and reduced to a `RankDigest` (its extent, its steps' ends, its micro-batch
+     ids, which peers it talks to, ...), a few hundred bytes whatever its size;
+  2. the digests are merged into the whole trace's `Facts`, `Waves` and window, exactly as `analyze` finds
+     them from one frame;
+  3. each stage's ranks are read again and analysed with those, returning its `StageResult`, its gaps and its
+     point-to-point spans;
+  4. each pair of ranks that talk is paired (hop figures, causality) as soon as both have arrived, and their
+     spans let go.
+Peak memory is then one stage's spans per worker, plus the point-to-point spans of the stages still waiting
+for a partner (with neighbours only: about two), never the job's. Every figure equals `analyze(load_run(...))`
+to the nanosecond: the same functions run on the same spans, only fewer at a time (tests check it).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from ppscope.analysis.analyzer import (
+    NO_SPANS,
+    ZERO_LENGTH,
+    AnalysisConfig,
+    Extents,
+    Facts,
+    Layout,
+    assemble,
+    causality_warning,
+    choose_window,
+    compute_overlaps,
+    empty_result,
+    estimated_clocks,
+    meta_notes,
+    no_requests,
+    run_latency,
+    stage_times,
+    uncertainties,
+    window_tokens,
+)
+from ppscope.analysis.bubbles import (
+    ROLE_COMPUTE,
+    ROLE_RECV,
+    ROLE_SEND,
+    ROLE_WAIT,
+    compute_spans,
+    span_roles,
+    stage_bubbles,
+)
+from ppscope.analysis.pipeline import collective_labels, comm_names, hop_stats, measured_inflight, stage_of_ranks
+from ppscope.analysis.result import AnalysisResult, HopStats, StageResult, WindowInfo
+from ppscope.analysis.steps import Waves
+from ppscope.analysis.theory import flushes
+from ppscope.errors import InvalidConfigError
+from ppscope.failures import recorded_failures
+from ppscope.trace.clock import causality_violations
+from ppscope.trace.model import Phase, RunMeta
+from ppscope.trace.store import read_rank_spans, read_requests, run_files
+
+__all__ = ["RankDigest", "analyze_run"]
+
+_P2P = (ROLE_SEND, ROLE_RECV, ROLE_WAIT)
+_P2P_COLUMNS = ["rank", "peer", "kind", "mb", "step", "start_ns", "end_ns", "nbytes"]
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class RankDigest:
+    """What one rank file contributes to the facts only the whole trace has (pass 1)."""
+
+    rank: int
+    spans: int
+    error: str
+    warnings: list[str]
+    stage: int
+    """The rank's lowest non-negative span stage, -1 when none has one."""
+    extents: Extents
+    """Its first and last span, and its first and last compute (one entry: the rank alone)."""
+    waves: Waves
+    """Its compute's end per step (steps as recorded; the run's flush decides later how to use them)."""
+    any_compute: bool
+    has_p2p: bool
+    backward_compute: bool
+    comm_names: set[str]
+    overlaps: tuple[int, list[tuple[int, str]]]
+    decode_mbs: np.ndarray
+    compute_mbs: np.ndarray
+    peers: set[int]
+
+
+@dataclass(frozen=True)
+class _StagePart:
+    """One stage's share of the result (pass 2), with its point-to-point spans for pairing."""
+
+    result: StageResult
+    gaps: pd.DataFrame
+    tokens: int
+    p2p: pd.DataFrame
+
+
+def analyze_run(run_dir: str | Path, config: AnalysisConfig | None = None, *, workers: int = 1) -> AnalysisResult:
+    """`analyze(load_run(run_dir), config)`, reading one rank (pass 1) or one stage (pass 2) at a time, in
+    `workers` processes (1: in this one)."""
+    if workers < 1:
+        raise InvalidConfigError(f"--workers must be >= 1, got {workers}")
+    config = config or AnalysisConfig()
+    meta, files, warnings = run_files(run_dir)
+    requests = read_requests(run_dir)
+    ranks = sorted(files)
+    with _pool(workers) as pool:
+        digests = list(_ordered(pool, _digest, [(files, r, meta) for r in ranks], workers))
+        warnings += recorded_failures({d.rank: d.error for d in digests if d.error}, meta.error)
+        for d in digests:
+            warnings += d.warnings
+        latency = run_latency(requests, meta)
+        warnings += meta_notes(meta)
+        digests = [d for d in digests if d.spans]
+        if not digests:
+            if not meta.unrecorded:
+                warnings.append(NO_SPANS)
+            return empty_result(meta, warnings, latency)
+        tiny = pd.DataFrame({"rank": [d.rank for d in digests], "stage": [d.stage for d in digests]})
+        layout = Layout.of(stage_of_ranks(tiny, meta, warnings))
+        facts = _facts(digests, layout, meta)
+        window = choose_window(config, facts.extents, warnings)
+        if window.length_ns <= 0:
+            warnings.append(ZERO_LENGTH)
+            return empty_result(meta, warnings, latency, window=window)
+        warnings += facts.warnings(layout.p)
+        flush = flushes(meta.schedule) or facts.backward_compute
+        waves = _run_waves([d.waves for d in digests], flush=flush)
+        ring_bound = facts.inflight is not None and facts.inflight < layout.p
+        quiet = no_requests(requests, meta, window)
+        jobs = [(files, ranks_, stage, meta, window, flush, facts.has_waits, quiet, waves, ring_bound)
+                for stage, ranks_ in layout.stages]  # fmt: skip
+        peers = {d.rank: d.peers for d in digests}
+        parts: list[_StagePart] = []
+        pairing = _Pairing(peers, window, meta)
+        for part in _ordered(pool, _stage, jobs, workers):
+            pairing.add(part.p2p)
+            parts.append(_StagePart(part.result, part.gaps, part.tokens, part.p2p.iloc[:0]))
+    said = pairing.finish()
+    if said:
+        warnings.append(said)
+    results = [p.result for p in parts]
+    gaps = pd.concat([p.gaps for p in parts], ignore_index=True)
+    tokens = sum(p.tokens for p in parts)
+    return assemble(meta, window, layout, facts, results, gaps, pairing.hops(), tokens, latency, warnings)
+
+
+def _digest(files: dict[int, Path], rank: int, meta: RunMeta) -> RankDigest:
+    """Pass 1: one rank file reduced to what the whole trace needs of it."""
+    spans, errors, warnings = read_rank_spans(files, [rank], meta)
+    error = errors.get(rank, "")
+    if spans.empty:
+        none = np.empty(0, np.int64)
+        empty = Extents(0, 0, none, none)
+        no_waves = Waves(pd.Series(dtype=np.int64), pd.Series(dtype=np.int64))
+        return RankDigest(rank, 0, error, warnings, -1, empty, no_waves, False, False, False, set(), (0, []), none,
+                          none, set())  # fmt: skip
+    role = span_roles(spans["kind"], spans["name"])
+    times = stage_times(spans, role, Layout.of({rank: 0}), ring_bound=False)
+    compute = role == ROLE_COMPUTE
+    stage = spans["stage"].to_numpy(np.int64)
+    mb = spans["mb"].to_numpy(np.int64)
+    decode = compute & (spans["phase"] == Phase.DECODE).to_numpy() & (mb >= 0)
+    p2p = np.isin(role, _P2P)
+    peer = spans["peer"].to_numpy(np.int64)
+    return RankDigest(
+        rank=rank,
+        spans=len(spans),
+        error=error,
+        warnings=warnings,
+        stage=int(stage[stage >= 0].min()) if (stage >= 0).any() else -1,
+        extents=Extents.of(times, 1),
+        waves=Waves.of(compute_spans(times), flush=True),
+        any_compute=bool(compute.any()),
+        has_p2p=bool(p2p.any()),
+        backward_compute=bool((times.backward & compute).any()),
+        comm_names=comm_names(spans, role),
+        overlaps=compute_overlaps(spans, compute),
+        decode_mbs=np.unique(mb[decode]),
+        compute_mbs=np.unique(mb[compute & (mb >= 0)]),
+        peers={int(q) for q in np.unique(peer[p2p & (peer >= 0)])},
+    )
+
+
+def _facts(digests: list[RankDigest], layout: Layout, meta: RunMeta) -> Facts:
+    """The whole trace's facts from its ranks' digests, as `analyze` finds them in one frame."""
+    index = {s: i for i, (s, _) in enumerate(layout.stages)}
+    p = layout.p
+    first = np.full(p, np.iinfo(np.int64).max, np.int64)
+    last = np.full(p, np.iinfo(np.int64).min, np.int64)
+    for d in digests:
+        g = index[layout.rank_stage[d.rank]]
+        first[g] = min(first[g], d.extents.first_compute[0])
+        last[g] = max(last[g], d.extents.last_compute[0])
+    extents = Extents(min(d.extents.first_ns for d in digests), max(d.extents.last_ns for d in digests), first, last)
+    decode = np.unique(np.concatenate([d.decode_mbs for d in digests]))
+    inflight, _ = measured_inflight(decode.astype(np.int32), np.ones(decode.shape[0], np.bool_), meta)
+    has_p2p = any(d.has_p2p for d in digests)
+    n = sum(d.overlaps[0] for d in digests)
+    return Facts(
+        extents=extents,
+        any_compute=any(d.any_compute for d in digests),
+        has_waits=has_p2p,
+        backward_compute=any(d.backward_compute for d in digests),
+        collectives=[] if has_p2p else collective_labels(set().union(*(d.comm_names for d in digests))),
+        overlaps=(n, [lane for d in digests for lane in d.overlaps[1]][:3]),
+        inflight=inflight,
+        compute_mbs=int(np.unique(np.concatenate([d.compute_mbs for d in digests])).shape[0]),
+    )
+
+
+def _run_waves(parts: list[Waves], *, flush: bool) -> Waves:
+    """The whole trace's waves; without a flush every step is one (step 0), as `fill_drain` sees them."""
+    waves = Waves.merged(parts)
+    if flush:
+        return waves
+
+    def one(s: pd.Series) -> pd.Series:
+        return pd.Series([s.max()], index=[0]) if len(s) else s
+
+    return Waves(one(waves.wave_end), one(waves.fwd_end))
+
+
+def _stage(
+    files: dict[int, Path],
+    ranks: list[int],
+    stage: int,
+    meta: RunMeta,
+    window: WindowInfo,
+    flush: bool,
+    has_waits: bool,
+    quiet: Any,
+    waves: Waves,
+    ring_bound: bool,
+) -> _StagePart:
+    """Pass 2: one stage's bubbles and causes with the whole trace's facts, and its point-to-point spans."""
+    spans, _, _ = read_rank_spans(files, ranks, meta)
+    role = span_roles(spans["kind"], spans["name"])
+    times = stage_times(spans, role, Layout.of(dict.fromkeys(ranks, stage)), ring_bound=ring_bound)
+    results, gaps = stage_bubbles(
+        times, [(stage, ranks)], window, flush=flush, has_waits=has_waits, no_requests=quiet, waves=waves
+    )
+    p2p = np.isin(role, _P2P) & (spans["peer"].to_numpy() >= 0)
+    return _StagePart(results[0], gaps, window_tokens(spans, window), spans.loc[p2p, _P2P_COLUMNS])
+
+
+class _Pairing:
+    """Hop figures and causality checks, one pair of talking ranks at a time, as soon as both have arrived."""
+
+    def __init__(self, peers: dict[int, set[int]], window: WindowInfo, meta: RunMeta) -> None:
+        self._window, self._meta = window, meta
+        self._pending = {frozenset((r, q)) for r, qs in peers.items() for q in qs}
+        self._known = set(peers)  # ranks with spans: a peer without any is never waited for
+        self._arrived: dict[int, pd.DataFrame] = {}
+        self._hops: list[HopStats] = []
+        self._bad: list[pd.DataFrame] = []
+        self._check = estimated_clocks(meta)
+
+    def add(self, p2p: pd.DataFrame) -> None:
+        for rank, rows in p2p.groupby("rank", sort=True):
+            self._arrived[int(rank)] = rows
+        for pair in sorted(self._pending, key=sorted):
+            if all(r in self._arrived or r not in self._known for r in pair):
+                self._pair(pair)
+        needed = set().union(*self._pending) if self._pending else set()
+        self._arrived = {r: f for r, f in self._arrived.items() if r in needed}
+
+    def _pair(self, pair: frozenset[int]) -> None:
+        self._pending.discard(pair)
+        members = sorted(pair)
+        parts = [self._arrived[r][self._arrived[r]["peer"].isin(members)] for r in members if r in self._arrived]
+        frame = pd.concat(parts, ignore_index=True).sort_values(["start_ns", "rank", "end_ns"], kind="stable")
+        role = span_roles(frame["kind"])
+        w = self._window
+        start, end = frame["start_ns"].to_numpy(), frame["end_ns"].to_numpy()
+        inside = (end > w.start_ns) & (start < w.end_ns)
+        self._hops += hop_stats(frame[inside], role[inside])
+        if self._check:
+            self._bad.append(causality_violations(frame, uncertainty_ns=uncertainties(self._meta)))
+
+    def finish(self) -> str | None:
+        """The causality warning, once every pair is done."""
+        for pair in sorted(self._pending, key=sorted):  # pairs with a rank that never arrived (no spans)
+            self._pair(pair)
+        bad = [b for b in self._bad if not b.empty]
+        return causality_warning(pd.concat(bad, ignore_index=True)) if bad else None
+
+    def hops(self) -> list[HopStats]:
+        return sorted(self._hops, key=lambda h: (h.src_rank, h.dst_rank))
+
+
+def _pool(workers: int) -> Any:
+    """Worker processes (spawned: no inherited threads or locks), or this process for one worker."""
+    if workers == 1:
+        return _Inline()
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+class _Inline:
+    """An executor that runs each job when asked for its result, in this process."""
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _ordered(
+    pool: Executor | _Inline, fn: Callable[..., R], jobs: Iterable[tuple[Any, ...]], workers: int
+) -> Iterator[R]:
+    """`fn(*job)` for each job, in order, at most 2 × `workers` submitted ahead of the one being consumed, so
+    finished results never pile up faster than they are merged."""
+    if isinstance(pool, _Inline):
+        for job in jobs:
+            yield fn(*job)
+        return
+    ahead: list[Future[R]] = []
+    for job in jobs:
+        ahead.append(pool.submit(fn, *job))
+        if len(ahead) > 2 * workers:
+            yield ahead.pop(0).result()
+    for f in ahead:
+        yield f.result()

@@ -1,0 +1,135 @@
+"""`analyze_run` (a run read a rank or a stage at a time, in worker processes) equals `analyze(load_run(...))`
+to the nanosecond, on every kind of run: every key of the JSON result, every gap."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from ppscope.analysis import AnalysisConfig, AnalysisResult, analyze
+from ppscope.analysis.sharded import analyze_run
+from ppscope.balance.costs import LayerCosts
+from ppscope.cli.main import main
+from ppscope.errors import InvalidConfigError
+from ppscope.formats.sources import open_trace
+from ppscope.simulate.simulator import CommModel, SimConfig, simulate, write_run
+from ppscope.trace.model import ClockInfo, RankInfo, Trace
+from ppscope.trace.store import load_run, rank_file
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_causes_per_step import _training
+from test_formats_pipelining import _write, gpipe_cpu
+
+
+def _same(a: AnalysisResult, b: AnalysisResult) -> None:
+    assert json.dumps(a.to_json(), sort_keys=True) == json.dumps(b.to_json(), sort_keys=True)
+    pd.testing.assert_frame_equal(a.gaps, b.gaps)
+
+
+def _sim(tmp: Path, **kw: Any) -> Path:
+    virtual = kw["stages"] * kw.get("chunks", 1)
+    trace = simulate(SimConfig(costs=LayerCosts.uniform(2 * virtual, 1.0, head_ms=0.7), **kw))
+    return write_run(trace, tmp / "run")
+
+
+RUNS: dict[str, dict[str, Any]] = {
+    "gpipe": dict(schedule="gpipe", stages=4, microbatches=8, steps=3, speed=(1.0, 0.7, 1.0, 1.2)),
+    "interleaved": dict(schedule="interleaved", stages=2, microbatches=4, chunks=3, steps=2, prefill_factor=2.0),
+    "serve": dict(
+        schedule="serve",
+        stages=3,
+        microbatches=2,
+        steps=6,
+        overhead_ms=0.05,
+        comm=CommModel(latency_us=20.0, activation_bytes=4096, bandwidth_gb_per_s=10.0),
+    ),
+    "one-stage": dict(schedule="gpipe", stages=1, microbatches=3, steps=2),
+}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize(
+    "config",
+    [AnalysisConfig(), AnalysisConfig(steady=True), AnalysisConfig(active=True), AnalysisConfig(window_ms=(1.0, 4.0))],
+    ids=["full", "steady", "active", "window"],
+)
+def test_simulated_runs_read_rank_by_rank_give_the_same_result(
+    name: str, config: AnalysisConfig, tmp_path: Path
+) -> None:
+    run = _sim(tmp_path, **RUNS[name])
+    _same(analyze(load_run(run), config), analyze_run(run, config))
+
+
+def test_worker_processes_give_the_same_result(tmp_path: Path) -> None:
+    run = _sim(tmp_path, **RUNS["serve"])
+    _same(analyze(load_run(run)), analyze_run(run, workers=2))
+
+
+@pytest.mark.parametrize("order", ["gpipe", "1f1b"])
+def test_training_runs_give_the_same_result(order: str, tmp_path: Path) -> None:
+    # training steps flush, so fill and drain need every stage's step ends: the merged waves
+    run = write_run(_training(4, 6, order, steps=2, slow_last_backward=True), tmp_path / "run")
+    _same(analyze(load_run(run)), analyze_run(run))
+
+
+def test_an_imported_pipelining_trace_written_as_a_run_gives_the_same_result(tmp_path: Path) -> None:
+    # action ranges (host inside actions), kernels, waits and sends with peers, a CPU trace's clocks
+    trace = open_trace(_write(tmp_path / "k", gpipe_cpu()))
+    run = write_run(dataclasses.replace(trace, warnings=[]), tmp_path / "run")
+    _same(analyze(load_run(run)), analyze_run(run))
+
+
+def test_estimated_clocks_are_checked_for_causality_pair_by_pair(tmp_path: Path) -> None:
+    trace = simulate(SimConfig(schedule="gpipe", stages=3, microbatches=4, costs=LayerCosts.uniform(6, 1.0)))
+    # rank 2's offset was "estimated" 5 ms wrong: its receives now end before their sends start
+    meta = dataclasses.replace(
+        trace.meta, ranks=[RankInfo(rank=r, clock=ClockInfo(method="ping-pong", uncertainty_ns=1000)) for r in range(3)]
+    )
+    spans = trace.spans.copy()
+    late = spans["rank"] == 2
+    spans.loc[late, ["start_ns", "end_ns"]] -= 5_000_000
+    run = write_run(Trace(spans=spans, meta=meta, requests=trace.requests, counters=trace.counters), tmp_path / "r")
+    whole, sharded = analyze(load_run(run)), analyze_run(run, workers=2)
+    assert any("before their send starts" in w for w in sharded.warnings)
+    _same(whole, sharded)
+
+
+def test_a_missing_rank_file_is_named_and_the_rest_analyse(tmp_path: Path) -> None:
+    run = _sim(tmp_path, **RUNS["gpipe"])
+    rank_file(run, 2).unlink()
+    whole, sharded = analyze(load_run(run)), analyze_run(run)
+    assert sharded.missing is not None and any("rank(s) 2 have no file" in w for w in sharded.warnings)
+    _same(whole, sharded)
+
+
+def test_workers_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(InvalidConfigError, match="--workers must be >= 1"):
+        analyze_run(_sim(tmp_path, **RUNS["one-stage"]), workers=0)
+
+
+def test_the_command_gives_the_same_json_with_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _sim(tmp_path, **RUNS["gpipe"])
+    assert main(["analyze", str(run), "--json", "--steady"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert main(["analyze", str(run), "--json", "--steady", "--workers", "2"]) == 0
+    assert json.loads(capsys.readouterr().out) == whole
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [(["--html", "r.html"], "needs the whole trace in memory"), ([], "is not one: leave out --workers")],
+)
+def test_the_command_refuses_workers_where_they_cannot_serve(
+    extra: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = _sim(tmp_path, **RUNS["one-stage"]) if extra else _write(tmp_path / "k", gpipe_cpu())
+    html = [*extra[:1], str(tmp_path / extra[1])] if extra else []
+    assert main(["analyze", str(target), "--workers", "2", *html]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
