@@ -25,6 +25,7 @@ from ppscope.balance.costs import LayerCosts
 from ppscope.balance.problem import BalanceProblem
 from ppscope.balance.rebalance import evaluate
 from ppscope.balance.split import stage_layer_ranges
+from ppscope.balance.training import is_training, training_passes
 from ppscope.trace.model import SpanKind, Trace
 
 __all__ = [
@@ -107,27 +108,46 @@ embedding, LM head and sampling that stay on the first or last stage."""
 def stage_block_times(trace: Trace, blocks: int = 10) -> tuple[np.ndarray, np.ndarray] | None:
     """(time ns, spans) of each part (`_PARTS`) of each stage in each of `blocks` consecutive time blocks, each
     of shape (blocks, parts, stages). None when some block lacks a `forward` pass of some stage (too short a
-    run to tell its spread)."""
+    run to tell its spread). In a training run a stage's layers part is each pass's forward plus backward
+    (`ppscope.balance.training`), counted once per pass."""
     if blocks < 1:
         return None
     stages = len(trace.meta.split)
-    spans = trace.spans
-    kinds = spans["kind"]
-    chosen = kinds.isin([str(k) for k in _PARTS]) & (spans["stage"] >= 0) & (spans["stage"] < stages)
-    rows = spans[chosen]
-    if rows.empty:
+    start, part, stage, ns = _part_rows(trace)
+    keep = (stage >= 0) & (stage < stages)
+    start, part, stage, ns = start[keep], part[keep], stage[keep], ns[keep]
+    if not len(start):
         return None
-    part = np.select([(rows["kind"] == str(k)).to_numpy(bool) for k in _PARTS], list(range(len(_PARTS))))
-    start = rows["start_ns"].to_numpy(np.int64)
     edges = np.quantile(start, np.linspace(0.0, 1.0, blocks + 1)[1:-1])
-    where = (np.searchsorted(edges, start, side="right"), part, rows["stage"].to_numpy(np.int64))
+    where = (np.searchsorted(edges, start, side="right"), part, stage)
     busy = np.zeros((blocks, len(_PARTS), stages))
     count = np.zeros((blocks, len(_PARTS), stages))
-    np.add.at(busy, where, (rows["end_ns"] - rows["start_ns"]).to_numpy(np.float64))
+    np.add.at(busy, where, ns)
     np.add.at(count, where, 1.0)
     if (count[:, 0, :] == 0).any():
         return None
     return busy, count
+
+
+def _part_rows(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(start ns, part, stage, time ns) of each timed part: spans of the `_PARTS` kinds, or in a training run
+    its passes (layers: forward + backward; the embedding, head and sampling where a pass has them)."""
+    if is_training(trace):
+        passes = training_passes(trace)
+        layers = (passes["forward_ns"] + passes["backward_ns"]).to_numpy(np.float64)
+        cols = [layers, *(passes[c].to_numpy(np.float64) for c in ("embed_ns", "head_ns", "sample_ns"))]
+        ns = np.concatenate(cols)
+        rows = len(passes)
+        part = np.repeat(np.arange(len(_PARTS)), rows)
+        has = (ns > 0) | (part == 0)
+        start = np.tile(passes["start_ns"].to_numpy(np.int64), len(_PARTS))
+        stage = np.tile(passes["stage"].to_numpy(np.int64), len(_PARTS))
+        return start[has], part[has], stage[has], ns[has]
+    spans = trace.spans
+    rows_ = spans[spans["kind"].isin([str(k) for k in _PARTS])]
+    part = np.select([(rows_["kind"] == str(k)).to_numpy(bool) for k in _PARTS], list(range(len(_PARTS))))
+    ns = (rows_["end_ns"] - rows_["start_ns"]).to_numpy(np.float64)
+    return rows_["start_ns"].to_numpy(np.int64), part, rows_["stage"].to_numpy(np.int64), ns
 
 
 def speedup_interval(
@@ -209,7 +229,7 @@ def _token_blocks(trace: Trace, blocks: int) -> tuple[np.ndarray, np.ndarray] | 
 def _blocks(trace: Trace, most: int) -> int:
     """As many blocks as `most`, fewer for a short run: at least 3 passes of each stage in each (0: too short)."""
     spans = trace.spans
-    forward = spans[spans["kind"] == str(SpanKind.FORWARD)]
+    forward = training_passes(trace) if is_training(trace) else spans[spans["kind"] == str(SpanKind.FORWARD)]
     per_stage = forward.groupby("stage").size()
     fewest = int(per_stage.min()) if len(per_stage) == len(trace.meta.split) else 0
     blocks = min(most, fewest // 3)

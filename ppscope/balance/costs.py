@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ppscope.balance.split import stage_layer_ranges
+from ppscope.balance.training import TRAIN_PASSES, is_training, training_passes
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import Lane, SpanKind, Trace
 
@@ -144,13 +145,20 @@ class StageObservation:
     first_layer: int
     layers: int
     forward_ms: float
-    """Decoder layers of the stage (the `forward` spans) per pass."""
+    """Decoder layers of the stage (the `forward` spans; in training, the forward phase's compute) per pass."""
     passes: int
     """(micro-batch, step) passes averaged."""
     embed_ms: float | None = None
     """`embed` spans per pass (first stage), None when the run records none."""
     head_ms: float | None = None
     sample_ms: float | None = None
+    backward_ms: float | None = None
+    """Training: the backward of the stage's part per pass (B, or I + W); None for inference."""
+
+    @property
+    def pass_ms(self) -> float:
+        """What moves with the stage's layers: the forward, plus the backward in training."""
+        return self.forward_ms + (self.backward_ms or 0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +167,8 @@ class CostFit:
 
     costs: LayerCosts
     phase: str
-    """Which passes were used: `decode`, `prefill` or `all`."""
+    """Which passes were used: `decode`, `prefill` or `all`; `forward+backward` for a training run, whose
+    layer costs are then a micro-batch's forward plus backward through each layer."""
     observations: tuple[StageObservation, ...]
     uniform_layer_ms: float
     """The one per-layer cost that best explains every stage (least squares)."""
@@ -211,6 +220,8 @@ def observe_stages(trace: Trace, *, run: int = 0, phase: str | None = None) -> l
             "the trace records no layer split (meta.split), so stage times cannot be turned into layer costs: "
             "rebalance from --layer-costs instead"
         )
+    if is_training(trace):
+        return _observe_training(trace, run, phase)
     spans = trace.spans[trace.spans["lane"] == Lane.COMPUTE]
     stage_of_rank = {info.rank: info.stage for info in meta.ranks if info.stage >= 0}
     if (spans["stage"] < 0).any():
@@ -245,6 +256,46 @@ def observe_stages(trace: Trace, *, run: int = 0, phase: str | None = None) -> l
     return out
 
 
+def _observe_training(trace: Trace, run: int, phase: str | None) -> list[StageObservation]:
+    """Mean forward and backward per micro-batch pass of each (virtual) stage of a training run."""
+    if phase not in (None, _ALL, TRAIN_PASSES):
+        raise InvalidConfigError(
+            f"--phase {phase} is for inference runs: a training run's passes are forward + backward (omit --phase)"
+        )
+    split = trace.meta.split
+    passes = training_passes(trace)
+    labelled = trace.spans[(trace.spans["stage"] >= 0) & (trace.spans["mb"] >= 0)]
+    trained = int(labelled["stage"].max()) + 1 if len(labelled) else 0
+    if trained != len(split):
+        raise UnsupportedInputError(
+            f"the split {','.join(map(str, split))} gives {len(split)} stages but the run trains {trained} "
+            "(virtual) stages: give one layer count per (virtual) stage, in stage order"
+        )
+    last = len(split) - 1
+    out = []
+    for stage, (first, end) in enumerate(stage_layer_ranges(split)):
+        mine = passes[passes["stage"] == stage]
+        if mine.empty:
+            raise UnsupportedInputError(
+                f"stage {stage} has no micro-batch with both a forward and a backward: cannot fit its layer costs "
+                "(record at least one whole training step)"
+            )
+
+        def ms(column: str, mine: pd.DataFrame = mine) -> float:
+            return float(mine[column].mean()) / 1e6
+
+        out.append(
+            StageObservation(
+                run=run, stage=stage, first_layer=first, layers=end - first, forward_ms=ms("forward_ns"),
+                passes=len(mine), backward_ms=ms("backward_ns"),
+                embed_ms=ms("embed_ns") if stage == 0 and (mine["embed_ns"] > 0).any() else None,
+                head_ms=ms("head_ns") if stage == last and (mine["head_ns"] > 0).any() else None,
+                sample_ms=ms("sample_ns") if stage == last and (mine["sample_ns"] > 0).any() else None,
+            )
+        )  # fmt: skip
+    return out
+
+
 def _mean(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present and len(present) == len(values) else None
@@ -268,7 +319,11 @@ def fit_layer_costs(traces: Sequence[Trace], *, phase: str | None = None) -> Cos
         if obs and sum(o.layers for o in got) != sum(o.layers for o in obs if o.run == 0):
             raise UnsupportedInputError(f"run {i} has a different number of layers than run 0: fit one model at once")
         obs += got
-        chosen = chosen or _pick_phase(trace.spans, phase)
+        chosen = chosen or (TRAIN_PASSES if got[0].backward_ms is not None else _pick_phase(trace.spans, phase))
+    if len({o.backward_ms is None for o in obs}) > 1:
+        raise UnsupportedInputError(
+            "some runs train (forward + backward) and some do not: fit training and inference runs separately"
+        )
     layers = sum(o.layers for o in obs if o.run == 0)
     last_stage = {o.run: o.stage for o in obs}  # the last observation of a run is its last stage
     is_first = np.array([o.stage == 0 for o in obs], dtype=float)
@@ -280,11 +335,18 @@ def fit_layer_costs(traces: Sequence[Trace], *, phase: str | None = None) -> Cos
     notes = []
 
     # Uniform model: t = c * layers (+ e on the first stage, + h on the last, when they have no spans).
-    t = np.array([o.forward_ms for o in obs])
+    t = np.array([o.pass_ms for o in obs])
     cols = [np.array([o.layers for o in obs], dtype=float)]
-    cols += [is_first] if fit_embed else []
-    cols += [is_last] if fit_head else []
-    a = np.column_stack(cols)
+    a = np.column_stack(cols + ([is_first] if fit_embed else []) + ([is_last] if fit_head else []))
+    if np.linalg.matrix_rank(a) < a.shape[1] and chosen == TRAIN_PASSES:
+        # a trainer's stage runs its embedding or output layer inside its own forward and backward
+        fit_embed = fit_head = False
+        a = np.column_stack(cols)
+        notes.append(
+            "the embedding and output layer run inside the first and last stages' passes, and these runs cannot "
+            "tell them from the layers: they are counted in those stages' layers (a run with another split, or "
+            "more stages, separates them)"
+        )
     if np.linalg.matrix_rank(a) < a.shape[1]:
         raise UnsupportedInputError(
             "the runs cannot separate the embedding/LM-head cost from the layer cost (they record no embed/head "

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ppscope.balance.costs import CostFit, LayerCosts, fit_layer_costs
 from ppscope.balance.profile import PROFILE_FILE, LayerProfile
+from ppscope.balance.training import is_training
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import Trace
 
@@ -96,7 +97,15 @@ def mixed_runs(traces: Sequence[Trace]) -> str:
 
 
 def _check_rebalanceable(trace: Trace) -> None:
-    """Raise unless the run's layers can be rebalanced: a known split, one chunk per rank."""
+    """Raise unless the run's layers can be rebalanced: a known split; one chunk per rank, unless it trains
+    (then the split is per virtual stage, and so is the balance)."""
+    training = is_training(trace)
+    if not trace.meta.split and training:
+        raise UnsupportedInputError(
+            "the training run does not say how its layers are split across its (virtual) stages: give "
+            "--current-split N,N,... (layer counts per stage, in stage order), or record the run with "
+            "record_pipeline(schedule, run_dir, split=[...]) or with stage modules whose `layers` it can count"
+        )
     if not trace.meta.split:
         raise UnsupportedInputError(
             "the trace does not say how its layers are split across stages (ppscope runs record it; nsys and "
@@ -104,7 +113,7 @@ def _check_rebalanceable(trace: Trace) -> None:
             "`ppscope rebalance TRACE --model PRESET|config.json [--current-split N,N,..]`, or the costs yourself: "
             "`ppscope rebalance --layer-costs MS,MS,... --stages P`"
         )
-    if trace.meta.chunks > 1:
+    if trace.meta.chunks > 1 and not training:
         raise InvalidConfigError(
             "rebalancing interleaved runs (chunks > 1) is not supported: rebalance a gpipe or serve run"
         )
