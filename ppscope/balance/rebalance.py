@@ -127,6 +127,8 @@ class Rebalance:
     current: SplitEval
     proposed: SplitEval
     objective: str
+    chunks: int = 1
+    """Virtual stages per rank (V): with more than one, the splits are per virtual stage, in stage order."""
 
     @property
     def predicted_speedup(self) -> float:
@@ -146,20 +148,31 @@ class Rebalance:
             "predicted_speedup": self.predicted_speedup,
             "kv_tokens": {k: None if v.kv_tokens is None else list(v.kv_tokens) for k, v in both.items()},
             "kv_capacity_tokens": {k: v.kv_capacity for k, v in both.items()},
-            **engine_lines(self.proposed.split, sum(self.current.split)),
+            **engine_lines(self.proposed.split, sum(self.current.split), chunks=self.chunks),
         }
 
 
-def rebalance(problem: BalanceProblem, current: Sequence[int] | None = None) -> Rebalance:
-    """Advise a split; `current` defaults to vLLM's default rule."""
+def rebalance(problem: BalanceProblem, current: Sequence[int] | None = None, *, chunks: int = 1) -> Rebalance:
+    """Advise a split; `current` defaults to vLLM's default rule. With `chunks` > 1 the problem's stages are
+    virtual stages (stage s on rank s mod P), balanced each as a stage of its own."""
     cur = list(current) if current is not None else vllm_default_split(problem.costs.layers, problem.stages)
     return Rebalance(
-        current=evaluate(problem, cur), proposed=evaluate(problem, balance(problem)), objective=problem.objective
+        current=evaluate(problem, cur),
+        proposed=evaluate(problem, balance(problem)),
+        objective=problem.objective,
+        chunks=chunks,
     )
 
 
-def megatron_args(split: Sequence[int]) -> str | None:
-    """Megatron-LM flags for `split`, or None when its form (equal middle stages) cannot express it."""
+def megatron_args(split: Sequence[int], chunks: int = 1) -> str | None:
+    """Megatron-LM flags for `split`, or None when its form (equal middle stages) cannot express it. With
+    `chunks` virtual stages per rank (virtual stage s on rank s mod P) the flags count a rank's layers, which
+    Megatron spreads evenly over its virtual stages: None unless each rank's virtual stages are equal."""
+    if chunks > 1:
+        ranks = len(split) // chunks
+        if ranks * chunks != len(split) or any(len(set(split[r::ranks])) > 1 for r in range(ranks)):
+            return None
+        split = [sum(split[r::ranks]) for r in range(ranks)]
     if len(split) == 1:
         return ""
     middle = split[1:-1]
@@ -186,19 +199,21 @@ def torchtitan_parts(split: Sequence[int]) -> list[list[str]]:
     return parts
 
 
-def engine_lines(split: Sequence[int], layers: int) -> dict[str, str]:
+def engine_lines(split: Sequence[int], layers: int, *, chunks: int = 1) -> dict[str, str]:
     """The split written the way each engine takes it, checked first against the model's `layers`: a line
-    to paste never names a split of another model."""
+    to paste never names a split of another model. With `chunks` > 1 the split is per virtual stage: the
+    layout and torchtitan's model parts list one part per virtual stage, in stage order."""
     validate_split(split, layers)
     text = format_split(split)
-    megatron = megatron_args(split)
+    megatron = megatron_args(split, chunks)
     fqns = ", ".join("[" + ", ".join(f'"{m}"' for m in part) + "]" for part in torchtitan_parts(split))
     return {
         "vllm_env": f"VLLM_PP_LAYER_PARTITION={text}",
         "sglang_env": f"SGLANG_PP_LAYER_PARTITION={text}",
         "megatron_args": megatron
         if megatron is not None
-        else "(not expressible: Megatron's first/last form needs equal middle stages)",
+        else "(not expressible: Megatron's first/last form needs equal middle stages"
+        + (", and equal virtual stages on each rank)" if chunks > 1 else ")"),
         "megatron_layout": f"--pipeline-model-parallel-layout '{megatron_layout(split)}'",
         "torchtitan_toml": f"module_fqns_per_model_part = [{fqns}]",
         "ppscope_run": f"ppscope run --split {text}",

@@ -128,7 +128,7 @@ def _advise(trace: Trace, profile: LayerProfile | None) -> tuple[Answer | None, 
     try:
         got = run_costs([trace], profile)
         problem = BalanceProblem(costs=got.costs, stages=len(split))
-        advice = rebalance(problem, split)
+        advice = rebalance(problem, split, chunks=trace.meta.chunks)  # a training run: per virtual stage
     except PPScopeError as exc:
         return None, str(exc)
     cur, new = advice.current.split, advice.proposed.split
