@@ -20,7 +20,9 @@ _DESCRIPTION = (
     "--comm-ms. Without a run, --model with --gpu times every layer from the model's shape and the GPU's "
     "datasheet; with an nsys or Kineto trace of another engine, --model's costs are calibrated on the trace's "
     "stage busy times. Prints current vs proposed split, per-stage times, the predicted speedup, KV capacity per stage "
-    "(with --model/--gpu-mem-gib) and the split as vLLM, SGLang, Megatron and ppscope take it."
+    "(with --model/--gpu-mem-gib) and the split as vLLM, SGLang, Megatron, torchtitan and ppscope take it. A training "
+    "run of torch.distributed.pipelining (the recording hook's, or Kineto traces with --current-split) is costed "
+    "by each micro-batch's forward + backward, per virtual stage under interleaved schedules."
 )
 
 
@@ -76,7 +78,11 @@ def register(sub: Any) -> None:
     p.add_argument("runs", nargs="*", metavar="RUN", help="run directories to fit costs from (the last is current)")
     add_cost_arguments(p)
     p.add_argument("--stages", type=int, help="pipeline stages (default: the run's)")
-    p.add_argument("--current-split", help="layer counts per stage now (default: the run's, else vLLM's rule)")
+    p.add_argument(
+        "--current-split",
+        help="layer counts per stage now (default: the run's, else vLLM's rule); per virtual stage for a training "
+        "trace that records none",
+    )
     p.add_argument(
         "--costs",
         choices=("auto", "profile", "fit"),
@@ -213,6 +219,43 @@ def _read_profile(args: argparse.Namespace) -> Any:
     return read_profile(last) if args.costs != "fit" and last.is_dir() else None
 
 
+def _training(args: argparse.Namespace, traces: list[Any]) -> dict[str, Any] | None:
+    """For a training run: what its costs are and where they came from, and the last trace with the split
+    given by --current-split when it records none (in memory: the files are only read)."""
+    import dataclasses
+
+    from ppscope.balance.split import parse_counts, validate_split
+    from ppscope.balance.training import TRAIN_PASSES, is_training
+
+    last = traces[-1]
+    if not is_training(last):
+        return None
+    meta = last.meta
+    if not meta.split and args.current_split:
+        split = parse_counts(args.current_split, "4,4")
+        validate_split(split, sum(split))
+        meta = dataclasses.replace(meta, split=split, split_source="--current-split")
+        traces[-1] = dataclasses.replace(last, meta=meta)
+    origin = {
+        "pipelining": "the recording hook's forward and backward spans",
+        "kineto": "the Kineto trace's operators, each counted in the pipelining action it ran in",
+    }.get(meta.source, "the run's forward and backward compute spans")
+    virtual = meta.chunks > 1
+    return {
+        "passes": TRAIN_PASSES,
+        "from": origin,
+        "split_source": meta.split_source or None,
+        "chunks": meta.chunks,
+        "virtual_stages": virtual,
+        "assumption": (
+            f"the split is per virtual stage ({meta.chunks} per rank) and is balanced over them, each virtual stage "
+            "as a stage of its own: the schedule is assumed to run at the pace of its slowest virtual stage"
+            if virtual
+            else None
+        ),
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from ppscope.balance.costs import StageCosts
     from ppscope.balance.plan import stage_memory_model
@@ -226,12 +269,13 @@ def run(args: argparse.Namespace) -> int:
 
     if wants_model(args):
         return _run_model(args)
-    fit, profiled, run_model, current, measured = None, None, {}, None, None
+    fit, profiled, run_model, current, measured, training = None, None, {}, None, None, None
     notes: tuple[str, ...] = ()
     stages = args.stages
     given = bool(args.layer_costs or args.layers or args.layer_cost_ms is not None)
     if args.runs:
         traces = [open_trace(r) for r in args.runs]
+        training = _training(args, traces)
         meta = traces[-1].meta
         run_model, current = meta.model, list(meta.split) or None
         if given and current is not None:
@@ -250,9 +294,7 @@ def run(args: argparse.Namespace) -> int:
         args.dtype = args.dtype or str(meta.config.get("dtype") or "") or None
         if fit is not None:
             last_run = [o for o in fit.observations if o.run == len(traces) - 1]
-            measured = [
-                o.forward_ms + (o.embed_ms or 0.0) + (o.head_ms or 0.0) + (o.sample_ms or 0.0) for o in last_run
-            ]
+            measured = [o.pass_ms + (o.embed_ms or 0.0) + (o.head_ms or 0.0) + (o.sample_ms or 0.0) for o in last_run]
         if current is not None:
             if stages is not None and stages != len(current):
                 raise InvalidConfigError(f"--stages {stages} differs from the run's {len(current)} stages")
@@ -296,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
         memory=memory,
         objective=args.objective,
     )
-    advice = rebalance(problem, current)
+    advice = rebalance(problem, current, chunks=training["chunks"] if training else 1)
     out = advice.to_dict()
     out.update(_advice(args, traces if args.runs else [], problem, advice))
     out["costs"] = {
@@ -311,6 +353,7 @@ def run(args: argparse.Namespace) -> int:
     out["fit"] = None
     out["cost_source"] = "given" if given else ("profile" if profiled is not None else "fit")
     out["measured_stage_ms"] = measured
+    out["training"] = training
     if fit is not None:
         out["fit"] = {
             "phase": fit.phase,
@@ -336,6 +379,15 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     from ppscope.balance.costs import r_squared_text
 
     fit = d["fit"]
+    training = d["training"]
+    if training is not None:
+        print(
+            "training run: each layer's cost is its forward + backward per micro-batch (F + B, or F + I + W), "
+            f"from {training['from']}, fitted per stage"
+            + (f"; split from {training['split_source']}" if training["split_source"] else "")
+        )
+        if training["assumption"]:
+            print(f"  {training['assumption']}")
     if d["cost_source"] == "profile":
         print("costs: the run's per-layer profile (profile.json); the fit from its stage spans is for comparison")
     if d["cost_source"] == "given":
@@ -358,7 +410,13 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
         f"{c['sample_ms']:.3f} ms (last stage), layers {sum(c['layer_ms']):.3f} ms in all"
     )
     table = Table(title=f"objective: {d['objective']}")
-    cols = ["stage", "layers now", "ms now", "layers new", "ms new"]
+    cols = [
+        "virtual stage" if training and training["virtual_stages"] else "stage",
+        "layers now",
+        "ms now",
+        "layers new",
+        "ms new",
+    ]
     measured = d["measured_stage_ms"]
     if measured is not None and len(measured) == len(d["current_split"]):
         cols.insert(3, "measured ms")  # what the last run's spans show, next to the model's "ms now"
