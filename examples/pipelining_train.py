@@ -9,6 +9,8 @@ Run it under torchrun, one process per pipeline rank (gloo on CPUs, NCCL with on
 `--ppscope DIR` records every action of the schedule with ppscope's recorder instead (a run directory,
 `ppscope.integrations.pipelining`). Both can be given at once; then the run directory also holds the
 profiler's cost. `ppscope analyze DIR` reads either, and `ppscope dashboard DIR` shows it.
+`--split 6,2` puts the layers unevenly on the stages; the recorder counts each stage's `layers`, so
+`ppscope rebalance DIR` advises a better split (for the Kineto traces, give it `--current-split 6,2`).
 
 Schedules, with the stages each rank holds: `gpipe` and `1f1b` one stage per rank; `interleaved-1f1b`,
 `looped-bfs` and `zero-bubble` (torch's interleaved ZB1P) `--chunks` stages per rank, stage s on rank
@@ -89,6 +91,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chunks", type=int, default=2, help="stages per rank of loop schedules (2)")
     p.add_argument("--steps", type=int, default=3, help="training steps (3)")
     p.add_argument("--layers", type=int, default=8, help="decoder layers, split evenly over the stages (8)")
+    p.add_argument("--split", metavar="N,N,...", help="layers per (virtual) stage in stage order (default: even)")
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=256)
@@ -109,8 +112,13 @@ def stages_of(rank: int, ranks: int, placement: str, chunks: int) -> list[int]:
     return [rank + c * ranks for c in range(chunks)]
 
 
-def layer_range(stage: int, stages: int, layers: int) -> tuple[int, int]:
-    """An even split of `layers` over `stages`, the remainder on the first stages."""
+def layer_range(stage: int, stages: int, layers: int, split: str | None = None) -> tuple[int, int]:
+    """The layers of `stage`: `split`'s counts, or an even split of `layers`, the remainder on the first stages."""
+    if split:
+        counts = [int(n) for n in split.split(",")]
+        if len(counts) != stages or sum(counts) != layers or min(counts) < 1:
+            sys.exit(f"--split {split} must give {stages} counts of at least 1 layer, summing to --layers {layers}")
+        return sum(counts[:stage]), sum(counts[: stage + 1])
     base, extra = divmod(layers, stages)
     first = stage * base + min(stage, extra)
     return first, first + base + (stage < extra)
@@ -125,7 +133,7 @@ def build(args: argparse.Namespace, rank: int, ranks: int, device: torch.device)
     parts, stages = [], []
     for s in local:
         torch.manual_seed(args.seed + s)  # every stage's weights are the same whatever the placement
-        part = DecoderPart(args, *layer_range(s, n_stages, args.layers)).to(device)
+        part = DecoderPart(args, *layer_range(s, n_stages, args.layers, args.split)).to(device)
         parts.append(part)
         stages.append(PipelineStage(part, s, n_stages, device))
     cls = getattr(schedules, cls_name)

@@ -42,12 +42,13 @@ def group(tmp_path: Path) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def _train(example: ModuleType, schedule_name: str, run: Path, steps: int = 2, m: int = 4) -> None:
+def _train(example: ModuleType, schedule_name: str, run: Path, steps: int = 2, m: int = 4, *more: str,
+           **options: object) -> None:  # fmt: skip
     args = example.parse(["--schedule", schedule_name, "--microbatches", str(m), "--layers", "4", "--dim", "16",
-                          "--seq", "8"])  # fmt: skip
+                          "--seq", "8", *more])  # fmt: skip
     schedule, _ = example.build(args, 0, 1, torch.device("cpu"))
     tokens = torch.randint(0, args.vocab, (m * args.mb_size, args.seq + 1))
-    with record_pipeline(schedule, run):
+    with record_pipeline(schedule, run, **options):
         for _ in range(steps):
             schedule.step(tokens[:, :-1], target=tokens[:, 1:], losses=[])
 
@@ -83,3 +84,34 @@ def test_recording_needs_a_new_run_directory(example: ModuleType, tmp_path: Path
     with pytest.raises(RunExistsError):
         _train(example, "gpipe", tmp_path / "run", steps=1)
     assert schedules._batch_p2p.__module__ == "torch.distributed.pipelining.schedules"
+
+
+@pytest.mark.usefixtures("group")
+def test_the_run_holds_each_virtual_stages_layers_and_rebalances(
+    example: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from ppscope.cli.main import main
+
+    more = ["--layers", "8", "--chunks", "4", "--split", "5,1,1,1", "--dim", "32"]
+    _train(example, "interleaved-1f1b", tmp_path / "run", 4, 4, *more)
+    meta = load_run(tmp_path / "run").meta
+    assert (meta.split, meta.split_source, meta.model, meta.chunks) == ([5, 1, 1, 1], "stage modules' layers",
+                                                                        {"layers": 8}, 4)  # fmt: skip
+    assert main(["rebalance", str(tmp_path / "run"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["current_split"] == [5, 1, 1, 1] and out["proposed_split"][0] < 5  # layers off the slow stage
+    assert out["training"]["virtual_stages"] and out["fit"]["phase"] == "forward+backward"
+    assert out["megatron_layout"].startswith("--pipeline-model-parallel-layout 'Et*")
+
+
+@pytest.mark.usefixtures("group")
+def test_a_split_given_to_the_hook_is_recorded_and_checked(example: ModuleType, tmp_path: Path) -> None:
+    from ppscope.errors import InvalidSplitError
+
+    _train(example, "interleaved-1f1b", tmp_path / "run", 1, 4, split=(3, 1))
+    meta = load_run(tmp_path / "run").meta
+    assert (meta.split, meta.split_source, meta.model) == ([3, 1], "record_pipeline(split=)", {"layers": 4})
+    with pytest.raises(InvalidSplitError, match="has 3 stage"):
+        _train(example, "interleaved-1f1b", tmp_path / "bad", 1, 4, split=(2, 1, 1))

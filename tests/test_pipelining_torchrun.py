@@ -6,6 +6,7 @@ busy) and the one its compute operators alone give."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -26,9 +27,9 @@ SMALL = ["--microbatches", "4", "--steps", "2", "--layers", "4", "--dim", "32", 
 SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv", "dualpipev"]
 
 
-def _train(schedule: str, out: Path) -> None:
+def _train(schedule: str, out: Path, shape: list[str] = SMALL) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "examples" / "pipelining_train.py"), "--schedule", schedule, *SMALL,
+           str(ROOT / "examples" / "pipelining_train.py"), "--schedule", schedule, *shape,
            "--profile", str(out / "prof"), "--ppscope", str(out / "run")]  # fmt: skip
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
@@ -75,3 +76,33 @@ def test_profiler_and_hook_see_the_same_pipeline(schedule: str, tmp_path: Path) 
     if schedule == "gpipe":
         assert measured.theory.formula == hooked.theory.formula == "GPipe (P-1)/(M+P-1)"
         assert measured.theory.bubble_ratio == pytest.approx(1 / 5)
+
+
+def test_an_unbalanced_training_run_is_advised_in_the_trainers_terms(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ppscope.cli.main import main
+
+    _train("1f1b", tmp_path, ["--microbatches", "4", "--steps", "4", "--layers", "8", "--split", "6,2"])
+    run = tmp_path / "run"
+    assert open_trace(run).meta.split == [6, 2]
+    assert main(["rebalance", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["current_split"] == [6, 2] and out["proposed_split"][0] < 6  # layers off the slow stage
+    assert out["predicted_speedup"] > 1 and out["training"]["passes"] == "forward+backward"
+    # the costs are each stage's forward + backward per micro-batch, as the hook's spans show them
+    spans = open_trace(run).spans
+    for s, measured in enumerate(out["measured_stage_ms"]):
+        mine = spans[(spans["stage"] == s) & spans["kind"].isin(["forward", "backward", "head"])]
+        backward = mine[mine["kind"] == "backward"]
+        assert measured == pytest.approx((mine["end_ns"] - mine["start_ns"]).sum() / 16 / 1e6)
+        assert (backward["end_ns"] - backward["start_ns"]).sum() > 0.2 * measured * 16 * 1e6
+    assert main(["rebalance", str(run)]) == 0
+    text = capsys.readouterr().out
+    assert "--pipeline-model-parallel-layout 'Et*" in text and "module_fqns_per_model_part" in text
+    prof = tmp_path / "prof"
+    assert main(["rebalance", str(prof)]) == 2  # the profiler's traces record no split
+    assert "give --current-split" in capsys.readouterr().err
+    assert main(["rebalance", str(prof), "--current-split", "6,2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["proposed_split"][0] < 6 and "Kineto" in out["training"]["from"]

@@ -13,7 +13,9 @@ live; `ppscope analyze runs/train` reads it): a `forward` span per forward of a 
 `head` span on the last stage, a `recv_wait` span for each wait for a neighbour's activations or gradients
 (with the peer rank and the bytes) and a `send` span for posting each send and for each wait for a send to
 complete. Spans carry the stage (virtual with several stages per rank), micro-batch, chunk (the stage's index
-among the rank's) and step (calls of `schedule.step`).
+among the rank's) and step (calls of `schedule.step`). The run's metadata holds the layer split, layer counts
+per (virtual) stage in stage order, for `ppscope rebalance`: given as `split=[...]`, or counted from each
+stage's module (its `layers` ModuleList or ModuleDict, as torchtitan prunes it per stage).
 
 How: the stages' compute methods and the getters of their P2P operations are wrapped on the instances, and
 the two functions every torch schedule posts and waits for P2P operations through
@@ -29,7 +31,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -37,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import schedules as _sched
 
+from ppscope.balance.split import validate_split
 from ppscope.formats.ppactions import Action, name_schedule, placement_of
 from ppscope.trace.clock import estimate_offset
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind
@@ -92,7 +95,8 @@ class PipelineRecorder:
 
     name: the schedule's name in the run (default: named from its action order, as the Kineto importer
     does); nvtx: also push NVTX ranges (for Nsight Systems); clock_sync: measure clock offsets by ping-pong
-    (`auto`: only when the ranks are on several hosts)."""
+    (`auto`: only when the ranks are on several hosts); split: the decoder layers each (virtual) stage holds,
+    in stage order, the same on every rank (default: counted from each stage's module, `_stage_layers`)."""
 
     def __init__(
         self,
@@ -103,6 +107,7 @@ class PipelineRecorder:
         nvtx: bool = False,
         clock_sync: str = "auto",
         flush_interval_s: float = 0.5,
+        split: Sequence[int] | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("record_pipeline needs torch.distributed initialised (init_process_group) first")
@@ -120,8 +125,11 @@ class PipelineRecorder:
         guessed, why = name_schedule(order, placement)
         self.name = name or guessed or _CLASS_NAMES.get(type(schedule).__name__, "")
         info = self._rank_info(clock_sync)
-        infos: list[Any] = [None] * self.world
-        dist.all_gather_object(infos, info)
+        held = {s.stage_index: _stage_layers(s.submod) for s in self.stages}
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, (info, held))
+        infos = [g[0] for g in gathered]
+        self.split, self.split_source = _split(split, [g[1] for g in gathered], int(self.stages[0].num_stages))
         self._create(infos, placement, why)
         sink = RankWriter(self.run_dir, self.rank)
         self.recorder = Recorder(
@@ -167,6 +175,9 @@ class PipelineRecorder:
             schedule=self.name,
             microbatches=int(s._n_microbatches),
             chunks=len(self.stages),
+            split=list(self.split),
+            split_source=self.split_source,
+            model={"layers": sum(self.split)} if self.split else {},
             backend=str(dist.get_backend()),
             ranks=infos,
             versions={"torch": torch.__version__},
@@ -325,6 +336,30 @@ def _wait_batch_p2p(work: list[Any]) -> None:
         _active[-1].waited(work, wait)
     else:
         wait()
+
+
+def _stage_layers(module: Any) -> int | None:
+    """The decoder layers a stage's module holds: the length of its shallowest submodule named `layers` that
+    is a ModuleList or ModuleDict (torchtitan's models, pruned per stage, and most decoders); None without."""
+    found = [
+        (name.count("."), len(m))
+        for name, m in module.named_modules()
+        if name.rsplit(".", 1)[-1] == "layers" and isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict))
+    ]
+    return min(found)[1] if found else None
+
+
+def _split(given: Sequence[int] | None, held: list[dict[int, int | None]], stages: int) -> tuple[list[int], str]:
+    """The split to record and where it came from: `given`, checked; else every stage's counted layers,
+    when each stage's module had them (a stage with no layers cannot be balanced); else none."""
+    if given is not None:
+        split = [int(n) for n in given]
+        validate_split(split, sum(split), stages)
+        return split, "record_pipeline(split=)"
+    counted = {s: n for h in held for s, n in h.items() if n}
+    if sorted(counted) != list(range(stages)):
+        return [], ""
+    return [counted[s] for s in range(stages)], "stage modules' layers"
 
 
 def _order(schedule: Any) -> tuple[dict[int, list[Action]], str]:
