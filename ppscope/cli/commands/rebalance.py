@@ -453,7 +453,7 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     elif d["kv_bytes_per_token"] is not None:
         per = "; ".join(f"stage {s}: {b} B" for s, b in enumerate(d["kv_bytes_per_token"]))
         print(f"KV cache per token (proposed split): {per}; give --gpu-mem-gib for KV capacity")
-    elif not has_model:
+    elif not has_model and training is None:  # a training run keeps no KV cache
         print("KV capacity: give --model and --gpu-mem-gib")
     if keep:
         print(f"the proposed split, not advised: {d['vllm_env']}")
