@@ -18,6 +18,7 @@ __all__ = [
     "RunNotFoundError",
     "SchemaVersionError",
     "UnsupportedInputError",
+    "WorkerFailedError",
     "brief",
 ]
 
@@ -85,3 +86,7 @@ class InterruptedRunError(PPScopeError):
     """The user interrupted a run (Ctrl-C); what was recorded up to then is kept."""
 
     exit_code = 130
+
+
+class WorkerFailedError(PPScopeError):
+    """A worker of a distributed analysis died, and again when its task was retried; names what it read."""

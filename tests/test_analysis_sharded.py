@@ -133,3 +133,10 @@ def test_the_command_refuses_workers_where_they_cannot_serve(
     assert main(["analyze", str(target), "--workers", "2", *html]) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_gaps_can_be_left_out_and_nothing_else_changes(tmp_path: Path) -> None:
+    run = _sim(tmp_path, **RUNS["gpipe"])
+    whole, lean = analyze(load_run(run)), analyze_run(run, gaps=False)
+    assert len(whole.gaps) > 0 and lean.gaps.empty
+    assert json.dumps(whole.to_json(), sort_keys=True) == json.dumps(lean.to_json(), sort_keys=True)

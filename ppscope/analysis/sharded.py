@@ -19,6 +19,7 @@ to the nanosecond: the same functions run on the same spans, only fewer at a tim
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -71,6 +72,7 @@ from ppscope.trace.store import read_rank_spans, read_requests, run_files
 __all__ = ["RankDigest", "analyze_run"]
 
 _P2P = (ROLE_SEND, ROLE_RECV, ROLE_WAIT)
+_NO_WAVES = Waves(pd.Series(dtype=np.int64), pd.Series(dtype=np.int64))
 _P2P_COLUMNS = ["rank", "peer", "kind", "mb", "step", "start_ns", "end_ns", "nbytes"]
 T = TypeVar("T")
 R = TypeVar("R")
@@ -110,17 +112,27 @@ class _StagePart:
     p2p: pd.DataFrame
 
 
-def analyze_run(run_dir: str | Path, config: AnalysisConfig | None = None, *, workers: int = 1) -> AnalysisResult:
+def analyze_run(
+    run_dir: str | Path,
+    config: AnalysisConfig | None = None,
+    *,
+    workers: int = 1,
+    ray: str | None = None,
+    gaps: bool = True,
+) -> AnalysisResult:
     """`analyze(load_run(run_dir), config)`, reading one rank (pass 1) or one stage (pass 2) at a time, in
-    `workers` processes (1: in this one)."""
+    `workers` processes (1: in this one), or as tasks of the Ray cluster at `ray` (`local`: start one here; at
+    least as many tasks in flight as it has CPUs). `gaps=False` leaves the idle intervals out of the result (an
+    empty frame): they are as many as the spans, and only a drawing needs them."""
     if workers < 1:
         raise InvalidConfigError(f"--workers must be >= 1, got {workers}")
     config = config or AnalysisConfig()
     meta, files, warnings = run_files(run_dir)
     requests = read_requests(run_dir)
     ranks = sorted(files)
-    with _pool(workers) as pool:
-        digests = list(_ordered(pool, _digest, [(files, r, meta) for r in ranks], workers))
+    with _pool(workers, ray) as pool:
+        workers = max(workers, getattr(pool, "slots", 1))
+        digests, whole = _fold(_ordered(pool, _digest, [(files, r, meta) for r in ranks], workers))
         warnings += recorded_failures({d.rank: d.error for d in digests if d.error}, meta.error)
         for d in digests:
             warnings += d.warnings
@@ -133,14 +145,14 @@ def analyze_run(run_dir: str | Path, config: AnalysisConfig | None = None, *, wo
             return empty_result(meta, warnings, latency)
         tiny = pd.DataFrame({"rank": [d.rank for d in digests], "stage": [d.stage for d in digests]})
         layout = Layout.of(stage_of_ranks(tiny, meta, warnings))
-        facts = _facts(digests, layout, meta)
+        facts = _facts(digests, whole, layout, meta)
         window = choose_window(config, facts.extents, warnings)
         if window.length_ns <= 0:
             warnings.append(ZERO_LENGTH)
             return empty_result(meta, warnings, latency, window=window)
         warnings += facts.warnings(layout.p)
         flush = flushes(meta.schedule) or facts.backward_compute
-        waves = _run_waves([d.waves for d in digests], flush=flush)
+        waves = _run_waves(whole.waves, flush=flush)
         ring_bound = facts.inflight is not None and facts.inflight < layout.p
         quiet = no_requests(requests, meta, window)
         jobs = [(files, ranks_, stage, meta, window, flush, facts.has_waits, quiet, waves, ring_bound)
@@ -150,14 +162,16 @@ def analyze_run(run_dir: str | Path, config: AnalysisConfig | None = None, *, wo
         pairing = _Pairing(peers, window, meta)
         for part in _ordered(pool, _stage, jobs, workers):
             pairing.add(part.p2p)
-            parts.append(_StagePart(part.result, part.gaps, part.tokens, part.p2p.iloc[:0]))
+            parts.append(
+                _StagePart(part.result, part.gaps if gaps else part.gaps.iloc[:0], part.tokens, part.p2p.iloc[:0])
+            )
     said = pairing.finish()
     if said:
         warnings.append(said)
     results = [p.result for p in parts]
-    gaps = pd.concat([p.gaps for p in parts], ignore_index=True)
+    idle = pd.concat([p.gaps for p in parts], ignore_index=True)
     tokens = sum(p.tokens for p in parts)
-    return assemble(meta, window, layout, facts, results, gaps, pairing.hops(), tokens, latency, warnings)
+    return assemble(meta, window, layout, facts, results, idle, pairing.hops(), tokens, latency, warnings)
 
 
 def _digest(files: dict[int, Path], rank: int, meta: RunMeta) -> RankDigest:
@@ -167,8 +181,7 @@ def _digest(files: dict[int, Path], rank: int, meta: RunMeta) -> RankDigest:
     if spans.empty:
         none = np.empty(0, np.int64)
         empty = Extents(0, 0, none, none)
-        no_waves = Waves(pd.Series(dtype=np.int64), pd.Series(dtype=np.int64))
-        return RankDigest(rank, 0, error, warnings, -1, empty, no_waves, False, False, False, set(), (0, []), none,
+        return RankDigest(rank, 0, error, warnings, -1, empty, _NO_WAVES, False, False, False, set(), (0, []), none,
                           none, set())  # fmt: skip
     role = span_roles(spans["kind"], spans["name"])
     times = stage_times(spans, role, Layout.of({rank: 0}), ring_bound=False)
@@ -197,7 +210,31 @@ def _digest(files: dict[int, Path], rank: int, meta: RunMeta) -> RankDigest:
     )
 
 
-def _facts(digests: list[RankDigest], layout: Layout, meta: RunMeta) -> Facts:
+@dataclass(frozen=True)
+class _Whole:
+    """The parts of the digests that grow with a run's steps and micro-batches, folded as they arrive."""
+
+    waves: Waves
+    decode_mbs: np.ndarray
+    compute_mbs: np.ndarray
+
+
+def _fold(digests: Iterator[RankDigest]) -> tuple[list[RankDigest], _Whole]:
+    """The digests, each let go of its steps and micro-batch ids once they are folded into the whole's."""
+    kept: list[RankDigest] = []
+    none = np.empty(0, np.int64)
+    whole = _Whole(_NO_WAVES, none, none)
+    for d in digests:
+        whole = _Whole(
+            Waves.merged([whole.waves, d.waves]),
+            np.union1d(whole.decode_mbs, d.decode_mbs),
+            np.union1d(whole.compute_mbs, d.compute_mbs),
+        )
+        kept.append(dataclasses.replace(d, waves=_NO_WAVES, decode_mbs=none, compute_mbs=none))
+    return kept, whole
+
+
+def _facts(digests: list[RankDigest], whole: _Whole, layout: Layout, meta: RunMeta) -> Facts:
     """The whole trace's facts from its ranks' digests, as `analyze` finds them in one frame."""
     index = {s: i for i, (s, _) in enumerate(layout.stages)}
     p = layout.p
@@ -208,7 +245,7 @@ def _facts(digests: list[RankDigest], layout: Layout, meta: RunMeta) -> Facts:
         first[g] = min(first[g], d.extents.first_compute[0])
         last[g] = max(last[g], d.extents.last_compute[0])
     extents = Extents(min(d.extents.first_ns for d in digests), max(d.extents.last_ns for d in digests), first, last)
-    decode = np.unique(np.concatenate([d.decode_mbs for d in digests]))
+    decode = whole.decode_mbs
     inflight, _ = measured_inflight(decode.astype(np.int32), np.ones(decode.shape[0], np.bool_), meta)
     has_p2p = any(d.has_p2p for d in digests)
     n = sum(d.overlaps[0] for d in digests)
@@ -220,13 +257,12 @@ def _facts(digests: list[RankDigest], layout: Layout, meta: RunMeta) -> Facts:
         collectives=[] if has_p2p else collective_labels(set().union(*(d.comm_names for d in digests))),
         overlaps=(n, [lane for d in digests for lane in d.overlaps[1]][:3]),
         inflight=inflight,
-        compute_mbs=int(np.unique(np.concatenate([d.compute_mbs for d in digests])).shape[0]),
+        compute_mbs=int(whole.compute_mbs.shape[0]),
     )
 
 
-def _run_waves(parts: list[Waves], *, flush: bool) -> Waves:
+def _run_waves(waves: Waves, *, flush: bool) -> Waves:
     """The whole trace's waves; without a flush every step is one (step 0), as `fill_drain` sees them."""
-    waves = Waves.merged(parts)
     if flush:
         return waves
 
@@ -304,8 +340,12 @@ class _Pairing:
         return sorted(self._hops, key=lambda h: (h.src_rank, h.dst_rank))
 
 
-def _pool(workers: int) -> Any:
-    """Worker processes (spawned: no inherited threads or locks), or this process for one worker."""
+def _pool(workers: int, ray: str | None) -> Any:
+    """Ray tasks, worker processes (spawned: no inherited threads or locks), or this process for one worker."""
+    if ray is not None:
+        from ppscope.analysis.cluster import RayPool
+
+        return RayPool(ray)
     if workers == 1:
         return _Inline()
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))

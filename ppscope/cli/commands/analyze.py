@@ -43,6 +43,12 @@ def register(sub: Any) -> None:
         help="read a run directory a rank at a time in N processes (1: this one), so memory holds one stage's spans "
         "per worker, not the whole job; the same figures to the nanosecond",
     )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="do --workers' per-rank work as tasks of the Ray cluster at ADDRESS (`local`: start one here); every "
+        "node must see RUN at the same path. Needs pip install 'ppscope[cluster]'",
+    )
     p.set_defaults(func=run)
 
 
@@ -59,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     config = AnalysisConfig(steady=args.steady, active=args.active, window_ms=window_ms)
     if args.html:  # before the analysis: a refused --html costs nothing
         check_output(args.html, option="--html", inputs=[args.run], force=args.force)
-    if args.workers is not None:
+    if args.workers is not None or args.ray is not None:
         result, unrecorded, said = _rank_by_rank(args, config)
     else:
         trace = open_trace(args.run)
@@ -86,11 +92,12 @@ def _rank_by_rank(args: argparse.Namespace, config: Any) -> tuple[Any, bool, lis
     from ppscope.errors import InvalidConfigError
     from ppscope.trace.store import is_run_dir, read_meta
 
+    how = "--ray" if args.ray is not None else "--workers"
     if args.html:
-        raise InvalidConfigError("--html draws every span, so it needs the whole trace in memory: leave out --workers")
+        raise InvalidConfigError(f"--html draws every span, so it needs the whole trace in memory: leave out {how}")
     if not is_run_dir(args.run):
         raise InvalidConfigError(
-            f"--workers reads a ppscope run directory rank by rank, and {args.run} is not one: leave out --workers"
+            f"{how} reads a ppscope run directory rank by rank, and {args.run} is not one: leave out {how}"
         )
-    result = analyze_run(args.run, config, workers=args.workers)
+    result = analyze_run(args.run, config, workers=args.workers or 1, ray=args.ray, gaps=False)  # no drawing
     return result, read_meta(args.run).unrecorded, [w for w in result.warnings if w != NO_SPANS]
