@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ppscope.analysis import analyze
 from ppscope.errors import PPScopeError
+from ppscope.simulate.training import is_training, replay_training
 from ppscope.trace.model import Trace, spans_frame
 
 __all__ = ["CASES", "DATA", "FUZZ", "OUTCOMES", "Damaged", "check_input", "examples", "fingerprint", "mutated"]
@@ -104,6 +105,9 @@ def check_input(name: str, path: Path, load: Callable[[Path], Trace]) -> str:
         try:
             analyze(trace)
             outcome = "ok"
+            if is_training(trace):  # the replay `ppscope analyze` prints: a note when it cannot, never an error
+                replay, _ = replay_training(trace)
+                assert replay.bubble_ratio is not None or replay.note
         except PPScopeError as exc:
             _one_line(exc)
             outcome = f"ok+{type(exc).__name__}"

@@ -23,6 +23,7 @@ __all__ = [
     "Cause",
     "HopStats",
     "LatencyStats",
+    "Replay",
     "RequestLatency",
     "StageResult",
     "Theory",
@@ -111,6 +112,39 @@ class TheoryGap:
 
 
 @dataclass(kw_only=True)
+class Replay:
+    """A training run replayed: its own action order, run again as discrete events with its measured
+    per-action costs and hop latency (`ppscope.simulate.training`). The analyzer does not compute it (the
+    simulator sits above it); a caller that has one sets `AnalysisResult.replay`."""
+
+    bubble_ratio: float | None
+    """Σ idle ÷ (ranks × window) of the replayed steps, each over its own window from its first compute to its
+    last (median over the steps); None when nothing could be replayed (`note` says why)."""
+    measured_step_ratio: float | None = None
+    """The same ratio measured on the run over the same steps' windows (median over the steps)."""
+    steps: list[int] = field(default_factory=list)
+    """The steps replayed (complete ones: every stage runs every micro-batch's forward and backward)."""
+    costs_ns: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Stage -> action type (F, B, I, W) -> the median busy time of that action's compute, in ns."""
+    hop_ns: int = 0
+    """The hop latency added to every dependency between ranks."""
+    hop_measured: bool = False
+    """Whether `hop_ns` was measured (median post-to-wake latency of the run's messages) or taken as 0."""
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bubble_ratio": self.bubble_ratio,
+            "measured_step_bubble_ratio": self.measured_step_ratio,
+            "steps": list(self.steps),
+            "costs_ns": {str(s): dict(c) for s, c in self.costs_ns.items()},
+            "hop_latency_ns": self.hop_ns,
+            "hop_measured": self.hop_measured,
+            "note": self.note,
+        }
+
+
+@dataclass(kw_only=True)
 class HopStats:
     """Traffic from one rank to another, from send/recv spans."""
 
@@ -194,6 +228,8 @@ class AnalysisResult:
     """Idle intervals: stage, start_ns, end_ns, cause (adjacent same-cause pieces merged)."""
     missing: str | None = None
     """What the trace lacks to describe the whole pipeline (ranks or stages without spans); None if nothing."""
+    replay: Replay | None = None
+    """A training run's replay, when the caller made one (`ppscope analyze` does for training runs)."""
 
     @property
     def pp_size(self) -> int:
@@ -249,6 +285,7 @@ class AnalysisResult:
             "hops": [{**vars(h), "unmeasured": dict(h.unmeasured)} for h in self.hops],
             "latency": _latency_json(self.latency),
             "missing": self.missing,
+            "replay": None if self.replay is None else self.replay.to_json(),
             "warnings": list(self.warnings),
         }
 

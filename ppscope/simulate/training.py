@@ -1,0 +1,368 @@
+"""Replay of a training pipeline's own action order with its measured per-action costs.
+
+A torch.distributed.pipelining run (recorded by `ppscope.integrations.pipelining`, or imported from Kineto
+traces) labels every compute action with its rank, stage, micro-batch, step and type (F, B, I, W). This module
+takes each rank's order of actions in a step, the measured cost of each action type per stage (the median busy
+time of that action's compute over the steps) and the hop latency (the median post-to-wake latency of the
+run's messages, `ppscope.analysis.pipeline.message_latencies`), and replays the step as discrete events with
+the true dependencies:
+
+- F of stage s on micro-batch m after F of s-1 on m;
+- B or I of s on m after its own F, and after B or I of s+1 on m (the gradient's flow);
+- W of s on m after I of s on m;
+- a dependency between stages on different ranks arrives one hop latency after it ends;
+- each rank runs its actions in its recorded order, one at a time.
+
+Nothing else is replayed: host time between actions, the optimizer, transfers beyond the hop latency. The
+figure is Σ idle ÷ (ranks × window) over each step's own window, from its first compute to its last (the
+analyzer's `active` window, taken per step), next to the same ratio measured on the run over the same steps.
+It knows nothing about torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from ppscope.analysis.pipeline import message_latencies
+from ppscope.analysis.result import Replay
+from ppscope.errors import InvalidConfigError
+from ppscope.trace.model import COMPUTE_KINDS, RankInfo, RunMeta, SpanKind, Trace, spans_frame
+
+__all__ = [
+    "MAX_STEPS",
+    "ReplayedStep",
+    "TrainAction",
+    "is_training",
+    "replay_order",
+    "replay_training",
+    "training_actions",
+]
+
+TYPES = ("F", "B", "I", "W")
+MAX_STEPS = 64
+"""The most steps replayed and measured (evenly spaced over the complete ones); costs take every complete step."""
+_KEY = ["rank", "stage", "mb", "step", "phase"]
+
+
+class TrainAction(NamedTuple):
+    """One compute action: `2F0` is TrainAction(2, "F", 0)."""
+
+    stage: int
+    type: str
+    mb: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.stage}{self.type}{self.mb}"
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A replayed action on its rank: [start, end), and [wait_from, start) spent waiting for `peer`'s data."""
+
+    rank: int
+    action: TrainAction
+    start_ns: int
+    end_ns: int
+    wait_from_ns: int
+    peer: int
+
+
+@dataclass(frozen=True)
+class ReplayedStep:
+    """One step replayed: every action's times, and per rank its busy time within the step's window."""
+
+    actions: list[Timed]
+    busy_ns: dict[int, int]
+    start_ns: int
+    end_ns: int
+
+    @property
+    def window_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def idle_ns(self) -> dict[int, int]:
+        return {r: self.window_ns - b for r, b in self.busy_ns.items()}
+
+    @property
+    def bubble_ratio(self) -> float:
+        """Σ idle ÷ (ranks × window): ppscope's bubble ratio, each rank one physical stage."""
+        return sum(self.idle_ns.values()) / (len(self.busy_ns) * self.window_ns)
+
+
+def _dependencies(a: TrainAction, present: set[TrainAction], last_stage: int) -> list[TrainAction]:
+    if a.type == "F":
+        return [TrainAction(a.stage - 1, "F", a.mb)] if a.stage > 0 else []
+    if a.type == "W":
+        own = TrainAction(a.stage, "I", a.mb)
+        return [own if own in present else TrainAction(a.stage, "B", a.mb)]
+    deps = [TrainAction(a.stage, "F", a.mb)]
+    if a.stage < last_stage:
+        full = TrainAction(a.stage + 1, "B", a.mb)
+        deps.append(full if full in present else TrainAction(a.stage + 1, "I", a.mb))
+    return deps
+
+
+def replay_order(
+    order: Mapping[int, Sequence[TrainAction]], cost_ns: Mapping[tuple[int, str], int], hop_ns: int = 0
+) -> ReplayedStep:
+    """Replay one step: `order` is each rank's compute actions in the order it runs them, `cost_ns` the time
+    of each (stage, type), `hop_ns` what a dependency between ranks adds. Raises InvalidConfigError, in one
+    line, when the order cannot run (an action whose input is in no rank's order, a stage on two ranks, two
+    ranks waiting for each other)."""
+    if hop_ns < 0:
+        raise InvalidConfigError(f"the hop latency must be >= 0 ns, got {hop_ns}")
+    rank_of: dict[int, int] = {}
+    present: set[TrainAction] = set()
+    for r, acts in order.items():
+        for a in acts:
+            if a.type not in TYPES or a.stage < 0 or a.mb < 0:
+                raise InvalidConfigError(f"rank {r}: {a.label} is no compute action (F, B, I or W of a stage on a mb)")
+            if rank_of.setdefault(a.stage, r) != r:
+                raise InvalidConfigError(f"stage {a.stage} runs on ranks {rank_of[a.stage]} and {r}: one rank each")
+            if a in present:
+                raise InvalidConfigError(f"rank {r} runs {a.label} twice in one step")
+            present.add(a)
+            if (a.stage, a.type) not in cost_ns or cost_ns[(a.stage, a.type)] < 0:
+                raise InvalidConfigError(f"no cost (>= 0 ns) for action type {a.type} of stage {a.stage}")
+    if not present:
+        raise InvalidConfigError("the step has no compute actions to replay")
+    last = max(rank_of)
+    deps = {a: _dependencies(a, present, last) for a in present}
+    for a, ds in deps.items():
+        for d in ds:
+            if d not in present:
+                raise InvalidConfigError(
+                    f"{a.label} needs {d.label}, which no rank runs in this step (a step cut short, or a rank missing)"
+                )
+    end: dict[TrainAction, int] = {}
+    free = dict.fromkeys(order, 0)
+    pos = dict.fromkeys(order, 0)
+    timed: list[Timed] = []
+    progress = True
+    while progress:
+        progress = False
+        for r, acts in order.items():
+            while pos[r] < len(acts) and all(d in end for d in deps[acts[pos[r]]]):
+                a = acts[pos[r]]
+                start, peer = free[r], -1
+                for d in deps[a]:
+                    other = rank_of[d.stage]
+                    arrives = end[d] + (hop_ns if other != r else 0)
+                    if arrives > start:
+                        start, peer = arrives, other
+                end[a] = start + int(cost_ns[(a.stage, a.type)])
+                timed.append(Timed(r, a, start, end[a], free[r], peer))
+                free[r] = end[a]
+                pos[r] += 1
+                progress = True
+    stuck = {r: acts[pos[r]] for r, acts in order.items() if pos[r] < len(acts)}
+    if stuck:
+        waits = ", ".join(
+            f"rank {r} at {a.label} (needs {' and '.join(d.label for d in deps[a] if d not in end)})"
+            for r, a in sorted(stuck.items())
+        )
+        raise InvalidConfigError(f"the ranks' orders cannot run together: {waits}")
+    busy = {r: sum(t.end_ns - t.start_ns for t in timed if t.rank == r) for r in order}
+    start_ns = min(t.start_ns for t in timed)
+    end_ns = max(t.end_ns for t in timed)
+    if end_ns <= start_ns:
+        raise InvalidConfigError("every action of the step costs 0 ns: there is no window to take a ratio over")
+    return ReplayedStep(timed, busy, start_ns, end_ns)
+
+
+def is_training(trace: Trace) -> bool:
+    """A torch.distributed.pipelining run (the hook's), or any trace with backward actions (B, I, W): one whose
+    own action order `replay_training` can replay."""
+    return trace.meta.source == "pipelining" or bool(trace.spans["phase"].isin(["B", "I", "W"]).any())
+
+
+def training_actions(trace: Trace) -> pd.DataFrame:
+    """One row per compute action of a pipelining run: rank, stage, mb, step, phase (the type), start_ns (where
+    it began: its order on the rank) and busy_ns (the union of its compute spans). The actions are the hook's
+    `forward` / `backward` spans (the loss, a `head` span of phase F, joins its forward), or where there are
+    none the Kineto import's action ranges, whose compute is the `kernel` spans labelled with them."""
+    s = trace.spans
+    labelled = s["phase"].isin(TYPES).to_numpy() & (s["mb"].to_numpy() >= 0) & (s["stage"].to_numpy() >= 0)
+    kind = s["kind"].to_numpy(object)
+    marks = labelled & np.isin(kind, [str(SpanKind.FORWARD), str(SpanKind.BACKWARD)])
+    if not marks.any():
+        marks = labelled & (kind == str(SpanKind.RANGE))
+    cols = [*_KEY, "start_ns", "busy_ns"]
+    if not marks.any():
+        return pd.DataFrame({c: pd.Series(dtype=np.int64 if c != "phase" else object) for c in cols})
+    acts = s.loc[marks].groupby(_KEY, as_index=False)["start_ns"].min()
+    compute = s.loc[labelled & np.isin(kind, list(COMPUTE_KINDS)), [*_KEY, "start_ns", "end_ns"]]
+    compute = compute.sort_values([*_KEY, "start_ns"], kind="stable")
+    # each span adds what it covers past the spans of its action before it (a union, in integer ns)
+    group = compute.groupby(_KEY, sort=False).ngroup().to_numpy()
+    reach = compute.groupby(_KEY, sort=False)["end_ns"].cummax().to_numpy(np.int64)
+    first = np.concatenate(([True], group[1:] != group[:-1]))
+    before = np.where(first, np.iinfo(np.int64).min, np.concatenate(([0], reach[:-1])))
+    lo = np.maximum(compute["start_ns"].to_numpy(np.int64), before)
+    own = np.maximum(compute["end_ns"].to_numpy(np.int64) - lo, 0)
+    busy = compute[_KEY].assign(busy_ns=own).groupby(_KEY, as_index=False)["busy_ns"].sum()
+    out = acts.merge(busy, on=_KEY, how="left")
+    out["busy_ns"] = out["busy_ns"].fillna(0).astype(np.int64)
+    return out[cols].sort_values(["rank", "step", "start_ns"], kind="stable").reset_index(drop=True)
+
+
+def _complete(step: pd.DataFrame, stages: int, mbs: Sequence[int]) -> bool:
+    """Every stage runs every micro-batch's forward and backward (B, or I and W) in this step."""
+    have = set(zip(step["stage"], step["phase"], step["mb"], strict=True))
+    for s in range(stages):
+        for m in mbs:
+            if (s, "F", m) not in have:
+                return False
+            if (s, "B", m) not in have and not {(s, "I", m), (s, "W", m)} <= have:
+                return False
+    return True
+
+
+def _measured(trace: Trace, step: int) -> float | None:
+    """The run's own bubble ratio over the step's window (its first compute to its last), per rank."""
+    s = trace.spans
+    comp = s[s["kind"].isin(list(COMPUTE_KINDS))]
+    own = comp[(comp["step"] == step) & comp["phase"].isin(TYPES) & (comp["mb"] >= 0)]
+    if own.empty:
+        return None
+    lo, hi = int(own["start_ns"].min()), int(own["end_ns"].max())
+    if hi <= lo:
+        return None
+    ranks = sorted(int(r) for r in own["rank"].unique())
+    idle = 0
+    for r in ranks:
+        mine = comp[(comp["rank"] == r) & (comp["end_ns"] > lo) & (comp["start_ns"] < hi)]
+        start = np.clip(mine["start_ns"].to_numpy(np.int64), lo, hi)
+        end = np.clip(mine["end_ns"].to_numpy(np.int64), lo, hi)
+        order = np.argsort(start, kind="stable")
+        start, end = start[order], end[order]
+        reach = np.maximum.accumulate(end) if len(end) else end
+        prev = np.concatenate(([lo], reach[:-1])) if len(end) else end
+        idle += (hi - lo) - int(np.maximum(end - np.maximum(start, prev), 0).sum())
+    return idle / (len(ranks) * (hi - lo))
+
+
+def _hop(trace: Trace) -> int | None:
+    lat = message_latencies(trace.spans)
+    return int(np.median(lat["latency_ns"].to_numpy())) if len(lat) else None
+
+
+def _steps_text(steps: Sequence[int]) -> str:
+    return ", ".join(map(str, steps)) if len(steps) < 6 else f"{steps[0]}-{steps[-1]} ({len(steps)} steps)"
+
+
+def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Replay, Trace | None]:
+    """Replay every complete step of a pipelining run in its own order with its measured per-action costs (the
+    median over those steps of each stage's F, B, I, W) and hop latency (`hop_ns`, default: measured, else 0).
+    Returns the figures, and the replayed steps as a Trace (one after another, each starting when the previous
+    one has ended on every rank); what cannot be replayed is a note, and no Trace."""
+    acts = training_actions(trace)
+    if acts.empty:
+        why = "no training actions in the trace (forward/backward spans, or Kineto action ranges, with a micro-batch)"
+        return Replay(bubble_ratio=None, note=why), None
+    stages = int(acts["stage"].max()) + 1
+    m = trace.meta.microbatches
+    mbs = list(range(m)) if m > 0 else sorted(int(x) for x in acts["mb"].unique())
+    by_step = {int(k): g for k, g in acts.groupby("step", sort=True)}
+    complete = [k for k, g in by_step.items() if _complete(g, stages, mbs)]
+    cut = [k for k in by_step if k not in complete]
+    notes = [f"step(s) {_steps_text(cut)} left out: some stage lacks a micro-batch's forward or backward "
+             "(a step cut by the trace's start or end)"] if cut and complete else []  # fmt: skip
+    if not complete:
+        why = (f"no complete step to replay: in step(s) {_steps_text(cut)} some stage lacks a micro-batch's "
+               f"forward or backward ({stages} stages, micro-batches {mbs[0]}-{mbs[-1]})")  # fmt: skip
+        return Replay(bubble_ratio=None, note=why), None
+    used = acts[acts["step"].isin(complete)]
+    median = used.groupby(["stage", "phase"])["busy_ns"].median()
+    cost = {(int(s), str(t)): round(float(v)) for (s, t), v in median.items()}
+    costs_ns: dict[int, dict[str, float]] = {}
+    for (s, t), v in median.items():
+        costs_ns.setdefault(int(s), {})[str(t)] = float(v)
+    measured_hop = _hop(trace) if hop_ns is None else hop_ns
+    hop = measured_hop if measured_hop is not None else 0
+    if hop_ns is None and measured_hop is None:
+        notes.append("hop latency taken as 0: the trace pairs no send with a receive that waited for it")
+    replayed = complete
+    if len(complete) > MAX_STEPS:
+        replayed = [complete[int(i)] for i in np.linspace(0, len(complete) - 1, MAX_STEPS).round()]
+        notes.append(f"{MAX_STEPS} of the {len(complete)} complete steps replayed, evenly spaced")
+    ratios, measured, parts = [], [], []
+    offset = 0
+    for k in replayed:
+        order = {int(r): [TrainAction(int(a.stage), str(a.phase), int(a.mb)) for a in rows.itertuples()]
+                 for r, rows in by_step[k].groupby("rank", sort=True)}  # fmt: skip
+        try:
+            step = replay_order(order, cost, hop)
+        except InvalidConfigError as exc:
+            why = f"step {k} cannot be replayed: {exc}"
+            return Replay(bubble_ratio=None, steps=replayed, costs_ns=costs_ns, hop_ns=hop, note=why), None
+        ratios.append(step.bubble_ratio)
+        got = _measured(trace, k)
+        if got is not None:
+            measured.append(got)
+        parts.append((k, step, offset - step.start_ns))
+        offset += step.window_ns
+    replay = Replay(
+        bubble_ratio=float(np.median(ratios)),
+        measured_step_ratio=float(np.median(measured)) if measured else None,
+        steps=replayed,
+        costs_ns=costs_ns,
+        hop_ns=hop,
+        hop_measured=hop_ns is None and measured_hop is not None,
+        note="; ".join(notes),
+    )
+    return replay, _as_trace(trace, parts, replay)
+
+
+def _as_trace(trace: Trace, parts: list[tuple[int, ReplayedStep, int]], replay: Replay) -> Trace:
+    """The replayed steps as a run of the simulator: a compute span per action, a `recv_wait` (with the peer)
+    where it waited for another rank."""
+    chunk: dict[tuple[int, int], int] = {}
+    for _, step, _ in parts:
+        for t in step.actions:
+            chunk.setdefault((t.rank, t.action.stage), 0)
+    for r in {r for r, _ in chunk}:
+        for i, s in enumerate(sorted(st for rr, st in chunk if rr == r)):
+            chunk[(r, s)] = i
+    rows = []
+    for k, step, shift in parts:
+        for t in step.actions:
+            a = t.action
+            kind = SpanKind.FORWARD if a.type == "F" else SpanKind.BACKWARD
+            common = {"rank": t.rank, "stage": a.stage, "mb": a.mb, "step": k, "chunk": chunk[(t.rank, a.stage)],
+                      "phase": a.type, "tokens": 0, "nbytes": 0}  # fmt: skip
+            rows.append({**common, "lane": "compute", "kind": str(kind), "name": a.label, "peer": -1,
+                         "start_ns": t.start_ns + shift, "end_ns": t.end_ns + shift})  # fmt: skip
+            if t.peer >= 0 and t.start_ns > t.wait_from_ns:
+                rows.append({**common, "lane": "recv", "kind": str(SpanKind.RECV_WAIT), "peer": t.peer,
+                             "name": f"{a.stage}RECV_{'F' if a.type == 'F' else 'B'}{a.mb}",
+                             "start_ns": t.wait_from_ns + shift, "end_ns": t.start_ns + shift})  # fmt: skip
+    spans = spans_frame(pd.DataFrame(rows)).sort_values(["start_ns", "rank", "end_ns"], kind="stable")
+    src = trace.meta
+    ranks = sorted({t.rank for _, step, _ in parts for t in step.actions})
+    position = {r: min(s for rr, s in chunk if rr == r) for r in ranks}
+    meta = RunMeta(
+        source="simulator",
+        status="finished",
+        world_size=max(ranks) + 1,
+        pp_size=len(ranks),
+        schedule=src.schedule,
+        microbatches=src.microbatches,
+        chunks=src.chunks,
+        backend="simulated",
+        ranks=[RankInfo(rank=r, stage=position[r], device="simulated") for r in ranks],
+        config={
+            "replay_of": src.run_id or src.source,
+            "steps": list(replay.steps),
+            "hop_latency_ns": replay.hop_ns,
+            "costs_ns": {str(s): c for s, c in replay.costs_ns.items()},
+        },
+    )
+    return Trace(spans=spans.reset_index(drop=True), meta=meta)
