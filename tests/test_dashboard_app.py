@@ -277,3 +277,22 @@ def test_names_from_files_show_as_written_not_as_markdown(tmp_path: Path) -> Non
     at = _app(folder).run()
     assert not at.exception
     assert at.subheader[0].value == r"runs/x\*y\_\[link\]\(http\:z\)\$a\$"
+
+
+def test_stages_section_shows_a_training_runs_replay(tmp_path: Path) -> None:
+    from ppscope.simulate.simulator import write_run
+    from ppscope.simulate.training import TrainAction, replay_order
+    from ppscope.trace.model import RunMeta, Trace
+
+    order = {r: [TrainAction(r, t, m) for t in "FB" for m in range(4)] for r in range(2)}  # GPipe, P=2, M=4
+    step = replay_order(order, {(s, t): 1000 * (1 + s) for s in range(2) for t in "FB"})
+    rows = [{"rank": t.rank, "stage": t.action.stage, "mb": t.action.mb, "step": 0, "phase": t.action.type,
+             "kind": "forward" if t.action.type == "F" else "backward", "lane": "compute",
+             "start_ns": t.start_ns, "end_ns": t.end_ns} for t in step.actions]  # fmt: skip
+    meta = RunMeta(source="pipelining", status="finished", world_size=2, pp_size=2, schedule="gpipe", microbatches=4)
+    run = write_run(Trace.from_records(rows, meta=meta), tmp_path / "run")
+    at = _app(run).run()
+    at.sidebar.radio(key="section").set_value("Stages").run()
+    assert not at.exception, at.exception
+    replay = next(m.value for m in at.markdown if m.value.startswith("**Replay**"))
+    assert f"{step.bubble_ratio:.1%}" in replay.replace("\\", "") and "own action order" in replay

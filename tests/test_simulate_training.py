@@ -6,6 +6,7 @@ from its spans; bad input is a one-line note, never a traceback."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,8 @@ from ppscope.analysis import (
     zb_h1_bubble,
     zbv_bubble,
 )
+from ppscope.analysis.report import render_text
+from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError
 from ppscope.simulate.simulator import write_run
 from ppscope.simulate.training import MAX_STEPS, TrainAction, replay_order, replay_training, training_actions
@@ -225,3 +228,20 @@ def test_bad_traces_give_a_note_not_a_traceback() -> None:
     cut = dataclasses.replace(trace, spans=s[~((s["stage"] == 0) & (s["phase"] == "B"))])
     replay, none = replay_training(cut)
     assert replay.bubble_ratio is None and "no complete step" in replay.note and none is None
+    res = analyze(cut)
+    res.replay = replay
+    assert "replay: -" in render_text(res) and "no complete step" in render_text(res)
+
+
+def test_analyze_prints_the_replay_beside_the_measured_bubble(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = write_run(_run_of(_one_f_one_b(3, 6), _costs(3)), tmp_path / "run")
+    assert main(["analyze", str(run)]) == 0
+    text = capsys.readouterr().out
+    line = next(ln for ln in text.splitlines() if ln.startswith("replay:"))
+    assert f"replay: {100 * gpipe_bubble(3, 6):.1f}%" in line and "own action order" in line
+    assert main(["analyze", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["replay"]
+    assert out["bubble_ratio"] == pytest.approx(gpipe_bubble(3, 6)) and out["steps"] == [0, 1, 2]
+    assert out["costs_ns"]["2"] == {"B": 2000.0, "F": 1000.0} and out["hop_measured"] is False

@@ -92,6 +92,10 @@ def summary_lines(res: AnalysisResult) -> list[str]:
     lines.append(f"theory: {_pct(th.bubble_ratio)}   formula {th.formula}" + (f" with {params}" if params else ""))
     if th.note:
         lines.append(f"        {th.note}")
+    if res.replay is not None:
+        lines.append(replay_line(res))
+        if res.replay.note:
+            lines.append(f"        {res.replay.note}")
     if res.bubble_ratio is not None and res.window is not None and res.stages:
         total = res.pp_size * res.window.length_ns
         shares = [f"{c} {_pct(sum(s.causes[c] for s in res.stages) / total)}" for c in _used_causes(res)]
@@ -116,6 +120,21 @@ def summary_lines(res: AnalysisResult) -> list[str]:
     if res.inflight is not None:
         lines.append(f"micro-batches in flight during decode: {res.inflight}")
     return lines
+
+
+def replay_line(res: AnalysisResult) -> str:
+    """The replay of a training run's own action order, beside the measured ratio of the same steps."""
+    rp = res.replay
+    assert rp is not None
+    if rp.bubble_ratio is None:
+        return "replay: -   (the run's own action order replayed with its measured per-action costs: not possible)"
+    hop = f"{rp.hop_ns / 1e3:,.1f} µs" + ("" if rp.hop_measured else " (not measured)")
+    steps = ", ".join(map(str, rp.steps)) if len(rp.steps) < 6 else f"{rp.steps[0]}-{rp.steps[-1]}"
+    return (
+        f"replay: {_pct(rp.bubble_ratio)}   measured {_pct(rp.measured_step_ratio)} over the same steps ({steps}), "
+        f"each from its first compute to its last — the run's own action order replayed with its measured "
+        f"per-action costs (median F/B/I/W per stage) and hop latency {hop}; host time between actions left out"
+    )
 
 
 def gap_sentence(res: AnalysisResult) -> str:

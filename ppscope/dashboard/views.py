@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from ppscope.analysis import CAUSES, figures, gantt
+from ppscope.analysis.report import replay_line
 from ppscope.dashboard import charts
 from ppscope.dashboard.data import LiveTrace
 from ppscope.dashboard.safety import Entry, md
@@ -36,11 +37,15 @@ __all__ = ["analysis", "compare", "rebalance", "requests", "stages"]
 
 def _analyze(trace: Trace) -> tuple[AnalysisResult | None, str]:
     from ppscope.analysis import analyze
+    from ppscope.simulate.training import is_training, replay_training
 
     try:
-        return analyze(trace), ""
+        result = analyze(trace)
     except PPScopeError as exc:
         return None, str(exc)
+    if result.stages and is_training(trace):  # as `ppscope analyze` does
+        result.replay, _ = replay_training(trace)
+    return result, ""
 
 
 def analysis(live: LiveTrace) -> tuple[AnalysisResult | None, str]:
@@ -94,6 +99,10 @@ def stages(live: LiveTrace) -> None:
             f"**Theory vs measured**: `{theory.formula}` with {params} predicts {_pct(theory.bubble_ratio)}; "
             f"measured {measured} (Σ bubble / (P × window))." + (f" {md(theory.note)}." if theory.note else "")
         )
+    if result.replay is not None:
+        st.markdown(f"**Replay**: {md(replay_line(result).removeprefix('replay: '))}")
+        if result.replay.note:
+            st.caption(md(result.replay.note))
     st.dataframe(_stage_table(result), hide_index=True)
     for warning in result.warnings:
         st.caption(f"⚠ {md(warning)}")

@@ -74,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
     if not result.stages and not unrecorded:
         why = "; ".join(said) or "did the run record anything?"
         raise UnsupportedInputError(f"{args.run} holds no spans: nothing to analyse ({why})")
+    from ppscope.simulate.training import is_training, replay_training
+
+    if is_training(trace):  # the run's own action order, replayed with its measured costs
+        result.replay, _ = replay_training(trace)
     if args.html:
         path = write_html(result, args.html, trace, max_bars=args.max_bars, force=args.force)
         if not args.json:
