@@ -68,16 +68,16 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None or args.ray is not None:
         result, unrecorded, said = _rank_by_rank(args, config)
     else:
+        from ppscope.simulate.training import is_training, replay_training
+
         trace = open_trace(args.run)
         result = analyze(trace, config)
         unrecorded, said = trace.meta.unrecorded, trace.warnings
+        if result.stages and is_training(trace):  # the run's own action order, replayed with its measured costs
+            result.replay, _ = replay_training(trace)
     if not result.stages and not unrecorded:
         why = "; ".join(said) or "did the run record anything?"
         raise UnsupportedInputError(f"{args.run} holds no spans: nothing to analyse ({why})")
-    from ppscope.simulate.training import is_training, replay_training
-
-    if is_training(trace):  # the run's own action order, replayed with its measured costs
-        result.replay, _ = replay_training(trace)
     if args.html:
         path = write_html(result, args.html, trace, max_bars=args.max_bars, force=args.force)
         if not args.json:
