@@ -16,7 +16,7 @@ from ppscope.analysis import AnalysisConfig, AnalysisResult, analyze
 from ppscope.analysis.sharded import analyze_run
 from ppscope.balance.costs import LayerCosts
 from ppscope.cli.main import main
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import CorruptFileError, InvalidConfigError
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import CommModel, SimConfig, simulate, write_run
 from ppscope.trace.model import ClockInfo, RankInfo, Trace
@@ -106,6 +106,21 @@ def test_a_missing_rank_file_is_named_and_the_rest_analyse(tmp_path: Path) -> No
     whole, sharded = analyze(load_run(run)), analyze_run(run)
     assert sharded.missing is not None and any("rank(s) 2 have no file" in w for w in sharded.warnings)
     _same(whole, sharded)
+
+
+def test_a_damaged_rank_file_is_left_out_and_named_as_load_run_does(tmp_path: Path) -> None:
+    run = _sim(tmp_path, **RUNS["gpipe"])
+    rank_file(run, 1).write_bytes(b"not a database at all" * 100)
+    whole, sharded = analyze(load_run(run)), analyze_run(run, workers=2)
+    assert sharded.missing is not None and any("rank 1's file is damaged" in w for w in sharded.warnings)
+    _same(whole, sharded)
+    for r in (0, 2, 3):  # nothing left to read: the error, as load_run raises it
+        rank_file(run, r).write_bytes(b"")
+    with pytest.raises(CorruptFileError) as sharded_error:
+        analyze_run(run)
+    with pytest.raises(CorruptFileError) as whole_error:
+        load_run(run)
+    assert str(sharded_error.value) == str(whole_error.value)
 
 
 def test_workers_must_be_positive(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ dtypes, whatever the chunking, the ties in start times, the gaps in row ids or t
 from __future__ import annotations
 
 import random
+import re
 import sqlite3
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import ppscope.trace.rankfile as rankfile
 import ppscope.trace.store as store
 from ppscope.errors import CorruptFileError
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, spans_frame
-from ppscope.trace.store import RankWriter, RunTail, create_run, load_run, rank_file, read_since
+from ppscope.trace.store import RankWriter, RunTail, create_run, load_run, rank_file, read_meta, read_since
 
 LANES = ["compute", "send", "stream 7", "é→ü"]
 NAMES = ["a", "b,c", "", "名前", "x" * 40, "forward"]
@@ -118,6 +119,11 @@ def test_a_cell_of_the_wrong_type_names_the_file(run: Path, column: str, value: 
         db.execute(f"UPDATE spans SET {column} = {value} WHERE id = 77")
     db.commit()
     db.close()
+    trace = load_run(run)  # the damaged file is named and left out; the others load
+    assert trace.ranks == [r for r in range(read_meta(run).world_size) if r != 1]
+    assert any(re.search(r"rank 1's file is damaged.*rank-00001\.sqlite.*wrong type", w) for w in trace.warnings)
+    for rank in trace.ranks:  # with only one file left, its damage is the error
+        rank_file(run, rank).unlink()
     with pytest.raises(CorruptFileError, match=r"rank-00001\.sqlite.*wrong type"):
         load_run(run)
 

@@ -63,11 +63,11 @@ from ppscope.analysis.pipeline import collective_labels, comm_names, hop_stats, 
 from ppscope.analysis.result import AnalysisResult, HopStats, StageResult, WindowInfo
 from ppscope.analysis.steps import Waves
 from ppscope.analysis.theory import flushes
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import CorruptFileError, InvalidConfigError
 from ppscope.failures import recorded_failures
 from ppscope.trace.clock import causality_violations
-from ppscope.trace.model import Phase, RunMeta
-from ppscope.trace.store import read_rank_spans, read_requests, run_files
+from ppscope.trace.model import Phase, RunMeta, spans_frame
+from ppscope.trace.store import damaged_note, read_rank_spans, read_requests, run_files
 
 __all__ = ["RankDigest", "analyze_run"]
 
@@ -86,6 +86,8 @@ class RankDigest:
     spans: int
     error: str
     warnings: list[str]
+    damaged: str
+    """Why the rank file cannot be read (then it is left out, as `load_run` leaves it out); empty when fine."""
     stage: int
     """The rank's lowest non-negative span stage, -1 when none has one."""
     extents: Extents
@@ -133,9 +135,13 @@ def analyze_run(
     with _pool(workers, ray) as pool:
         workers = max(workers, getattr(pool, "slots", 1))
         digests, whole = _fold(_ordered(pool, _digest, [(files, r, meta) for r in ranks], workers))
+        damaged = {d.rank: d.damaged for d in digests if d.damaged}
+        if damaged and len(damaged) == len(digests):  # nothing else to read: as `load_run`, say the last
+            raise CorruptFileError(damaged[max(damaged)])
         warnings += recorded_failures({d.rank: d.error for d in digests if d.error}, meta.error)
         for d in digests:
             warnings += d.warnings
+        warnings += [damaged_note(r, why) for r, why in damaged.items()]
         latency = run_latency(requests, meta)
         warnings += meta_notes(meta)
         digests = [d for d in digests if d.spans]
@@ -176,13 +182,18 @@ def analyze_run(
 
 def _digest(files: dict[int, Path], rank: int, meta: RunMeta) -> RankDigest:
     """Pass 1: one rank file reduced to what the whole trace needs of it."""
-    spans, errors, warnings = read_rank_spans(files, [rank], meta)
+    try:
+        spans, errors, warnings = read_rank_spans(files, [rank], meta)
+    except CorruptFileError as exc:
+        spans, errors, warnings, damaged = spans_frame(), {}, [], str(exc)
+    else:
+        damaged = ""
     error = errors.get(rank, "")
     if spans.empty:
         none = np.empty(0, np.int64)
         empty = Extents(0, 0, none, none)
-        return RankDigest(rank, 0, error, warnings, -1, empty, _NO_WAVES, False, False, False, set(), (0, []), none,
-                          none, set())  # fmt: skip
+        return RankDigest(rank, 0, error, warnings, damaged, -1, empty, _NO_WAVES, False, False, False, set(),
+                          (0, []), none, none, set())  # fmt: skip
     role = span_roles(spans["kind"], spans["name"])
     times = stage_times(spans, role, Layout.of({rank: 0}), ring_bound=False)
     compute = role == ROLE_COMPUTE
@@ -196,6 +207,7 @@ def _digest(files: dict[int, Path], rank: int, meta: RunMeta) -> RankDigest:
         spans=len(spans),
         error=error,
         warnings=warnings,
+        damaged="",
         stage=int(stage[stage >= 0].min()) if (stage >= 0).any() else -1,
         extents=Extents.of(times, 1),
         waves=Waves.of(compute_spans(times), flush=True),

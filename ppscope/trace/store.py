@@ -57,6 +57,7 @@ __all__ = [
     "check_new_run_dir",
     "check_outside_runs",
     "create_run",
+    "damaged_note",
     "enclosing_run",
     "holds_run",
     "is_run_dir",
@@ -326,13 +327,15 @@ class Cursor:
     requests_bytes: int = 0
 
 
-def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> tuple[Trace, Cursor]:
+def read_since(
+    run_dir: str | os.PathLike[str], since: Cursor | None = None, *, leave_out: Sequence[int] = ()
+) -> tuple[Trace, Cursor]:
     """Everything written to the run after `since` (all of it when None), and the cursor to pass next time.
 
     Spans are on the common clock and sorted by start time. A rank file that is missing is reported in
-    `Trace.warnings`; one that is damaged raises CorruptFileError naming it.
+    `Trace.warnings`; one that is damaged raises CorruptFileError naming it. Ranks in `leave_out` are not read.
     """
-    meta, files, warnings = run_files(run_dir)
+    meta, files, warnings = run_files(run_dir, leave_out)
     path = _check_run_dir(run_dir)
     since = since or Cursor()
     table, opened = read_ranks(files, since.spans, since.counters)
@@ -359,13 +362,16 @@ def read_since(run_dir: str | os.PathLike[str], since: Cursor | None = None) -> 
     return trace, Cursor(spans=span_pos, counters=counter_pos, requests_bytes=req_pos)
 
 
-def run_files(run_dir: str | os.PathLike[str]) -> tuple[RunMeta, dict[int, Path], list[str]]:
-    """A run's metadata, its rank files by rank, and what is to be said of the files it lacks."""
+def run_files(
+    run_dir: str | os.PathLike[str], leave_out: Sequence[int] = ()
+) -> tuple[RunMeta, dict[int, Path], list[str]]:
+    """A run's metadata, its rank files by rank but those of `leave_out`, and what is to be said of the files
+    it lacks."""
     path = _check_run_dir(run_dir)
     meta = read_meta(path)
-    files = _rank_files(path)
+    files = {r: f for r, f in _rank_files(path).items() if r not in leave_out}
     warnings = []
-    missing = sorted(set(range(meta.world_size)) - set(files))
+    missing = sorted(set(range(meta.world_size)) - set(files) - set(leave_out))
     if meta.unrecorded:
         warnings.append("recorded with --no-record: there are no spans, only the requests' latency")
     elif missing:
@@ -390,9 +396,42 @@ def read_rank_spans(
 
 
 def load_run(run_dir: str | os.PathLike[str]) -> Trace:
-    """The whole run as one Trace: every rank merged onto the common clock, spans sorted by start."""
-    trace, _ = read_since(run_dir)
-    return trace
+    """The whole run as one Trace: every rank merged onto the common clock, spans sorted by start.
+
+    A damaged rank file is left out and named in `Trace.warnings`, as a missing one is, so that one bad file
+    of a many-rank job does not hide the others; when no other rank file can be read, its CorruptFileError is
+    raised. (Each damaged file found costs one more read of the others.)
+    """
+    damaged: dict[int, str] = {}
+    while True:
+        try:
+            trace, _ = read_since(run_dir, leave_out=tuple(damaged))
+        except CorruptFileError as exc:
+            rank = _damaged_rank(Path(run_dir), str(exc), damaged)
+            if rank is None:
+                raise
+            damaged[rank] = str(exc)
+            continue
+        if not damaged:
+            return trace
+        if not len(trace.spans) and not (set(_rank_files(Path(run_dir))) - set(damaged)):
+            raise CorruptFileError(next(iter(damaged.values())))
+        for rank, why in sorted(damaged.items()):
+            trace.warnings.append(damaged_note(rank, why))
+        return trace
+
+
+def damaged_note(rank: int, why: str) -> str:
+    """What is said of a damaged rank file left out of a run's analysis."""
+    return f"rank {rank}'s file is damaged, left out (loaded the rest): {why}"
+
+
+def _damaged_rank(path: Path, message: str, known: dict[int, str]) -> int | None:
+    """The rank whose file a CorruptFileError names, when other rank files remain to be read; else None."""
+    files = {r: f for r, f in _rank_files(path).items() if r not in known}
+    if len(files) < 2:
+        return None
+    return next((r for r, f in sorted(files.items()) if str(f) in message), None)
 
 
 def read_rank_info(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
