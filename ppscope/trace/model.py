@@ -238,6 +238,9 @@ class RankInfo:
     rank: int
     stage: int = -1
     """First (or only) pipeline stage this rank runs; -1 unknown."""
+    replica: int = -1
+    """The data-parallel replica (one whole pipeline) this rank belongs to; -1 unknown: one pipeline. Ranks of
+    one stage and one replica (tensor parallel) are analysed together as that replica's stage."""
     host: str = ""
     device: str = ""
     """Device name, e.g. `NVIDIA H100 80GB HBM3` or `cpu`."""
@@ -380,14 +383,15 @@ def _check_types(meta: RunMeta, where: str) -> None:
     if not all(isinstance(n, int) for n in meta.split):
         raise CorruptFileError(f"{where}: split must be a list of integers, found {meta.split!r}")
     for info in meta.ranks:
-        values = (info.rank, info.stage, info.pid, info.clock.offset_ns, info.clock.uncertainty_ns)
+        values = (info.rank, info.stage, info.replica, info.pid, info.clock.offset_ns, info.clock.uncertainty_ns)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             raise CorruptFileError(
-                f"{where}: rank entries need integer rank, stage, pid, clock.offset_ns and clock.uncertainty_ns"
+                f"{where}: rank entries need integer rank, stage, replica, pid, clock.offset_ns and "
+                "clock.uncertainty_ns"
             )
         if not all(isinstance(v, str) for v in (info.host, info.device, info.clock.method, info.counters)):
             raise CorruptFileError(f"{where}: rank entries need text host, device, counters and clock.method")
-        limits = ((info.rank, 1 << 31), (info.stage, 1 << 31), (info.clock.offset_ns, 1 << 62))
+        limits = ((info.rank, 1 << 31), (info.stage, 1 << 31), (info.replica, 1 << 31), (info.clock.offset_ns, 1 << 62))
         if not all(-limit < v < limit for v, limit in (*limits, (info.clock.uncertainty_ns, 1 << 62))):
             raise CorruptFileError(f"{where}: rank {info.rank}: rank, stage or clock offset out of range")
         _check_numbers(info, where)

@@ -10,6 +10,12 @@ from typing import Any
 HELP = "Report bubbles, their causes and the bottleneck stage of a run or an nsys/Kineto trace"
 EXAMPLE = "ppscope analyze runs/r1 --steady --html report.html"
 
+_STAGE_OF_RANK_HELP = (
+    "which stage each rank runs, for a job of data-parallel pipelines: ranges RANKS:STAGE (0-7:0,8-15:1), or a "
+    "rule rank//N (stage-major: ranks 0..N-1 run stage 0), rank%%N (replica-major: ranks 0..N-1 are one "
+    "pipeline) or rank//N%%M; within a stage, ranks in order form replica 0, 1, ... (--tp ranks each). Default: "
+    "the run's metadata (RankInfo.replica), or Kineto's distributedInfo process groups"
+)
 _DESCRIPTION = (
     f"{HELP}. The bubble ratio is Σ bubble / (P × window), the share of the P stages' wall time spent idle. "
     "--steady finds the steady state automatically: from the instant every stage has started computing to the "
@@ -29,6 +35,14 @@ def register(sub: Any) -> None:
     )
     win.add_argument(
         "--window", metavar="START_MS:END_MS", help="analyse this window, in ms from the trace's first span"
+    )
+    p.add_argument("--stage-of-rank", metavar="SPEC", help=_STAGE_OF_RANK_HELP)
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --stage-of-rank: ranks per stage per replica (tensor parallel), analysed together as one stage",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report to FILE (a new file)")
@@ -54,6 +68,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ppscope.analysis import AnalysisConfig, analyze, parse_window_ms
+    from ppscope.analysis.placement import apply_placement, parse_stage_of_rank, placement_of
     from ppscope.analysis.report import print_report, stdout_console, write_html
     from ppscope.errors import InvalidConfigError, UnsupportedInputError
     from ppscope.formats.sources import open_trace
@@ -65,12 +80,21 @@ def run(args: argparse.Namespace) -> int:
     config = AnalysisConfig(steady=args.steady, active=args.active, window_ms=window_ms)
     if args.html:  # before the analysis: a refused --html costs nothing
         check_output(args.html, option="--html", inputs=[args.run], force=args.force)
+    if args.tp != 1 and not args.stage_of_rank:
+        raise InvalidConfigError("--tp needs --stage-of-rank (the metadata's ranks already say their replica)")
     if args.workers is not None or args.ray is not None:
         result, unrecorded, said = _rank_by_rank(args, config)
     else:
         from ppscope.simulate.training import is_training, replay_training
 
         trace = open_trace(args.run)
+        placement = placement_of(
+            trace, parse_stage_of_rank(args.stage_of_rank) if args.stage_of_rank else None, args.tp
+        )
+        if placement is not None:
+            trace = apply_placement(trace, placement)
+            if len(placement.replicas) > 1:
+                return _replicas(args, trace, placement, config)
         result = analyze(trace, config)
         unrecorded, said = trace.meta.unrecorded, trace.warnings
         if result.stages and is_training(trace):  # the run's own action order, replayed with its measured costs
@@ -103,5 +127,40 @@ def _rank_by_rank(args: argparse.Namespace, config: Any) -> tuple[Any, bool, lis
         raise InvalidConfigError(
             f"{how} reads a ppscope run directory rank by rank, and {args.run} is not one: leave out {how}"
         )
+    if args.stage_of_rank or any(r.replica > 0 for r in read_meta(args.run).ranks):
+        raise InvalidConfigError(
+            f"{how} analyses one pipeline, and this run holds several replicas: leave out {how} (each replica is "
+            "then analysed on its own, in memory)"
+        )
     result = analyze_run(args.run, config, workers=args.workers or 1, ray=args.ray, gaps=False)  # no drawing
     return result, read_meta(args.run).unrecorded, [w for w in result.warnings if w != NO_SPANS]
+
+
+def _replicas(args: argparse.Namespace, trace: Any, placement: Any, config: Any) -> int:
+    """A job of several data-parallel pipelines: each analysed on its own, compared stage by stage; the
+    pipeline holding the bottleneck is detailed as one pipeline is."""
+    from ppscope.analysis.replica_report import replica_json, replica_lines
+    from ppscope.analysis.replicas import analyze_replicas, replica_trace
+    from ppscope.analysis.report import print_report, stdout_console, write_html
+    from ppscope.errors import UnsupportedInputError
+
+    ra = analyze_replicas(trace, placement, config, keep_gaps=bool(args.html))
+    result = ra.results.get(ra.shown_replica)
+    if result is None or not result.stages:
+        why = "; ".join(ra.warnings) or "did the run record anything?"
+        raise UnsupportedInputError(f"{args.run} holds no spans of any replica: nothing to analyse ({why})")
+    if args.html:
+        sub = replica_trace(trace, placement, ra.shown_replica)
+        path = write_html(result, args.html, sub, max_bars=args.max_bars, force=args.force)
+        if not args.json:
+            print(f"wrote {path} (replica {ra.shown_replica})", file=sys.stderr)
+    if args.json:
+        print(json.dumps(replica_json(ra), indent=2))
+        return 0
+    print("\n".join(replica_lines(ra)))
+    for warning in ra.warnings:
+        print(f"warning: {warning}")
+    print(f"\nreplica {ra.shown_replica}, the pipeline holding the bottleneck:")
+    result.warnings = [w for w in result.warnings if w not in ra.warnings]
+    print_report(result, stdout_console())
+    return 0

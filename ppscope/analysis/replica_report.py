@@ -1,0 +1,82 @@
+"""Presenting a ReplicaAnalysis: a few lines and one row per stage, readable whatever the number of replicas.
+
+It computes nothing: the figures come from `ppscope.analysis.replicas`.
+"""
+
+from __future__ import annotations
+
+from ppscope.analysis.replicas import ReplicaAnalysis, rank_list
+
+__all__ = ["replica_json", "replica_lines"]
+
+_BASIS = {"time_per_mb": "time per micro-batch", "busy": "busy time"}
+
+
+def _ms(ns: float | None) -> str:
+    return "-" if ns is None else f"{ns / 1e6:,.3f} ms"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _vs(slowdown: float | None) -> str:
+    return "-" if slowdown is None else f"+{100 * (slowdown - 1):.1f}%"
+
+
+def _stands_out(slowdown: float | None) -> bool:
+    """A straggler is named when it is slower than the median at all (equal replicas have none)."""
+    return slowdown is not None and slowdown > 1.0
+
+
+def replica_lines(ra: ReplicaAnalysis) -> list[str]:
+    """The job's summary and its per-stage table, as text lines."""
+    n, p = len(ra.replicas), len(ra.stages)
+    what = _BASIS.get(ra.basis, ra.basis)
+    lines = [f"{n} data-parallel pipelines × {p} stages; (stage, replica) from {ra.placement}"]
+    if ra.missing_ranks:
+        lines.append(
+            f"missing: rank(s) {rank_list(ra.missing_ranks)} recorded nothing (file missing or damaged); "
+            f"incomplete replica(s): {rank_list(ra.incomplete_replicas) or 'none known'}"
+        )
+    if ra.bottleneck is not None:
+        stage, replica, rank = ra.bottleneck
+        lines.append(
+            f"bottleneck: stage {stage}, replica {replica}, rank {rank}: {what} {_ms(ra.bottleneck_ns)}, "
+            f"{_vs(ra.bottleneck_slowdown)} over the stage's median"
+        )
+    if ra.bubble_ratio is not None:
+        lines.append(
+            f"bubble ratio {_pct(ra.bubble_ratio)} over all replicas (Σ bubble / Σ (P × window)); per replica: "
+            f"median {_pct(ra.bubble_median)}, worst {_pct(ra.bubble_worst)} (replica {ra.bubble_worst_replica})"
+        )
+    header = ("stage", "replicas", f"median {what}", "slowest", "straggler", "vs median", "bubble median",
+              "bubble worst")  # fmt: skip
+    rows = [
+        (
+            str(s.stage),
+            str(s.replicas),
+            _ms(s.median_ns),
+            _ms(s.slowest_ns),
+            f"replica {s.straggler_replica} rank {s.straggler_rank}" if _stands_out(s.slowdown) else "none",
+            _vs(s.slowdown) if _stands_out(s.slowdown) else "-",
+            _pct(s.bubble_median),
+            f"{_pct(s.bubble_worst)} (replica {s.bubble_worst_replica})",
+        )
+        for s in ra.stages
+    ]
+    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+    lines.append("")
+    for row in (header, *rows):
+        lines.append(
+            "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        )
+    return lines
+
+
+def replica_json(ra: ReplicaAnalysis) -> dict[str, object]:
+    """`ppscope analyze --json` of a job of replicas: the detailed replica's keys, as for one pipeline, and
+    `replicas` (ReplicaAnalysis.to_json)."""
+    out: dict[str, object] = dict(ra.results[ra.shown_replica].to_json()) if ra.shown_replica in ra.results else {}
+    out["replicas"] = ra.to_json()
+    return out

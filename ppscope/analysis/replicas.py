@@ -1,0 +1,331 @@
+"""Many pipelines: a job of data-parallel replicas, each analysed as its own pipeline, compared stage by stage.
+
+Ranks that share a stage are one stage to `analyze` (tensor parallelism inside it). Data-parallel replicas are
+not: each is a pipeline of its own, with its own bubble. `analyze_replicas` splits the trace by replica (the
+`Placement` of `ppscope.analysis.placement`), runs the ordinary `analyze` on each replica's pipeline, and puts
+beside each other, per stage, the replicas' times: median, slowest, the straggler rank and how much slower it is
+than the median. The job's bottleneck is the slowest (stage, replica) of all, named with its rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ppscope.analysis.analyzer import AnalysisConfig, analyze
+from ppscope.analysis.bubbles import ROLE_COMPUTE, span_roles
+from ppscope.analysis.intervals import Intervals, clip, union_length
+from ppscope.analysis.placement import Placement
+from ppscope.analysis.result import AnalysisResult, StageResult
+from ppscope.trace.model import Trace, counters_frame, requests_frame
+
+__all__ = ["ReplicaAnalysis", "ReplicaSummary", "StageSpread", "analyze_replicas", "rank_list"]
+
+
+def rank_list(ranks: list[int], most: int = 12) -> str:
+    """`0-3, 7, 9-11`: consecutive numbers as ranges, at most `most` pieces (then `... (n in all)`)."""
+    pieces: list[str] = []
+    for r in sorted(ranks):
+        if pieces and pieces[-1].split("-")[-1] == str(r - 1):
+            pieces[-1] = f"{pieces[-1].split('-')[0]}-{r}"
+        else:
+            pieces.append(str(r))
+    if len(pieces) > most:
+        return ", ".join(pieces[:most]) + f", ... ({len(ranks)} in all)"
+    return ", ".join(pieces)
+
+
+@dataclass(kw_only=True)
+class StageSpread:
+    """One stage across the replicas that recorded it. t is the time per micro-batch (basis `time_per_mb`),
+    or the busy time when some replica's stage has no `forward` spans (basis `busy`)."""
+
+    stage: int
+    replicas: int
+    """Replicas whose pipeline has this stage."""
+    basis: str
+    median_ns: float
+    """The median of t over the replicas (the mean of the middle two for an even count)."""
+    slowest_ns: float
+    straggler_replica: int
+    """The replica with the largest t (the first of equal ones)."""
+    straggler_rank: int
+    """Its rank; of several (tensor parallel), the one busiest in the window."""
+    slowdown: float | None
+    """slowest ÷ median: how many times the straggler's t is the median's; None when the median is 0."""
+    median_replica: int
+    """The replica whose t is the lower middle one: the stage's typical lane."""
+    bubble_median: float
+    bubble_worst: float
+    bubble_worst_replica: int
+
+
+@dataclass(kw_only=True)
+class ReplicaSummary:
+    replica: int
+    ranks: list[int]
+    missing: list[int]
+    """Ranks of this replica that recorded no spans (missing or damaged file)."""
+    bubble_ratio: float | None
+    slowest_stage: int | None
+
+
+@dataclass(kw_only=True)
+class ReplicaAnalysis:
+    """A job of data-parallel pipelines, each analysed on its own, compared per stage."""
+
+    placement: str
+    """Where the ranks' (stage, replica) came from."""
+    stages: list[StageSpread]
+    replicas: list[ReplicaSummary]
+    results: dict[int, AnalysisResult] = field(repr=False)
+    """Each replica's own analysis (idle gaps dropped unless asked for)."""
+    basis: str
+    bubble_ratio: float | None
+    """Σ bubble ÷ Σ (P × window) over every replica: the share of the job's stage time spent idle."""
+    bubble_median: float | None
+    bubble_worst: float | None
+    bubble_worst_replica: int | None
+    bottleneck: tuple[int, int, int] | None
+    """(stage, replica, rank) with the largest t of the job."""
+    bottleneck_ns: float | None
+    bottleneck_slowdown: float | None
+    """The bottleneck's t ÷ its stage's median."""
+    missing_ranks: list[int]
+    incomplete_replicas: list[int]
+    shown_replica: int
+    """The replica whose pipeline the report details: the bottleneck's, else the first."""
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        stages = [dataclasses.asdict(s) for s in self.stages]
+        return {
+            "placement": self.placement,
+            "count": len(self.replicas),
+            "stages_per_replica": len(self.stages),
+            "basis": self.basis,
+            "bubble_ratio": self.bubble_ratio,
+            "bubble_ratio_median": self.bubble_median,
+            "bubble_ratio_worst": self.bubble_worst,
+            "bubble_ratio_worst_replica": self.bubble_worst_replica,
+            "bottleneck": None
+            if self.bottleneck is None
+            else dict(zip(("stage", "replica", "rank"), self.bottleneck, strict=True)),
+            "bottleneck_ns": self.bottleneck_ns,
+            "bottleneck_vs_median": self.bottleneck_slowdown,
+            "stages": stages,
+            "replicas": [dataclasses.asdict(r) for r in self.replicas],
+            "missing_ranks": self.missing_ranks,
+            "incomplete_replicas": self.incomplete_replicas,
+            "shown_replica": self.shown_replica,
+            "warnings": self.warnings,
+        }
+
+
+def replica_trace(trace: Trace, placement: Placement, replica: int) -> Trace:
+    """One replica's pipeline as a Trace of its own: its ranks' spans and counters, its ranks' metadata.
+
+    `world_size` is 0 in it: the other replicas' ranks are not missing from this pipeline; the ranks missing
+    from it are named by `analyze_replicas`, which knows which ranks the replica had.
+    """
+    ranks = np.array(placement.ranks_of(replica), np.int64)
+    keep = np.isin(trace.spans["rank"].to_numpy(), ranks)
+    spans = trace.spans[keep].reset_index(drop=True)
+    counters = trace.counters[np.isin(trace.counters["rank"].to_numpy(), ranks)].reset_index(drop=True)
+    infos = []
+    for r in ranks.tolist():
+        info = trace.meta.rank_info(r)
+        stage, rep = placement.place[r]
+        infos.append(dataclasses.replace(info, stage=stage, replica=rep) if info else None)
+    meta = dataclasses.replace(
+        trace.meta,
+        run_id=f"{trace.meta.run_id} replica {replica}",
+        world_size=0,
+        pp_size=len(placement.stages),
+        ranks=[i for i in infos if i is not None] or _placed_infos(placement, ranks.tolist()),
+    )
+    return Trace(spans=spans, counters=counters_frame(counters), meta=meta, requests=requests_frame(), warnings=[])
+
+
+def _placed_infos(placement: Placement, ranks: list[int]) -> list[Any]:
+    from ppscope.trace.model import RankInfo
+
+    return [RankInfo(rank=r, stage=placement.place[r][0], replica=placement.place[r][1]) for r in ranks]
+
+
+def analyze_replicas(
+    trace: Trace, placement: Placement, config: AnalysisConfig | None = None, *, keep_gaps: bool = False
+) -> ReplicaAnalysis:
+    """Each replica's pipeline analysed with `analyze`, and per stage the spread across replicas."""
+    recorded = set(trace.ranks)
+    warnings = list(trace.warnings)
+    stray = sorted(recorded - set(placement.place))
+    if stray:
+        warnings.append(
+            f"rank(s) {rank_list(stray)} recorded spans but have no (stage, replica) from {placement.source}: left out"
+        )
+    crossing = _crossing_messages(trace, placement)
+    if crossing:
+        warnings.append(
+            f"ranks of different replicas exchange point-to-point messages (rank {crossing[0]} → rank {crossing[1]}): "
+            f"a pipeline's stages talk to each other only, so the placement from {placement.source} may be wrong"
+        )
+    results: dict[int, AnalysisResult] = {}
+    summaries: list[ReplicaSummary] = []
+    busiest: dict[tuple[int, int], int] = {}
+    seen_warnings: dict[str, list[int]] = {}
+    for rep in placement.replicas:
+        ranks = placement.ranks_of(rep)
+        missing = [r for r in ranks if r not in recorded]
+        if len(missing) == len(ranks):
+            summaries.append(ReplicaSummary(replica=rep, ranks=ranks, missing=missing, bubble_ratio=None,
+                                            slowest_stage=None))  # fmt: skip
+            continue
+        sub = replica_trace(trace, placement, rep)
+        res = analyze(sub, config)
+        for w in res.warnings:
+            seen_warnings.setdefault(w, []).append(rep)
+        for s in res.stages:
+            busiest[(s.stage, rep)] = _busiest_rank(sub, s, res) if len(s.ranks) > 1 else s.ranks[0]
+        del sub
+        if not keep_gaps:
+            res.gaps = res.gaps.iloc[0:0]
+        results[rep] = res
+        summaries.append(ReplicaSummary(replica=rep, ranks=ranks, missing=missing, bubble_ratio=res.bubble_ratio,
+                                        slowest_stage=_slowest_stage(res.stages)))  # fmt: skip
+    n = len(placement.replicas)
+    for w, reps in seen_warnings.items():
+        warnings.append(w if len(reps) == n else f"{w} (replica(s) {rank_list(reps)})")
+    missing_ranks = sorted(r for r in placement.place if r not in recorded)
+    missing_ranks += [r for r in placement.unplaced if r not in recorded]
+    incomplete = [s.replica for s in summaries if s.missing]
+    unplaced_missing = [r for r in placement.unplaced if r not in recorded]
+    if unplaced_missing:
+        warnings.append(
+            f"rank(s) {rank_list(unplaced_missing)} of the job recorded nothing and have no (stage, replica): "
+            "which replicas they belong to is unknown"
+        )
+    return _aggregate(placement, results, summaries, busiest, sorted(missing_ranks), incomplete, warnings)
+
+
+def _aggregate(
+    placement: Placement,
+    results: dict[int, AnalysisResult],
+    summaries: list[ReplicaSummary],
+    busiest: dict[tuple[int, int], int],
+    missing_ranks: list[int],
+    incomplete: list[int],
+    warnings: list[str],
+) -> ReplicaAnalysis:
+    per_stage: dict[int, list[tuple[int, StageResult]]] = {}
+    for rep, res in results.items():
+        for s in res.stages:
+            per_stage.setdefault(s.stage, []).append((rep, s))
+    every = [s for entries in per_stage.values() for _, s in entries]
+    basis = "time_per_mb" if every and all(s.time_per_mb_ns is not None for s in every) else "busy"
+    spreads = [_spread(stage, entries, busiest, basis) for stage, entries in sorted(per_stage.items())]
+    bottleneck, bottleneck_ns, slowdown = None, None, None
+    if spreads:
+        worst = max(spreads, key=lambda sp: sp.slowest_ns)
+        if worst.slowest_ns > 0:
+            bottleneck = (worst.stage, worst.straggler_replica, worst.straggler_rank)
+            bottleneck_ns, slowdown = worst.slowest_ns, worst.slowdown
+    ratios = {rep: res.bubble_ratio for rep, res in results.items() if res.bubble_ratio is not None}
+    stage_time = sum(len(res.stages) * res.window.length_ns for res in results.values() if res.window is not None)
+    bubble = sum(s.bubble_ns for res in results.values() for s in res.stages)
+    worst_rep = max(ratios, key=lambda r: ratios[r]) if ratios else None
+    shown = bottleneck[1] if bottleneck else (min(results) if results else placement.replicas[0])
+    return ReplicaAnalysis(
+        placement=placement.source,
+        stages=spreads,
+        replicas=summaries,
+        results=results,
+        basis=basis,
+        bubble_ratio=bubble / stage_time if stage_time > 0 else None,
+        bubble_median=float(np.median(list(ratios.values()))) if ratios else None,
+        bubble_worst=ratios[worst_rep] if worst_rep is not None else None,
+        bubble_worst_replica=worst_rep,
+        bottleneck=bottleneck,
+        bottleneck_ns=bottleneck_ns,
+        bottleneck_slowdown=slowdown,
+        missing_ranks=missing_ranks,
+        incomplete_replicas=incomplete,
+        shown_replica=shown,
+        warnings=warnings,
+    )
+
+
+def _t(s: StageResult, basis: str) -> float:
+    return float(s.time_per_mb_ns) if basis == "time_per_mb" and s.time_per_mb_ns is not None else float(s.busy_ns)
+
+
+def _spread(
+    stage: int, entries: list[tuple[int, StageResult]], busiest: dict[tuple[int, int], int], basis: str
+) -> StageSpread:
+    t = np.array([_t(s, basis) for _, s in entries], np.float64)
+    reps = [rep for rep, _ in entries]
+    worst = int(np.argmax(t))
+    order = np.argsort(t, kind="stable")
+    middle = int(order[(len(t) - 1) // 2])
+    median = float(np.median(t))
+    bubbles = np.array([s.bubble_ratio for _, s in entries], np.float64)
+    worst_bubble = int(np.argmax(bubbles))
+    return StageSpread(
+        stage=stage,
+        replicas=len(entries),
+        basis=basis,
+        median_ns=median,
+        slowest_ns=float(t[worst]),
+        straggler_replica=reps[worst],
+        straggler_rank=busiest[(stage, reps[worst])],
+        slowdown=float(t[worst]) / median if median > 0 else None,
+        median_replica=reps[middle],
+        bubble_median=float(np.median(bubbles)),
+        bubble_worst=float(bubbles[worst_bubble]),
+        bubble_worst_replica=reps[worst_bubble],
+    )
+
+
+def _crossing_messages(trace: Trace, placement: Placement) -> tuple[int, int] | None:
+    """A (rank, peer) pair of a message between two replicas, or None: pipelines talk within themselves."""
+    spans = trace.spans
+    peer = spans["peer"].to_numpy()
+    rows = peer >= 0
+    if not rows.any():
+        return None
+    rank = spans["rank"].to_numpy()[rows]
+    peer = peer[rows]
+    keys = np.array(sorted(placement.place), np.int64)
+    reps = np.array([placement.place[int(r)][1] for r in keys], np.int64)
+    pos_r, pos_p = np.searchsorted(keys, rank), np.searchsorted(keys, peer)
+    pos_r, pos_p = np.minimum(pos_r, len(keys) - 1), np.minimum(pos_p, len(keys) - 1)
+    known = (keys[pos_r] == rank) & (keys[pos_p] == peer)
+    cross = known & (reps[pos_r] != reps[pos_p])
+    if not cross.any():
+        return None
+    i = int(np.flatnonzero(cross)[0])
+    return int(rank[i]), int(peer[i])
+
+
+def _slowest_stage(stages: list[StageResult]) -> int | None:
+    if not stages:
+        return None
+    basis = "time_per_mb" if all(s.time_per_mb_ns is not None for s in stages) else "busy"
+    return max(stages, key=lambda s: _t(s, basis)).stage
+
+
+def _busiest_rank(sub: Trace, stage: StageResult, res: AnalysisResult) -> int:
+    """Of a stage's ranks (tensor parallel), the one with the most compute in the window."""
+    spans = sub.spans
+    compute = span_roles(spans["kind"], spans["name"]) == ROLE_COMPUTE
+    rank = spans["rank"].to_numpy()
+    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    lo, hi = (res.window.start_ns, res.window.end_ns) if res.window is not None else (int(start.min()), int(end.max()))
+    busy = {}
+    for r in stage.ranks:
+        rows = compute & (rank == r)
+        busy[r] = union_length(clip(Intervals(start[rows], end[rows]), lo, hi))
+    return max(stage.ranks, key=lambda r: (busy[r], -r))
