@@ -185,10 +185,17 @@ def test_an_empty_rank_file_is_named_as_empty(
     assert len(err) == 1 and "rank-0.json.gz is empty" in err[0], err
 
 
-def test_a_truncated_rank_file_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_truncated_rank_file_is_named_and_the_rest_analysed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = _write(tmp_path / "t", gpipe_cpu())
     data = (folder / "rank-1.json.gz").read_bytes()
     (folder / "rank-1.json.gz").write_bytes(data[: len(data) // 2])
+    assert main(["analyze", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("incomplete: rank(s) 1 of 2 recorded no spans"), out
+    assert "left out a damaged file" in out and "rank-1.json.gz" in out and "truncated" in out
+    (folder / "rank-0.json.gz").unlink()  # nothing else to read: the damage is the error, in one line
     assert main(["analyze", str(folder)]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "rank-1.json.gz" in err[0] and "truncated" in err[0], err

@@ -10,6 +10,7 @@ events (`cpu_op`, `cuda_runtime`, `python_function`) are read for correlation on
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
@@ -27,6 +28,7 @@ import pandas as pd
 
 from ppscope.errors import CorruptFileError, UnsupportedInputError
 from ppscope.formats.detect import GZIP_MAGIC
+from ppscope.formats.kineto_groups import group_placement
 from ppscope.formats.kineto_jobs import CLOCK_NOTE, JobFacts, one_job, refuse_empty
 from ppscope.formats.kineto_pipeline import RankFile, cpu_compute, read_pipeline
 from ppscope.formats.kineto_pp import RankEvents, top_level
@@ -286,6 +288,7 @@ def load_kineto(files: list[Path]) -> Trace:
     read: dict[int, _File] = {}
     warnings: list[str] = []
     skipped: list[str] = []
+    damaged = 0
     for i, path in enumerate(sorted(files)):
         refuse_empty(path)
         try:
@@ -294,6 +297,12 @@ def load_kineto(files: list[Path]) -> Trace:
             if len(files) == 1:
                 raise
             skipped.append(path.name)  # another JSON file next to the traces (a config, a summary)
+            continue
+        except CorruptFileError as exc:  # one damaged file of a job: name it, read the others
+            if len(files) == 1:
+                raise
+            warnings.append(f"left out a damaged file, read the others: {exc}")
+            damaged += 1
             continue
         _refuse_own_export(path, data.top)
         rank = _rank_of(path, data.top, i, warnings)
@@ -311,10 +320,17 @@ def load_kineto(files: list[Path]) -> Trace:
         warnings.append(CLOCK_NOTE)
     evidence = [(rank, op, t) for rank, data in read.items() for op, t in data.p2p]
     pipeline = read_pipeline({r: RankFile(d.events, d.spans, d.gpu) for r, d in read.items()}, evidence)
+    groups = group_placement({r: d.top for r, d in read.items()}, warnings)
+    if groups is not None and not set(read) <= set(groups.place):
+        warnings.append("some files' ranks are in no pipeline process group: took stages from the traffic instead")
+        groups = None
     if pipeline is not None:
         stage_of, per_rank = pipeline.stage_of, pipeline.spans
         warnings += pipeline.warnings
         explanation = "stages from the pipelining actions"
+    elif groups is not None:
+        stage_of, explanation = {r: groups.place[r][0] for r in read}, groups.explanation
+        per_rank = {r: _plain(d, stage_of[r]) for r, d in read.items()}
     else:
         order = order_stages(read, evidence, {r: r for r in read}, "rank")
         warnings.append(order.explanation)
@@ -328,12 +344,16 @@ def load_kineto(files: list[Path]) -> Trace:
         RankInfo(rank=r, stage=stage_of[r], device="cuda" if read[r].gpu else "cpu", clock=ClockInfo(method="import"))
         for r in read
     ]
+    if groups is not None:  # each rank's replica, and the ranks of the job whose files are not here
+        place = groups.place
+        ranks = [dataclasses.replace(i, replica=place[i.rank][1]) for i in ranks]
+        ranks += [RankInfo(rank=r, stage=s, replica=rep) for r, (s, rep) in place.items() if r not in read]
     meta = RunMeta(
         run_id=Path(files[0]).parent.name if len(files) > 1 else Path(files[0]).name.split(".")[0],
         source="kineto",
         status="finished",
-        world_size=len(read),
-        pp_size=len(read),
+        world_size=groups.world_size if groups else len(read) + damaged,  # a damaged file's rank is missing
+        pp_size=len({s for s, _ in groups.place.values()}) if groups else len(read),
         schedule=pipeline.schedule if pipeline else "",
         microbatches=pipeline.microbatches if pipeline else 0,
         chunks=pipeline.chunks if pipeline else 1,
@@ -343,6 +363,7 @@ def load_kineto(files: list[Path]) -> Trace:
             "files": [str(f) for f in files],
             "distributedInfo": info,
             "stage_order": explanation,
+            **({"placement": groups.explanation} if groups else {}),
             **({"pipelining": pipeline.config} if pipeline else {}),
         },
     )
