@@ -1,13 +1,18 @@
-"""Presenting a ReplicaAnalysis: a few lines and one row per stage, readable whatever the number of replicas.
+"""Presenting a ReplicaAnalysis: a few lines and one row per stage, readable whatever the number of replicas,
+and the dashboard's lanes: one per stage, with the straggler beside it.
 
 It computes nothing: the figures come from `ppscope.analysis.replicas`.
 """
 
 from __future__ import annotations
 
+import pandas as pd
+
+from ppscope.analysis.bubbles import ROLE_COMPUTE, span_roles
+from ppscope.analysis.placement import Placement
 from ppscope.analysis.replicas import ReplicaAnalysis, rank_list
 
-__all__ = ["replica_json", "replica_lines"]
+__all__ = ["replica_json", "replica_lines", "stage_lanes"]
 
 _BASIS = {"time_per_mb": "time per micro-batch", "busy": "busy time"}
 
@@ -80,3 +85,18 @@ def replica_json(ra: ReplicaAnalysis) -> dict[str, object]:
     out: dict[str, object] = dict(ra.results[ra.shown_replica].to_json()) if ra.shown_replica in ra.results else {}
     out["replicas"] = ra.to_json()
     return out
+
+
+def stage_lanes(spans: pd.DataFrame, ra: ReplicaAnalysis, placement: Placement) -> pd.DataFrame:
+    """The compute spans of one lane per stage, its median replica's (first) rank, and under it the stage's
+    straggler, whose lane says so and by how much: 2 × P lanes at most, whatever the number of replicas."""
+    compute = spans[span_roles(spans["kind"], spans["name"]) == ROLE_COMPUTE]
+    rank = compute["rank"].to_numpy()
+    parts = []
+    for s in ra.stages:
+        typical = min(r for r in placement.ranks_of(s.median_replica) if placement.place[r][0] == s.stage)
+        parts.append(compute[rank == typical].assign(lane=f"stage {s.stage}: median, replica {s.median_replica}"))
+        if _stands_out(s.slowdown) and s.straggler_rank != typical:
+            lane = f"stage {s.stage}: ▲ straggler, replica {s.straggler_replica} {_vs(s.slowdown)}"
+            parts.append(compute[rank == s.straggler_rank].assign(lane=lane))
+    return pd.concat(parts, ignore_index=True) if parts else compute.iloc[0:0]

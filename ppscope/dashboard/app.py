@@ -13,13 +13,17 @@ from collections.abc import Sequence
 import streamlit as st
 
 from ppscope.analysis import gantt
+from ppscope.analysis.replica_report import stage_lanes
 from ppscope.dashboard import charts, views
 from ppscope.dashboard.data import LiveTrace
 from ppscope.dashboard.safety import Catalog, Entry, catalog_from_args, md
 from ppscope.errors import PPScopeError
 
-__all__ = ["SECTIONS", "main"]
+__all__ = ["LANES", "SECTIONS", "main"]
 
+LANES = ("One per stage", "One rank")
+"""Timeline lanes of a job of several data-parallel pipelines: each stage's median replica with its straggler,
+or the lanes of one rank picked from a list."""
 SECTIONS = ("Timeline", "Stages", "GPU usage", "Rebalance", "Compare", "Requests")
 # How often the timeline of a run being written re-reads what arrived. (No bare strings at module level:
 # Streamlit's "magic" would print them on the page.)
@@ -122,6 +126,12 @@ def timeline(live: LiveTrace) -> None:
     mode = c3.radio("Time window", ("Whole run", "Last …", "Range"), horizontal=True, key="window_mode")
     last_ms = st.number_input("Last (ms)", min_value=0.1, value=100.0, key="last_ms") if mode == "Last …" else 0.0
     started_live = live.live
+    ra, placement = views.replicas(live)
+    lanes, rank = LANES[0], -1
+    if ra is not None and placement is not None:  # many pipelines: never one lane per rank of the job
+        lanes = st.radio("Lanes", LANES, horizontal=True, key="lanes")
+        if lanes == LANES[1]:
+            rank = st.selectbox("Rank", sorted(live.trace.ranks), key="lane_rank")
 
     @st.fragment(run_every=REFRESH_S if started_live else None)
     def draw() -> None:
@@ -136,7 +146,11 @@ def timeline(live: LiveTrace) -> None:
         end = int(spans["end_ns"].max())
         window = _window(mode, origin, end, last_ms)
         gaps, stage_ranks = None, None
-        if shade:
+        if ra is not None and placement is not None:
+            spans = stage_lanes(spans, ra, placement) if rank < 0 else spans[spans["rank"].to_numpy() == rank]
+            what = "each stage's median replica and its straggler (▲)" if rank < 0 else f"rank {rank}'s own lanes"
+            st.caption(f"{len(ra.replicas)} data-parallel pipelines: showing {what}.")
+        elif shade:
             result, problem = views.analysis(live)
             if result is not None:
                 gaps, stage_ranks = result.gaps, {s.stage: s.ranks for s in result.stages}

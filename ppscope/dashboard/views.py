@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from ppscope.analysis import CAUSES, figures, gantt
+from ppscope.analysis.replicas import rank_list
 from ppscope.analysis.report import replay_line
 from ppscope.dashboard import charts
 from ppscope.dashboard.data import LiveTrace
@@ -23,6 +24,8 @@ from ppscope.trace.model import Trace
 
 if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult
+    from ppscope.analysis.placement import Placement
+    from ppscope.analysis.replicas import ReplicaAnalysis
     from ppscope.balance.advice import Advice, Interval
     from ppscope.balance.profile import LayerProfile
     from ppscope.balance.rebalance import Rebalance
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
     Answer = tuple[Rebalance, str, Interval | None, Advice]
     """The rebalancer's answer, where its costs came from, the interval of its speedup, keep or change."""
 
-__all__ = ["analysis", "compare", "rebalance", "requests", "stages"]
+__all__ = ["analysis", "compare", "rebalance", "replica_summary", "replicas", "requests", "stages"]
 
 
 def _analyze(trace: Trace) -> tuple[AnalysisResult | None, str]:
@@ -49,8 +52,63 @@ def _analyze(trace: Trace) -> tuple[AnalysisResult | None, str]:
 
 
 def analysis(live: LiveTrace) -> tuple[AnalysisResult | None, str]:
-    """The analyzer's result for the trace as it is now, or None and why not."""
+    """The analyzer's result for the trace as it is now, or None and why not. For a job of several
+    data-parallel pipelines: the analysis of the pipeline holding the bottleneck."""
+    ra, _ = replicas(live)
+    if ra is not None:
+        return ra.results.get(ra.shown_replica), "no replica recorded spans"
     return live.memo("analysis", _analyze)
+
+
+def _replicas(trace: Trace) -> tuple[ReplicaAnalysis | None, Placement | None]:
+    from ppscope.analysis.placement import apply_placement, placement_of
+    from ppscope.analysis.replicas import analyze_replicas
+
+    try:
+        placement = placement_of(trace)
+        if placement is None or len(placement.replicas) < 2:
+            return None, None
+        return analyze_replicas(apply_placement(trace, placement), placement, keep_gaps=True), placement
+    except PPScopeError:
+        return None, None
+
+
+def replicas(live: LiveTrace) -> tuple[ReplicaAnalysis | None, Placement | None]:
+    """For a job of several data-parallel pipelines (`RankInfo.replica` in its metadata), each analysed on its
+    own and compared per stage; (None, None) for one pipeline."""
+    return live.memo("replicas", _replicas)
+
+
+def replica_summary(ra: ReplicaAnalysis) -> None:
+    """The job's figures and one row per stage: median, slowest, the straggler (never a row per replica)."""
+    st.markdown(f"### {len(ra.replicas)} data-parallel pipelines × {len(ra.stages)} stages")
+    cols = st.columns(3)
+    bottleneck = "—" if ra.bottleneck is None else "stage {}, replica {}, rank {}".format(*ra.bottleneck)
+    cols[0].metric("Bottleneck", bottleneck, help="the (stage, replica) with the largest time per micro-batch")
+    cols[1].metric("vs stage median", "—" if ra.bottleneck_slowdown is None else f"×{ra.bottleneck_slowdown:.3f}")
+    cols[2].metric("Bubble ratio, all replicas", _pct(ra.bubble_ratio), help="Σ bubble / Σ (P × window)")
+    st.caption(f"(stage, replica) from {md(ra.placement)}")
+    if ra.missing_ranks:
+        st.warning(
+            f"Missing: rank(s) {md(rank_list(ra.missing_ranks))} recorded nothing (file missing or damaged); "
+            f"incomplete replica(s): {md(rank_list(ra.incomplete_replicas) or 'none known')}"
+        )
+    rows = [
+        {
+            "stage": s.stage,
+            "replicas": s.replicas,
+            f"median {s.basis} (ms)": round(s.median_ns / 1e6, 3),
+            "slowest (ms)": round(s.slowest_ns / 1e6, 3),
+            "straggler": f"replica {s.straggler_replica}, rank {s.straggler_rank}" if (s.slowdown or 0) > 1 else "none",
+            "vs median": None if s.slowdown is None else round(s.slowdown, 4),
+            "bubble median": round(s.bubble_median, 4),
+            "bubble worst": round(s.bubble_worst, 4),
+            "worst replica": s.bubble_worst_replica,
+        }
+        for s in ra.stages
+    ]
+    st.dataframe(rows, hide_index=True)
+    st.caption(f"The figures below are replica {ra.shown_replica}'s, the pipeline holding the bottleneck.")
 
 
 def _pct(x: float | None) -> str:
@@ -65,6 +123,9 @@ def _si(x: float) -> str:
 
 
 def stages(live: LiveTrace) -> None:
+    ra, _ = replicas(live)
+    if ra is not None:
+        replica_summary(ra)
     st.markdown("### Stages: busy time and bubbles")
     result, problem = analysis(live)
     if result is None:

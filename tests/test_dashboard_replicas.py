@@ -1,0 +1,86 @@
+"""The dashboard on a job of data-parallel pipelines: one lane per stage with its straggler, a rank on demand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from replica_helpers import replica_job
+from test_dashboard_app import _app, _chart_specs, _decode, _span_bars
+
+from ppscope.simulate.simulator import write_run
+
+
+def _rows(at) -> set[str]:  # type: ignore[no-untyped-def]
+    return {y for t in _span_bars(_chart_specs(at)[0]) for y in _decode(t["y"])}
+
+
+def test_timeline_shows_a_lane_per_stage_and_a_rank_on_demand(tmp_path: Path) -> None:
+    trace = replica_job(3, 8, slow={(1, 6): 1.4})  # 24 ranks; rank 1 * 8 + 6 = 14 is the straggler
+    run = write_run(trace, tmp_path / "job")
+    at = _app(run).run()
+    assert not at.exception, at.exception
+    rows = _rows(at)
+    assert len(rows) == 4, rows  # 3 stages' median replicas + the one straggler, not 24 ranks
+    assert "rank 14 · stage 1: ▲ straggler, replica 6 +40.0%" in rows
+    assert any("8 data-parallel pipelines" in c.value for c in at.caption)
+    at.radio(key="lanes").set_value("One rank").run()
+    at.selectbox(key="lane_rank").set_value(14).run()
+    assert not at.exception, at.exception
+    bars = _span_bars(_chart_specs(at)[0])
+    mine = trace.spans[trace.spans["rank"] == 14]
+    assert sum(len(_decode(t["base"])) for t in bars) == len(mine)
+    assert {y.split(" · ")[0] for y in _rows(at)} == {"rank 14"}
+
+
+def test_stages_page_has_one_row_per_stage_and_names_the_bottleneck(tmp_path: Path) -> None:
+    run = write_run(replica_job(3, 8, slow={(1, 6): 1.4}), tmp_path / "job")
+    (run / "rank-00003.sqlite").unlink()
+    at = _app(run)
+    at.run()
+    at.sidebar.radio(key="section").set_value("Stages").run()
+    assert not at.exception, at.exception
+    assert any("8 data-parallel pipelines × 3 stages" in m.value for m in at.markdown)
+    assert at.metric[0].value == "stage 1, replica 6, rank 14"
+    assert len(at.dataframe[0].value) == 3
+    assert any("rank(s) 3 recorded nothing" in w.value and "replica(s): 3" in w.value for w in at.warning)
+
+
+_ROWS_JS = """() => {
+  const gd = document.querySelector('.js-plotly-plot');
+  if (!gd || !gd.data) return null;
+  const rows = new Set();
+  gd.data.filter(t => t.type === 'bar' && (t.meta || {}).role === 'spans').forEach(t => t.y.forEach(y => rows.add(y)));
+  return Array.from(rows);
+}"""
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_chromium_draws_one_lane_per_stage_of_many_replicas(tmp_path: Path) -> None:
+    from test_dashboard_browser import _ALL_BARS_DRAWN, _CHROMIUM_ARGS, _browser_or_skip
+
+    from ppscope.cli.commands.dashboard import start_dashboard
+
+    sync_api, executable = _browser_or_skip()
+    run = write_run(replica_job(4, 16, slow={(2, 9): 1.25}), tmp_path / "job")  # 64 ranks
+    board = start_dashboard([run], port=0, quiet=True)
+    try:
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=executable, args=_CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(board.url, wait_until="domcontentloaded", timeout=60_000)
+                page.wait_for_selector(".js-plotly-plot g.barlayer g.point path", timeout=60_000)
+                page.wait_for_function(_ALL_BARS_DRAWN, timeout=60_000)
+                rows = page.evaluate(_ROWS_JS)
+                text = page.inner_text("body")
+            finally:
+                browser.close()
+    finally:
+        board.stop()
+    assert len(rows) == 5, rows  # 4 stages + 1 straggler, of 64 ranks
+    assert "rank 41 · stage 2: ▲ straggler, replica 9 +25.0%" in rows
+    assert "16 data-parallel pipelines" in text
