@@ -125,15 +125,17 @@ class ReplicaAnalysis:
         }
 
 
-def replica_trace(trace: Trace, placement: Placement, replica: int) -> Trace:
+def replica_trace(trace: Trace, placement: Placement, replica: int, rows: np.ndarray | None = None) -> Trace:
     """One replica's pipeline as a Trace of its own: its ranks' spans and counters, its ranks' metadata.
 
+    `rows`: the positions of its spans in `trace.spans`, in order, when the caller has them (`_rows_by_replica`).
     `world_size` is 0 in it: the other replicas' ranks are not missing from this pipeline; the ranks missing
     from it are named by `analyze_replicas`, which knows which ranks the replica had.
     """
     ranks = np.array(placement.ranks_of(replica), np.int64)
-    keep = np.isin(trace.spans["rank"].to_numpy(), ranks)
-    spans = trace.spans[keep].reset_index(drop=True)
+    if rows is None:
+        rows = np.flatnonzero(np.isin(trace.spans["rank"].to_numpy(), ranks))
+    spans = trace.spans.take(rows).reset_index(drop=True)
     counters = trace.counters[np.isin(trace.counters["rank"].to_numpy(), ranks)].reset_index(drop=True)
     infos = []
     for r in ranks.tolist():
@@ -148,6 +150,25 @@ def replica_trace(trace: Trace, placement: Placement, replica: int) -> Trace:
         ranks=[i for i in infos if i is not None] or _placed_infos(placement, ranks.tolist()),
     )
     return Trace(spans=spans, counters=counters_frame(counters), meta=meta, requests=requests_frame(), warnings=[])
+
+
+def _rows_by_replica(trace: Trace, placement: Placement) -> dict[int, np.ndarray]:
+    """Each replica's span positions, in trace order: one stable sort of the spans by replica, not a pass over
+    every span per replica."""
+    rank = trace.spans["rank"].to_numpy().astype(np.int64)
+    keys = np.array(sorted(placement.place), np.int64)
+    if not len(keys) or not len(rank):
+        return {}
+    reps = np.array([placement.place[int(r)][1] for r in keys], np.int64)
+    pos = np.minimum(np.searchsorted(keys, rank), len(keys) - 1)
+    rep = np.where(keys[pos] == rank, reps[pos], -1)
+    order = np.argsort(rep, kind="stable")
+    sorted_rep = rep[order]
+    out = {}
+    for r in placement.replicas:
+        lo, hi = np.searchsorted(sorted_rep, r, "left"), np.searchsorted(sorted_rep, r, "right")
+        out[r] = order[lo:hi]
+    return out
 
 
 def _placed_infos(placement: Placement, ranks: list[int]) -> list[Any]:
@@ -170,13 +191,15 @@ def analyze_replicas(
     crossing = _crossing_messages(trace, placement)
     if crossing:
         warnings.append(
-            f"ranks of different replicas exchange point-to-point messages (rank {crossing[0]} → rank {crossing[1]}): "
-            f"a pipeline's stages talk to each other only, so the placement from {placement.source} may be wrong"
+            "ranks of different replicas exchange point-to-point messages (between rank "
+            f"{crossing[0]} and rank {crossing[1]}): a pipeline's stages talk to each other only, so the "
+            f"placement from {placement.source} may be wrong"
         )
     results: dict[int, AnalysisResult] = {}
     summaries: list[ReplicaSummary] = []
     busiest: dict[tuple[int, int], int] = {}
     seen_warnings: dict[str, list[int]] = {}
+    rows = _rows_by_replica(trace, placement)
     for rep in placement.replicas:
         ranks = placement.ranks_of(rep)
         missing = [r for r in ranks if r not in recorded]
@@ -184,7 +207,7 @@ def analyze_replicas(
             summaries.append(ReplicaSummary(replica=rep, ranks=ranks, missing=missing, bubble_ratio=None,
                                             slowest_stage=None))  # fmt: skip
             continue
-        sub = replica_trace(trace, placement, rep)
+        sub = replica_trace(trace, placement, rep, rows.get(rep, np.empty(0, np.int64)))
         res = analyze(sub, config)
         for w in res.warnings:
             seen_warnings.setdefault(w, []).append(rep)
