@@ -151,3 +151,13 @@ def test_missing_and_damaged_rank_files_name_their_replicas(tmp_path: Path, caps
 def test_rank_list_is_compact() -> None:
     assert rank_list([0, 1, 2, 3, 7, 9, 10]) == "0-3, 7, 9-10"
     assert rank_list(list(range(0, 100, 2)), most=3) == "0, 2, 4, ... (50 in all)"
+
+
+def test_a_replica_that_is_not_an_integer_is_refused_by_name() -> None:
+    from ppscope.errors import CorruptFileError
+    from ppscope.trace.model import RunMeta
+
+    with pytest.raises(CorruptFileError, match="integer rank, stage, replica"):
+        RunMeta.from_dict({"ranks": [{"rank": 0, "stage": 0, "replica": "a"}]}, where="meta.json")
+    meta = RunMeta.from_dict({"ranks": [{"rank": 3, "stage": 1, "replica": 2}]})
+    assert meta.ranks[0].replica == 2 and RunMeta.from_dict({"ranks": [{"rank": 0}]}).ranks[0].replica == -1
