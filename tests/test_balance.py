@@ -295,3 +295,25 @@ def test_the_split_in_the_trainers_own_terms() -> None:
     assert lines["torchtitan_toml"] == (
         'module_fqns_per_model_part = [["tok_embeddings", "layers.0", "layers.1"], ["layers.2", "norm", "output"]]'
     )
+
+
+def test_torchtitan_first_and_last_stage_with_fewer_layers() -> None:
+    from ppscope.balance.rebalance import torchtitan_even_split, torchtitan_less_layers
+
+    # torchtitan's own example: 8 layers on 2 stages with its defaults (1, 1) is 4,4
+    assert torchtitan_even_split(2, 8, 1, 1) == [4, 4]
+    # 30 layers, 4 stages, the embedding counted as one layer: 31 = 8+8+8+7, less one on the first
+    assert torchtitan_less_layers([7, 8, 8, 7]) == (1, 0) and torchtitan_even_split(4, 30, 1, 0) == [7, 8, 8, 7]
+    for split in ([8, 9, 8, 7], [3, 5, 3], [6, 2], [1, 1]):
+        pair = torchtitan_less_layers(split)
+        assert pair is not None and torchtitan_even_split(len(split), sum(split), *pair) == split
+    assert torchtitan_less_layers([5, 3, 5]) is None  # a middle stage below the ends: not its even rule
+    assert torchtitan_even_split(3, 3, 3, 0) is None  # a weight above a stage's share: torchtitan refuses it
+    assert torchtitan_even_split(2, 4, 4, 0) is None  # the first stage left without a layer
+    lines = engine_lines([7, 8, 8, 7], 30)
+    assert lines["torchtitan_args"] == (
+        "--parallelism.pipeline_parallel_first_stage_less_layers 1 "
+        "--parallelism.pipeline_parallel_last_stage_less_layers 0"
+    )
+    assert "not expressible" in engine_lines([5, 3, 5], 13)["torchtitan_args"]
+    assert "virtual stages" in engine_lines([2, 2, 2, 2], 8, chunks=2)["torchtitan_args"]

@@ -199,6 +199,42 @@ def torchtitan_parts(split: Sequence[int]) -> list[list[str]]:
     return parts
 
 
+def _torchtitan_args(split: Sequence[int], chunks: int) -> str:
+    pair = torchtitan_less_layers(split) if chunks == 1 and len(split) > 1 else None
+    if pair is None:
+        why = "one stage" if len(split) == 1 else "virtual stages" if chunks > 1 else "not its even rule"
+        return f"(not expressible as first/last stage with fewer layers: {why}; use module_fqns_per_model_part)"
+    return (
+        f"--parallelism.pipeline_parallel_first_stage_less_layers {pair[0]} "
+        f"--parallelism.pipeline_parallel_last_stage_less_layers {pair[1]}"
+    )
+
+
+def torchtitan_even_split(stages: int, layers: int, first_less: int, last_less: int) -> list[int] | None:
+    """The split torchtitan makes itself when given no module names: the layers plus `first_less` and
+    `last_less` (what the embedding and the output count as) spread evenly, the first stages one more where
+    it does not divide; the first stage then holds `first_less` fewer layers, the last `last_less` fewer.
+    None where torchtitan refuses the setting (a stage left without layers, a weight above a stage's share)."""
+    total = layers + first_less + last_less
+    if stages < 2 or stages > total:
+        return None
+    base, extra = divmod(total, stages)
+    if first_less > base or last_less > base:
+        return None
+    split = [base + (i < extra) for i in range(stages)]
+    split[0] -= first_less
+    split[-1] -= last_less
+    return split if min(split) >= 1 else None
+
+
+def torchtitan_less_layers(split: Sequence[int]) -> tuple[int, int] | None:
+    """torchtitan's `pipeline_parallel_first_stage_less_layers` and `..._last_stage_less_layers` that give
+    `split` by its even rule (`torchtitan_even_split`), the smallest pair; None when no pair gives it."""
+    layers, stages = sum(split), len(split)
+    pairs = sorted(((a, b) for a in range(max(split) + 1) for b in range(max(split) + 1)), key=lambda p: (sum(p), p))
+    return next((p for p in pairs if torchtitan_even_split(stages, layers, *p) == list(split)), None)
+
+
 def engine_lines(split: Sequence[int], layers: int, *, chunks: int = 1) -> dict[str, str]:
     """The split written the way each engine takes it, checked first against the model's `layers`: a line
     to paste never names a split of another model. With `chunks` > 1 the split is per virtual stage: the
@@ -216,5 +252,6 @@ def engine_lines(split: Sequence[int], layers: int, *, chunks: int = 1) -> dict[
         + (", and equal virtual stages on each rank)" if chunks > 1 else ")"),
         "megatron_layout": f"--pipeline-model-parallel-layout '{megatron_layout(split)}'",
         "torchtitan_toml": f"module_fqns_per_model_part = [{fqns}]",
+        "torchtitan_args": _torchtitan_args(split, chunks),
         "ppscope_run": f"ppscope run --split {text}",
     }

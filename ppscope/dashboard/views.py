@@ -277,6 +277,7 @@ def rebalance(live: LiveTrace) -> None:
         st.markdown("**Ready to paste**")
         st.code(f"{lines['vllm_env']}\n{lines['sglang_env']}\n{lines['ppscope_run']}", language="bash")
         st.caption(f"Megatron-LM: {lines['megatron_args'] or '(one stage: no flags needed)'}")
+        st.caption(f"torchtitan: {lines['torchtitan_args']}")
     sim, problem = live.memo("simulated", lambda t: _simulate_advised(t, new.split))
     if sim is None:
         st.warning(f"No simulated timeline for this trace: {md(problem)}")

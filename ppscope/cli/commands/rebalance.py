@@ -464,4 +464,5 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     print(f"  Megatron: {d['megatron_args']}" if d["megatron_args"] else "  Megatron: (one stage: no flags needed)")
     print(f"  Megatron: {d['megatron_layout']}")
     print(f"  torchtitan ([parallelism] in the job's .toml): {d['torchtitan_toml']}")
+    print(f"  torchtitan: {d['torchtitan_args']}")
     print(f"  {d['ppscope_run']}")
