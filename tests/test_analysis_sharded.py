@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,16 @@ from ppscope.trace.model import ClockInfo, RankInfo, Trace
 from ppscope.trace.store import load_run, rank_file
 
 sys.path.insert(0, str(Path(__file__).parent))
+from replica_helpers import replica_job
 from test_causes_per_step import _training
 from test_formats_pipelining import _write, gpipe_cpu
+
+
+@pytest.fixture(autouse=True)
+def _clean_main(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spawned workers import the parent's `__main__`; Streamlit's AppTest (the dashboard tests) leaves a
+    script of its own there, which then fails in every worker. A plain `__main__`, as the command has."""
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
 
 
 def _same(a: AnalysisResult, b: AnalysisResult) -> None:
@@ -155,3 +164,23 @@ def test_gaps_can_be_left_out_and_nothing_else_changes(tmp_path: Path) -> None:
     whole, lean = analyze(load_run(run)), analyze_run(run, gaps=False)
     assert len(whole.gaps) > 0 and lean.gaps.empty
     assert json.dumps(whole.to_json(), sort_keys=True) == json.dumps(lean.to_json(), sort_keys=True)
+
+
+@pytest.mark.parametrize("spec", [None, "rank//6"])
+def test_replicas_read_rank_by_rank_give_the_same_comparison(
+    spec: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 4 stages x 6 replicas, stage-major; stage 2 of replica 4 slowed; one rank file missing, one damaged
+    run = write_run(replica_job(4, 6, slow={(2, 4): 1.3}, say_replica=spec is None), tmp_path / "job")
+    (run / "rank-00001.sqlite").unlink()
+    (run / "rank-00020.sqlite").write_bytes(b"not a database" * 100)
+    extra = ["--stage-of-rank", spec] if spec else []
+    assert main(["analyze", str(run), "--json", *extra]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert main(["analyze", str(run), "--json", "--workers", "2", *extra]) == 0
+    sharded = json.loads(capsys.readouterr().out)
+    assert sharded == whole
+    assert sharded["replicas"]["bottleneck"] == {"stage": 2, "replica": 4, "rank": 16}
+    assert sharded["replicas"]["missing_ranks"] == [1, 20]
+    assert main(["analyze", str(run), "--workers", "1", *extra]) == 0
+    assert "rank 20's file is damaged" in capsys.readouterr().out

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.model import RankInfo, RunMeta, Trace
 
-__all__ = ["Placement", "StageRule", "apply_placement", "parse_stage_of_rank", "placement_of"]
+__all__ = ["Placement", "StageRule", "apply_placement", "parse_stage_of_rank", "placement_from", "placement_of"]
 
 _RULE = re.compile(r"^rank\s*(?://\s*(\d+))?\s*(?:%\s*(\d+))?$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?:(\d+)$")
@@ -92,10 +92,10 @@ class Placement:
         return sorted(r for r, (_, rep) in self.place.items() if rep == replica)
 
 
-def _job_ranks(trace: Trace) -> list[int]:
+def _job_ranks(meta: RunMeta, recorded: Iterable[int]) -> list[int]:
     """Every rank the job had: 0..world_size-1, those the metadata names and those that recorded spans."""
-    seen = set(range(trace.meta.world_size)) | {i.rank for i in trace.meta.ranks}
-    return sorted(seen | set(trace.ranks))
+    seen = set(range(meta.world_size)) | {i.rank for i in meta.ranks}
+    return sorted(seen | set(recorded))
 
 
 def _from_rule(ranks: Iterable[int], rule: StageRule, tp: int) -> tuple[dict[int, tuple[int, int]], list[int]]:
@@ -119,6 +119,13 @@ def _from_rule(ranks: Iterable[int], rule: StageRule, tp: int) -> tuple[dict[int
 
 
 def placement_of(trace: Trace, rule: StageRule | None = None, tp: int = 1) -> Placement | None:
+    """`placement_from` the trace's metadata and the ranks that recorded spans in it."""
+    return placement_from(trace.meta, trace.ranks, rule, tp)
+
+
+def placement_from(
+    meta: RunMeta, recorded: Iterable[int], rule: StageRule | None = None, tp: int = 1
+) -> Placement | None:
     """The (stage, replica) of every rank of `trace`; None when it is one pipeline (no replica is said).
 
     With `rule` (the user's `--stage-of-rank`), every rank of the job is placed by it: within a stage, ranks
@@ -128,12 +135,12 @@ def placement_of(trace: Trace, rule: StageRule | None = None, tp: int = 1) -> Pl
     if tp < 1:
         raise InvalidConfigError(f"--tp must be >= 1, got {tp}")
     if rule is not None:
-        place, unplaced = _from_rule(_job_ranks(trace), rule, tp)
+        place, unplaced = _from_rule(_job_ranks(meta, recorded), rule, tp)
         if not place:
             raise InvalidConfigError(f"--stage-of-rank {rule.text!r} names none of the trace's ranks")
         source = f"--stage-of-rank {rule.text}" + (f" --tp {tp}" if tp > 1 else "")
         return Placement(place=place, source=source, unplaced=tuple(unplaced))
-    infos = [i for i in trace.meta.ranks if i.replica >= 0]
+    infos = [i for i in meta.ranks if i.replica >= 0]
     if not infos:
         return None
     bad = [i.rank for i in infos if i.stage < 0]
@@ -142,8 +149,8 @@ def placement_of(trace: Trace, rule: StageRule | None = None, tp: int = 1) -> Pl
             f"the metadata gives rank {bad[0]} a replica but no stage: give every rank its stage, or --stage-of-rank"
         )
     place = {i.rank: (i.stage, i.replica) for i in infos}
-    rest = tuple(r for r in _job_ranks(trace) if r not in place)
-    source = str(trace.meta.config.get("placement", "")) or "metadata (RankInfo.stage and .replica)"
+    rest = tuple(r for r in _job_ranks(meta, recorded) if r not in place)
+    source = str(meta.config.get("placement", "")) or "metadata (RankInfo.stage and .replica)"
     return Placement(place=place, source=source, unplaced=rest)
 
 

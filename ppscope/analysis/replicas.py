@@ -10,6 +10,7 @@ than the median. The job's bottleneck is the slowest (stage, replica) of all, na
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,16 @@ from ppscope.analysis.placement import Placement
 from ppscope.analysis.result import AnalysisResult, StageResult
 from ppscope.trace.model import Trace, counters_frame, requests_frame
 
-__all__ = ["ReplicaAnalysis", "ReplicaSummary", "StageSpread", "analyze_replicas", "rank_list"]
+__all__ = [
+    "OneReplica",
+    "ReplicaAnalysis",
+    "ReplicaSummary",
+    "StageSpread",
+    "analyze_replicas",
+    "crossing_pair",
+    "rank_list",
+    "replicas_of",
+]
 
 
 def rank_list(ranks: list[int], most: int = 12) -> str:
@@ -181,14 +191,41 @@ def analyze_replicas(
     trace: Trace, placement: Placement, config: AnalysisConfig | None = None, *, keep_gaps: bool = False
 ) -> ReplicaAnalysis:
     """Each replica's pipeline analysed with `analyze`, and per stage the spread across replicas."""
-    recorded = set(trace.ranks)
-    warnings = list(trace.warnings)
+    rows = _rows_by_replica(trace, placement)
+
+    def one(rep: int) -> tuple[AnalysisResult, dict[int, int]]:
+        sub = replica_trace(trace, placement, rep, rows.get(rep, np.empty(0, np.int64)))
+        res = analyze(sub, config)
+        busiest = {s.stage: _busiest_rank(sub, s, res) if len(s.ranks) > 1 else s.ranks[0] for s in res.stages}
+        return res, busiest
+
+    return replicas_of(
+        placement, set(trace.ranks), list(trace.warnings), _crossing_messages(trace, placement), one,
+        keep_gaps=keep_gaps,
+    )  # fmt: skip
+
+
+OneReplica = Callable[[int], tuple[AnalysisResult, dict[int, int]]]
+"""A replica's analysis, and each of its stages' busiest rank (the straggler of a tensor-parallel stage)."""
+
+
+def replicas_of(
+    placement: Placement,
+    recorded: set[int],
+    warnings: list[str],
+    crossing: tuple[int, int] | None,
+    one: OneReplica,
+    *,
+    keep_gaps: bool = False,
+) -> ReplicaAnalysis:
+    """The replicas analysed by `one` and compared stage by stage. `recorded`: the ranks with spans;
+    `warnings`: the job's own; `crossing`: a (rank, peer) pair whose message crosses replicas, if any."""
+    warnings = list(warnings)
     stray = sorted(recorded - set(placement.place))
     if stray:
         warnings.append(
             f"rank(s) {rank_list(stray)} recorded spans but have no (stage, replica) from {placement.source}: left out"
         )
-    crossing = _crossing_messages(trace, placement)
     if crossing:
         warnings.append(
             "ranks of different replicas exchange point-to-point messages (between rank "
@@ -199,7 +236,6 @@ def analyze_replicas(
     summaries: list[ReplicaSummary] = []
     busiest: dict[tuple[int, int], int] = {}
     seen_warnings: dict[str, list[int]] = {}
-    rows = _rows_by_replica(trace, placement)
     for rep in placement.replicas:
         ranks = placement.ranks_of(rep)
         missing = [r for r in ranks if r not in recorded]
@@ -207,13 +243,10 @@ def analyze_replicas(
             summaries.append(ReplicaSummary(replica=rep, ranks=ranks, missing=missing, bubble_ratio=None,
                                             slowest_stage=None))  # fmt: skip
             continue
-        sub = replica_trace(trace, placement, rep, rows.get(rep, np.empty(0, np.int64)))
-        res = analyze(sub, config)
+        res, busy = one(rep)
         for w in res.warnings:
             seen_warnings.setdefault(w, []).append(rep)
-        for s in res.stages:
-            busiest[(s.stage, rep)] = _busiest_rank(sub, s, res) if len(s.ranks) > 1 else s.ranks[0]
-        del sub
+        busiest.update({(stage, rep): rank for stage, rank in busy.items()})
         if not keep_gaps:
             res.gaps = res.gaps.iloc[0:0]
         results[rep] = res
@@ -319,8 +352,11 @@ def _crossing_messages(trace: Trace, placement: Placement) -> tuple[int, int] | 
     rows = peer >= 0
     if not rows.any():
         return None
-    rank = spans["rank"].to_numpy()[rows]
-    peer = peer[rows]
+    return crossing_pair(spans["rank"].to_numpy()[rows], peer[rows], placement)
+
+
+def crossing_pair(rank: np.ndarray, peer: np.ndarray, placement: Placement) -> tuple[int, int] | None:
+    """The first (rank, peer) of these messages whose two ends are placed in different replicas, or None."""
     keys = np.array(sorted(placement.place), np.int64)
     reps = np.array([placement.place[int(r)][1] for r in keys], np.int64)
     pos_r, pos_p = np.searchsorted(keys, rank), np.searchsorted(keys, peer)

@@ -19,6 +19,7 @@ to the nanosecond: the same functions run on the same spans, only fewer at a tim
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
@@ -55,10 +56,12 @@ from ppscope.analysis.bubbles import (
     ROLE_RECV,
     ROLE_SEND,
     ROLE_WAIT,
+    StageTimes,
     compute_spans,
     span_roles,
     stage_bubbles,
 )
+from ppscope.analysis.intervals import Intervals, clip, union_length
 from ppscope.analysis.pipeline import collective_labels, comm_names, hop_stats, measured_inflight, stage_of_ranks
 from ppscope.analysis.result import AnalysisResult, HopStats, StageResult, WindowInfo
 from ppscope.analysis.steps import Waves
@@ -112,6 +115,8 @@ class _StagePart:
     gaps: pd.DataFrame
     tokens: int
     p2p: pd.DataFrame
+    busiest: int
+    """Of the stage's ranks, the one with the most compute in the window (the lowest on a tie)."""
 
 
 def analyze_run(
@@ -126,58 +131,94 @@ def analyze_run(
     `workers` processes (1: in this one), or as tasks of the Ray cluster at `ray` (`local`: start one here; at
     least as many tasks in flight as it has CPUs). `gaps=False` leaves the idle intervals out of the result (an
     empty frame): they are as many as the spans, and only a drawing needs them."""
-    if workers < 1:
-        raise InvalidConfigError(f"--workers must be >= 1, got {workers}")
-    config = config or AnalysisConfig()
     meta, files, warnings = run_files(run_dir)
     requests = read_requests(run_dir)
-    ranks = sorted(files)
-    with _pool(workers, ray) as pool:
-        workers = max(workers, getattr(pool, "slots", 1))
-        digests, whole = _fold(_ordered(pool, _digest, [(files, r, meta) for r in ranks], workers))
+    with Sharded.open(files, meta, config, workers=workers, ray=ray) as job:
+        digests, wholes = job.digests(lambda rank: 0)
+        warnings += job.said(digests)
+        result, _ = job.analyze(digests, wholes.get(0, EMPTY_WHOLE), meta, requests, warnings, gaps=gaps)
+    return result
+
+
+class Sharded:
+    """A run directory's ranks analysed in passes over a pool (this process, worker processes or Ray)."""
+
+    def __init__(self, pool: Any, width: int, files: dict[int, Path], meta: RunMeta, config: AnalysisConfig) -> None:
+        self.pool, self.width, self.files, self.meta, self.config = pool, width, files, meta, config
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(
+        cls, files: dict[int, Path], meta: RunMeta, config: AnalysisConfig | None, *, workers: int, ray: str | None
+    ) -> Iterator[Sharded]:
+        if workers < 1:
+            raise InvalidConfigError(f"--workers must be >= 1, got {workers}")
+        with _pool(workers, ray) as pool:
+            yield cls(pool, max(workers, getattr(pool, "slots", 1)), files, meta, config or AnalysisConfig())
+
+    def digests(self, group_of: Callable[[int], int]) -> tuple[list[RankDigest], dict[int, _Whole]]:
+        """Pass 1 over every rank file, its growing parts folded per group (`group_of(rank)`: a replica)."""
+        jobs = [(self.files, r, self.meta) for r in sorted(self.files)]
+        digests, wholes = _fold(_ordered(self.pool, _digest, jobs, self.width), group_of)
         damaged = {d.rank: d.damaged for d in digests if d.damaged}
         if damaged and len(damaged) == len(digests):  # nothing else to read: as `load_run`, say the last
             raise CorruptFileError(damaged[max(damaged)])
-        warnings += recorded_failures({d.rank: d.error for d in digests if d.error}, meta.error)
+        return digests, wholes
+
+    def said(self, digests: list[RankDigest]) -> list[str]:
+        """What the rank files say of themselves: failures their ranks recorded, damaged spans and files."""
+        out = recorded_failures({d.rank: d.error for d in digests if d.error}, self.meta.error)
         for d in digests:
-            warnings += d.warnings
-        warnings += [damaged_note(r, why) for r, why in damaged.items()]
+            out += d.warnings
+        return out + [damaged_note(d.rank, d.damaged) for d in digests if d.damaged]
+
+    def analyze(
+        self,
+        digests: list[RankDigest],
+        whole: _Whole,
+        meta: RunMeta,
+        requests: pd.DataFrame | None,
+        warnings: list[str],
+        *,
+        gaps: bool,
+    ) -> tuple[AnalysisResult, dict[int, int]]:
+        """Passes 2 and 3 for the pipeline of these ranks, with `meta` its metadata; and each stage's busiest
+        rank (its only one, or of tensor-parallel ranks the one with the most compute in the window)."""
         latency = run_latency(requests, meta)
-        warnings += meta_notes(meta)
+        warnings = warnings + meta_notes(meta)
         digests = [d for d in digests if d.spans]
         if not digests:
             if not meta.unrecorded:
                 warnings.append(NO_SPANS)
-            return empty_result(meta, warnings, latency)
+            return empty_result(meta, warnings, latency), {}
         tiny = pd.DataFrame({"rank": [d.rank for d in digests], "stage": [d.stage for d in digests]})
         layout = Layout.of(stage_of_ranks(tiny, meta, warnings))
         facts = _facts(digests, whole, layout, meta)
-        window = choose_window(config, facts.extents, warnings)
+        window = choose_window(self.config, facts.extents, warnings)
         if window.length_ns <= 0:
             warnings.append(ZERO_LENGTH)
-            return empty_result(meta, warnings, latency, window=window)
+            return empty_result(meta, warnings, latency, window=window), {}
         warnings += facts.warnings(layout.p)
         flush = flushes(meta.schedule) or facts.backward_compute
         waves = _run_waves(whole.waves, flush=flush)
         ring_bound = facts.inflight is not None and facts.inflight < layout.p
         quiet = no_requests(requests, meta, window)
-        jobs = [(files, ranks_, stage, meta, window, flush, facts.has_waits, quiet, waves, ring_bound)
-                for stage, ranks_ in layout.stages]  # fmt: skip
-        peers = {d.rank: d.peers for d in digests}
+        jobs = [(self.files, ranks, stage, meta, window, flush, facts.has_waits, quiet, waves, ring_bound)
+                for stage, ranks in layout.stages]  # fmt: skip
         parts: list[_StagePart] = []
-        pairing = _Pairing(peers, window, meta)
-        for part in _ordered(pool, _stage, jobs, workers):
+        pairing = _Pairing({d.rank: d.peers for d in digests}, window, meta)
+        for part in _ordered(self.pool, _stage, jobs, self.width):
             pairing.add(part.p2p)
-            parts.append(
-                _StagePart(part.result, part.gaps if gaps else part.gaps.iloc[:0], part.tokens, part.p2p.iloc[:0])
-            )
-    said = pairing.finish()
-    if said:
-        warnings.append(said)
-    results = [p.result for p in parts]
-    idle = pd.concat([p.gaps for p in parts], ignore_index=True)
-    tokens = sum(p.tokens for p in parts)
-    return assemble(meta, window, layout, facts, results, idle, pairing.hops(), tokens, latency, warnings)
+            kept = part.gaps if gaps else part.gaps.iloc[:0]
+            parts.append(_StagePart(part.result, kept, part.tokens, part.p2p.iloc[:0], part.busiest))
+        said = pairing.finish()
+        if said:
+            warnings.append(said)
+        results = [p.result for p in parts]
+        idle = pd.concat([p.gaps for p in parts], ignore_index=True)
+        tokens = sum(p.tokens for p in parts)
+        result = assemble(meta, window, layout, facts, results, idle, pairing.hops(), tokens, latency, warnings)
+        return result, {p.result.stage: p.busiest for p in parts}
 
 
 def _digest(files: dict[int, Path], rank: int, meta: RunMeta) -> RankDigest:
@@ -231,19 +272,24 @@ class _Whole:
     compute_mbs: np.ndarray
 
 
-def _fold(digests: Iterator[RankDigest]) -> tuple[list[RankDigest], _Whole]:
-    """The digests, each let go of its steps and micro-batch ids once they are folded into the whole's."""
+EMPTY_WHOLE = _Whole(_NO_WAVES, np.empty(0, np.int64), np.empty(0, np.int64))
+
+
+def _fold(digests: Iterator[RankDigest], group_of: Callable[[int], int]) -> tuple[list[RankDigest], dict[int, _Whole]]:
+    """The digests, each let go of its steps and micro-batch ids once they are folded into its group's."""
     kept: list[RankDigest] = []
     none = np.empty(0, np.int64)
-    whole = _Whole(_NO_WAVES, none, none)
+    wholes: dict[int, _Whole] = {}
     for d in digests:
-        whole = _Whole(
+        g = group_of(d.rank)
+        whole = wholes.get(g, EMPTY_WHOLE)
+        wholes[g] = _Whole(
             Waves.merged([whole.waves, d.waves]),
             np.union1d(whole.decode_mbs, d.decode_mbs),
             np.union1d(whole.compute_mbs, d.compute_mbs),
         )
         kept.append(dataclasses.replace(d, waves=_NO_WAVES, decode_mbs=none, compute_mbs=none))
-    return kept, whole
+    return kept, wholes
 
 
 def _facts(digests: list[RankDigest], whole: _Whole, layout: Layout, meta: RunMeta) -> Facts:
@@ -304,7 +350,18 @@ def _stage(
         times, [(stage, ranks)], window, flush=flush, has_waits=has_waits, no_requests=quiet, waves=waves
     )
     p2p = np.isin(role, _P2P) & (spans["peer"].to_numpy() >= 0)
-    return _StagePart(results[0], gaps, window_tokens(spans, window), spans.loc[p2p, _P2P_COLUMNS])
+    busiest = ranks[0] if len(ranks) == 1 else _busiest(times, spans["rank"].to_numpy(), ranks, window)
+    return _StagePart(results[0], gaps, window_tokens(spans, window), spans.loc[p2p, _P2P_COLUMNS], busiest)
+
+
+def _busiest(times: StageTimes, rank: np.ndarray, ranks: list[int], window: WindowInfo) -> int:
+    compute = times.role == ROLE_COMPUTE
+    busy = {}
+    for r in ranks:
+        rows = compute & (rank == r)
+        iv = clip(Intervals(times.start_ns[rows], times.end_ns[rows]), window.start_ns, window.end_ns)
+        busy[r] = union_length(iv)
+    return max(ranks, key=lambda r: (busy[r], -r))
 
 
 class _Pairing:

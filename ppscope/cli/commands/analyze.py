@@ -83,7 +83,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tp != 1 and not args.stage_of_rank:
         raise InvalidConfigError("--tp needs --stage-of-rank (the metadata's ranks already say their replica)")
     if args.workers is not None or args.ray is not None:
-        result, unrecorded, said = _rank_by_rank(args, config)
+        ranked = _rank_by_rank(args, config)
+        if isinstance(ranked, int):
+            return ranked
+        result, unrecorded, said = ranked
     else:
         from ppscope.simulate.training import is_training, replay_training
 
@@ -113,10 +116,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rank_by_rank(args: argparse.Namespace, config: Any) -> tuple[Any, bool, list[str]]:
-    """`--workers`: the run directory analysed a rank, then a stage, at a time (`ppscope.analysis.sharded`)."""
+def _rank_by_rank(args: argparse.Namespace, config: Any) -> tuple[Any, bool, list[str]] | int:
+    """`--workers`, `--ray`: the run directory analysed a rank, then a stage, at a time
+    (`ppscope.analysis.sharded`); a job of several replicas, each on its own, printed here (then the exit
+    code is returned)."""
     from ppscope.analysis.analyzer import NO_SPANS
+    from ppscope.analysis.placement import parse_stage_of_rank
     from ppscope.analysis.sharded import analyze_run
+    from ppscope.analysis.sharded_replicas import analyze_run_replicas
     from ppscope.errors import InvalidConfigError
     from ppscope.trace.store import is_run_dir, read_meta
 
@@ -127,11 +134,10 @@ def _rank_by_rank(args: argparse.Namespace, config: Any) -> tuple[Any, bool, lis
         raise InvalidConfigError(
             f"{how} reads a ppscope run directory rank by rank, and {args.run} is not one: leave out {how}"
         )
-    if args.stage_of_rank or any(r.replica > 0 for r in read_meta(args.run).ranks):
-        raise InvalidConfigError(
-            f"{how} analyses one pipeline, and this run holds several replicas: leave out {how} (each replica is "
-            "then analysed on its own, in memory)"
-        )
+    rule = parse_stage_of_rank(args.stage_of_rank) if args.stage_of_rank else None
+    ra = analyze_run_replicas(args.run, rule, args.tp, config, workers=args.workers or 1, ray=args.ray)
+    if ra is not None:
+        return _print_replicas(args, ra)
     result = analyze_run(args.run, config, workers=args.workers or 1, ray=args.ray, gaps=False)  # no drawing
     return result, read_meta(args.run).unrecorded, [w for w in result.warnings if w != NO_SPANS]
 
@@ -139,21 +145,36 @@ def _rank_by_rank(args: argparse.Namespace, config: Any) -> tuple[Any, bool, lis
 def _replicas(args: argparse.Namespace, trace: Any, placement: Any, config: Any) -> int:
     """A job of several data-parallel pipelines: each analysed on its own, compared stage by stage; the
     pipeline holding the bottleneck is detailed as one pipeline is."""
-    from ppscope.analysis.replica_report import replica_json, replica_lines
     from ppscope.analysis.replicas import analyze_replicas, replica_trace
-    from ppscope.analysis.report import print_report, stdout_console, write_html
-    from ppscope.errors import UnsupportedInputError
+    from ppscope.analysis.report import write_html
 
     ra = analyze_replicas(trace, placement, config, keep_gaps=bool(args.html))
-    result = ra.results.get(ra.shown_replica)
-    if result is None or not result.stages:
-        why = "; ".join(ra.warnings) or "did the run record anything?"
-        raise UnsupportedInputError(f"{args.run} holds no spans of any replica: nothing to analyse ({why})")
+    result = _shown(args, ra)
     if args.html:
         sub = replica_trace(trace, placement, ra.shown_replica)
         path = write_html(result, args.html, sub, max_bars=args.max_bars, force=args.force)
         if not args.json:
             print(f"wrote {path} (replica {ra.shown_replica})", file=sys.stderr)
+    return _print_replicas(args, ra)
+
+
+def _shown(args: argparse.Namespace, ra: Any) -> Any:
+    """The result of the replica the report details; a one-line error when no replica recorded anything."""
+    from ppscope.errors import UnsupportedInputError
+
+    result = ra.results.get(ra.shown_replica)
+    if result is None or not result.stages:
+        why = "; ".join(ra.warnings) or "did the run record anything?"
+        raise UnsupportedInputError(f"{args.run} holds no spans of any replica: nothing to analyse ({why})")
+    return result
+
+
+def _print_replicas(args: argparse.Namespace, ra: Any) -> int:
+    """The replicas compared stage by stage, then the pipeline holding the bottleneck in full."""
+    from ppscope.analysis.replica_report import replica_json, replica_lines
+    from ppscope.analysis.report import print_report, stdout_console
+
+    result = _shown(args, ra)
     if args.json:
         print(json.dumps(replica_json(ra), indent=2))
         return 0
