@@ -39,13 +39,13 @@ def test_a_worker_that_dies_is_retried_once_then_named(cluster: None, tmp_path: 
 
     marker = tmp_path / "tries"
 
-    def die(files: object, ranks: list[int]) -> None:
+    def die(files: object) -> None:
         with open(marker, "a") as f:
             f.write("x")
         os._exit(1)
 
     with RayPool("local") as pool, pytest.raises(WorkerFailedError, match=r"reading rank\(s\) 3 died twice"):
-        pool.submit(die, {}, [3]).result()
+        pool.submit(die, {3: tmp_path / "rank-00003.sqlite"}).result()  # a task's files say what it read
     assert marker.read_text() == "xx"  # the first try and its one retry
 
 

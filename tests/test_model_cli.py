@@ -115,3 +115,10 @@ def test_plan_prints_each_stages_decode_step_from_the_same_model(capsys: pytest.
     assert "decode step on h100-sxm" in out and "micro-batch steps/s" in out
     d = _json(capsys, "plan", "--model", "qwen3-32b", "--gpus", "2", "--gpu", "mi300x")
     assert d["usable_bytes_per_gpu"] == int(192 * 2**30 * 0.9) and d["step_times"]["stage_ms"]
+
+
+def test_model_advice_says_it_is_not_a_training_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rebalance", "--model", "llama3-8b", "--stages", "4", "--gpu", "h100", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["training"] is None  # the key every rebalance JSON has
+    assert main(["rebalance", "--model", "llama3-8b", "--stages", "4", "--gpu", "h100"]) == 0
+    assert "training run" not in capsys.readouterr().out

@@ -77,8 +77,8 @@ def _settle(outer: Future[Any], inner: Future[Any], ray: Any, args: tuple[Any, .
         cause = exc.cause if isinstance(exc.cause, Exception) else exc
         outer.set_exception(cause)
     except ray.exceptions.RayError as exc:
-        ranks = args[1] if len(args) > 1 else "?"
-        what = f"rank(s) {', '.join(map(str, ranks))}" if isinstance(ranks, list) else f"rank {ranks}"
+        ranks = sorted(args[0]) if args and isinstance(args[0], dict) else []  # a task's first argument: its files
+        what = f"rank(s) {', '.join(map(str, ranks))}" if ranks else "its ranks"
         outer.set_exception(
             WorkerFailedError(f"the Ray worker reading {what} died twice ({brief(exc)}); the other ranks were fine")
         )

@@ -158,12 +158,19 @@ class Sharded:
 
     def digests(self, group_of: Callable[[int], int]) -> tuple[list[RankDigest], dict[int, _Whole]]:
         """Pass 1 over every rank file, its growing parts folded per group (`group_of(rank)`: a replica)."""
-        jobs = [(self.files, r, self.meta) for r in sorted(self.files)]
+        jobs = [(*self._reading([r], self.meta), r) for r in sorted(self.files)]
         digests, wholes = _fold(_ordered(self.pool, _digest, jobs, self.width), group_of)
         damaged = {d.rank: d.damaged for d in digests if d.damaged}
         if damaged and len(damaged) == len(digests):  # nothing else to read: as `load_run`, say the last
             raise CorruptFileError(damaged[max(damaged)])
         return digests, wholes
+
+    def _reading(self, ranks: list[int], meta: RunMeta) -> tuple[dict[int, Path], RunMeta]:
+        """What a task reading `ranks` is sent: their files, and the metadata with their own ranks' clocks only
+        (a job's whole metadata, sent with each of its thousands of tasks, would outweigh the results)."""
+        mine = set(ranks)
+        files = {r: self.files[r] for r in ranks if r in self.files}
+        return files, dataclasses.replace(meta, ranks=[i for i in meta.ranks if i.rank in mine])
 
     def said(self, digests: list[RankDigest]) -> list[str]:
         """What the rank files say of themselves: failures their ranks recorded, damaged spans and files."""
@@ -203,14 +210,13 @@ class Sharded:
         waves = _run_waves(whole.waves, flush=flush)
         ring_bound = facts.inflight is not None and facts.inflight < layout.p
         quiet = no_requests(requests, meta, window)
-        jobs = [(self.files, ranks, stage, meta, window, flush, facts.has_waits, quiet, waves, ring_bound)
-                for stage, ranks in layout.stages]  # fmt: skip
+        jobs = [(*self._reading(ranks, meta), ranks, stage, window, flush, facts.has_waits, quiet, waves, ring_bound,
+                 gaps) for stage, ranks in layout.stages]  # fmt: skip
         parts: list[_StagePart] = []
         pairing = _Pairing({d.rank: d.peers for d in digests}, window, meta)
         for part in _ordered(self.pool, _stage, jobs, self.width):
             pairing.add(part.p2p)
-            kept = part.gaps if gaps else part.gaps.iloc[:0]
-            parts.append(_StagePart(part.result, kept, part.tokens, part.p2p.iloc[:0], part.busiest))
+            parts.append(dataclasses.replace(part, p2p=part.p2p.iloc[:0]))
         said = pairing.finish()
         if said:
             warnings.append(said)
@@ -221,7 +227,7 @@ class Sharded:
         return result, {p.result.stage: p.busiest for p in parts}
 
 
-def _digest(files: dict[int, Path], rank: int, meta: RunMeta) -> RankDigest:
+def _digest(files: dict[int, Path], meta: RunMeta, rank: int) -> RankDigest:
     """Pass 1: one rank file reduced to what the whole trace needs of it."""
     try:
         spans, errors, warnings = read_rank_spans(files, [rank], meta)
@@ -332,15 +338,16 @@ def _run_waves(waves: Waves, *, flush: bool) -> Waves:
 
 def _stage(
     files: dict[int, Path],
+    meta: RunMeta,
     ranks: list[int],
     stage: int,
-    meta: RunMeta,
     window: WindowInfo,
     flush: bool,
     has_waits: bool,
     quiet: Any,
     waves: Waves,
     ring_bound: bool,
+    keep_gaps: bool,
 ) -> _StagePart:
     """Pass 2: one stage's bubbles and causes with the whole trace's facts, and its point-to-point spans."""
     spans, _, _ = read_rank_spans(files, ranks, meta)
@@ -351,7 +358,8 @@ def _stage(
     )
     p2p = np.isin(role, _P2P) & (spans["peer"].to_numpy() >= 0)
     busiest = ranks[0] if len(ranks) == 1 else _busiest(times, spans["rank"].to_numpy(), ranks, window)
-    return _StagePart(results[0], gaps, window_tokens(spans, window), spans.loc[p2p, _P2P_COLUMNS], busiest)
+    kept = gaps if keep_gaps else gaps.iloc[:0]  # as many as the spans: sent back only to be drawn
+    return _StagePart(results[0], kept, window_tokens(spans, window), spans.loc[p2p, _P2P_COLUMNS], busiest)
 
 
 def _busiest(times: StageTimes, rank: np.ndarray, ranks: list[int], window: WindowInfo) -> int:

@@ -137,6 +137,7 @@ def _run_model(args: argparse.Namespace) -> int:
 
     out, problem, advice = advise_from_model(args, model_shape(args.model))
     out.update(_advice(args, [], problem, advice, "costs modelled from the model and the GPU, not measured"))
+    out["training"] = None  # the cost model times inference passes
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
