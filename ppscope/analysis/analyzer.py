@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 import pandas as pd
 
 from ppscope.analysis.bubbles import (
@@ -18,10 +17,18 @@ from ppscope.analysis.bubbles import (
     ROLE_RECV,
     ROLE_SEND,
     ROLE_WAIT,
-    StageTimes,
-    dependency_waits,
     span_roles,
     stage_bubbles,
+)
+from ppscope.analysis.facts import (
+    Extents,
+    Facts,
+    Layout,
+    causality_warning,
+    compute_overlaps,
+    estimated_clocks,
+    stage_times,
+    uncertainties,
 )
 from ppscope.analysis.intervals import Intervals, clip
 from ppscope.analysis.latency import request_latency
@@ -151,122 +158,6 @@ def meta_notes(meta: RunMeta) -> list[str]:
     return notes
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Which ranks form which physical stage: `stages` holds (stage, ranks) in stage order."""
-
-    rank_stage: dict[int, int]
-    stages: list[tuple[int, list[int]]]
-
-    @classmethod
-    def of(cls, rank_stage: dict[int, int]) -> Layout:
-        ids = sorted(set(rank_stage.values()))
-        return cls(rank_stage, [(s, sorted(r for r, st in rank_stage.items() if st == s)) for s in ids])
-
-    @property
-    def p(self) -> int:
-        return len(self.stages)
-
-    def group_of(self, rank: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """The index in `stages` of each rank's stage."""
-        ranks = np.array(sorted(self.rank_stage), np.int64)
-        index = {s: i for i, (s, _) in enumerate(self.stages)}
-        group_of_rank = np.array([index[self.rank_stage[int(r)]] for r in ranks], np.int64)
-        return group_of_rank[np.searchsorted(ranks, rank)]
-
-
-def stage_times(spans: pd.DataFrame, role: npt.NDArray[np.int8], layout: Layout, *, ring_bound: bool) -> StageTimes:
-    """The span arrays the bubbles need; `ring_bound`: fewer micro-batches in flight than stages."""
-    decode = (spans["phase"] == Phase.DECODE).to_numpy()
-    prefill = (spans["phase"] == Phase.PREFILL).to_numpy()
-    dependency = dependency_waits(role, spans["stage"].to_numpy(np.int64), prefill, decode, ring_bound=ring_bound)
-    # a training backward: phase `backward`, a `backward` span, or a pipelining action's type (B, I, W; also on
-    # the waits inside those actions)
-    backward = (
-        (spans["phase"] == Phase.BACKWARD) | (spans["kind"] == SpanKind.BACKWARD) | spans["phase"].isin(["B", "I", "W"])
-    ).to_numpy()
-    return StageTimes(
-        group=layout.group_of(spans["rank"].to_numpy(np.int64)), role=role, dependency=dependency,
-        step=spans["step"].to_numpy(np.int64), backward=backward, start_ns=spans["start_ns"].to_numpy(np.int64),
-        end_ns=spans["end_ns"].to_numpy(np.int64), forward=(spans["kind"] == SpanKind.FORWARD).to_numpy(),
-        chunk=spans["chunk"].to_numpy(np.int64),
-        action=((spans["kind"] == SpanKind.RANGE) & spans["phase"].isin(["F", "B", "I", "W"])).to_numpy(),
-    )  # fmt: skip
-
-
-_NONE = np.iinfo(np.int64)
-
-
-@dataclass(frozen=True)
-class Extents:
-    """Where the trace's spans lie: the first and last span, and per stage its first and last compute (the
-    int64 limits where a stage has none). Enough to choose any window."""
-
-    first_ns: int
-    last_ns: int
-    first_compute: npt.NDArray[np.int64]
-    last_compute: npt.NDArray[np.int64]
-
-    @classmethod
-    def of(cls, t: StageTimes, p: int) -> Extents:
-        compute = t.role == ROLE_COMPUTE
-        first = np.full(p, _NONE.max, np.int64)
-        last = np.full(p, _NONE.min, np.int64)
-        np.minimum.at(first, t.group[compute], t.start_ns[compute])
-        np.maximum.at(last, t.group[compute], t.end_ns[compute])
-        return cls(int(t.start_ns.min()), int(t.end_ns.max()), first, last)
-
-    @classmethod
-    def merged(cls, parts: list[Extents]) -> Extents:
-        return cls(
-            min(e.first_ns for e in parts),
-            max(e.last_ns for e in parts),
-            np.minimum.reduce([e.first_compute for e in parts]),
-            np.maximum.reduce([e.last_compute for e in parts]),
-        )
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What the whole trace says beyond each stage's own spans: found in one pass, or merged from its ranks'."""
-
-    extents: Extents
-    any_compute: bool
-    has_waits: bool
-    backward_compute: bool
-    collectives: list[str]
-    overlaps: tuple[int, list[tuple[int, str]]]
-    inflight: int | None
-    compute_mbs: int
-    """Distinct micro-batch ids of compute spans."""
-
-    def warnings(self, p: int) -> list[str]:
-        out = []
-        if not self.any_compute:
-            out.append("no compute spans (forward/backward/embed/head/sample/kernel): every stage counts as idle")
-        if self.collectives:
-            out.append(
-                f"this trace has collectives ({', '.join(self.collectives)}) but no point-to-point traffic: it does "
-                "not look like a pipeline (data, tensor or expert parallelism?); each rank is analysed as a stage, "
-                "and collective time is reported as communication (`comm`)"
-            )
-        if not self.has_waits and self.any_compute:
-            out.append(
-                "this trace has no recv/send spans: idle time between computes is reported as `unknown` "
-                "(waiting on another stage cannot be told from host overhead)"
-            )
-        if p == 1:
-            out.append("one stage only: there is no pipeline; the bubble is that stage's idle time")
-        n, lanes = self.overlaps
-        if n:
-            where = ", ".join(f"rank {r} lane {la}" for r, la in lanes[:3])
-            out.append(
-                f"{n} compute span(s) overlap an earlier one on the same lane ({where}); busy time counts "
-                "overlapping compute once"
-            )
-        return out
-
-
 def assemble(
     meta: RunMeta,
     window: WindowInfo,
@@ -318,7 +209,7 @@ def choose_window(config: AnalysisConfig, e: Extents, warnings: list[str]) -> Wi
     full = full_window(np.array([e.first_ns]), np.array([e.last_ns]))
     if config.window_ms is not None:
         return resolve_window(full, config.window_ms, warnings)
-    have = e.last_compute > _NONE.min
+    have = e.computing
     if config.active and have.any():
         return active_window(e.first_compute[have], e.last_compute[have])
     if config.active:
@@ -351,15 +242,6 @@ def _missing(world: int, pp: int, rank_stage: dict[int, int], p: int) -> str | N
     return None
 
 
-_MEASURED_CLOCKS = ("ping-pong", "import")
-"""Clock methods whose offsets were estimated, and so can be off: a violation of causality tells."""
-
-
-def estimated_clocks(meta: RunMeta) -> bool:
-    """Whether some rank's clock offset was estimated, and so can be off (a violation of causality tells)."""
-    return any(r.clock.method in _MEASURED_CLOCKS for r in meta.ranks)
-
-
 def _check_causality(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) -> None:
     """Warn when a receive ends before its send began on the common clock, beyond the offsets' uncertainty:
     the ranks' clock offsets are then wrong, and so is every wait measured across them."""
@@ -368,41 +250,6 @@ def _check_causality(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) ->
     said = causality_warning(causality_violations(spans, uncertainty_ns=uncertainties(meta)))
     if said:
         warnings.append(said)
-
-
-def uncertainties(meta: RunMeta) -> dict[int, int]:
-    return {r.rank: r.clock.uncertainty_ns for r in meta.ranks}
-
-
-def causality_warning(bad: pd.DataFrame) -> str | None:
-    """The warning for the receives `causality_violations` found; None when there are none."""
-    if bad.empty:
-        return None
-    early = bad["send_start_ns"] - bad["recv_end_ns"]
-    worst = bad.loc[early.idxmax()]
-    pairs = ", ".join(f"{s}→{d}" for s, d in sorted(set(zip(bad["src"], bad["dst"], strict=True))))
-    return (
-        f"{len(bad)} receive(s) end before their send starts on the common clock (rank pairs {pairs}; worst "
-        f"{int(early.max()) / 1e3:,.1f} µs early, micro-batch {int(worst['mb'])} step {int(worst['step'])}), "
-        "beyond the clock offsets' uncertainty: the offsets are off, so waits and hop latencies between these "
-        "ranks are not to be trusted"
-    )
-
-
-def compute_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_]) -> tuple[int, list[tuple[int, str]]]:
-    """Compute spans that overlap an earlier one on one (rank, lane), and the first three such lanes in
-    (rank, lane) order: they are counted once (union)."""
-    if is_compute.sum() < 2:
-        return 0, []
-    cols = ["rank", "lane", "start_ns", "end_ns"]
-    sub = spans.loc[is_compute, cols].sort_values(cols)
-    keys = sub[["rank", "lane"]]
-    prev_end = sub.groupby(["rank", "lane"], sort=False)["end_ns"].cummax().shift(1)
-    same = (keys == keys.shift(1)).all(axis=1)
-    overlap = same & (sub["start_ns"] < prev_end)
-    n = int(overlap.sum())
-    where = sub.loc[overlap, ["rank", "lane"]].drop_duplicates().head(3) if n else sub.head(0)
-    return n, [(int(r), str(la)) for r, la in where.itertuples(index=False)]
 
 
 def _theory(schedule: str, p: int, m_meta: int, v: int, inflight: int | None, mbs: int, w: WindowInfo) -> Theory:

@@ -35,20 +35,12 @@ from ppscope.analysis.analyzer import (
     NO_SPANS,
     ZERO_LENGTH,
     AnalysisConfig,
-    Extents,
-    Facts,
-    Layout,
     assemble,
-    causality_warning,
     choose_window,
-    compute_overlaps,
     empty_result,
-    estimated_clocks,
     meta_notes,
     no_requests,
     run_latency,
-    stage_times,
-    uncertainties,
     window_tokens,
 )
 from ppscope.analysis.bubbles import (
@@ -60,6 +52,16 @@ from ppscope.analysis.bubbles import (
     compute_spans,
     span_roles,
     stage_bubbles,
+)
+from ppscope.analysis.facts import (
+    Extents,
+    Facts,
+    Layout,
+    causality_warning,
+    compute_overlaps,
+    estimated_clocks,
+    stage_times,
+    uncertainties,
 )
 from ppscope.analysis.intervals import Intervals, clip, union_length
 from ppscope.analysis.pipeline import collective_labels, comm_names, hop_stats, measured_inflight, stage_of_ranks
