@@ -29,13 +29,11 @@ from ppscope.errors import CorruptFileError, InvalidConfigError, RunExistsError,
 from ppscope.failures import recorded_failures
 from ppscope.trace.model import (
     COUNTER_COLUMNS,
-    REQUEST_COLUMNS,
     SCHEMA_VERSION,
     SPAN_COLUMNS,
     RunMeta,
     Trace,
     counters_frame,
-    requests_frame,
 )
 from ppscope.trace.rankfile import (
     UNSHIFTABLE,
@@ -47,6 +45,7 @@ from ppscope.trace.rankfile import (
     to_common,
     unshiftable,
 )
+from ppscope.trace.requestlog import read_requests_after
 
 __all__ = [
     "META_FILE",
@@ -357,7 +356,7 @@ def read_since(
         to_common(counters["rank"].to_numpy(), meta, ts)
         counters["ts_ns"] = ts
     counters = counters.sort_values(["ts_ns", "rank"], kind="stable").reset_index(drop=True)  # as Trace.sorted()
-    requests, req_pos = _read_requests(path, since.requests_bytes)
+    requests, req_pos = read_requests_after(path / REQUESTS_FILE, since.requests_bytes)
     trace = Trace(spans=spans, counters=counters, meta=meta, requests=requests, warnings=warnings)
     return trace, Cursor(spans=span_pos, counters=counter_pos, requests_bytes=req_pos)
 
@@ -457,36 +456,7 @@ def read_rank_info(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]
 
 
 def read_requests(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    return _read_requests(Path(run_dir), 0)[0]
-
-
-_REQUEST_BOUNDS = {c: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for c, t in REQUEST_COLUMNS.items()}
-
-
-def _read_requests(path: Path, offset: int) -> tuple[pd.DataFrame, int]:
-    """Complete lines of `requests.jsonl` after byte `offset`; a half-written last line waits for later."""
-    req_path = path / REQUESTS_FILE
-    if not req_path.is_file():
-        return requests_frame(), offset
-    with open(req_path, "rb") as f:
-        f.seek(offset)
-        data = f.read()
-    end = data.rfind(b"\n") + 1
-    rows = []
-    for lineno, line in enumerate(data[:end].splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            row = {c: int(obj.get(c, -1) if obj.get(c) is not None else -1) for c in REQUEST_COLUMNS}
-        except (json.JSONDecodeError, TypeError, ValueError, AttributeError, OverflowError):
-            raise CorruptFileError(f"{req_path}: line {lineno} after byte {offset} is not a request record") from None
-        wide = [c for c, v in row.items() if not _REQUEST_BOUNDS[c][0] <= v <= _REQUEST_BOUNDS[c][1]]
-        if wide:
-            raise CorruptFileError(f"{req_path}: line {lineno} after byte {offset}: {wide[0]} is out of range")
-        rows.append(row)
-    frame = requests_frame(pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))) if rows else requests_frame()
-    return frame, offset + end
+    return read_requests_after(Path(run_dir) / REQUESTS_FILE, 0)[0]
 
 
 class RunTail:
