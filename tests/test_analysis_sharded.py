@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from replica_helpers import replica_job
 from test_causes_per_step import _training
 from test_formats_pipelining import _write, gpipe_cpu
-
-
-@pytest.fixture(autouse=True)
-def _clean_main(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Spawned workers import the parent's `__main__`; Streamlit's AppTest (the dashboard tests) leaves a
-    script of its own there, which then fails in every worker. A plain `__main__`, as the command has."""
-    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
 
 
 def _same(a: AnalysisResult, b: AnalysisResult) -> None:

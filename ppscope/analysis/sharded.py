@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -70,6 +68,7 @@ from ppscope.analysis.steps import Waves
 from ppscope.analysis.theory import flushes
 from ppscope.errors import CorruptFileError, InvalidConfigError
 from ppscope.failures import recorded_failures
+from ppscope.pool import ordered, processes
 from ppscope.trace.clock import causality_violations
 from ppscope.trace.model import Phase, RunMeta, spans_frame
 from ppscope.trace.store import damaged_note, read_rank_spans, read_requests, run_files
@@ -161,7 +160,7 @@ class Sharded:
     def digests(self, group_of: Callable[[int], int]) -> tuple[list[RankDigest], dict[int, _Whole]]:
         """Pass 1 over every rank file, its growing parts folded per group (`group_of(rank)`: a replica)."""
         jobs = [(*self._reading([r], self.meta), r) for r in sorted(self.files)]
-        digests, wholes = _fold(_ordered(self.pool, _digest, jobs, self.width), group_of)
+        digests, wholes = _fold(ordered(self.pool, _digest, jobs, self.width), group_of)
         damaged = {d.rank: d.damaged for d in digests if d.damaged}
         if damaged and len(damaged) == len(digests):  # nothing else to read: as `load_run`, say the last
             raise CorruptFileError(damaged[max(damaged)])
@@ -216,7 +215,7 @@ class Sharded:
                  gaps) for stage, ranks in layout.stages]  # fmt: skip
         parts: list[_StagePart] = []
         pairing = _Pairing({d.rank: d.peers for d in digests}, window, meta)
-        for part in _ordered(self.pool, _stage, jobs, self.width):
+        for part in ordered(self.pool, _stage, jobs, self.width):
             pairing.add(part.p2p)
             parts.append(dataclasses.replace(part, p2p=part.p2p.iloc[:0]))
         said = pairing.finish()
@@ -420,39 +419,9 @@ class _Pairing:
 
 
 def _pool(workers: int, ray: str | None) -> Any:
-    """Ray tasks, worker processes (spawned: no inherited threads or locks), or this process for one worker."""
+    """Ray tasks, worker processes, or this process for one worker."""
     if ray is not None:
         from ppscope.analysis.cluster import RayPool
 
         return RayPool(ray)
-    if workers == 1:
-        return _Inline()
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
-
-
-class _Inline:
-    """An executor that runs each job when asked for its result, in this process."""
-
-    def __enter__(self) -> _Inline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _ordered(
-    pool: Executor | _Inline, fn: Callable[..., R], jobs: Iterable[tuple[Any, ...]], workers: int
-) -> Iterator[R]:
-    """`fn(*job)` for each job, in order, at most 2 × `workers` submitted ahead of the one being consumed, so
-    finished results never pile up faster than they are merged."""
-    if isinstance(pool, _Inline):
-        for job in jobs:
-            yield fn(*job)
-        return
-    ahead: list[Future[R]] = []
-    for job in jobs:
-        ahead.append(pool.submit(fn, *job))
-        if len(ahead) > 2 * workers:
-            yield ahead.pop(0).result()
-    for f in ahead:
-        yield f.result()
+    return processes(workers)
