@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from ppscope.analysis import analyze
@@ -229,3 +231,16 @@ def test_gpu_kernels_take_the_action_that_launched_them(tmp_path: Path) -> None:
     assert list(zip(w["rank"], w["peer"], w["lane"], strict=True)) == [(0, 1, "stream 7"), (1, 0, "stream 7")]
     causes = analyze(trace).stages[0].causes  # the receive wait: upstream, or fill/drain at the step's edges
     assert causes["upstream"] + causes["fill"] + causes["drain"] > 0 and causes["unknown"] == 0
+
+
+def test_files_read_in_worker_processes_give_the_same_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ppscope.formats.kineto as kineto
+
+    folder = _write(tmp_path / "t", gpipe_cpu())
+    (folder / "summary.json").write_text('{"not": "a trace"}')  # skipped, in a worker as here
+    here = open_trace(folder)
+    monkeypatch.setattr(kineto, "_PARALLEL_BYTES", 0)  # any size: worker processes
+    assert kineto._workers(sorted(folder.iterdir())) == min(3, os.cpu_count() or 1)
+    there = open_trace(folder)
+    pd.testing.assert_frame_equal(here.spans, there.spans)
+    assert here.meta.to_dict() == there.meta.to_dict() and here.warnings == there.warnings

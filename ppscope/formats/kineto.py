@@ -14,6 +14,7 @@ import dataclasses
 import gzip
 import io
 import json
+import os
 import re
 import zlib
 from array import array
@@ -33,6 +34,7 @@ from ppscope.formats.kineto_jobs import CLOCK_NOTE, JobFacts, one_job, refuse_em
 from ppscope.formats.kineto_pipeline import RankFile, cpu_compute, read_pipeline
 from ppscope.formats.kineto_pp import RankEvents, top_level
 from ppscope.formats.ordering import order_stages
+from ppscope.pool import ordered, processes
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
 
 __all__ = ["iter_trace_events", "load_kineto"]
@@ -226,6 +228,32 @@ def _read_file(path: Path) -> _File:
     return _File(top, spans, events, [(op, t + shift) for op, t in p2p], bool(gpu))
 
 
+_PARALLEL_BYTES = 64 << 20
+"""Below this much JSON in all, starting worker processes costs more than reading the files here."""
+
+
+def _workers(paths: list[Path]) -> int:
+    """Processes to read `paths` with: one per file up to the CPUs, when they are large enough to be worth it."""
+    if len(paths) < 2 or sum(p.stat().st_size for p in paths) < _PARALLEL_BYTES:
+        return 1
+    return min(len(paths), os.cpu_count() or 1)
+
+
+def _read_or_say(path: Path, alone: bool) -> tuple[_File | None, str | None]:
+    """`_read_file`, in a worker: (the file, None); (None, None) for a JSON file that is no trace; (None, why)
+    for a damaged one. A file given alone raises instead: there is nothing else to read."""
+    try:
+        return _read_file(path), None
+    except UnsupportedInputError:
+        if alone:
+            raise
+        return None, None
+    except CorruptFileError as exc:
+        if alone:
+            raise
+        return None, str(exc)
+
+
 def _shift(path: Path, base: Any) -> int:
     """The file's base time in ns (0 without one): `ts` is relative to it."""
     try:
@@ -289,20 +317,18 @@ def load_kineto(files: list[Path]) -> Trace:
     warnings: list[str] = []
     skipped: list[str] = []
     damaged = 0
-    for i, path in enumerate(sorted(files)):
+    paths = sorted(files)
+    for path in paths:
         refuse_empty(path)
-        try:
-            data = _read_file(path)
-        except UnsupportedInputError:
-            if len(files) == 1:
-                raise
-            skipped.append(path.name)  # another JSON file next to the traces (a config, a summary)
-            continue
-        except CorruptFileError as exc:  # one damaged file of a job: name it, read the others
-            if len(files) == 1:
-                raise
-            warnings.append(f"left out a damaged file, read the others: {exc}")
-            damaged += 1
+    with processes(_workers(paths)) as pool:
+        outcomes = list(ordered(pool, _read_or_say, [(p, len(files) == 1) for p in paths], os.cpu_count() or 1))
+    for i, (path, (data, said)) in enumerate(zip(paths, outcomes, strict=True)):
+        if data is None:
+            if said is None:
+                skipped.append(path.name)  # another JSON file next to the traces (a config, a summary)
+            else:  # one damaged file of a job: name it, read the others
+                warnings.append(f"left out a damaged file, read the others: {said}")
+                damaged += 1
             continue
         _refuse_own_export(path, data.top)
         rank = _rank_of(path, data.top, i, warnings)
