@@ -42,6 +42,13 @@ elif step == "whole":
     from ppscope.trace.store import load_run
     res = analyze(load_run(run_dir))
     extra = {"bubble": res.bubble_ratio}
+elif step == "ray":
+    from ppscope.analysis.sharded import analyze_run
+    import ray
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    t0 = time.perf_counter()  # the instance's start is not the analysis
+    res = analyze_run(run_dir, ray="local")
+    extra = {"bubble": res.bubble_ratio}
 else:
     from ppscope.analysis.sharded import analyze_run
     res = analyze_run(run_dir, workers=int(step))
@@ -102,11 +109,18 @@ def _step(step: str, run_dir: Path, ranks: int) -> dict[str, float]:
     return result
 
 
+def _has_ray() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None
+
+
 def _job(ranks: int) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         got = {"write": _step("write", run_dir, ranks), "select": _step("select", run_dir, ranks)}
-        for step in ("1", "2") + (("whole",) if ranks * SPANS <= WHOLE_LIMIT else ()):
+        steps = ("1", "2") + (("whole",) if ranks * SPANS <= WHOLE_LIMIT else ()) + (("ray",) if _has_ray() else ())
+        for step in steps:
             got[step] = _step(step, run_dir, ranks)
     return got
 
@@ -126,7 +140,14 @@ def main() -> list[str]:
                 f"scale: {what}: {r['s']:.1f} s = {r['s'] / ref['s']:.2f}x the SELECT; peak {r['peak_mb']:,.0f} MB "
                 f"= {r['peak_mb'] / ref['peak_mb']:.2f}x the SELECT's"
             )
-    same = {big[s]["bubble"] for s in ("1", "2", "whole") if s in big}
+    if "ray" in big:
+        r = big["ray"]
+        lines.append(
+            f"scale: analyze --ray local (2 CPUs, the instance's start left out): {r['s']:.1f} s = "
+            f"{r['s'] / ref['s']:.2f}x the SELECT, {r['s'] / big['2']['s']:.2f}x --workers 2 (the driver's peak "
+            f"{r['peak_mb']:,.0f} MB; Ray's workers are not its children)"
+        )
+    same = {big[s]["bubble"] for s in ("1", "2", "whole", "ray") if s in big}
     lines.append(f"scale: bubble ratio the same on every path: {len(same) == 1} ({', '.join(map(str, same))})")
     lines.append(
         f"scale: {RANKS} against {small_ranks} ranks ({RANKS / small_ranks:.1f}x the spans): --workers 2 takes "

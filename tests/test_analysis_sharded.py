@@ -176,3 +176,10 @@ def test_replicas_read_rank_by_rank_give_the_same_comparison(
     assert sharded["replicas"]["missing_ranks"] == [1, 20]
     assert main(["analyze", str(run), "--workers", "1", *extra]) == 0
     assert "rank 20's file is damaged" in capsys.readouterr().out
+
+
+def test_the_scale_benchmarks_job_analyses_the_same_both_ways(tmp_path: Path) -> None:
+    from benchmarks.bench_scale import write_job
+
+    write_job(tmp_path / "job", ranks=5, spans=400)  # the benchmark's job, small
+    _same(analyze(load_run(tmp_path / "job")), analyze_run(tmp_path / "job", workers=2))
