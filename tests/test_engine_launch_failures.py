@@ -246,3 +246,34 @@ def test_a_message_that_only_reads_like_a_timeout_names_no_hang(tmp_path: Path) 
         [_Proc(1), _Proc(None), _Proc(1)], [("error", 0, PEER_ERROR, None), ("error", 2, timeout, None)], tmp_path
     )
     assert "hangs" not in msg.split(":")[0], msg
+
+
+def test_a_rank_interrupted_inside_an_import_is_interrupted_once_it_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A signal handled in a module lock's weakref callback raises into a frame whose exception Python prints
+    # as "ignored" and drops: the handler asks again a moment later instead of raising there.
+    import types
+
+    from ppscope.engine import launch
+
+    later: list[tuple[float, Any, tuple[Any, ...]]] = []
+
+    class Timer:
+        def __init__(self, delay: float, fn: Any, args: tuple[Any, ...]) -> None:
+            later.append((delay, fn, args))
+
+        def start(self) -> None:
+            pass
+
+    monkeypatch.setattr(launch.threading, "Timer", Timer)
+    importing = types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename="<frozen importlib._bootstrap>"))
+    launch._interrupt_once(signal.SIGINT, importing)  # no raise
+    assert later == [(0.05, os.kill, (os.getpid(), signal.SIGINT))]
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # the next one still stops the rank
+    elsewhere = types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename=__file__))
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch._interrupt_once(signal.SIGINT, elsewhere)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

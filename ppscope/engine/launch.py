@@ -387,7 +387,14 @@ def _mark(run_dir: Path, status: str, error: str) -> None:
 
 
 def _interrupt_once(signum: int, frame: Any) -> None:
-    """A rank stops at the first Ctrl-C and ignores any further one, so it finishes flushing its spans."""
+    """A rank stops at the first Ctrl-C and ignores any further one, so it finishes flushing its spans.
+
+    Caught inside the import machinery (a module lock's weakref callback), an exception is printed as "ignored"
+    and dropped: the rank would neither stop nor keep its stderr clean. There the signal is sent again a moment
+    later, once the import is done."""
+    if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+        return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
 
