@@ -47,11 +47,11 @@ elif step == "ray":
     import ray
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     t0 = time.perf_counter()  # the instance's start is not the analysis
-    res = analyze_run(run_dir, ray="local")
+    res = analyze_run(run_dir, ray="local", gaps=False)
     extra = {"bubble": res.bubble_ratio}
 else:
     from ppscope.analysis.sharded import analyze_run
-    res = analyze_run(run_dir, workers=int(step))
+    res = analyze_run(run_dir, workers=int(step), gaps=False)  # as the command: nothing to draw
     extra = {"bubble": res.bubble_ratio}
 s = time.perf_counter() - t0
 peak = max(resource.getrusage(r).ru_maxrss for r in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024

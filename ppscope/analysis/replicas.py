@@ -248,7 +248,7 @@ def replicas_of(
             seen_warnings.setdefault(w, []).append(rep)
         busiest.update({(stage, rep): rank for stage, rank in busy.items()})
         if not keep_gaps:
-            res.gaps = res.gaps.iloc[0:0]
+            res.gaps = res.gaps.iloc[0:0].copy()  # a view would keep every row
         results[rep] = res
         summaries.append(ReplicaSummary(replica=rep, ranks=ranks, missing=missing, bubble_ratio=res.bubble_ratio,
                                         slowest_stage=_slowest_stage(res.stages)))  # fmt: skip

@@ -217,7 +217,7 @@ class Sharded:
         pairing = _Pairing({d.rank: d.peers for d in digests}, window, meta)
         for part in ordered(self.pool, _stage, jobs, self.width):
             pairing.add(part.p2p)
-            parts.append(dataclasses.replace(part, p2p=part.p2p.iloc[:0]))
+            parts.append(dataclasses.replace(part, p2p=part.p2p.iloc[:0].copy()))  # no view: lets the rows go
         said = pairing.finish()
         if said:
             warnings.append(said)
@@ -359,7 +359,7 @@ def _stage(
     )
     p2p = np.isin(role, _P2P) & (spans["peer"].to_numpy() >= 0)
     busiest = ranks[0] if len(ranks) == 1 else _busiest(times, spans["rank"].to_numpy(), ranks, window)
-    kept = gaps if keep_gaps else gaps.iloc[:0]  # as many as the spans: sent back only to be drawn
+    kept = gaps if keep_gaps else gaps.iloc[:0].copy()  # as many as the spans: sent back only to be drawn
     return _StagePart(results[0], kept, window_tokens(spans, window), spans.loc[p2p, _P2P_COLUMNS], busiest)
 
 
