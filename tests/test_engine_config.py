@@ -45,7 +45,7 @@ def test_the_config_travels_whole_as_a_pickle_and_as_its_flat_form(tmp_path: Pat
     assert EngineConfig.from_json(flat) == cfg
     assert flat["split"] == [1, 3] and flat["layer_cost_ms"] == [1.0, 2.0, 3.0, 4.5] and flat["model"] == "synthetic"
     assert flat["out"] == str(tmp_path / "run") and flat["timeout_s"] == 30.0 and flat["record"] is True
-    assert set(flat) == set(FLAT_KEYS) and len(flat) == 29
+    assert set(flat) == set(FLAT_KEYS) and len(flat) == 31
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.pipeline.stages = 3  # type: ignore[misc]
 
@@ -112,7 +112,11 @@ def test_every_field_but_the_benchmarks_and_the_counter_period_has_one_flag() ->
     fields = {f"{section}.{name}" for section, name in FLAT_KEYS.values()}
     by_option = [o.field for o in OPTIONS]
     assert len(by_option) == len(set(by_option)) and set(by_option) <= fields
-    assert fields - set(by_option) == {"output.sample_interval_ms", "bench.record_alternate_ms"}
+    assert fields - set(by_option) == {
+        "output.sample_interval_ms",
+        "bench.record_alternate_ms",
+        "bench.layer_spans_alternate_ms",
+    }
 
 
 def test_messages_are_worded_in_flags() -> None:

@@ -124,6 +124,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-record", "output.record", "output", "record nothing (overhead baseline)", negate=True),
     Option("--no-nvtx", "output.nvtx", "output", "record spans without NVTX ranges", negate=True),
     Option("--no-progress", "output.progress", "output", "no progress bar", negate=True),
+    Option("--layer-spans", "output.layer_spans", "output", "time each decoder layer of every K-th pass of each "
+           "stage, the costs rebalance and tune use (default 8; 0 = never)", int, 8),
 )  # fmt: skip
 _BY_FLAG = {o.flag: o for o in OPTIONS}
 _BY_DEST = {o.dest: o for o in OPTIONS}

@@ -46,6 +46,9 @@ MIN_RATE = 1e-3
 """The slowest Poisson rate (one request per 17 minutes) whose arrival times fit a nanosecond clock."""
 BACKENDS = ("auto", "gloo", "nccl")
 SYNTHETIC = "synthetic"
+LAYER_SPANS_EVERY = 8
+"""By default each stage times its layers in every 8th pass: costs from inside the run at a small price
+(benchmarks/bench_engine.py measures it)."""
 
 
 def _finite(name: str, value: float) -> None:
@@ -254,8 +257,12 @@ class OutputConfig:
     """Show a progress bar on stderr."""
     sample_interval_ms: float = 100.0
     """NVML / CPU counter period (ms)."""
+    layer_spans: int = LAYER_SPANS_EVERY
+    """Time each decoder layer of every k-th pass of each stage as a `layer` span, the layer costs measured
+    inside the run (k, a count; 0 = never)."""
 
     def __post_init__(self) -> None:
+        _at_least("output.layer_spans", self.layer_spans, 0, " (0 = never)")
         _finite("output.sample_interval_ms", self.sample_interval_ms)
         if self.sample_interval_ms <= 0:
             raise InvalidConfigError(f"output.sample_interval_ms must be > 0, got {self.sample_interval_ms}")
@@ -287,11 +294,15 @@ class BenchConfig:
 
     record_alternate_ms: float = 0.0
     """Recording pauses in every other window of this many ms of the host clock (ms; 0 = never)."""
+    layer_spans_alternate_ms: float = 0.0
+    """Layer spans are taken only in every other window of this many ms of the host clock (ms; 0 = always)."""
 
     def __post_init__(self) -> None:
-        _finite("bench.record_alternate_ms", self.record_alternate_ms)
-        if self.record_alternate_ms < 0:
-            raise InvalidConfigError(f"bench.record_alternate_ms must be >= 0, got {self.record_alternate_ms}")
+        for name in ("record_alternate_ms", "layer_spans_alternate_ms"):
+            value = getattr(self, name)
+            _finite(f"bench.{name}", value)
+            if value < 0:
+                raise InvalidConfigError(f"bench.{name} must be >= 0, got {value}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,6 +328,11 @@ class EngineConfig:
             _refuse_unused("workload", self.workload, {"rate": f"{schedule} takes every request at once"})
         if self.bench.record_alternate_ms > 0 and not self.output.record:
             raise InvalidConfigError("bench.record_alternate_ms must be 0 with recording off: it pauses the recording")
+        if self.bench.layer_spans_alternate_ms > 0 and not (self.output.record and self.output.layer_spans):
+            raise InvalidConfigError(
+                "bench.layer_spans_alternate_ms needs recording on and output.layer_spans > 0: it pauses the layer "
+                "spans"
+            )
 
     def to_json(self) -> dict[str, Any]:
         """The flat form (meta.json's `config`, what a spawned rank is sent): one key per field, as before the

@@ -23,9 +23,9 @@ from ppscope.engine.gputime import DeviceSpans
 from ppscope.engine.model import Batch, to_device
 from ppscope.engine.requests import Arrivals, Request
 from ppscope.engine.sampling import Sampling, row_keys, sample
-from ppscope.engine.stage import StageModule
+from ppscope.engine.stage import LayerTimer, StageModule
 from ppscope.simulate.schedule import ServePolicy, make_schedule
-from ppscope.trace.model import SpanKind
+from ppscope.trace.model import SpanKind, layer_span_name
 from ppscope.trace.recorder import Recorder
 
 __all__ = ["Pipeline"]
@@ -97,7 +97,12 @@ class Pipeline:
         (`ppscope.engine.testing.failure_after`)."""
         self.alternate_ns = 0
         """Benchmarks: pause recording in every other window of this many ns of the host clock (0 = never)."""
+        self.layer_every = 0
+        """Time each decoder layer of every this-many-th pass of each virtual stage as a `layer` span (0 = never)."""
+        self.layer_alternate_ns = 0
+        """Benchmarks: take layer spans only in every other window of this many ns of the host clock (0 = always)."""
         self._passes = 0
+        self._stage_passes: dict[int, int] = {}
 
     # ------------------------------------------------------------ one pass of one virtual stage
 
@@ -127,8 +132,9 @@ class Pipeline:
         if stage == 0:
             with self._span(SpanKind.EMBED, stage=0, mb=mb, step=step, phase=phase, tokens=n):
                 x = self.m.run_embed(to_device(data, self.m.device), self.hidden, self.dtype)
+        timer = self._layer_timer(stage, chunk, mb, step, phase, n)
         with self._span(SpanKind.FORWARD, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase, tokens=n):
-            x = self.m.run_chunk(chunk, x, batch)
+            x = self.m.run_chunk(chunk, x, batch, timer)
         if self.device_spans is not None:
             self.device_spans.poll()  # what earlier passes put on the GPU and has finished
         if stage < self.last_stage:
@@ -143,6 +149,24 @@ class Pipeline:
                 keys = row_keys(self.sampling.seed, batch.seq_ids(), positions)
             ids = sample(logits, self.sampling, keys)
         return Message(TOKENS, mb, step, stage, batch, ids.to(torch.int64))
+
+    def _layer_timer(self, stage: int, chunk: int, mb: int, step: int, phase: str, tokens: int) -> LayerTimer | None:
+        """What times each layer of this pass, when it is the sampled k-th pass of its stage (the count starts
+        at the stage's first pass, so the k-th, 2k-th, ...), else None: the layers run untimed."""
+        if not self.layer_every or not self.rec.enabled:
+            return None
+        count = self._stage_passes.get(stage, 0) + 1
+        self._stage_passes[stage] = count
+        if count % self.layer_every:
+            return None
+        if self.layer_alternate_ns and self.rec.now_ns() // self.layer_alternate_ns % 2 == 1:
+            return None
+
+        def timer(index: int) -> AbstractContextManager[Any]:
+            return self._span(SpanKind.LAYER, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase,
+                              tokens=tokens, name=layer_span_name(index))  # fmt: skip
+
+        return timer
 
     def _receive(self, msg_wait: Callable[[], Message | None]) -> Message | None:
         start = self.rec.now_ns()

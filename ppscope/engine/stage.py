@@ -7,7 +7,10 @@ Chunk c of rank r of P ranks is virtual stage c*P + r; `split` gives layer count
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,7 +18,10 @@ from torch import nn
 from ppscope.balance.split import stage_layer_ranges, validate_split
 from ppscope.engine.model import Batch, KVCache, LayerSource, Rotary, SyntheticLayer, sleep_ms
 
-__all__ = ["Chunk", "StageModule", "build_stage"]
+__all__ = ["Chunk", "LayerTimer", "StageModule", "build_stage"]
+
+LayerTimer = Callable[[int], AbstractContextManager[Any]]
+"""Given a decoder layer's index (the model's numbering), a context that times the work of that layer."""
 
 
 @dataclass
@@ -70,15 +76,27 @@ class StageModule:
         out: torch.Tensor = self.embed(ids)
         return out
 
-    def run_chunk(self, c: int, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def run_chunk(self, c: int, x: torch.Tensor, batch: Batch, timer: LayerTimer | None = None) -> torch.Tensor:
+        """Chunk `c`'s layers on `x`; with a `timer`, each layer inside the context it gives for its index (the
+        synthetic layers then take their time one by one)."""
         chunk = self.chunks[c]
         if self.synthetic:
-            sleep_ms(chunk.synthetic_ms, self.device)
+            if timer is None:
+                sleep_ms(chunk.synthetic_ms, self.device)
+                return x
+            for i, layer in enumerate(chunk.layers, chunk.first_layer):
+                with timer(i):
+                    sleep_ms(getattr(layer, "cost_ms", 0.0), self.device)
             return x
         assert self.rotary is not None
         index = batch.index(self.device, self.rotary, x.dtype)
-        for layer, cache in zip(chunk.layers, chunk.caches, strict=True):
-            x = layer(x, index, cache)
+        if timer is None:
+            for layer, cache in zip(chunk.layers, chunk.caches, strict=True):
+                x = layer(x, index, cache)
+            return x
+        for i, (layer, cache) in enumerate(zip(chunk.layers, chunk.caches, strict=True), chunk.first_layer):
+            with timer(i):
+                x = layer(x, index, cache)
         return x
 
     def run_head(self, x: torch.Tensor, batch: Batch, vocab: int) -> torch.Tensor:

@@ -231,6 +231,8 @@ def _run_pipeline(
         )
         pipe.before_pass = failure_after(rank)
         pipe.alternate_ns = int(cfg.bench.record_alternate_ms * 1e6)
+        pipe.layer_every = out.layer_spans if out.record else 0
+        pipe.layer_alternate_ns = int(cfg.bench.layer_spans_alternate_ms * 1e6)
         if rank == 0:
             log = RequestLog(run_dir)
             pipe.on_finish = log

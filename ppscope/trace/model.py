@@ -49,6 +49,8 @@ __all__ = [
     "empty_requests",
     "empty_spans",
     "lane_of",
+    "layer_indices",
+    "layer_span_name",
     "requests_frame",
     "spans_frame",
 ]
@@ -76,6 +78,7 @@ class SpanKind(StrEnum):
     HOST = "host"  # host-side work of the engine outside the model (scheduling, bookkeeping)
     MARK = "mark"  # a one-off event: start_ns == end_ns
     BACKWARD = "backward"  # training: one chunk's backward on one micro-batch (phase B full, I inputs, W weights)
+    LAYER = "layer"  # one decoder layer inside a sampled `forward`; its name is `layer N` (see layer_span_name)
 
 
 COMPUTE_KINDS: frozenset[str] = frozenset(
@@ -94,6 +97,7 @@ class Lane(StrEnum):
     SEND = "send"
     RECV = "recv"
     HOST = "host"
+    LAYERS = "layers"  # the `layer` spans timed inside a rank's forwards
 
 
 _DEFAULT_LANE: dict[str, str] = {
@@ -104,7 +108,24 @@ _DEFAULT_LANE: dict[str, str] = {
     SpanKind.HOST: Lane.HOST,
     SpanKind.MARK: Lane.HOST,
     SpanKind.RANGE: Lane.HOST,
+    SpanKind.LAYER: Lane.LAYERS,
 }
+
+LAYER_PREFIX = "layer "
+
+
+def layer_span_name(index: int) -> str:
+    """The name of the `layer` span of decoder layer `index` (0-based, the model's numbering): `layer 7`. The
+    name is where a `layer` span carries its layer; `layer_indices` reads it back."""
+    return f"{LAYER_PREFIX}{index}"
+
+
+def layer_indices(names: pd.Series) -> pd.Series:
+    """The decoder-layer index of each `layer` span from its name (`layer 7` -> 7); -1 where a name is not one."""
+    text = names.astype(str)
+    digits = text.str.removeprefix(LAYER_PREFIX)
+    good = text.str.startswith(LAYER_PREFIX) & digits.str.fullmatch(r"\d{1,9}")
+    return pd.Series(np.where(good, pd.to_numeric(digits.where(good, "-1")), -1), index=names.index, dtype=np.int64)
 
 
 def lane_of(kind: str) -> str:

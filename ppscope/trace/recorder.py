@@ -34,6 +34,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # ARGB colours per kind, as Nsight Systems shows them (and the dashboard reuses them).
 KIND_COLORS: dict[str, int] = {
     SpanKind.FORWARD: 0xFF4C78A8,
+    SpanKind.LAYER: 0xFF6F9AC8,
     SpanKind.BACKWARD: 0xFF9ECAE9,
     SpanKind.EMBED: 0xFF72B7B2,
     SpanKind.HEAD: 0xFFF58518,
