@@ -214,7 +214,7 @@ def test_the_demo_runs_the_whole_loop_on_the_tiny_model(tmp_path: Path) -> None:
     done = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     text = done.stdout
-    assert "costs: decode pass timed layer by layer (perf_counter, cold caches)" in text
+    assert "costs: timed layer by layer inside run 1 (decode passes, the median of" in text
     assert "predicted speedup ×" in text and "VLLM_PP_LAYER_PARTITION=" in text and "ppscope run --split" in text
     runs = sorted(p.name for p in out.iterdir())
     # 1,7 leaves the last stage the slowest whatever a layer and the head cost on this machine (the default 4,4

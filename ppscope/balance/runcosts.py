@@ -1,4 +1,5 @@
-"""The costs to balance a run on: its per-layer profile when it has one, else a fit of its stage spans.
+"""The costs to balance a run on: its in-situ layer spans when it has them, else its per-layer profile when it
+has one, else a fit of its stage spans.
 
 `ppscope rebalance RUN` and the dashboard's Rebalance page both ask this question; `run_costs` is the one
 answer, with the one set of errors. The caller reads the profile (`ppscope.balance.profile.read_profile`),
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ppscope.balance.costs import CostFit, LayerCosts, fit_layer_costs
+from ppscope.balance.insitu import InSituCosts, has_layer_spans, insitu_costs
 from ppscope.balance.profile import PROFILE_FILE, LayerProfile
 from ppscope.balance.training import is_training
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
@@ -19,8 +21,9 @@ from ppscope.trace.model import Trace
 
 __all__ = ["COST_CHOICES", "RunCosts", "mixed_runs", "run_costs"]
 
-COST_CHOICES = ("auto", "profile", "fit")
-"""`auto`: the profile when the run has one that covers its layers, else the fit; `profile` or `fit`: that one."""
+COST_CHOICES = ("auto", "insitu", "profile", "fit")
+"""`auto`: the last run's `layer` spans when it has them, else its profile when it has one that covers its layers,
+else the fit; `insitu`, `profile` or `fit`: that one."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,7 +32,8 @@ class RunCosts:
 
     costs: LayerCosts
     source: str
-    """`profile` (the run's profile.json) or `fit` (least squares over the runs' stage spans)."""
+    """`insitu` (the runs' `layer` spans), `profile` (the run's profile.json) or `fit` (least squares over the
+    runs' stage spans)."""
     fit: CostFit | None
     """The fit of the stage spans: the costs themselves for `fit`, a comparison next to a profile; None when
     the spans cannot be fitted and the profile does without them."""
@@ -39,6 +43,8 @@ class RunCosts:
     """The pass the costs describe: the profile's `decode`/`prefill`, or the fit's (`all` too)."""
     notes: tuple[str, ...] = ()
     """Why a profile the run has was left aside."""
+    insitu: InSituCosts | None = None
+    """The in-situ costs, with the passes behind them (source `insitu`), else None."""
 
 
 def run_costs(
@@ -50,7 +56,8 @@ def run_costs(
     where: str = "the run",
     mix: bool = False,
 ) -> RunCosts:
-    """Costs to rebalance the last of `traces` on: `profile` (the last run's) when `choice` allows and it
+    """Costs to rebalance the last of `traces` on: the runs' `layer` spans when `choice` is `insitu`, or `auto`
+    and the last run has them; else `profile` (the last run's) when `choice` allows and it
     covers the run's layers, else a fit of every run's stage spans (fitted beside a profile too, for
     comparison, when the spans allow). `phase`: which passes (default decode); `where` names the run in errors.
     Runs of different models, dtypes, devices or schedules are refused unless `mix` (then a note says so)."""
@@ -68,13 +75,29 @@ def run_costs(
         )
     if mixed:
         notes += (f"fitted across runs that differ in {mixed} (--mix)",)
+    if choice == "insitu" or (choice == "auto" and has_layer_spans(traces[-1])):
+        try:
+            got = insitu_costs([t for t in traces if has_layer_spans(t)] or traces, phase=phase)
+        except UnsupportedInputError as exc:
+            if choice == "insitu":
+                raise
+            got = None  # auto: layer spans that do not cover every layer leave the choice to the others
+            notes += (f"in-situ costs left aside: {exc}",)
+        if got is not None:
+            try:
+                beside: CostFit | None = fit_layer_costs(traces, phase=got.phase)
+            except UnsupportedInputError:
+                beside = None
+            return RunCosts(
+                costs=got.costs, source="insitu", fit=beside, profile=None, phase=got.phase, notes=notes, insitu=got
+            )
     profiled, profile_notes = _profile_costs(profile, sum(traces[-1].meta.split), choice, phase, where)
     notes += profile_notes
     if profiled is None:
         fit = fit_layer_costs(traces, phase=phase)
         return RunCosts(costs=fit.costs, source="fit", fit=fit, profile=None, phase=fit.phase, notes=notes)
     try:
-        beside: CostFit | None = fit_layer_costs(traces, phase=phase)
+        beside = fit_layer_costs(traces, phase=phase)
     except UnsupportedInputError:
         beside = None  # the profile is enough; the spans just cannot be fitted
     return RunCosts(costs=profiled, source="profile", fit=beside, profile=profile, phase=phase or "decode")

@@ -1,8 +1,9 @@
 """The closed tuning loop: run, measure costs, rebalance, re-run with the advised split, compare.
 
 `tune` is the promise of ppscope checked by measurement: the rebalancer's split is provably the best for
-the costs it was given, and the second run says how much of the predicted gain was real. Costs come from a
-per-layer profile on the device (default) or are fitted from the first run's stage spans. The engine is
+the costs it was given, and the second run says how much of the predicted gain was real. Costs come from the
+layers timed inside the first run (its `layer` spans, default), from an isolated per-layer profile on the
+device, or are fitted from the first run's stage spans. The engine is
 imported only when the loop runs, so this module stays importable without torch.
 """
 
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ppscope.analysis import AnalysisResult, analyze
 from ppscope.balance.advice import Advice, Interval, advise, speedup_interval, throughput_ratio_interval
 from ppscope.balance.costs import LayerCosts, fit_layer_costs, r_squared_text
+from ppscope.balance.insitu import insitu_costs
 from ppscope.balance.problem import BalanceProblem
 from ppscope.balance.rebalance import Rebalance, engine_lines, rebalance
 from ppscope.errors import InvalidConfigError, PPScopeError
@@ -30,7 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = ["COST_SOURCES", "RunSummary", "Simulated", "TuneResult", "tune"]
 
-COST_SOURCES = ("profile", "fit")
+COST_SOURCES = ("insitu", "profile", "fit")
+"""insitu: run 1's `layer` spans (the default); profile: each layer timed alone on the device; fit: run 1's stage
+spans."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +69,8 @@ class TuneResult:
     advice: Rebalance
     costs: LayerCosts
     cost_source: str
-    """`profile` (timed layer by layer on the device) or `fit` (from the first run's spans)."""
+    """`insitu` (run 1's layers timed inside it), `profile` (timed layer by layer on the device, alone) or
+    `fit` (from run 1's stage spans)."""
     notes: list[str] = field(default_factory=list)
     reruns: tuple[RunSummary, ...] = ()
     """Further runs of the two splits (`repeats` > 1), pair by pair in ABBA order after runs 1 and 2."""
@@ -180,6 +185,12 @@ Step = Callable[[str], None]
 
 
 def _costs(cfg: EngineConfig, run_dir: Path, source: str, phase: str, step: Step) -> tuple[LayerCosts, list[str]]:
+    if source == "insitu":
+        got = insitu_costs([load_run(run_dir)], phase=phase)
+        return got.costs, [
+            f"costs: timed layer by layer inside run 1 ({got.phase} passes, the median of {min(got.passes)}-"
+            f"{max(got.passes)} sampled passes per layer, one pass in {cfg.output.layer_spans} of each stage)"
+        ]
     if source == "profile":
         from ppscope.engine.profiler import profile_layers, write_profile
 
@@ -202,7 +213,7 @@ def tune(
     cfg: EngineConfig,
     *,
     out_dir: str | Path,
-    cost_source: str = "profile",
+    cost_source: str = "insitu",
     phase: str = "decode",
     on_step: Step | None = None,
     repeats: int = 1,
@@ -216,6 +227,11 @@ def tune(
         raise InvalidConfigError(f"unknown cost source {cost_source!r}; valid: {', '.join(COST_SOURCES)}")
     if repeats < 1:
         raise InvalidConfigError(f"--repeats must be at least 1, not {repeats}")
+    if cost_source == "insitu" and not (cfg.output.record and cfg.output.layer_spans):
+        raise InvalidConfigError(
+            "--costs insitu needs run 1's layer spans: record (drop --no-record) with --layer-spans K > 0, or give "
+            "--costs profile"
+        )
     pipe = cfg.pipeline
     if pipe.chunks != 1:
         raise InvalidConfigError("tune balances one chunk per rank: use --schedule gpipe or serve, not interleaved")

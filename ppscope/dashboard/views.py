@@ -187,8 +187,9 @@ def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:
 
 
 def _advise(trace: Trace, profile: LayerProfile | None) -> tuple[Answer | None, str]:
-    """Ask the rebalancer with the costs `ppscope rebalance RUN` takes: the run's per-layer profile when it has
-    one (decode pass), else costs fitted from the trace's stage spans."""
+    """Ask the rebalancer with the costs `ppscope rebalance RUN` takes: the layers timed inside the run when it
+    has `layer` spans, else its per-layer profile when it has one (decode pass), else costs fitted from the
+    trace's stage spans."""
     from ppscope.balance.advice import advise, speedup_interval
     from ppscope.balance.problem import BalanceProblem
     from ppscope.balance.rebalance import rebalance
@@ -212,6 +213,13 @@ def _cost_source(got: RunCosts) -> str:
     from ppscope.balance.costs import r_squared_text
 
     costs, fit, profile = got.costs, got.fit, got.profile
+    if got.insitu is not None:
+        sampled = got.insitu.passes
+        return (
+            f"Costs timed layer by layer inside this run ({got.phase} passes, the median of {min(sampled)}-"
+            f"{max(sampled)} sampled passes per layer): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on "
+            "average."
+        )
     if profile is not None:
         return (
             f"Costs from the run's per-layer profile (profile.json, {got.phase} pass, timed with {profile.how} "

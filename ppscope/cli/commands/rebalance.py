@@ -85,10 +85,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--costs",
-        choices=("auto", "profile", "fit"),
+        choices=("auto", "insitu", "profile", "fit"),
         default="auto",
-        help="with RUN: the run's per-layer profile (profile.json, written by `ppscope tune`), a least-squares fit "
-        "of its stage spans, or auto: the profile when the last run has one (default)",
+        help="with RUN: insitu: the layer spans timed inside the run (--layer-spans); profile: the run's isolated "
+        "per-layer profile (profile.json, `ppscope run --profile-layers`); fit: a least-squares fit of its stage "
+        "spans; auto: insitu when the last run has layer spans, else the profile when it has one, else the fit "
+        "(default)",
     )
     p.add_argument("--phase", choices=("decode", "prefill", "all"), help="passes to use (default: decode)")
     p.add_argument(
@@ -271,6 +273,7 @@ def run(args: argparse.Namespace) -> int:
     if wants_model(args):
         return _run_model(args)
     fit, profiled, run_model, current, measured, training = None, None, {}, None, None, None
+    source, insitu = "fit", None
     notes: tuple[str, ...] = ()
     stages = args.stages
     given = bool(args.layer_costs or args.layers or args.layer_cost_ms is not None)
@@ -290,8 +293,8 @@ def run(args: argparse.Namespace) -> int:
                 raise
             got = None  # the costs given need only the run's split, which the comparison fit could not use
         if got is not None:
-            fit, notes = got.fit, got.notes
-            profiled = got.costs if got.source == "profile" else None
+            fit, notes, source, insitu = got.fit, got.notes, got.source, got.insitu
+            profiled = got.costs if got.source in ("profile", "insitu") else None
         args.dtype = args.dtype or str(meta.config.get("dtype") or "") or None
         if fit is not None:
             last_run = [o for o in fit.observations if o.run == len(traces) - 1]
@@ -352,7 +355,11 @@ def run(args: argparse.Namespace) -> int:
         None if shape is None else [n * shape.kv_bytes_per_token_per_layer(args.dtype) for n in advice.proposed.split]
     )
     out["fit"] = None
-    out["cost_source"] = "given" if given else ("profile" if profiled is not None else "fit")
+    out["cost_source"] = "given" if given else source
+    out["insitu"] = None
+    if insitu is not None:
+        out["insitu"] = {"phase": insitu.phase, "runs": insitu.runs, "passes": list(insitu.passes),
+                         "rest_ms": list(insitu.rest_ms)}  # fmt: skip
     out["measured_stage_ms"] = measured
     out["training"] = training
     if fit is not None:
@@ -389,6 +396,12 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
         )
         if training["assumption"]:
             print(f"  {training['assumption']}")
+    if d["cost_source"] == "insitu":
+        got = d["insitu"]
+        print(
+            f"costs: timed layer by layer inside the run ({got['phase']} passes, median of {min(got['passes'])}-"
+            f"{max(got['passes'])} sampled passes per layer); the fit from its stage spans is for comparison"
+        )
     if d["cost_source"] == "profile":
         print("costs: the run's per-layer profile (profile.json); the fit from its stage spans is for comparison")
     if d["cost_source"] == "given":

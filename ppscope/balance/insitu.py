@@ -1,0 +1,115 @@
+"""Layer costs measured inside the run: the `layer` spans the engine times in every k-th pass of each stage.
+
+The engine (`ppscope.engine.schedules`, `--layer-spans K`) times each decoder layer of a sampled pass as a span
+of its own, named `layer N`; the embedding, LM head and sampling have their own spans in every pass. Costs
+taken here come from the same processes, batch shapes, caches and contention as the run they advise on, unlike
+an isolated profile (`ppscope.balance.profile`) or a fit of whole stages (`ppscope.balance.costs`). Each
+layer's cost is the median of its spans over the sampled passes; the embedding's, head's and sampling's the
+median of theirs. This module knows nothing about how the costs are used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ppscope.balance.costs import LayerCosts
+from ppscope.balance.split import stage_layer_ranges
+from ppscope.errors import InvalidConfigError, UnsupportedInputError
+from ppscope.trace.model import SpanKind, Trace, layer_indices
+
+__all__ = ["InSituCosts", "has_layer_spans", "insitu_costs"]
+
+_PHASES = ("prefill", "decode", "all")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InSituCosts:
+    """Layer costs from a run's `layer` spans, and what they rest on."""
+
+    costs: LayerCosts
+    phase: str
+    """The passes the medians are over: `decode`, `prefill` or `all`."""
+    passes: tuple[int, ...]
+    """Sampled passes behind each layer's median (its `layer` spans), in model order."""
+    rest_ms: tuple[float, ...]
+    """Per stage of the last run: its `forward` median minus the sum of its layers' medians (≥ 0): what a
+    stage's pass spends outside its layers (the positions and masks of the pass, Python), whatever it holds."""
+    runs: int
+    """Runs whose spans were taken."""
+
+
+def has_layer_spans(trace: Trace) -> bool:
+    """Whether the run recorded any `layer` span."""
+    return bool((trace.spans["kind"] == SpanKind.LAYER).any())
+
+
+def _phase_rows(spans: pd.DataFrame, phase: str) -> pd.DataFrame:
+    return spans if phase == "all" else spans[spans["phase"] == phase]
+
+
+def _median_ms(spans: pd.DataFrame, kind: str, stage: int) -> float | None:
+    rows = spans[(spans["kind"] == kind) & (spans["stage"] == stage)]
+    if rows.empty:
+        return None
+    return float(np.median((rows["end_ns"] - rows["start_ns"]).to_numpy())) / 1e6
+
+
+def insitu_costs(traces: Sequence[Trace], *, phase: str | None = None) -> InSituCosts:
+    """Costs from the `layer` spans of `traces` (runs of one model): each layer's median over every run's
+    sampled passes of `phase` (default `decode` when the runs have decode passes, else `all`), and the
+    embedding's, head's and sampling's medians over their spans in the same passes."""
+    if not traces:
+        raise InvalidConfigError("give at least one run to take in-situ layer costs from")
+    if phase is not None and phase not in _PHASES:
+        raise InvalidConfigError(f"unknown phase {phase!r}; valid: {', '.join(_PHASES)}")
+    layers = sum(traces[-1].meta.split)
+    if not layers:
+        raise UnsupportedInputError("the run records no layer split (meta.split): in-situ layer costs need one")
+    if traces[-1].meta.chunks > 1:
+        raise InvalidConfigError("in-situ costs of interleaved runs (chunks > 1) are not supported")
+    spans = pd.concat([t.spans for t in traces], ignore_index=True)
+    laid = spans[spans["kind"] == SpanKind.LAYER]
+    if laid.empty:
+        raise UnsupportedInputError(
+            "the run has no `layer` spans (recorded with --layer-spans 0, by an older ppscope, or not by the "
+            "engine): use --costs fit (its stage spans) or --costs profile"
+        )
+    chosen = phase or ("decode" if (laid["phase"] == "decode").any() else "all")
+    laid = _phase_rows(laid, chosen)
+    index = layer_indices(laid["name"]).to_numpy()
+    ms = (laid["end_ns"] - laid["start_ns"]).to_numpy() / 1e6
+    medians, passes = [], []
+    for i in range(layers):
+        mine = ms[index == i]
+        passes.append(int(mine.size))
+        medians.append(float(np.median(mine)) if mine.size else float("nan"))
+    missing = [i for i, n in enumerate(passes) if n == 0]
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        raise UnsupportedInputError(
+            f"no {'' if chosen == 'all' else chosen + ' '}`layer` span of layer(s) {shown} in the run: it sampled "
+            "too few passes; run longer or with a smaller --layer-spans K (or give --phase all)"
+        )
+    last = _phase_rows(traces[-1].spans, chosen)
+    split = traces[-1].meta.split
+    ends = _phase_rows(spans, chosen)
+    extras = {
+        "embed_ms": _median_ms(ends, SpanKind.EMBED, 0),
+        "head_ms": _median_ms(ends, SpanKind.HEAD, len(split) - 1),
+        "sample_ms": _median_ms(ends, SpanKind.SAMPLE, len(split) - 1),
+    }
+    rest = []
+    for stage, (first, end) in enumerate(stage_layer_ranges(split)):
+        forward = _median_ms(last, SpanKind.FORWARD, stage)
+        rest.append(max((forward or 0.0) - sum(medians[first:end]), 0.0) if forward is not None else 0.0)
+    return InSituCosts(
+        costs=LayerCosts(layer_ms=tuple(medians), **{k: v or 0.0 for k, v in extras.items()}),
+        phase=chosen,
+        passes=tuple(passes),
+        rest_ms=tuple(rest),
+        runs=len(traces),
+    )
