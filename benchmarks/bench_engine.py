@@ -1,4 +1,5 @@
-"""Engine benchmarks: schedule efficiency against the ideal, recording overhead, measured vs analytic bubble.
+"""Engine benchmarks: schedule efficiency against the ideal, recording overhead, what timing each layer costs,
+measured vs analytic bubble.
 
 Every figure is a ratio to a reference measured or derived in the same run: the synthetic model's stage
 time is known exactly (it sleeps), so the ideal throughput and the analytic bubble are too.
@@ -147,6 +148,65 @@ def overhead_alternating(tmp: Path, window_ms: float = 1000.0, guard_ms: float =
     Each window is compared with the mean of its two neighbours, which cancels drift slower than a window."""
     run_dir = _run(tmp / "ovh-alt", stages=stages, schedule="serve", requests=48, prompt_len=4, max_new_tokens=200,
                    record_alternate_ms=window_ms)  # fmt: skip
+    ratio, low, high, windows, tokens = _alternating_ratio(run_dir, window_ms, guard_ms)
+    return (
+        f"recording overhead within one run (tiny model, serve P={stages}, recording paused in every other "
+        f"{window_ms:g} ms window, its first {guard_ms:g} ms not counted; {windows} windows, {tokens} tokens): "
+        f"throughput on/off = {ratio:.3f} (95% interval {low:.3f}-{high:.3f})"
+    )
+
+
+def layer_spans_overhead(tmp: Path, window_ms: float = 1000.0, guard_ms: float = 300.0, stages: int = 2) -> list[str]:
+    """What timing each layer costs, within one run: layer spans are taken only in every other window of the
+    host clock (`bench.layer_spans_alternate_ms`), recording on throughout, so the two sides share the processes
+    and the machine's mood; the windows are compared as for the recording overhead. At the default period
+    (one pass in 8 of each stage) and at the dearest (every pass)."""
+    from ppscope.engine.config import LAYER_SPANS_EVERY
+
+    lines = []
+    for every in (LAYER_SPANS_EVERY, 1):
+        run_dir = _run(tmp / f"ovh-layers-{every}", stages=stages, schedule="serve", requests=16, prompt_len=4,
+                       max_new_tokens=200, layer_spans=every, layer_spans_alternate_ms=window_ms)  # fmt: skip
+        ratio, low, high, windows, tokens = _alternating_ratio(run_dir, window_ms, guard_ms)
+        spans = load_run(run_dir).spans
+        comp = _compute(spans)
+        busy = (comp["end_ns"] - comp["start_ns"]).groupby(comp["stage"]).sum()
+        passes = comp[comp["kind"] == SpanKind.FORWARD].groupby("stage").size()
+        pass_ms = float((busy / passes).max()) / 1e6  # the slowest stage's compute per pass
+        per_stage = float(spans[spans["kind"] == SpanKind.LAYER].groupby("stage")["name"].nunique().mean())
+        span_us = _span_us()  # each of the layers a stage holds is one span in a sampled pass
+        cost = per_stage / every * span_us / 1e3 / pass_ms
+        lines.append(
+            f"layer spans overhead within one run (tiny model, serve P={stages}, each layer timed in one pass in "
+            f"{every} of each stage, only in every other {window_ms:g} ms window; {windows} windows, {tokens} "
+            f"tokens): throughput with/without = {ratio:.3f} (95% interval {low:.3f}-{high:.3f}; target >= 0.99 "
+            f"at the default period); from the spans' own cost, {per_stage:g} layer spans of {span_us:.1f} µs "
+            f"every {every} pass(es) of {pass_ms:.2f} ms: {100 * cost:.2f}% of a pass"
+        )
+    return lines
+
+
+def _span_us(n: int = 20_000) -> float:
+    """What one recorder span costs on this machine now (NVTX on, in memory), best of 3 rounds, µs."""
+    import time
+
+    from ppscope.trace.recorder import Recorder
+
+    rec = Recorder(rank=0, stage=0, nvtx=True)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter_ns()
+        for i in range(n):
+            with rec.span(SpanKind.LAYER, mb=i & 7, step=i, phase="decode", name="layer 3"):
+                pass
+        best = min(best, (time.perf_counter_ns() - t0) / n / 1e3)
+        rec._kept.clear()
+    return best
+
+
+def _alternating_ratio(run_dir: Path, window_ms: float, guard_ms: float) -> tuple[float, float, float, int, int]:
+    """Throughput in the even ("on") windows ÷ the odd ones of a run that alternates some setting with the host
+    clock, from each token's time in requests.jsonl: (ratio, 95% low, high, windows compared, tokens)."""
     times: list[int] = []
     for line in (run_dir / "requests.jsonl").read_text().splitlines():
         times.extend(json.loads(line)["token_ns"])
@@ -163,11 +223,7 @@ def overhead_alternating(tmp: Path, window_ms: float = 1000.0, guard_ms: float =
     log_ratio = log_ratio[~np.isnan(log_ratio)]
     half = 1.96 * log_ratio.std(ddof=1) / np.sqrt(len(log_ratio))
     mean = float(log_ratio.mean())
-    return (
-        f"recording overhead within one run (tiny model, serve P={stages}, recording paused in every other "
-        f"{window_ms:g} ms window, its first {guard_ms:g} ms not counted; {len(log_ratio)} windows, {len(t)} tokens): "
-        f"throughput on/off = {np.exp(mean):.3f} (95% interval {np.exp(mean - half):.3f}-{np.exp(mean + half):.3f})"
-    )
+    return float(np.exp(mean)), float(np.exp(mean - half)), float(np.exp(mean + half)), len(log_ratio), len(t)
 
 
 def _analyzer_bubble(trace: Trace) -> float:
@@ -223,6 +279,7 @@ def main() -> list[str]:
             *efficiency_serve(tmp),
             overhead(tmp),
             overhead_alternating(tmp),
+            *layer_spans_overhead(tmp),
             *bubbles(tmp),
         ]
     return [
