@@ -10,7 +10,9 @@ imported only when the loop runs, so this module stays importable without torch.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppscope.analysis import AnalysisResult, analyze
 from ppscope.balance.advice import Advice, Interval, advise, speedup_interval, throughput_ratio_interval
+from ppscope.balance.cores import SharedCores, shared_cores
 from ppscope.balance.costs import LayerCosts, fit_layer_costs, r_squared_text
 from ppscope.balance.insitu import insitu_costs
 from ppscope.balance.problem import BalanceProblem
@@ -82,9 +85,16 @@ class TuneResult:
     """95% interval of the measured speedup from the runs' own variability (None: too short runs)."""
     decision: Advice | None = None
     """Keep the given split or change it, and why (`ppscope.balance.advice.advise`)."""
+    cores: SharedCores | None = None
+    """CPU ranks: the cores they shared with other work, and the bound that puts on the gain (None on GPUs, for
+    the synthetic model, whose layers sleep, or where the machine's busy cores cannot be read)."""
 
     @property
     def predicted_speedup(self) -> float:
+        """The slowest stage's ratio, or, where CPU stages share too few free cores, the bound of their total
+        work (`cores`)."""
+        if self.cores is not None and self.cores.binds:
+            return self.cores.speedup
         return self.advice.predicted_speedup
 
     @property
@@ -132,6 +142,8 @@ class TuneResult:
             "sample_cost_ms": self.costs.sample_ms,
             "reruns": [run(r) for r in self.reruns],
             "predicted_speedup": self.predicted_speedup,
+            "slowest_stage_speedup": self.advice.predicted_speedup,
+            "cores": dataclasses.asdict(self.cores) if self.cores else None,
             "measured_speedup": self.measured_speedup,
             "pair_speedups": self.pair_speedups,
             "realised_share_of_predicted_gain": self.realised,
@@ -163,7 +175,9 @@ def _pair(interval: Interval | None) -> list[float] | None:
 
 
 def _share(measured: float | None, predicted: float) -> float | None:
-    if measured is None or predicted <= 1.0:
+    """(measured − 1) ÷ (predicted − 1); None without a measurement or a predicted gain (under 1e-6: a bound
+    that leaves none, up to rounding)."""
+    if measured is None or predicted - 1.0 < 1e-6:
         return None
     return (measured - 1.0) / (predicted - 1.0)
 
@@ -238,7 +252,9 @@ def tune(
     step = on_step or (lambda _msg: None)
     out = Path(out_dir)
     step(f"run 1: {cfg.model.name} on {pipe.stages} stages, {pipe.schedule} schedule, split as given")
+    beside = [busy_cores()]
     before_dir = run(_with(cfg, out / "1-before"))
+    beside.append(busy_cores())
     before_trace = load_run(before_dir)
     split = tuple(before_trace.meta.split)
     before = RunSummary.of(before_dir, analyze(before_trace), split)
@@ -247,18 +263,30 @@ def tune(
     advice = rebalance(problem, current=split)
     proposed = tuple(advice.proposed.split)
     interval = speedup_interval([before_trace], problem, split, proposed) if proposed != split else None
-    decision = advise(split, proposed, advice.predicted_speedup, interval, "run 1 is too short to tell how it varies")
+    cores = None
+    known = [b for b in beside if b is not None]
+    on_cpus = all(r.device.startswith("cpu") for r in before_trace.meta.ranks)
+    if known and on_cpus and not cfg.model.synthetic and proposed != split:  # synthetic layers sleep: no CPU
+        cores = shared_cores(advice.current.stage_ms, advice.proposed.stage_ms, cores=os.cpu_count() or 1,
+                             busy_beside=statistics.mean(known), interval=interval)  # fmt: skip
+        if cores.binds:
+            notes.append(f"the stages share {cores.text()}")
+            interval = cores.interval
+    predicted = cores.speedup if cores is not None and cores.binds else advice.predicted_speedup
+    decision = advise(split, proposed, predicted, interval, "run 1 is too short to tell how it varies")
+    if cores is not None and cores.binds:
+        decision = dataclasses.replace(decision, reason=f"{decision.reason}; the stages share {cores.text()}")
     if proposed == split:
         notes.append("the split is already the best one for these costs: no second run")
         return TuneResult(before=before, after=None, advice=advice, costs=costs, cost_source=cost_source, notes=notes,
-                          decision=decision)  # fmt: skip
+                          decision=decision, cores=cores)  # fmt: skip
     try:
         simulated: Simulated | None = _simulate_both(before_trace, costs, split, proposed)
     except PPScopeError as exc:  # a run the simulator cannot replay: the slowest-stage prediction remains
         simulated = None
         notes.append(f"no simulated prediction: {exc}")
     sim = f", simulated ×{simulated.speedup:.3f}" if simulated else ""
-    step(f"run 2: advised split {','.join(map(str, proposed))} (predicted ×{advice.predicted_speedup:.3f}{sim})")
+    step(f"run 2: advised split {','.join(map(str, proposed))} (predicted ×{predicted:.3f}{sim})")
 
     traces: dict[tuple[int, ...], list[Trace]] = {split: [before_trace], proposed: []}
 
@@ -279,4 +307,34 @@ def tune(
     return TuneResult(before=before, after=after, advice=advice, costs=costs, cost_source=cost_source, notes=notes,
                       reruns=tuple(reruns), simulated=simulated, predicted_interval=interval,
                       measured_interval=throughput_ratio_interval(traces[split], traces[proposed]),
-                      decision=decision)  # fmt: skip
+                      decision=decision, cores=cores)  # fmt: skip
+
+
+def busy_cores(seconds: float = 0.5, stat: str = "/proc/stat") -> float | None:
+    """Cores' worth of work the machine does over the next `seconds` (from the kernel's CPU times in
+    `/proc/stat`), None where there is no such file. Measured around run 1, when none of the run's processes
+    are up, it is the work beside the pipeline."""
+
+    def busy_total() -> tuple[int, int] | None:
+        try:
+            with open(stat, encoding="ascii") as f:
+                fields = [int(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        if len(fields) < 5:
+            return None
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields[:8]) - idle, sum(fields[:8])
+
+    first = busy_total()
+    time.sleep(seconds)
+    last = busy_total()
+    if first is None or last is None or last[1] <= first[1]:
+        return None
+    return (last[0] - first[0]) / (last[1] - first[1]) * _cpus(stat)
+
+
+def _cpus(stat: str) -> int:
+    """The CPUs `/proc/stat` counts (its `cpuN` lines), whose times its first line adds up."""
+    with open(stat, encoding="ascii") as f:
+        return max(sum(1 for line in f if line.startswith("cpu") and line[3:4].isdigit()), 1)

@@ -61,8 +61,9 @@ def print_tune(result: TuneResult, console: Console | None = None) -> None:
     for note in result.notes:
         out.print(f"note: {note}")
     measured, sim = result.measured_speedup, result.simulated
+    basis = "shared cores" if result.cores is not None and result.cores.binds else "slowest stage"
     out.print(
-        f"predicted speedup ×{result.predicted_speedup:.3f} (slowest stage{_within(result.predicted_interval)})"
+        f"predicted speedup ×{result.predicted_speedup:.3f} ({basis}{_within(result.predicted_interval)})"
         + (f"   simulated ×{sim.speedup:.3f}" if sim else "")
         + f"   measured ×{_fmt(measured, '.3f')}"
         + (f" ({_within(result.measured_interval).removeprefix('; ')})" if result.measured_interval else ""),
