@@ -7,11 +7,18 @@ layer profile of a real model against the pipeline it is meant to predict.
    cold caches, and back to back for comparison) ÷ what the run measured, stage by stage.
 3. A gpipe run of the synthetic engine replayed by the simulator (`replay_config`): simulated throughput ÷
    measured, the reference being the run itself.
+4. `ppscope demo` itself, five times as a new user runs it (the tiny model, in-situ costs), one of them beside a
+   busy loop on one core: measured gain ÷ predicted gain per run, and whether an advised split ever measured
+   slower than the given one beyond its interval.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,7 @@ def main() -> list[str]:
         result = tune(cfg, out_dir=Path(tmp) / "tune", cost_source="profile")
         profiled = profile_vs_run(Path(tmp))
         replayed = replay_vs_run(Path(tmp))
+        demos = demo_runs(Path(tmp))
     assert result.after is not None
     measured = result.measured_speedup or 0.0
     realised = result.realised or 0.0
@@ -47,7 +55,65 @@ def main() -> list[str]:
         else "tune: no simulated prediction",
         *profiled,
         replayed,
+        *demos,
     ]
+
+
+DEMO_RUNS = 5
+BUSY_RUN = 3
+"""Which of the demo runs has a busy loop on one core beside it (0-based)."""
+
+
+def demo_runs(tmp: Path, runs: int = DEMO_RUNS, busy: int = BUSY_RUN) -> list[str]:
+    """`ppscope demo --no-dashboard --json` `runs` times, run `busy` beside a process spinning on one core."""
+    lines, shares, slower = [], [], 0
+    for i in range(runs):
+        spinner = _busy_loop() if i == busy else None
+        try:
+            done = subprocess.run([sys.executable, "-m", "ppscope", "demo", "--no-dashboard", "--json", "--out",
+                                   str(tmp / f"demo-{i}")], capture_output=True, text=True, timeout=1200)  # fmt: skip
+        finally:
+            if spinner is not None:
+                spinner.kill()
+                spinner.wait()
+        if done.returncode != 0:
+            lines.append(f"demo run {i + 1}: failed: {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        d = json.loads(done.stdout)
+        share, low_high = d["realised_share_of_predicted_gain"], d["measured_interval"]
+        split = "→".join(",".join(map(str, s["split"])) for s in (d["tune"]["before"], d["tune"]["after"]) if s)
+        below = d["advice"] == "change" and low_high is not None and low_high[1] < 1.0
+        slower += below
+        if d["advice"] == "change" and share is not None:
+            shares.append(share)
+        cores = d["tune"]["cores"]
+        beside = "" if cores is None else f", {cores['busy_beside']:.1f} of {cores['cores']} cores busy beside it"
+        lines.append(
+            f"demo run {i + 1}{' (a busy loop on one core beside it)' if i == busy else ''}: {split}, "
+            f"{d['cost_source']} costs{beside}, slowest stage ×{d['tune']['slowest_stage_speedup']:.3f}, "
+            f"predicted ×{d['predicted_speedup']:.3f} {_interval(d['predicted_interval'])}, "
+            f"measured ×{d['measured_speedup']:.3f} {_interval(low_high)}, advice {d['advice']}; measured gain ÷ "
+            f"predicted gain = {'–' if share is None else f'{share:.2f}'}"
+            + ("; the advised split measured slower beyond its interval" if below else "")
+        )
+    lines.append(
+        f"demo: measured gain ÷ predicted gain >= 0.8 in {sum(s >= 0.8 for s in shares)} of {len(shares)} runs "
+        f"that advised a change (target: all; shares {', '.join(f'{s:.2f}' for s in shares)}); the others "
+        f"advised keeping the split; advised "
+        f"splits measured slower than the given one beyond their interval: {slower} (target 0). Load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end."
+    )
+    return lines
+
+
+def _interval(pair: list[float] | None) -> str:
+    return "(no interval)" if pair is None else f"(95% {pair[0]:.3f}-{pair[1]:.3f})"
+
+
+def _busy_loop() -> subprocess.Popen[bytes]:
+    """A process spinning on one core (core 0 where the OS lets it choose), as other work on the machine."""
+    code = "import os\nif hasattr(os, 'sched_setaffinity'): os.sched_setaffinity(0, {0})\nwhile True: pass"
+    return subprocess.Popen([sys.executable, "-c", code])
 
 
 def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> list[str]:

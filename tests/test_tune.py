@@ -210,7 +210,7 @@ def test_the_demo_runs_the_whole_loop_on_the_tiny_model(tmp_path: Path) -> None:
 
     out = tmp_path / "demo"
     args = [sys.executable, "-m", "ppscope", "demo", "--no-dashboard", "--split", "1,7", "--requests", "4",
-            "--max-new-tokens", "6", "--out", str(out)]  # fmt: skip
+            "--max-new-tokens", "6", "--repeats", "2", "--out", str(out)]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     text = done.stdout
@@ -264,7 +264,8 @@ def test_demo_json_leads_with_the_answer(tmp_path: Path, capsys: pytest.CaptureF
     assert main(args) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
-    assert list(out)[:7] == ["predicted_speedup", "predicted_interval", "measured_speedup", "measured_interval",
-                             "advice", "advice_reason", "realised_share_of_predicted_gain"]  # fmt: skip
+    assert list(out)[:8] == ["predicted_speedup", "predicted_interval", "measured_speedup", "measured_interval",
+                             "advice", "advice_reason", "realised_share_of_predicted_gain", "cost_source"]  # fmt: skip
+    assert out["cost_source"] == "fit"
     assert out["advice"] in ("keep", "change") and out["tune"]["before"]["split"] == [6, 2]
     assert "• run 1" in captured.err

@@ -61,7 +61,7 @@ CAUSE_COLORS: dict[str, str] = {  # hatched on the Gantt, so they read as idle t
     "unknown": "#EEEEEE",
     "no_requests": "#F7F7F7",
 }
-_LANE_ORDER = {str(Lane.COMPUTE): 0, str(Lane.RECV): 1, str(Lane.SEND): 2, str(Lane.HOST): 3}
+_LANE_ORDER = {str(Lane.COMPUTE): 0, str(Lane.LAYERS): 1, str(Lane.RECV): 2, str(Lane.SEND): 3, str(Lane.HOST): 4}
 _MAX_LEGEND_MB = 32
 _HOVER = (
     "%{customdata[0]}<br>%{y}<br>stage %{customdata[1]} · mb %{customdata[2]} · step %{customdata[3]}"
@@ -83,7 +83,8 @@ def _row_label(rank: int, lane: str) -> str:
 
 
 def row_labels(spans: pd.DataFrame) -> list[str]:
-    """Gantt rows, top to bottom: ranks in order, each with compute, recv, send, host, then other lanes."""
+    """Gantt rows, top to bottom: ranks in order, each with compute, layers (the layer spans under the
+    forwards they time), recv, send, host, then other lanes."""
     pairs = spans[["rank", "lane"]].drop_duplicates()
     keyed = sorted(
         (int(r), _LANE_ORDER.get(str(lane), 9), str(lane)) for r, lane in zip(pairs["rank"], pairs["lane"], strict=True)

@@ -1,7 +1,8 @@
 """`ppscope demo`: the whole loop on the default tiny model on this machine, then the dashboard.
 
-Runs the engine with its default split (or `--split`), finds the bottleneck, rebalances on measured per-layer costs,
-re-runs with the advised split, prints measured vs predicted gain and opens the dashboard on both runs.
+Runs the engine with its default split (or `--split`), finds the bottleneck, rebalances on per-layer costs timed
+inside that run (docs/ARCHITECTURE.md, "The demo"), re-runs with the advised split, prints measured vs predicted
+gain and opens the dashboard on both runs.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ def register(sub: Any) -> None:
     add_option(p, "--model", help="model preset, `synthetic` or a checkpoint directory (default tiny)")
     add_option(p, "--split", help="layer counts per stage to start from, e.g. 1,7; sets --stages (vLLM's by default)")
     add_option(p, "--requests", default=16, help="requests (default 16)")
-    add_option(p, "--max-new-tokens", default=32, help="tokens per request (default 32)")
+    add_option(p, "--max-new-tokens", default=64, help="tokens per request (default 64)")
     add_option(p, "--out", help="folder for the runs (default runs/demo-<timestamp>)")
     p.add_argument("--no-dashboard", dest="dashboard", action="store_false", help="do not open the dashboard")
     p.add_argument("--port", type=int, default=None, help="dashboard port (default 8501 or the next free one)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (progress goes to stderr)")
-    add_tune_arguments(p, repeats=2)  # one pair of runs here can be 10% apart however alike the splits
+    add_tune_arguments(p, repeats=3)  # one pair of runs on a busy machine can be 30% apart: the median of three
     p.set_defaults(func=run)
 
 
@@ -52,7 +53,7 @@ def demo_json(result: Any) -> dict[str, Any]:
     everything `ppscope tune --json` prints."""
     full = result.to_dict()
     keys = ("predicted_speedup", "predicted_interval", "measured_speedup", "measured_interval", "advice",
-            "advice_reason", "realised_share_of_predicted_gain")  # fmt: skip
+            "advice_reason", "realised_share_of_predicted_gain", "cost_source")  # fmt: skip
     return {**{k: full[k] for k in keys}, "tune": full}
 
 
