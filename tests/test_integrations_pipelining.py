@@ -115,3 +115,42 @@ def test_a_split_given_to_the_hook_is_recorded_and_checked(example: ModuleType, 
     assert (meta.split, meta.split_source, meta.model) == ([3, 1], "record_pipeline(split=)", {"layers": 4})
     with pytest.raises(InvalidSplitError, match="has 3 stage"):
         _train(example, "interleaved-1f1b", tmp_path / "bad", 1, 4, split=(2, 1, 1))
+
+
+@pytest.mark.usefixtures("group")
+@pytest.mark.parametrize(("every", "sampled"), [(1, [0, 1, 2, 3]), (2, [0, 2])])
+def test_layers_are_timed_forward_and_backward_in_sampled_micro_batches(
+    example: ModuleType, tmp_path: Path, every: int, sampled: list[int]
+) -> None:
+    from ppscope.balance.insitu import insitu_costs
+    from ppscope.errors import UnsupportedInputError
+    from ppscope.trace.model import layer_indices
+
+    _train(example, "gpipe", tmp_path / "run", layer_spans=every)
+    trace = load_run(tmp_path / "run")
+    spans = trace.spans
+    laid = spans[spans["kind"] == "layer"]
+    # 4 layers, forward and backward, in the sampled micro-batches of both steps
+    assert len(laid) == 4 * 2 * len(sampled) * 2 and sorted(laid["mb"].unique()) == sampled
+    assert sorted(layer_indices(laid["name"]).unique()) == [0, 1, 2, 3] and set(laid["phase"]) == {"F", "B"}
+    for phase, kind in (("F", "forward"), ("B", "backward")):
+        actions = spans[spans["kind"] == kind]
+        for row in laid[laid["phase"] == phase].itertuples():  # inside the action of its micro-batch and step
+            mine = actions[(actions["mb"] == row.mb) & (actions["step"] == row.step)]
+            assert ((mine["start_ns"] <= row.start_ns) & (row.end_ns <= mine["end_ns"])).any()
+    if every > 1:  # 4 sampled micro-batches per layer: too few to trust a median
+        with pytest.raises(UnsupportedInputError, match="only 4 sampled micro-batch"):
+            insitu_costs([trace])
+        return
+    got = insitu_costs([trace])
+    assert got.phase == "forward+backward" and got.passes == (2 * len(sampled),) * 4
+    fwd = laid[(laid["phase"] == "F") & (laid["name"] == "layer 2")]
+    bwd = laid[(laid["phase"] == "B") & (laid["name"] == "layer 2")]
+    expected = ((fwd["end_ns"] - fwd["start_ns"]).median() + (bwd["end_ns"] - bwd["start_ns"]).median()) / 1e6
+    assert got.costs.layer_ms[2] == pytest.approx(expected)
+
+
+@pytest.mark.usefixtures("group")
+def test_no_layer_spans_when_asked_for_none(example: ModuleType, tmp_path: Path) -> None:
+    _train(example, "gpipe", tmp_path / "run", layer_spans=0)
+    assert not (load_run(tmp_path / "run").spans["kind"] == "layer").any()

@@ -18,12 +18,16 @@ import pandas as pd
 
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.split import stage_layer_ranges
+from ppscope.balance.training import BACKWARD_PHASES, TRAIN_PASSES
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import SpanKind, Trace, layer_indices
 
 __all__ = ["InSituCosts", "has_layer_spans", "insitu_costs"]
 
 _PHASES = ("prefill", "decode", "all")
+MIN_TRAINING_PASSES = 5
+"""Sampled micro-batches per layer below which a training run's layer spans are not trusted: one descheduled
+layer among two samples is half the median."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,8 +73,6 @@ def insitu_costs(traces: Sequence[Trace], *, phase: str | None = None) -> InSitu
     layers = sum(traces[-1].meta.split)
     if not layers:
         raise UnsupportedInputError("the run records no layer split (meta.split): in-situ layer costs need one")
-    if traces[-1].meta.chunks > 1:
-        raise InvalidConfigError("in-situ costs of interleaved runs (chunks > 1) are not supported")
     spans = pd.concat([t.spans for t in traces], ignore_index=True)
     laid = spans[spans["kind"] == SpanKind.LAYER]
     if laid.empty:
@@ -78,6 +80,10 @@ def insitu_costs(traces: Sequence[Trace], *, phase: str | None = None) -> InSitu
             "the run has no `layer` spans (recorded with --layer-spans 0, by an older ppscope, or not by the "
             "engine): use --costs fit (its stage spans) or --costs profile"
         )
+    if laid["phase"].isin(BACKWARD_PHASES).any():
+        return _training(traces, spans, laid, layers)
+    if traces[-1].meta.chunks > 1:
+        raise UnsupportedInputError("in-situ costs of interleaved runs (chunks > 1) are not supported")
     chosen = phase or ("decode" if (laid["phase"] == "decode").any() else "all")
     laid = _phase_rows(laid, chosen)
     index = layer_indices(laid["name"]).to_numpy()
@@ -109,6 +115,59 @@ def insitu_costs(traces: Sequence[Trace], *, phase: str | None = None) -> InSitu
     return InSituCosts(
         costs=LayerCosts(layer_ms=tuple(medians), **{k: v or 0.0 for k, v in extras.items()}),
         phase=chosen,
+        passes=tuple(passes),
+        rest_ms=tuple(rest),
+        runs=len(traces),
+    )
+
+
+def _training(traces: Sequence[Trace], spans: pd.DataFrame, laid: pd.DataFrame, layers: int) -> InSituCosts:
+    """A training run's layer spans (the pipelining hook's): each layer's forward median plus its backward
+    median (B, or I where the backward is split); the first stage's pass outside its layers as the embedding,
+    the last stage's, with its loss (`head` spans), as the head. Weight gradients computed
+    on their own (W) fall in no layer's span, so a run with W actions is left to the fit of whole passes."""
+    if (spans["phase"] == "W").any():
+        raise UnsupportedInputError(
+            "the run computes weight gradients apart (W actions), which no layer span holds: its costs come "
+            "from whole passes (--costs fit)"
+        )
+    index = layer_indices(laid["name"]).to_numpy()
+    ms = (laid["end_ns"] - laid["start_ns"]).to_numpy() / 1e6
+    backward = laid["phase"].isin(BACKWARD_PHASES).to_numpy()
+    medians, passes, missing = [], [], []
+    for i in range(layers):
+        fwd, bwd = ms[(index == i) & ~backward], ms[(index == i) & backward]
+        passes.append(int(min(fwd.size, bwd.size)))
+        if not (fwd.size and bwd.size):
+            missing.append(i)
+            medians.append(float("nan"))
+        else:
+            medians.append(float(np.median(fwd)) + float(np.median(bwd)))
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        raise UnsupportedInputError(
+            f"no forward and backward `layer` spans of layer(s) {shown}: too few sampled micro-batches; train "
+            "longer or record with a smaller layer_spans"
+        )
+    if min(passes) < MIN_TRAINING_PASSES:
+        raise UnsupportedInputError(
+            f"only {min(passes)} sampled micro-batch(es) per layer, too few for a median a stall cannot move (at "
+            f"least {MIN_TRAINING_PASSES}); train longer or record with a smaller layer_spans"
+        )
+    split = traces[-1].meta.split
+    last = traces[-1].spans
+    rest = []
+    for stage, (first, end) in enumerate(stage_layer_ranges(split)):
+        forward = _median_ms(last, SpanKind.FORWARD, stage)
+        back = _median_ms(last, SpanKind.BACKWARD, stage)
+        whole = (forward or 0.0) + (back or 0.0)
+        rest.append(max(whole - sum(medians[first:end]), 0.0) if forward is not None else 0.0)
+    # a trainer's stage runs its embedding (first) and norm and output (last) inside its own forward and
+    # backward, with no spans of their own: the first and last stages' time outside their layers is theirs
+    head = (_median_ms(spans, SpanKind.HEAD, len(split) - 1) or 0.0) + (rest[-1] if len(rest) > 1 else 0.0)
+    return InSituCosts(
+        costs=LayerCosts(layer_ms=tuple(medians), embed_ms=rest[0] if len(rest) > 1 else 0.0, head_ms=head),
+        phase=TRAIN_PASSES,
         passes=tuple(passes),
         rest_ms=tuple(rest),
         runs=len(traces),

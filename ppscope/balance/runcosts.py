@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ppscope.balance.costs import CostFit, LayerCosts, fit_layer_costs
 from ppscope.balance.insitu import InSituCosts, has_layer_spans, insitu_costs
 from ppscope.balance.profile import PROFILE_FILE, LayerProfile
-from ppscope.balance.training import is_training
+from ppscope.balance.training import TRAIN_PASSES, is_training
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import Trace
 
@@ -84,8 +84,8 @@ def run_costs(
             got = None  # auto: layer spans that do not cover every layer leave the choice to the others
             notes += (f"in-situ costs left aside: {exc}",)
         if got is not None:
-            try:
-                beside: CostFit | None = fit_layer_costs(traces, phase=got.phase)
+            try:  # a training run's passes are forward + backward whatever the phase asked
+                beside: CostFit | None = fit_layer_costs(traces, phase=None if got.phase == TRAIN_PASSES else got.phase)
             except UnsupportedInputError:
                 beside = None
             return RunCosts(

@@ -26,6 +26,7 @@ recorder is open; they pass through untouched outside `schedule.step`. Ranks on 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
@@ -41,6 +42,7 @@ from torch.distributed.pipelining import schedules as _sched
 
 from ppscope.balance.split import validate_split
 from ppscope.formats.ppactions import Action, name_schedule, placement_of
+from ppscope.integrations.layer_timer import LayerTimer
 from ppscope.trace.clock import estimate_offset
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind
 from ppscope.trace.recorder import Recorder
@@ -96,7 +98,11 @@ class PipelineRecorder:
     name: the schedule's name in the run (default: named from its action order, as the Kineto importer
     does); nvtx: also push NVTX ranges (for Nsight Systems); clock_sync: measure clock offsets by ping-pong
     (`auto`: only when the ranks are on several hosts); split: the decoder layers each (virtual) stage holds,
-    in stage order, the same on every rank (default: counted from each stage's module, `_stage_layers`)."""
+    in stage order, the same on every rank (default: counted from each stage's module, `_stage_layers`);
+    layer_spans: time each decoder layer's forward and backward in every K-th micro-batch of each stage as
+    `layer` spans (`layer N`, N in the model's numbering; 0: never), which `ppscope rebalance` takes as each
+    layer's cost; it needs the split. On a GPU the layers are timed with CUDA events, resolved at each step's
+    end (one synchronisation per step)."""
 
     def __init__(
         self,
@@ -108,6 +114,7 @@ class PipelineRecorder:
         clock_sync: str = "auto",
         flush_interval_s: float = 0.5,
         split: Sequence[int] | None = None,
+        layer_spans: int = 8,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("record_pipeline needs torch.distributed initialised (init_process_group) first")
@@ -136,6 +143,9 @@ class PipelineRecorder:
             sink, rank=self.rank, stage=self.position, nvtx=nvtx, flush_interval_s=flush_interval_s
         )
         self._wrap()
+        if layer_spans < 0:
+            raise ValueError(f"layer_spans must be >= 0 (0: never), got {layer_spans}")
+        self.layers = LayerTimer(self, layer_spans) if layer_spans and self.split else None
 
     # ------------------------------------------------------------ set-up
 
@@ -222,19 +232,35 @@ class PipelineRecorder:
         _active.append(self)
         try:
             with self.recorder.span(SpanKind.STEP, step=self.step_no, name=f"step {self.step_no}"):
-                return step(*args, **kwargs)
+                if self.layers:
+                    self.layers.begin_step()
+                try:
+                    return step(*args, **kwargs)
+                finally:
+                    if self.layers:
+                        self.layers.end_step()
         finally:
             _active.remove(self)
 
     def _forward(self, stage: Any, fn: Callable[..., Any], mb: int, *args: Any, **kwargs: Any) -> Any:
-        with self._span(SpanKind.FORWARD, stage, mb, "F", name=f"{stage.stage_index}F{mb}"):
+        with (
+            self._span(SpanKind.FORWARD, stage, mb, "F", name=f"{stage.stage_index}F{mb}"),
+            self._running(stage, mb, "F"),
+        ):
             return fn(mb, *args, **kwargs)
 
     def _backward(self, stage: Any, fn: Callable[..., Any], mb: int, *args: Any, **kwargs: Any) -> Any:
         full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
         phase = "B" if full else "I"
-        with self._span(SpanKind.BACKWARD, stage, mb, phase, name=f"{stage.stage_index}{phase}{mb}"):
+        with (
+            self._span(SpanKind.BACKWARD, stage, mb, phase, name=f"{stage.stage_index}{phase}{mb}"),
+            self._running(stage, mb, phase),
+        ):
             return fn(mb, *args, **kwargs)
+
+    def _running(self, stage: Any, mb: int, phase: str) -> Any:
+        """While a stage computes a micro-batch: which one, for the layer timer's hooks."""
+        return self.layers.running(stage.stage_index, mb, phase) if self.layers else contextlib.nullcontext()
 
     def _weight(self, stage: Any, fn: Callable[..., Any], mb: int, *args: Any, **kwargs: Any) -> Any:
         with self._span(SpanKind.BACKWARD, stage, mb, "W", name=f"{stage.stage_index}W{mb}"):
@@ -299,6 +325,8 @@ class PipelineRecorder:
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        if self.layers:
+            self.layers.remove()
         for stage in self.stages:
             for attr in _STAGE_METHODS:
                 stage.__dict__.pop(attr, None)

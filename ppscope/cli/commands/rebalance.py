@@ -391,7 +391,11 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     if training is not None:
         print(
             "training run: each layer's cost is its forward + backward per micro-batch (F + B, or F + I + W), "
-            f"from {training['from']}, fitted per stage"
+            + (
+                "timed layer by layer in sampled micro-batches (the hook's layer spans)"
+                if d["cost_source"] == "insitu"
+                else f"from {training['from']}, fitted per stage"
+            )
             + (f"; split from {training['split_source']}" if training["split_source"] else "")
         )
         if training["assumption"]:
