@@ -14,7 +14,8 @@ import pytest
 from ppscope.balance.insitu import has_layer_spans, insitu_costs
 from ppscope.balance.runcosts import run_costs
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
-from ppscope.trace.model import Lane, SpanKind, Trace, layer_indices, layer_span_name
+from ppscope.trace.layers import layer_indices, layer_span_name
+from ppscope.trace.model import Lane, SpanKind, Trace
 from ppscope.trace.store import load_run
 
 LAYER_MS = (1.0, 2.0, 3.0, 4.0, 1.5, 2.5)

@@ -124,7 +124,7 @@ def test_layers_are_timed_forward_and_backward_in_sampled_micro_batches(
 ) -> None:
     from ppscope.balance.insitu import insitu_costs
     from ppscope.errors import UnsupportedInputError
-    from ppscope.trace.model import layer_indices
+    from ppscope.trace.layers import layer_indices
 
     _train(example, "gpipe", tmp_path / "run", layer_spans=every)
     trace = load_run(tmp_path / "run")

@@ -20,7 +20,8 @@ from ppscope.balance.costs import LayerCosts
 from ppscope.balance.split import stage_layer_ranges
 from ppscope.balance.training import BACKWARD_PHASES, TRAIN_PASSES
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
-from ppscope.trace.model import SpanKind, Trace, layer_indices
+from ppscope.trace.layers import layer_indices
+from ppscope.trace.model import SpanKind, Trace
 
 __all__ = ["InSituCosts", "has_layer_spans", "insitu_costs"]
 

@@ -25,7 +25,8 @@ from ppscope.engine.requests import Arrivals, Request
 from ppscope.engine.sampling import Sampling, row_keys, sample
 from ppscope.engine.stage import LayerTimer, StageModule
 from ppscope.simulate.schedule import ServePolicy, make_schedule
-from ppscope.trace.model import SpanKind, layer_span_name
+from ppscope.trace.layers import layer_span_name
+from ppscope.trace.model import SpanKind
 from ppscope.trace.recorder import Recorder
 
 __all__ = ["Pipeline"]

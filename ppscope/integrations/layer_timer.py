@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from ppscope.trace.model import SpanKind, layer_span_name
+from ppscope.trace.layers import layer_span_name
+from ppscope.trace.model import SpanKind
 
 __all__ = ["LayerTimer", "layer_modules"]
 

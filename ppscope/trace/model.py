@@ -49,8 +49,6 @@ __all__ = [
     "empty_requests",
     "empty_spans",
     "lane_of",
-    "layer_indices",
-    "layer_span_name",
     "requests_frame",
     "spans_frame",
 ]
@@ -110,22 +108,6 @@ _DEFAULT_LANE: dict[str, str] = {
     SpanKind.RANGE: Lane.HOST,
     SpanKind.LAYER: Lane.LAYERS,
 }
-
-LAYER_PREFIX = "layer "
-
-
-def layer_span_name(index: int) -> str:
-    """The name of the `layer` span of decoder layer `index` (0-based, the model's numbering): `layer 7`. The
-    name is where a `layer` span carries its layer; `layer_indices` reads it back."""
-    return f"{LAYER_PREFIX}{index}"
-
-
-def layer_indices(names: pd.Series) -> pd.Series:
-    """The decoder-layer index of each `layer` span from its name (`layer 7` -> 7); -1 where a name is not one."""
-    text = names.astype(str)
-    digits = text.str.removeprefix(LAYER_PREFIX)
-    good = text.str.startswith(LAYER_PREFIX) & digits.str.fullmatch(r"\d{1,9}")
-    return pd.Series(np.where(good, pd.to_numeric(digits.where(good, "-1")), -1), index=names.index, dtype=np.int64)
 
 
 def lane_of(kind: str) -> str:
