@@ -157,7 +157,8 @@ def test_rank_info_is_read_without_writing(tmp_path: Path) -> None:
     w.close()
     RankWriter(run, 1).close()
     before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
-    assert store.read_rank_info(run) == {0: {"schema_version": 1, "spans_written": 3}, 1: {"schema_version": 1}}
+    v = store.SCHEMA_VERSION
+    assert store.read_rank_info(run) == {0: {"schema_version": v, "spans_written": 3}, 1: {"schema_version": v}}
     assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before
     db = sqlite3.connect(rank_file(run, 0))
     db.execute("UPDATE info SET value = 'not json' WHERE key = 'spans_written'")

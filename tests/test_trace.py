@@ -113,3 +113,10 @@ def test_malformed_meta_is_a_corrupt_file(payload: str) -> None:
 def test_unknown_meta_fields_are_ignored() -> None:
     meta = RunMeta.from_json(json.dumps({"world_size": 3, "future_field": {"a": 1}}))
     assert meta.world_size == 3
+
+
+def test_a_run_of_schema_1_still_reads() -> None:
+    # written by an older ppscope: no replica, no SM clock, no counters, a clock without drift
+    text = json.dumps({"schema_version": 1, "world_size": 1, "ranks": [{"rank": 0, "stage": 0, "clock": {}}]})
+    meta = RunMeta.from_json(text)
+    assert (meta.schema_version, meta.ranks[0].replica, meta.ranks[0].sm_clock_mhz) == (1, -1, 0.0)

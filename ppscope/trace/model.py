@@ -53,8 +53,11 @@ __all__ = [
     "spans_frame",
 ]
 
-SCHEMA_VERSION = 1
-"""Version of the span/counter/metadata schema written by this ppscope; readers refuse newer ones."""
+SCHEMA_VERSION = 2
+"""Version of the span/counter/metadata schema written by this ppscope; readers refuse newer ones and read
+older ones. 2 added `RankInfo.replica`, `.sm_clock_mhz`, `.counters`, `ClockInfo.at_ns`, `.drift_ppm` and the
+span kinds `backward` and `layer`: a reader of schema 1 refuses a rank entry with fields it does not know, so
+it is told to upgrade rather than that the file is damaged."""
 
 
 class SpanKind(StrEnum):
