@@ -30,6 +30,7 @@ import pandas as pd
 
 from ppscope.analysis.pipeline import message_latencies
 from ppscope.analysis.result import Replay
+from ppscope.balance.training import is_training
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.model import COMPUTE_KINDS, RankInfo, RunMeta, SpanKind, Trace, spans_frame
 
@@ -175,12 +176,6 @@ def replay_order(
     if end_ns <= start_ns:
         raise InvalidConfigError("every action of the step costs 0 ns: there is no window to take a ratio over")
     return ReplayedStep(timed, busy, start_ns, end_ns)
-
-
-def is_training(trace: Trace) -> bool:
-    """A torch.distributed.pipelining run (the hook's), or any trace with backward actions (B, I, W): one whose
-    own action order `replay_training` can replay."""
-    return trace.meta.source == "pipelining" or bool(trace.spans["phase"].isin(["B", "I", "W"]).any())
 
 
 def training_actions(trace: Trace) -> pd.DataFrame:
