@@ -78,6 +78,9 @@ __all__ = ["RankDigest", "analyze_run"]
 _P2P = (ROLE_SEND, ROLE_RECV, ROLE_WAIT)
 _NO_WAVES = Waves(pd.Series(dtype=np.int64), pd.Series(dtype=np.int64))
 _P2P_COLUMNS = ["rank", "peer", "kind", "mb", "step", "start_ns", "end_ns", "nbytes"]
+_NO_P2P = pd.DataFrame(columns=_P2P_COLUMNS)
+"""A stage's point-to-point spans once paired. Not an empty slice of them: an Arrow-backed text column's empty
+slice, copied or not, still holds every row's buffer."""
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -217,7 +220,7 @@ class Sharded:
         pairing = _Pairing({d.rank: d.peers for d in digests}, window, meta)
         for part in ordered(self.pool, _stage, jobs, self.width):
             pairing.add(part.p2p)
-            parts.append(dataclasses.replace(part, p2p=part.p2p.iloc[:0].copy()))  # no view: lets the rows go
+            parts.append(dataclasses.replace(part, p2p=_NO_P2P))  # paired: let its rows go
         said = pairing.finish()
         if said:
             warnings.append(said)
