@@ -5,7 +5,9 @@ Skipped only when no Chromium can be found (CI installs Debian's `chromium`); th
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,29 +70,40 @@ def _browser_or_skip() -> tuple[Any, str]:
     return sync_api, executable
 
 
-@pytest.mark.browser
-@pytest.mark.slow
-def test_dashboard_draws_the_gantt_in_chromium(tmp_path: Path) -> None:
+_BARS = ".js-plotly-plot g.barlayer g.point path"
+
+
+@contextlib.contextmanager
+def dashboard_page(run: Path, height: int = 1000) -> Iterator[Any]:
+    """A Chromium page on a dashboard of `run`, once its Gantt chart has begun to draw (skips without
+    Chromium or playwright); the browser and the dashboard stop on the way out."""
     sync_api, executable = _browser_or_skip()
-    run = record_gpipe_run(tmp_path / "run", p=3, m=4)
     board = start_dashboard([run], port=0, quiet=True)
     try:
         with sync_api.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=executable, args=_CHROMIUM_ARGS)
             try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page = browser.new_page(viewport={"width": 1400, "height": height})
                 page.goto(board.url, wait_until="domcontentloaded", timeout=60_000)
-                page.wait_for_selector(".js-plotly-plot g.barlayer g.point path", timeout=60_000)
-                # plotly draws trace by trace: wait until every bar of the figure has its SVG path
-                page.wait_for_function(_ALL_BARS_DRAWN, timeout=60_000)
-                traces = page.evaluate(_BAR_TRACES_JS)
-                drawn = page.locator(".js-plotly-plot g.barlayer g.point path").count()
-                page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
-                text = page.inner_text("body")
+                page.wait_for_selector(_BARS, timeout=60_000)
+                yield page
             finally:
                 browser.close()
     finally:
         board.stop()
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_dashboard_draws_the_gantt_in_chromium(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "run", p=3, m=4)
+    with dashboard_page(run) as page:
+        # plotly draws trace by trace: wait until every bar of the figure has its SVG path
+        page.wait_for_function(_ALL_BARS_DRAWN, timeout=60_000)
+        traces = page.evaluate(_BAR_TRACES_JS)
+        drawn = page.locator(_BARS).count()
+        page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+        text = page.inner_text("body")
     assert traces, "the Gantt chart holds no bar traces"
     assert sum(t["n"] for t in traces if t["role"] == "spans") == span_count(3, 4)
     assert drawn == sum(t["n"] for t in traces), "every bar in the figure is drawn as an SVG path"
@@ -106,32 +119,19 @@ def test_live_run_refreshes_until_it_finishes(tmp_path: Path) -> None:
     from ppscope.trace.model import RunMeta
     from ppscope.trace.store import RankWriter, create_run, read_meta, write_meta
 
-    sync_api, executable = _browser_or_skip()
     run = tmp_path / "live"
     create_run(run, RunMeta(world_size=1, pp_size=1, status="running", schedule="gpipe", microbatches=4))
     writer = RankWriter(run, 0)
     writer.write(gpipe_spans(0, 1, 4))
-    board = start_dashboard([run], port=0, quiet=True)
-    bars = ".js-plotly-plot g.barlayer g.point path"
-    try:
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=executable, args=_CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 900})
-                page.goto(board.url, wait_until="domcontentloaded", timeout=60_000)
-                page.wait_for_selector(bars, timeout=60_000)
-                page.wait_for_function(_SPAN_BARS_ARE.format(n=4), timeout=30_000)
-                assert "Live: refreshing" in page.inner_text("body")
-                writer.write(gpipe_spans(0, 1, 3, step=1, t0=10_000_000))  # the run goes on: no reload
-                page.wait_for_function(_SPAN_BARS_ARE.format(n=7), timeout=30_000)
-                writer.close()
-                write_meta(run, RunMeta(**{**vars(read_meta(run)), "status": "finished"}))
-                page.wait_for_function(
-                    "!document.body.innerText.includes('Live: refreshing')", timeout=30_000
-                )  # finished: the timer stops
-                assert "status finished" in page.inner_text("body")
-                page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
-            finally:
-                browser.close()
-    finally:
-        board.stop()
+    with dashboard_page(run, height=900) as page:
+        page.wait_for_function(_SPAN_BARS_ARE.format(n=4), timeout=30_000)
+        assert "Live: refreshing" in page.inner_text("body")
+        writer.write(gpipe_spans(0, 1, 3, step=1, t0=10_000_000))  # the run goes on: no reload
+        page.wait_for_function(_SPAN_BARS_ARE.format(n=7), timeout=30_000)
+        writer.close()
+        write_meta(run, RunMeta(**{**vars(read_meta(run)), "status": "finished"}))
+        page.wait_for_function(
+            "!document.body.innerText.includes('Live: refreshing')", timeout=30_000
+        )  # finished: the timer stops
+        assert "status finished" in page.inner_text("body")
+        page.screenshot(path=str(tmp_path / "live.png"), full_page=True)

@@ -60,27 +60,13 @@ _ROWS_JS = """() => {
 @pytest.mark.browser
 @pytest.mark.slow
 def test_chromium_draws_one_lane_per_stage_of_many_replicas(tmp_path: Path) -> None:
-    from test_dashboard_browser import _ALL_BARS_DRAWN, _CHROMIUM_ARGS, _browser_or_skip
+    from test_dashboard_browser import _ALL_BARS_DRAWN, dashboard_page
 
-    from ppscope.cli.commands.dashboard import start_dashboard
-
-    sync_api, executable = _browser_or_skip()
     run = write_run(replica_job(4, 16, slow={(2, 9): 1.25}), tmp_path / "job")  # 64 ranks
-    board = start_dashboard([run], port=0, quiet=True)
-    try:
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=executable, args=_CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.goto(board.url, wait_until="domcontentloaded", timeout=60_000)
-                page.wait_for_selector(".js-plotly-plot g.barlayer g.point path", timeout=60_000)
-                page.wait_for_function(_ALL_BARS_DRAWN, timeout=60_000)
-                rows = page.evaluate(_ROWS_JS)
-                text = page.inner_text("body")
-            finally:
-                browser.close()
-    finally:
-        board.stop()
+    with dashboard_page(run) as page:
+        page.wait_for_function(_ALL_BARS_DRAWN, timeout=60_000)
+        rows = page.evaluate(_ROWS_JS)
+        text = page.inner_text("body")
     assert len(rows) == 5, rows  # 4 stages + 1 straggler, of 64 ranks
     assert "rank 41 · stage 2: ▲ straggler, replica 9 +25.0%" in rows
     assert "16 data-parallel pipelines" in text
