@@ -42,7 +42,7 @@ from torch.distributed.pipelining import schedules as _sched
 
 from ppscope.balance.split import validate_split
 from ppscope.formats.ppactions import Action, name_schedule, placement_of
-from ppscope.integrations.layer_timer import LayerTimer
+from ppscope.integrations.layer_timer import LayerTimer, layer_modules
 from ppscope.trace.clock import estimate_offset
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind
 from ppscope.trace.recorder import Recorder
@@ -367,14 +367,10 @@ def _wait_batch_p2p(work: list[Any]) -> None:
 
 
 def _stage_layers(module: Any) -> int | None:
-    """The decoder layers a stage's module holds: the length of its shallowest submodule named `layers` that
-    is a ModuleList or ModuleDict (torchtitan's models, pruned per stage, and most decoders); None without."""
-    found = [
-        (name.count("."), len(m))
-        for name, m in module.named_modules()
-        if name.rsplit(".", 1)[-1] == "layers" and isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict))
-    ]
-    return min(found)[1] if found else None
+    """The decoder layers a stage's module holds (`layer_modules`: its shallowest `layers` ModuleList or
+    ModuleDict, as torchtitan prunes it per stage); None without one."""
+    layers = layer_modules(module)
+    return None if layers is None else len(layers)
 
 
 def _split(given: Sequence[int] | None, held: list[dict[int, int | None]], stages: int) -> tuple[list[int], str]:
