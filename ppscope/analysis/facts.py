@@ -13,12 +13,14 @@ import numpy.typing as npt
 import pandas as pd
 
 from ppscope.analysis.bubbles import ROLE_COMPUTE, StageTimes, dependency_waits
+from ppscope.analysis.intervals import Intervals, clip, union_length
 from ppscope.trace.model import Phase, RunMeta, SpanKind
 
 __all__ = [
     "Extents",
     "Facts",
     "Layout",
+    "busiest_rank",
     "causality_warning",
     "compute_overlaps",
     "estimated_clocks",
@@ -190,3 +192,14 @@ def compute_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_]) -> 
     n = int(overlap.sum())
     where = sub.loc[overlap, ["rank", "lane"]].drop_duplicates().head(3) if n else sub.head(0)
     return n, [(int(r), str(la)) for r, la in where.itertuples(index=False)]
+
+
+def busiest_rank(
+    rank: npt.NDArray[np.int64], start_ns: npt.NDArray[np.int64], end_ns: npt.NDArray[np.int64],
+    compute: npt.NDArray[np.bool_], ranks: list[int], lo: int, hi: int,
+) -> int:  # fmt: skip
+    """Of a stage's `ranks` (tensor parallel), the one with the most compute in [lo, hi); the lowest on a tie."""
+    busy = {
+        r: union_length(clip(Intervals(start_ns[m], end_ns[m]), lo, hi)) for r in ranks for m in [compute & (rank == r)]
+    }
+    return max(ranks, key=lambda r: (busy[r], -r))

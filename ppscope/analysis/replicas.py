@@ -18,7 +18,7 @@ import numpy as np
 
 from ppscope.analysis.analyzer import AnalysisConfig, analyze
 from ppscope.analysis.bubbles import ROLE_COMPUTE, span_roles
-from ppscope.analysis.intervals import Intervals, clip, union_length
+from ppscope.analysis.facts import busiest_rank
 from ppscope.analysis.placement import Placement
 from ppscope.analysis.result import AnalysisResult, StageResult
 from ppscope.trace.model import Trace, counters_frame, requests_frame
@@ -380,11 +380,6 @@ def _busiest_rank(sub: Trace, stage: StageResult, res: AnalysisResult) -> int:
     """Of a stage's ranks (tensor parallel), the one with the most compute in the window."""
     spans = sub.spans
     compute = span_roles(spans["kind"], spans["name"]) == ROLE_COMPUTE
-    rank = spans["rank"].to_numpy()
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
     lo, hi = (res.window.start_ns, res.window.end_ns) if res.window is not None else (int(start.min()), int(end.max()))
-    busy = {}
-    for r in stage.ranks:
-        rows = compute & (rank == r)
-        busy[r] = union_length(clip(Intervals(start[rows], end[rows]), lo, hi))
-    return max(stage.ranks, key=lambda r: (busy[r], -r))
+    return busiest_rank(spans["rank"].to_numpy(np.int64), start, end, compute, stage.ranks, lo, hi)

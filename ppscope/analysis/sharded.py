@@ -46,7 +46,6 @@ from ppscope.analysis.bubbles import (
     ROLE_RECV,
     ROLE_SEND,
     ROLE_WAIT,
-    StageTimes,
     compute_spans,
     span_roles,
     stage_bubbles,
@@ -55,13 +54,13 @@ from ppscope.analysis.facts import (
     Extents,
     Facts,
     Layout,
+    busiest_rank,
     causality_warning,
     compute_overlaps,
     estimated_clocks,
     stage_times,
     uncertainties,
 )
-from ppscope.analysis.intervals import Intervals, clip, union_length
 from ppscope.analysis.pipeline import collective_labels, comm_names, hop_stats, measured_inflight, stage_of_ranks
 from ppscope.analysis.result import AnalysisResult, HopStats, StageResult, WindowInfo
 from ppscope.analysis.steps import Waves
@@ -361,19 +360,12 @@ def _stage(
         times, [(stage, ranks)], window, flush=flush, has_waits=has_waits, no_requests=quiet, waves=waves
     )
     p2p = np.isin(role, _P2P) & (spans["peer"].to_numpy() >= 0)
-    busiest = ranks[0] if len(ranks) == 1 else _busiest(times, spans["rank"].to_numpy(), ranks, window)
+    busiest = ranks[0]
+    if len(ranks) > 1:  # tensor parallel: the rank with the most compute is the stage's straggler
+        rank, compute = spans["rank"].to_numpy(np.int64), times.role == ROLE_COMPUTE
+        busiest = busiest_rank(rank, times.start_ns, times.end_ns, compute, ranks, window.start_ns, window.end_ns)
     kept = gaps if keep_gaps else gaps.iloc[:0].copy()  # as many as the spans: sent back only to be drawn
     return _StagePart(results[0], kept, window_tokens(spans, window), spans.loc[p2p, _P2P_COLUMNS], busiest)
-
-
-def _busiest(times: StageTimes, rank: np.ndarray, ranks: list[int], window: WindowInfo) -> int:
-    compute = times.role == ROLE_COMPUTE
-    busy = {}
-    for r in ranks:
-        rows = compute & (rank == r)
-        iv = clip(Intervals(times.start_ns[rows], times.end_ns[rows]), window.start_ns, window.end_ns)
-        busy[r] = union_length(iv)
-    return max(ranks, key=lambda r: (busy[r], -r))
 
 
 class _Pairing:
