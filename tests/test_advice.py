@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ppscope.balance.advice import Interval, advise, speedup_interval, stage_block_times
+from ppscope.balance.advice import Interval, advise, paired_throughput_ratio, speedup_interval, stage_block_times
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.problem import BalanceProblem
 from ppscope.balance.rebalance import rebalance
@@ -51,6 +51,30 @@ def test_the_interval_holds_the_prediction_and_narrows_with_a_steadier_run() -> 
 def test_a_run_too_short_to_vary_gives_no_interval() -> None:
     assert speedup_interval([_run(8, (2.0, 2.0), 2.0, 0.3)], _problem(), [2, 2], [3, 1]) is None
     assert stage_block_times(_run(8, (2.0, 2.0), 2.0, 0.3), 10) is None
+
+
+def _tokens(rate_per_ms: float, samples: int = 200, jitter: float = 0.05, seed: int = 0) -> Trace:
+    """One token sampled every 1/`rate_per_ms` ms, each gap varying by `jitter` (share)."""
+    rng = np.random.default_rng(seed)
+    gaps = (1e6 / rate_per_ms * np.maximum(0.2, 1 + jitter * rng.standard_normal(samples))).astype(np.int64)
+    ends = np.cumsum(gaps)
+    rows = [{"rank": 0, "stage": 0, "kind": SpanKind.SAMPLE, "mb": i, "step": i, "start_ns": int(e) - 1000,
+             "end_ns": int(e), "tokens": 1} for i, e in enumerate(ends)]  # fmt: skip
+    return Trace.from_records(rows, meta=RunMeta(world_size=1, pp_size=1, split=[4]))
+
+
+def test_the_measured_ratio_and_its_interval_are_one_statistic() -> None:
+    """Pairs that agree give a narrow interval around their median; a pair that disagrees (the machine's mood
+    changed between pairs) widens it, and the median stays inside."""
+    agree = [(_tokens(1.0, seed=s), _tokens(1.2, seed=s + 10)) for s in range(3)]
+    ratios, interval = paired_throughput_ratio(agree)
+    assert len(ratios) == 3 and all(r == pytest.approx(1.2, rel=0.02) for r in ratios)
+    assert interval is not None and float(np.median(ratios)) in interval and interval.high - interval.low < 0.08
+    moody = [*agree[:2], (_tokens(1.0, seed=7), _tokens(0.8, seed=8))]
+    ratios, wide = paired_throughput_ratio(moody)
+    assert wide is not None and float(np.median(ratios)) in wide
+    assert wide.low < 0.85 and "3 pair(s) drawn with replacement" in wide.how
+    assert paired_throughput_ratio([(_tokens(1.0, samples=10), _tokens(1.2))]) == ((), None)
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,8 @@ def test_tune_moves_layers_off_the_slow_last_stage(tmp_path: Path) -> None:
     assert data["advice"] == "change" and data["rebalance"]["proposed_split"] == list(result.after.split)
     low, high = data["predicted_interval"]
     assert low <= data["predicted_speedup"] <= high  # the interval is of run 1's variability, around its estimate
-    assert data["measured_interval"] is None or data["measured_interval"][0] <= data["measured_speedup"] * 1.05
+    measured = data["measured_interval"]
+    assert measured is None or measured[0] <= data["measured_speedup"] <= measured[1]
 
 
 def test_tune_with_a_balanced_split_does_not_rerun(tmp_path: Path) -> None:

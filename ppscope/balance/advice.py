@@ -34,9 +34,9 @@ __all__ = [
     "Advice",
     "Interval",
     "advise",
+    "paired_throughput_ratio",
     "speedup_interval",
     "stage_block_times",
-    "throughput_ratio_interval",
 ]
 
 MIN_BLOCKS = 4
@@ -183,32 +183,36 @@ def speedup_interval(
     return Interval(low=float(low), high=float(high), level=level, how=how)
 
 
-def throughput_ratio_interval(
-    before: Sequence[Trace], after: Sequence[Trace], *, blocks: int = 10, resamples: int = 400, seed: int = 0,
+def paired_throughput_ratio(
+    pairs: Sequence[tuple[Trace, Trace]], *, blocks: int = 10, resamples: int = 400, seed: int = 0,
     level: float = 0.95,
-) -> Interval | None:  # fmt: skip
-    """The `level` interval of the throughput of the `after` runs ÷ that of the `before` runs, from a block
-    bootstrap of each run's tokens over time (the tokens of its `sample` spans, block by block); None when a
-    run is too short or records no tokens."""
-    rates = [_token_blocks(t, blocks) for t in [*before, *after]]
-    if any(r is None for r in rates):
-        return None
+) -> tuple[tuple[float, ...], Interval | None]:  # fmt: skip
+    """Throughput of the `after` run ÷ the `before` run, pair by pair (each pair ran close in time), and the
+    `level` interval of their median: a two-level bootstrap that draws the pairs with replacement (two pairs
+    that disagree widen it, as the machine's mood between them should) and, within each run, its time blocks
+    (its tokens over time, see `_token_blocks`). The point figures and the interval are one statistic, and the
+    interval is widened to hold the median where the resampling alone would not. Empty, None when a run is too
+    short or records no tokens."""
+    rates = [(_token_blocks(b, blocks), _token_blocks(a, blocks)) for b, a in pairs]
+    if not rates or any(b is None or a is None for b, a in rates):
+        return (), None
+    known = [(b, a) for b, a in rates if b is not None and a is not None]
+    ratios = tuple(float(a[0].sum() / a[1].sum() / (b[0].sum() / b[1].sum())) for b, a in known)
     rng = np.random.default_rng(seed)
 
-    def resampled(group: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-        total_tokens = np.zeros(resamples)
-        total_ns = np.zeros(resamples)
-        for tokens, ns in group:
-            picks = rng.integers(0, len(tokens), size=(resamples, len(tokens)))
-            total_tokens += tokens[picks].sum(axis=1)
-            total_ns += ns[picks].sum(axis=1)
-        return total_tokens / total_ns
+    def rate(run: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        tokens, ns = run
+        picks = rng.integers(0, len(tokens), size=(resamples, len(tokens)))
+        return tokens[picks].sum(axis=1) / ns[picks].sum(axis=1)
 
-    groups = [r for r in rates if r is not None]
-    ratio = resampled(groups[len(before) :]) / resampled(groups[: len(before)])
-    low, high = np.quantile(ratio, [(1 - level) / 2, (1 + level) / 2])
-    how = f"block bootstrap: {blocks} time blocks of each of {len(groups)} run(s), {resamples} resamples"
-    return Interval(low=float(low), high=float(high), level=level, how=how)
+    per_pair = np.stack([rate(a) / rate(b) for b, a in known])  # (pairs, resamples)
+    chosen = rng.integers(0, len(known), size=(resamples, len(known)))
+    medians = np.median(per_pair[chosen, np.arange(resamples)[:, None]], axis=1)
+    low, high = np.quantile(medians, [(1 - level) / 2, (1 + level) / 2])
+    how = (f"two-level bootstrap: {len(known)} pair(s) drawn with replacement, {blocks} time blocks of each run, "
+           f"{resamples} resamples")  # fmt: skip
+    centre = float(np.median(ratios))
+    return ratios, Interval(low=min(float(low), centre), high=max(float(high), centre), level=level, how=how)
 
 
 def _token_blocks(trace: Trace, blocks: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppscope.analysis import AnalysisResult, analyze
-from ppscope.balance.advice import Advice, Interval, advise, speedup_interval, throughput_ratio_interval
+from ppscope.balance.advice import Advice, Interval, advise, paired_throughput_ratio, speedup_interval
 from ppscope.balance.cores import SharedCores, shared_cores
 from ppscope.balance.costs import LayerCosts, fit_layer_costs, r_squared_text
 from ppscope.balance.insitu import insitu_costs
@@ -81,7 +81,11 @@ class TuneResult:
     """The two splits through the simulator, calibrated on run 1 (None when it could not be)."""
     predicted_interval: Interval | None = None
     """95% interval of the predicted speedup from run 1's own variability (None: too short a run)."""
+    measured_pairs: tuple[float, ...] = ()
+    """Throughput of the advised split ÷ the given one, pair by pair, over the runs' sampled tokens (empty: runs
+    too short to tell, and `pair_speedups` falls back to the analyzer's throughputs)."""
     measured_interval: Interval | None = None
+    """95% interval of the median of `measured_pairs` (`paired_throughput_ratio`)."""
     """95% interval of the measured speedup from the runs' own variability (None: too short runs)."""
     decision: Advice | None = None
     """Keep the given split or change it, and why (`ppscope.balance.advice.advise`)."""
@@ -102,6 +106,8 @@ class TuneResult:
         """Throughput of the advised split ÷ the given one, pair by pair (runs 1-2, 3-4, ...)."""
         if self.after is None:
             return []
+        if self.measured_pairs:
+            return list(self.measured_pairs)
         runs = [self.before, self.after, *self.reruns]
         ratios = []
         for a, b in zip(runs[::2], runs[1::2], strict=False):
@@ -304,10 +310,10 @@ def tune(
         names = " then ".join(",".join(map(str, s)) for s in order)
         step(f"runs {2 * pair + 1} and {2 * pair + 2} of {2 * repeats}: {names}")
         reruns += [run_split(2 * pair + 1 + i, s) for i, s in enumerate(order)]
+    pairs, measured = paired_throughput_ratio(list(zip(traces[split], traces[proposed], strict=True)))
     return TuneResult(before=before, after=after, advice=advice, costs=costs, cost_source=cost_source, notes=notes,
-                      reruns=tuple(reruns), simulated=simulated, predicted_interval=interval,
-                      measured_interval=throughput_ratio_interval(traces[split], traces[proposed]),
-                      decision=decision, cores=cores)  # fmt: skip
+                      reruns=tuple(reruns), simulated=simulated, predicted_interval=interval, measured_pairs=pairs,
+                      measured_interval=measured, decision=decision, cores=cores)  # fmt: skip
 
 
 def busy_cores(seconds: float = 0.5, stat: str = "/proc/stat") -> float | None:
