@@ -17,7 +17,10 @@ It prints its findings and writes them to DIR/gpu_check.md (default: the current
    idle causes of one gpipe run on CPUs and on the GPUs, the gap between consecutive forwards while every
    stage is busy (receives overlap the compute), clock offsets on one host (0, and a ping-pong finding 0),
    causality in every run, and each rank's NVML device found by its UUID. On one GPU 6 and 7 say that they
-   were not checked.
+   were not checked;
+8. two ranks sharing the first GPU over gloo, activations through host memory (`benchmarks.one_gpu_check`):
+   device-timed spans against the configured sleep and the wall time, NVML counters per rank, in-situ layer
+   costs against the configured ones, and Llama-3-8B's decode layers against the roofline cost model.
 Every figure is a ratio to a reference taken in the same run. Needs torch with CUDA, pynvml and nvtx.
 """
 
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from benchmarks.bench_engine import overhead_alternating
     from benchmarks.bench_tune import profile_vs_run
+    from benchmarks.one_gpu_check import one_gpu_checks
 
     report = [f"# GPU checks on {torch.cuda.get_device_name(0)} (torch {torch.__version__})", ""]
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             ("overhead", lambda: [overhead_alternating(Path(tmp), stages=1)]),
             ("ring", lambda: _ring(Path(tmp), torch.cuda.device_count())),
             ("gpu path", lambda: _gpu_path(Path(tmp), torch.cuda.device_count())),
+            ("one gpu", lambda: one_gpu_checks(Path(tmp))),
         ]
         for name, check in checks:
             try:

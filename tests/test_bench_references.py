@@ -120,3 +120,22 @@ def test_the_gpu_check_says_the_gpu_path_is_not_checked_on_one_gpu(tmp_path: Pat
     assert _gpu_path(tmp_path, 1) == [
         "GPU path over NCCL: not checked: it needs two or more GPUs and this machine has 1"
     ]
+
+
+def test_the_one_gpu_check_runs_its_ranks_over_gloo(tmp_path: Path) -> None:
+    """The one-GPU section of the GPU check, on the CPU: its two runs go through, and each finding is one line
+    with the ratio it is about (the synthetic layers sleep their configured time on a CPU too)."""
+    from benchmarks.one_gpu_check import gpu_entry, one_gpu_checks
+
+    lines = one_gpu_checks(tmp_path, "cpu", model="tiny", dtype="bfloat16", gpu="h200")
+    print("\n".join(lines))
+    assert len(lines) == 6, lines
+    forward0, forward1, extent, counters, layers, roofline = lines
+    assert "rank 0 of 2 over gloo (cpu): forward spans ÷ configured 3 ms" in forward0, forward0
+    assert "rank 1 of 2 over gloo (cpu): forward spans ÷ configured 7 ms" in forward1, forward1
+    assert re.search(r"the requests' wall time = \d\.\d{3}", extent) and "0: 'cpu', 1: 'cpu'" in counters
+    ratios = [float(r) for r in layers.split("= ")[-1].split(", ")]
+    assert len(ratios) == 4 and all(0.9 < r < 1.5 for r in ratios), layers  # each layer its own cost
+    assert "tiny decode layer, batch 8" in roofline and "on h200 =" in roofline, roofline
+    assert gpu_entry("NVIDIA H200").name == "h200" and gpu_entry("NVIDIA H100 80GB HBM3").name.startswith("h100")
+    assert gpu_entry("NVIDIA GeForce RTX 4090") is None

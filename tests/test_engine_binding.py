@@ -83,3 +83,12 @@ def test_a_rank_takes_its_local_rank_modulo_the_gpus_it_sees(
     monkeypatch.setattr(torch.cuda, "set_device", cuda.set_device)
     assert device_for("nccl", local_rank) == torch.device("cuda", index) and cuda.current == index
     assert device_for("gloo", local_rank) == torch.device("cpu")
+    assert device_for("nccl", local_rank, "cpu") == torch.device("cpu")
+    cuda.current = -1  # gloo between ranks on GPUs (--device cuda): the same GPU, activations through the host
+    assert device_for("gloo", local_rank, "cuda") == torch.device("cuda", index) and cuda.current == index
+
+
+def test_device_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InvalidConfigError, match="--device cuda: local rank 1 sees no GPU; use --device cpu"):
+        device_for("gloo", 1, "cuda")

@@ -1,7 +1,9 @@
 """The ring's wire format over gloo between two real processes, three header receives posted ahead: payloads
 inside the header, payloads too big for it (a second message, own tag), tokens on the wrap-around link, and
 stop; each arrives intact and in order. Also with the headers on groups of their own and every payload on the
-process group, the protocol of a GPU ring (there the payloads go over NCCL)."""
+process group, the protocol of a GPU ring (there the payloads go over NCCL); and through host memory, as
+gloo carries a GPU stage's activations (`--device cuda`): each activation is moved onto the stage's device
+inside its receive span, tokens stay on the host."""
 
 from __future__ import annotations
 
@@ -41,10 +43,15 @@ spy = Spy()
 nvtx.get_domain = lambda name: spy
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))
+moved = []
+if mode == "host memory":  # the stage computes on another device: what the ring moves there
+    import ppscope.engine.comm as comm
+    comm.to_device = lambda t, device: moved.append((tuple(t.shape), str(device))) or t
 ring = Ring(rank, 2, Recorder(None, rank=rank, stage=rank), 4, torch.device("cpu"), 30, inline_nbytes=256, depth=3,
-            host_headers=host_headers)
-assert ring.inline_nbytes == (0 if host_headers else 256)
-if mode == "device-timed":  # a GPU ring's spans, on a stand-in for a stream whose work is done at once
+            host_headers=host_headers and mode != "host memory",  # through host memory: the ring's own choice
+            compute=torch.device("meta") if mode == "host memory" else None)
+assert ring.host_headers == host_headers and ring.inline_nbytes == (0 if host_headers else 256)
+if mode in ("device-timed", "host memory"):  # a GPU ring's spans, on a stand-in for a stream whose work is done at once
     import time
     from ppscope.engine.gputime import DeviceSpans
 
@@ -82,7 +89,9 @@ else:
     ring.send(Message(STOP))
 ring.close()
 dist.destroy_process_group()
-if mode == "device-timed":
+if mode == "host memory":
+    assert moved == ([((8, 16), "meta"), ((8, 64), "meta")] * 2 if rank == 1 else []), moved
+if mode in ("device-timed", "host memory"):
     assert len(ring.rec.frame()) == 0 and ring.device_spans.pending == 8  # all through the device timer
     ring.device_spans.close()
     spans = ring.rec.frame()
@@ -96,7 +105,7 @@ print("ok", rank)
 """
 
 
-@pytest.mark.parametrize("mode", ["one group", "headers on their own groups", "device-timed"])
+@pytest.mark.parametrize("mode", ["one group", "headers on their own groups", "device-timed", "host memory"])
 def test_messages_cross_two_processes_intact(tmp_path: Path, mode: str) -> None:
     """Device-timed: spans go through the device timer (on a GPU, the compute stream) and every receive is a
     `recv_wait`, the stream's wait for its payload; there is no host-timed `recv`."""

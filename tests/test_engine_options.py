@@ -73,6 +73,8 @@ def test_non_finite_and_out_of_range_values_are_refused(section: type, options: 
         (["--layer-cost-ms", "1,2"], "--layer-cost-ms has no effect here"),
         (["--head-cost-ms", "2"], "--head-cost-ms has no effect here"),
         (["--prompts", __file__, "--requests", "4"], "--prompts gives the requests"),
+        (["--device", "tpu"], "unknown --device .tpu.; valid: auto, cpu, cuda"),
+        (["--backend", "nccl", "--device", "cpu"], "--backend nccl carries tensors between GPUs: use --device cuda"),
     ],
 )
 def test_the_command_line_names_flags_where_the_config_names_fields(
@@ -254,3 +256,43 @@ def test_backend_follows_the_gpus_of_this_node(
     else:
         with pytest.raises(InvalidConfigError, match=expected):
             resolve_backend(requested, world)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "world", "requested", "device", "expected"),
+    [
+        (1, 2, "auto", "cuda", "gloo"),  # one GPU, two ranks: they share it, activations through host memory
+        (2, 2, "auto", "cuda", "nccl"),
+        (2, 2, "auto", "cpu", "gloo"),  # GPUs there, ranks on the CPU as asked
+        (1, 2, "gloo", "cuda", "gloo"),
+        (0, 2, "gloo", "cuda", "--device cuda needs an NVIDIA GPU and none is visible: use --device cpu"),
+        (1, 2, "nccl", "auto", "use fewer --stages per node, or --backend gloo --device cuda to share the GPUs"),
+    ],
+)
+def test_device_says_where_ranks_compute(
+    monkeypatch: pytest.MonkeyPatch, gpus: int, world: int, requested: str, device: str, expected: str
+) -> None:
+    import torch
+
+    from ppscope.engine.prepare import resolve_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    if expected in ("gloo", "nccl"):
+        assert resolve_backend(requested, world, device) == expected
+    else:
+        with pytest.raises(InvalidConfigError, match=re.escape(expected)):
+            resolve_backend(requested, world, device)
+
+
+def test_device_cuda_without_a_gpu_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --device cuda runs")
+    argv = ["run", "--no-progress", "--out", str(tmp_path / "run"), "--backend", "gloo", "--device", "cuda"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cuda needs an NVIDIA GPU" in err, err
+    assert not (tmp_path / "run").exists()

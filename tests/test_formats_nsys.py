@@ -202,6 +202,17 @@ def test_kernels_launched_in_ppscope_ranges_take_their_stage_and_microbatch(tmp_
     assert kernels["lane"].tolist() == ["stream 7", "stream 7"]
 
 
+def test_gloo_between_gpus_exports_as_a_gpu_run(tmp_path: Path) -> None:
+    """`--backend gloo --device cuda`: gloo carried the activations, the ranks computed on GPUs."""
+    trace = load_run(make_run(tmp_path / "run"))
+    trace.meta.backend = "gloo"
+    for info in trace.meta.ranks:
+        info.device = "NVIDIA H200"
+    db = sqlite3.connect(export_nsys(trace, tmp_path / "gpus.sqlite"))
+    mapping = dict(db.execute("SELECT name, value FROM META_DATA_EXPORT"))["PPSCOPE_DEVICE_MAPPING"]
+    assert "CPU run" not in mapping and "GPU" in mapping, mapping
+
+
 def test_exported_tables_have_the_columns_of_real_nsys_exports(tmp_path: Path) -> None:
     """Same column names, types and NOT NULL flags as Nsight's own exports (3.25 first, else 3.24)."""
     refs = [sqlite3.connect(f"file:{need(p)}?mode=ro&immutable=1", uri=True) for p in (MFU, MOCK)]

@@ -80,6 +80,32 @@ def test_engine_runs_one_stage_on_the_gpu_with_device_timed_spans(tmp_path: Path
     assert read_requests(out)["output_len"].tolist() == [8, 8, 8, 8]
 
 
+def test_two_ranks_share_one_gpu_over_gloo_and_sample_what_the_cpu_samples(tmp_path: Path) -> None:
+    """`--backend gloo --device cuda`: both ranks on the one GPU, activations through host memory; the run
+    says so (gloo, the GPU's name on each rank, device cuda in its config), its spans are device-timed and a
+    receive moves each activation onto the GPU, and greedy tokens equal those of one rank on the same GPU."""
+    from ppscope.engine.config import EngineConfig, OutputConfig, PipelineConfig, RuntimeConfig, WorkloadConfig
+    from ppscope.engine.launch import run
+    from ppscope.trace.store import load_run, read_requests
+
+    outputs = {}
+    for stages in (2, 1):
+        out = tmp_path / str(stages)
+        run(EngineConfig(
+            pipeline=PipelineConfig(stages=stages, schedule="gpipe"),
+            workload=WorkloadConfig(requests=4, prompt_len=8, max_new_tokens=8),
+            output=OutputConfig(progress=False, out=out),
+            runtime=RuntimeConfig(backend="gloo", device="cuda"),
+        ))  # fmt: skip
+        outputs[stages] = read_requests(out).sort_values("id")["output_ids"].tolist()
+    trace = load_run(tmp_path / "2")
+    assert trace.meta.backend == "gloo" and trace.meta.config["device"] == "cuda"
+    assert all(info.device not in ("", "cpu") for info in trace.meta.ranks)
+    kinds = set(trace.spans["kind"].astype(str))
+    assert {"forward", "send", "recv_wait"} <= kinds and "recv" not in kinds  # the stream's waits: device-timed
+    assert outputs[2] == outputs[1]
+
+
 def test_gpu_check_runs_every_check_and_writes_its_report(tmp_path: Path) -> None:
     from benchmarks.gpu_check import main
 
@@ -87,6 +113,7 @@ def test_gpu_check_runs_every_check_and_writes_its_report(tmp_path: Path) -> Non
     report = (tmp_path / "gpu_check.md").read_text()
     assert "pytest -m gpu: exit 0" in report and "failed:" not in report, report
     assert "gpu_util_pct" in report and "cold caches" in report and "throughput on/off" in report
+    assert "one GPU: in-situ layer costs" in report and "÷ the roofline" in report
 
 
 def test_cuda_draws_equal_cpu_draws_without_copying_to_the_host() -> None:

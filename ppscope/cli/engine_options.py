@@ -97,6 +97,9 @@ OPTIONS: tuple[Option, ...] = (
            "(default: $PPSCOPE_PP_LAYER_PARTITION, else vLLM's rule)", parse=_split),
     Option("--backend", "runtime.backend", "pipeline", "auto | nccl | gloo (default auto: nccl with GPUs)",
            default="auto"),
+    Option("--device", "runtime.device", "pipeline", "auto | cpu | cuda (default auto: the GPU with nccl, else the "
+           "CPU; cuda with gloo runs ranks on GPUs, sharing one if need be, activations through host memory)",
+           default="auto"),
     Option("--timeout", "runtime.timeout_s", "pipeline",
            "seconds a rank waits for a peer; a failure stops all within it (default 60)", float, 60.0),
     Option("--model", "model.name", "model", "preset (tiny, llama3-8b, ...), `synthetic`, or a Hugging Face Llama "

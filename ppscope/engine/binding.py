@@ -39,10 +39,13 @@ def gpu_uuid(local_rank: int) -> str:
     return "" if ordinal is None else str(torch.cuda.get_device_properties(ordinal).uuid)
 
 
-def device_for(backend: str, local_rank: int) -> torch.device:
-    """This rank's device (made current): its GPU with NCCL, else the CPU."""
-    ordinal = gpu_ordinal(local_rank) if backend == "nccl" else None
+def device_for(backend: str, local_rank: int, device: str = "auto") -> torch.device:
+    """This rank's device (made current): its GPU with NCCL or `device` cuda (gloo then carries activations
+    through host memory, and ranks may share a GPU), else the CPU."""
+    ordinal = gpu_ordinal(local_rank) if device == "cuda" or (backend == "nccl" and device == "auto") else None
     if ordinal is None:
+        if device == "cuda":
+            raise InvalidConfigError(f"--device cuda: local rank {local_rank} sees no GPU; use --device cpu")
         return torch.device("cpu")
     torch.cuda.set_device(ordinal)
     return torch.device("cuda", ordinal)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ppscope.engine.model import Batch
+from ppscope.engine.model import Batch, to_device
 from ppscope.engine.recvstream import ReceiveStream
 from ppscope.trace.model import SpanKind
 from ppscope.trace.recorder import Recorder
@@ -104,6 +104,7 @@ class Ring:
         inline_nbytes: int = 0,
         depth: int = 1,
         host_headers: bool = False,
+        compute: torch.device | None = None,
     ) -> None:
         self.rank, self.world = rank, world
         self.prev, self.next = (rank - 1) % world, (rank + 1) % world
@@ -111,7 +112,10 @@ class Ring:
         self.max_seqs = max_seqs
         self.device = device
         self.cuda = device.type == "cuda"
-        self.host_headers = host_headers or self.cuda
+        self.compute = compute if compute is not None and compute != device else None
+        """Where the stage computes when it is not where messages travel (gloo between GPUs): activations are
+        copied off it inside the send span and onto it inside the receive span, through host memory."""
+        self.host_headers = host_headers or self.cuda or self.compute is not None
         """Headers on CPU groups of their own, payloads on the device's groups (always on a GPU; on a CPU,
         tests use it to run that protocol over gloo)."""
         wanted = min(max(inline_nbytes, 8 * max_seqs), MAX_INLINE_NBYTES) if not self.host_headers else 0
@@ -213,10 +217,10 @@ class Ring:
         elif self.device_timed:
             # on the compute stream the span marks where the payload is ready: NCCL's stream waits for it there
             with self.device_spans.span(SpanKind.SEND, **fields):
-                works = self._post(header, payload)
+                works = self._post(header, self._to_host(payload))
         else:
             with self.rec.nvtx_range(SpanKind.SEND, stage=src_stage, mb=msg.mb, chunk=fields["chunk"]):
-                works = self._post(header, payload)
+                works = self._post(header, self._to_host(payload))
             # The stage is blocked only while posting: the successor always has a receive posted, so a send
             # never waits for it. The transfer shows as the receiver's `recv` span.
             self.rec.record(SpanKind.SEND, start, self.rec.now_ns(), **fields)
@@ -228,6 +232,10 @@ class Ring:
         if payload is not None:
             works.append(dist.isend(payload, dst=self.next, group=self._group(self.rank), tag=self._payload_tag))
         return works
+
+    def _to_host(self, payload: torch.Tensor | None) -> torch.Tensor | None:
+        """A payload where gloo can send it: copied off the stage's GPU when messages go through host memory."""
+        return payload.cpu() if payload is not None and self.compute is not None else payload
 
     @property
     def device_timed(self) -> bool:
@@ -318,10 +326,10 @@ class Ring:
             # transfer included, as a CPU's recv_wait with the payload in its header. Where the device was
             # still computing meanwhile, its compute spans take precedence in the analysis.
             with self.device_spans.span(SpanKind.RECV_WAIT, since_ns=waited_from, **fields):
-                self._arrive(payload, work)
+                payload = self._arrive(payload, work, msg.kind)
         else:
             with self.rec.nvtx_range(SpanKind.RECV, stage=stage, mb=msg.mb, chunk=fields["chunk"]):
-                self._arrive(payload, work)
+                payload = self._arrive(payload, work, msg.kind)
             self.rec.record(SpanKind.RECV, start, self.rec.now_ns(), **fields)
         msg.payload = payload
         return msg
@@ -338,12 +346,14 @@ class Ring:
         payload = torch.empty(shape, dtype=dtype, device=self.device)
         return payload, irecv(payload)
 
-    def _arrive(self, payload: torch.Tensor, work: Any) -> None:
-        """Wait for a payload: the host on a CPU; the compute stream on a GPU, which then keeps the buffer."""
+    def _arrive(self, payload: torch.Tensor, work: Any, kind: int) -> torch.Tensor:
+        """Wait for a payload: the host on a CPU; the compute stream on a GPU, which then keeps the buffer.
+        Activations for a stage computing elsewhere (`compute`) are then copied there; tokens stay on the host."""
         if self._receiver is not None:
             self._receiver.to_compute(payload, work, self._wait)
         else:
             self._wait(work)
+        return to_device(payload, self.compute) if self.compute is not None and kind == ACT else payload
 
     def _wait(self, work: Any) -> None:
         """Wait for a receive: the host for a header (gloo), the current stream for a payload on a GPU (NCCL)."""
@@ -382,8 +392,6 @@ class Ring:
         batch, payload = msg.batch, msg.payload
         if payload.requires_grad:
             payload = payload.detach()
-        if not self.cuda and payload.is_cuda:
-            payload = payload.cpu()
         if not payload.is_contiguous():
             payload = payload.contiguous()
         n = len(batch.lens)

@@ -27,6 +27,7 @@ from ppscope.simulate.schedule import SCHEDULES
 
 __all__ = [
     "BACKENDS",
+    "DEVICES",
     "DTYPES",
     "FLAT_KEYS",
     "SECTIONS",
@@ -45,6 +46,7 @@ MAX_TIMEOUT_S = 1e6
 MIN_RATE = 1e-3
 """The slowest Poisson rate (one request per 17 minutes) whose arrival times fit a nanosecond clock."""
 BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("auto", "cpu", "cuda")
 SYNTHETIC = "synthetic"
 LAYER_SPANS_EVERY = 8
 """By default each stage times its layers in every 8th pass: costs from inside the run at a small price
@@ -276,9 +278,16 @@ class RuntimeConfig:
     """auto, gloo or nccl (a name; auto = nccl with a GPU per rank)."""
     timeout_s: float = 60.0
     """How long a rank waits for a peer before giving up (s); a failure stops every rank within it."""
+    device: str = "auto"
+    """auto, cpu or cuda: where each rank computes. auto: its GPU with NCCL, else the CPU. cuda with gloo: every
+    rank on a GPU (ranks share one where there are fewer GPUs than ranks), activations through host memory."""
 
     def __post_init__(self) -> None:
         _one_of("runtime.backend", self.backend, BACKENDS)
+        _one_of("runtime.device", self.device, DEVICES)
+        if self.backend == "nccl" and self.device == "cpu":
+            raise InvalidConfigError("--backend nccl carries tensors between GPUs: use --device cuda or auto with it, "
+                                     "or --backend gloo for ranks on the CPU")  # fmt: skip
         _finite("runtime.timeout_s", self.timeout_s)
         if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
             raise InvalidConfigError(

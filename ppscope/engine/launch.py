@@ -101,7 +101,7 @@ def _run_local(cfg: EngineConfig, on_progress: ProgressHook | None) -> Path:
     stages = cfg.pipeline.stages
     prep = prepare(cfg, stages)  # raises before anything starts
     _check_checkpoint(cfg, prep)
-    if prep.backend == "gloo":  # every rank on this host's memory (on GPUs each rank checks its own)
+    if prep.backend == "gloo" and cfg.runtime.device != "cuda":  # all on this host (on GPUs each rank checks its own)
         check_memory(prep, list(range(stages)), stages, host_available_bytes(), "this host", processes=True)
     run_dir = cfg.output.out or default_run_dir()
     procs: list[Any] = []

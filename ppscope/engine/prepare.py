@@ -116,23 +116,26 @@ def torch_dtype(name: str) -> torch.dtype:
     ]
 
 
-def resolve_backend(requested: str, world: int) -> str:
+def resolve_backend(requested: str, world: int, device: str = "auto") -> str:
     """This process's view of the backend, checked before any rank starts. `auto`: NCCL when this node shows a
     GPU for each of its ranks (under a launcher, LOCAL_WORLD_SIZE of the `world`), or one GPU to a rank under a
     launcher (a scheduler's binding of a GPU per process: SLURM, Kubernetes), else gloo. The ranks then settle
-    one backend for the whole run on rank 0, from every rank's GPU (`ppscope.engine.binding`)."""
+    one backend for the whole run on rank 0, from every rank's GPU (`ppscope.engine.binding`). `device` cpu
+    means gloo; cuda needs a GPU (with gloo, ranks may share one)."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     bound = gpus == 1 and "LOCAL_WORLD_SIZE" in os.environ
+    if device == "cuda" and gpus == 0:
+        raise InvalidConfigError("--device cuda needs an NVIDIA GPU and none is visible: use --device cpu")
     if requested == "nccl" and gpus == 0:
         raise InvalidConfigError("--backend nccl needs NVIDIA GPUs and none is visible: use --backend gloo (CPU)")
     if requested == "nccl" and local > gpus and not bound:
         raise InvalidConfigError(
             f"--backend nccl needs a GPU per rank: {local} ranks on this node, {gpus} GPU(s) visible; "
-            "use fewer --stages per node or --backend gloo"
+            "use fewer --stages per node, or --backend gloo --device cuda to share the GPUs"
         )
     if requested == "auto":
-        return "nccl" if gpus >= 1 and (local <= gpus or bound) else "gloo"
+        return "nccl" if device != "cpu" and gpus >= 1 and (local <= gpus or bound) else "gloo"
     return requested
 
 
@@ -205,7 +208,7 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
         split=split,
         split_source=source,
         requests=b.requests,
-        backend=resolve_backend(cfg.runtime.backend, world),
+        backend=resolve_backend(cfg.runtime.backend, world, cfg.runtime.device),
         inflight=b.inflight,
         max_seqs=b.max_seqs,
         cache_slots=b.cache_slots,

@@ -81,12 +81,12 @@ def run_rank(
     store: Any = None
     if world > 1:  # rank 0 decides the backend for every rank
         store = rendezvous(rank, world, cfg.runtime.timeout_s)
-        uuid = gpu_uuid(local_rank) if cfg.runtime.backend != "gloo" else ""
+        uuid = gpu_uuid(local_rank) if cfg.runtime.backend != "gloo" and cfg.runtime.device != "cpu" else ""
         prep = dataclasses.replace(
             prep, backend=agree_backend(run_store(store), rank, world, cfg.runtime.backend, uuid)
         )
     backend = prep.backend
-    device = device_for(backend, local_rank)
+    device = device_for(backend, local_rank, cfg.runtime.device)
     if device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))
@@ -212,11 +212,12 @@ def _run_pipeline(
             world,
             rec,
             prep.max_seqs,
-            device,
+            device if prep.backend == "nccl" else torch.device("cpu"),  # gloo: through host memory, a GPU too
             cfg.runtime.timeout_s,
             act_nbytes,
             depth=prep.inflight + 1,
             host_headers=host_headers(),
+            compute=device,
         )
         pipe = Pipeline(
             module=module,

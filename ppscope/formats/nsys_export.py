@@ -139,7 +139,9 @@ class _Writer:
     def _on_cpu(self) -> bool:
         meta = self.trace.meta
         devices = {i.device.lower() for i in meta.ranks}
-        return meta.backend == "gloo" or (bool(devices) and all(d in ("", "cpu") for d in devices))
+        if devices - {"", "cpu"}:  # a GPU named: gloo may carry a GPU's activations too (`--device cuda`)
+            return False
+        return bool(devices) or meta.backend == "gloo"
 
     def write(self) -> None:
         spans = self.spans
