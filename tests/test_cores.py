@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from ppscope.balance.advice import Interval
-from ppscope.balance.cores import MIN_FREE_CORES, beat_ms, pipeline_cores, shared_cores
+from ppscope.balance.cores import MIN_FREE_CORES, RunUsage, beat_ms, pipeline_cores, run_usage, shared_cores
+from ppscope.cli.machine_load import LoadSampler
 from ppscope.cli.tuning import busy_cores
+from ppscope.trace.model import RankInfo, RunMeta, SpanKind, Trace
 
 NOW = (4.8, 6.4)  # the tiny model's 4,4 on two stages: embedding + 4 layers | 4 layers + head + sampling
 NEW = (5.7, 5.5)  # 5,3
@@ -53,10 +55,60 @@ def test_busy_cores_reads_the_kernel_s_cpu_times(tmp_path: Path, monkeypatch: py
         stat.write_text(next(lines, ""))
 
     stat.write_text(next(lines))
-    monkeypatch.setattr("ppscope.cli.tuning.time.sleep", sleep)
+    monkeypatch.setattr("ppscope.cli.machine_load.time.sleep", sleep)
     # 200 busy of 400 jiffies on 2 CPUs: one core's worth
     assert busy_cores(0.0, str(stat)) == pytest.approx(1.0)
     assert busy_cores(0.0, str(tmp_path / "none")) is None
+
+
+def test_work_the_stage_times_miss_tightens_the_bound() -> None:
+    """Ranks busy 0.75 and 1.0 cores while stage 1 is modelled at 6.4 ms: a beat costs them 1.75 x 6.4 =
+    11.2 ms of CPU at least, the modelled 11.2 plus nothing; at 0.9 and 1.0, 12.16, 0.96 ms more. With the
+    launcher and the kernel busy 0.15 of the 2 cores meanwhile, the stages get their fair share, 2 x 2/2.15."""
+    assert RunUsage(ranks={0: 0.75, 1: 1.0}).extra_ms(NOW) == pytest.approx(0.0)
+    usage = RunUsage(ranks={0: 0.9, 1: 1.0}, machine=2.05)
+    assert usage.extra_ms(NOW) == pytest.approx(1.9 * 6.4 - 11.2) and usage.beside == pytest.approx(0.15)
+    assert RunUsage(ranks={1: 1.0}).extra_ms(NOW) == 0.0 and RunUsage().beside == 0.0  # a rank unmeasured
+    got = shared_cores(NOW, NEW, cores=2, busy_beside=usage.beside, extra_ms=usage.extra_ms(NOW))
+    free = 2 * 2 / 2.15
+    assert got.free == pytest.approx(free) and got.binds and got.extra_ms == pytest.approx(0.96)
+    assert got.speedup == pytest.approx(1.0)  # both splits wait on the CPU: 12.16 ms over 1.86 cores a beat
+    assert "and 0.96 ms a beat outside their spans" in got.text()
+    assert beat_ms(NOW, 1.85, 0.96) == pytest.approx((11.2 + 0.96) / 1.85)
+
+
+def test_run_usage_reads_the_ranks_counters_over_the_steady_part() -> None:
+    ms = 1_000_000
+    spans = [{"rank": r, "stage": r, "kind": SpanKind.FORWARD, "mb": 0, "step": i, "start_ns": i * 10 * ms,
+              "end_ns": i * 10 * ms + 5 * ms} for r in (0, 1) for i in range(100)]  # fmt: skip
+    # start-up and tail (the first and last tenth) at 100%, the steady part at 60% and 90%
+    counters = [(t * ms, r, -1, "cpu_util_pct", (60.0 if r == 0 else 90.0) if 100 <= t < 900 else 100.0)
+                for r in (0, 1) for t in range(0, 1000, 20)]  # fmt: skip
+    meta = RunMeta(world_size=2, pp_size=2, split=[2, 2], ranks=[RankInfo(rank=0, stage=1), RankInfo(rank=1, stage=0)])
+    trace = Trace.from_records(spans, counters=counters, meta=meta)
+    asked: list[tuple[int, int]] = []
+    usage = run_usage(trace, lambda start, end: asked.append((start, end)) or 1.7)
+    assert usage.ranks == {1: pytest.approx(0.6), 0: pytest.approx(0.9)}  # by stage: rank 0 holds stage 1
+    assert asked == [(99_500_000, 895_500_000)]  # the forward spans' extent, 0-995 ms, less a tenth each end
+    assert usage.machine == 1.7 and usage.beside == pytest.approx(0.2)
+    assert run_usage(Trace.from_records(spans, meta=meta)) == RunUsage()  # no counters: nothing measured
+
+
+def test_the_load_sampler_reads_the_machine_over_a_window(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    per_cpu = "cpu0 1\ncpu1 1\n"
+    ticks = iter([(100, 1000), (300, 1400), (700, 1800), (900, 2200)])  # busy, total jiffies
+    now = iter([0, 10, 20, 30])
+    sampler = LoadSampler(stat=str(stat), clock=lambda: next(now))
+    for busy, total in ticks:
+        stat.write_text(f"cpu  {busy} 0 0 {total - busy} 0 0 0 0 0 0\n{per_cpu}")
+        sampler.sample()
+    assert sampler.busy_between(10, 20) == pytest.approx(400 / 400 * 2)  # samples at 10 and 20
+    assert sampler.busy_between(5, 25) == pytest.approx((900 - 100) / (2200 - 1000) * 2)  # at 0 and 30
+    assert sampler.busy_between(-1, 20) is None and sampler.busy_between(10, 31) is None
+    with LoadSampler(interval_s=0.01, stat=str(tmp_path / "none")) as missing:
+        pass
+    assert missing.samples == [] and missing.busy_between(0, 1) is None
 
 
 @pytest.mark.slow

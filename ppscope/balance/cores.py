@@ -7,18 +7,22 @@ lasts at least that sum ÷ C, whatever the split. With N cores and B cores' wort
 have C = N − B when there are cores enough for all (P + B ≤ N), else their fair share of the machine,
 N × P ÷ (P + B), as the scheduler gives every busy thread an equal part. A pipeline with fewer cores than busy
 stages is bound by its total work, which moving layers does not change (docs/ARCHITECTURE.md, "Notes behind design
-choices"). This module only computes; the cores busy beside a run are measured by its caller
+choices"). Two things the stage times miss are measured in the run itself (`RunUsage`): the CPU the ranks
+spend outside their spans (Python between passes, their threads), taken from their usage counters, and the
+work beside the stages while they run (the launcher, the kernel, other jobs), the machine's busy cores
+meanwhile less the ranks' own. This module only computes; the machine's load is measured by its caller
 (`ppscope.cli.tuning`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from ppscope.balance.advice import Interval
+from ppscope.trace.model import Metric, SpanKind, Trace
 
-__all__ = ["MIN_FREE_CORES", "SharedCores", "beat_ms", "pipeline_cores", "shared_cores"]
+__all__ = ["MIN_FREE_CORES", "RunUsage", "SharedCores", "beat_ms", "pipeline_cores", "run_usage", "shared_cores"]
 
 MIN_FREE_CORES = 0.25
 """The least share of the machine counted as free for the pipeline: a machine measured fully busy still runs it."""
@@ -33,10 +37,54 @@ def pipeline_cores(cores: int, busy_beside: float, stages: int) -> float:
     return max(cores * stages / (stages + other), MIN_FREE_CORES)
 
 
-def beat_ms(stage_ms: Sequence[float], free_cores: float) -> float:
+def beat_ms(stage_ms: Sequence[float], free_cores: float, extra_ms: float = 0.0) -> float:
     """How long one beat of the pipeline (one pass on every stage) takes at least: its slowest stage, or all
-    its stages' work spread over the free cores, whichever is longer."""
-    return max(max(stage_ms), sum(stage_ms) / max(free_cores, MIN_FREE_CORES))
+    its stages' work (and `extra_ms` of CPU a beat outside them) spread over the free cores, whichever is
+    longer."""
+    return max(max(stage_ms), (sum(stage_ms) + extra_ms) / max(free_cores, MIN_FREE_CORES))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunUsage:
+    """The CPU a run's ranks used over its steady part, and the machine meanwhile (cores' worth)."""
+
+    ranks: dict[int, float] = field(default_factory=dict)
+    """Each stage's rank: its process's cores' worth (its `cpu_util_pct` counters ÷ 100)."""
+    machine: float | None = None
+    """The whole machine's busy cores over the same window (None: not measured)."""
+
+    @property
+    def beside(self) -> float:
+        """Work beside the stages while they ran: the machine's busy cores less the ranks' own."""
+        return max(self.machine - sum(self.ranks.values()), 0.0) if self.machine is not None else 0.0
+
+    def extra_ms(self, stage_ms: Sequence[float]) -> float:
+        """CPU a beat takes beyond the modelled stage times. A rank busy `u` cores over a beat of B ms spends
+        u·B of it, at least its modelled time m, so the ranks together spend at least Σu ÷ u · m a beat: read
+        off the slowest stage (the largest m, the smallest relative error), less the stages' modelled sum."""
+        slowest = max(range(len(stage_ms)), key=lambda s: stage_ms[s])
+        mine = self.ranks.get(slowest, 0.0)
+        if mine <= 0 or len(self.ranks) != len(stage_ms):
+            return 0.0
+        return max(sum(self.ranks.values()) / mine * stage_ms[slowest] - sum(stage_ms), 0.0)
+
+
+def run_usage(trace: Trace, machine: Callable[[int, int], float | None] | None = None, trim: float = 0.1) -> RunUsage:
+    """The ranks' CPU over the run's steady part (its forward spans' extent less `trim` of it at each end, past
+    start-up and the last requests' tail) from their usage counters, and `machine(start_ns, end_ns)`, the
+    machine's busy cores over that window on the same clock, where given. Empty when the run has no counters."""
+    spans = trace.spans
+    forward = spans[spans["kind"] == SpanKind.FORWARD]
+    counters = trace.counters
+    cpu = counters[counters["metric"] == str(Metric.CPU_UTIL_PCT)] if len(counters) else counters
+    if forward.empty or cpu.empty:
+        return RunUsage()
+    first, last = int(forward["start_ns"].min()), int(forward["end_ns"].max())
+    start, end = first + int((last - first) * trim), last - int((last - first) * trim)
+    steady = cpu[(cpu["ts_ns"] >= start) & (cpu["ts_ns"] <= end)]
+    stage_of = {info.rank: info.stage for info in trace.meta.ranks}
+    ranks = {stage_of.get(int(r), int(r)): float(v.mean()) / 100 for r, v in steady.groupby("rank")["value"]}
+    return RunUsage(ranks=ranks, machine=machine(start, end) if machine is not None else None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +99,8 @@ class SharedCores:
     """Cores the pipeline's stages get (`pipeline_cores`)."""
     slowest_stage_speedup: float
     """The prediction of a processor per stage."""
+    extra_ms: float = 0.0
+    """CPU a beat takes outside the modelled stage times (`RunUsage.extra_ms`)."""
     speedup: float
     """Beat now ÷ beat with the advised split, with the stages sharing the free cores."""
     interval: Interval | None
@@ -62,10 +112,11 @@ class SharedCores:
         return self.speedup < self.slowest_stage_speedup - 1e-9
 
     def text(self) -> str:
+        outside = f" and {self.extra_ms:.2f} ms a beat outside their spans" if self.extra_ms > 0.005 else ""
         return (
             f"{self.cores} core(s) with {self.busy_beside:.1f} busy beside the run: {self.free:.2f} for the "
-            f"stages, whose total work then bounds the gain (×{self.speedup:.3f} instead of the slowest stage's "
-            f"×{self.slowest_stage_speedup:.3f})"
+            f"stages, whose total work{outside} then bounds the gain (×{self.speedup:.3f} instead of the slowest "
+            f"stage's ×{self.slowest_stage_speedup:.3f})"
         )
 
 
@@ -76,15 +127,16 @@ def shared_cores(
     cores: int,
     busy_beside: float,
     interval: Interval | None = None,
+    extra_ms: float = 0.0,
 ) -> SharedCores:
     """The speedup of `proposed_ms` over `current_ms` (stage times per pass) when the stages share `cores` cores
     with `busy_beside` cores' worth of other work; `interval` (of the slowest-stage speedup) is carried through
     the same bound: the advised split's slowest stage at each end, the rest as measured. Both splits have as
-    many stages (`len(current_ms)`)."""
+    many stages (`len(current_ms)`); `extra_ms`: CPU a beat outside the stage times, the same for both."""
     free = pipeline_cores(cores, busy_beside, len(current_ms))
-    now = beat_ms(current_ms, free)
+    now = beat_ms(current_ms, free, extra_ms)
     slowest = max(current_ms) / max(proposed_ms)
-    total = sum(proposed_ms) / free
+    total = (sum(proposed_ms) + extra_ms) / max(free, MIN_FREE_CORES)
 
     def bounded(speedup: float) -> float:  # the advised split's slowest stage as the speedup puts it
         return now / max(max(current_ms) / speedup, total)
@@ -97,5 +149,5 @@ def shared_cores(
         )  # fmt: skip
     return SharedCores(
         cores=cores, busy_beside=busy_beside, free=free, slowest_stage_speedup=slowest, speedup=bounded(slowest),
-        interval=carried,
+        interval=carried, extra_ms=extra_ms,
     )  # fmt: skip

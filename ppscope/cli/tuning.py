@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from ppscope.analysis import AnalysisResult, analyze
 from ppscope.balance.advice import Advice, Interval, advise, paired_throughput_ratio, speedup_interval
-from ppscope.balance.cores import SharedCores, shared_cores
+from ppscope.balance.cores import SharedCores, run_usage, shared_cores
 from ppscope.balance.costs import LayerCosts, fit_layer_costs, r_squared_text
 from ppscope.balance.insitu import insitu_costs
 from ppscope.balance.problem import BalanceProblem
 from ppscope.balance.rebalance import Rebalance, engine_lines, rebalance
+from ppscope.cli.machine_load import LoadSampler, busy_cores
 from ppscope.errors import InvalidConfigError, PPScopeError
 from ppscope.simulate.calibrate import Replay
 from ppscope.trace.model import Trace
@@ -259,7 +259,8 @@ def tune(
     out = Path(out_dir)
     step(f"run 1: {cfg.model.name} on {pipe.stages} stages, {pipe.schedule} schedule, split as given")
     beside = [busy_cores()]
-    before_dir = run(_with(cfg, out / "1-before"))
+    with LoadSampler() as load:
+        before_dir = run(_with(cfg, out / "1-before"))
     beside.append(busy_cores())
     before_trace = load_run(before_dir)
     split = tuple(before_trace.meta.split)
@@ -273,8 +274,10 @@ def tune(
     known = [b for b in beside if b is not None]
     on_cpus = all(r.device.startswith("cpu") for r in before_trace.meta.ranks)
     if known and on_cpus and not cfg.model.synthetic and proposed != split:  # synthetic layers sleep: no CPU
+        usage = run_usage(before_trace, load.busy_between)  # what the stage times miss, measured in run 1
         cores = shared_cores(advice.current.stage_ms, advice.proposed.stage_ms, cores=os.cpu_count() or 1,
-                             busy_beside=statistics.mean(known), interval=interval)  # fmt: skip
+                             busy_beside=max(statistics.mean(known), usage.beside), interval=interval,
+                             extra_ms=usage.extra_ms(advice.current.stage_ms))  # fmt: skip
         if cores.binds:
             notes.append(f"the stages share {cores.text()}")
             interval = cores.interval
@@ -314,33 +317,3 @@ def tune(
     return TuneResult(before=before, after=after, advice=advice, costs=costs, cost_source=cost_source, notes=notes,
                       reruns=tuple(reruns), simulated=simulated, predicted_interval=interval, measured_pairs=pairs,
                       measured_interval=measured, decision=decision, cores=cores)  # fmt: skip
-
-
-def busy_cores(seconds: float = 0.5, stat: str = "/proc/stat") -> float | None:
-    """Cores' worth of work the machine does over the next `seconds` (from the kernel's CPU times in
-    `/proc/stat`), None where there is no such file. Measured around run 1, when none of the run's processes
-    are up, it is the work beside the pipeline."""
-
-    def busy_total() -> tuple[int, int] | None:
-        try:
-            with open(stat, encoding="ascii") as f:
-                fields = [int(v) for v in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        if len(fields) < 5:
-            return None
-        idle = fields[3] + fields[4]  # idle + iowait
-        return sum(fields[:8]) - idle, sum(fields[:8])
-
-    first = busy_total()
-    time.sleep(seconds)
-    last = busy_total()
-    if first is None or last is None or last[1] <= first[1]:
-        return None
-    return (last[0] - first[0]) / (last[1] - first[1]) * _cpus(stat)
-
-
-def _cpus(stat: str) -> int:
-    """The CPUs `/proc/stat` counts (its `cpuN` lines), whose times its first line adds up."""
-    with open(stat, encoding="ascii") as f:
-        return max(sum(1 for line in f if line.startswith("cpu") and line[3:4].isdigit()), 1)
