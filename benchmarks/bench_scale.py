@@ -1,5 +1,6 @@
 """A job of many ranks analysed a rank at a time (`ppscope analyze --workers N`): time and peak memory against
-a bare SQLite SELECT of the same rows, measured in the same run.
+a bare SQLite SELECT of the same rows, measured in the same run; and `ppscope rebalance RUN` read a rank at a
+time against the same costs from the whole run loaded (`load_run`), with the same JSON.
 
 The job: RANKS ranks of SPANS spans each (256 × 100 k = 25.6 M spans by default), written by the run store's
 writer, one pipeline stage per rank. Each step runs in a fresh process so its peak memory is its own (with
@@ -42,6 +43,17 @@ elif step == "whole":
     from ppscope.trace.store import load_run
     res = analyze(load_run(run_dir))
     extra = {"bubble": res.bubble_ratio}
+elif step.startswith("rebalance"):
+    import contextlib, hashlib, io
+    from ppscope.balance import timings
+    from ppscope.cli.main import main
+    from ppscope.trace.store import load_run
+    if step == "rebalance-whole":  # as before: the whole run in memory, then its timings
+        timings.run_timings = lambda path, workers=1: timings.RunTimings.of(load_run(path))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["rebalance", str(run_dir), "--json", "--workers", step.split(":")[1] if ":" in step else "1"])
+    extra = {"json": hashlib.sha256(out.getvalue().encode()).hexdigest()[:16]}
 elif step == "ray":
     from ppscope.analysis.sharded import analyze_run
     import ray
@@ -61,13 +73,14 @@ print(json.dumps({"s": s, "peak_mb": peak, **extra}))
 
 def write_job(run_dir: Path, ranks: int, spans: int) -> None:
     """`ranks` ranks in one pipeline, `spans` spans each (a recv_wait, a recv, a forward and a send per
-    micro-batch, one stage slower), written rank by rank with the run store's writer."""
+    micro-batch, one stage slower), written rank by rank with the run store's writer; two layers a stage."""
     import numpy as np
 
     from ppscope.trace.model import RunMeta
     from ppscope.trace.store import RankWriter, create_run
 
-    create_run(run_dir, RunMeta(world_size=ranks, pp_size=ranks, schedule="gpipe", microbatches=spans // 4))
+    meta = RunMeta(world_size=ranks, pp_size=ranks, schedule="gpipe", microbatches=spans // 4, split=[2] * ranks)
+    create_run(run_dir, meta)
     per = spans // 4
     for r in range(ranks):
         rng = np.random.default_rng(r)
@@ -119,7 +132,8 @@ def _job(ranks: int) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         got = {"write": _step("write", run_dir, ranks), "select": _step("select", run_dir, ranks)}
-        steps = ("1", "2") + (("whole",) if ranks * SPANS <= WHOLE_LIMIT else ()) + (("ray",) if _has_ray() else ())
+        whole = ("whole", "rebalance-whole") if ranks * SPANS <= WHOLE_LIMIT else ()
+        steps = ("1", "2", "rebalance", "rebalance:2", *whole) + (("ray",) if _has_ray() else ())
         for step in steps:
             got[step] = _step(step, run_dir, ranks)
     return got
@@ -147,6 +161,16 @@ def main() -> list[str]:
             f"{r['s'] / ref['s']:.2f}x the SELECT, {r['s'] / big['2']['s']:.2f}x --workers 2 (the driver's peak "
             f"{r['peak_mb']:,.0f} MB; Ray's workers are not its children)"
         )
+    for step, what in (("rebalance", "rebalance (rank by rank)"), ("rebalance:2", "rebalance --workers 2"),
+                       ("rebalance-whole", "rebalance (the whole run loaded)")):  # fmt: skip
+        if step in big:
+            r = big[step]
+            lines.append(
+                f"scale: {what}: {r['s']:.1f} s = {r['s'] / ref['s']:.2f}x the SELECT; peak {r['peak_mb']:,.0f} MB "
+                f"= {r['peak_mb'] / ref['peak_mb']:.2f}x the SELECT's"
+            )
+    jsons = {big[s]["json"] for s in ("rebalance", "rebalance:2", "rebalance-whole") if s in big}
+    lines.append(f"scale: rebalance --json the same on every path: {len(jsons) == 1}")
     same = {big[s]["bubble"] for s in ("1", "2", "whole", "ray") if s in big}
     lines.append(f"scale: bubble ratio the same on every path: {len(same) == 1} ({', '.join(map(str, same))})")
     lines.append(

@@ -25,7 +25,8 @@ from ppscope.balance.costs import LayerCosts
 from ppscope.balance.problem import BalanceProblem
 from ppscope.balance.rebalance import evaluate
 from ppscope.balance.split import stage_layer_ranges
-from ppscope.balance.training import is_training, training_passes
+from ppscope.balance.timings import RunTimings, as_timings
+from ppscope.balance.training import training_passes
 from ppscope.trace.model import SpanKind, Trace
 
 __all__ = [
@@ -105,7 +106,7 @@ _PARTS = (SpanKind.FORWARD, SpanKind.EMBED, SpanKind.HEAD, SpanKind.SAMPLE)
 embedding, LM head and sampling that stay on the first or last stage."""
 
 
-def stage_block_times(trace: Trace, blocks: int = 10) -> tuple[np.ndarray, np.ndarray] | None:
+def stage_block_times(trace: Trace | RunTimings, blocks: int = 10) -> tuple[np.ndarray, np.ndarray] | None:
     """(time ns, spans) of each part (`_PARTS`) of each stage in each of `blocks` consecutive time blocks, each
     of shape (blocks, parts, stages). None when some block lacks a `forward` pass of some stage (too short a
     run to tell its spread). In a training run a stage's layers part is each pass's forward plus backward
@@ -113,7 +114,7 @@ def stage_block_times(trace: Trace, blocks: int = 10) -> tuple[np.ndarray, np.nd
     if blocks < 1:
         return None
     stages = len(trace.meta.split)
-    start, part, stage, ns = _part_rows(trace)
+    start, part, stage, ns = _part_rows(as_timings(trace))
     keep = (stage >= 0) & (stage < stages)
     start, part, stage, ns = start[keep], part[keep], stage[keep], ns[keep]
     if not len(start):
@@ -129,10 +130,10 @@ def stage_block_times(trace: Trace, blocks: int = 10) -> tuple[np.ndarray, np.nd
     return busy, count
 
 
-def _part_rows(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _part_rows(trace: RunTimings) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(start ns, part, stage, time ns) of each timed part: spans of the `_PARTS` kinds, or in a training run
     its passes (layers: forward + backward; the embedding, head and sampling where a pass has them)."""
-    if is_training(trace):
+    if trace.training:
         passes = training_passes(trace)
         layers = (passes["forward_ns"] + passes["backward_ns"]).to_numpy(np.float64)
         cols = [layers, *(passes[c].to_numpy(np.float64) for c in ("embed_ns", "head_ns", "sample_ns"))]
@@ -146,12 +147,12 @@ def _part_rows(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     spans = trace.spans
     rows_ = spans[spans["kind"].isin([str(k) for k in _PARTS])]
     part = np.select([(rows_["kind"] == str(k)).to_numpy(bool) for k in _PARTS], list(range(len(_PARTS))))
-    ns = (rows_["end_ns"] - rows_["start_ns"]).to_numpy(np.float64)
+    ns = rows_["ns"].to_numpy(np.float64)
     return rows_["start_ns"].to_numpy(np.int64), part, rows_["stage"].to_numpy(np.int64), ns
 
 
 def speedup_interval(
-    traces: Sequence[Trace],
+    runs: Sequence[Trace | RunTimings],
     problem: BalanceProblem,
     current: Sequence[int],
     proposed: Sequence[int],
@@ -163,6 +164,7 @@ def speedup_interval(
 ) -> Interval | None:
     """The `level` interval of the speedup of `proposed` over `current` under `problem`, from a block
     bootstrap of the runs' stage times (see the module's note); None when the runs are too short to tell."""
+    traces = [as_timings(r) for r in runs]
     parts = [stage_block_times(t, _blocks(t, blocks)) for t in traces if len(t.meta.split) == problem.stages]
     if not parts or any(p is None for p in parts):
         return None
@@ -230,10 +232,9 @@ def _token_blocks(trace: Trace, blocks: int) -> tuple[np.ndarray, np.ndarray] | 
     return tokens, np.diff(edges)
 
 
-def _blocks(trace: Trace, most: int) -> int:
+def _blocks(trace: RunTimings, most: int) -> int:
     """As many blocks as `most`, fewer for a short run: at least 3 passes of each stage in each (0: too short)."""
-    spans = trace.spans
-    forward = training_passes(trace) if is_training(trace) else spans[spans["kind"] == str(SpanKind.FORWARD)]
+    forward = training_passes(trace) if trace.training else trace.kind(str(SpanKind.FORWARD))
     per_stage = forward.groupby("stage").size()
     fewest = int(per_stage.min()) if len(per_stage) == len(trace.meta.split) else 0
     blocks = min(most, fewest // 3)

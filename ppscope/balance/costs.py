@@ -18,9 +18,10 @@ import numpy as np
 import pandas as pd
 
 from ppscope.balance.split import stage_layer_ranges
-from ppscope.balance.training import TRAIN_PASSES, is_training, training_passes
+from ppscope.balance.timings import RunTimings, as_timings
+from ppscope.balance.training import TRAIN_PASSES, training_passes
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
-from ppscope.trace.model import Lane, SpanKind, Trace
+from ppscope.trace.model import SpanKind, Trace
 
 __all__ = [
     "CostFit",
@@ -193,12 +194,12 @@ def r_squared_text(r_squared: float | None) -> str:
 _ALL = "all"
 
 
-def _pick_phase(spans: pd.DataFrame, phase: str | None) -> str:
+def _pick_phase(phases: frozenset[str], phase: str | None) -> str:
+    """`phase` when given, else decode when the spans have decode passes, else all."""
     if phase:
         if phase not in ("prefill", "decode", _ALL):
             raise InvalidConfigError(f"unknown phase {phase!r}; valid: prefill, decode, all")
         return phase
-    phases = set(spans["phase"].unique())
     return "decode" if "decode" in phases else _ALL
 
 
@@ -209,26 +210,27 @@ def _per_pass_ms(spans: pd.DataFrame, kind: str, stage: int) -> tuple[float | No
     rows = spans[(spans["kind"] == kind) & (spans["stage"] == stage)]
     if rows.empty:
         return None, 0
-    return float((rows["end_ns"] - rows["start_ns"]).mean()) / 1e6, len(rows)
+    return float(rows["ns"].mean()) / 1e6, len(rows)
 
 
-def observe_stages(trace: Trace, *, run: int = 0, phase: str | None = None) -> list[StageObservation]:
+def observe_stages(trace: Trace | RunTimings, *, run: int = 0, phase: str | None = None) -> list[StageObservation]:
     """Mean compute per micro-batch pass of each stage of one run (compute spans on lane `compute`)."""
-    meta = trace.meta
+    timings = as_timings(trace)
+    meta = timings.meta
     if not meta.split:
         raise UnsupportedInputError(
             "the trace records no layer split (meta.split), so stage times cannot be turned into layer costs: "
             "rebalance from --layer-costs instead"
         )
-    if is_training(trace):
-        return _observe_training(trace, run, phase)
-    spans = trace.spans[trace.spans["lane"] == Lane.COMPUTE]
+    if timings.training:
+        return _observe_training(timings, run, phase)
+    spans = timings.spans[timings.spans["compute"]]
     stage_of_rank = {info.rank: info.stage for info in meta.ranks if info.stage >= 0}
     if (spans["stage"] < 0).any():
         spans = spans.copy()
         unknown = spans["stage"] < 0
         spans.loc[unknown, "stage"] = spans.loc[unknown, "rank"].map(stage_of_rank).fillna(-1).astype("int32")
-    chosen = _pick_phase(spans, phase)
+    chosen = _pick_phase(timings.compute_phases, phase)
     if chosen != _ALL:
         spans = spans[spans["phase"] == chosen]
     last = len(meta.split) - 1
@@ -256,7 +258,7 @@ def observe_stages(trace: Trace, *, run: int = 0, phase: str | None = None) -> l
     return out
 
 
-def _observe_training(trace: Trace, run: int, phase: str | None) -> list[StageObservation]:
+def _observe_training(trace: RunTimings, run: int, phase: str | None) -> list[StageObservation]:
     """Mean forward and backward per micro-batch pass of each (virtual) stage of a training run."""
     if phase not in (None, _ALL, TRAIN_PASSES):
         raise InvalidConfigError(
@@ -264,8 +266,7 @@ def _observe_training(trace: Trace, run: int, phase: str | None) -> list[StageOb
         )
     split = trace.meta.split
     passes = training_passes(trace)
-    labelled = trace.spans[(trace.spans["stage"] >= 0) & (trace.spans["mb"] >= 0)]
-    trained = int(labelled["stage"].max()) + 1 if len(labelled) else 0
+    trained = trace.top_stage + 1
     if trained != len(split):
         raise UnsupportedInputError(
             f"the split {','.join(map(str, split))} gives {len(split)} stages but the run trains {trained} "
@@ -301,7 +302,7 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(present) / len(present) if present and len(present) == len(values) else None
 
 
-def fit_layer_costs(traces: Sequence[Trace], *, phase: str | None = None) -> CostFit:
+def fit_layer_costs(traces: Sequence[Trace | RunTimings], *, phase: str | None = None) -> CostFit:
     """Per-layer, embedding and head costs from the compute spans of runs with known splits.
 
     Each stage's forward time per pass is the sum of its layers' costs (plus the embedding on the first and
@@ -314,12 +315,13 @@ def fit_layer_costs(traces: Sequence[Trace], *, phase: str | None = None) -> Cos
         raise InvalidConfigError("give at least one run to fit costs from")
     obs: list[StageObservation] = []
     chosen = ""
-    for i, trace in enumerate(traces):
+    for i, run in enumerate(traces):
+        trace = as_timings(run)
         got = observe_stages(trace, run=i, phase=phase)
         if obs and sum(o.layers for o in got) != sum(o.layers for o in obs if o.run == 0):
             raise UnsupportedInputError(f"run {i} has a different number of layers than run 0: fit one model at once")
         obs += got
-        chosen = chosen or (TRAIN_PASSES if got[0].backward_ms is not None else _pick_phase(trace.spans, phase))
+        chosen = chosen or (TRAIN_PASSES if got[0].backward_ms is not None else _pick_phase(trace.phases, phase))
     if len({o.backward_ms is None for o in obs}) > 1:
         raise UnsupportedInputError(
             "some runs train (forward + backward) and some do not: fit training and inference runs separately"

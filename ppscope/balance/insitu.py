@@ -18,9 +18,9 @@ import pandas as pd
 
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.split import stage_layer_ranges
+from ppscope.balance.timings import RunTimings, as_timings
 from ppscope.balance.training import BACKWARD_PHASES, TRAIN_PASSES
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
-from ppscope.trace.layers import layer_indices
 from ppscope.trace.model import SpanKind, Trace
 
 __all__ = ["InSituCosts", "has_layer_spans", "insitu_costs"]
@@ -47,8 +47,10 @@ class InSituCosts:
     """Runs whose spans were taken."""
 
 
-def has_layer_spans(trace: Trace) -> bool:
+def has_layer_spans(trace: Trace | RunTimings) -> bool:
     """Whether the run recorded any `layer` span."""
+    if isinstance(trace, RunTimings):
+        return trace.has_layers
     return bool((trace.spans["kind"] == SpanKind.LAYER).any())
 
 
@@ -60,21 +62,27 @@ def _median_ms(spans: pd.DataFrame, kind: str, stage: int) -> float | None:
     rows = spans[(spans["kind"] == kind) & (spans["stage"] == stage)]
     if rows.empty:
         return None
-    return float(np.median((rows["end_ns"] - rows["start_ns"]).to_numpy())) / 1e6
+    return float(np.median(rows["ns"].to_numpy())) / 1e6
 
 
-def insitu_costs(traces: Sequence[Trace], *, phase: str | None = None) -> InSituCosts:
+def _together(runs: Sequence[RunTimings]) -> pd.DataFrame:
+    """The timed spans of several runs in one table (phases as text: each run has its own categories)."""
+    return pd.concat([r.spans.astype({"phase": str}) for r in runs], ignore_index=True)
+
+
+def insitu_costs(runs: Sequence[Trace | RunTimings], *, phase: str | None = None) -> InSituCosts:
     """Costs from the `layer` spans of `traces` (runs of one model): each layer's median over every run's
     sampled passes of `phase` (default `decode` when the runs have decode passes, else `all`), and the
     embedding's, head's and sampling's medians over their spans in the same passes."""
-    if not traces:
+    if not runs:
         raise InvalidConfigError("give at least one run to take in-situ layer costs from")
+    traces = [as_timings(r) for r in runs]
     if phase is not None and phase not in _PHASES:
         raise InvalidConfigError(f"unknown phase {phase!r}; valid: {', '.join(_PHASES)}")
     layers = sum(traces[-1].meta.split)
     if not layers:
         raise UnsupportedInputError("the run records no layer split (meta.split): in-situ layer costs need one")
-    spans = pd.concat([t.spans for t in traces], ignore_index=True)
+    spans = _together(traces)
     laid = spans[spans["kind"] == SpanKind.LAYER]
     if laid.empty:
         raise UnsupportedInputError(
@@ -87,8 +95,8 @@ def insitu_costs(traces: Sequence[Trace], *, phase: str | None = None) -> InSitu
         raise UnsupportedInputError("in-situ costs of interleaved runs (chunks > 1) are not supported")
     chosen = phase or ("decode" if (laid["phase"] == "decode").any() else "all")
     laid = _phase_rows(laid, chosen)
-    index = layer_indices(laid["name"]).to_numpy()
-    ms = (laid["end_ns"] - laid["start_ns"]).to_numpy() / 1e6
+    index = laid["layer"].to_numpy()
+    ms = laid["ns"].to_numpy() / 1e6
     medians, passes = [], []
     for i in range(layers):
         mine = ms[index == i]
@@ -101,7 +109,7 @@ def insitu_costs(traces: Sequence[Trace], *, phase: str | None = None) -> InSitu
             f"no {'' if chosen == 'all' else chosen + ' '}`layer` span of layer(s) {shown} in the run: it sampled "
             "too few passes; run longer or with a smaller --layer-spans K (or give --phase all)"
         )
-    last = _phase_rows(traces[-1].spans, chosen)
+    last = _phase_rows(_together(traces[-1:]), chosen)
     split = traces[-1].meta.split
     ends = _phase_rows(spans, chosen)
     extras = {
@@ -122,18 +130,18 @@ def insitu_costs(traces: Sequence[Trace], *, phase: str | None = None) -> InSitu
     )
 
 
-def _training(traces: Sequence[Trace], spans: pd.DataFrame, laid: pd.DataFrame, layers: int) -> InSituCosts:
+def _training(traces: Sequence[RunTimings], spans: pd.DataFrame, laid: pd.DataFrame, layers: int) -> InSituCosts:
     """A training run's layer spans (the pipelining hook's): each layer's forward median plus its backward
     median (B, or I where the backward is split); the first stage's pass outside its layers as the embedding,
     the last stage's, with its loss (`head` spans), as the head. Weight gradients computed
     on their own (W) fall in no layer's span, so a run with W actions is left to the fit of whole passes."""
-    if (spans["phase"] == "W").any():
+    if any(t.weight_grads for t in traces):
         raise UnsupportedInputError(
             "the run computes weight gradients apart (W actions), which no layer span holds: its costs come "
             "from whole passes (--costs fit)"
         )
-    index = layer_indices(laid["name"]).to_numpy()
-    ms = (laid["end_ns"] - laid["start_ns"]).to_numpy() / 1e6
+    index = laid["layer"].to_numpy()
+    ms = laid["ns"].to_numpy() / 1e6
     backward = laid["phase"].isin(BACKWARD_PHASES).to_numpy()
     medians, passes, missing = [], [], []
     for i in range(layers):
@@ -156,7 +164,7 @@ def _training(traces: Sequence[Trace], spans: pd.DataFrame, laid: pd.DataFrame, 
             f"least {MIN_TRAINING_PASSES}); train longer or record with a smaller layer_spans"
         )
     split = traces[-1].meta.split
-    last = traces[-1].spans
+    last = _together(traces[-1:])
     rest = []
     for stage, (first, end) in enumerate(stage_layer_ranges(split)):
         forward = _median_ms(last, SpanKind.FORWARD, stage)

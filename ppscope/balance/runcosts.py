@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ppscope.balance.costs import CostFit, LayerCosts, fit_layer_costs
 from ppscope.balance.insitu import InSituCosts, has_layer_spans, insitu_costs
 from ppscope.balance.profile import PROFILE_FILE, LayerProfile
+from ppscope.balance.timings import RunTimings, as_timings
 from ppscope.balance.training import TRAIN_PASSES, is_training
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import Trace
@@ -48,7 +49,7 @@ class RunCosts:
 
 
 def run_costs(
-    traces: Sequence[Trace],
+    runs: Sequence[Trace | RunTimings],
     profile: LayerProfile | None,
     *,
     choice: str = "auto",
@@ -60,8 +61,11 @@ def run_costs(
     and the last run has them; else `profile` (the last run's) when `choice` allows and it
     covers the run's layers, else a fit of every run's stage spans (fitted beside a profile too, for
     comparison, when the spans allow). `phase`: which passes (default decode); `where` names the run in errors.
-    Runs of different models, dtypes, devices or schedules are refused unless `mix` (then a note says so)."""
+    Runs of different models, dtypes, devices or schedules are refused unless `mix` (then a note says so).
+    A run in memory is reduced to its timings once (`ppscope.balance.timings`); a run directory read rank by
+    rank comes as timings already."""
     notes: tuple[str, ...] = ()
+    traces = [as_timings(r) for r in runs]
     if choice not in COST_CHOICES:
         raise InvalidConfigError(f"unknown cost source {choice!r}; valid: {', '.join(COST_CHOICES)}")
     if not traces:
@@ -103,7 +107,7 @@ def run_costs(
     return RunCosts(costs=profiled, source="profile", fit=beside, profile=profile, phase=phase or "decode")
 
 
-def mixed_runs(traces: Sequence[Trace]) -> str:
+def mixed_runs(traces: Sequence[Trace | RunTimings]) -> str:
     """What the runs differ in, among model, dtype, device and schedule, in words ('' when alike)."""
     kinds = {
         "model": lambda m: str(m.model.get("name") or ""),
@@ -119,7 +123,7 @@ def mixed_runs(traces: Sequence[Trace]) -> str:
     return ", ".join(differ)
 
 
-def _check_rebalanceable(trace: Trace) -> None:
+def _check_rebalanceable(trace: RunTimings) -> None:
     """Raise unless the run's layers can be rebalanced: a known split; one chunk per rank, unless it trains
     (then the split is per virtual stage, and so is the balance)."""
     training = is_training(trace)

@@ -117,6 +117,8 @@ def register(sub: Any) -> None:
     mem.add_argument("--reserve-gib", type=float, default=1.0, help="per GPU, for activations and runtime")
     mem.add_argument("--min-kv-tokens", type=int, default=0, help="KV tokens every stage must hold")
     _add_model_arguments(p)
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="read a run directory's rank files in N processes, a rank at a time (default 1)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
     p.set_defaults(func=run)
 
@@ -259,6 +261,16 @@ def _training(args: argparse.Namespace, traces: list[Any]) -> dict[str, Any] | N
     }
 
 
+def _timings(path: str, workers: int) -> Any:
+    """What the costs read of a run: a run directory rank by rank (`run_timings`), anything else loaded whole."""
+    from ppscope.balance.timings import RunTimings, run_timings
+    from ppscope.formats.detect import InputKind, detect
+    from ppscope.formats.sources import open_trace
+
+    found = detect(path)
+    return run_timings(found.path, workers=workers) if found.kind == InputKind.RUN else RunTimings.of(open_trace(path))
+
+
 def run(args: argparse.Namespace) -> int:
     from ppscope.balance.costs import StageCosts
     from ppscope.balance.plan import stage_memory_model
@@ -268,7 +280,6 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.balance.split import parse_split
     from ppscope.cli.model_costs import wants_model
     from ppscope.errors import InvalidConfigError, UnsupportedInputError
-    from ppscope.formats.sources import open_trace
 
     if wants_model(args):
         return _run_model(args)
@@ -278,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
     stages = args.stages
     given = bool(args.layer_costs or args.layers or args.layer_cost_ms is not None)
     if args.runs:
-        traces = [open_trace(r) for r in args.runs]
+        traces = [_timings(r, args.workers) for r in args.runs]
         training = _training(args, traces)
         meta = traces[-1].meta
         run_model, current = meta.model, list(meta.split) or None
