@@ -11,15 +11,19 @@ general NVTXT parser.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
+
+import pandas as pd
 
 from ppscope import __version__
 from ppscope.errors import CorruptFileError
 from ppscope.formats.nsys_export import ppscope_message
 from ppscope.trace.model import SpanKind, Trace
 from ppscope.trace.outputs import atomic_folder
+from ppscope.trace.store import damaged_note, read_rank_spans, run_files
 
-__all__ = ["NVTXT_FILES", "NVTXT_NOTE", "export_nvtxt", "nvtxt_message", "read_nvtxt"]
+__all__ = ["NVTXT_FILES", "NVTXT_NOTE", "export_nvtxt", "export_nvtxt_run", "nvtxt_message", "read_nvtxt"]
 
 NVTXT_FILES = "rank-*.nvtxt"
 """What an NVTXT export folder holds: all that `--force` may replace."""
@@ -39,17 +43,41 @@ def export_nvtxt(trace: Trace, out: str | Path, *, force: bool = False) -> list[
     out = Path(out)
     with atomic_folder(out, force=force, replaceable=NVTXT_FILES) as tmp:
         for rank in trace.ranks:
-            (tmp / f"rank-{rank}.nvtxt").write_text(_rank_text(trace, rank))
+            mine = trace.spans[trace.spans["rank"] == rank]
+            (tmp / f"rank-{rank}.nvtxt").write_text(_rank_text(mine, trace.meta.run_id, rank))
     return [out / f"rank-{rank}.nvtxt" for rank in trace.ranks]
 
 
-def _rank_text(trace: Trace, rank: int) -> str:
-    spans = trace.spans[trace.spans["rank"] == rank].sort_values(["lane", "start_ns"], kind="stable")
+def export_nvtxt_run(run_dir: str | Path, out: str | Path, *, force: bool = False) -> list[Path]:
+    """`export_nvtxt(load_run(run_dir))`, the same files, reading one rank file at a time: each rank's file
+    needs only its own spans. A damaged rank file is left out and named on stderr, as `load_run` does."""
+    meta, files, notes = run_files(run_dir)
+    written, damaged = [], {}
+    with atomic_folder(Path(out), force=force, replaceable=NVTXT_FILES) as tmp:
+        for rank in sorted(files):
+            try:
+                spans, _, _ = read_rank_spans(files, [rank], meta)
+            except CorruptFileError as exc:
+                damaged[rank] = str(exc)
+                continue
+            if len(spans):
+                (tmp / f"rank-{rank}.nvtxt").write_text(_rank_text(spans, meta.run_id, rank))
+                written.append(Path(out) / f"rank-{rank}.nvtxt")
+        if damaged and len(damaged) == len(files):
+            raise CorruptFileError(next(iter(damaged.values())))
+    for note in notes + [damaged_note(r, why) for r, why in sorted(damaged.items())]:
+        print(f"ppscope export: note: {note}", file=sys.stderr)
+    return written
+
+
+def _rank_text(spans: pd.DataFrame, run_id: str, rank: int) -> str:
+    """One rank's NVTXT file from its spans."""
+    spans = spans.sort_values(["lane", "start_ns"], kind="stable")
     stages = sorted(int(s) for s in spans["stage"].unique() if s >= 0)
     stage = stages[0] if stages else -1
     pid = 1000 + rank
     lines = [
-        f"# NVTXT written by ppscope {__version__}: rank {rank} / stage {stage} of run {trace.meta.run_id!r}",
+        f"# NVTXT written by ppscope {__version__}: rank {rank} / stage {stage} of run {run_id!r}",
         f"# {NVTXT_NOTE}",
         "# Times are integer ns on the run's common clock (the engine uses the host's monotonic clock).",
         f'SetFileDisplayName, "ppscope rank {rank} / stage {stage}"',

@@ -36,8 +36,8 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ppscope.errors import InvalidConfigError
-    from ppscope.formats import export_trace
-    from ppscope.formats.detect import detect
+    from ppscope.formats import export_run, export_trace
+    from ppscope.formats.detect import InputKind, detect
     from ppscope.formats.nvtxt import NVTXT_FILES
     from ppscope.formats.sources import open_trace
     from ppscope.trace.outputs import check_output
@@ -54,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         replaceable=NVTXT_FILES,
     )
+    if found.kind == InputKind.RUN:  # rank by rank where the format allows
+        print(f"wrote {export_run(found.path, args.format, out, force=args.force)}")
+        return 0
     trace = open_trace(src)
     for warning in trace.warnings:
         print(f"ppscope export: note: {warning}", file=sys.stderr)
