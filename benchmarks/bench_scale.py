@@ -1,6 +1,7 @@
 """A job of many ranks analysed a rank at a time (`ppscope analyze --workers N`): time and peak memory against
 a bare SQLite SELECT of the same rows, measured in the same run; and `ppscope rebalance RUN` read a rank at a
-time against the same costs from the whole run loaded (`load_run`), with the same JSON.
+time against the same costs from the whole run loaded (`load_run`), with the same JSON; and `ppscope export RUN
+--format nsys-sqlite` written a rank at a time against the export of the whole run loaded.
 
 The job: RANKS ranks of SPANS spans each (256 × 100 k = 25.6 M spans by default), written by the run store's
 writer, one pipeline stage per rank. Each step runs in a fresh process so its peak memory is its own (with
@@ -54,6 +55,20 @@ elif step.startswith("rebalance"):
     with contextlib.redirect_stdout(out):
         main(["rebalance", str(run_dir), "--json", "--workers", step.split(":")[1] if ":" in step else "1"])
     extra = {"json": hashlib.sha256(out.getvalue().encode()).hexdigest()[:16]}
+elif step.startswith("export"):
+    import hashlib, sqlite3
+    from ppscope.formats import export_run, export_trace
+    from ppscope.trace.store import load_run
+    out = run_dir.parent / f"{step}.sqlite"
+    if step == "export-whole":
+        export_trace(load_run(run_dir), "nsys-sqlite", out)
+    else:
+        export_run(run_dir, "nsys-sqlite", out)
+    db = sqlite3.connect(out)
+    rows = db.execute("SELECT * FROM NVTX_EVENTS ORDER BY rowid").fetchall()
+    db.close()
+    out.unlink()
+    extra = {"json": hashlib.sha256(repr(rows).encode()).hexdigest()[:16]}
 elif step == "ray":
     from ppscope.analysis.sharded import analyze_run
     import ray
@@ -132,8 +147,8 @@ def _job(ranks: int) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         got = {"write": _step("write", run_dir, ranks), "select": _step("select", run_dir, ranks)}
-        whole = ("whole", "rebalance-whole") if ranks * SPANS <= WHOLE_LIMIT else ()
-        steps = ("1", "2", "rebalance", "rebalance:2", *whole) + (("ray",) if _has_ray() else ())
+        whole = ("whole", "rebalance-whole", "export-whole") if ranks * SPANS <= WHOLE_LIMIT else ()
+        steps = ("1", "2", "rebalance", "rebalance:2", "export", *whole) + (("ray",) if _has_ray() else ())
         for step in steps:
             got[step] = _step(step, run_dir, ranks)
     return got
@@ -162,7 +177,9 @@ def main() -> list[str]:
             f"{r['peak_mb']:,.0f} MB; Ray's workers are not its children)"
         )
     for step, what in (("rebalance", "rebalance (rank by rank)"), ("rebalance:2", "rebalance --workers 2"),
-                       ("rebalance-whole", "rebalance (the whole run loaded)")):  # fmt: skip
+                       ("rebalance-whole", "rebalance (the whole run loaded)"),
+                       ("export", "export nsys-sqlite (rank by rank)"),
+                       ("export-whole", "export nsys-sqlite (the whole run loaded)")):  # fmt: skip
         if step in big:
             r = big[step]
             lines.append(
@@ -171,6 +188,8 @@ def main() -> list[str]:
             )
     jsons = {big[s]["json"] for s in ("rebalance", "rebalance:2", "rebalance-whole") if s in big}
     lines.append(f"scale: rebalance --json the same on every path: {len(jsons) == 1}")
+    rows = {big[s]["json"] for s in ("export", "export-whole") if s in big}
+    lines.append(f"scale: export's NVTX rows the same on both paths: {len(rows) == 1}")
     same = {big[s]["bubble"] for s in ("1", "2", "whole", "ray") if s in big}
     lines.append(f"scale: bubble ratio the same on every path: {len(same) == 1} ({', '.join(map(str, same))})")
     lines.append(
