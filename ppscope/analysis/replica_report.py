@@ -12,7 +12,7 @@ from ppscope.analysis.bubbles import ROLE_COMPUTE, span_roles
 from ppscope.analysis.placement import Placement
 from ppscope.analysis.replicas import ReplicaAnalysis, rank_list
 
-__all__ = ["replica_json", "replica_lines", "stage_lanes"]
+__all__ = ["lane_ranks", "replica_json", "replica_lines", "stage_lanes"]
 
 _BASIS = {"time_per_mb": "time per micro-batch", "busy": "busy time"}
 
@@ -89,14 +89,21 @@ def replica_json(ra: ReplicaAnalysis) -> dict[str, object]:
 
 def stage_lanes(spans: pd.DataFrame, ra: ReplicaAnalysis, placement: Placement) -> pd.DataFrame:
     """The compute spans of one lane per stage, its median replica's (first) rank, and under it the stage's
-    straggler, whose lane says so and by how much: 2 × P lanes at most, whatever the number of replicas."""
+    straggler, whose lane says so and by how much: 2 × P lanes at most, whatever the number of replicas.
+    `spans` needs only the ranks of `lane_ranks` (a large run reads those alone)."""
     compute = spans[span_roles(spans["kind"], spans["name"]) == ROLE_COMPUTE]
     rank = compute["rank"].to_numpy()
-    parts = []
+    parts = [compute[rank == r].assign(lane=lane) for r, lane in lane_ranks(ra, placement)]
+    return pd.concat(parts, ignore_index=True) if parts else compute.iloc[0:0]
+
+
+def lane_ranks(ra: ReplicaAnalysis, placement: Placement) -> list[tuple[int, str]]:
+    """The ranks `stage_lanes` draws, in order, each with its lane's label."""
+    out = []
     for s in ra.stages:
         typical = min(r for r in placement.ranks_of(s.median_replica) if placement.place[r][0] == s.stage)
-        parts.append(compute[rank == typical].assign(lane=f"stage {s.stage}: median, replica {s.median_replica}"))
+        out.append((typical, f"stage {s.stage}: median, replica {s.median_replica}"))
         if _stands_out(s.slowdown) and s.straggler_rank != typical:
             lane = f"stage {s.stage}: ▲ straggler, replica {s.straggler_replica} {_vs(s.slowdown)}"
-            parts.append(compute[rank == s.straggler_rank].assign(lane=lane))
-    return pd.concat(parts, ignore_index=True) if parts else compute.iloc[0:0]
+            out.append((s.straggler_rank, lane))
+    return out

@@ -8,18 +8,23 @@ them) can be opened, picked from a list. Loading and tailing live in `ppscope.da
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
+import pandas as pd
 import streamlit as st
 
 from ppscope.analysis import gantt
 from ppscope.analysis.replica_report import stage_lanes
 from ppscope.dashboard import charts, views
 from ppscope.dashboard.data import LiveTrace
+from ppscope.dashboard.ranked import RANKS_IN_MEMORY, RankedRun
 from ppscope.dashboard.safety import Catalog, Entry, catalog_from_args, md
 from ppscope.errors import PPScopeError
+from ppscope.trace.model import RunMeta
 
-__all__ = ["LANES", "SECTIONS", "main"]
+__all__ = ["LANES", "RANKS_OPTION", "SECTIONS", "main"]
 
 LANES = ("One per stage", "One rank")
 """Timeline lanes of a job of several data-parallel pipelines: each stage's median replica with its straggler,
@@ -28,6 +33,8 @@ SECTIONS = ("Timeline", "Stages", "GPU usage", "Rebalance", "Compare", "Requests
 # How often the timeline of a run being written re-reads what arrived. (No bare strings at module level:
 # Streamlit's "magic" would print them on the page.)
 REFRESH_S = 1.0
+RANKS_OPTION = "--ranks-in-memory="
+# The first argument may be RANKS_OPTION + N: runs of more rank files than N are shown a rank at a time.
 
 
 @st.cache_resource(show_spinner=False)
@@ -47,10 +54,36 @@ def live_trace(entry: Entry) -> LiveTrace:
     return _live(str(entry.path), entry.is_run)
 
 
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _ranked_run(path: str, limit: int, stamp: tuple[int, int]) -> RankedRun | None:
+    # Keyed also by the run's state on disk, so that a run that finishes or is replaced is looked at again.
+    return RankedRun.open(Path(path), limit)
+
+
+def ranked_run(entry: Entry, limit: int) -> RankedRun | None:
+    """The entry as a large run shown a rank at a time, or None when it is loaded whole (`ranked.py` says when)."""
+    if not entry.is_run:
+        return None
+    try:
+        stamp = ((entry.path / "meta.json").stat().st_mtime_ns, sum(1 for _ in entry.path.iterdir()))
+    except OSError:
+        return None
+    return _ranked_run(str(entry.path), limit, stamp)
+
+
+def _limit(argv: Sequence[str]) -> tuple[int, list[str]]:
+    """The rank files a run may have and still be loaded whole, and the paths."""
+    if argv and argv[0].startswith(RANKS_OPTION):
+        text = argv[0].removeprefix(RANKS_OPTION)
+        return (int(text) if text.isdigit() else RANKS_IN_MEMORY), list(argv[1:])
+    return RANKS_IN_MEMORY, list(argv)
+
+
 def main(argv: Sequence[str]) -> None:
     st.set_page_config(page_title="ppscope", layout="wide")
+    limit, paths = _limit(argv)
     try:
-        catalog = _catalog(tuple(argv))
+        catalog = _catalog(tuple(paths))
     except PPScopeError as exc:
         st.error(f"ppscope dashboard: {md(exc)}")
         return
@@ -63,6 +96,15 @@ def main(argv: Sequence[str]) -> None:
     label = st.sidebar.selectbox("Trace", labels, key="trace")
     entry = catalog.pick(label, entries)
     section = st.sidebar.radio("Section", SECTIONS, key="section")
+    big = ranked_run(entry, limit)
+    if big is not None and not st.sidebar.checkbox(
+        f"Load the whole run ({len(big.files):,} rank files)",
+        key="whole_run",
+        help="This run is shown a rank at a time; the Rebalance, Compare, GPU usage and Requests pages need "
+        "every rank's spans in memory.",
+    ):
+        ranked_page(entry, big, section)
+        return
     live = live_trace(entry)
     live.refresh()
     _header(entry, live)
@@ -100,16 +142,7 @@ def _header(entry: Entry, live: LiveTrace) -> None:
     # While the run is written, the status line follows what the timeline's refresh has read.
     @st.fragment(run_every=REFRESH_S if live.live else None)
     def status() -> None:
-        meta = live.meta
-        bits = [
-            f"source **{md(meta.source)}**",
-            f"status **{md(meta.status)}**" if entry.is_run else "imported trace",
-            f"PP {meta.pp_size}",
-            f"schedule {md(meta.schedule or 'unknown')}",
-        ]
-        if meta.split:
-            bits.append(f"split {','.join(map(str, meta.split))}")
-        st.caption(" · ".join(bits))
+        st.caption(_status_line(entry, live.meta))
         if live.error:
             st.warning(md(live.error))
         for warning in live.trace.warnings:
@@ -118,13 +151,68 @@ def _header(entry: Entry, live: LiveTrace) -> None:
     status()
 
 
-def timeline(live: LiveTrace) -> None:
-    st.markdown("### Pipeline timeline")
+def _status_line(entry: Entry, meta: RunMeta) -> str:
+    bits = [
+        f"source **{md(meta.source)}**",
+        f"status **{md(meta.status)}**" if entry.is_run else "imported trace",
+        f"PP {meta.pp_size}",
+        f"schedule {md(meta.schedule or 'unknown')}",
+    ]
+    if meta.split:
+        bits.append(f"split {','.join(map(str, meta.split))}")
+    return " · ".join(bits)
+
+
+def ranked_page(entry: Entry, big: RankedRun, section: str) -> None:
+    """A large run's page: its stage view and its stages' figures, read a rank at a time."""
+    st.subheader(md(entry.label))
+    st.caption(_status_line(entry, big.meta))
+    try:
+        run = big.replicas()
+    except PPScopeError as exc:
+        st.error(md(exc))
+        return
+    for warning in run.said:
+        st.caption(f"⚠ {md(warning)}")
+    ra = run.analysis
+    if ra is None:  # the run changed on disk since it was looked at: no longer many pipelines
+        st.error("This run is no longer a job of several pipelines: tick 'Load the whole run' to show it.")
+        return
+    if section == "Timeline":
+        ranked_timeline(big)
+    elif section == "Stages":
+        views.stage_page(ra, ra.results.get(ra.shown_replica), "no replica recorded spans")
+    else:
+        st.info(
+            f"This run has {len(big.files):,} rank files, more than the {md(section)} page loads: the dashboard "
+            "shows its timeline and stages a rank at a time. Tick 'Load the whole run' in the sidebar to load "
+            "every rank's spans, or use the command line (`ppscope rebalance RUN`, `ppscope analyze RUN "
+            "--workers N`), which reads a run a rank at a time."
+        )
+
+
+@dataclass(frozen=True)
+class _Look:
+    """The timeline's controls."""
+
+    color_by: str
+    shade: bool
+    mode: str
+    last_ms: float
+
+
+def _controls() -> _Look:
     c1, c2, c3 = st.columns([2, 2, 3])
     color_by = c1.radio("Colour bars by", gantt.COLOR_MODES, horizontal=True, key="color_by")
     shade = c2.checkbox("Shade idle gaps by cause", value=True, key="shade")
     mode = c3.radio("Time window", ("Whole run", "Last …", "Range"), horizontal=True, key="window_mode")
     last_ms = st.number_input("Last (ms)", min_value=0.1, value=100.0, key="last_ms") if mode == "Last …" else 0.0
+    return _Look(str(color_by), bool(shade), str(mode), float(last_ms))
+
+
+def timeline(live: LiveTrace) -> None:
+    st.markdown("### Pipeline timeline")
+    look = _controls()
     started_live = live.live
     ra, placement = views.replicas(live)
     lanes, rank = LANES[0], -1
@@ -144,30 +232,68 @@ def timeline(live: LiveTrace) -> None:
             return
         origin = int(spans["start_ns"].min())
         end = int(spans["end_ns"].max())
-        window = _window(mode, origin, end, last_ms)
         gaps, stage_ranks = None, None
         if ra is not None and placement is not None:
             spans = stage_lanes(spans, ra, placement) if rank < 0 else spans[spans["rank"].to_numpy() == rank]
-            what = "each stage's median replica and its straggler (▲)" if rank < 0 else f"rank {rank}'s own lanes"
-            st.caption(f"{len(ra.replicas)} data-parallel pipelines: showing {what}.")
-        elif shade:
+            _replica_caption(len(ra.replicas), rank)
+        elif look.shade:
             result, problem = views.analysis(live)
             if result is not None:
                 gaps, stage_ranks = result.gaps, {s.stage: s.ranks for s in result.stages}
             else:
                 st.caption(f"Idle gaps are not shaded: {md(problem)}")
-        view = gantt.gantt_figure(
-            spans,
-            color_by=color_by,
-            gaps=gaps,
-            stage_ranks=stage_ranks,
-            window_ns=window,
-            origin_ns=origin,
-        )
-        st.plotly_chart(view.figure, key="gantt", config={"displaylogo": False})
-        st.caption(view.note + (f" Live: refreshing every {REFRESH_S:g} s." if live.live else ""))
+        note = _gantt(spans, look, origin, end, gaps, stage_ranks)
+        st.caption(note + (f" Live: refreshing every {REFRESH_S:g} s." if live.live else ""))
 
     draw()
+
+
+def ranked_timeline(big: RankedRun) -> None:
+    """The timeline of a large run: one lane per stage and its straggler, or one rank's lanes when picked, each
+    read from those ranks' files alone; placed on the run's own time axis (its first and last span)."""
+    st.markdown("### Pipeline timeline")
+    look = _controls()
+    run = big.replicas()
+    lanes = st.radio("Lanes", LANES, horizontal=True, key="lanes")
+    rank = st.selectbox("Rank", big.ranks, key="lane_rank") if lanes == LANES[1] else -1
+    try:
+        spans = big.stage_spans() if rank < 0 else big.rank_spans(int(rank))
+    except PPScopeError as exc:
+        st.error(md(exc))
+        return
+    if not len(spans):
+        st.info("No spans to draw.")
+        return
+    assert run.analysis is not None  # a RankedRun is a job of replicas
+    _replica_caption(len(run.analysis.replicas), int(rank))
+    note = _gantt(spans, look, run.first_ns, run.last_ns, None, None)
+    st.caption(f"{note} Read a rank at a time: {len(big.files):,} rank files, these lanes' spans alone in memory.")
+
+
+def _replica_caption(replicas: int, rank: int) -> None:
+    what = "each stage's median replica and its straggler (▲)" if rank < 0 else f"rank {rank}'s own lanes"
+    st.caption(f"{replicas} data-parallel pipelines: showing {what}.")
+
+
+def _gantt(
+    spans: pd.DataFrame,
+    look: _Look,
+    origin: int,
+    end: int,
+    gaps: pd.DataFrame | None,
+    stage_ranks: Mapping[int, Sequence[int]] | None,
+) -> str:
+    """Draw the Gantt chart of `spans` on the run's time axis; its note."""
+    view = gantt.gantt_figure(
+        spans,
+        color_by=look.color_by,
+        gaps=gaps,
+        stage_ranks=stage_ranks,
+        window_ns=_window(look.mode, origin, end, look.last_ms),
+        origin_ns=origin,
+    )
+    st.plotly_chart(view.figure, key="gantt", config={"displaylogo": False})
+    return view.note
 
 
 def _window(mode: str, origin_ns: int, end_ns: int, last_ms: float) -> tuple[int, int] | None:

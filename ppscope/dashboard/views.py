@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     Answer = tuple[Rebalance, str, Interval | None, Advice]
     """The rebalancer's answer, where its costs came from, the interval of its speedup, keep or change."""
 
-__all__ = ["analysis", "compare", "rebalance", "replica_summary", "replicas", "requests", "stages"]
+__all__ = ["analysis", "compare", "rebalance", "replica_summary", "replicas", "requests", "stage_page", "stages"]
 
 
 def _analyze(trace: Trace) -> tuple[AnalysisResult | None, str]:
@@ -124,10 +124,15 @@ def _si(x: float) -> str:
 
 def stages(live: LiveTrace) -> None:
     ra, _ = replicas(live)
+    stage_page(ra, *analysis(live))
+
+
+def stage_page(ra: ReplicaAnalysis | None, result: AnalysisResult | None, problem: str) -> None:
+    """The Stages page: the replicas' summary when there are several, then the analysis `result` (of the
+    replica holding the bottleneck), or why there is none."""
     if ra is not None:
         replica_summary(ra)
     st.markdown("### Stages: busy time and bubbles")
-    result, problem = analysis(live)
     if result is None:
         st.error(f"The analyzer could not read this trace: {md(problem)}")
         return

@@ -59,11 +59,19 @@ def register(sub: Any) -> None:
         default=None,
         help=f"port (default: {DEFAULT_PORT}, or the next free one; 0 picks any free port)",
     )
+    p.add_argument(
+        "--ranks-in-memory",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a finished run of several data-parallel pipelines with more rank files than N is shown a rank at "
+        "a time (its timeline's lanes and its stages, without loading it); default 256",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    board = start_dashboard(args.paths, host=args.host, port=args.port)
+    board = start_dashboard(args.paths, host=args.host, port=args.port, ranks_in_memory=args.ranks_in_memory)
     print(f"ppscope dashboard: serving {board.url}  (Ctrl-C to stop)", flush=True)
     if not is_loopback(args.host):
         print(
@@ -100,12 +108,20 @@ def find_app() -> Path:
 
 
 def dashboard_command(
-    paths: Sequence[str | os.PathLike[str]], *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    ranks_in_memory: int | None = None,
 ) -> list[str]:
-    """The command line that serves the dashboard on `paths` at host:port (checks the paths exist)."""
+    """The command line that serves the dashboard on `paths` at host:port (checks the paths exist);
+    `ranks_in_memory`: the most rank files of a run of many pipelines that the dashboard loads whole."""
     _check_paths(paths)
     if not 0 < port < 65536:
         raise InvalidConfigError(f"--port must be between 1 and 65535, got {port}")
+    if ranks_in_memory is not None and ranks_in_memory < 0:
+        raise InvalidConfigError(f"--ranks-in-memory must be >= 0, got {ranks_in_memory}")
+    limit = [] if ranks_in_memory is None else [f"--ranks-in-memory={ranks_in_memory}"]  # app.RANKS_OPTION
     return [
         sys.executable,
         "-m",
@@ -127,6 +143,7 @@ def dashboard_command(
         "--client.toolbarMode",
         "viewer",
         "--",
+        *limit,
         *(str(p) for p in paths),
     ]
 
@@ -156,15 +173,16 @@ def start_dashboard(
     port: int | None = None,
     wait_s: float = 60.0,
     quiet: bool = False,
+    ranks_in_memory: int | None = None,
 ) -> Dashboard:
     """Start the dashboard server on `paths` and return once it answers at its URL.
 
     port None takes DEFAULT_PORT or the next free one, 0 any free port; an explicit port that is taken is
-    an error. quiet=True sends the server's own output to /dev/null.
+    an error. quiet=True sends the server's own output to /dev/null. `ranks_in_memory`: as `dashboard_command`.
     """
     _check_paths(paths)
     chosen = _choose_port(host, port)
-    cmd = dashboard_command(paths, host=host, port=chosen)
+    cmd = dashboard_command(paths, host=host, port=chosen, ranks_in_memory=ranks_in_memory)
     env = dict(os.environ)
     root = str(find_app().parent.parent)  # the app imports `dashboard`, also from a source checkout
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)

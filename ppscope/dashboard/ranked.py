@@ -1,0 +1,105 @@
+"""A finished job of many data-parallel pipelines, shown without loading it: its stage view a rank at a time.
+
+Note (when): a run directory is shown this way when it holds more than `RANKS_IN_MEMORY` rank files (or the
+number given to `ppscope dashboard --ranks-in-memory`), its ranks form more than one replica, and it has
+finished. Below the limit the dashboard loads the whole run as it always has, so every page works on it
+unchanged; the limit counts files because it is known from a directory listing, before anything is read, and
+a rank file's spans are what fills memory (the engine's ~100 k spans a rank make ~10 MB as a frame: 256 ranks
+are ~2.5 GB, what a workstation still holds, and what loads in well under a minute). A run still being written
+is tailed whole, as before: its figures change every second, and the two passes over every file that the
+rank-by-rank analysis takes would be re-read at each refresh.
+
+What it holds: the replicas' comparison and each replica's figures (`run_replicas`, which reads one rank file at
+a time and keeps a digest of each), the spans of the ranks the stage view draws (each stage's median replica
+and its straggler: 2 × P ranks at most), and the spans of the one rank last picked for its own lanes. This
+module knows no Streamlit.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ppscope.analysis.placement import placement_from
+from ppscope.analysis.replica_report import lane_ranks, stage_lanes
+from ppscope.analysis.sharded_replicas import RunReplicas, run_replicas
+from ppscope.errors import PPScopeError
+from ppscope.trace.model import RunMeta
+from ppscope.trace.store import read_rank_spans, run_files
+
+__all__ = ["RANKS_IN_MEMORY", "RankedRun"]
+
+RANKS_IN_MEMORY = 256
+"""A finished run of replicas with more rank files than this is shown a rank at a time."""
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A few ranks' spans, and which ranks they are."""
+
+    ranks: tuple[int, ...]
+    spans: pd.DataFrame
+
+
+class RankedRun:
+    """One large run directory shown by the dashboard. Thread-safe: every session of the server may share it."""
+
+    def __init__(self, path: Path, meta: RunMeta, files: dict[int, Path]) -> None:
+        self.path, self.meta, self.files = path, meta, files
+        self._lock = threading.Lock()
+        self._run: RunReplicas | None = None
+        self._lanes: _Read | None = None
+        self._rank: _Read | None = None
+
+    @classmethod
+    def open(cls, path: Path, limit: int = RANKS_IN_MEMORY) -> RankedRun | None:
+        """The run at `path` to show a rank at a time, or None when it is to be loaded whole (at most `limit`
+        rank files, still running, one pipeline, or unreadable: the whole load then says why)."""
+        try:
+            meta, files, _ = run_files(path)
+            if len(files) <= limit or meta.status == "running":
+                return None
+            placement = placement_from(meta, files)
+        except PPScopeError:
+            return None
+        if placement is None or len(placement.replicas) < 2:
+            return None
+        return cls(path, meta, files)
+
+    def replicas(self) -> RunReplicas:
+        """The replicas compared, read a rank at a time, once (raises the PPScopeError of an unreadable run)."""
+        with self._lock:
+            if self._run is None:
+                self._run = run_replicas(self.path)
+            return self._run
+
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks that recorded spans (what a whole load would list), once `replicas()` has run."""
+        ra = self.replicas().analysis
+        missing = set(ra.missing_ranks) if ra is not None else set()
+        return [r for r in sorted(self.files) if r not in missing]
+
+    def stage_spans(self) -> pd.DataFrame:
+        """The stage view's lanes (`stage_lanes`), from the spans of the ranks it draws alone."""
+        run = self.replicas()
+        if run.analysis is None or run.placement is None:
+            return pd.DataFrame()
+        ranks = tuple(sorted({r for r, _ in lane_ranks(run.analysis, run.placement)}))
+        with self._lock:
+            if self._lanes is None or self._lanes.ranks != ranks:
+                spans, _, _ = read_rank_spans(self.files, ranks, self.meta)
+                self._lanes = _Read(ranks, stage_lanes(spans, run.analysis, run.placement))
+            return self._lanes.spans
+
+    def rank_spans(self, rank: int) -> pd.DataFrame:
+        """Every span of one rank, read when it is picked (the last one picked is kept, none before it)."""
+        with self._lock:
+            if self._rank is None or self._rank.ranks != (rank,):
+                self._rank = None  # let the previous rank's spans go before reading the next one's
+                spans, _, _ = read_rank_spans(self.files, [rank], self.meta)
+                self._rank = _Read((rank,), spans)
+            return self._rank.spans
