@@ -1,27 +1,33 @@
 """A job of many ranks analysed a rank at a time (`ppscope analyze --workers N`): time and peak memory against
 a bare SQLite SELECT of the same rows, measured in the same run; and `ppscope rebalance RUN` read a rank at a
 time against the same costs from the whole run loaded (`load_run`), with the same JSON; and `ppscope export RUN
---format nsys-sqlite` written a rank at a time against the export of the whole run loaded.
+--format nsys-sqlite` written a rank at a time against the export of the whole run loaded; and the dashboard's
+data step on a job of data-parallel pipelines (its stage view and one rank's lanes, read a rank at a time) against
+the same view from the whole run loaded, as the dashboard loads a small run.
 
 The job: RANKS ranks of SPANS spans each (256 × 100 k = 25.6 M spans by default), written by the run store's
 writer, one pipeline stage per rank. Each step runs in a fresh process so its peak memory is its own (with
 workers, the largest of the parent and its workers). The whole-trace `analyze(load_run(...))` runs only where
 the job fits comfortably in memory (≤ 5 M spans). The same job at a tenth of the ranks shows how time scales.
-Set PPSCOPE_SCALE_RANKS and PPSCOPE_SCALE_SPANS for a smaller check.
+Set PPSCOPE_SCALE_RANKS and PPSCOPE_SCALE_SPANS for a smaller check. The dashboard's job is its own:
+DASH_REPLICAS pipelines of DASH_STAGES stages, DASH_SPANS spans a rank (PPSCOPE_SCALE_DASH="R,P,S" to change).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 RANKS = int(os.environ.get("PPSCOPE_SCALE_RANKS", 256))
 SPANS = int(os.environ.get("PPSCOPE_SCALE_SPANS", 100_000))
 WHOLE_LIMIT = 5_000_000
+DASH_REPLICAS, DASH_STAGES, DASH_SPANS = map(int, os.environ.get("PPSCOPE_SCALE_DASH", "16,8,20000").split(","))
 
 _STEP = r"""
 import json, resource, sqlite3, sys, time
@@ -29,9 +35,12 @@ from pathlib import Path
 step, run_dir, ranks, spans = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 t0 = time.perf_counter()
 extra = {}
-if step == "write":
+if step.startswith("write"):
     from benchmarks.bench_scale import write_job
-    write_job(run_dir, ranks, spans)
+    write_job(run_dir, ranks, spans, replicas=int(step.split(":")[1]) if ":" in step else 1)
+elif step.startswith("dash"):
+    from benchmarks.bench_scale import dashboard_step
+    extra = dashboard_step(run_dir, whole=step == "dash-whole")
 elif step == "select":
     rows = 0
     for f in sorted(run_dir.glob("rank-*.sqlite")):
@@ -88,34 +97,38 @@ print(json.dumps({"s": s, "peak_mb": peak, **extra}))  # an export's own peak, t
 """
 
 
-def write_job(run_dir: Path, ranks: int, spans: int) -> None:
-    """`ranks` ranks in one pipeline, `spans` spans each (a recv_wait, a recv, a forward and a send per
-    micro-batch, one stage slower), written rank by rank with the run store's writer; two layers a stage."""
+def write_job(run_dir: Path, ranks: int, spans: int, replicas: int = 1) -> None:
+    """`ranks` ranks in `replicas` pipelines (rank = replica × stages + stage, each rank's replica in the
+    metadata when there are several), `spans` spans each (a recv_wait, a recv, a forward and a send per
+    micro-batch, one rank slower), written rank by rank with the run store's writer; two layers a stage."""
     import numpy as np
 
-    from ppscope.trace.model import RunMeta
-    from ppscope.trace.store import RankWriter, create_run
+    from ppscope.trace.model import RankInfo, RunMeta
+    from ppscope.trace.store import RankWriter, create_run, write_meta
 
-    meta = RunMeta(world_size=ranks, pp_size=ranks, schedule="gpipe", microbatches=spans // 4, split=[2] * ranks)
+    p = ranks // replicas
+    infos = [RankInfo(rank=r, stage=r % p, replica=r // p) for r in range(ranks)] if replicas > 1 else []
+    meta = RunMeta(world_size=ranks, pp_size=p, schedule="gpipe", microbatches=spans // 4, split=[2] * p, ranks=infos)
     create_run(run_dir, meta)
     per = spans // 4
     for r in range(ranks):
         rng = np.random.default_rng(r)
         mb = np.arange(per)
-        slot = (mb + r) * 13_000 + rng.integers(0, 500, per)
+        stage = r % p
+        slot = (mb + stage) * 13_000 + rng.integers(0, 500, per)
         wait_end = slot + 1_000
         fwd_start = wait_end + 400
         fwd_end = fwd_start + 10_000 + 2_000 * (r == ranks // 2) + rng.integers(0, 300, per)
         rows = []
         for kind, lane, start, end, peer in (
-            ("recv_wait", "recv", slot, wait_end, r - 1),
-            ("recv", "recv", wait_end, fwd_start, r - 1),
+            ("recv_wait", "recv", slot, wait_end, r - 1 if stage > 0 else -1),
+            ("recv", "recv", wait_end, fwd_start, r - 1 if stage > 0 else -1),
             ("forward", "compute", fwd_start, fwd_end, -1),
-            ("send", "send", fwd_end, fwd_end + 200, r + 1 if r + 1 < ranks else -1),
+            ("send", "send", fwd_end, fwd_end + 200, r + 1 if stage + 1 < p else -1),
         ):
             nbytes = 0 if kind == "forward" else 4096
             rows += [
-                (r, r, lane, kind, kind, int(m), -1, 0, "", int(a), int(b), nbytes, 0, peer)
+                (r, stage, lane, kind, kind, int(m), -1, 0, "", int(a), int(b), nbytes, 0, peer)
                 for m, a, b in zip(mb, start, end, strict=True)
             ]
         rows.sort(key=lambda row: row[9])
@@ -123,11 +136,65 @@ def write_job(run_dir: Path, ranks: int, spans: int) -> None:
         for i in range(0, len(rows), 100_000):
             w.write(rows[i : i + 100_000])
         w.close()
+    if replicas > 1:  # the dashboard shows a finished run a rank at a time
+        write_meta(run_dir, dataclasses.replace(meta, status="finished"))
 
 
-def _step(step: str, run_dir: Path, ranks: int) -> dict[str, float]:
+def dashboard_step(run_dir: Path, *, whole: bool) -> dict[str, float]:
+    """The dashboard's data for the timeline of a job of replicas: its stage view, then one rank's lanes (the
+    straggler's), read a rank at a time (`RankedRun`) or from the whole run loaded (`LiveTrace`, as a run within
+    --ranks-in-memory is). Returns the lanes' span counts and a hash of them, to check both paths agree."""
+    import hashlib
+
+    import pandas as pd
+
+    from ppscope.analysis.replica_report import stage_lanes
+    from ppscope.dashboard import views  # both paths: the app imports it (and Streamlit) either way
+
+    if whole:
+        from ppscope.dashboard.data import LiveTrace
+
+        live = LiveTrace(run_dir, is_run=True)
+        spans = live.refresh().spans
+        ra, placement = views.replicas(live)
+        assert ra is not None and placement is not None
+        lanes = stage_lanes(spans, ra, placement)
+        straggler = max(ra.stages, key=lambda s: s.slowdown or 0).straggler_rank
+        mine = spans[spans["rank"].to_numpy() == straggler].reset_index(drop=True)
+    else:
+        from ppscope.dashboard.ranked import RankedRun
+
+        big = RankedRun.open(run_dir, limit=0)
+        assert big is not None
+        ra = big.replicas().analysis
+        assert ra is not None
+        lanes = big.stage_spans()
+        straggler = max(ra.stages, key=lambda s: s.slowdown or 0).straggler_rank
+        mine = big.rank_spans(straggler)
+    digest = hashlib.sha256(pd.util.hash_pandas_object(lanes.reset_index(drop=True)).to_numpy().tobytes())
+    digest.update(pd.util.hash_pandas_object(mine).to_numpy().tobytes())
+    return {"lanes": len(lanes), "rank": len(mine), "json": digest.hexdigest()[:16]}
+
+
+def _dashboard() -> list[str]:
+    ranks = DASH_REPLICAS * DASH_STAGES
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        write = _step(f"write:{DASH_REPLICAS}", run_dir, ranks, DASH_SPANS)
+        ranked, whole = _step("dash", run_dir, ranks, DASH_SPANS), _step("dash-whole", run_dir, ranks, DASH_SPANS)
+    return [
+        f"scale: dashboard, {DASH_REPLICAS} pipelines x {DASH_STAGES} stages ({ranks * DASH_SPANS:,} spans, written "
+        f"in {write['s']:.0f} s): reference = the stage view and one rank's lanes from the whole run loaded: "
+        f"{whole['s']:.1f} s, peak {whole['peak_mb']:,.0f} MB",
+        f"scale: dashboard a rank at a time: {ranked['s']:.1f} s = {ranked['s'] / whole['s']:.2f}x; peak "
+        f"{ranked['peak_mb']:,.0f} MB = {ranked['peak_mb'] / whole['peak_mb']:.2f}x the whole load's; the same "
+        f"lanes ({ranked['lanes']:,.0f} + {ranked['rank']:,.0f} spans): {ranked['json'] == whole['json']}",
+    ]
+
+
+def _step(step: str, run_dir: Path, ranks: int, spans: int = SPANS) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-c", _STEP, step, str(run_dir), str(ranks), str(SPANS)],
+        [sys.executable, "-c", _STEP, step, str(run_dir), str(ranks), str(spans)],
         capture_output=True,
         text=True,
         timeout=7200,
@@ -135,7 +202,7 @@ def _step(step: str, run_dir: Path, ranks: int) -> dict[str, float]:
     )
     if out.returncode != 0:
         raise RuntimeError(f"step {step} failed: {out.stderr[-2000:]}")
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 
@@ -198,7 +265,7 @@ def main() -> list[str]:
         f"scale: {RANKS} against {small_ranks} ranks ({RANKS / small_ranks:.1f}x the spans): --workers 2 takes "
         f"{big['2']['s'] / small['2']['s']:.1f}x the time, --workers 1 {big['1']['s'] / small['1']['s']:.1f}x"
     )
-    return lines
+    return lines + _dashboard()
 
 
 if __name__ == "__main__":

@@ -74,11 +74,11 @@ _BARS = ".js-plotly-plot g.barlayer g.point path"
 
 
 @contextlib.contextmanager
-def dashboard_page(run: Path, height: int = 1000) -> Iterator[Any]:
+def dashboard_page(run: Path, height: int = 1000, ranks_in_memory: int | None = None) -> Iterator[Any]:
     """A Chromium page on a dashboard of `run`, once its Gantt chart has begun to draw (skips without
     Chromium or playwright); the browser and the dashboard stop on the way out."""
     sync_api, executable = _browser_or_skip()
-    board = start_dashboard([run], port=0, quiet=True)
+    board = start_dashboard([run], port=0, quiet=True, ranks_in_memory=ranks_in_memory)
     try:
         with sync_api.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=executable, args=_CHROMIUM_ARGS)

@@ -109,3 +109,34 @@ def test_a_run_within_the_limit_or_still_running_is_loaded_whole(tmp_path: Path)
     meta = json.loads((run / "meta.json").read_text())
     (run / "meta.json").write_text(json.dumps({**meta, "status": "running"}))
     assert RankedRun.open(run, limit=5) is None
+
+
+def test_the_limit_is_passed_to_the_app(tmp_path: Path) -> None:
+    from ppscope.cli.commands.dashboard import dashboard_command
+    from ppscope.dashboard.app import RANKS_OPTION, _limit
+    from ppscope.errors import InvalidConfigError
+
+    run = write_run(replica_job(2, 2), tmp_path / "job")
+    cmd = dashboard_command([run], port=8600, ranks_in_memory=4)
+    args = cmd[cmd.index("--") + 1 :]
+    assert args == [f"{RANKS_OPTION}4", str(run)]
+    assert _limit(args) == (4, [str(run)])
+    assert _limit([str(run)]) == (256, [str(run)])
+    with pytest.raises(InvalidConfigError, match="--ranks-in-memory must be >= 0"):
+        dashboard_command([run], ranks_in_memory=-1)
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_chromium_draws_the_stage_view_of_a_large_run(tmp_path: Path) -> None:
+    from test_dashboard_browser import _ALL_BARS_DRAWN, dashboard_page
+    from test_dashboard_replicas import _ROWS_JS
+
+    run = write_run(replica_job(4, 16, slow={(2, 9): 1.25}), tmp_path / "job")  # 64 ranks
+    with dashboard_page(run, ranks_in_memory=8) as page:
+        page.wait_for_function(_ALL_BARS_DRAWN, timeout=60_000)
+        rows = page.evaluate(_ROWS_JS)
+        text = page.inner_text("body")
+    assert len(rows) == 5, rows  # 4 stages + 1 straggler, of 64 ranks
+    assert "rank 41 · stage 2: ▲ straggler, replica 9 +25.0%" in rows
+    assert "Read a rank at a time: 64 rank files" in text
