@@ -11,6 +11,9 @@ Run it under torchrun, one process per pipeline rank (gloo on CPUs, NCCL with on
 profiler's cost. `ppscope analyze DIR` reads either, and `ppscope dashboard DIR` shows it.
 `--split 6,2` puts the layers unevenly on the stages; the recorder counts each stage's `layers`, so
 `ppscope rebalance DIR` advises a better split (for the Kineto traces, give it `--current-split 6,2`).
+`--dp D` runs D data-parallel replicas of the pipeline (ranks r·P to r·P + P − 1 are replica r, their
+gradients averaged across replicas each step); the recorder notes each rank's replica, and `ppscope analyze`
+compares the replicas stage by stage.
 
 Schedules, with the stages each rank holds: `gpipe` and `1f1b` one stage per rank; `interleaved-1f1b`,
 `looped-bfs` and `zero-bubble` (torch's interleaved ZB1P) `--chunks` stages per rank, stage s on rank
@@ -98,6 +101,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=32, help="tokens per sequence (32)")
     p.add_argument("--mb-size", type=int, default=2, help="sequences per micro-batch (2)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (1)")
     p.add_argument("--profile", metavar="DIR", help="write a Kineto trace per rank, DIR/rank-N.json.gz")
     p.add_argument("--ppscope", metavar="DIR", help="record the schedule's actions into a ppscope run directory")
     return p.parse_args(argv)
@@ -124,7 +128,10 @@ def layer_range(stage: int, stages: int, layers: int, split: str | None = None) 
     return first, first + base + (stage < extra)
 
 
-def build(args: argparse.Namespace, rank: int, ranks: int, device: torch.device) -> tuple[object, list[nn.Module]]:
+def build(
+    args: argparse.Namespace, rank: int, ranks: int, device: torch.device, group: object = None
+) -> tuple[object, list[nn.Module]]:
+    """This rank's stages and the schedule over them: `rank` of the `ranks` of its pipeline (`group`)."""
     cls_name, placement = SCHEDULES[args.schedule]
     local = stages_of(rank, ranks, placement, args.chunks)
     n_stages = ranks * len(local)
@@ -135,7 +142,7 @@ def build(args: argparse.Namespace, rank: int, ranks: int, device: torch.device)
         torch.manual_seed(args.seed + s)  # every stage's weights are the same whatever the placement
         part = DecoderPart(args, *layer_range(s, n_stages, args.layers, args.split)).to(device)
         parts.append(part)
-        stages.append(PipelineStage(part, s, n_stages, device))
+        stages.append(PipelineStage(part, s, n_stages, device, group=group))
     cls = getattr(schedules, cls_name)
 
     def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -176,7 +183,16 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     torch.set_num_threads(1)
-    schedule, parts = build(args, rank, ranks, device)
+    if args.dp < 1 or ranks % args.dp:
+        sys.exit(f"--dp {args.dp} must divide the {ranks} ranks")
+    pp = ranks // args.dp
+    replica = rank // pp
+    pipeline, replicas = None, None  # one pipeline: the default group
+    if args.dp > 1:  # every rank makes every group, in one order, named as DeviceMesh names its dimensions
+        pipelines = [dist.new_group(list(range(d * pp, (d + 1) * pp)), group_desc="mesh_pp") for d in range(args.dp)]
+        across = [dist.new_group([s + d * pp for d in range(args.dp)], group_desc="mesh_dp") for s in range(pp)]
+        pipeline, replicas = pipelines[replica], across[rank % pp]
+    schedule, parts = build(args, rank % pp, pp, device, pipeline)
     recorder = None
     if args.ppscope:
         from ppscope.integrations.pipelining import record_pipeline
@@ -184,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         recorder = record_pipeline(schedule, args.ppscope, name=args.schedule)
     params = [p for part in parts for p in part.parameters()]
     optim = torch.optim.SGD(params, lr=0.01)
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed + replica)  # each replica its own batch
     batch = args.microbatches * args.mb_size
     tokens = torch.randint(0, args.vocab, (batch, args.seq + 1), generator=gen).to(device)
     x, y = tokens[:, :-1], tokens[:, 1:]
@@ -197,12 +213,17 @@ def main(argv: list[str] | None = None) -> int:
                 holds_last = any(p.head is not None for p in parts)
                 losses: list[torch.Tensor] = []
                 schedule.step(*((x,) if holds_first else ()), target=y if holds_last else None, losses=losses)
+                if replicas is not None:
+                    for p in params:  # the replicas' mean gradient
+                        if p.grad is not None:
+                            dist.all_reduce(p.grad, group=replicas)
+                            p.grad /= args.dp
                 optim.step()
                 if prof is not None:
                     prof.step()
                 if holds_last:
                     mean = torch.stack(losses).mean().item()
-                    print(f"step {step}: loss {mean:.4f} (rank {rank})", flush=True)
+                    print(f"step {step}: loss {mean:.4f} (rank {rank}, replica {replica})", flush=True)
     finally:
         if recorder is not None:
             recorder.close()

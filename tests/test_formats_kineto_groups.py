@@ -59,9 +59,9 @@ def test_process_groups_map_ranks_to_stages_and_replicas(tmp_path: Path) -> None
     trace = open_trace(_job(tmp_path / "job", 2, 3, 1, slow={4: 1.5}))
     place = {i.rank: (i.stage, i.replica) for i in trace.meta.ranks}
     assert place == {0: (0, 0), 1: (0, 1), 2: (0, 2), 3: (1, 0), 4: (1, 1), 5: (1, 2)}
-    assert trace.meta.pp_size == 2 and "pipeline process group" in trace.meta.config["placement"]
+    assert trace.meta.pp_size == 2 and "pipeline process group" in trace.meta.config["replica_placement"]
     placement = placement_of(trace)
-    assert placement is not None and placement.source == trace.meta.config["placement"]
+    assert placement is not None and placement.source == trace.meta.config["replica_placement"]
     ra = analyze_replicas(trace, placement)
     assert ra.basis == "busy" and ra.bottleneck == (1, 1, 4) and ra.bottleneck_slowdown == pytest.approx(1.5)
 
@@ -95,4 +95,4 @@ def test_files_without_process_groups_are_one_pipeline_as_before(tmp_path: Path)
         path.write_text(json.dumps(doc))
     trace = open_trace(folder)
     assert placement_of(trace) is None and all(i.replica == -1 for i in trace.meta.ranks)
-    assert "placement" not in trace.meta.config and trace.meta.world_size == 2
+    assert "replica_placement" not in trace.meta.config and trace.meta.world_size == 2

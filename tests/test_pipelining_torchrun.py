@@ -122,3 +122,24 @@ def test_an_unbalanced_training_run_is_advised_in_the_trainers_terms(
     assert main(["rebalance", str(prof), "--current-split", "6,2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["proposed_split"][0] < 6 and "Kineto" in out["training"]["from"]
+
+
+def test_data_parallel_pipelines_are_placed_alike_by_the_hook_and_the_profiler(tmp_path: Path) -> None:
+    """Two replicas of a 2-stage 1F1B pipeline (4 ranks, `--dp 2`): the hook records each rank's replica from
+    its pipeline's process group, the Kineto importer from `distributedInfo`, and both place every rank alike."""
+    from ppscope.analysis.placement import placement_of
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+           str(ROOT / "examples" / "pipelining_train.py"), "--schedule", "1f1b", "--dp", "2", *SMALL,
+           "--profile", str(tmp_path / "prof"), "--ppscope", str(tmp_path / "run")]  # fmt: skip
+    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    hook, kineto = open_trace(tmp_path / "run"), open_trace(tmp_path / "prof")
+    want = {0: (0, 0), 1: (1, 0), 2: (0, 1), 3: (1, 1)}  # rank: (stage, replica)
+    for trace in (hook, kineto):
+        placement = placement_of(trace)
+        assert placement is not None and placement.place == want, (trace.meta.source, placement)
+        talks = trace.spans[trace.spans["peer"] >= 0].groupby("rank")["peer"].unique()
+        assert {r: sorted(int(p) for p in peers) for r, peers in talks.items()} == {0: [1], 1: [0], 2: [3], 3: [2]}
+    assert [i.replica for i in sorted(hook.meta.ranks, key=lambda i: i.rank)] == [0, 0, 1, 1]

@@ -150,7 +150,7 @@ def placement_from(
         )
     place = {i.rank: (i.stage, i.replica) for i in infos}
     rest = tuple(r for r in _job_ranks(meta, recorded) if r not in place)
-    source = str(meta.config.get("placement", "")) or "metadata (RankInfo.stage and .replica)"
+    source = str(meta.config.get("replica_placement", "")) or "metadata (RankInfo.stage and .replica)"
     return Placement(place=place, source=source, unplaced=rest)
 
 

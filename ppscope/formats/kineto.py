@@ -345,11 +345,12 @@ def load_kineto(files: list[Path]) -> Trace:
     if len(read) > 1:
         warnings.append(CLOCK_NOTE)
     evidence = [(rank, op, t) for rank, data in read.items() for op, t in data.p2p]
-    pipeline = read_pipeline({r: RankFile(d.events, d.spans, d.gpu) for r, d in read.items()}, evidence)
     groups = group_placement({r: d.top for r, d in read.items()}, warnings)
     if groups is not None and not set(read) <= set(groups.place):
         warnings.append("some files' ranks are in no pipeline process group: took stages from the traffic instead")
         groups = None
+    placed = groups.place if groups is not None else None
+    pipeline = read_pipeline({r: RankFile(d.events, d.spans, d.gpu) for r, d in read.items()}, evidence, placed)
     if pipeline is not None:
         stage_of, per_rank = pipeline.stage_of, pipeline.spans
         warnings += pipeline.warnings
@@ -389,7 +390,7 @@ def load_kineto(files: list[Path]) -> Trace:
             "files": [str(f) for f in files],
             "distributedInfo": info,
             "stage_order": explanation,
-            **({"placement": groups.explanation} if groups else {}),
+            **({"replica_placement": groups.explanation} if groups else {}),
             **({"pipelining": pipeline.config} if pipeline else {}),
         },
     )

@@ -75,8 +75,14 @@ def cpu_compute(ops: pd.DataFrame, main: object) -> pd.DataFrame:
     )  # fmt: skip
 
 
-def read_pipeline(files: Mapping[int, RankFile], p2p: Sequence[tuple[int, str, int]]) -> PipelineRead | None:
-    """The pipeline the files show, or None when none of them holds a pipelining action."""
+def read_pipeline(
+    files: Mapping[int, RankFile],
+    p2p: Sequence[tuple[int, str, int]],
+    placed: Mapping[int, tuple[int, int]] | None = None,
+) -> PipelineRead | None:
+    """The pipeline the files show, or None when none of them holds a pipelining action. `placed`: each
+    rank's (stage, replica) where the process groups say it (data-parallel replicas): the stage of actions
+    that name none, and a rank's peers are those of its own replica."""
     tops = {r: top_level(f.events.ops) for r, f in files.items()}
     acts = {r: find_actions(f.events, tops[r]) for r, f in files.items()}
     if all(a is None for a in acts.values()):
@@ -87,7 +93,8 @@ def read_pipeline(files: Mapping[int, RankFile], p2p: Sequence[tuple[int, str, i
         if a.unknown:
             shown = ", ".join(a.unknown[:3]) + (f" and {len(a.unknown) - 3} more" if len(a.unknown) > 3 else "")
             warnings.append(f"{files[r].events.name}: unknown pipelining action(s) {shown}, read as plain ranges")
-    stage_of, held, how = _stages(files, found, p2p)
+    grouped = {r: placed[r][0] for r in files} if placed and all(r in placed for r in files) else None
+    physical, held, how = _stages(files, found, p2p, grouped)
     warnings += how
     placement = placement_of(held)
     order = {r: order_of_step(found[r].frame) if r in found else [] for r in held}
@@ -100,12 +107,13 @@ def read_pipeline(files: Mapping[int, RankFile], p2p: Sequence[tuple[int, str, i
         f"schedule {schedule or 'not named'} ({why}); placement {placement}, P={len(held)}, V={v}, M={m}"
         + (", named from one step's action order" if schedule else "")
     )
-    rank_of = {s: r for r, hs in held.items() for s in hs}
+    replica = {r: placed[r][1] if grouped and placed else 0 for r in held}
     spans: dict[int, pd.DataFrame] = {}
     assumed_any, inferred_any = False, False
     for r, f in files.items():
         mine = found.get(r)
-        spans[r], assumed = _rank_spans(f, tops[r], mine, held.get(r, [stage_of[r]]), rank_of)
+        rank_of = {s: r2 for r2, hs in held.items() if replica[r2] == replica.get(r, 0) for s in hs}
+        spans[r], assumed = _rank_spans(f, tops[r], mine, held.get(r, [physical[r]]), rank_of)
         assumed_any |= assumed
         inferred_any |= mine is not None and mine.inferred
     if inferred_any:
@@ -121,27 +129,32 @@ def read_pipeline(files: Mapping[int, RankFile], p2p: Sequence[tuple[int, str, i
         )
     config = {"placement": placement, "stages_of_rank": {str(r): list(h) for r, h in held.items()},
               "schedule_from": why}  # fmt: skip
-    return PipelineRead(spans, stage_of, schedule, m, v, config, warnings)
+    return PipelineRead(spans, physical, schedule, m, v, config, warnings)
 
 
 def _stages(
-    files: Mapping[int, RankFile], found: Mapping[int, RankActions], p2p: Sequence[tuple[int, str, int]]
+    files: Mapping[int, RankFile],
+    found: Mapping[int, RankActions],
+    p2p: Sequence[tuple[int, str, int]],
+    grouped: Mapping[int, int] | None = None,
 ) -> tuple[dict[int, int], dict[int, list[int]], list[str]]:
-    """(physical stage of each rank, the stages each rank holds, what was assumed)."""
+    """(physical stage of each rank, the stages each rank holds, what was assumed). Actions that name no
+    stage take it from `grouped` (the process groups) where every rank has one, else from the traffic."""
     held = {r: list(stages_in(a.frame)) for r, a in found.items()}
-    if all(held.get(r) for r in files):
-        ranks = sorted(files, key=lambda r: (min(held[r]), r))
-        return {r: i for i, r in enumerate(ranks)}, held, []
-    order = order_stages(files, p2p, {r: r for r in files}, "rank")
-    note = (
-        "the trace names no stage for single-stage actions (Forward i / Backward i, or inferred ones): "
-        + order.explanation
-    )
+    if all(held.get(r) for r in files):  # data-parallel replicas' ranks hold the same stages: one place each
+        firsts = sorted({min(held[r]) for r in files})
+        return {r: firsts.index(min(held[r])) for r in files}, held, []
+    if grouped is not None and all(r in grouped for r in files):
+        stage_of, how = {r: grouped[r] for r in files}, "each rank's place in its pipeline process group"
+    else:
+        order = order_stages(files, p2p, {r: r for r in files}, "rank")
+        stage_of, how = order.stage_of, order.explanation
+    note = "the trace names no stage for single-stage actions (Forward i / Backward i, or inferred ones): " + how
     for r, a in found.items():
         if not held.get(r):
-            a.frame["stage"] = order.stage_of[r]
-            held[r] = [order.stage_of[r]]
-    return order.stage_of, {r: held[r] for r in found}, [note]
+            a.frame["stage"] = stage_of[r]
+            held[r] = [stage_of[r]]
+    return stage_of, {r: held[r] for r in found}, [note]
 
 
 def _rank_spans(

@@ -27,6 +27,7 @@ recorder is open; they pass through untouched outside `schedule.step`. Ranks on 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import socket
@@ -133,9 +134,11 @@ class PipelineRecorder:
         self.name = name or guessed or _CLASS_NAMES.get(type(schedule).__name__, "")
         info = self._rank_info(clock_sync)
         held = {s.stage_index: _stage_layers(s.submod) for s in self.stages}
+        group = self.stages[0].group  # this rank's pipeline: the ranks its stages talk to
+        pipeline = tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(range(self.world))
         gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, (info, held))
-        infos = [g[0] for g in gathered]
+        dist.all_gather_object(gathered, (info, held, pipeline))
+        infos = _replicas([g[0] for g in gathered], [g[2] for g in gathered])
         self.split, self.split_source = _split(split, [g[1] for g in gathered], int(self.stages[0].num_stages))
         self._create(infos, placement, why)
         sink = RankWriter(self.run_dir, self.rank)
@@ -371,6 +374,17 @@ def _stage_layers(module: Any) -> int | None:
     ModuleDict, as torchtitan prunes it per stage); None without one."""
     layers = layer_modules(module)
     return None if layers is None else len(layers)
+
+
+def _replicas(infos: list[RankInfo], pipelines: list[tuple[int, ...]]) -> list[RankInfo]:
+    """Each rank's replica, where the job runs several pipelines (data parallel): the pipelines in the order of
+    their lowest rank, each rank in its own's. One pipeline: left unsaid (-1). Tensor-parallel ranks of a stage,
+    each in a pipeline group of its own, count as replicas of their own."""
+    order = sorted(set(pipelines), key=min)
+    if len(order) < 2:
+        return infos
+    index = {p: i for i, p in enumerate(order)}
+    return [dataclasses.replace(info, replica=index[p]) for info, p in zip(infos, pipelines, strict=True)]
 
 
 def _split(given: Sequence[int] | None, held: list[dict[int, int | None]], stages: int) -> tuple[list[int], str]:
