@@ -24,7 +24,6 @@ from ppscope.analysis.facts import (
     Extents,
     Facts,
     Layout,
-    causality_warning,
     compute_overlaps,
     estimated_clocks,
     stage_times,
@@ -32,6 +31,7 @@ from ppscope.analysis.facts import (
 )
 from ppscope.analysis.intervals import Intervals, clip
 from ppscope.analysis.latency import request_latency
+from ppscope.analysis.links import Violations, causality_warning
 from ppscope.analysis.pipeline import (
     collectives_without_p2p,
     count_distinct,
@@ -247,7 +247,7 @@ def _check_causality(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) ->
     the ranks' clock offsets are then wrong, and so is every wait measured across them."""
     if not estimated_clocks(meta):
         return  # every rank reads one clock (one host, a simulation): there is no offset to get wrong
-    said = causality_warning(causality_violations(spans, uncertainty_ns=uncertainties(meta)))
+    said = causality_warning(Violations.of(causality_violations(spans, uncertainty_ns=uncertainties(meta))))
     if said:
         warnings.append(said)
 

@@ -21,7 +21,6 @@ __all__ = [
     "Facts",
     "Layout",
     "busiest_rank",
-    "causality_warning",
     "compute_overlaps",
     "estimated_clocks",
     "stage_times",
@@ -161,21 +160,6 @@ def estimated_clocks(meta: RunMeta) -> bool:
 
 def uncertainties(meta: RunMeta) -> dict[int, int]:
     return {r.rank: r.clock.uncertainty_ns for r in meta.ranks}
-
-
-def causality_warning(bad: pd.DataFrame) -> str | None:
-    """The warning for the receives `causality_violations` found; None when there are none."""
-    if bad.empty:
-        return None
-    early = bad["send_start_ns"] - bad["recv_end_ns"]
-    worst = bad.loc[early.idxmax()]
-    pairs = ", ".join(f"{s}→{d}" for s, d in sorted(set(zip(bad["src"], bad["dst"], strict=True))))
-    return (
-        f"{len(bad)} receive(s) end before their send starts on the common clock (rank pairs {pairs}; worst "
-        f"{int(early.max()) / 1e3:,.1f} µs early, micro-batch {int(worst['mb'])} step {int(worst['step'])}), "
-        "beyond the clock offsets' uncertainty: the offsets are off, so waits and hop latencies between these "
-        "ranks are not to be trusted"
-    )
 
 
 def compute_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_]) -> tuple[int, list[tuple[int, str]]]:

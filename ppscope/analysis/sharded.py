@@ -8,13 +8,12 @@ send with its receive across two ranks. So:
      ids, which peers it talks to, ...), a few hundred bytes whatever its size;
   2. the digests are merged into the whole trace's `Facts`, `Waves` and window, exactly as `analyze` finds
      them from one frame;
-  3. each stage's ranks are read again and analysed with those, returning its `StageResult`, its gaps and its
-     point-to-point spans;
-  4. each pair of ranks that talk is paired (hop figures, causality) as soon as both have arrived, and their
-     spans let go.
-Peak memory is then one stage's spans per worker, plus the point-to-point spans of the stages still waiting
-for a partner (with neighbours only: about two), never the job's. Every figure equals `analyze(load_run(...))`
-to the nanosecond: the same functions run on the same spans, only fewer at a time (tests check it).
+  3. each stage's ranks are read again and analysed with those, returning its `StageResult` and its gaps;
+     the same task pairs the links into its ranks (`links`: hop figures, causality), reading of each sender's
+     file only its sends to them, and returns a few hundred bytes a link, never the spans.
+Peak memory is then one stage's spans (and its senders' sends to it) per worker, never the job's; what comes
+back grows with the stages and links, not the spans. Every figure equals `analyze(load_run(...))` to the
+nanosecond: the same functions run on the same spans, only fewer at a time (tests check it).
 """
 
 from __future__ import annotations
@@ -55,21 +54,21 @@ from ppscope.analysis.facts import (
     Facts,
     Layout,
     busiest_rank,
-    causality_warning,
     compute_overlaps,
     estimated_clocks,
     stage_times,
     uncertainties,
 )
-from ppscope.analysis.pipeline import collective_labels, comm_names, hop_stats, measured_inflight, stage_of_ranks
+from ppscope.analysis.links import LinkPlan, Violations, causality_warning, link_figures, plan_links
+from ppscope.analysis.pipeline import collective_labels, comm_names, measured_inflight, stage_of_ranks
 from ppscope.analysis.result import AnalysisResult, HopStats, StageResult, WindowInfo
 from ppscope.analysis.steps import Waves
 from ppscope.analysis.theory import flushes
 from ppscope.errors import CorruptFileError, InvalidConfigError
 from ppscope.failures import recorded_failures
 from ppscope.pool import ordered, processes
-from ppscope.trace.clock import causality_violations
 from ppscope.trace.model import Phase, RunMeta, spans_frame
+from ppscope.trace.rankfile import read_sends
 from ppscope.trace.store import damaged_note, read_rank_spans, read_requests, run_files
 
 __all__ = ["RankDigest", "analyze_run"]
@@ -77,9 +76,6 @@ __all__ = ["RankDigest", "analyze_run"]
 _P2P = (ROLE_SEND, ROLE_RECV, ROLE_WAIT)
 _NO_WAVES = Waves(pd.Series(dtype=np.int64), pd.Series(dtype=np.int64))
 _P2P_COLUMNS = ["rank", "peer", "kind", "mb", "step", "start_ns", "end_ns", "nbytes"]
-_NO_P2P = pd.DataFrame(columns=_P2P_COLUMNS)
-"""A stage's point-to-point spans once paired. Not an empty slice of them: an Arrow-backed text column's empty
-slice, copied or not, still holds every row's buffer."""
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -108,16 +104,19 @@ class RankDigest:
     decode_mbs: np.ndarray
     compute_mbs: np.ndarray
     peers: set[int]
+    sends_to: set[int]
+    """The ranks it sends to: whose stage tasks read its sends."""
 
 
 @dataclass(frozen=True)
 class _StagePart:
-    """One stage's share of the result (pass 2), with its point-to-point spans for pairing."""
+    """One stage's share of the result (pass 2), with the figures of the links it paired."""
 
     result: StageResult
     gaps: pd.DataFrame
     tokens: int
-    p2p: pd.DataFrame
+    hops: list[HopStats]
+    violations: Violations
     busiest: int
     """Of the stage's ranks, the one with the most compute in the window (the lowest on a tie)."""
 
@@ -213,20 +212,23 @@ class Sharded:
         waves = _run_waves(whole.waves, flush=flush)
         ring_bound = facts.inflight is not None and facts.inflight < layout.p
         quiet = no_requests(requests, meta, window)
-        jobs = [(*self._reading(ranks, meta), ranks, stage, window, flush, facts.has_waits, quiet, waves, ring_bound,
-                 gaps) for stage, ranks in layout.stages]  # fmt: skip
-        parts: list[_StagePart] = []
-        pairing = _Pairing({d.rank: d.peers for d in digests}, window, meta)
-        for part in ordered(self.pool, _stage, jobs, self.width):
-            pairing.add(part.p2p)
-            parts.append(dataclasses.replace(part, p2p=_NO_P2P))  # paired: let its rows go
-        said = pairing.finish()
+        plans = plan_links(layout.stages, {d.rank: d.sends_to for d in digests})
+        check = estimated_clocks(meta)
+        jobs = [(*self._reading([*ranks, *plan.senders], meta), ranks, stage, window, flush, facts.has_waits, quiet,
+                 waves, ring_bound, gaps, plan, check)
+                for (stage, ranks), plan in zip(layout.stages, plans, strict=True)]  # fmt: skip
+        parts = list(ordered(self.pool, _stage, jobs, self.width))
+        found = Violations()
+        for part in parts:
+            found = found.merged(part.violations)
+        said = causality_warning(found)
         if said:
             warnings.append(said)
         results = [p.result for p in parts]
         idle = pd.concat([p.gaps for p in parts], ignore_index=True)
         tokens = sum(p.tokens for p in parts)
-        result = assemble(meta, window, layout, facts, results, idle, pairing.hops(), tokens, latency, warnings)
+        hops = sorted((h for p in parts for h in p.hops), key=lambda h: (h.src_rank, h.dst_rank))
+        result = assemble(meta, window, layout, facts, results, idle, hops, tokens, latency, warnings)
         return result, {p.result.stage: p.busiest for p in parts}
 
 
@@ -243,7 +245,7 @@ def _digest(files: dict[int, Path], meta: RunMeta, rank: int) -> RankDigest:
         none = np.empty(0, np.int64)
         empty = Extents(0, 0, none, none)
         return RankDigest(rank, 0, error, warnings, damaged, -1, empty, _NO_WAVES, False, False, False, set(),
-                          (0, []), none, none, set())  # fmt: skip
+                          (0, []), none, none, set(), set())  # fmt: skip
     role = span_roles(spans["kind"], spans["name"])
     times = stage_times(spans, role, Layout.of({rank: 0}), ring_bound=False)
     compute = role == ROLE_COMPUTE
@@ -269,6 +271,7 @@ def _digest(files: dict[int, Path], meta: RunMeta, rank: int) -> RankDigest:
         decode_mbs=np.unique(mb[decode]),
         compute_mbs=np.unique(mb[compute & (mb >= 0)]),
         peers={int(q) for q in np.unique(peer[p2p & (peer >= 0)])},
+        sends_to={int(q) for q in np.unique(peer[(role == ROLE_SEND) & (peer >= 0)])},
     )
 
 
@@ -351,8 +354,11 @@ def _stage(
     waves: Waves,
     ring_bound: bool,
     keep_gaps: bool,
+    links: LinkPlan,
+    check: bool,
 ) -> _StagePart:
-    """Pass 2: one stage's bubbles and causes with the whole trace's facts, and its point-to-point spans."""
+    """Pass 2: one stage's bubbles and causes with the whole trace's facts, and the figures of its links (those
+    into its ranks, with its senders' sends read from their files; `check`: their causality too)."""
     spans, _, _ = read_rank_spans(files, ranks, meta)
     role = span_roles(spans["kind"], spans["name"])
     times = stage_times(spans, role, Layout.of(dict.fromkeys(ranks, stage)), ring_bound=ring_bound)
@@ -365,52 +371,10 @@ def _stage(
         rank, compute = spans["rank"].to_numpy(np.int64), times.role == ROLE_COMPUTE
         busiest = busiest_rank(rank, times.start_ns, times.end_ns, compute, ranks, window.start_ns, window.end_ns)
     kept = gaps if keep_gaps else gaps.iloc[:0].copy()  # as many as the spans: sent back only to be drawn
-    return _StagePart(results[0], kept, window_tokens(spans, window), spans.loc[p2p, _P2P_COLUMNS], busiest)
-
-
-class _Pairing:
-    """Hop figures and causality checks, one pair of talking ranks at a time, as soon as both have arrived."""
-
-    def __init__(self, peers: dict[int, set[int]], window: WindowInfo, meta: RunMeta) -> None:
-        self._window, self._meta = window, meta
-        self._pending = {frozenset((r, q)) for r, qs in peers.items() for q in qs}
-        self._known = set(peers)  # ranks with spans: a peer without any is never waited for
-        self._arrived: dict[int, pd.DataFrame] = {}
-        self._hops: list[HopStats] = []
-        self._bad: list[pd.DataFrame] = []
-        self._check = estimated_clocks(meta)
-
-    def add(self, p2p: pd.DataFrame) -> None:
-        for rank, rows in p2p.groupby("rank", sort=True):
-            self._arrived[int(rank)] = rows
-        for pair in sorted(self._pending, key=sorted):
-            if all(r in self._arrived or r not in self._known for r in pair):
-                self._pair(pair)
-        needed = set().union(*self._pending) if self._pending else set()
-        self._arrived = {r: f for r, f in self._arrived.items() if r in needed}
-
-    def _pair(self, pair: frozenset[int]) -> None:
-        self._pending.discard(pair)
-        members = sorted(pair)
-        parts = [self._arrived[r][self._arrived[r]["peer"].isin(members)] for r in members if r in self._arrived]
-        frame = pd.concat(parts, ignore_index=True).sort_values(["start_ns", "rank", "end_ns"], kind="stable")
-        role = span_roles(frame["kind"])
-        w = self._window
-        start, end = frame["start_ns"].to_numpy(), frame["end_ns"].to_numpy()
-        inside = (end > w.start_ns) & (start < w.end_ns)
-        self._hops += hop_stats(frame[inside], role[inside])
-        if self._check:
-            self._bad.append(causality_violations(frame, uncertainty_ns=uncertainties(self._meta)))
-
-    def finish(self) -> str | None:
-        """The causality warning, once every pair is done."""
-        for pair in sorted(self._pending, key=sorted):  # pairs with a rank that never arrived (no spans)
-            self._pair(pair)
-        bad = [b for b in self._bad if not b.empty]
-        return causality_warning(pd.concat(bad, ignore_index=True)) if bad else None
-
-    def hops(self) -> list[HopStats]:
-        return sorted(self._hops, key=lambda h: (h.src_rank, h.dst_rank))
+    sent = [read_sends(files[s], to, meta) for s, to in sorted(links.senders.items())]
+    p2p_spans = pd.concat([spans.loc[p2p, _P2P_COLUMNS], *sent], ignore_index=True)
+    hops, bad = link_figures(p2p_spans, [*ranks, *links.lone], window, uncertainties(meta) if check else None)
+    return _StagePart(results[0], kept, window_tokens(spans, window), hops, bad, busiest)
 
 
 def _pool(workers: int, ray: str | None) -> Any:

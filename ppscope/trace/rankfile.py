@@ -23,7 +23,15 @@ import pandas as pd
 
 from ppscope.errors import CorruptFileError, SchemaVersionError, brief
 from ppscope.trace.clock import offsets_at
-from ppscope.trace.model import COUNTER_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, RunMeta, counters_frame, spans_frame
+from ppscope.trace.model import (
+    COUNTER_COLUMNS,
+    SCHEMA_VERSION,
+    SPAN_COLUMNS,
+    RunMeta,
+    SpanKind,
+    counters_frame,
+    spans_frame,
+)
 
 __all__ = [
     "UNSHIFTABLE",
@@ -33,6 +41,7 @@ __all__ = [
     "merge_values",
     "query",
     "read_ranks",
+    "read_sends",
     "spans_of",
     "unshiftable",
 ]
@@ -348,6 +357,36 @@ def spans_of(
     for c, dtype in SPAN_COLUMNS.items():
         out[c] = _text_column(cols.pop(c), values[c], dtype) if c in values else cols.pop(c)
     return pd.DataFrame(out, copy=False)
+
+
+_SEND_COLS = ["rank", "peer", "mb", "step", "start_ns", "end_ns", "nbytes"]
+
+
+def read_sends(path: Path, to: Sequence[int], meta: RunMeta) -> pd.DataFrame:
+    """The `send` spans of one rank file to the ranks `to`, and only those rows (a filtered query, not a read of
+    the whole file): columns rank, peer, kind, mb, step, start_ns, end_ns, nbytes, on the common clock, in the
+    file's order, without the spans `spans_of` leaves out of a damaged file (ending before they start,
+    unshiftable). The pairing of a link reads its sender's side so."""
+    db = connect_ro(path)
+    try:
+        marks = ", ".join("?" * len(to))
+        sql = f"SELECT {', '.join(_SEND_COLS)} FROM spans WHERE kind = ? AND peer IN ({marks}) ORDER BY id"
+        rows = query(db, path, sql, [str(SpanKind.SEND), *(int(q) for q in to)])
+    finally:
+        db.close()
+    try:
+        frame = pd.DataFrame(rows, columns=_SEND_COLS).astype({c: SPAN_COLUMNS[c] for c in _SEND_COLS})
+    except (ValueError, TypeError, OverflowError) as exc:  # SQLite stores any type in any column
+        raise CorruptFileError(_wrong_type(path, exc)) from None
+    rank = frame["rank"].to_numpy(np.int64)
+    start, end = (frame[c].to_numpy(np.int64, copy=True) for c in ("start_ns", "end_ns"))  # moved in place
+    keep = ~((end < start) | unshiftable(rank, meta, start, end))
+    if not keep.all():
+        frame, rank, start, end = frame[keep], rank[keep], start[keep], end[keep]
+    for c, ts in (("start_ns", start), ("end_ns", end)):
+        to_common(rank, meta, ts)
+        frame[c] = ts
+    return frame.assign(kind=str(SpanKind.SEND)).astype({"kind": SPAN_COLUMNS["kind"]})
 
 
 UNSHIFTABLE = "lie too near the int64 limits to move onto the common clock"
