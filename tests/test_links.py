@@ -131,3 +131,18 @@ def test_what_a_stage_task_sends_back_does_not_grow_with_its_spans(
     write_job(tmp_path / "large", ranks=4, spans=8_000)
     small, large = _stage_bytes(monkeypatch, tmp_path / "small"), _stage_bytes(monkeypatch, tmp_path / "large")
     assert large < 1.2 * small  # 10x the spans (6,000 point-to-point spans a rank), the same few KB
+
+
+def test_a_send_holding_a_real_number_is_read_as_the_whole_load_reads_it(tmp_path: Path) -> None:
+    import sqlite3
+
+    run = _drifting_run(tmp_path)
+    with sqlite3.connect(rank_file(run, 1)) as db:  # SQLite stores any type in any column: a damaged file
+        db.execute("UPDATE spans SET nbytes = 4096.5 WHERE id = (SELECT min(id) FROM spans WHERE kind = 'send')")
+    meta, _, _ = run_files(run)
+    whole = load_run(run).spans
+    got = read_sends(rank_file(run, 1), [2], meta)
+    mine = whole[(whole["rank"] == 1) & (whole["kind"] == "send")]
+    want = mine[list(got.columns)].sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True), want)
+    _same(analyze(load_run(run)), analyze_run(run))

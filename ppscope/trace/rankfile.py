@@ -360,6 +360,9 @@ def spans_of(
 
 
 _SEND_COLS = ["rank", "peer", "mb", "step", "start_ns", "end_ns", "nbytes"]
+_SENDS_SQL = f"SELECT count(*), max(max({', '.join(_SEND_COLS)})), " + ", ".join(
+    f"group_concat({c})" for c in _SEND_COLS
+)
 
 
 def read_sends(path: Path, to: Sequence[int], meta: RunMeta) -> pd.DataFrame:
@@ -367,15 +370,18 @@ def read_sends(path: Path, to: Sequence[int], meta: RunMeta) -> pd.DataFrame:
     the whole file): columns rank, peer, kind, mb, step, start_ns, end_ns, nbytes, on the common clock, in the
     file's order, without the spans `spans_of` leaves out of a damaged file (ending before they start,
     unshiftable). The pairing of a link reads its sender's side so."""
+    where = f"FROM spans WHERE kind = ? AND peer IN ({', '.join('?' * len(to))})"
+    args = [str(SpanKind.SEND), *(int(q) for q in to)]
     db = connect_ro(path)
     try:
-        marks = ", ".join("?" * len(to))
-        sql = f"SELECT {', '.join(_SEND_COLS)} FROM spans WHERE kind = ? AND peer IN ({marks}) ORDER BY id"
-        rows = query(db, path, sql, [str(SpanKind.SEND), *(int(q) for q in to)])
+        cols = _send_columns(query(db, path, f"{_SENDS_SQL} {where}", args)[0])
+        if cols is None:  # a cell that is not an integer: the rows, converted as `_read_rows` converts them
+            rows = query(db, path, f"SELECT {', '.join(_SEND_COLS)} {where} ORDER BY id", args)
     finally:
         db.close()
     try:
-        frame = pd.DataFrame(rows, columns=_SEND_COLS).astype({c: SPAN_COLUMNS[c] for c in _SEND_COLS})
+        frame = pd.DataFrame(rows if cols is None else cols, columns=_SEND_COLS)
+        frame = frame.astype({c: SPAN_COLUMNS[c] for c in _SEND_COLS})
     except (ValueError, TypeError, OverflowError) as exc:  # SQLite stores any type in any column
         raise CorruptFileError(_wrong_type(path, exc)) from None
     rank = frame["rank"].to_numpy(np.int64)
@@ -387,6 +393,25 @@ def read_sends(path: Path, to: Sequence[int], meta: RunMeta) -> pd.DataFrame:
         to_common(rank, meta, ts)
         frame[c] = ts
     return frame.assign(kind=str(SpanKind.SEND)).astype({"kind": SPAN_COLUMNS["kind"]})
+
+
+def _send_columns(row: tuple[Any, ...]) -> dict[str, np.ndarray] | None:
+    """The columns of `_SENDS_SQL`'s one row (each concatenated by SQLite, in the file's order, as `_read_chunks`
+    reads them: no Python object per cell), checked as it checks them; None when a cell is not an integer."""
+    n, top = row[:2]
+    if not n:
+        return {c: np.empty(0, np.int64) for c in _SEND_COLS}
+    if not isinstance(top, int):
+        return None
+    cols = {}
+    for c, cells in zip(_SEND_COLS, row[2:], strict=True):
+        if "." in cells or "e" in cells or "I" in cells:  # a real number
+            return None
+        arr = np.fromstring(cells, sep=",", dtype=np.int64)
+        if len(arr) != n or (SPAN_COLUMNS[c] is np.int32 and (arr.min() < _INT32[0] or arr.max() > _INT32[1])):
+            return None
+        cols[c] = arr
+    return cols
 
 
 UNSHIFTABLE = "lie too near the int64 limits to move onto the common clock"
