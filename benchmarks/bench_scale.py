@@ -7,9 +7,11 @@ the same view from the whole run loaded, as the dashboard loads a small run.
 
 The job: RANKS ranks of SPANS spans each (256 × 100 k = 25.6 M spans by default), written by the run store's
 writer, one pipeline stage per rank. Each step runs in a fresh process so its peak memory is its own (with
-workers, the largest of the parent and its workers). The whole-trace `analyze(load_run(...))` runs only where
-the job fits comfortably in memory (≤ 5 M spans). The same job at a tenth of the ranks shows how time scales.
-Set PPSCOPE_SCALE_RANKS and PPSCOPE_SCALE_SPANS for a smaller check. The dashboard's job is its own:
+workers, the largest of the parent and its workers; the driver's own beside it). The whole-trace
+`analyze(load_run(...))` runs only where the job fits comfortably in memory (≤ 5 M spans). The same job at a
+tenth of the ranks shows how time scales, and says what the driver receives from its tasks: each result
+pickled (as a worker process or a Ray task sends it back), in a run of its own so that the pickling is not
+timed. Set PPSCOPE_SCALE_RANKS and PPSCOPE_SCALE_SPANS for a smaller check. The dashboard's job is its own:
 DASH_REPLICAS pipelines of DASH_STAGES stages, DASH_SPANS spans a rank (PPSCOPE_SCALE_DASH="R,P,S" to change).
 """
 
@@ -80,6 +82,22 @@ elif step.startswith("export"):
     db.close()
     out.unlink()
     extra = {"json": digest.hexdigest()[:16], "peak_mb": peak_mb}
+elif step == "bytes":
+    import pickle
+    import ppscope.analysis.sharded as sharded
+    real, got = sharded.ordered, {"digest_bytes": 0, "stage_bytes": 0, "stage_tasks": 0, "largest_stage": 0}
+    def counting(pool, fn, jobs, width):
+        for out in real(pool, fn, jobs, width):
+            n = len(pickle.dumps(out))
+            kind = "stage" if fn is sharded._stage else "digest"
+            got[f"{kind}_bytes"] += n
+            if kind == "stage":
+                got["stage_tasks"] += 1
+                got["largest_stage"] = max(got["largest_stage"], n)
+            yield out
+    sharded.ordered = counting
+    res = sharded.analyze_run(run_dir, workers=1, gaps=False)
+    extra = {"bubble": res.bubble_ratio, **got}
 elif step == "ray":
     from ppscope.analysis.sharded import analyze_run
     import ray
@@ -93,7 +111,8 @@ else:
     extra = {"bubble": res.bubble_ratio}
 s = time.perf_counter() - t0
 peak = max(resource.getrusage(r).ru_maxrss for r in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
-print(json.dumps({"s": s, "peak_mb": peak, **extra}))  # an export's own peak, taken before its check, wins
+driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"s": s, "peak_mb": peak, "driver_mb": driver, **extra}))  # an export's own peak (before its check)
 """
 
 
@@ -212,12 +231,13 @@ def _has_ray() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-def _job(ranks: int) -> dict[str, dict[str, float]]:
+def _job(ranks: int, *, sizes: bool = False) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         got = {"write": _step("write", run_dir, ranks), "select": _step("select", run_dir, ranks)}
         whole = ("whole", "rebalance-whole", "export-whole") if ranks * SPANS <= WHOLE_LIMIT else ()
         steps = ("1", "2", "rebalance", "rebalance:2", "export", *whole) + (("ray",) if _has_ray() else ())
+        steps += ("bytes",) if sizes else ()
         for step in steps:
             got[step] = _step(step, run_dir, ranks)
     return got
@@ -225,7 +245,7 @@ def _job(ranks: int) -> dict[str, dict[str, float]]:
 
 def main() -> list[str]:
     small_ranks = max(2, RANKS // 10)
-    big, small = _job(RANKS), _job(small_ranks)
+    big, small = _job(RANKS), _job(small_ranks, sizes=True)
     ref = big["select"]
     lines = [
         f"scale: reference = a bare SELECT of every span row of {RANKS} rank files ({RANKS * SPANS:,} spans): "
@@ -236,7 +256,7 @@ def main() -> list[str]:
             r = big[step]
             lines.append(
                 f"scale: {what}: {r['s']:.1f} s = {r['s'] / ref['s']:.2f}x the SELECT; peak {r['peak_mb']:,.0f} MB "
-                f"= {r['peak_mb'] / ref['peak_mb']:.2f}x the SELECT's"
+                f"= {r['peak_mb'] / ref['peak_mb']:.2f}x the SELECT's (the driver's own {r['driver_mb']:,.0f} MB)"
             )
     if "ray" in big:
         r = big["ray"]
@@ -259,6 +279,13 @@ def main() -> list[str]:
     lines.append(f"scale: rebalance --json the same on every path: {len(jsons) == 1}")
     rows = {big[s]["json"] for s in ("export", "export-whole") if s in big}
     lines.append(f"scale: export's NVTX rows the same on both paths: {len(rows) == 1}")
+    b = small["bytes"]
+    lines.append(
+        f"scale: the driver receives, pickled, from the {small_ranks}-rank job's tasks "
+        f"({small_ranks * SPANS:,} spans): {b['digest_bytes'] / 1e3:,.0f} kB of digests "
+        f"({b['digest_bytes'] / small_ranks / 1e3:,.1f} kB a rank) and {b['stage_bytes'] / 1e3:,.0f} kB from "
+        f"{b['stage_tasks']:.0f} stage tasks (the largest {b['largest_stage'] / 1e3:,.1f} kB)"
+    )
     same = {big[s]["bubble"] for s in ("1", "2", "whole", "ray") if s in big}
     lines.append(f"scale: bubble ratio the same on every path: {len(same) == 1} ({', '.join(map(str, same))})")
     lines.append(
