@@ -7,7 +7,8 @@ the same view from the whole run loaded, as the dashboard loads a small run.
 
 The job: RANKS ranks of SPANS spans each (256 × 100 k = 25.6 M spans by default), written by the run store's
 writer, one pipeline stage per rank. Each step runs in a fresh process so its peak memory is its own (with
-workers, the largest of the parent and its workers; the driver's own beside it). The whole-trace
+workers, the largest of the parent and its workers; the driver's own beside it), and its CPU time (the
+process and its workers: on a shared machine, less swayed by other jobs than the time). The whole-trace
 `analyze(load_run(...))` runs only where the job fits comfortably in memory (≤ 5 M spans). The same job at a
 tenth of the ranks shows how time scales, and says what the driver receives from its tasks: each result
 pickled (as a worker process or a Ray task sends it back), in a run of its own so that the pickling is not
@@ -112,7 +113,8 @@ else:
 s = time.perf_counter() - t0
 peak = max(resource.getrusage(r).ru_maxrss for r in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
 driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"s": s, "peak_mb": peak, "driver_mb": driver, **extra}))  # an export's own peak (before its check)
+cpu = sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+print(json.dumps({"s": s, "cpu_s": cpu, "peak_mb": peak, "driver_mb": driver, **extra}))  # an export's peak wins
 """
 
 
@@ -255,7 +257,8 @@ def main() -> list[str]:
         if step in big:
             r = big[step]
             lines.append(
-                f"scale: {what}: {r['s']:.1f} s = {r['s'] / ref['s']:.2f}x the SELECT; peak {r['peak_mb']:,.0f} MB "
+                f"scale: {what}: {r['s']:.1f} s = {r['s'] / ref['s']:.2f}x the SELECT (CPU time "
+                f"{r['cpu_s'] / ref['cpu_s']:.2f}x the SELECT's); peak {r['peak_mb']:,.0f} MB "
                 f"= {r['peak_mb'] / ref['peak_mb']:.2f}x the SELECT's (the driver's own {r['driver_mb']:,.0f} MB)"
             )
     if "ray" in big:
