@@ -72,15 +72,17 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     board = start_dashboard(args.paths, host=args.host, port=args.port, ranks_in_memory=args.ranks_in_memory)
-    print(f"ppscope dashboard: serving {board.url}  (Ctrl-C to stop)", flush=True)
-    if not is_loopback(args.host):
-        print(
-            f"ppscope dashboard: warning: listening on {args.host}: anyone who can reach this machine can see "
-            "these traces (there is no login)",
-            file=sys.stderr,
-        )
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server too, not only Ctrl-C
+    # `kill` stops the server too, not only Ctrl-C: in place before the URL is printed, so that a caller who
+    # stops this process as soon as it has the URL never leaves the server behind
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
+        print(f"ppscope dashboard: serving {board.url}  (Ctrl-C to stop)", flush=True)
+        if not is_loopback(args.host):
+            print(
+                f"ppscope dashboard: warning: listening on {args.host}: anyone who can reach this machine can see "
+                "these traces (there is no login)",
+                file=sys.stderr,
+            )
         return board.process.wait()
     except KeyboardInterrupt:
         board.stop()
