@@ -262,3 +262,88 @@ def test_cpu_capture_of_our_engine_has_no_kernels_but_opens(tmp_path: Path) -> N
     got = trace.spans[["rank", "stage", "kind", "mb", "lane", "start_ns", "end_ns"]].values.tolist()
     assert got == [[0, 0, "send", 0, "send", 100, 200], [1, 1, "forward", 0, "compute", 300, 400]]
     assert any("ppscope NVTX ranges" in w for w in trace.warnings)
+
+
+def _three_device_export(path: Path) -> Path:
+    """Two processes on three devices (pid 100 uses two), kernels, copies and memsets, with spans that tie
+    to the nanosecond across devices and across tables, rows of a device spread over the tables' order."""
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, streamId INTEGER,
+            correlationId INTEGER, globalPid INTEGER, shortName INTEGER);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_MEMCPY (start INTEGER, end INTEGER, deviceId INTEGER, streamId INTEGER,
+            correlationId INTEGER, globalPid INTEGER, bytes INTEGER, copyKind INTEGER);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_MEMSET (start INTEGER, end INTEGER, deviceId INTEGER, streamId INTEGER,
+            correlationId INTEGER, globalPid INTEGER, bytes INTEGER);
+        INSERT INTO StringIds VALUES (1, 'gemm'), (2, 'ncclDevKernel_SendRecv'), (9000, 'softmax');
+        """
+    )
+    rng = np.random.default_rng(3)
+    placement = [(100, 0), (200, 1), (100, 2)]  # (pid, device), device 2 a second GPU of pid 100
+    for i in range(300):
+        pid, dev = placement[int(rng.integers(0, 3))]
+        start = int(rng.integers(0, 40)) * 10  # few distinct starts: many full ties
+        end = start + int(rng.integers(0, 3)) * 5
+        name = [1, 2, 9000, 77, None][int(rng.integers(0, 5))]  # 77: an id StringIds lacks; None: no name
+        gpid = global_tid(pid, 0)
+        table = int(rng.integers(0, 3))
+        if table == 0:
+            db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, 7, ?, ?, ?)",
+                       (start, end, dev, i, gpid, name))  # fmt: skip
+        elif table == 1:
+            db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (?, ?, ?, 9, ?, ?, 64, ?)",
+                       (start, end, dev, i, gpid, [1, 8, 3][i % 3]))  # fmt: skip
+        else:
+            db.execute(
+                "INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET VALUES (?, ?, ?, 9, ?, ?, 32)", (start, end, dev, i, gpid)
+            )
+    db.commit()
+    db.close()
+    return path
+
+
+def _expected_gpu_spans(path: Path) -> pd.DataFrame:
+    """The spans of `_three_device_export` made the plain way: every table's rows at once, in table order."""
+    db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    names = dict(db.execute("SELECT id, value FROM StringIds").fetchall())
+    copies = {1: "Memcpy HtoD", 8: "Memcpy DtoD"}
+    rows = []
+    for table, extra in (("KERNEL", "shortName"), ("MEMCPY", "copyKind"), ("MEMSET", "0")):
+        for start, end, dev, stream, gpid, what in db.execute(
+            f"SELECT start, end, deviceId, streamId, globalPid, {extra} FROM CUPTI_ACTIVITY_KIND_{table}"
+        ):
+            name = {"KERNEL": names.get(what, ""), "MEMCPY": copies.get(what, "Memcpy"), "MEMSET": "Memset"}[table]
+            kind = "nccl" if name.startswith("nccl") else table.lower()
+            rank = {100: 0, 200: 1}[pid_of(gpid)]  # pid 100's first device has the most rows
+            lane = (f"gpu {dev} " if rank == 0 else "") + f"stream {stream}"
+            rows.append((rank, lane, kind, name, start, end))
+    db.close()
+    spans = pd.DataFrame(rows, columns=["rank", "lane", "kind", "name", "start_ns", "end_ns"])
+    return spans.sort_values(["start_ns", "rank", "end_ns"], kind="stable").reset_index(drop=True)
+
+
+def test_gpu_rows_read_a_device_at_a_time_give_the_spans_of_a_plain_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streaming by device: no read returns more than one device's rows, and the trace is the one a read of
+    whole tables makes, to the order of spans that tie to the nanosecond."""
+    import ppscope.formats.nsys_gpu as nsys_gpu
+
+    path = _three_device_export(tmp_path / "three.sqlite")
+    read = nsys_gpu.int_columns
+    devices_read: list[set[int]] = []
+
+    def one_device(*args: object, **kwargs: object) -> dict[str, np.ndarray] | None:
+        out = read(*args, **kwargs)  # type: ignore[arg-type]
+        if out is not None and len(out["dev"]):
+            devices_read.append(set(out["dev"].tolist()))
+        return out
+
+    monkeypatch.setattr(nsys_gpu, "int_columns", one_device)
+    trace = load_nsys(path)
+    assert len(devices_read) == 9 and all(len(d) == 1 for d in devices_read)  # 3 devices x 3 tables
+    got = trace.spans[["rank", "lane", "kind", "name", "start_ns", "end_ns"]].astype(object)
+    pd.testing.assert_frame_equal(got, _expected_gpu_spans(path).astype(object))
+    assert (trace.spans["kind"] == "nccl").any() and (trace.spans["name"] == "").any()

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ppscope.errors import CorruptFileError, PPScopeError, UnsupportedInputError
+from ppscope.formats.nsys_gpu import GPU_KINDS, TABLE_BITS, GpuWork, gpu_work
 from ppscope.formats.nsys_tables import (
     KERNEL,
     NVTX,
@@ -27,7 +28,6 @@ from ppscope.formats.nsys_tables import (
     PPSCOPE_DOMAIN,
     RUNTIME,
     NsysDb,
-    gpu_work,
     nvtx_rows,
     parse_ppscope_message,
     pid_of,
@@ -37,6 +37,7 @@ from ppscope.formats.nsys_tables import (
     with_defaults,
 )
 from ppscope.formats.ordering import order_stages
+from ppscope.formats.spancolumns import SpanColumns, build_spans
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
 
 __all__ = ["NVTX_RANGE_TYPES", "PPSCOPE_DOMAIN", "load_nsys", "parse_ppscope_message", "pid_of"]
@@ -98,13 +99,14 @@ def _own_export(db: NsysDb, info: dict[str, str], rows: pd.DataFrame) -> Trace:
     return Trace(spans=spans_frame(spans if len(spans) else None), meta=meta).sorted()
 
 
-def _assemble(db: NsysDb, info: dict[str, str], nvtx: pd.DataFrame, gpu: pd.DataFrame) -> Trace:
+def _assemble(db: NsysDb, info: dict[str, str], nvtx: pd.DataFrame, gpu: GpuWork) -> Trace:
     warnings: list[str] = []
+    rows = gpu.rows
     own = ppscope_fields(nvtx[nvtx["ppscope"]]) if len(nvtx) else pd.DataFrame()
     if len(own):
         own = with_defaults(own)
-    pids = sorted(set(gpu["pid"].tolist()) | (set(own["pid"].tolist()) if len(own) else set()))
-    device_of = _devices(gpu, pids)
+    pids = sorted(set(np.unique(rows["pid"].to_numpy()).tolist()) | (set(own["pid"].tolist()) if len(own) else set()))
+    device_of = _devices(rows, pids)
     by_device = sorted(pids, key=lambda pid: (device_of[pid], pid))
     rank_of = {pid: i for i, pid in enumerate(by_device)}
     other = nvtx[~nvtx["ppscope"] & nvtx["pid"].isin(pids)] if len(nvtx) else nvtx
@@ -113,11 +115,12 @@ def _assemble(db: NsysDb, info: dict[str, str], nvtx: pd.DataFrame, gpu: pd.Data
         warnings.append(f"{dropped} NVTX row(s) of processes without GPU work were left out")
     stage_of_rank, order_note = _stages(rank_of, own, other, device_of)
     warnings.append(order_note)
-    frames = []
+    parts = []
     extent = None
-    if len(gpu):
+    if len(rows):
         kernels, extent = _gpu_spans(db, gpu, own, rank_of, stage_of_rank, warnings)
-        frames.append(kernels)
+        parts.append(kernels)
+    after = 3 << TABLE_BITS  # NVTX rows come after the GPU tables' rows, ppscope's first
     if len(own):
         own = own.copy()
         own["rank"] = own["pid"].map(rank_of)
@@ -128,17 +131,17 @@ def _assemble(db: NsysDb, info: dict[str, str], nvtx: pd.DataFrame, gpu: pd.Data
             warnings.append(
                 f"{len(extent)} ppscope range(s) moved from CPU to GPU time: the extent of the kernels they launched"
             )
-        frames.append(with_defaults(own))
+        parts.append(SpanColumns.of_frame(with_defaults(own), after + np.arange(len(own))))
     if len(other):
-        frames.append(_range_spans(other, rank_of, stage_of_rank))
-    spans = pd.concat(frames, ignore_index=True) if frames else None
+        ranges = _range_spans(other, rank_of, stage_of_rank)
+        parts.append(SpanColumns.of_frame(ranges, after + len(own) + np.arange(len(other))))
+    del rows
+    gpu.rows = gpu.rows.iloc[:0]  # let go of the GPU rows: the span columns hold what they need of them
+    spans, reversed_ = build_spans(parts)
+    if reversed_:
+        warnings.append(f"{reversed_} row(s) end before they start and were left out")
     meta = _meta(db, info, pids, rank_of, stage_of_rank, device_of, order_note)
-    bad = spans is not None and bool((spans["end_ns"] < spans["start_ns"]).any())
-    if bad and spans is not None:
-        n = int((spans["end_ns"] < spans["start_ns"]).sum())
-        warnings.append(f"{n} row(s) end before they start and were left out")
-        spans = spans[spans["end_ns"] >= spans["start_ns"]]
-    return Trace(spans=spans_frame(spans), meta=meta, warnings=warnings).sorted()
+    return Trace(spans=spans, meta=meta, warnings=warnings)
 
 
 def _devices(gpu: pd.DataFrame, pids: list[int]) -> dict[int, int]:
@@ -175,30 +178,57 @@ def _stages(
 
 def _gpu_spans(
     db: NsysDb,
-    gpu: pd.DataFrame,
+    gpu: GpuWork,
     own: pd.DataFrame,
     rank_of: dict[int, int],
     stage_of_rank: dict[int, int],
     warnings: list[str],
-) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    df = gpu  # not used after this: extended in place
-    df["rank"] = df["pid"].map(rank_of)
-    df["stage"] = df["rank"].map(stage_of_rank)
-    # Lane names are built once per distinct (pid, device, stream), then spread by code.
-    combos, codes = _factorize_rows(df["pid"].to_numpy(), df["dev"].to_numpy(), df["stream"].to_numpy())
+) -> tuple[SpanColumns, pd.DataFrame | None]:
+    """The GPU rows as span columns: rank and stage from the process, a lane per (process, device, stream);
+    with ppscope ranges, the stage, micro-batch, step, chunk and phase of the range that launched each."""
+    df = gpu.rows
+    n = len(df)
+    pid = df["pid"].to_numpy()
+    keys = np.array(sorted(rank_of), dtype=np.int64)
+    at = np.searchsorted(keys, pid)  # every pid of a GPU row has a rank
+    rank = np.array([rank_of[int(p)] for p in keys], dtype=np.int64)
+    stage = np.array([stage_of_rank[r] for r in rank.tolist()], dtype=np.int64)
+    # Lane names are made once per distinct (pid, device, stream), then spread by code.
+    combos, codes = _factorize_rows(pid, df["dev"].to_numpy(), df["stream"].to_numpy())
     devices_per_pid: dict[int, set[int]] = {}
-    for pid, dev, _ in combos:
-        devices_per_pid.setdefault(pid, set()).add(dev)
-    names = [
-        (f"gpu {dev} " if len(devices_per_pid[pid]) > 1 else "") + f"stream {stream}" for pid, dev, stream in combos
-    ]
-    df["lane"] = np.array(names, dtype=object)[codes]
-    for c, v in (("mb", -1), ("step", -1), ("chunk", 0), ("phase", "")):
-        df[c] = v
-    extent = _attribute(df, runtime_rows(db), own, warnings) if len(own) else None
-    df = df.rename(columns={"start": "start_ns", "end": "end_ns"})
-    df["tokens"], df["peer"] = 0, -1
-    return df, extent
+    for p, dev, _ in combos:
+        devices_per_pid.setdefault(p, set()).add(dev)
+    lanes = [(f"gpu {dev} " if len(devices_per_pid[p]) > 1 else "") + f"stream {stream}" for p, dev, stream in combos]
+    small = np.int32  # the schema's type of these columns
+    numbers = {
+        "rank": rank[at].astype(small),
+        "stage": stage[at].astype(small),
+        "mb": np.full(n, -1, dtype=small),
+        "step": np.full(n, -1, dtype=small),
+        "chunk": np.zeros(n, dtype=small),
+        "start_ns": df["start"].to_numpy(),
+        "end_ns": df["end"].to_numpy(),
+        "nbytes": df["nbytes"].to_numpy(),
+        "tokens": np.zeros(n, dtype=small),
+        "peer": np.full(n, -1, dtype=small),
+    }
+    phase = (np.zeros(n, dtype=np.int32), [""])
+    extent = None
+    if len(own):
+        hit, extent = _attribute(df, runtime_rows(db), own, warnings)
+        idx = hit["index"].to_numpy(dtype=np.int64)
+        for c in ("stage", "mb", "step", "chunk"):
+            numbers[c][idx] = hit[c].to_numpy()
+        found, values = pd.factorize(hit["phase"].astype(str).to_numpy(dtype=object))
+        phase[0][idx] = found + 1
+        phase = (phase[0], ["", *(str(v) for v in values)])
+    text = {
+        "lane": (np.asarray(codes, dtype=np.int32), lanes),
+        "kind": (df["kid"].to_numpy().astype(np.int32), GPU_KINDS),
+        "name": (df["nid"].to_numpy().astype(np.int32), gpu.names),
+        "phase": phase,
+    }
+    return SpanColumns(numbers, text, df["pos"].to_numpy()), extent
 
 
 def _factorize_rows(
@@ -219,19 +249,23 @@ def _factorize_rows(
     return combos, np.asarray(codes)
 
 
-def _attribute(df: pd.DataFrame, runtime: pd.DataFrame, own: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
-    """Kernels launched inside a ppscope range take its stage, micro-batch, step, chunk and phase.
+def _attribute(
+    df: pd.DataFrame, runtime: pd.DataFrame, own: pd.DataFrame, warnings: list[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Which ppscope range launched each kernel: it takes the range's stage, micro-batch, step, chunk and phase.
 
     RUNTIME and KERNEL rows meet on (pid, correlationId): correlation ids are unique per process only.
-    Returns, per range (index of `own`) that launched GPU work, the GPU extent of that work.
+    Returns the kernels launched in a range (`index`: their row in `df`) with the range's fields, and per
+    range (index of `own`) that launched GPU work, the GPU extent of that work.
     """
     none = pd.DataFrame({"gpu_start": pd.Series([], dtype=np.int64), "gpu_end": pd.Series([], dtype=np.int64)})
+    nothing = pd.DataFrame({c: [] for c in ("index", "stage", "mb", "step", "chunk", "phase")})
     if not len(runtime):
         warnings.append(f"no {RUNTIME} rows: kernels could not be attributed to ppscope ranges")
-        return none
+        return nothing, none
     launches = df[["pid", "corr", "start", "end"]].reset_index().merge(runtime, on=["pid", "corr"], how="inner")
     if not len(launches):
-        return none
+        return nothing, none
     ranges = own[own["kind"].isin(["forward", "backward", "embed", "head", "sample", "send", "recv", "recv_wait"])]
     ranges = ranges.rename(columns={"start_ns": "rstart"}).assign(ridx=ranges.index).sort_values("rstart")
     launches = launches.sort_values("rstart")
@@ -243,13 +277,9 @@ def _attribute(df: pd.DataFrame, runtime: pd.DataFrame, own: pd.DataFrame, warni
         direction="backward",
     )
     hit = hit[hit["end_ns"].notna() & (hit["end_ns"] >= hit["rstart"])]
-    idx = hit["index"].to_numpy()
-    for c in ("stage", "mb", "step", "chunk", "phase"):
-        if c in hit.columns:
-            df.loc[idx, c] = hit[c].to_numpy()
     extent = hit.groupby("ridx").agg(gpu_start=("start", "min"), gpu_end=("end", "max"))
     extent.index = extent.index.astype(np.int64)
-    return extent
+    return hit, extent
 
 
 def _range_spans(other: pd.DataFrame, rank_of: dict[int, int], stage_of_rank: dict[int, int]) -> pd.DataFrame:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,13 @@ __all__ = [
     "PPSCOPE_DOMAIN",
     "RUNTIME",
     "NsysDb",
-    "gpu_work",
+    "int_columns",
     "nvtx_rows",
     "parse_ppscope_message",
     "pid_of",
     "ppscope_fields",
     "read_strings",
+    "row_columns",
     "runtime_rows",
     "with_defaults",
 ]
@@ -43,10 +45,8 @@ PPSCOPE_DOMAIN = "ppscope"
 NVTX_RANGE_TYPES = (59, 60, 70, 71)
 NVTX_MARK, NVTX_DOMAIN = 34, 75
 KERNEL, RUNTIME, NVTX = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"
-_MEMCPY, _MEMSET = "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
 _MESSAGE_RE = re.compile(r"^s(-?\d+) ([a-z_]+)(?: mb(-?\d+))?(?: c(\d+))?$")
 _KINDS = frozenset(str(k) for k in SpanKind)
-_COPY_KINDS = {1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP"}
 
 
 def pid_of(global_id: Any) -> Any:
@@ -68,9 +68,11 @@ class NsysDb:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.db = open_sqlite_ro(path)
-        rows = self.query("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+        rows = self.query("SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')")
         self.columns: dict[str, set[str]] = {}
-        for (name,) in rows:
+        self.views = {str(name) for name, kind in rows if kind == "view"}
+        """Views have no rowid: their rows have no position to keep."""
+        for name, _ in rows:
             cols = self.query(f"PRAGMA table_info('{name}')")
             self.columns[name] = {c[1] for c in cols}
 
@@ -88,8 +90,11 @@ class NsysDb:
 
         Integer columns get an integer default so pandas never turns them into floats (globalTid needs 64
         bits)."""
-        expr = f'coalesce("{column}", {default})' if column in self.columns.get(table, ()) else default
-        return f"{expr} AS {alias or column}"
+        return f"{self.expr(table, column, default)} AS {alias or column}"
+
+    def expr(self, table: str, column: str, default: str = "NULL") -> str:
+        """The SQL value of `col`, without its name."""
+        return f'coalesce("{column}", {default})' if column in self.columns.get(table, ()) else default
 
     def count(self, table: str) -> int:
         return int(self.query(f"SELECT count(*) FROM {table}")[0][0]) if self.has(table) else 0
@@ -169,74 +174,63 @@ def nvtx_rows(db: NsysDb, strings: np.ndarray) -> pd.DataFrame:
     return df
 
 
-_GPU_COLUMNS = ["start", "end", "dev", "stream", "gpid", "corr", "nbytes", "op"]
+def int_columns(
+    db: NsysDb, table: str, columns: dict[str, str], where: str = "", args: tuple[Any, ...] = ()
+) -> dict[str, np.ndarray] | None:
+    """The integer columns `{alias: SQL value}` of `table`'s rows that match `where`, in table order, each
+    parsed by numpy from one `group_concat` string; None when a cell is no integer, to fetch them row by row.
+
+    SQLite sorts text and blobs above every number, so one max() over the row's cells is an integer only when
+    none holds text; a real shows as `1.5`, `1e+20` or `Inf` in the joined text."""
+    exprs = list(columns.values())
+    top = f"max({', '.join(exprs)})" if len(exprs) > 1 else exprs[0]
+    joined = ", ".join(f"group_concat({e})" for e in exprs)
+    row = db.query(f"SELECT count(*), max({top}), {joined} FROM {table} {where}", args)[0]
+    n, high, cells = row[0], row[1], row[2:]
+    if not n:
+        return {alias: np.empty(0, dtype=np.int64) for alias in columns}
+    if not isinstance(high, int):
+        return None
+    out = {}
+    for alias, text in zip(columns, cells, strict=True):
+        if not isinstance(text, str) or "." in text or "e" in text or "I" in text:
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)  # numpy says "unmatched data" this way
+            try:
+                values = np.fromstring(text, sep=",", dtype=np.int64)
+            except (ValueError, DeprecationWarning):
+                return None
+        if len(values) != n:
+            return None
+        out[alias] = values
+    return out
 
 
-def _int_rows(db: NsysDb, table: str, columns: list[tuple[str, str, str]]) -> np.ndarray:
-    """Integer columns `(column, alias, default)` of `table` as one (rows, columns) int64 array.
-
-    Every column is coalesced to an integer in SQL, so the rows convert to numpy in one step: this is
-    the hot path of a million-kernel import."""
-    sel = ", ".join(db.col(table, c, alias, default) for c, alias, default in columns)
-    rows = db.query(f"SELECT {sel} FROM {table}")
-    if not rows:
-        return np.empty((0, len(columns)), dtype=np.int64)
+def row_columns(db: NsysDb, table: str, columns: dict[str, str], where: str, args: tuple[Any, ...]) -> Any:
+    """`int_columns` the slow way, for cells that are not all integers: numpy converts what it can."""
+    sel = ", ".join(f"{e} AS c{i}" for i, e in enumerate(columns.values()))
+    rows = db.query(f"SELECT {sel} FROM {table} {where}", args)
     try:
-        return np.array(rows, dtype=np.int64)
+        arr = np.array(rows, dtype=np.int64).reshape(len(rows), len(columns))
     except (TypeError, ValueError, OverflowError):
         raise CorruptFileError(f"{db.path}: {table} holds non-integer values where nsys writes integers") from None
-
-
-def gpu_work(db: NsysDb, strings: np.ndarray) -> pd.DataFrame:
-    """Kernels, memcpy and memset rows: pid, device, stream, kind, name, start, end, nbytes, corr."""
-    parts = []
-    common = [
-        ("start", "start", "0"),
-        ("end", "end", "0"),
-        ("deviceId", "dev", "-1"),
-        ("streamId", "stream", "-1"),
-        ("globalPid", "gpid", "0"),
-        ("correlationId", "corr", "-1"),
-    ]
-    if db.has(KERNEL):
-        name_col = "shortName" if "shortName" in db.columns[KERNEL] else "demangledName"
-        arr = _int_rows(db, KERNEL, [*common, (name_col, "nid", "-1")])
-        df = pd.DataFrame(arr[:, :6], columns=_GPU_COLUMNS[:6])
-        ids = arr[:, 6]
-        df["name"] = _lookup(strings, ids)
-        # NCCL or not is decided once per distinct name, not once per row.
-        is_nccl = np.array([str(v).startswith(("nccl", "void nccl")) for v in strings], dtype=bool)
-        ok = (ids >= 0) & (ids < len(strings))
-        nccl = np.zeros(len(ids), dtype=bool)
-        nccl[ok] = is_nccl[ids[ok]]
-        df["kind"] = np.where(nccl, str(SpanKind.NCCL), str(SpanKind.KERNEL))
-        df["nbytes"] = 0
-        parts.append(df)
-    for table, kind in ((_MEMCPY, SpanKind.MEMCPY), (_MEMSET, SpanKind.MEMSET)):
-        if not db.has(table):
-            continue
-        op = ("copyKind", "op", "-1") if table == _MEMCPY else ("nonexistent", "op", "-1")
-        arr = _int_rows(db, table, [*common, ("bytes", "nbytes", "0"), op])
-        df = pd.DataFrame(arr[:, :7], columns=_GPU_COLUMNS[:7])
-        if kind == SpanKind.MEMCPY:
-            df["name"] = ["Memcpy " + _COPY_KINDS[o] if o in _COPY_KINDS else "Memcpy" for o in arr[:, 7].tolist()]
-        else:
-            df["name"] = "Memset"
-        df["kind"] = str(kind)
-        parts.append(df)
-    parts = [p for p in parts if len(p)]
-    if not parts:
-        return pd.DataFrame({c: pd.Series([], dtype=np.int64) for c in [*_GPU_COLUMNS[:7], "pid"]}).assign(
-            name="", kind=""
-        )
-    gpu = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    gpu["pid"] = pid_of(gpu["gpid"].to_numpy())
-    return gpu
+    return {alias: arr[:, i] for i, alias in enumerate(columns)}
 
 
 def runtime_rows(db: NsysDb) -> pd.DataFrame:
+    """CUDA API calls that launched work: (rstart, pid, tid, corr), columnar when every cell is an integer."""
     if not db.has(RUNTIME):
         return pd.DataFrame(columns=["rstart", "pid", "tid", "corr"])
+    columns = {
+        "rstart": db.expr(RUNTIME, "start", "0"),
+        "gtid": db.expr(RUNTIME, "globalTid", "0"),
+        "corr": db.expr(RUNTIME, "correlationId", "-1"),
+    }
+    fast = int_columns(db, RUNTIME, columns, "WHERE correlationId IS NOT NULL")
+    if fast is not None:
+        gtid = fast.pop("gtid")
+        return pd.DataFrame({**fast, "pid": pid_of(gtid), "tid": gtid & 0xFFFFFF})[["rstart", "corr", "pid", "tid"]]
     sel = ", ".join(
         [
             db.col(RUNTIME, "start", default="0"),

@@ -43,6 +43,8 @@ __all__ = [
     "read_ranks",
     "read_sends",
     "spans_of",
+    "start_order",
+    "text_column",
     "unshiftable",
 ]
 
@@ -349,13 +351,13 @@ def spans_of(
         cols = {c: a[~(reversed_ | wide)] for c, a in cols.items()}
     for ts in (cols["start_ns"], cols["end_ns"]):
         to_common(cols["rank"], meta, ts)
-    order = _start_order(cols["start_ns"], cols["rank"], cols["end_ns"])
+    order = start_order(cols["start_ns"], cols["rank"], cols["end_ns"])
     for c in SPAN_COLUMNS:
         cols[c] = cols[c][order]  # one column at a time: the unsorted one is let go at once
     del order
     out: dict[str, Any] = {}
     for c, dtype in SPAN_COLUMNS.items():
-        out[c] = _text_column(cols.pop(c), values[c], dtype) if c in values else cols.pop(c)
+        out[c] = text_column(cols.pop(c), values[c], dtype) if c in values else cols.pop(c)
     return pd.DataFrame(out, copy=False)
 
 
@@ -442,9 +444,11 @@ def to_common(rank: np.ndarray, meta: RunMeta, ts: np.ndarray) -> None:
             ts[rows] -= offsets_at(info.clock, ts[rows])
 
 
-def _start_order(start: np.ndarray, rank: np.ndarray, end: np.ndarray) -> np.ndarray:
+def start_order(start: np.ndarray, rank: np.ndarray, end: np.ndarray, position: np.ndarray | None = None) -> np.ndarray:
     """The order of a stable sort by (start, rank, end), as `Trace.sorted()` makes it, found faster: a plain
-    sort by start, then a full sort of only the spans that share their start with another."""
+    sort by start, then a full sort of only the spans that share their start with another. Full ties keep
+    their order in the arrays, or in `position` when given (rows gathered in another order than the one
+    they had)."""
     order = np.argsort(start)
     first = start[order]
     tied = np.zeros(len(first), dtype=bool)
@@ -452,7 +456,8 @@ def _start_order(start: np.ndarray, rank: np.ndarray, end: np.ndarray) -> np.nda
     tied[:-1] |= tied[1:].copy()
     if tied.any():
         sub = order[tied]  # groups of equal starts stay together: `first` is sorted
-        order[tied] = sub[np.lexsort((sub, end[sub], rank[sub], first[tied]))]  # ties by position: stable
+        pos = sub if position is None else position[sub]
+        order[tied] = sub[np.lexsort((pos, end[sub], rank[sub], first[tied]))]  # ties by position: stable
     return order
 
 
@@ -462,7 +467,7 @@ def _pandas_dtype(dtype: Any) -> Any:
     return pd.Series([], dtype=dtype).dtype
 
 
-def _text_column(codes: np.ndarray, values: list[Any], dtype: Any) -> Any:
+def text_column(codes: np.ndarray, values: list[Any], dtype: Any) -> Any:
     """Codes into `values` as a column of the schema's text dtype; straight from Arrow when pandas keeps its
     strings there (a dictionary decoded in C, no Python string per cell)."""
     target = _pandas_dtype(dtype)
