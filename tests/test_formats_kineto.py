@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_formats_helpers import KINETO, fingerprint, need
 
-import ppscope.formats.kineto as kineto
+import ppscope.formats.kineto_json as kineto_json
 from ppscope.formats.detect import InputKind, detect
 from ppscope.formats.kineto import load_kineto
 from ppscope.formats.sources import open_trace
@@ -91,9 +91,35 @@ def test_rank_from_file_name_and_from_distributed_info(tmp_path: Path) -> None:
 def test_streaming_across_tiny_chunks_gives_the_same_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _write(tmp_path / "r.json.gz", _doc(1, 5_000, 3.5), gz=True)
     whole = load_kineto([path]).spans
-    monkeypatch.setattr(kineto, "_CHUNK", 7)
+    monkeypatch.setattr(kineto_json, "_CHUNK", 7)
     pieces = load_kineto([path]).spans
     assert whole.equals(pieces) and len(whole) == 3
+
+
+@pytest.mark.parametrize("chunk", [7, 333, 1 << 20])
+def test_events_decoded_in_batches_are_those_of_a_plain_json_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Batches are cut at a `},` between events; one inside a name or a nested object must not cut them."""
+    odd = [
+        {"ph": "X", "cat": "cpu_op", "name": 'aten::x}, {"ph": "X"}', "pid": 1, "tid": 1, "ts": 5, "dur": 1.25},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 6, "dur": 2,
+         "args": {"grid": {"x": 1}, "block": [{"y": 2}, {"z": 3}], "correlation": 9}},
+        [1, 2],  # not an event: skipped
+        {"ph": "i", "name": "}, ", "pid": 1, "tid": 1, "ts": 7.5},
+    ]  # fmt: skip
+    events = odd * 300
+    for i, ev in enumerate(events):
+        if isinstance(ev, dict):
+            events[i] = {**ev, "ts": i}
+    expected = [json.loads(json.dumps(e), parse_float=str) for e in events if isinstance(e, dict)]
+    monkeypatch.setattr(kineto_json, "_CHUNK", chunk)
+    for indent in (None, 2):  # on one line, and pretty-printed as Kineto writes it
+        path = tmp_path / "odd.json"
+        path.write_text(json.dumps({"traceEvents": events, "schemaVersion": 1}, indent=indent))
+        top: dict = {}
+        assert list(kineto_json.iter_trace_events(path, top)) == expected
+        assert top == {"schemaVersion": 1}
 
 
 def test_other_json_files_next_to_the_traces_are_skipped(tmp_path: Path) -> None:

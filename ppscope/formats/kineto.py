@@ -11,26 +11,21 @@ events (`cpu_op`, `cuda_runtime`, `python_function`) are read for correlation on
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import io
-import json
+import gc
 import os
 import re
-import zlib
 from array import array
-from collections.abc import Iterator
 from dataclasses import dataclass
-from decimal import Decimal, DecimalException
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ppscope.errors import CorruptFileError, UnsupportedInputError
-from ppscope.formats.detect import GZIP_MAGIC
 from ppscope.formats.kineto_groups import group_placement
 from ppscope.formats.kineto_jobs import CLOCK_NOTE, JobFacts, one_job, refuse_empty
+from ppscope.formats.kineto_json import NS_LIMIT, group_key, iter_trace_events, to_ns
 from ppscope.formats.kineto_pipeline import RankFile, cpu_compute, read_pipeline
 from ppscope.formats.kineto_pp import RankEvents, top_level
 from ppscope.formats.ordering import order_stages
@@ -39,7 +34,9 @@ from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, s
 
 __all__ = ["iter_trace_events", "load_kineto"]
 
-_CHUNK = 1 << 20
+_USED = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "user_annotation", "cpu_op"))
+"""The categories of complete events the importer reads; the others are skipped before their times are."""
+
 _RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _GPU_KINDS = {"kernel": SpanKind.KERNEL, "gpu_memcpy": SpanKind.MEMCPY, "gpu_memset": SpanKind.MEMSET}
@@ -47,119 +44,6 @@ _P2P = {
     **{"nccl:send": "send", "nccl:recv": "recv", "ncclSend": "send", "ncclRecv": "recv"},
     **{"gloo:send": "send", "gloo:recv": "recv"},
 }
-_DECODER = json.JSONDecoder(parse_float=str)  # keep float text: `ts` in epoch µs needs exact ns
-
-
-def _open_text(path: Path) -> IO[str]:
-    with open(path, "rb") as f:
-        gz = f.read(2) == GZIP_MAGIC
-    raw = gzip.open(path, "rb") if gz else open(path, "rb")  # noqa: SIM115 - closed by the wrapper
-    return io.TextIOWrapper(raw, encoding="utf-8")
-
-
-class _Stream:
-    """A JSON text read in chunks; values are decoded with `raw_decode` as soon as they are complete."""
-
-    def __init__(self, f: IO[str], path: Path) -> None:
-        self.f, self.path = f, path
-        self.buf, self.pos, self.eof = "", 0, False
-
-    def _more(self) -> bool:
-        if self.eof:
-            return False
-        try:
-            chunk = self.f.read(_CHUNK)
-        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-            raise CorruptFileError(f"{self.path}: truncated or damaged ({exc}); copy the trace again") from None
-        if not chunk:
-            self.eof = True
-            return False
-        self.buf = self.buf[self.pos :] + chunk
-        self.pos = 0
-        return True
-
-    def peek(self) -> str:
-        while True:
-            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
-                self.pos += 1
-            if self.pos < len(self.buf):
-                return self.buf[self.pos]
-            if not self._more():
-                return ""
-
-    def expect(self, char: str) -> None:
-        if self.peek() != char:
-            found = self.peek() or "end of file"
-            raise CorruptFileError(f"{self.path}: not valid JSON (expected {char!r}, found {found!r})")
-        self.pos += 1
-
-    def value(self) -> Any:
-        self.peek()
-        while True:
-            try:
-                value, end = _DECODER.raw_decode(self.buf, self.pos)
-            except json.JSONDecodeError as exc:
-                if self._more():
-                    continue
-                raise CorruptFileError(f"{self.path}: not valid JSON or truncated ({exc.msg})") from None
-            # A number may continue in the next chunk: make sure it ended before the buffer did.
-            if end == len(self.buf) and not self.eof and self._more():
-                continue
-            self.pos = end
-            return value
-
-
-def iter_trace_events(path: Path, top: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Yield each event of `traceEvents`; other top-level keys are stored into `top` as they pass."""
-    with _open_text(path) as f:
-        s = _Stream(f, path)
-        if s.peek() != "{":
-            raise UnsupportedInputError(f"{path} is JSON but not a Kineto trace: it is not a JSON object")
-        s.expect("{")
-        seen = False
-        while s.peek() not in ("}", ""):
-            key = s.value()
-            s.expect(":")
-            if key == "traceEvents" and s.peek() == "[":
-                seen = True
-                s.expect("[")
-                while s.peek() not in ("]", ""):
-                    event = s.value()
-                    if isinstance(event, dict):
-                        yield event
-                    if s.peek() == ",":
-                        s.pos += 1
-                s.expect("]")
-            else:
-                top[str(key)] = s.value()
-            if s.peek() == ",":
-                s.pos += 1
-        s.expect("}")
-    if not seen:
-        raise UnsupportedInputError(f"{path} is JSON but not a Kineto trace: it has no traceEvents list")
-
-
-_NS_LIMIT = 1 << 62
-"""Times beyond ±2^62 ns (146 years) are damage, not data; below it a base plus a time still fits int64."""
-_US_LIMIT = Decimal(_NS_LIMIT) / 1000
-
-
-def _ns(value: Any, path: Path, what: str) -> int:
-    """µs (int, or float text kept exact) to ns; a value that is not a number reads as 0."""
-    try:
-        us = Decimal(value) if isinstance(value, int) else Decimal(str(value))
-    except DecimalException:  # not a number
-        return 0
-    if not us.is_finite():
-        return 0
-    if us.copy_abs() >= _US_LIMIT:  # compared first: 1e999999999 must not become a billion-digit int
-        raise CorruptFileError(f"{path}: {what} {value!r} µs is out of range; the trace is damaged")
-    return int((us * 1000).to_integral_value())
-
-
-def _key(value: Any) -> Any:
-    """A pid or tid as a value that groups: a list or object where a number belongs reads as its text."""
-    return value if value is None or isinstance(value, (int, float, str)) else json.dumps(value)
 
 
 @dataclass
@@ -176,7 +60,21 @@ class _File:
 
 
 def _read_file(path: Path) -> _File:
-    """One rank file, times on the common clock (the file's base time added)."""
+    """One rank file, times on the common clock (the file's base time added).
+
+    The collector is paused meanwhile: the events decoded make no cycles, and what is kept (a tuple per GPU
+    event and range) would otherwise be walked again and again by full collections as it grows (a quarter
+    of the time of a 500 k-event file)."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _read_events(path)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _read_events(path: Path) -> _File:
     top: dict[str, Any] = {}
     gpu: list[tuple[Any, ...]] = []
     host: list[tuple[Any, ...]] = []
@@ -185,38 +83,40 @@ def _read_file(path: Path) -> _File:
     launches: dict[int, int] = {}
     p2p: list[tuple[str, int]] = []
     for ev in iter_trace_events(path, top):
-        ph = ev.get("ph")
-        if ph == "s" and ev.get("cat") == "fwdbwd":
-            flows.append(_ns(ev.get("ts", 0), path, "flow: ts"))
-        if ph != "X":
+        ph, cat = ev.get("ph"), ev.get("cat")
+        if ph != "X" or type(cat) is not str or cat not in _USED:  # a category of another type matches none
+            if ph == "s" and cat == "fwdbwd":
+                flows.append(to_ns(ev.get("ts", 0), path, "flow: ts"))
             continue
-        cat, name, args = ev.get("cat"), str(ev.get("name", "")), ev.get("args")
-        cat = cat if isinstance(cat, str) else ""  # a category of another type matches none
-        args = args if isinstance(args, dict) else {}
-        start = _ns(ev.get("ts", 0), path, f"event {name[:40]!r}: ts")
-        end = start + _ns(ev.get("dur", 0), path, f"event {name[:40]!r}: dur")
-        if cat in _GPU_KINDS:
-            kind = _GPU_KINDS[cat]
-            if kind == SpanKind.KERNEL and name.startswith(("nccl", "void nccl")):
-                kind = SpanKind.NCCL
-            corr = args.get("correlation", -1)
-            nbytes = args.get("bytes", 0) if isinstance(args.get("bytes", 0), int) else 0
-            gpu.append((str(kind), name, start, end, _key(ev.get("pid")), _key(ev.get("tid")), corr, nbytes))
-        elif cat == "cuda_runtime":
+        name = ev.get("name", "")
+        name = name if type(name) is str else str(name)
+        start = to_ns(ev.get("ts", 0), path, "ts", name)
+        args = ev.get("args")
+        args = args if type(args) is dict else {}
+        if cat == "cuda_runtime":  # only when the launch was: its GPU work takes the step it falls in
             corr = args.get("correlation")
             if isinstance(corr, int):
                 launches[corr] = start
-        elif cat == "user_annotation":
-            host.append((name, start, end, _key(ev.get("tid"))))
-            if name in _P2P:
-                p2p.append((_P2P[name], start))
-        elif cat == "cpu_op":
+            continue
+        end = start + to_ns(ev.get("dur", 0), path, "dur", name)
+        if cat == "cpu_op":
             if name in _P2P:
                 p2p.append((_P2P[name], start))
             ops[0].append(name)
             ops[1].append(start)
             ops[2].append(end)
-            ops[3].append(_key(ev.get("tid")))
+            ops[3].append(group_key(ev.get("tid")))
+        elif cat == "user_annotation":
+            host.append((name, start, end, group_key(ev.get("tid"))))
+            if name in _P2P:
+                p2p.append((_P2P[name], start))
+        else:
+            kind = _GPU_KINDS[cat]
+            if kind == SpanKind.KERNEL and name.startswith(("nccl", "void nccl")):
+                kind = SpanKind.NCCL
+            corr = args.get("correlation", -1)
+            nbytes = args.get("bytes", 0) if isinstance(args.get("bytes", 0), int) else 0
+            gpu.append((str(kind), name, start, end, group_key(ev.get("pid")), group_key(ev.get("tid")), corr, nbytes))
     shift = _shift(path, top.get("baseTimeNanoseconds"))
     spans, annotations = _spans(gpu, host, launches, shift)
     names, starts, ends, tids = ops
@@ -259,8 +159,8 @@ def _shift(path: Path, base: Any) -> int:
     try:
         shift = int(base) if isinstance(base, (int, str)) and str(base).lstrip("-").isdecimal() else 0
     except ValueError:  # more digits than Python converts
-        shift = _NS_LIMIT
-    if not -_NS_LIMIT < shift < _NS_LIMIT:
+        shift = NS_LIMIT
+    if not -NS_LIMIT < shift < NS_LIMIT:
         raise CorruptFileError(f"{path}: baseTimeNanoseconds {base!r} is out of range; the trace is damaged")
     return shift
 
