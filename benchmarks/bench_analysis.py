@@ -1,16 +1,16 @@
 """Analyzer speed and memory on 1 million spans over 8 ranks (target: <= 1 s, <= 1 GB), as ratios to sorting
-the same spans DataFrame by (rank, start) in this process; and HTA against ppscope on the same Kineto files.
+the same spans DataFrame by (rank, start) in this process; and HTA against ppscope on the same Kineto files: the
+real 2-rank trace in the shared data folder and 16 generated ranks of 500 k events, time and peak memory, each
+tool in a process of its own.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -108,44 +108,119 @@ def _synthetic_lines() -> list[str]:
     ]
 
 
-def _hta_lines() -> list[str]:
-    if not KINETO.is_dir():
-        return [f"analysis vs HTA: skipped, {KINETO.name} traces not found"]
-    try:
-        from hta.trace_analysis import TraceAnalysis
-    except ImportError:
-        return ["analysis vs HTA: skipped, holistictraceanalysis is not installed (pip install -e '.[bench]')"]
-    from ppscope.analysis import analyze
-    from ppscope.formats.sources import open_trace
+JOB_RANKS = 16
+JOB_EVENTS = 500_000
+HTA_TIMEOUT_S = 3600
 
-    logging.disable(logging.INFO)
 
-    def hta() -> object:
-        with contextlib.redirect_stdout(io.StringIO()):
-            ta = TraceAnalysis(trace_dir=str(KINETO))
-            ta.get_temporal_breakdown(visualize=False)
-            return ta.get_idle_time_breakdown(visualize=False)
+def kineto_events(events: int, seed: int = 0) -> bytes:
+    """One rank's `traceEvents` items as JSON text, then `]}`: per kernel launch, two CPU operators (with the
+    argument fields the profiler writes), the launch and the kernel (2% NCCL), and 10 ProfilerSteps over all."""
+    rng = np.random.default_rng(seed)
+    groups = events // 4
+    ts = (1_700_000_000_000_000 + np.cumsum(rng.integers(20, 60, groups))).tolist()
+    dur = rng.integers(2, 15, groups).tolist()
+    dims = '"Input Dims": [[2048, 1024], [1024, 1024]], "Input type": ["float", "float"]'
+    kernel_args = (
+        '"queued": 0, "device": 0, "context": 1, "stream": 7, "registers per thread": 128, "shared memory": 0, '
+        '"blocks per SM": 1.2, "warps per SM": 8.0, "grid": [16, 8, 1], "block": [256, 1, 1]'
+    )
+    out = []
+    for i, (t, d) in enumerate(zip(ts, dur, strict=True)):
+        kernel = (
+            "ncclDevKernel_AllReduce_Sum_f32" if i % 50 == 0 else f"void gemm_{i % 40}<float>(float const*, float*)"
+        )
+        out += [
+            f'{{"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 4037, "tid": 4037, "ts": {t}, '
+            f'"dur": {d + 8}.0, "args": {{"External id": {4 * i}, {dims}}}}}',
+            f'{{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 4037, "tid": 4037, "ts": {t + 1}, '
+            f'"dur": {d + 5}.0, "args": {{"External id": {4 * i + 1}, {dims}}}}}',
+            f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 4037, "tid": 4037, '
+            f'"ts": {t + 2}, "dur": 4.0, "args": {{"External id": {4 * i + 1}, "cbid": 211, "correlation": {i}}}}}',
+            f'{{"ph": "X", "cat": "kernel", "name": "{kernel}", "pid": 0, "tid": 7, "ts": {t + 7}, "dur": {d}.5, '
+            f'"args": {{"External id": {4 * i + 1}, "correlation": {i}, {kernel_args}}}}}',
+        ]
+    step = (ts[-1] - ts[0]) // 10 + 1
+    out += [f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{k}", "pid": 4037, "tid": 4037, '
+            f'"ts": {ts[0] + k * step - 1}, "dur": {step - 1}.0}}' for k in range(10)]  # fmt: skip
+    out.append('{"ph": "M", "name": "process_name", "pid": 4037, "tid": 0, "ts": 0, "args": {"name": "python"}}')
+    return (", ".join(out) + "]}").encode()
 
-    def ours() -> object:
-        return analyze(open_trace(KINETO))
 
-    hta_s = _best_s(hta)
-    our_s = _best_s(ours)
-    loaded = open_trace(KINETO)
-    our_an = _best_s(lambda: analyze(loaded))
-    with contextlib.redirect_stdout(io.StringIO()):
-        hta_busy = TraceAnalysis(trace_dir=str(KINETO)).get_temporal_breakdown(visualize=False)
-    res = analyze(open_trace(KINETO))
-    ours_busy = ", ".join(f"rank {s.ranks[0]} {100 * (1 - s.bubble_ratio):.1f}%" for s in res.stages)
-    pairs = zip(hta_busy["rank"], hta_busy["compute_time_pctg"], strict=True)
-    hta_busy_txt = ", ".join(f"rank {int(r)} {p:.1f}%" for r, p in pairs)
-    logging.disable(logging.NOTSET)
+def write_kineto_job(folder: Path, ranks: int = JOB_RANKS, events: int = JOB_EVENTS) -> None:
+    """`ranks` gzipped Kineto files of `events` events each. Every file is two gzip members, which read as one
+    text: its own head (its rank) and one body compressed once for all of them."""
+    import gzip
+    import json
+
+    body = gzip.compress(kineto_events(events), compresslevel=1)
+    for rank in range(ranks):
+        info = {"backend": "nccl", "rank": rank, "world_size": ranks}
+        head = json.dumps({"schemaVersion": 1, "distributedInfo": info})[:-1] + ', "traceEvents": ['
+        (folder / f"rank-{rank}.json.gz").write_bytes(gzip.compress(head.encode(), compresslevel=1) + body)
+
+
+def _side(tool: str, folder: Path, rounds: int) -> dict[str, Any]:
+    """One tool on one folder, in a process of its own (`benchmarks/hta_child.py`)."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.hta_child", tool, str(folder), str(rounds)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=HTA_TIMEOUT_S,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _versus(what: str, folder: Path, rounds: int) -> list[str]:
+    hta, ours = _side("hta", folder, rounds), _side("ppscope", folder, rounds)
+    how = f"best of {rounds}" if rounds > 1 else "one run"
+    peak = max(hta["rss_mb"], hta["worker_rss_mb"]) / max(ours["rss_mb"], ours["worker_rss_mb"])
+    shares = ", ".join(
+        f"rank {r} {hta['compute_pct'].get(r, float('nan')):.1f}% / {ours['compute_pct'].get(r, float('nan')):.1f}%"
+        for r in sorted(ours["compute_pct"], key=int)[:4]
+    )
     return [
-        f"analysis vs HTA on {KINETO.name} (2 Kineto ranks): HTA load + temporal + idle breakdown {hta_s:.3f} s; "
-        f"ppscope load + analyze {our_s:.3f} s (analyze alone {our_an:.3f} s) = {hta_s / our_s:.1f}x faster",
-        f"analysis vs HTA: compute share of the window, HTA {hta_busy_txt}; ppscope {ours_busy} "
+        f"analysis vs HTA on {what}: HTA load + temporal + idle breakdown {hta['seconds']:.2f} s; ppscope import + "
+        f"analyze {ours['seconds']:.2f} s = {hta['seconds'] / ours['seconds']:.1f}x faster (target >= 10x; {how}, "
+        "each in a process of its own)",
+        f"analysis vs HTA on {what}: peak RSS HTA {hta['rss_mb']:,.0f} MB (largest worker {hta['worker_rss_mb']:,.0f} "
+        f"MB), ppscope {ours['rss_mb']:,.0f} MB (largest worker {ours['worker_rss_mb']:,.0f} MB) = "
+        f"{peak:.1f}x less at the peak of one process",
+        f"analysis vs HTA on {what}: compute share of the window, HTA / ppscope: {shares} "
         "(windows differ: HTA per rank, ppscope first-to-last span of any rank)",
     ]
+
+
+def _hta_lines() -> list[str]:
+    import importlib.util
+    import tempfile
+
+    if importlib.util.find_spec("hta") is None:
+        return ["analysis vs HTA: skipped, holistictraceanalysis is not installed (pip install -e '.[bench]')"]
+    lines = []
+    if KINETO.is_dir():
+        lines += _versus(f"{KINETO.name} (2 Kineto ranks, {_events(KINETO):,} events)", KINETO, ROUNDS)
+    else:
+        lines.append(f"analysis vs HTA: {KINETO.name} skipped, its traces are not found")
+    with tempfile.TemporaryDirectory() as tmp:
+        write_kineto_job(Path(tmp))
+        lines += _versus(f"{JOB_RANKS} generated ranks of {JOB_EVENTS:,} events", Path(tmp), 1)
+    return lines
+
+
+def _events(folder: Path) -> int:
+    import gzip
+    import json
+
+    return sum(len(json.loads(gzip.decompress(p.read_bytes()))["traceEvents"]) for p in folder.glob("*.json.gz"))
 
 
 def main() -> list[str]:

@@ -82,6 +82,7 @@ def _read_events(path: Path) -> _File:
     flows = array("q")
     launches: dict[int, int] = {}
     p2p: list[tuple[str, int]] = []
+    seen: dict[str, str] = {}  # a name repeated by 100 k operators is held, and sent from a worker, once
     for ev in iter_trace_events(path, top):
         ph, cat = ev.get("ph"), ev.get("cat")
         if ph != "X" or type(cat) is not str or cat not in _USED:  # a category of another type matches none
@@ -89,7 +90,7 @@ def _read_events(path: Path) -> _File:
                 flows.append(to_ns(ev.get("ts", 0), path, "flow: ts"))
             continue
         name = ev.get("name", "")
-        name = name if type(name) is str else str(name)
+        name = seen.setdefault(name, name) if type(name) is str else str(name)  # one object per distinct name
         start = to_ns(ev.get("ts", 0), path, "ts", name)
         args = ev.get("args")
         args = args if type(args) is dict else {}
