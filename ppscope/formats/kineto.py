@@ -1,11 +1,12 @@
 """Read PyTorch profiler (Kineto) traces, one JSON or JSON.gz file per rank, as one Trace.
 
-Events are streamed out of `traceEvents` one at a time, so a large file is never held as one list of
-dicts. GPU events (pid = device, tid = stream) go on `stream N` lanes of their file's rank; kernels whose
-name starts with `nccl` are communication; `ProfilerStep#N` annotations become steps, and GPU work
-inherits the step of the CPU launch that issued it (matched on the correlation id). `ts` is taken as
-relative to `baseTimeNanoseconds` when the file has one, else as absolute microseconds. CPU operator
-events (`cpu_op`, `cuda_runtime`, `python_function`) are read for correlation only, not kept as spans.
+Events are streamed out of `traceEvents` a chunk of text at a time (`kineto_json.py`), so a large file is
+never held as one list of dicts; a job's large files are read by worker processes, one file each. GPU events
+(pid = device, tid = stream) go on `stream N` lanes of their file's rank; kernels whose name starts with
+`nccl` are communication; `ProfilerStep#N` annotations become steps, and GPU work inherits the step of the
+CPU launch that issued it (matched on the correlation id). `ts` is taken as relative to
+`baseTimeNanoseconds` when the file has one, else as absolute microseconds. CPU operator events (`cpu_op`,
+`cuda_runtime`, `python_function`) are read for correlation only, not kept as spans.
 """
 
 from __future__ import annotations

@@ -207,7 +207,9 @@ def int_columns(
     return out
 
 
-def row_columns(db: NsysDb, table: str, columns: dict[str, str], where: str, args: tuple[Any, ...]) -> Any:
+def row_columns(
+    db: NsysDb, table: str, columns: dict[str, str], where: str, args: tuple[Any, ...]
+) -> dict[str, np.ndarray]:
     """`int_columns` the slow way, for cells that are not all integers: numpy converts what it can."""
     sel = ", ".join(f"{e} AS c{i}" for i, e in enumerate(columns.values()))
     rows = db.query(f"SELECT {sel} FROM {table} {where}", args)
