@@ -107,8 +107,14 @@ def test_injected_skew_and_drift_are_recovered_and_undone(tmp_path: Path, monkey
     assert r1["end_ns"].max() <= r0["end_ns"].max() + slack_ns
     uncertainty = {r.rank: r.clock.uncertainty_ns for r in trace.meta.ranks}
     assert causality_violations(spans, uncertainty_ns=uncertainty).empty  # the drift too is undone
-    fwd = r1[r1["kind"] == SpanKind.FORWARD]
-    assert ((fwd["end_ns"] - fwd["start_ns"]) / 1e6).median() < 10.0 * 1.01  # not 2% long any more
+
+    def forward_ms(rank: pd.DataFrame) -> float:
+        fwd = rank[rank["kind"] == SpanKind.FORWARD]
+        return float(((fwd["end_ns"] - fwd["start_ns"]) / 1e6).median())
+
+    # not 2% long any more: against rank 0's passes of the same cost, which a loaded machine stretches alike
+    # (each 10 ms sleep overshoots by what the scheduler adds, 1% and more under load)
+    assert forward_ms(r1) < forward_ms(r0) * 1.01, (forward_ms(r1), forward_ms(r0))
     # no GPU here: each rank's CPU use, on the host device, labelled as such
     cpu = trace.counters[trace.counters["metric"] == Metric.CPU_UTIL_PCT]
     assert set(cpu["rank"]) == {0, 1, 2} and set(cpu["device"]) == {-1}
