@@ -77,6 +77,19 @@ def test_work_the_stage_times_miss_tightens_the_bound() -> None:
     assert beat_ms(NOW, 1.85, 0.96) == pytest.approx((11.2 + 0.96) / 1.85)
 
 
+def test_a_serve_loop_with_as_many_micro_batches_as_stages_is_bound_by_its_round_trip() -> None:
+    """Two micro-batches round two stages with 0.5 ms hops: a round trip is 11.2 ms of stages plus 1 ms, 6.1 ms
+    a beat for each micro-batch; 4,4's slowest stage (6.4) still sets its pace, 5,3's (5.7) no longer does."""
+    got = shared_cores(NOW, NEW, cores=4, busy_beside=0.0, loop_ms=1.0, inflight=2)
+    assert beat_ms(NOW, 4.0, loop_ms=1.0, inflight=2) == pytest.approx(6.4)
+    assert beat_ms(NEW, 4.0, loop_ms=1.0, inflight=2) == pytest.approx(6.1)
+    assert (
+        got.binds and got.speedup == pytest.approx(6.4 / 6.1) and got.slowest_stage_speedup == pytest.approx(6.4 / 5.7)
+    )
+    assert "with 2 micro-batch(es) in flight round 1.00 ms of hops" in got.text()
+    assert not shared_cores(NOW, NEW, cores=4, busy_beside=0.0, loop_ms=1.0, inflight=4).binds  # room to spare
+
+
 def test_run_usage_reads_the_ranks_counters_over_the_steady_part() -> None:
     ms = 1_000_000
     spans = [{"rank": r, "stage": r, "kind": SpanKind.FORWARD, "mb": 0, "step": i, "start_ns": i * 10 * ms,

@@ -37,11 +37,15 @@ def pipeline_cores(cores: int, busy_beside: float, stages: int) -> float:
     return max(cores * stages / (stages + other), MIN_FREE_CORES)
 
 
-def beat_ms(stage_ms: Sequence[float], free_cores: float, extra_ms: float = 0.0) -> float:
-    """How long one beat of the pipeline (one pass on every stage) takes at least: its slowest stage, or all
-    its stages' work (and `extra_ms` of CPU a beat outside them) spread over the free cores, whichever is
-    longer."""
-    return max(max(stage_ms), (sum(stage_ms) + extra_ms) / max(free_cores, MIN_FREE_CORES))
+def beat_ms(
+    stage_ms: Sequence[float], free_cores: float, extra_ms: float = 0.0, *, loop_ms: float = 0.0, inflight: int = 0
+) -> float:
+    """How long one beat of the pipeline (one pass on every stage) takes at least: its slowest stage; all its
+    stages' work (and `extra_ms` of CPU a beat outside them) spread over the free cores; and, with `inflight`
+    micro-batches going round (a serve loop), a micro-batch's round trip, every stage, that work and `loop_ms`
+    of hops, shared by the micro-batches in flight: whichever is longest."""
+    beat = max(max(stage_ms), (sum(stage_ms) + extra_ms) / max(free_cores, MIN_FREE_CORES))
+    return max(beat, (sum(stage_ms) + extra_ms + loop_ms) / inflight) if inflight > 0 else beat
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +105,10 @@ class SharedCores:
     """The prediction of a processor per stage."""
     extra_ms: float = 0.0
     """CPU a beat takes outside the modelled stage times (`RunUsage.extra_ms`)."""
+    loop_ms: float = 0.0
+    """A micro-batch's hops round the loop (0: not a serve loop)."""
+    inflight: int = 0
+    """Micro-batches going round the loop (0: not a serve loop)."""
     speedup: float
     """Beat now ÷ beat with the advised split, with the stages sharing the free cores."""
     interval: Interval | None
@@ -113,6 +121,8 @@ class SharedCores:
 
     def text(self) -> str:
         outside = f" and {self.extra_ms:.2f} ms a beat outside their spans" if self.extra_ms > 0.005 else ""
+        if self.inflight:
+            outside += f", with {self.inflight} micro-batch(es) in flight round {self.loop_ms:.2f} ms of hops"
         return (
             f"{self.cores} core(s) with {self.busy_beside:.1f} busy beside the run: {self.free:.2f} for the "
             f"stages, whose total work{outside} then bounds the gain (×{self.speedup:.3f} instead of the slowest "
@@ -128,15 +138,20 @@ def shared_cores(
     busy_beside: float,
     interval: Interval | None = None,
     extra_ms: float = 0.0,
+    loop_ms: float = 0.0,
+    inflight: int = 0,
 ) -> SharedCores:
     """The speedup of `proposed_ms` over `current_ms` (stage times per pass) when the stages share `cores` cores
     with `busy_beside` cores' worth of other work; `interval` (of the slowest-stage speedup) is carried through
     the same bound: the advised split's slowest stage at each end, the rest as measured. Both splits have as
-    many stages (`len(current_ms)`); `extra_ms`: CPU a beat outside the stage times, the same for both."""
+    many stages (`len(current_ms)`); `extra_ms`: CPU a beat outside the stage times, the same for both;
+    `loop_ms`, `inflight`: a serve loop's hops and micro-batches in flight (`beat_ms`)."""
     free = pipeline_cores(cores, busy_beside, len(current_ms))
-    now = beat_ms(current_ms, free, extra_ms)
+    now = beat_ms(current_ms, free, extra_ms, loop_ms=loop_ms, inflight=inflight)
     slowest = max(current_ms) / max(proposed_ms)
     total = (sum(proposed_ms) + extra_ms) / max(free, MIN_FREE_CORES)
+    if inflight > 0:  # the round trip is the same work whatever the split: a floor under the advised beat too
+        total = max(total, (sum(proposed_ms) + extra_ms + loop_ms) / inflight)
 
     def bounded(speedup: float) -> float:  # the advised split's slowest stage as the speedup puts it
         return now / max(max(current_ms) / speedup, total)
@@ -149,5 +164,5 @@ def shared_cores(
         )  # fmt: skip
     return SharedCores(
         cores=cores, busy_beside=busy_beside, free=free, slowest_stage_speedup=slowest, speedup=bounded(slowest),
-        interval=carried, extra_ms=extra_ms,
+        interval=carried, extra_ms=extra_ms, loop_ms=loop_ms, inflight=inflight,
     )  # fmt: skip

@@ -26,7 +26,7 @@ from ppscope.balance.problem import BalanceProblem
 from ppscope.balance.rebalance import Rebalance, engine_lines, rebalance
 from ppscope.cli.machine_load import LoadSampler, busy_cores
 from ppscope.errors import InvalidConfigError, PPScopeError
-from ppscope.simulate.calibrate import Replay
+from ppscope.simulate.calibrate import Replay, hop_latency_us
 from ppscope.trace.model import Trace
 from ppscope.trace.store import load_run
 
@@ -275,9 +275,12 @@ def tune(
     on_cpus = all(r.device.startswith("cpu") for r in before_trace.meta.ranks)
     if known and on_cpus and not cfg.model.synthetic and proposed != split:  # synthetic layers sleep: no CPU
         usage = run_usage(before_trace, load.busy_between)  # what the stage times miss, measured in run 1
+        serve = before_trace.meta.schedule == "serve" and pipe.stages > 1  # micro-batches go round a loop
+        hop_us = (hop_latency_us(before_trace.spans) or 0.0) if serve else 0.0
         cores = shared_cores(advice.current.stage_ms, advice.proposed.stage_ms, cores=os.cpu_count() or 1,
                              busy_beside=max(statistics.mean(known), usage.beside), interval=interval,
-                             extra_ms=usage.extra_ms(advice.current.stage_ms))  # fmt: skip
+                             extra_ms=usage.extra_ms(advice.current.stage_ms), loop_ms=pipe.stages * hop_us / 1e3,
+                             inflight=max(before_trace.meta.microbatches, 1) if serve else 0)  # fmt: skip
         if cores.binds:
             notes.append(f"the stages share {cores.text()}")
             interval = cores.interval
