@@ -21,7 +21,7 @@ from ppscope.errors import CorruptFileError
 from ppscope.formats.nsys_export import ppscope_message
 from ppscope.trace.model import SpanKind, Trace
 from ppscope.trace.outputs import atomic_folder
-from ppscope.trace.store import damaged_note, read_rank_spans, run_files
+from ppscope.trace.store import damaged_note, each_rank_spans, run_files
 
 __all__ = ["NVTXT_FILES", "NVTXT_NOTE", "export_nvtxt", "export_nvtxt_run", "nvtxt_message", "read_nvtxt"]
 
@@ -52,14 +52,10 @@ def export_nvtxt_run(run_dir: str | Path, out: str | Path, *, force: bool = Fals
     """`export_nvtxt(load_run(run_dir))`, the same files, reading one rank file at a time: each rank's file
     needs only its own spans. A damaged rank file is left out and named on stderr, as `load_run` does."""
     meta, files, notes = run_files(run_dir)
-    written, damaged = [], {}
+    written: list[Path] = []
+    damaged: dict[int, str] = {}
     with atomic_folder(Path(out), force=force, replaceable=NVTXT_FILES) as tmp:
-        for rank in sorted(files):
-            try:
-                spans, _, _ = read_rank_spans(files, [rank], meta)
-            except CorruptFileError as exc:
-                damaged[rank] = str(exc)
-                continue
+        for rank, spans in each_rank_spans(files, meta, damaged):
             if len(spans):
                 (tmp / f"rank-{rank}.nvtxt").write_text(_rank_text(spans, meta.run_id, rank))
                 written.append(Path(out) / f"rank-{rank}.nvtxt")

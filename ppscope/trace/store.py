@@ -17,7 +17,7 @@ import re
 import secrets
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ __all__ = [
     "check_outside_runs",
     "create_run",
     "damaged_note",
+    "each_rank_spans",
     "enclosing_run",
     "holds_run",
     "is_run_dir",
@@ -392,6 +393,20 @@ def read_rank_spans(
     del opened
     warnings: list[str] = []
     return spans_of(table, values, chosen, meta, warnings), errors, warnings
+
+
+def each_rank_spans(
+    files: dict[int, Path], meta: RunMeta, damaged: dict[int, str]
+) -> Iterator[tuple[int, pd.DataFrame]]:
+    """Each rank's spans read alone (`read_rank_spans`), in rank order; a damaged rank file is left out and its
+    error put in `damaged` (by rank), for the caller to name as `load_run` does (`damaged_note`)."""
+    for rank in sorted(files):
+        try:
+            spans, _, _ = read_rank_spans(files, [rank], meta)
+        except CorruptFileError as exc:
+            damaged[rank] = str(exc)
+            continue
+        yield rank, spans
 
 
 def load_run(run_dir: str | os.PathLike[str]) -> Trace:
