@@ -235,12 +235,8 @@ def _read_chunks(rf: RankFile, table: Table, pos: int) -> bool:
         if not isinstance(top, int) or pos + n > end:
             return False
         for c, cells in zip(_INT_COLS, row[3 : 3 + len(_INT_COLS)], strict=True):
-            if "." in cells or "e" in cells or "I" in cells:  # a real number
-                return False
-            arr = np.fromstring(cells, sep=",", dtype=np.int64)
-            if len(arr) != n:
-                return False
-            if SPAN_COLUMNS[c] is np.int32 and (arr.min() < _INT32[0] or arr.max() > _INT32[1]):
+            arr = _int_cells(cells, n, c)
+            if arr is None:
                 return False
             table.ints[c][pos : pos + n] = arr
         for c, cells in zip(_TEXT_COLS, row[3 + len(_INT_COLS) :], strict=True):
@@ -407,13 +403,22 @@ def _send_columns(row: tuple[Any, ...]) -> dict[str, np.ndarray] | None:
         return None
     cols = {}
     for c, cells in zip(_SEND_COLS, row[2:], strict=True):
-        if "." in cells or "e" in cells or "I" in cells:  # a real number
-            return None
-        arr = np.fromstring(cells, sep=",", dtype=np.int64)
-        if len(arr) != n or (SPAN_COLUMNS[c] is np.int32 and (arr.min() < _INT32[0] or arr.max() > _INT32[1])):
+        arr = _int_cells(cells, n, c)
+        if arr is None:
             return None
         cols[c] = arr
     return cols
+
+
+def _int_cells(cells: str, n: int, column: str) -> np.ndarray | None:
+    """`n` integers of `column` that SQLite joined with commas, parsed in C; None when a cell is a real number,
+    the count is off, or a value overflows the schema's int32."""
+    if "." in cells or "e" in cells or "I" in cells:  # a real number
+        return None
+    arr = np.fromstring(cells, sep=",", dtype=np.int64)
+    if len(arr) != n or (SPAN_COLUMNS[column] is np.int32 and (arr.min() < _INT32[0] or arr.max() > _INT32[1])):
+        return None
+    return arr
 
 
 UNSHIFTABLE = "lie too near the int64 limits to move onto the common clock"
