@@ -108,12 +108,15 @@ def read_pipeline(
         + (", named from one step's action order" if schedule else "")
     )
     replica = {r: placed[r][1] if grouped and placed else 0 for r in held}
+    rank_of: dict[int, dict[int, int]] = {}  # each replica's stage -> rank: a rank's peers are its replica's
+    for r, hs in held.items():
+        rank_of.setdefault(replica[r], {}).update((s, r) for s in hs)
     spans: dict[int, pd.DataFrame] = {}
     assumed_any, inferred_any = False, False
     for r, f in files.items():
         mine = found.get(r)
-        rank_of = {s: r2 for r2, hs in held.items() if replica[r2] == replica.get(r, 0) for s in hs}
-        spans[r], assumed = _rank_spans(f, tops[r], mine, held.get(r, [physical[r]]), rank_of)
+        peers = rank_of.get(replica.get(r, 0), {})
+        spans[r], assumed = _rank_spans(f, tops[r], mine, held.get(r, [physical[r]]), peers)
         assumed_any |= assumed
         inferred_any |= mine is not None and mine.inferred
     if inferred_any:
