@@ -74,7 +74,8 @@ def synthetic_spans(n_spans: int = SPANS, ranks: int = RANKS, seed: int = 0) -> 
     return spans_frame(pd.concat(frames, ignore_index=True).sample(frac=1.0, random_state=seed))
 
 
-def _peak_mb(fn: Callable[[], object]) -> float:
+def peak_mb(fn: Callable[[], object]) -> float:
+    """Peak memory Python allocated while `fn` ran (tracemalloc), MB."""
     tracemalloc.start()
     try:
         fn()
@@ -93,7 +94,7 @@ def _synthetic_lines() -> list[str]:
     frame_mb = spans.memory_usage(deep=True).sum() / 1e6
     ref = _best_s(lambda: spans.sort_values(["rank", "start_ns"]))
     secs = _best_s(lambda: analyze(trace))
-    peak = _peak_mb(lambda: analyze(trace))
+    peak = peak_mb(lambda: analyze(trace))
     res = analyze(trace)
     stage_ranks = {s.stage: s.ranks for s in res.stages}
     gantt_s = _best_s(lambda: gantt_figure(spans, gaps=res.gaps, stage_ranks=stage_ranks).figure.to_json(), rounds=1)

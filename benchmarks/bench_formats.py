@@ -9,11 +9,12 @@ import sqlite3
 import statistics
 import tempfile
 import time
-import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.bench_analysis import peak_mb as traced_peak_mb
 
 ROWS = 1_000_000
 PROCESSES = 4
@@ -150,15 +151,6 @@ def _nsys_rounds(path: Path) -> tuple[list[float], list[float], int, object]:
     return refs, loads, n_rows, trace
 
 
-def _peak_mb(fn: Callable[[], object]) -> float:
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1] / 1e6
-    finally:
-        tracemalloc.stop()
-
-
 def main() -> list[str]:
     from ppscope.formats.chrome import export_chrome
     from ppscope.formats.nsys_export import export_nsys
@@ -171,7 +163,7 @@ def main() -> list[str]:
         ratios = [load / ref for load, ref in zip(loads, refs, strict=True)]
         ratio, load_s, ref_s = statistics.median(ratios), statistics.median(loads), statistics.median(refs)
         frame_mb = trace.spans.memory_usage(deep=True).sum() / 1e6  # type: ignore[attr-defined]
-        peak_mb = _peak_mb(lambda: load_nsys(path))
+        peak_mb = traced_peak_mb(lambda: load_nsys(path))
         spans = len(trace.spans)  # type: ignore[attr-defined]
         small = trace.spans.iloc[:100_000]  # type: ignore[attr-defined]
         from ppscope.trace.model import Trace
