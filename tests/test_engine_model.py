@@ -272,3 +272,26 @@ def test_the_gpu_sleep_is_calibrated_after_the_clock_settles() -> None:
     # a clock that never settles: the last sample, after a bounded number of them
     jumpy = iter([10.0] * 11 + [5.0, 10.0] * 100)
     assert settled_rate(lambda cycles: next(jumpy), cycles=10_000, tries=6) == pytest.approx(1_000.0)
+
+
+@torch.no_grad()
+def test_warm_up_runs_every_part_and_leaves_no_trace() -> None:
+    """The warm-up before a run goes through embedding, layers and head, and the caches it wrote are zeroed,
+    so the run's tokens are those of a stage that never warmed up."""
+    shape = ModelShape(name="t", layers=2, hidden=32, heads=4, kv_heads=2, intermediate=48, vocab=64, max_seq_len=32)
+    cold, warm = (build_stage(RandomSource(shape, seed=1), [2], 0, 1, 1, CPU, torch.float64) for _ in range(2))
+    for s in (cold, warm):
+        s.allocate_cache(3, 32, torch.float64, shape.kv_heads, shape.head_dim)
+    logits = warm.warm_up(3, 5, shape.hidden, shape.vocab, torch.float64)
+    assert logits is not None and tuple(logits.shape) == (3, 64)
+    assert all(not c.k.any() and not c.v.any() for c in warm.chunks[0].caches)
+    batch = Batch([0, 1], [0, 0], [4, 4])
+    ids = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
+    out = [
+        s.run_head(s.run_chunk(0, s.run_embed(ids, shape.hidden, torch.float64), batch), batch, 64)
+        for s in (cold, warm)
+    ]
+    assert torch.equal(out[0], out[1])
+    middle = build_stage(RandomSource(shape, seed=1), [1, 1], 1, 2, 1, CPU, torch.float64)  # no embedding here
+    middle.allocate_cache(2, 32, torch.float64, shape.kv_heads, shape.head_dim)
+    assert middle.warm_up(2, 5, shape.hidden, shape.vocab, torch.float64) is not None

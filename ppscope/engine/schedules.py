@@ -151,6 +151,17 @@ class Pipeline:
             ids = sample(logits, self.sampling, keys)
         return Message(TOKENS, mb, step, stage, batch, ids.to(torch.int64))
 
+    def warm_up(self, seqs: int, prompt_len: int) -> None:
+        """Every kernel this rank runs, called once before the run (`StageModule.warm_up`), the sampler too."""
+        with torch.inference_mode():
+            logits = self.m.warm_up(seqs, prompt_len, self.hidden, self.vocab, self.dtype)
+            if logits is not None:
+                rows = logits.shape[0]
+                keys = row_keys(self.sampling.seed, list(range(rows)), [prompt_len] * rows)
+                sample(logits, self.sampling, keys if self.sampling.temperature > 0 else None)
+        if self.cuda:
+            torch.cuda.synchronize(self.m.device)
+
     def _layer_timer(self, stage: int, chunk: int, mb: int, step: int, phase: str, tokens: int) -> LayerTimer | None:
         """What times each layer of this pass, when it is the sampled k-th pass of its stage (the count starts
         at the stage's first pass, so the k-th, 2k-th, ...), else None: the layers run untimed."""

@@ -68,6 +68,30 @@ class StageModule:
         for chunk in self.chunks.values():
             chunk.caches = [KVCache(slots, max_len, kv_heads, head_dim, dtype, self.device) for _ in chunk.layers]
 
+    def warm_up(self, seqs: int, prompt_len: int, hidden: int, vocab: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """One untimed prefill of `seqs` prompts of `prompt_len` tokens and one decode step through everything this
+        rank holds, before the run starts: the first call of each kernel is slow (the CPU's math library picks
+        and builds its kernels, a GPU loads them), 0.2-0.7 s for the tiny model on a CPU, and left in the run it
+        lands in one stage's first pass, as a serving engine's warm-up keeps it out of its first requests. The
+        caches are zeroed after. Returns the last logits (the sampler's warm-up), None without a head."""
+        if self.synthetic or seqs < 1 or prompt_len < 1:
+            return None
+        slots = list(range(seqs))
+        logits = None
+        for batch in (Batch(slots, [0] * seqs, [prompt_len] * seqs), Batch(slots, [prompt_len] * seqs, [1] * seqs)):
+            x = torch.zeros(batch.tokens, hidden, dtype=dtype, device=self.device)
+            if self.embed is not None:
+                x = self.run_embed(torch.zeros(batch.tokens, dtype=torch.int64, device=self.device), hidden, dtype)
+            for c in sorted(self.chunks):
+                x = self.run_chunk(c, x, batch)
+            if self.head is not None:
+                logits = self.run_head(x, batch, vocab)
+        for chunk in self.chunks.values():
+            for cache in chunk.caches:
+                cache.k.zero_()
+                cache.v.zero_()
+        return logits
+
     def run_embed(self, ids: torch.Tensor, hidden: int, dtype: torch.dtype) -> torch.Tensor:
         assert self.embed is not None
         if isinstance(self.embed, SyntheticLayer):

@@ -238,6 +238,7 @@ def _run_pipeline(
             log = RequestLog(run_dir)
             pipe.on_finish = log
             arrivals = prep.arrivals_ns if schedule == "serve" else []  # each made as the scheduler reaches it
+        pipe.warm_up(prep.max_seqs, prep.longest_prompt)
         ring.start()
         # Everything built so far lives for the whole run. Left to the collector, a full collection walks it
         # all (~0.2M objects with torch loaded, ~0.1 s here): a stall of every stage behind this one. Frozen,
