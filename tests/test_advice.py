@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
@@ -46,6 +48,22 @@ def test_the_interval_holds_the_prediction_and_narrows_with_a_steadier_run() -> 
     assert noisy.low < 4 / 3 - 0.005 and "block bootstrap: 10 time blocks of 1 run(s)" in noisy.how
     exact = speedup_interval([_run(200, (2.0, 2.0), 2.0, 0.0)], problem, [2, 2], [3, 1])
     assert exact is not None and exact.low == pytest.approx(exact.high)
+
+
+def test_a_floor_taken_in_every_resample_varies_with_the_stage_times() -> None:
+    """A floor under the advised split's beat (here its stages' total ÷ 1.5 cores) binds at both ends of the
+    slowest-stage interval: carried through afterwards it is one point; taken in each resample it keeps the
+    run's variability, and without variability it is the point again."""
+    problem = _problem()
+
+    def floor(now: Sequence[float], new: Sequence[float]) -> float:
+        return max(now) / max(max(new), sum(new) / 1.5)
+
+    noisy = speedup_interval([_run(200, (2.0, 2.0), 2.0, 0.3)], problem, [2, 2], [3, 1], bound=floor)
+    assert noisy is not None and noisy.low < 4 / (6 / 1.5) - 0.01 and noisy.high > 4 / (6 / 1.5) + 0.01
+    assert noisy.high < 4 / 3  # never the slowest stage's gain: the floor holds in every resample
+    exact = speedup_interval([_run(200, (2.0, 2.0), 2.0, 0.0)], problem, [2, 2], [3, 1], bound=floor)
+    assert exact is not None and exact.low == pytest.approx(exact.high) == pytest.approx(1.0)
 
 
 def test_a_run_too_short_to_vary_gives_no_interval() -> None:

@@ -16,7 +16,7 @@ This module knows nothing about how costs were found (profile, fit or given) or 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +34,7 @@ __all__ = [
     "MIN_BLOCKS",
     "Advice",
     "Interval",
+    "SpeedupOf",
     "advise",
     "paired_throughput_ratio",
     "speedup_interval",
@@ -44,6 +45,8 @@ MIN_BLOCKS = 4
 """Fewer time blocks than this cannot say how a run varies."""
 KEEP_BELOW_GAIN = 0.03
 """A predicted gain under 3% is kept: runs of one split differ by about that on a shared machine."""
+SpeedupOf = Callable[[Sequence[float], Sequence[float]], float]
+"""The speedup of the proposed split over the current one, given each one's stage times (ms per pass)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,9 +164,12 @@ def speedup_interval(
     resamples: int = 400,
     level: float = 0.95,
     seed: int = 0,
+    bound: SpeedupOf | None = None,
 ) -> Interval | None:
     """The `level` interval of the speedup of `proposed` over `current` under `problem`, from a block
-    bootstrap of the runs' stage times (see the module's note); None when the runs are too short to tell."""
+    bootstrap of the runs' stage times (see the module's note); None when the runs are too short to tell.
+    `bound`: the speedup of the two splits' stage times (default: slowest stage ÷ slowest stage), evaluated in
+    every resample, so a floor made of the stage times (`ppscope.balance.cores`) varies with them too."""
     traces = [as_timings(r) for r in runs]
     parts = [stage_block_times(t, _blocks(t, blocks)) for t in traces if len(t.meta.split) == problem.stages]
     if not parts or any(p is None for p in parts):
@@ -177,7 +183,7 @@ def speedup_interval(
         picks = rng.integers(0, len(busy), size=(resamples, len(busy)))
         factors = (busy[picks].sum(axis=1) / count[picks].sum(axis=1)) / whole  # (resamples, parts, stages)
     factors = np.where(np.isfinite(factors), factors, 1.0)  # a part a stage never runs keeps its cost
-    speedups = [_speedup(problem, measured, current, proposed, f) for f in factors]
+    speedups = [_speedup(problem, measured, current, proposed, f, bound or _slowest) for f in factors]
     low, high = np.quantile(speedups, [(1 - level) / 2, (1 + level) / 2])
     if not (math.isfinite(low) and math.isfinite(high)):
         return None
@@ -247,6 +253,7 @@ def _speedup(
     current: Sequence[int],
     proposed: Sequence[int],
     factor: np.ndarray,
+    bound: SpeedupOf,
 ) -> float:
     """Speedup of `proposed` over `current` with each cost scaled by its part's factor (`factor[part, stage]`):
     a layer's by the `forward` factor of the stage that ran it (split `measured`), the embedding's by the
@@ -264,5 +271,8 @@ def _speedup(
     resampled = BalanceProblem(
         costs=scaled, stages=problem.stages, stage_costs=problem.stage_costs, memory=None, objective="throughput"
     )
-    before, after = evaluate(resampled, current).max_ms, evaluate(resampled, proposed).max_ms
-    return before / after if after > 0 else 1.0
+    return bound(evaluate(resampled, current).stage_ms, evaluate(resampled, proposed).stage_ms)
+
+
+def _slowest(current_ms: Sequence[float], proposed_ms: Sequence[float]) -> float:
+    return max(current_ms) / max(proposed_ms) if max(proposed_ms) > 0 else 1.0

@@ -10,6 +10,7 @@ imported only when the loop runs, so this module stays importable without torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import statistics
 from collections.abc import Callable
@@ -176,6 +177,19 @@ class Simulated:
     overhead_ms: float
 
 
+def _bound_interval(trace: Trace, problem: BalanceProblem, split: tuple[int, ...], proposed: tuple[int, ...],
+                    cores: SharedCores, sharing: Callable[..., SharedCores]) -> Interval | None:  # fmt: skip
+    """The interval of the bounded speedup: the bound taken in every resample of run 1's stage times, so a floor
+    made of them (their sum, the loop's round trip) varies as they do, rather than the slowest-stage interval
+    carried through one bound, which collapses to a point where the floor binds at both ends. It holds the
+    point prediction (`cores.speedup`) as `paired_throughput_ratio`'s interval holds its median."""
+    found = speedup_interval([trace], problem, split, proposed, bound=lambda now, new: sharing(now, new).speedup)
+    if found is None:
+        return cores.interval
+    return dataclasses.replace(found, low=min(found.low, cores.speedup), high=max(found.high, cores.speedup),
+                               how=f"{found.how}, the shared-cores bound in each")  # fmt: skip
+
+
 def _pair(interval: Interval | None) -> list[float] | None:
     return None if interval is None else [interval.low, interval.high]
 
@@ -277,13 +291,15 @@ def tune(
         usage = run_usage(before_trace, load.busy_between)  # what the stage times miss, measured in run 1
         serve = before_trace.meta.schedule == "serve" and pipe.stages > 1  # micro-batches go round a loop
         hop_us = (hop_latency_us(before_trace.spans) or 0.0) if serve else 0.0
-        cores = shared_cores(advice.current.stage_ms, advice.proposed.stage_ms, cores=os.cpu_count() or 1,
-                             busy_beside=max(statistics.mean(known), usage.beside), interval=interval,
-                             extra_ms=usage.extra_ms(advice.current.stage_ms), loop_ms=pipe.stages * hop_us / 1e3,
-                             inflight=max(before_trace.meta.microbatches, 1) if serve else 0)  # fmt: skip
+        sharing = functools.partial(shared_cores, cores=os.cpu_count() or 1,
+                                    busy_beside=max(statistics.mean(known), usage.beside),
+                                    extra_ms=usage.extra_ms(advice.current.stage_ms),
+                                    loop_ms=pipe.stages * hop_us / 1e3,
+                                    inflight=max(before_trace.meta.microbatches, 1) if serve else 0)  # fmt: skip
+        cores = sharing(advice.current.stage_ms, advice.proposed.stage_ms, interval=interval)
         if cores.binds:
             notes.append(f"the stages share {cores.text()}")
-            interval = cores.interval
+            interval = _bound_interval(before_trace, problem, split, proposed, cores, sharing)
     predicted = cores.speedup if cores is not None and cores.binds else advice.predicted_speedup
     decision = advise(split, proposed, predicted, interval, "run 1 is too short to tell how it varies")
     if cores is not None and cores.binds:
