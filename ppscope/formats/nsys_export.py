@@ -30,7 +30,7 @@ from ppscope.formats.nsys_tables import PPSCOPE_DOMAIN
 from ppscope.trace.model import COMM_KINDS, COMPUTE_KINDS, RunMeta, SpanKind, Trace, lane_of
 from ppscope.trace.outputs import atomic_file
 from ppscope.trace.recorder import KIND_COLORS
-from ppscope.trace.store import damaged_note, each_rank_spans, read_rank_spans, run_files
+from ppscope.trace.store import damaged_note, each_rank, read_rank_spans, run_files
 
 __all__ = ["STREAM_OF_LANE", "export_nsys", "export_nsys_run", "global_tid", "ppscope_message"]
 
@@ -87,7 +87,7 @@ def export_nsys_run(run_dir: str | Path, out: str | Path, *, force: bool = False
     meta, files, notes = run_files(run_dir)
     parts: list[tuple[int, int, int, int]] = []
     damaged: dict[int, str] = {}
-    for rank, spans in each_rank_spans(files, meta, damaged):
+    for rank, spans, _ in each_rank(files, meta, damaged):
         if len(spans):
             stages = spans.loc[spans["stage"] >= 0, "stage"]
             first = int(stages.min()) if len(stages) else -1

@@ -21,7 +21,7 @@ from ppscope.errors import CorruptFileError
 from ppscope.formats.nsys_export import ppscope_message
 from ppscope.trace.model import SpanKind, Trace
 from ppscope.trace.outputs import atomic_folder
-from ppscope.trace.store import damaged_note, each_rank_spans, run_files
+from ppscope.trace.store import damaged_note, each_rank, run_files
 
 __all__ = ["NVTXT_FILES", "NVTXT_NOTE", "export_nvtxt", "export_nvtxt_run", "nvtxt_message", "read_nvtxt"]
 
@@ -55,7 +55,7 @@ def export_nvtxt_run(run_dir: str | Path, out: str | Path, *, force: bool = Fals
     written: list[Path] = []
     damaged: dict[int, str] = {}
     with atomic_folder(Path(out), force=force, replaceable=NVTXT_FILES) as tmp:
-        for rank, spans in each_rank_spans(files, meta, damaged):
+        for rank, spans, _ in each_rank(files, meta, damaged):
             if len(spans):
                 (tmp / f"rank-{rank}.nvtxt").write_text(_rank_text(spans, meta.run_id, rank))
                 written.append(Path(out) / f"rank-{rank}.nvtxt")

@@ -40,6 +40,7 @@ __all__ = [
     "connect_ro",
     "merge_values",
     "query",
+    "read_p2p",
     "read_ranks",
     "read_sends",
     "spans_of",
@@ -357,29 +358,34 @@ def spans_of(
     return pd.DataFrame(out, copy=False)
 
 
-_SEND_COLS = ["rank", "peer", "mb", "step", "start_ns", "end_ns", "nbytes"]
-_SENDS_SQL = f"SELECT count(*), max(max({', '.join(_SEND_COLS)})), " + ", ".join(
-    f"group_concat({c})" for c in _SEND_COLS
-)
+_P2P_COLS = ["rank", "peer", "mb", "step", "chunk", "start_ns", "end_ns", "nbytes"]
+_P2P_SQL = f"SELECT count(*), max(max({', '.join(_P2P_COLS)})), " + ", ".join(f"group_concat({c})" for c in _P2P_COLS)
 
 
 def read_sends(path: Path, to: Sequence[int], meta: RunMeta) -> pd.DataFrame:
-    """The `send` spans of one rank file to the ranks `to`, and only those rows (a filtered query, not a read of
-    the whole file): columns rank, peer, kind, mb, step, start_ns, end_ns, nbytes, on the common clock, in the
-    file's order, without the spans `spans_of` leaves out of a damaged file (ending before they start,
-    unshiftable). The pairing of a link reads its sender's side so."""
-    where = f"FROM spans WHERE kind = ? AND peer IN ({', '.join('?' * len(to))})"
-    args = [str(SpanKind.SEND), *(int(q) for q in to)]
+    """The `send` spans of one rank file to the ranks `to` (`read_p2p`), with their kind. The pairing of a link
+    reads its sender's side so."""
+    frame = read_p2p(path, [str(SpanKind.SEND)], to, meta)
+    return frame.assign(kind=str(SpanKind.SEND)).astype({"kind": SPAN_COLUMNS["kind"]})
+
+
+def read_p2p(path: Path, kinds: Sequence[str], peers: Sequence[int], meta: RunMeta) -> pd.DataFrame:
+    """The spans of one rank file of one of `kinds` with a peer in `peers`, and only those rows (a filtered query,
+    not a read of the whole file): columns rank, peer, mb, step, chunk, start_ns, end_ns, nbytes (not which of
+    `kinds`), on the common clock, in the file's order, without the spans `spans_of` leaves out of a damaged
+    file (ending before they start, unshiftable)."""
+    where = f"FROM spans WHERE kind IN ({', '.join('?' * len(kinds))}) AND peer IN ({', '.join('?' * len(peers))})"
+    args = [*map(str, kinds), *(int(q) for q in peers)]
     db = connect_ro(path)
     try:
-        cols = _send_columns(query(db, path, f"{_SENDS_SQL} {where}", args)[0])
+        cols = _p2p_columns(query(db, path, f"{_P2P_SQL} {where}", args)[0])
         if cols is None:  # a cell that is not an integer: the rows, converted as `_read_rows` converts them
-            rows = query(db, path, f"SELECT {', '.join(_SEND_COLS)} {where} ORDER BY id", args)
+            rows = query(db, path, f"SELECT {', '.join(_P2P_COLS)} {where} ORDER BY id", args)
     finally:
         db.close()
     try:
-        frame = pd.DataFrame(rows if cols is None else cols, columns=_SEND_COLS)
-        frame = frame.astype({c: SPAN_COLUMNS[c] for c in _SEND_COLS})
+        frame = pd.DataFrame(rows if cols is None else cols, columns=_P2P_COLS)
+        frame = frame.astype({c: SPAN_COLUMNS[c] for c in _P2P_COLS})
     except (ValueError, TypeError, OverflowError) as exc:  # SQLite stores any type in any column
         raise CorruptFileError(_wrong_type(path, exc)) from None
     rank = frame["rank"].to_numpy(np.int64)
@@ -390,19 +396,19 @@ def read_sends(path: Path, to: Sequence[int], meta: RunMeta) -> pd.DataFrame:
     for c, ts in (("start_ns", start), ("end_ns", end)):
         to_common(rank, meta, ts)
         frame[c] = ts
-    return frame.assign(kind=str(SpanKind.SEND)).astype({"kind": SPAN_COLUMNS["kind"]})
+    return frame
 
 
-def _send_columns(row: tuple[Any, ...]) -> dict[str, np.ndarray] | None:
-    """The columns of `_SENDS_SQL`'s one row (each concatenated by SQLite, in the file's order, as `_read_chunks`
+def _p2p_columns(row: tuple[Any, ...]) -> dict[str, np.ndarray] | None:
+    """The columns of `_P2P_SQL`'s one row (each concatenated by SQLite, in the file's order, as `_read_chunks`
     reads them: no Python object per cell), checked as it checks them; None when a cell is not an integer."""
     n, top = row[:2]
     if not n:
-        return {c: np.empty(0, np.int64) for c in _SEND_COLS}
+        return {c: np.empty(0, np.int64) for c in _P2P_COLS}
     if not isinstance(top, int):
         return None
     cols = {}
-    for c, cells in zip(_SEND_COLS, row[2:], strict=True):
+    for c, cells in zip(_P2P_COLS, row[2:], strict=True):
         arr = _int_cells(cells, n, c)
         if arr is None:
             return None

@@ -27,14 +27,7 @@ import pandas as pd
 
 from ppscope.errors import CorruptFileError, InvalidConfigError, RunExistsError, RunNotFoundError
 from ppscope.failures import recorded_failures
-from ppscope.trace.model import (
-    COUNTER_COLUMNS,
-    SCHEMA_VERSION,
-    SPAN_COLUMNS,
-    RunMeta,
-    Trace,
-    counters_frame,
-)
+from ppscope.trace.model import COUNTER_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, RunMeta, Trace, counters_frame
 from ppscope.trace.rankfile import (
     UNSHIFTABLE,
     connect_ro,
@@ -57,7 +50,7 @@ __all__ = [
     "check_outside_runs",
     "create_run",
     "damaged_note",
-    "each_rank_spans",
+    "each_rank",
     "enclosing_run",
     "holds_run",
     "is_run_dir",
@@ -65,6 +58,7 @@ __all__ = [
     "rank_file",
     "read_meta",
     "read_rank_info",
+    "read_rank_parts",
     "read_rank_spans",
     "read_requests",
     "read_since",
@@ -345,9 +339,18 @@ def read_since(
         span_pos[rank], counter_pos[rank] = rf.last_span, rf.last_counter
     values = merge_values(table, opened)
     parts = [rf.counters for _, rf, _ in opened if rf.counters is not None]
-    counters = pd.concat(parts, ignore_index=True) if parts else counters_frame()
     del opened
     spans = spans_of(table, values, files, meta, warnings)
+    counters = _counters_of(parts, meta, warnings)
+    requests, req_pos = read_requests_after(path / REQUESTS_FILE, since.requests_bytes)
+    trace = Trace(spans=spans, counters=counters, meta=meta, requests=requests, warnings=warnings)
+    return trace, Cursor(spans=span_pos, counters=counter_pos, requests_bytes=req_pos)
+
+
+def _counters_of(parts: list[pd.DataFrame], meta: RunMeta, warnings: list[str]) -> pd.DataFrame:
+    """The counters of the files read, on the common clock and sorted as `Trace.sorted()` sorts them, without
+    the samples too near the int64 limits to move (a damaged file), said in `warnings`."""
+    counters = pd.concat(parts, ignore_index=True) if parts else counters_frame()
     wide = unshiftable(counters["rank"].to_numpy(), meta, counters["ts_ns"].to_numpy())
     if wide.any():
         warnings.append(f"{int(wide.sum())} counter sample(s) {UNSHIFTABLE} (a damaged file); left them out")
@@ -356,10 +359,7 @@ def read_since(
         ts = counters["ts_ns"].to_numpy(np.int64, copy=True)
         to_common(counters["rank"].to_numpy(), meta, ts)
         counters["ts_ns"] = ts
-    counters = counters.sort_values(["ts_ns", "rank"], kind="stable").reset_index(drop=True)  # as Trace.sorted()
-    requests, req_pos = read_requests_after(path / REQUESTS_FILE, since.requests_bytes)
-    trace = Trace(spans=spans, counters=counters, meta=meta, requests=requests, warnings=warnings)
-    return trace, Cursor(spans=span_pos, counters=counter_pos, requests_bytes=req_pos)
+    return counters.sort_values(["ts_ns", "rank"], kind="stable").reset_index(drop=True)
 
 
 def run_files(
@@ -386,27 +386,37 @@ def read_rank_spans(
     """The spans of `ranks` alone, on the common clock and sorted as `load_run` sorts them, with the errors
     those ranks recorded and the warnings of their damaged spans: a large run read a few ranks at a time.
     `files` and `meta` are `run_files`'s."""
+    spans, _, errors, warnings = read_rank_parts(files, ranks, meta)
+    return spans, errors, warnings
+
+
+def read_rank_parts(
+    files: dict[int, Path], ranks: Sequence[int], meta: RunMeta
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[int, str], list[str]]:
+    """`read_rank_spans` with the ranks' counters (beside the spans), as `load_run` holds them."""
     chosen = {r: files[r] for r in ranks if r in files}
     table, opened = read_ranks(chosen, {}, {})
     errors = {rank: rf.error for rank, rf, _ in opened if rf.error}
     values = merge_values(table, opened)
+    parts = [rf.counters for _, rf, _ in opened if rf.counters is not None]
     del opened
     warnings: list[str] = []
-    return spans_of(table, values, chosen, meta, warnings), errors, warnings
+    spans = spans_of(table, values, chosen, meta, warnings)
+    return spans, _counters_of(parts, meta, warnings), errors, warnings
 
 
-def each_rank_spans(
+def each_rank(
     files: dict[int, Path], meta: RunMeta, damaged: dict[int, str]
-) -> Iterator[tuple[int, pd.DataFrame]]:
-    """Each rank's spans read alone (`read_rank_spans`), in rank order; a damaged rank file is left out and its
-    error put in `damaged` (by rank), for the caller to name as `load_run` does (`damaged_note`)."""
+) -> Iterator[tuple[int, pd.DataFrame, pd.DataFrame]]:
+    """Each rank's spans and counters read alone (`read_rank_parts`), in rank order; a damaged rank file is left
+    out and its error put in `damaged` (by rank), for the caller to name as `load_run` does (`damaged_note`)."""
     for rank in sorted(files):
         try:
-            spans, _, _ = read_rank_spans(files, [rank], meta)
+            spans, counters, _, _ = read_rank_parts(files, [rank], meta)
         except CorruptFileError as exc:
             damaged[rank] = str(exc)
             continue
-        yield rank, spans
+        yield rank, spans, counters
 
 
 def load_run(run_dir: str | os.PathLike[str]) -> Trace:
