@@ -1,18 +1,24 @@
-"""`ppscope export RUN` writes nsys SQLite and NVTXT a rank file at a time, with the same content as the export
-of the whole run loaded: every row of every nsys table (but the export's own time), every NVTXT byte."""
+"""`ppscope export RUN` writes nsys SQLite, NVTXT and Chrome JSON a rank file at a time, with the same content as
+the export of the whole run loaded: every row of every nsys table (but the export's own time), every NVTXT byte,
+every Chrome event in the same order, its arrows pairing what `match_flows` pairs on the whole trace."""
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
 import sqlite3
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ppscope.cli.main import main
 from ppscope.errors import CorruptFileError
 from ppscope.formats import export_run, export_trace
+from ppscope.formats.chrome import match_flows
+from ppscope.formats.chrome_ranks import Plan, TraceRanks
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import write_run
 from ppscope.trace.store import load_run, rank_file
@@ -66,23 +72,89 @@ def test_nsys_and_nvtxt_written_rank_by_rank_equal_the_whole_run(
         assert (tmp_path / "ranks" / n).read_bytes() == (tmp_path / "whole" / n).read_bytes()
 
 
-def test_a_damaged_rank_is_left_out_as_load_run_leaves_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _doc(path: Path) -> dict[str, Any]:
+    raw = path.read_bytes()
+    doc: dict[str, Any] = json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
+    return doc
+
+
+@pytest.mark.parametrize("name", ["gpipe", "interleaved", "serve", "one-stage", "training", "imported", "replicas"])
+def test_chrome_written_rank_by_rank_equals_the_whole_run(name: str, runs: dict[str, Path], tmp_path: Path) -> None:
+    run, whole = runs[name], load_run(runs[name])
+    for out in ("trace.json", "trace.json.gz"):
+        export_trace(whole, "chrome", tmp_path / f"whole-{out}")
+        export_run(run, "chrome", tmp_path / f"ranks-{out}")
+        got, want = _doc(tmp_path / f"ranks-{out}"), _doc(tmp_path / f"whole-{out}")
+        assert got == want and len(got["traceEvents"]) > len(whole.spans)
+
+
+def _arrows(events: list[dict[str, Any]]) -> list[tuple[tuple[int, int, float], tuple[int, int, float]]]:
+    """Each arrow's (pid, tid, µs) at its start and at its end, whatever its id."""
+    ends: dict[int, dict[str, tuple[int, int, float]]] = {}
+    for e in events:
+        if e["ph"] in ("s", "f"):
+            assert e["id"] not in ends or e["ph"] not in ends[e["id"]], "an arrow id used twice"
+            ends.setdefault(e["id"], {})[e["ph"]] = (e["pid"], e["tid"], e["ts"])
+    assert sorted(ends) == list(range(1, len(ends) + 1))
+    return sorted((end["s"], end["f"]) for end in ends.values())
+
+
+@pytest.mark.parametrize("name", ["gpipe", "serve", "imported", "replicas"])
+def test_chrome_arrows_pair_what_the_whole_trace_pairs(name: str, runs: dict[str, Path], tmp_path: Path) -> None:
+    """The arrows, paired link by link, are those `match_flows` finds on all the spans at once."""
+    whole = load_run(runs[name])
+    events = _doc(export_run(runs[name], "chrome", tmp_path / "t.json"))["traceEvents"]
+    spans = whole.spans
+    t0 = min(int(spans["start_ns"].min()), int(whole.counters["ts_ns"].min()) if len(whole.counters) else 1 << 62)
+    slices = {(e["pid"], e["ts"], e["dur"], e["cat"]): e["tid"] for e in events if e["ph"] == "X"}
+
+    def end(i: int, at: int) -> tuple[int, int, float]:
+        s = spans.loc[i]
+        key = (int(s["rank"]), round((int(s["start_ns"]) - t0) / 1000, 3))
+        tid = slices[(*key, round((int(s["end_ns"]) - int(s["start_ns"])) / 1000, 3), str(s["kind"]))]
+        return key[0], tid, round((at - t0) / 1000, 3)
+
+    want = sorted(
+        (
+            end(si, int(spans.loc[si, "start_ns"])),
+            end(ri, max(int(spans.loc[ri, "start_ns"]), int(spans.loc[ri, "end_ns"]) - 1)),
+        )
+        for si, ri in match_flows(spans)
+    )
+    assert _arrows(events) == want and want
+
+
+def test_chrome_refuses_a_run_that_changed_between_its_reads(runs: dict[str, Path]) -> None:
+    source = TraceRanks(load_run(runs["gpipe"]))
+    plan = Plan.of(source)
+    (src, dst), (first, n) = next(iter(plan.links.items()))
+    plan.links[src, dst] = (first, n + 1)
+    with pytest.raises(CorruptFileError, match="changed while it was exported"):
+        plan.arrows(src, dst, source.sends(src, dst), source.receives(dst, src))
+
+
+@pytest.mark.parametrize("fmt", ["nsys-sqlite", "chrome"])
+def test_a_damaged_rank_is_left_out_as_load_run_leaves_it(
+    fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = write_run(replica_job(3, 2), tmp_path / "run")
     rank_file(run, 4).write_bytes(b"not a database at all" * 100)
-    whole = load_run(run)
-    export_trace(whole, "nsys-sqlite", tmp_path / "whole.sqlite")
-    assert main(["export", str(run), "--format", "nsys-sqlite", "--out", str(tmp_path / "ranks.sqlite")]) == 0
+    whole, name = load_run(run), "out.sqlite" if fmt == "nsys-sqlite" else "out.json"
+    export_trace(whole, fmt, tmp_path / f"whole-{name}")
+    assert main(["export", str(run), "--format", fmt, "--out", str(tmp_path / f"ranks-{name}")]) == 0
     assert "rank 4's file is damaged" in capsys.readouterr().err
-    assert _rows(tmp_path / "ranks.sqlite") == _rows(tmp_path / "whole.sqlite")
+    if fmt == "chrome":
+        assert _doc(tmp_path / f"ranks-{name}") == _doc(tmp_path / f"whole-{name}")
+    else:
+        assert _rows(tmp_path / f"ranks-{name}") == _rows(tmp_path / f"whole-{name}")
     for r in range(6):  # nothing left to read: the error, as load_run raises it, and nothing written
         rank_file(run, r).write_bytes(b"")
-    for fmt, out in (("nsys-sqlite", tmp_path / "none.sqlite"), ("nvtxt", tmp_path / "none")):
+    with pytest.raises(CorruptFileError):
+        load_run(run)
+    for out in (tmp_path / "none.sqlite", tmp_path / "none", tmp_path / "none.json"):
+        f = {".sqlite": "nsys-sqlite", ".json": "chrome", "": "nvtxt"}[out.suffix]
         with pytest.raises(CorruptFileError):
-            export_run(run, fmt, out)
+            export_run(run, f, out)
         assert not out.exists()
-
-
-def test_chrome_from_a_run_is_the_whole_run_s(runs: dict[str, Path], tmp_path: Path) -> None:
-    export_trace(load_run(runs["serve"]), "chrome", tmp_path / "whole.json")
-    export_run(runs["serve"], "chrome", tmp_path / "run.json")
-    assert (tmp_path / "run.json").read_bytes() == (tmp_path / "whole.json").read_bytes()
+        assert main(["export", str(run), "--format", f, "--out", str(out)]) == 1
+        assert capsys.readouterr().err.count("\n") == 1

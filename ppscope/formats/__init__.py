@@ -7,7 +7,6 @@ use to read, `export_trace` the one they use to write. Submodules load pandas la
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,22 +43,21 @@ def export_trace(trace: Trace, fmt: str, out: str | Path, *, force: bool = False
 
 
 def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, force: bool = False) -> Path:
-    """`export_trace(load_run(run_dir), ...)`: nsys-sqlite and nvtxt read one rank file at a time, so memory holds
-    one rank's spans; chrome loads the whole run (its flow arrows pair sends with receives across ranks, and its
-    thread ids are numbered over every rank), the same output either way."""
+    """`export_trace(load_run(run_dir), ...)`, the same output, reading one rank file at a time, so that memory
+    holds one rank's spans (and, for chrome, one link's far side: its arrows pair sends with receives across
+    ranks), not the job's."""
     out = Path(out)
     if fmt == "nsys-sqlite":
         from ppscope.formats.nsys_export import export_nsys_run
 
         return export_nsys_run(run_dir, out, force=force)
+    if fmt == "chrome":
+        from ppscope.formats.chrome import export_chrome_run
+
+        return export_chrome_run(run_dir, out, force=force)
     if fmt == "nvtxt":
         from ppscope.formats.nvtxt import export_nvtxt_run
 
         export_nvtxt_run(run_dir, out, force=force)
         return out
-    from ppscope.trace.store import load_run
-
-    trace = load_run(run_dir)
-    for warning in trace.warnings:
-        print(f"ppscope export: note: {warning}", file=sys.stderr)
-    return export_trace(trace, fmt, out, force=force)
+    raise InvalidConfigError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORT_FORMATS)}")
