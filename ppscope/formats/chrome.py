@@ -45,9 +45,9 @@ def export_chrome(trace: Trace, out: str | Path, *, force: bool = False) -> Path
 
 def export_chrome_run(run_dir: str | Path, out: str | Path, *, force: bool = False) -> Path:
     """`export_chrome(load_run(run_dir))`, the same bytes, reading one rank file at a time: twice (`Plan`, then
-    the events), and of each link its far side's rows alone, three times. Memory holds one rank's spans and
-    counters and one link's far side. A damaged rank file is left out and named on stderr, as `load_run`
-    does."""
+    the events), and each link's sends and receives alone twice more (filtered queries: to count its arrows,
+    then to pair them again at its other end). Memory holds one rank's spans and counters and one link's far
+    side. A damaged rank file is left out and named on stderr, as `load_run` does."""
     source = RunRanks(run_dir)
     plan = Plan.of(source)
     if source.damaged and len(source.damaged) == len(source.files):
@@ -192,10 +192,10 @@ def _ends(
 ) -> Iterator[dict[str, Any]]:
     """One end of each (arrow id, row of `own`) in `picked`, at `at` of its row."""
     lane, level, rank = own["lane"].astype(str).to_numpy(), own["lvl"].to_numpy(), own["rank"].to_numpy()
+    ts = _us(at, t0).tolist()
     for flow_id, row in picked:
         tid = tids[str(lane[row]), int(level[row])]
-        yield {"cat": "p2p", "name": "send", "id": flow_id, **kind, "pid": int(rank[row]), "tid": tid,
-               "ts": float(_us(int(at[row]), t0))}  # fmt: skip
+        yield {"cat": "p2p", "name": "send", "id": flow_id, **kind, "pid": int(rank[row]), "tid": tid, "ts": ts[row]}
 
 
 def _counters(counters: pd.DataFrame, t0: int) -> Iterator[dict[str, Any]]:
