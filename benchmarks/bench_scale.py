@@ -1,9 +1,9 @@
 """A job of many ranks analysed a rank at a time (`ppscope analyze --workers N`): time and peak memory against
 a bare SQLite SELECT of the same rows, measured in the same run; and `ppscope rebalance RUN` read a rank at a
 time against the same costs from the whole run loaded (`load_run`), with the same JSON; and `ppscope export RUN
---format nsys-sqlite` written a rank at a time against the export of the whole run loaded; and the dashboard's
-data step on a job of data-parallel pipelines (its stage view and one rank's lanes, read a rank at a time) against
-the same view from the whole run loaded, as the dashboard loads a small run.
+--format nsys-sqlite` and `--format chrome` written a rank at a time against the export of the whole run loaded;
+and the dashboard's data step on a job of data-parallel pipelines (its stage view and one rank's lanes, read a rank
+at a time) against the same view from the whole run loaded, as the dashboard loads a small run.
 
 The job: RANKS ranks of SPANS spans each (256 × 100 k = 25.6 M spans by default), written by the run store's
 writer, one pipeline stage per rank. Each step runs in a fresh process so its peak memory is its own (with
@@ -71,16 +71,24 @@ elif step.startswith("export"):
     import hashlib, sqlite3
     from ppscope.formats import export_run, export_trace
     from ppscope.trace.store import load_run
-    out = run_dir.parent / f"{step}.sqlite"
-    if step == "export-whole":
-        export_trace(load_run(run_dir), "nsys-sqlite", out)
+    chrome = step.startswith("export-chrome")
+    fmt, out = ("chrome", "json") if chrome else ("nsys-sqlite", "sqlite")
+    out = run_dir.parent / f"{step}.{out}"
+    if step.endswith("-whole"):
+        export_trace(load_run(run_dir), fmt, out)
     else:
-        export_run(run_dir, "nsys-sqlite", out)
+        export_run(run_dir, fmt, out)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the check below reads it back
-    db, digest = sqlite3.connect(out), hashlib.sha256()
-    for row in db.execute("SELECT * FROM NVTX_EVENTS ORDER BY rowid"):
-        digest.update(repr(row).encode())
-    db.close()
+    digest = hashlib.sha256()
+    if chrome:
+        with open(out, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    else:
+        db = sqlite3.connect(out)
+        for row in db.execute("SELECT * FROM NVTX_EVENTS ORDER BY rowid"):
+            digest.update(repr(row).encode())
+        db.close()
     out.unlink()
     extra = {"json": digest.hexdigest()[:16], "peak_mb": peak_mb}
 elif step == "bytes":
@@ -237,8 +245,11 @@ def _job(ranks: int, *, sizes: bool = False) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         got = {"write": _step("write", run_dir, ranks), "select": _step("select", run_dir, ranks)}
-        whole = ("whole", "rebalance-whole", "export-whole") if ranks * SPANS <= WHOLE_LIMIT else ()
-        steps = ("1", "2", "rebalance", "rebalance:2", "export", *whole) + (("ray",) if _has_ray() else ())
+        whole = (
+            ("whole", "rebalance-whole", "export-whole", "export-chrome-whole") if ranks * SPANS <= WHOLE_LIMIT else ()
+        )
+        steps = ("1", "2", "rebalance", "rebalance:2", "export", "export-chrome", *whole)
+        steps += ("ray",) if _has_ray() else ()
         steps += ("bytes",) if sizes else ()
         for step in steps:
             got[step] = _step(step, run_dir, ranks)
@@ -271,7 +282,9 @@ def main() -> list[str]:
     for step, what in (("rebalance", "rebalance (rank by rank)"), ("rebalance:2", "rebalance --workers 2"),
                        ("rebalance-whole", "rebalance (the whole run loaded)"),
                        ("export", "export nsys-sqlite (rank by rank)"),
-                       ("export-whole", "export nsys-sqlite (the whole run loaded)")):  # fmt: skip
+                       ("export-whole", "export nsys-sqlite (the whole run loaded)"),
+                       ("export-chrome", "export chrome (rank by rank)"),
+                       ("export-chrome-whole", "export chrome (the whole run loaded)")):  # fmt: skip
         if step in big:
             r = big[step]
             lines.append(
@@ -282,6 +295,8 @@ def main() -> list[str]:
     lines.append(f"scale: rebalance --json the same on every path: {len(jsons) == 1}")
     rows = {big[s]["json"] for s in ("export", "export-whole") if s in big}
     lines.append(f"scale: export's NVTX rows the same on both paths: {len(rows) == 1}")
+    chrome = {big[s]["json"] for s in ("export-chrome", "export-chrome-whole") if s in big}
+    lines.append(f"scale: export's Chrome JSON the same bytes on both paths: {len(chrome) == 1}")
     b = small["bytes"]
     lines.append(
         f"scale: the driver receives, pickled, from the {small_ranks}-rank job's tasks "
