@@ -28,7 +28,7 @@ from ppscope.trace.model import RunMeta, SpanKind, Trace
 from ppscope.trace.rankfile import read_p2p, start_order
 from ppscope.trace.store import each_rank, run_files
 
-__all__ = ["Plan", "RankSource", "RunRanks", "TraceRanks", "link_pairs", "match_flows", "with_levels"]
+__all__ = ["RECV_KINDS", "Plan", "RankSource", "RunRanks", "TraceRanks", "link_pairs", "match_flows", "with_levels"]
 
 RECV_KINDS = (str(SpanKind.RECV), str(SpanKind.RECV_WAIT))
 _SEND = str(SpanKind.SEND)
