@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import shutil
 import sqlite3
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from ppscope.formats.chrome import match_flows
 from ppscope.formats.chrome_ranks import Plan, TraceRanks
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import write_run
-from ppscope.trace.store import load_run, rank_file
+from ppscope.trace.store import load_run, rank_file, read_meta, write_meta
 
 sys.path.insert(0, str(Path(__file__).parent))
 from replica_helpers import replica_job
@@ -45,7 +46,9 @@ def _rows(path: Path) -> dict[str, list[tuple[object, ...]]]:
 def _runs(tmp: Path) -> dict[str, Path]:
     imported = open_trace(_write(tmp / "k", gpipe_cpu()))
     runs = {name: _sim(tmp / name, **kw) for name, kw in RUNS.items()}
-    runs["training"] = write_run(_training(4, 6, "1f1b", steps=2), tmp / "training")
+    training = _training(4, 6, "1f1b", steps=2)
+    training.meta.status = "finished"  # a job that closed its recorder: read rank by rank
+    runs["training"] = write_run(training, tmp / "training")
     runs["imported"] = write_run(dataclasses.replace(imported, warnings=[]), tmp / "imported")
     runs["replicas"] = write_run(replica_job(3, 2), tmp / "replicas")
     return runs
@@ -131,6 +134,27 @@ def test_chrome_refuses_a_run_that_changed_between_its_reads(runs: dict[str, Pat
     plan.links[src, dst] = (first, n + 1)
     with pytest.raises(CorruptFileError, match="changed while it was exported"):
         plan.arrows(src, dst, source.sends(src, dst), source.receives(dst, src))
+
+
+def test_a_run_still_being_written_is_exported_from_one_snapshot(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two reads of a growing run's files need not agree: such a run is loaded once, whole, and exported."""
+    from ppscope.formats import chrome
+
+    run = tmp_path / "live"
+    shutil.copytree(runs["gpipe"], run)
+    meta = read_meta(run)
+    meta.status = "running"
+    write_meta(run, meta)
+
+    def rank_by_rank(*args: object, **kwargs: object) -> Path:
+        raise AssertionError("a running run was read rank by rank")
+
+    monkeypatch.setattr(chrome, "export_chrome_run", rank_by_rank)
+    export_run(run, "chrome", tmp_path / "live.json")
+    export_trace(load_run(runs["gpipe"]), "chrome", tmp_path / "whole.json")
+    assert _doc(tmp_path / "live.json") == _doc(tmp_path / "whole.json")
 
 
 @pytest.mark.parametrize("fmt", ["nsys-sqlite", "chrome"])

@@ -45,8 +45,13 @@ def export_trace(trace: Trace, fmt: str, out: str | Path, *, force: bool = False
 def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, force: bool = False) -> Path:
     """`export_trace(load_run(run_dir), ...)`, the same output, reading one rank file at a time, so that memory
     holds one rank's spans (and, for chrome, one link's far side: its arrows pair sends with receives across
-    ranks), not the job's."""
+    ranks), not the job's. A run still being written is exported from one snapshot loaded whole: the rank-by-rank
+    paths read each file twice, and the two reads of a growing run would not agree."""
     out = Path(out)
+    from ppscope.trace.store import load_run, read_meta
+
+    if read_meta(run_dir).status == "running":
+        return export_trace(load_run(run_dir), fmt, out, force=force)
     if fmt == "nsys-sqlite":
         from ppscope.formats.nsys_export import export_nsys_run
 
