@@ -186,3 +186,25 @@ def test_times_that_would_wrap_on_the_common_clock_are_left_out(tmp_path: Path) 
     assert trace.counters["ts_ns"].tolist() == [low + 10, 7 - 3_845, 7]
     assert any("1 span(s) in rank-00001.sqlite lie too near the int64 limits" in w for w in trace.warnings)
     assert any("1 counter sample(s) lie too near the int64 limits" in w for w in trace.warnings)
+
+
+def test_one_ranks_counters_read_alone_are_its_rows_of_the_whole_load(tmp_path: Path) -> None:
+    from ppscope.trace.counterfile import read_rank_counters
+
+    run = tmp_path / "run"
+    meta = RunMeta(world_size=3, ranks=[RankInfo(rank=r, clock=ClockInfo(offset_ns=r * 777)) for r in range(3)])
+    create_run(run, meta)
+    for r in range(3):
+        w = RankWriter(run, r)
+        w.write([], [(t * 1_000 - r * 500, r, t % 2, "gpu_util_pct", float(t * r)) for t in (5, 1, 3, 1, 9)])
+        w.close()
+    whole = load_run(run).counters
+    meta = read_meta(run)
+    for r in range(3):
+        alone = read_rank_counters(rank_file(run, r), meta)
+        expected = whole[whole["rank"] == r].reset_index(drop=True)
+        pd.testing.assert_frame_equal(alone, expected)
+        assert alone["ts_ns"].is_monotonic_increasing and len(alone) == 5
+    rank_file(run, 1).write_bytes(b"not a database at all, just text")
+    with pytest.raises(CorruptFileError, match=r"rank-00001\.sqlite is not an SQLite file"):
+        read_rank_counters(rank_file(run, 1), meta)

@@ -22,21 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from ppscope.errors import CorruptFileError, InvalidConfigError, RunExistsError, RunNotFoundError
 from ppscope.failures import recorded_failures
+from ppscope.trace.counterfile import common_counters
 from ppscope.trace.model import COUNTER_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, RunMeta, Trace, counters_frame
 from ppscope.trace.rankfile import (
-    UNSHIFTABLE,
     connect_ro,
     merge_values,
     query,
     read_ranks,
     spans_of,
-    to_common,
-    unshiftable,
 )
 from ppscope.trace.requestlog import read_requests_after
 
@@ -348,18 +345,9 @@ def read_since(
 
 
 def _counters_of(parts: list[pd.DataFrame], meta: RunMeta, warnings: list[str]) -> pd.DataFrame:
-    """The counters of the files read, on the common clock and sorted as `Trace.sorted()` sorts them, without
-    the samples too near the int64 limits to move (a damaged file), said in `warnings`."""
-    counters = pd.concat(parts, ignore_index=True) if parts else counters_frame()
-    wide = unshiftable(counters["rank"].to_numpy(), meta, counters["ts_ns"].to_numpy())
-    if wide.any():
-        warnings.append(f"{int(wide.sum())} counter sample(s) {UNSHIFTABLE} (a damaged file); left them out")
-        counters = counters[~wide].reset_index(drop=True)
-    if any(info.clock.offset_ns or info.clock.drift_ppm for info in meta.ranks):
-        ts = counters["ts_ns"].to_numpy(np.int64, copy=True)
-        to_common(counters["rank"].to_numpy(), meta, ts)
-        counters["ts_ns"] = ts
-    return counters.sort_values(["ts_ns", "rank"], kind="stable").reset_index(drop=True)
+    """The counters of the files read, on the common clock and sorted as `Trace.sorted()` sorts them (see
+    `counterfile.common_counters`)."""
+    return common_counters(pd.concat(parts, ignore_index=True) if parts else counters_frame(), meta, warnings)
 
 
 def run_files(
