@@ -20,17 +20,19 @@ def replica_job(
     stage_major: bool = True,
     say_replica: bool = True,
     microbatches: int = 8,
+    layers: int = 0,
 ) -> Trace:
     """`replicas` gpipe pipelines of `p` stages; `slow[(stage, replica)]` divides that rank's speed. Global
     rank: stage * replicas + replica (stage-major, as Megatron and torchtitan lay out PP outermost) or
-    replica * p + stage (replica-major). With `say_replica`, each rank's metadata names its replica."""
+    replica * p + stage (replica-major). With `say_replica`, each rank's metadata names its replica. `layers`: the
+    model's decoder layers, split evenly (default 2 a stage)."""
     slow = slow or {}
     parts, infos = [], []
     meta = None
     for rep in range(replicas):
         speed = tuple(1.0 / slow.get((s, rep), 1.0) for s in range(p))
         cfg = SimConfig(schedule="gpipe", stages=p, microbatches=microbatches, steps=2,
-                        costs=LayerCosts.uniform(2 * p, 1.0), speed=speed)  # fmt: skip
+                        costs=LayerCosts.uniform(layers or 2 * p, 1.0), speed=speed)  # fmt: skip
         trace = simulate(cfg)
         meta = trace.meta
 

@@ -88,13 +88,13 @@ def test_the_stage_view_reads_only_the_ranks_it_draws(tmp_path: Path, monkeypatc
     assert not at.exception, at.exception
     assert reads == [[0], [5]]  # the picked rank alone, when picked
     reads.clear()
-    at.sidebar.radio(key="section").set_value("Rebalance").run()
+    at.sidebar.radio(key="section").set_value("Compare").run()
     assert reads == []  # a page that needs the whole run says so instead of loading it
     assert any("Load the whole run" in i.value for i in at.info)
     at.sidebar.checkbox(key="whole_run").check().run()
     assert not at.exception, at.exception
     assert [len(r) for r in reads][:1] == [24]  # asked for: the whole run, as a small one is loaded
-    assert any("Rebalance" in m.value for m in at.markdown)
+    assert any("Compare two runs" in m.value for m in at.markdown)
 
 
 def test_a_run_within_the_limit_or_still_running_is_loaded_whole(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import streamlit as st
 
 from ppscope.analysis import gantt
 from ppscope.analysis.replica_report import stage_lanes
-from ppscope.dashboard import charts, views
+from ppscope.dashboard import advice, jobpages, views
 from ppscope.dashboard.data import LiveTrace
 from ppscope.dashboard.ranked import RANKS_IN_MEMORY, RankedRun
 from ppscope.dashboard.safety import Catalog, Entry, catalog_from_args, md
@@ -100,8 +100,8 @@ def main(argv: Sequence[str]) -> None:
     if big is not None and not st.sidebar.checkbox(
         f"Load the whole run ({len(big.files):,} rank files)",
         key="whole_run",
-        help="This run is shown a rank at a time; the Rebalance, Compare, GPU usage and Requests pages need "
-        "every rank's spans in memory.",
+        help="This run is shown a rank at a time; the Compare page, and the Rebalance page's simulated replay and "
+        "timelines, need every rank's spans in memory.",
     ):
         ranked_page(entry, big, section)
         return
@@ -115,13 +115,13 @@ def main(argv: Sequence[str]) -> None:
     elif section == "Stages":
         views.stages(live)
     elif section == "GPU usage":
-        usage(live)
+        jobpages.usage(live)
     elif section == "Rebalance":
-        views.rebalance(live)
+        advice.rebalance(live)
     elif section == "Compare":
         views.compare(live, [e for e in entries if e.label != entry.label], live_trace)
     else:
-        views.requests(live)
+        jobpages.requests(live)
 
 
 def _wait_for_runs(catalog: Catalog) -> None:
@@ -164,7 +164,8 @@ def _status_line(entry: Entry, meta: RunMeta) -> str:
 
 
 def ranked_page(entry: Entry, big: RankedRun, section: str) -> None:
-    """A large run's page: its stage view and its stages' figures, read a rank at a time."""
+    """A large run's page, read a rank at a time: its stage view, its stages' figures, the rebalancer's advice,
+    its devices' usage and its requests (the Compare page needs the whole run)."""
     st.subheader(md(entry.label))
     st.caption(_status_line(entry, big.meta))
     try:
@@ -182,10 +183,16 @@ def ranked_page(entry: Entry, big: RankedRun, section: str) -> None:
         ranked_timeline(big)
     elif section == "Stages":
         views.stage_page(ra, ra.results.get(ra.shown_replica), "no replica recorded spans")
+    elif section == "Rebalance":
+        advice.rebalance_ranked(big)
+    elif section == "GPU usage":
+        jobpages.usage_ranked(big)
+    elif section == "Requests":
+        jobpages.requests_ranked(big)
     else:
         st.info(
             f"This run has {len(big.files):,} rank files, more than the {md(section)} page loads: the dashboard "
-            "shows its timeline and stages a rank at a time. Tick 'Load the whole run' in the sidebar to load "
+            "shows its other pages a rank at a time. Tick 'Load the whole run' in the sidebar to load "
             "every rank's spans, or use the command line (`ppscope rebalance RUN`, `ppscope analyze RUN "
             "--workers N`), which reads a run a rank at a time."
         )
@@ -304,21 +311,6 @@ def _window(mode: str, origin_ns: int, end_ns: int, last_ms: float) -> tuple[int
         lo, hi = st.slider("Window (ms since run start)", 0.0, total_ms, (0.0, total_ms), key="range_ms")
         return origin_ns + int(lo * 1e6), origin_ns + int(hi * 1e6)
     return None
-
-
-def usage(live: LiveTrace) -> None:
-    st.markdown("### Device usage")
-    trace = live.trace
-    origin = int(trace.spans["start_ns"].min()) if len(trace.spans) else 0
-    view = live.memo("usage", lambda t: charts.usage_figure(t.counters, origin_ns=origin))
-    if view is None:
-        if live.is_run:
-            st.info("This run recorded no GPU or CPU counters (the engine samples them while it runs).")
-        else:
-            st.info(f"This {md(live.meta.source)} trace carries no GPU or CPU counters that ppscope imports.")
-        return
-    (st.success if view.device == "gpu" else st.info)(view.label)
-    st.plotly_chart(view.figure, key="usage", config={"displaylogo": False})
 
 
 if __name__ == "__main__":

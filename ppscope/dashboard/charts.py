@@ -6,7 +6,7 @@ numbers come from the run's counters and from `ppscope.analysis`; nothing here c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,7 +20,17 @@ from ppscope.trace.model import Metric
 if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult, RequestLatency
 
-__all__ = ["UsageView", "compare_figure", "compare_table", "latency_figure", "split_figure", "usage_figure"]
+__all__ = [
+    "USAGE_COLUMNS",
+    "UsageView",
+    "compare_figure",
+    "compare_table",
+    "latency_figure",
+    "split_figure",
+    "usage_figure",
+    "usage_rows",
+    "usage_tables",
+]
 
 _GPU_PANELS: tuple[tuple[str, str, float], ...] = (
     (Metric.GPU_UTIL_PCT, "utilisation (%)", 1.0),
@@ -48,9 +58,7 @@ def usage_figure(counters: pd.DataFrame, *, origin_ns: int = 0) -> UsageView | N
 
     None when the run recorded no counters at all. x is seconds since `origin_ns`.
     """
-    metrics = set(counters["metric"].unique()) if len(counters) else set()
-    gpu = [p for p in _GPU_PANELS if p[0] in metrics]
-    panels = gpu or [p for p in _CPU_PANELS if p[0] in metrics]
+    panels, gpu = _panels(counters)
     if not panels:
         return None
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p[1] for p in panels])
@@ -79,6 +87,60 @@ def usage_figure(counters: pd.DataFrame, *, origin_ns: int = 0) -> UsageView | N
     return UsageView(
         figure=fig, device="cpu", label="CPU usage per rank: this run recorded no GPU counters (it ran on CPUs)"
     )
+
+
+def _panels(counters: pd.DataFrame) -> tuple[tuple[tuple[str, str, float], ...], bool]:
+    """The panels to draw of these counters (metric, title, scale): the GPU's when there are GPU counters, else
+    the CPU's; and whether they are the GPU's."""
+    metrics = set(counters["metric"].unique()) if len(counters) else set()
+    gpu = tuple(p for p in _GPU_PANELS if p[0] in metrics)
+    return gpu or tuple(p for p in _CPU_PANELS if p[0] in metrics), bool(gpu)
+
+
+USAGE_COLUMNS = ("rank", "device", "metric", "samples", "mean", "high")
+"""`usage_rows`'s columns."""
+
+
+def usage_rows(counters: pd.DataFrame) -> pd.DataFrame:
+    """One row per (rank, device, metric) of `counters`: how many samples, their mean and their highest value.
+    Each row is one rank's alone, so a run read a rank at a time gives these rows rank by rank, the same."""
+    if not len(counters):
+        return pd.DataFrame({c: pd.Series(dtype=np.float64 if c in ("mean", "high") else np.int64)
+                             for c in USAGE_COLUMNS})  # fmt: skip
+    values = counters.groupby(["rank", "device", "metric"], sort=True, observed=True)["value"]
+    return values.agg(samples="size", mean="mean", high="max").reset_index()
+
+
+def usage_tables(
+    rows: pd.DataFrame, place: Mapping[int, tuple[int, int]]
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """A job's device usage per stage and per replica, from `usage_rows` and each rank's (stage, replica): for each
+    metric drawn, the mean of the devices' means and the highest sample, and the device least used (the lowest
+    mean of the first metric: utilisation)."""
+    panels, _ = _panels(rows)
+    ranks = rows["rank"].to_numpy(np.int64)
+    keyed = rows.assign(
+        stage=[place.get(int(r), (-1, -1))[0] for r in ranks], replica=[place.get(int(r), (-1, -1))[1] for r in ranks]
+    )
+    return _usage_by(keyed, "stage", panels), _usage_by(keyed, "replica", panels)
+
+
+def _usage_by(rows: pd.DataFrame, key: str, panels: Sequence[tuple[str, str, float]]) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for value, group in rows.groupby(key, sort=True):
+        row: dict[str, object] = {key: int(value), "ranks": int(group["rank"].nunique())}
+        for i, (metric, title, scale) in enumerate(panels):
+            part = group[group["metric"].to_numpy() == str(metric)]
+            means = part["mean"].to_numpy(np.float64) * scale
+            row[f"{title}: mean"] = round(float(means.mean()), 3) if len(part) else None
+            row[f"{title}: peak"] = round(float(part["high"].max()) * scale, 3) if len(part) else None
+            if i == 0 and len(part):
+                low = int(np.argmin(means))
+                device = int(part["device"].iloc[low])
+                where = f"rank {int(part['rank'].iloc[low])}" + (f" · gpu {device}" if device >= 0 else "")
+                row["least used"] = f"{where}: {means[low]:.3g}"
+        out.append(row)
+    return out
 
 
 def split_figure(current_ms: Sequence[float], proposed_ms: Sequence[float]) -> go.Figure:

@@ -18,19 +18,28 @@ module knows no Streamlit.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pandas as pd
 
 from ppscope.analysis.placement import placement_from
 from ppscope.analysis.replica_report import lane_ranks, stage_lanes
 from ppscope.analysis.sharded_replicas import RunReplicas, run_replicas
-from ppscope.errors import PPScopeError
+from ppscope.dashboard.charts import usage_rows
+from ppscope.errors import CorruptFileError, PPScopeError
+from ppscope.trace.counterfile import read_rank_counters
 from ppscope.trace.model import RunMeta
-from ppscope.trace.store import read_rank_spans, run_files
+from ppscope.trace.store import read_rank_spans, read_requests, run_files
+
+if TYPE_CHECKING:
+    from ppscope.balance.timings import RunTimings
 
 __all__ = ["RANKS_IN_MEMORY", "RankedRun"]
+
+T = TypeVar("T")
 
 RANKS_IN_MEMORY = 256
 """A finished run of replicas with more rank files than this is shown a rank at a time."""
@@ -53,6 +62,8 @@ class RankedRun:
         self._run: RunReplicas | None = None
         self._lanes: _Read | None = None
         self._rank: _Read | None = None
+        self._counters: tuple[int, pd.DataFrame] | None = None
+        self._memo: dict[str, Any] = {}
 
     @classmethod
     def open(cls, path: Path, limit: int = RANKS_IN_MEMORY) -> RankedRun | None:
@@ -103,3 +114,44 @@ class RankedRun:
                 spans, _, _ = read_rank_spans(self.files, [rank], self.meta)
                 self._rank = _Read((rank,), spans)
             return self._rank.spans
+
+    def memo(self, name: str, fn: Callable[[], T]) -> T:
+        """fn(), computed once for this run (a finished run does not change; a new one is a new RankedRun).
+        Not under the lock: two sessions asking at once may both compute it, and either answer is kept."""
+        if name not in self._memo:
+            self._memo[name] = fn()
+        return self._memo[name]
+
+    def timings(self) -> RunTimings:
+        """What the rebalancer reads of the run (`run_timings`: each rank file alone, reduced to its timed
+        parts, the parts merged), as `ppscope rebalance RUN` reads it."""
+        from ppscope.balance.timings import run_timings
+
+        return self.memo("timings", lambda: run_timings(self.path))
+
+    def usage(self) -> tuple[pd.DataFrame, list[str]]:
+        """Each rank's counters summed up (`usage_rows`), read a rank file at a time and without the spans, and
+        which rank files could not be read (left out, as a whole load leaves them out)."""
+        return self.memo("usage", self._usage)
+
+    def _usage(self) -> tuple[pd.DataFrame, list[str]]:
+        parts, damaged = [], []
+        for rank in sorted(self.files):
+            try:
+                parts.append(usage_rows(read_rank_counters(self.files[rank], self.meta)))
+            except CorruptFileError as exc:
+                damaged.append(f"rank {rank}: {exc}")
+        rows = [p for p in parts if len(p)]
+        return (pd.concat(rows, ignore_index=True) if rows else usage_rows(pd.DataFrame())), damaged
+
+    def rank_counters(self, rank: int) -> pd.DataFrame:
+        """One rank's counters, read when it is picked (the last one picked is kept)."""
+        with self._lock:
+            if self._counters is None or self._counters[0] != rank:
+                self._counters = (rank, read_rank_counters(self.files[rank], self.meta))
+            return self._counters[1]
+
+    def requests(self) -> pd.DataFrame:
+        """The run's request log (`requests.jsonl`, written by the launcher beside the rank files): no rank file
+        is read for it."""
+        return self.memo("requests", lambda: read_requests(self.path))

@@ -1,4 +1,5 @@
-"""The analysis pages of the dashboard: stages, rebalance, compare, requests. Streamlit calls only.
+"""The analysis pages of the dashboard: stages and compare (rebalance in `advice.py`, device usage and requests
+in `jobpages.py`). Streamlit calls only.
 
 Each page takes a `LiveTrace`, asks `ppscope` for numbers (memoised per version of the trace), and shows
 them with figures from `ppscope.dashboard.charts`. A piece of the library that is not there yet is named on the
@@ -8,7 +9,6 @@ page instead of being imitated.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import streamlit as st
@@ -26,16 +26,8 @@ if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult
     from ppscope.analysis.placement import Placement
     from ppscope.analysis.replicas import ReplicaAnalysis
-    from ppscope.balance.advice import Advice, Interval
-    from ppscope.balance.profile import LayerProfile
-    from ppscope.balance.rebalance import Rebalance
-    from ppscope.balance.runcosts import RunCosts
-    from ppscope.simulate.calibrate import Prediction
 
-    Answer = tuple[Rebalance, str, Interval | None, Advice]
-    """The rebalancer's answer, where its costs came from, the interval of its speedup, keep or change."""
-
-__all__ = ["analysis", "compare", "rebalance", "replica_summary", "replicas", "requests", "stage_page", "stages"]
+__all__ = ["analysis", "compare", "replica_summary", "replicas", "stage_page", "stages"]
 
 
 def _analyze(trace: Trace) -> tuple[AnalysisResult | None, str]:
@@ -191,149 +183,6 @@ def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:
     return rows
 
 
-def _advise(trace: Trace, profile: LayerProfile | None) -> tuple[Answer | None, str]:
-    """Ask the rebalancer with the costs `ppscope rebalance RUN` takes: the layers timed inside the run when it
-    has `layer` spans, else its per-layer profile when it has one (decode pass), else costs fitted from the
-    trace's stage spans."""
-    from ppscope.balance.advice import advise, speedup_interval
-    from ppscope.balance.problem import BalanceProblem
-    from ppscope.balance.rebalance import rebalance
-    from ppscope.balance.runcosts import run_costs
-
-    split = list(trace.meta.split)
-    try:
-        got = run_costs([trace], profile)
-        problem = BalanceProblem(costs=got.costs, stages=len(split))
-        advice = rebalance(problem, split, chunks=trace.meta.chunks)  # a training run: per virtual stage
-    except PPScopeError as exc:
-        return None, str(exc)
-    cur, new = advice.current.split, advice.proposed.split
-    interval = speedup_interval([trace], problem, cur, new) if cur != new else None
-    decision = advise(cur, new, advice.predicted_speedup, interval, "the run is too short to tell how it varies")
-    return (advice, _cost_source(got), interval, decision), ""
-
-
-def _cost_source(got: RunCosts) -> str:
-    """Where the costs came from, in a sentence or two for the page."""
-    from ppscope.balance.costs import r_squared_text
-
-    costs, fit, profile = got.costs, got.fit, got.profile
-    if got.insitu is not None:
-        sampled = got.insitu.passes
-        return (
-            f"Costs timed layer by layer inside this run ({got.phase} passes, the median of {min(sampled)}-"
-            f"{max(sampled)} sampled passes per layer): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on "
-            "average."
-        )
-    if profile is not None:
-        return (
-            f"Costs from the run's per-layer profile (profile.json, {got.phase} pass, timed with {profile.how} "
-            f"on {profile.device}): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on average."
-        )
-    assert fit is not None  # costs not from a profile are fitted
-    passes = "all passes" if fit.phase == "all" else f"the {fit.phase} passes"
-    return (
-        f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer on average, "
-        f"{r_squared_text(fit.r_squared)}. " + " ".join(f"Note: {md(n)}." for n in (*got.notes, *fit.notes))
-    )
-
-
-def _profile(live: LiveTrace) -> tuple[LayerProfile | None, str]:
-    from ppscope.balance.profile import read_profile
-
-    if not live.is_run:
-        return None, ""
-    try:
-        return read_profile(live.path), ""
-    except PPScopeError as exc:
-        return None, f"{exc}; costs are fitted from the spans instead"
-
-
-def rebalance(live: LiveTrace) -> None:
-    st.markdown("### Rebalance: what if the layers were split differently")
-    profile, profile_problem = _profile(live)
-    if profile_problem:
-        st.warning(md(profile_problem))
-    got, problem = live.memo(f"advice-{profile is not None}", lambda t: _advise(t, profile))
-    if got is None:
-        st.error(f"No advice for this trace: {md(problem)}")
-        return
-    advice, source, interval, decision = got
-    cur, new = advice.current, advice.proposed
-    cols = st.columns(4)
-    cols[0].metric("Current split", ",".join(map(str, cur.split)))
-    cols[1].metric("Proposed split", ",".join(map(str, new.split)))
-    cols[2].metric(
-        "Predicted speedup",
-        f"×{advice.predicted_speedup:.3f}",
-        help="slowest stage now / proposed"
-        + (f"; {interval.level:.0%} interval {interval.text()} ({interval.how})" if interval else ""),
-    )
-    change = new.max_ms - cur.max_ms
-    cols[3].metric(
-        "Slowest stage",
-        f"{new.max_ms:.3f} ms",
-        delta=f"{change:+.3f} ms" if abs(change) >= 5e-4 else None,
-        delta_color="inverse",
-        help="predicted time per micro-batch of the slowest stage with the advised split (change from now)",
-    )
-    st.caption(source)
-    if decision.change:
-        st.success(f"Advice: change the split. {md(decision.reason)}.")
-    else:
-        st.info(f"Advice: keep the current split: {md(decision.reason)}.")
-    st.plotly_chart(charts.split_figure(cur.stage_ms, new.stage_ms), key="split", config={"displaylogo": False})
-    from ppscope.balance.rebalance import engine_lines
-
-    lines = engine_lines(new.split, sum(cur.split))
-    if decision.change:
-        st.markdown("**Ready to paste**")
-        st.code(f"{lines['vllm_env']}\n{lines['sglang_env']}\n{lines['ppscope_run']}", language="bash")
-        st.caption(f"Megatron-LM: {lines['megatron_args'] or '(one stage: no flags needed)'}")
-        st.caption(f"torchtitan: {lines['torchtitan_args']}")
-    sim, problem = live.memo("simulated", lambda t: _simulate_advised(t, new.split))
-    if sim is None:
-        st.warning(f"No simulated timeline for this trace: {md(problem)}")
-    else:
-        now, new_ms = sim.current, sim.advised.predicted_ms
-        st.markdown(
-            f"**Simulated replay** (the run's schedule and sizes, costs fitted from its spans, measured hops): "
-            f"current split {now.predicted_ms:,.3f} ms against {now.measured_ms:,.3f} ms measured "
-            f"({now.throughput_error:+.1%} simulator error); advised split {new_ms:,.3f} ms, "
-            f"×{now.predicted_ms / new_ms if new_ms else 1.0:.3f}."
-        )
-    left, right = st.columns(2)
-    with left:
-        st.markdown("**Measured timeline (current split)**")
-        view = gantt.gantt_figure(live.trace.spans, color_by="kind", max_bars=3000)
-        st.plotly_chart(view.figure, key="measured_gantt", config={"displaylogo": False})
-        st.caption(view.note)
-    with right:
-        st.markdown("**Simulated timeline (advised split)**")
-        if sim is not None:
-            view = gantt.gantt_figure(sim.advised.trace.spans, color_by="kind", max_bars=3000)
-            st.plotly_chart(view.figure, key="simulated_gantt", config={"displaylogo": False})
-            st.caption(view.note + " Predicted by ppscope.simulate.simulator, not measured.")
-
-
-@dataclass(kw_only=True)
-class _Replay:
-    current: Prediction
-    """The run replayed with its own split."""
-    advised: Prediction
-
-
-def _simulate_advised(trace: Trace, split: Sequence[int]) -> tuple[_Replay | None, str]:
-    """Replay the run with the simulator, as it is and with `split` (what `ppscope simulate --from` does)."""
-    from ppscope.simulate.calibrate import Replay
-
-    try:
-        replay = Replay.of(trace)
-        return _Replay(current=replay.predict(), advised=replay.predict(split)), ""
-    except PPScopeError as exc:
-        return None, str(exc)
-
-
 def compare(live: LiveTrace, others: Sequence[Entry], opener: Callable[[Entry], LiveTrace]) -> None:
     st.markdown("### Compare two runs")
     if not others:
@@ -368,30 +217,3 @@ def compare(live: LiveTrace, others: Sequence[Entry], opener: Callable[[Entry], 
 
 def _short(text: str, limit: int = 28) -> str:
     return text if len(text) <= limit else "…" + text[-(limit - 1) :]
-
-
-def requests(live: LiveTrace) -> None:
-    st.markdown("### Requests: latency")
-    result, problem = analysis(live)
-    if result is None:
-        st.error(f"The analyzer could not read this trace: {md(problem)}")
-        return
-    lat = result.latency
-    if lat is None:
-        st.info("This trace has no request log (`requests.jsonl`, which ppscope's engine writes as requests finish).")
-        return
-    cols = st.columns(4)
-    cols[0].metric("Requests", f"{lat.requests:,}", help=f"{lat.finished:,} finished")
-    cols[1].metric("TTFT p50", "—" if lat.ttft is None else f"{lat.ttft.p50_ms:,.1f} ms")
-    cols[2].metric("TPOT p50", "—" if lat.tpot is None else f"{lat.tpot.p50_ms:,.2f} ms")
-    cols[3].metric("Output tokens/s", "—" if lat.tokens_per_s is None else f"{lat.tokens_per_s:,.0f}")
-    fig = charts.latency_figure(lat)
-    if fig is None:
-        st.info("No request has both an arrival and a first token yet.")
-    else:
-        st.plotly_chart(fig, key="latency", config={"displaylogo": False})
-    stats = [("TTFT", lat.ttft), ("TPOT", lat.tpot), ("end to end", lat.e2e)]
-    st.dataframe(
-        [{"measure": name, **vars(s)} for name, s in stats if s is not None],
-        hide_index=True,
-    )

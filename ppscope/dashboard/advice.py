@@ -1,0 +1,220 @@
+"""The Rebalance page: the split `ppscope rebalance RUN` advises, for a run in memory and for a large run.
+
+A run in memory is reduced to its timed parts (`RunTimings.of`) once, and a large run shown a rank at a time
+(`RankedRun`) reads them rank file by rank file (`run_timings`, what `ppscope rebalance RUN` reads): the same
+table either way, so the page shows the same costs, split, speedup, interval and advice, and the same figures as
+`ppscope rebalance --json`. The simulated replay and the measured timeline beside them need every rank's spans,
+so a large run's page leaves them out and says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from ppscope.analysis import gantt
+from ppscope.dashboard import charts
+from ppscope.dashboard.data import LiveTrace
+from ppscope.dashboard.ranked import RankedRun
+from ppscope.dashboard.safety import md
+from ppscope.errors import PPScopeError
+from ppscope.trace.model import Trace
+
+if TYPE_CHECKING:
+    from ppscope.balance.advice import Advice, Interval
+    from ppscope.balance.profile import LayerProfile
+    from ppscope.balance.rebalance import Rebalance
+    from ppscope.balance.runcosts import RunCosts
+    from ppscope.balance.timings import RunTimings
+    from ppscope.simulate.calibrate import Prediction
+
+    Answer = tuple[Rebalance, str, Interval | None, Advice]
+    """The rebalancer's answer, where its costs came from, the interval of its speedup, keep or change."""
+
+__all__ = ["advise", "rebalance", "rebalance_ranked"]
+
+_TITLE = "### Rebalance: what if the layers were split differently"
+
+
+def advise(run: Trace | RunTimings, profile: LayerProfile | None) -> tuple[Answer | None, str]:
+    """Ask the rebalancer with the costs `ppscope rebalance RUN` takes: the layers timed inside the run when it
+    has `layer` spans, else its per-layer profile when it has one (decode pass), else costs fitted from the
+    run's stage spans. `run`: a trace in memory (reduced to its timed parts here, once) or a run's timings
+    read a rank at a time."""
+    from ppscope.balance.advice import advise as keep_or_change
+    from ppscope.balance.advice import speedup_interval
+    from ppscope.balance.problem import BalanceProblem
+    from ppscope.balance.rebalance import rebalance as split_advice
+    from ppscope.balance.runcosts import run_costs
+    from ppscope.balance.timings import as_timings
+
+    timings = as_timings(run)
+    split = list(timings.meta.split)
+    try:
+        got = run_costs([timings], profile)
+        problem = BalanceProblem(costs=got.costs, stages=len(split))
+        advice = split_advice(problem, split, chunks=timings.meta.chunks)  # a training run: per virtual stage
+    except PPScopeError as exc:
+        return None, str(exc)
+    cur, new = advice.current.split, advice.proposed.split
+    interval = speedup_interval([timings], problem, cur, new) if cur != new else None
+    why = "the run is too short to tell how it varies"
+    decision = keep_or_change(cur, new, advice.predicted_speedup, interval, why)
+    return (advice, _cost_source(got), interval, decision), ""
+
+
+def _cost_source(got: RunCosts) -> str:
+    """Where the costs came from, in a sentence or two for the page."""
+    from ppscope.balance.costs import r_squared_text
+
+    costs, fit, profile = got.costs, got.fit, got.profile
+    if got.insitu is not None:
+        sampled = got.insitu.passes
+        return (
+            f"Costs timed layer by layer inside this run ({got.phase} passes, the median of {min(sampled)}-"
+            f"{max(sampled)} sampled passes per layer): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on "
+            "average."
+        )
+    if profile is not None:
+        return (
+            f"Costs from the run's per-layer profile (profile.json, {got.phase} pass, timed with {profile.how} "
+            f"on {profile.device}): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on average."
+        )
+    assert fit is not None  # costs not from a profile are fitted
+    passes = "all passes" if fit.phase == "all" else f"the {fit.phase} passes"
+    return (
+        f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer on average, "
+        f"{r_squared_text(fit.r_squared)}. " + " ".join(f"Note: {md(n)}." for n in (*got.notes, *fit.notes))
+    )
+
+
+def _profile(path: Path, is_run: bool) -> tuple[LayerProfile | None, str]:
+    """The run's per-layer profile (profile.json) when it has one, and what is wrong with a damaged one."""
+    from ppscope.balance.profile import read_profile
+
+    if not is_run:
+        return None, ""
+    try:
+        return read_profile(path), ""
+    except PPScopeError as exc:
+        return None, f"{exc}; costs are fitted from the spans instead"
+
+
+def rebalance(live: LiveTrace) -> None:
+    """The page of a trace in memory: the advice, then the run replayed by the simulator with both splits."""
+    st.markdown(_TITLE)
+    profile, profile_problem = _profile(live.path, live.is_run)
+    if profile_problem:
+        st.warning(md(profile_problem))
+    got, problem = live.memo(f"advice-{profile is not None}", lambda t: advise(t, profile))
+    advice = show_advice(got, problem)
+    if advice is None:
+        return
+    new = advice.proposed
+    sim, problem = live.memo("simulated", lambda t: _simulate_advised(t, new.split))
+    if sim is None:
+        st.warning(f"No simulated timeline for this trace: {md(problem)}")
+    else:
+        now, new_ms = sim.current, sim.advised.predicted_ms
+        st.markdown(
+            f"**Simulated replay** (the run's schedule and sizes, costs fitted from its spans, measured hops): "
+            f"current split {now.predicted_ms:,.3f} ms against {now.measured_ms:,.3f} ms measured "
+            f"({now.throughput_error:+.1%} simulator error); advised split {new_ms:,.3f} ms, "
+            f"×{now.predicted_ms / new_ms if new_ms else 1.0:.3f}."
+        )
+    left, right = st.columns(2)
+    with left:
+        st.markdown("**Measured timeline (current split)**")
+        view = gantt.gantt_figure(live.trace.spans, color_by="kind", max_bars=3000)
+        st.plotly_chart(view.figure, key="measured_gantt", config={"displaylogo": False})
+        st.caption(view.note)
+    with right:
+        st.markdown("**Simulated timeline (advised split)**")
+        if sim is not None:
+            view = gantt.gantt_figure(sim.advised.trace.spans, color_by="kind", max_bars=3000)
+            st.plotly_chart(view.figure, key="simulated_gantt", config={"displaylogo": False})
+            st.caption(view.note + " Predicted by ppscope.simulate.simulator, not measured.")
+
+
+def rebalance_ranked(big: RankedRun) -> None:
+    """The page of a large run: the advice from its timed parts, read a rank file at a time (as `ppscope
+    rebalance RUN` reads them); not its spans, which the replay and the timelines would need."""
+    st.markdown(_TITLE)
+    profile, profile_problem = _profile(big.path, True)
+    if profile_problem:
+        st.warning(md(profile_problem))
+    try:
+        got, problem = big.memo(f"advice-{profile is not None}", lambda: advise(big.timings(), profile))
+    except PPScopeError as exc:
+        got, problem = None, str(exc)
+    if show_advice(got, problem) is None:
+        return
+    st.info(
+        f"Costs read a rank at a time from {len(big.files):,} rank files, as `ppscope rebalance RUN` reads them. "
+        "The simulated replay and the measured timeline need every rank's spans: tick 'Load the whole run' in the "
+        "sidebar for them."
+    )
+
+
+def show_advice(got: Answer | None, problem: str) -> Rebalance | None:
+    """The advice: the splits, the predicted speedup and its interval, keep or change, where the costs came
+    from, each stage's predicted time and the lines to paste; the rebalancer's answer, or None (then why not)."""
+    if got is None:
+        st.error(f"No advice for this trace: {md(problem)}")
+        return None
+    advice, source, interval, decision = got
+    cur, new = advice.current, advice.proposed
+    cols = st.columns(4)
+    cols[0].metric("Current split", ",".join(map(str, cur.split)))
+    cols[1].metric("Proposed split", ",".join(map(str, new.split)))
+    cols[2].metric(
+        "Predicted speedup",
+        f"×{advice.predicted_speedup:.3f}",
+        help="slowest stage now / proposed"
+        + (f"; {interval.level:.0%} interval {interval.text()} ({interval.how})" if interval else ""),
+    )
+    change = new.max_ms - cur.max_ms
+    cols[3].metric(
+        "Slowest stage",
+        f"{new.max_ms:.3f} ms",
+        delta=f"{change:+.3f} ms" if abs(change) >= 5e-4 else None,
+        delta_color="inverse",
+        help="predicted time per micro-batch of the slowest stage with the advised split (change from now)",
+    )
+    st.caption(source)
+    if decision.change:
+        st.success(f"Advice: change the split. {md(decision.reason)}.")
+    else:
+        st.info(f"Advice: keep the current split: {md(decision.reason)}.")
+    st.plotly_chart(charts.split_figure(cur.stage_ms, new.stage_ms), key="split", config={"displaylogo": False})
+    from ppscope.balance.rebalance import engine_lines
+
+    lines = engine_lines(new.split, sum(cur.split))
+    if decision.change:
+        st.markdown("**Ready to paste**")
+        st.code(f"{lines['vllm_env']}\n{lines['sglang_env']}\n{lines['ppscope_run']}", language="bash")
+        st.caption(f"Megatron-LM: {lines['megatron_args'] or '(one stage: no flags needed)'}")
+        st.caption(f"torchtitan: {lines['torchtitan_args']}")
+    return advice
+
+
+@dataclass(kw_only=True)
+class _Replay:
+    current: Prediction
+    """The run replayed with its own split."""
+    advised: Prediction
+
+
+def _simulate_advised(trace: Trace, split: Sequence[int]) -> tuple[_Replay | None, str]:
+    """Replay the run with the simulator, as it is and with `split` (what `ppscope simulate --from` does)."""
+    from ppscope.simulate.calibrate import Replay
+
+    try:
+        replay = Replay.of(trace)
+        return _Replay(current=replay.predict(), advised=replay.predict(split)), ""
+    except PPScopeError as exc:
+        return None, str(exc)
