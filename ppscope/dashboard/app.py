@@ -26,9 +26,9 @@ from ppscope.trace.model import RunMeta
 
 __all__ = ["LANES", "RANKS_OPTION", "SECTIONS", "main"]
 
+# Timeline lanes of a job of several data-parallel pipelines: each stage's median replica with its straggler, or
+# the lanes of one rank picked from a list. (A comment: a bare string here would be printed on every page.)
 LANES = ("One per stage", "One rank")
-"""Timeline lanes of a job of several data-parallel pipelines: each stage's median replica with its straggler,
-or the lanes of one rank picked from a list."""
 SECTIONS = ("Timeline", "Stages", "GPU usage", "Rebalance", "Compare", "Requests")
 # How often the timeline of a run being written re-reads what arrived. (No bare strings at module level:
 # Streamlit's "magic" would print them on the page.)
