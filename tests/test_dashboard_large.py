@@ -97,7 +97,7 @@ def test_the_stage_view_reads_only_the_ranks_it_draws(tmp_path: Path, monkeypatc
     assert any("Compare two runs" in m.value for m in at.markdown)
 
 
-def test_a_run_within_the_limit_or_still_running_is_loaded_whole(tmp_path: Path) -> None:
+def test_a_run_within_the_limit_is_loaded_whole_running_or_not(tmp_path: Path) -> None:
     from ppscope.dashboard.ranked import RankedRun
 
     run = write_run(replica_job(2, 3), tmp_path / "job")  # 6 rank files
@@ -108,7 +108,9 @@ def test_a_run_within_the_limit_or_still_running_is_loaded_whole(tmp_path: Path)
 
     meta = json.loads((run / "meta.json").read_text())
     (run / "meta.json").write_text(json.dumps({**meta, "status": "running"}))
-    assert RankedRun.open(run, limit=5) is None
+    assert RankedRun.open(run, limit=6) is None
+    live = RankedRun.open(run, limit=5)  # still written, and large: read again a rank at a time as it changes
+    assert live is not None and live.live and not big.live
 
 
 def test_the_limit_is_passed_to_the_app(tmp_path: Path) -> None:

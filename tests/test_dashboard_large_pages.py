@@ -178,3 +178,59 @@ def test_the_requests_page_reads_the_request_log_alone(
     assert replicas["replica"] == list(range(8))
     assert all(tp is not None and tp > 0 for tp in replicas["output tokens/s"])
     assert set(replicas["counted from"]) == {"tokens of `sample` spans ending in the window / window"}
+
+
+def test_a_large_run_being_written_is_read_again_a_rank_at_a_time(tmp_path: Path) -> None:
+    import time
+
+    from ppscope.dashboard.ranked import READ_SHARE, RankedRun
+    from ppscope.trace.model import SPAN_COLUMNS
+
+    run = write_run(replica_job(P, REPLICAS), tmp_path / "job")
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "status": "running"}))
+    big = RankedRun.open(run, limit=4)
+    assert big is not None and big.live
+    before = big.replicas().last_ns
+    assert not big.refresh()  # no rank wrote: what was read stands
+    cols = ", ".join(SPAN_COLUMNS)
+    db = sqlite3.connect(store.rank_file(run, 14))
+    row = list(db.execute(f"SELECT {cols} FROM spans WHERE kind = 'forward' ORDER BY end_ns DESC LIMIT 1").fetchone())
+    start, end = list(SPAN_COLUMNS).index("start_ns"), list(SPAN_COLUMNS).index("end_ns")
+    row[start], row[end] = row[start] + 5_000_000, row[end] + 5_000_000  # rank 14 goes on: one more forward
+    with db:
+        db.execute(f"INSERT INTO spans ({cols}) VALUES ({', '.join('?' * len(row))})", row)
+    db.close()
+    assert big.replicas().last_ns == before  # not read again by itself
+    assert not big.refresh(now=0.0)  # too soon after the last read (READ_SHARE times its time)
+    assert big.refresh(now=time.monotonic() + READ_SHARE * big.read_s)
+    assert big.replicas().last_ns == row[end] > before  # read again: the new forward is the run's last span
+    at = _app(Path(LARGE), run).run()
+    assert not at.exception, at.exception
+    assert any("Live: this run is still being written" in c.value for c in at.caption)
+    assert any("Read a rank at a time" in c.value for c in at.caption)
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_chromium_shows_the_pages_of_a_large_run(tmp_path: Path) -> None:
+    from test_dashboard_browser import dashboard_page
+
+    run = _with_counters(write_run(_job(), tmp_path / "job"))  # 24 rank files, shown a rank at a time
+    seen = {}
+    with dashboard_page(run, ranks_in_memory=8) as page:
+        for section, ready in (
+            ("Rebalance", "Proposed split"),
+            ("GPU usage", "Per replica"),
+            ("Requests", "each replica's output tokens/s"),
+        ):
+            page.get_by_text(section, exact=True).click()
+            page.get_by_text(ready).first.wait_for(timeout=60_000)
+            page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+            page.screenshot(path=str(tmp_path / f"{section}.png"), full_page=True)
+            seen[section] = page.inner_text("body")
+    assert "4,3,5" in seen["Rebalance"] and "Costs read a rank at a time from 24 rank files" in seen["Rebalance"]
+    assert "Load the whole run" not in seen["GPU usage"].split("Device usage")[1]
+    assert "Read a rank at a time: the counters of 24 rank files" in seen["GPU usage"]
+    assert "TTFT p50" in seen["Requests"]
+    assert not any("Timeline lanes of a job" in text for text in seen.values())  # no module string on the page

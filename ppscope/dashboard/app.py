@@ -19,7 +19,7 @@ from ppscope.analysis import gantt
 from ppscope.analysis.replica_report import stage_lanes
 from ppscope.dashboard import advice, jobpages, views
 from ppscope.dashboard.data import LiveTrace
-from ppscope.dashboard.ranked import RANKS_IN_MEMORY, RankedRun
+from ppscope.dashboard.ranked import RANKS_IN_MEMORY, READ_SHARE, RankedRun
 from ppscope.dashboard.safety import Catalog, Entry, catalog_from_args, md
 from ppscope.errors import PPScopeError
 from ppscope.trace.model import RunMeta
@@ -179,6 +179,8 @@ def ranked_page(entry: Entry, big: RankedRun, section: str) -> None:
     if ra is None:  # the run changed on disk since it was looked at: no longer many pipelines
         st.error("This run is no longer a job of several pipelines: tick 'Load the whole run' to show it.")
         return
+    if big.live:
+        _follow(big)
     if section == "Timeline":
         ranked_timeline(big)
     elif section == "Stages":
@@ -196,6 +198,22 @@ def ranked_page(entry: Entry, big: RankedRun, section: str) -> None:
             "every rank's spans, or use the command line (`ppscope rebalance RUN`, `ppscope analyze RUN "
             "--workers N`), which reads a run a rank at a time."
         )
+
+
+def _follow(big: RankedRun) -> None:
+    """While a large run is written: look at its files every REFRESH_S and redraw the page when `refresh` has
+    let go of what was read (a rank wrote, and the last read is old enough: `ranked.READ_SHARE`)."""
+    st.caption(
+        "Live: this run is still being written. Its rank files are read again, each alone, once they change; at "
+        f"most every {READ_SHARE} times the last read's {big.read_s:.1f} s."
+    )
+
+    @st.fragment(run_every=REFRESH_S)
+    def look() -> None:
+        if big.refresh():
+            st.rerun()
+
+    look()
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,30 @@
-"""A finished job of many data-parallel pipelines, shown without loading it: its stage view a rank at a time.
+"""A job of many data-parallel pipelines, shown without loading it: every page but Compare, a rank at a time.
 
 Note (when): a run directory is shown this way when it holds more than `RANKS_IN_MEMORY` rank files (or the
-number given to `ppscope dashboard --ranks-in-memory`), its ranks form more than one replica, and it has
-finished. Below the limit the dashboard loads the whole run as it always has, so every page works on it
-unchanged; the limit counts files because it is known from a directory listing, before anything is read, and
-a rank file's spans are what fills memory (the engine's ~100 k spans a rank make ~10 MB as a frame: 256 ranks
-are ~2.5 GB, what a workstation still holds, and what loads in well under a minute). A run still being written
-is tailed whole, as before: its figures change every second, and the two passes over every file that the
-rank-by-rank analysis takes would be re-read at each refresh.
+number given to `ppscope dashboard --ranks-in-memory`) and its ranks form more than one replica. Below the limit
+the dashboard loads the whole run as it always has, so every page works on it unchanged; the limit counts files
+because it is known from a directory listing, before anything is read, and a rank file's spans are what fills
+memory (the engine's ~100 k spans a rank make ~10 MB as a frame: 256 ranks are ~2.5 GB, what a workstation still
+holds, and what loads in well under a minute).
+
+Note (a run still being written): it is not tailed whole. `refresh()` forgets what was read once a rank file
+has changed (its size and time, and its write-ahead log's), and the page reads the files again, each alone, as
+for a finished run; but never sooner than `READ_SHARE` times the last read's own time after it, so that the
+two passes over every file that the rank-by-rank analysis takes use at most about 1/`READ_SHARE` of the time,
+however large the run. New rows are not read alone: a stage's figures need its ranks' spans from the window's
+start, which moves as the run goes on.
 
 What it holds: the replicas' comparison and each replica's figures (`run_replicas`, which reads one rank file at
 a time and keeps a digest of each), the spans of the ranks the stage view draws (each stage's median replica
-and its straggler: 2 × P ranks at most), and the spans of the one rank last picked for its own lanes. This
-module knows no Streamlit.
+and its straggler: 2 × P ranks at most), the spans of the one rank last picked for its own lanes, what the
+other pages reduce each rank to (the rebalancer's timed parts, the counters' summaries) and the counters of
+the one rank last picked. This module knows no Streamlit.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,12 +44,14 @@ from ppscope.trace.store import read_rank_spans, read_requests, run_files
 if TYPE_CHECKING:
     from ppscope.balance.timings import RunTimings
 
-__all__ = ["RANKS_IN_MEMORY", "RankedRun"]
+__all__ = ["RANKS_IN_MEMORY", "READ_SHARE", "RankedRun"]
 
 T = TypeVar("T")
 
 RANKS_IN_MEMORY = 256
-"""A finished run of replicas with more rank files than this is shown a rank at a time."""
+"""A run of replicas with more rank files than this is shown a rank at a time."""
+READ_SHARE = 10
+"""A run being written is read again no sooner than this many times the last read's time after it."""
 
 
 @dataclass(frozen=True)
@@ -64,14 +73,16 @@ class RankedRun:
         self._rank: _Read | None = None
         self._counters: tuple[int, pd.DataFrame] | None = None
         self._memo: dict[str, Any] = {}
+        self._stamp = _stamp(files)
+        self._read_at, self._read_s = time.monotonic(), 0.0
 
     @classmethod
     def open(cls, path: Path, limit: int = RANKS_IN_MEMORY) -> RankedRun | None:
         """The run at `path` to show a rank at a time, or None when it is to be loaded whole (at most `limit`
-        rank files, still running, one pipeline, or unreadable: the whole load then says why)."""
+        rank files, one pipeline, or unreadable: the whole load then says why)."""
         try:
             meta, files, _ = run_files(path)
-            if len(files) <= limit or meta.status == "running":
+            if len(files) <= limit:
                 return None
             placement = placement_from(meta, files)
         except PPScopeError:
@@ -84,8 +95,35 @@ class RankedRun:
         """The replicas compared, read a rank at a time, once (raises the PPScopeError of an unreadable run)."""
         with self._lock:
             if self._run is None:
+                began = time.monotonic()
                 self._run = run_replicas(self.path)
+                self._read_at = time.monotonic()
+                self._read_s = self._read_at - began
             return self._run
+
+    @property
+    def read_s(self) -> float:
+        """How long the last read of every rank file (`replicas()`) took."""
+        return self._read_s
+
+    @property
+    def live(self) -> bool:
+        """Whether the run was still being written when it was opened (the page then calls `refresh`)."""
+        return self.meta.status == "running"
+
+    def refresh(self, now: float | None = None) -> bool:
+        """For a run being written: forget everything read when a rank file has changed since, and the last read
+        is `READ_SHARE` times its own time old; True when forgotten (the page then reads the files again)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if not self.live or now - self._read_at < READ_SHARE * self._read_s:
+                return False
+            stamp = _stamp(self.files)
+            if stamp == self._stamp:
+                return False
+            self._stamp, self._run, self._lanes, self._rank, self._counters = stamp, None, None, None, None
+            self._memo = {}
+            return True
 
     @property
     def ranks(self) -> list[int]:
@@ -155,3 +193,16 @@ class RankedRun:
         """The run's request log (`requests.jsonl`, written by the launcher beside the rank files): no rank file
         is read for it."""
         return self.memo("requests", lambda: read_requests(self.path))
+
+
+def _stamp(files: dict[int, Path]) -> tuple[tuple[int, int], ...]:
+    """The size and time of each rank file and of its write-ahead log (where a writer's rows wait until SQLite
+    moves them into the file): what changes when a rank writes."""
+    out = []
+    for path in (p for f in sorted(files.values()) for p in (f, f.with_name(f.name + "-wal"))):
+        try:
+            st = path.stat()
+            out.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((-1, -1))
+    return tuple(out)

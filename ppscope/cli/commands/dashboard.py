@@ -64,8 +64,9 @@ def register(sub: Any) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="a finished run of several data-parallel pipelines with more rank files than N is shown a rank at "
-        "a time (its timeline's lanes and its stages, without loading it); default 256",
+        help="a run of several data-parallel pipelines with more rank files than N is shown a rank at a time "
+        "(every page but Compare, without loading it; while it is written, read again as its files change); "
+        "default 256",
     )
     p.set_defaults(func=run)
 
