@@ -3,7 +3,8 @@ a bare SQLite SELECT of the same rows, measured in the same run; and `ppscope re
 time against the same costs from the whole run loaded (`load_run`), with the same JSON; and `ppscope export RUN
 --format nsys-sqlite` and `--format chrome` written a rank at a time against the export of the whole run loaded;
 and the dashboard's data step on a job of data-parallel pipelines (its stage view and one rank's lanes, read a rank
-at a time) against the same view from the whole run loaded, as the dashboard loads a small run.
+at a time) against the same view from the whole run loaded, as the dashboard loads a small run, and the same for
+the data of its Rebalance, GPU usage and Requests pages.
 
 The job: RANKS ranks of SPANS spans each (256 × 100 k = 25.6 M spans by default), written by the run store's
 writer, one pipeline stage per rank. Each step runs in a fresh process so its peak memory is its own (with
@@ -31,6 +32,7 @@ RANKS = int(os.environ.get("PPSCOPE_SCALE_RANKS", 256))
 SPANS = int(os.environ.get("PPSCOPE_SCALE_SPANS", 100_000))
 WHOLE_LIMIT = 5_000_000
 DASH_REPLICAS, DASH_STAGES, DASH_SPANS = map(int, os.environ.get("PPSCOPE_SCALE_DASH", "16,8,20000").split(","))
+GPU_SAMPLES, REQUESTS = 2_000, 5_000
 
 _STEP = r"""
 import json, resource, sqlite3, sys, time
@@ -44,6 +46,9 @@ if step.startswith("write"):
 elif step.startswith("dash"):
     from benchmarks.bench_scale import dashboard_step
     extra = dashboard_step(run_dir, whole=step == "dash-whole")
+elif step.startswith("pages"):
+    from benchmarks.bench_scale import pages_step
+    extra = pages_step(run_dir, whole=step == "pages-whole")
 elif step == "select":
     rows = 0
     for f in sorted(run_dir.glob("rank-*.sqlite")):
@@ -166,7 +171,36 @@ def write_job(run_dir: Path, ranks: int, spans: int, replicas: int = 1) -> None:
             w.write(rows[i : i + 100_000])
         w.close()
     if replicas > 1:  # the dashboard shows a finished run a rank at a time
+        _usage_and_requests(run_dir, ranks, per * 13_000)
         write_meta(run_dir, dataclasses.replace(meta, status="finished"))
+
+
+def _usage_and_requests(run_dir: Path, ranks: int, length_ns: int) -> None:
+    """What the dashboard's GPU usage and Requests pages read: GPU_SAMPLES samples of utilisation and memory per
+    rank over the run (appended to each rank file, as the engine's sampler writes them beside the spans), and
+    REQUESTS requests in requests.jsonl."""
+    import sqlite3
+
+    from ppscope.trace.model import Metric
+    from ppscope.trace.store import REQUESTS_FILE, rank_file
+
+    for r in range(ranks):
+        rows = [
+            (t * length_ns // GPU_SAMPLES, r, r % 8, str(metric), value)
+            for t in range(GPU_SAMPLES)
+            for metric, value in ((Metric.GPU_UTIL_PCT, float(50 + (r * 7 + t) % 50)),
+                                  (Metric.GPU_MEM_USED_BYTES, float(2**30 + r * 2**20 + t)))
+        ]  # fmt: skip
+        db = sqlite3.connect(rank_file(run_dir, r))
+        with db:
+            db.executemany("INSERT INTO counters (ts_ns, rank, device, metric, value) VALUES (?, ?, ?, ?, ?)", rows)
+        db.close()
+    with open(run_dir / REQUESTS_FILE, "w") as f:
+        for i in range(REQUESTS):
+            arrival = i * length_ns // REQUESTS
+            f.write(json.dumps({"id": i, "prompt_len": 16, "output_len": 8 + i % 9, "arrival_ns": arrival,
+                                "first_token_ns": arrival + 5_000_000 + i % 997 * 1_000,
+                                "finish_ns": arrival + 20_000_000 + i % 991 * 3_000}) + "\n")  # fmt: skip
 
 
 def dashboard_step(run_dir: Path, *, whole: bool) -> dict[str, float]:
@@ -205,12 +239,54 @@ def dashboard_step(run_dir: Path, *, whole: bool) -> dict[str, float]:
     return {"lanes": len(lanes), "rank": len(mine), "json": digest.hexdigest()[:16]}
 
 
+def pages_step(run_dir: Path, *, whole: bool) -> dict[str, Any]:
+    """The data of the dashboard's Rebalance, GPU usage and Requests pages of a job of replicas (the advice, the
+    usage per stage and per replica and the straggler's counters, the request latency), read a rank at a time
+    (`RankedRun`) or from the whole run loaded (`LiveTrace`). The replicas' analysis, which the Timeline makes
+    first on either path, is left out. Returns a hash of the figures, to check both paths agree."""
+    import hashlib
+
+    import pandas as pd
+
+    from ppscope.analysis.analyzer import run_latency
+    from ppscope.dashboard.advice import advise
+    from ppscope.dashboard.charts import usage_rows, usage_tables
+
+    if whole:
+        from ppscope.analysis.placement import placement_of
+        from ppscope.dashboard.data import LiveTrace
+
+        trace = LiveTrace(run_dir, is_run=True).refresh()
+        placement = placement_of(trace)
+        got, problem = advise(trace, None)
+        rows = usage_rows(trace.counters)
+        counters = trace.counters[trace.counters["rank"].to_numpy() == DASH_STAGES // 2].reset_index(drop=True)
+        latency = run_latency(trace.requests, trace.meta)
+    else:
+        from ppscope.analysis.placement import placement_from
+        from ppscope.dashboard.ranked import RankedRun
+
+        big = RankedRun.open(run_dir, limit=0)
+        assert big is not None
+        placement = placement_from(big.meta, big.files)
+        got, problem = advise(big.timings(), None)
+        rows, _ = big.usage()
+        counters = big.rank_counters(DASH_STAGES // 2)
+        latency = run_latency(big.requests(), big.meta)
+    assert placement is not None and latency is not None
+    advice = problem if got is None else (got[0].to_dict(), got[1], got[2], got[3])
+    digest = hashlib.sha256(repr((advice, usage_tables(rows, placement.place), latency.ttft, latency.tpot)).encode())
+    digest.update(pd.util.hash_pandas_object(counters).to_numpy().tobytes())
+    return {"samples": len(counters), "requests": latency.requests, "json": digest.hexdigest()[:16]}
+
+
 def _dashboard() -> list[str]:
     ranks = DASH_REPLICAS * DASH_STAGES
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         write = _step(f"write:{DASH_REPLICAS}", run_dir, ranks, DASH_SPANS)
         ranked, whole = _step("dash", run_dir, ranks, DASH_SPANS), _step("dash-whole", run_dir, ranks, DASH_SPANS)
+        pages, pages_whole = (_step(s, run_dir, ranks, DASH_SPANS) for s in ("pages", "pages-whole"))
     return [
         f"scale: dashboard, {DASH_REPLICAS} pipelines x {DASH_STAGES} stages ({ranks * DASH_SPANS:,} spans, written "
         f"in {write['s']:.0f} s): reference = the stage view and one rank's lanes from the whole run loaded: "
@@ -218,6 +294,12 @@ def _dashboard() -> list[str]:
         f"scale: dashboard a rank at a time: {ranked['s']:.1f} s = {ranked['s'] / whole['s']:.2f}x; peak "
         f"{ranked['peak_mb']:,.0f} MB = {ranked['peak_mb'] / whole['peak_mb']:.2f}x the whole load's; the same "
         f"lanes ({ranked['lanes']:,.0f} + {ranked['rank']:,.0f} spans): {ranked['json'] == whole['json']}",
+        f"scale: dashboard's Rebalance, GPU usage and Requests data ({GPU_SAMPLES:,} x 2 GPU samples a rank, "
+        f"{REQUESTS:,} requests): reference = from the whole run loaded: {pages_whole['s']:.1f} s, peak "
+        f"{pages_whole['peak_mb']:,.0f} MB; a rank at a time: {pages['s']:.1f} s = "
+        f"{pages['s'] / pages_whole['s']:.2f}x, peak {pages['peak_mb']:,.0f} MB = "
+        f"{pages['peak_mb'] / pages_whole['peak_mb']:.2f}x the whole load's; the same figures: "
+        f"{pages['json'] == pages_whole['json']}",
     ]
 
 
