@@ -205,6 +205,12 @@ def test_a_large_run_being_written_is_read_again_a_rank_at_a_time(tmp_path: Path
     assert not big.refresh(now=0.0)  # too soon after the last read (READ_SHARE times its time)
     assert big.refresh(now=time.monotonic() + READ_SHARE * big.read_s)
     assert big.replicas().last_ns == row[end] > before  # read again: the new forward is the run's last span
+    assert not big.refresh(now=time.monotonic() + READ_SHARE * big.read_s)  # nothing more written
+    (run / "meta.json").write_text(json.dumps({**meta, "status": "finished"}))
+    assert big.refresh(now=time.monotonic() + READ_SHARE * big.read_s)  # it ended: the page opens it anew
+    done = RankedRun.open(run, limit=4)
+    assert done is not None and not done.live and not done.refresh()
+    (run / "meta.json").write_text(json.dumps({**meta, "status": "running"}))
     at = _app(Path(LARGE), run).run()
     assert not at.exception, at.exception
     assert any("Live: this run is still being written" in c.value for c in at.caption)

@@ -39,7 +39,7 @@ from ppscope.dashboard.charts import usage_rows
 from ppscope.errors import CorruptFileError, PPScopeError
 from ppscope.trace.counterfile import read_rank_counters
 from ppscope.trace.model import RunMeta
-from ppscope.trace.store import read_rank_spans, read_requests, run_files
+from ppscope.trace.store import META_FILE, read_rank_spans, read_requests, run_files
 
 if TYPE_CHECKING:
     from ppscope.balance.timings import RunTimings
@@ -73,7 +73,7 @@ class RankedRun:
         self._rank: _Read | None = None
         self._counters: tuple[int, pd.DataFrame] | None = None
         self._memo: dict[str, Any] = {}
-        self._stamp = _stamp(files)
+        self._stamp = _stamp(path, files)
         self._read_at, self._read_s = time.monotonic(), 0.0
 
     @classmethod
@@ -112,13 +112,14 @@ class RankedRun:
         return self.meta.status == "running"
 
     def refresh(self, now: float | None = None) -> bool:
-        """For a run being written: forget everything read when a rank file has changed since, and the last read
-        is `READ_SHARE` times its own time old; True when forgotten (the page then reads the files again)."""
+        """For a run being written: forget everything read when a rank file or the metadata (the run ended) has
+        changed since, and the last read is `READ_SHARE` times its own time old; True when forgotten (the page
+        then reads the files again, or opens the run anew once its metadata changed)."""
         now = time.monotonic() if now is None else now
         with self._lock:
             if not self.live or now - self._read_at < READ_SHARE * self._read_s:
                 return False
-            stamp = _stamp(self.files)
+            stamp = _stamp(self.path, self.files)
             if stamp == self._stamp:
                 return False
             self._stamp, self._run, self._lanes, self._rank, self._counters = stamp, None, None, None, None
@@ -195,11 +196,13 @@ class RankedRun:
         return self.memo("requests", lambda: read_requests(self.path))
 
 
-def _stamp(files: dict[int, Path]) -> tuple[tuple[int, int], ...]:
-    """The size and time of each rank file and of its write-ahead log (where a writer's rows wait until SQLite
-    moves them into the file): what changes when a rank writes."""
+def _stamp(run: Path, files: dict[int, Path]) -> tuple[tuple[int, int], ...]:
+    """The size and time of the run's metadata (rewritten when the run ends), of each rank file and of its
+    write-ahead log (where a writer's rows wait until SQLite moves them into the file): what changes when a rank
+    writes."""
     out = []
-    for path in (p for f in sorted(files.values()) for p in (f, f.with_name(f.name + "-wal"))):
+    logs = (p for f in sorted(files.values()) for p in (f, f.with_name(f.name + "-wal")))
+    for path in (run / META_FILE, *logs):
         try:
             st = path.stat()
             out.append((st.st_size, st.st_mtime_ns))
