@@ -15,7 +15,6 @@ import dataclasses
 import gc
 import os
 import re
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,8 @@ import pandas as pd
 from ppscope.errors import CorruptFileError, UnsupportedInputError
 from ppscope.formats.kineto_groups import group_placement
 from ppscope.formats.kineto_jobs import CLOCK_NOTE, JobFacts, one_job, refuse_empty
-from ppscope.formats.kineto_json import NS_LIMIT, group_key, iter_trace_events, to_ns
+from ppscope.formats.kineto_json import NS_LIMIT, UNSET, Event, group_key, iter_event_batches, ns_column
+from ppscope.formats.kineto_json import iter_trace_events as iter_trace_events
 from ppscope.formats.kineto_pipeline import RankFile, cpu_compute, read_pipeline
 from ppscope.formats.kineto_pp import RankEvents, top_level
 from ppscope.formats.ordering import order_stages
@@ -38,9 +38,10 @@ __all__ = ["iter_trace_events", "load_kineto"]
 _USED = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "user_annotation", "cpu_op"))
 """The categories of complete events the importer reads; the others are skipped before their times are."""
 
+_GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-_GPU_KINDS = {"kernel": SpanKind.KERNEL, "gpu_memcpy": SpanKind.MEMCPY, "gpu_memset": SpanKind.MEMSET}
+_GPU_KINDS = {"kernel": str(SpanKind.KERNEL), "gpu_memcpy": str(SpanKind.MEMCPY), "gpu_memset": str(SpanKind.MEMSET)}
 _P2P = {
     **{"nccl:send": "send", "nccl:recv": "recv", "ncclSend": "send", "ncclRecv": "recv"},
     **{"gloo:send": "send", "gloo:recv": "recv"},
@@ -77,57 +78,150 @@ def _read_file(path: Path) -> _File:
 
 def _read_events(path: Path) -> _File:
     top: dict[str, Any] = {}
-    gpu: list[tuple[Any, ...]] = []
-    host: list[tuple[Any, ...]] = []
-    ops: tuple[list[str], array[int], array[int], list[Any]] = ([], array("q"), array("q"), [])
-    flows = array("q")
-    launches: dict[int, int] = {}
-    p2p: list[tuple[str, int]] = []
-    seen: dict[str, str] = {}  # a name repeated by 100 k operators is held, and sent from a worker, once
-    for ev in iter_trace_events(path, top):
-        ph, cat = ev.get("ph"), ev.get("cat")
-        if ph != "X" or type(cat) is not str or cat not in _USED:  # a category of another type matches none
-            if ph == "s" and cat == "fwdbwd":
-                flows.append(to_ns(ev.get("ts", 0), path, "flow: ts"))
-            continue
-        name = ev.get("name", "")
-        name = seen.setdefault(name, name) if type(name) is str else str(name)  # one object per distinct name
-        start = to_ns(ev.get("ts", 0), path, "ts", name)
-        args = ev.get("args")
-        args = args if type(args) is dict else {}
-        if cat == "cuda_runtime":  # only when the launch was: its GPU work takes the step it falls in
-            corr = args.get("correlation")
-            if isinstance(corr, int):
-                launches[corr] = start
-            continue
-        end = start + to_ns(ev.get("dur", 0), path, "dur", name)
-        if cat == "cpu_op":
-            if name in _P2P:
-                p2p.append((_P2P[name], start))
-            ops[0].append(name)
-            ops[1].append(start)
-            ops[2].append(end)
-            ops[3].append(group_key(ev.get("tid")))
-        elif cat == "user_annotation":
-            host.append((name, start, end, group_key(ev.get("tid"))))
-            if name in _P2P:
-                p2p.append((_P2P[name], start))
-        else:
-            kind = _GPU_KINDS[cat]
-            if kind == SpanKind.KERNEL and name.startswith(("nccl", "void nccl")):
-                kind = SpanKind.NCCL
-            corr = args.get("correlation", -1)
-            nbytes = args.get("bytes", 0) if isinstance(args.get("bytes", 0), int) else 0
-            gpu.append((str(kind), name, start, end, group_key(ev.get("pid")), group_key(ev.get("tid")), corr, nbytes))
+    cols = _Columns(path)
+    for batch in iter_event_batches(path, top):
+        cols.add(batch)
     shift = _shift(path, top.get("baseTimeNanoseconds"))
-    spans, annotations = _spans(gpu, host, launches, shift)
-    names, starts, ends, tids = ops
-    op_frame = pd.DataFrame(
-        {"name": pd.Series(names, dtype=object), "start_ns": np.frombuffer(starts, np.int64) + shift,
-         "end_ns": np.frombuffer(ends, np.int64) + shift, "tid": pd.Series(tids, dtype=object)}
-    )  # fmt: skip
-    events = RankEvents(path.name, annotations, op_frame, np.frombuffer(flows, np.int64) + shift)
-    return _File(top, spans, events, [(op, t + shift) for op, t in p2p], bool(gpu))
+    spans, annotations = _spans(cols.gpu_frame(), cols.host, cols.launch_times(), shift)
+    ops = cols.ops_frame()
+    op_frame = ops.assign(start_ns=ops["start_ns"] + shift, end_ns=ops["end_ns"] + shift)
+    flows = np.concatenate(cols.flows) if cols.flows else np.zeros(0, np.int64)
+    events = RankEvents(path.name, annotations, op_frame, flows + shift)
+    p2p = [(_P2P[name], int(t)) for name, t in _p2p(op_frame, annotations)]
+    return _File(top, spans, events, p2p, bool(cols.gpu["kind"]))
+
+
+def _p2p(ops: pd.DataFrame, annotations: pd.DataFrame) -> list[tuple[str, int]]:
+    """(name, start_ns) of the point-to-point operators and ranges: which way the rank's traffic goes, when."""
+    both = [f.loc[f["name"].isin(_P2P.keys()), ["name", "start_ns"]] for f in (ops, annotations)]
+    return [(str(n), int(t)) for f in both for n, t in zip(f["name"], f["start_ns"], strict=True)]
+
+
+class _Columns:
+    """One file's events gathered a batch at a time, as the columns the importer keeps: a Python list or an
+    int64 array per field and batch, made by one comprehension each rather than Python per event and field."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seen: dict[str, str] = {}  # a name repeated by 100 k operators is held, and sent from a worker, once
+        self.memo: dict[str, int] = {}  # durations in ns by their text
+        self.ops: tuple[list[str], list[np.ndarray], list[np.ndarray], list[Any]] = ([], [], [], [])
+        self.gpu: dict[str, list[Any]] = {k: [] for k in ("kind", "name", "dev", "stream", "corr", "nbytes")}
+        self.gpu_times: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+        self.host: list[tuple[Any, ...]] = []
+        self.launches: tuple[list[Any], list[np.ndarray]] = ([], [])
+        self.flows: list[np.ndarray] = []
+
+    def add(self, batch: list[Event]) -> None:
+        x = [e for e in batch if e.ph == "X"]
+        if len(x) < len(batch):
+            ts = [e.ts for e in batch if e.ph == "s" and e.cat == "fwdbwd"]
+            self.flows.append(ns_column(ts, self.path, "flow: ts", lambda: [None] * len(ts)))
+        self._ops([e for e in x if e.cat == "cpu_op"])
+        self._launches([e for e in x if e.cat == "cuda_runtime"])
+        self._gpu([e for e in x if e.cat in _GPU_CATS])
+        ranges = [e for e in x if e.cat == "user_annotation"]
+        if ranges:
+            names = self._names(ranges)
+            start, end = self._times(ranges, names)
+            tids = [group_key(e.tid) for e in ranges]
+            self.host += zip(names, start.tolist(), end.tolist(), tids, strict=True)
+
+    def _names(self, events: list[Event]) -> list[str]:
+        """The events' names, one object per distinct name; a name of another type than text as its text."""
+        names = [e.name for e in events]
+        if set(map(type, names)) <= {str}:
+            return list(map(self.seen.setdefault, names, names))
+        return [self.seen.setdefault(n, n) if type(n) is str else str(n) for n in names]
+
+    def _times(self, events: list[Event], names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        start = ns_column([e.ts for e in events], self.path, "ts", lambda: names)
+        return start, start + ns_column([e.dur for e in events], self.path, "dur", lambda: names, self.memo)
+
+    def _ops(self, ops: list[Event]) -> None:
+        if not ops:
+            return
+        names = self._names(ops)
+        start, end = self._times(ops, names)
+        self.ops[0].extend(names)
+        self.ops[1].append(start)
+        self.ops[2].append(end)
+        self.ops[3].extend(_keys([e.tid for e in ops]))
+
+    def _launches(self, runtime: list[Event]) -> None:
+        """Only when each launch was: its GPU work takes the step it falls in."""
+        if runtime:
+            start = ns_column([e.ts for e in runtime], self.path, "ts", lambda: self._names(runtime))
+            self.launches[0].extend(e.args.correlation if e.args is not None else None for e in runtime)
+            self.launches[1].append(start)
+
+    def _gpu(self, work: list[Event]) -> None:
+        if not work:
+            return
+        names = self._names(work)
+        start, end = self._times(work, names)
+        g = self.gpu
+        g["kind"] += [_GPU_KINDS[e.cat] for e in work]
+        g["name"] += names
+        g["dev"] += _keys([e.pid for e in work])
+        g["stream"] += _keys([e.tid for e in work])
+        g["corr"] += [-1 if e.args is None or e.args.correlation is UNSET else e.args.correlation for e in work]
+        g["nbytes"] += [e.args.bytes if e.args is not None and isinstance(e.args.bytes, int) else 0 for e in work]
+        self.gpu_times[0].append(start)
+        self.gpu_times[1].append(end)
+
+    def ops_frame(self) -> pd.DataFrame:
+        names, starts, ends, tids = self.ops
+        return pd.DataFrame(
+            {"name": pd.Series(names, dtype=object), "start_ns": _joined(starts), "end_ns": _joined(ends),
+             "tid": pd.Series(tids, dtype=object)}
+        )  # fmt: skip
+
+    def gpu_frame(self) -> pd.DataFrame:
+        """kind, name, start_ns, end_ns, dev, stream, corr, nbytes: one row per GPU event, in file order."""
+        g = self.gpu
+        times = {"start_ns": _joined(self.gpu_times[0]), "end_ns": _joined(self.gpu_times[1])}
+        kind = np.array(g["kind"], dtype=object)
+        nccl = pd.Series(g["name"], dtype=object).str.startswith(("nccl", "void nccl")).to_numpy(bool)
+        kind[nccl & (kind == str(SpanKind.KERNEL))] = str(SpanKind.NCCL)
+        columns = {"kind": kind, "name": g["name"], **times, **{k: g[k] for k in ("dev", "stream", "corr")}}
+        return pd.DataFrame({**columns, "nbytes": g["nbytes"]})
+
+    def launch_times(self) -> np.ndarray:
+        """When each GPU event was launched: its CPU launch's start (the same correlation id, the last launch
+        with it), else its own start."""
+        corr, start = self.gpu["corr"], _joined(self.gpu_times[0])
+        keys, when = self.launches[0], _joined(self.launches[1])
+        if not keys:
+            return start
+        if set(map(type, corr)) <= {int} and set(map(type, keys)) <= {int}:
+            try:
+                return _lookup(np.array(corr, np.int64), start, np.array(keys, np.int64), when)
+            except OverflowError:  # an id beyond int64: below
+                pass
+        launches = {c: int(t) for c, t in zip(keys, when, strict=True) if isinstance(c, int)}
+        return np.array(
+            [launches.get(c, s) if isinstance(c, int) else s for c, s in zip(corr, start.tolist(), strict=True)],
+            dtype=np.int64,
+        )
+
+
+def _lookup(corr: np.ndarray, start: np.ndarray, keys: np.ndarray, when: np.ndarray) -> np.ndarray:
+    """`launch_times` for integer ids: the last launch of each id found by a binary search."""
+    last = len(keys) - 1 - np.unique(keys[::-1], return_index=True)[1]  # the last launch of each distinct id
+    order = last[np.argsort(keys[last], kind="stable")]
+    ids, at = keys[order], when[order]
+    i = np.clip(np.searchsorted(ids, corr), 0, len(ids) - 1)
+    return np.where(ids[i] == corr, at[i], start)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _keys(values: list[Any]) -> list[Any]:
+    """`group_key` of each pid or tid; a column of plain values as it is."""
+    return values if set(map(type, values)) <= {int, str, float, type(None)} else list(map(group_key, values))
 
 
 _PARALLEL_BYTES = 64 << 20
@@ -168,10 +262,10 @@ def _shift(path: Path, base: Any) -> int:
 
 
 def _spans(
-    gpu: list[tuple[Any, ...]], host: list[tuple[Any, ...]], launches: dict[int, int], shift: int
+    g: pd.DataFrame, host: list[tuple[Any, ...]], when: np.ndarray, shift: int
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(spans, annotations): GPU work and ranges as spans; the ranges also as (name, start_ns, end_ns, tid)."""
-    g = pd.DataFrame(gpu, columns=["kind", "name", "start_ns", "end_ns", "dev", "stream", "corr", "nbytes"])
+    """(spans, annotations): GPU work (launched at `when`) and ranges as spans; the ranges also as
+    (name, start_ns, end_ns, tid)."""
     devices = g["dev"].nunique()
     lane = "stream " + g["stream"].astype(str)
     g["lane"] = ("gpu " + g["dev"].astype(str) + " " + lane) if devices > 1 else lane
@@ -184,10 +278,6 @@ def _spans(
     h["lane"] = np.where(is_step | (threads <= 1), "host", "host " + h["tid"].astype(str))
     # GPU work takes the step of the CPU launch that issued it, else of its own start time.
     steps = h[is_step].sort_values("start_ns")
-    when = np.array(
-        [launches.get(c, s) if isinstance(c, int) else s for c, s in zip(g["corr"], g["start_ns"], strict=True)],
-        dtype=np.int64,
-    )
     g["step"] = _step_at(when, steps)
     g["launch_ns"] = when
     h["launch_ns"] = h["start_ns"]

@@ -1,10 +1,15 @@
 """Kineto's JSON read fast: `traceEvents` streamed in batches, and times turned into exact nanoseconds.
 
 A rank's trace can hold millions of events. The file is read in chunks of 1 MiB of text; the whole events in a
-chunk are decoded by one call of the C decoder (`_Stream.batch`), so Python runs once per event only for what
-the importer keeps, and memory holds one chunk of events, never the file's list. Float text is kept as text
-(`parse_float=str`): `ts` in epoch µs with a fraction has more digits than a float holds exactly, and an int or
-a short decimal becomes ns by integer arithmetic; only other values take a Decimal.
+chunk are decoded by one call of a C decoder (`_Stream.batch`), so Python runs once per event only for what
+the importer keeps, and memory holds one chunk of events, never the file's list. The importer's batches
+(`iter_event_batches`) are decoded by msgspec into `Event`s that hold only the fields it reads: the others,
+most of an event's text (`args` of a kernel has a dozen), are parsed but never built into objects. A batch
+msgspec does not take (a value of another type than an event's, NaN, a lone surrogate) is decoded by the
+standard library's decoder and its events made the same `Event`s, so both give the importer the same values.
+Float text is kept as text (`float_hook=str`, `parse_float=str`): `ts` in epoch µs with a fraction has more
+digits than a float holds exactly, and an int or a short decimal becomes ns by integer arithmetic; only other
+values take a Decimal.
 """
 
 from __future__ import annotations
@@ -13,18 +18,77 @@ import gzip
 import io
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal, DecimalException
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
 
 from ppscope.errors import CorruptFileError, UnsupportedInputError
 from ppscope.formats.detect import GZIP_MAGIC
 
-__all__ = ["NS_LIMIT", "group_key", "iter_trace_events", "to_ns"]
+__all__ = [
+    *("NS_LIMIT", "UNSET", "Args", "Event", "group_key", "iter_event_batches", "iter_trace_events", "ns_column"),
+    "to_ns",
+]
 
 _CHUNK = 1 << 20
 _DECODER = json.JSONDecoder(parse_float=str)  # keep float text: `ts` in epoch µs needs exact ns
+UNSET = msgspec.UNSET
+
+
+class Args(msgspec.Struct, gc=False):
+    """The fields of an event's `args` that the importer reads (`correlation` UNSET where the event has none)."""
+
+    correlation: Any = UNSET
+    bytes: Any = 0
+
+
+class Event(msgspec.Struct, gc=False):
+    """One event of `traceEvents`, its fields as the importer reads them: missing ones take the defaults, and
+    values keep their JSON types (a float as its text), whatever they are; `args` is None unless an object."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = ""
+    pid: Any = None
+    tid: Any = None
+    ts: Any = 0
+    dur: Any = 0
+    args: Args | None = None
+
+
+_EVENTS = msgspec.json.Decoder(list[Event], float_hook=str)
+
+
+def event_of(item: Any) -> Event | None:
+    """A plain decoded event as an `Event` with the values msgspec gives it; None for an item that is no event."""
+    if not isinstance(item, dict):
+        return None
+    a = item.get("args")
+    args = Args(a.get("correlation", UNSET), a.get("bytes", 0)) if isinstance(a, dict) else None
+    get = item.get
+    return Event(get("ph"), get("cat"), get("name", ""), get("pid"), get("tid"), get("ts", 0), get("dur", 0), args)
+
+
+def _events(text: str) -> list[Event]:
+    """The events of an array's text: msgspec's typed decode, or the plain one's where msgspec refuses it (a
+    JSONDecodeError where the text is no JSON at all)."""
+    try:
+        return _EVENTS.decode(text)
+    except msgspec.DecodeError:
+        return [e for e in map(event_of, _DECODER.decode(text)) if e is not None]
+
+
+def _dicts(text: str) -> list[dict[str, Any]]:
+    items = _DECODER.decode(text)
+    return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+
+_T = TypeVar("_T")
 
 
 def _open_text(path: Path) -> IO[str]:
@@ -53,6 +117,7 @@ class _Stream:
             self.eof = True
             return False
         self.buf = self.buf[self.pos :] + chunk
+        self.odd_until -= self.pos
         self.pos = 0
         return True
 
@@ -71,22 +136,24 @@ class _Stream:
             raise CorruptFileError(f"{self.path}: not valid JSON (expected {char!r}, found {found!r})")
         self.pos += 1
 
-    def batch(self) -> list[Any] | None:
-        """The complete array items in the buffer, decoded in one call (C speed, no Python per item); None when
-        the buffer holds no `},` after one, or the text up to the last one is not a list of whole items.
+    def batch(self, decode: Callable[[str], list[_T]]) -> list[_T] | None:
+        """The complete array items in the buffer, decoded in one call of `decode` (C speed, no Python per item);
+        None when the buffer holds no `},` after one, or the text up to the last one is not a list of whole items.
 
         An item ends in `}` followed by `,`; text cut at a `},` inside a string or a nested object does not
         decode, so a decoded batch is exactly the items before that point."""
         end = self.buf.rfind("},", self.pos)
+        if end < 0 and self._more():  # the buffer ends inside its first item: read on, rather than try it alone
+            end = self.buf.rfind("},", self.pos)
         if end < 0 or end <= self.odd_until:
             return None
         try:
-            items = _DECODER.decode("[" + self.buf[self.pos : end + 1] + "]")
+            items = decode("[" + self.buf[self.pos : end + 1] + "]")
         except json.JSONDecodeError:
             self.odd_until = end
             return None
         self.pos = end + 2
-        return items if isinstance(items, list) else None
+        return items
 
     def value(self) -> Any:
         self.peek()
@@ -105,7 +172,21 @@ class _Stream:
 
 
 def iter_trace_events(path: Path, top: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Yield each event of `traceEvents`; other top-level keys are stored into `top` as they pass."""
+    """Yield each event of `traceEvents` as decoded; other top-level keys are stored into `top` as they pass."""
+    for batch in _batches(path, top, _dicts, lambda item: item if isinstance(item, dict) else None):
+        yield from batch
+
+
+def iter_event_batches(path: Path, top: dict[str, Any]) -> Iterator[list[Event]]:
+    """Yield the events of `traceEvents` as `Event`s, a batch at a time; other top-level keys go into `top`."""
+    return _batches(path, top, _events, event_of)
+
+
+def _batches(
+    path: Path, top: dict[str, Any], decode: Callable[[str], list[_T]], one: Callable[[Any], _T | None]
+) -> Iterator[list[_T]]:
+    """The items of `traceEvents` in batches, each decoded by `decode` (or, where a batch's text does not
+    decode, a value at a time by `one`, None for an item that is no event)."""
     with _open_text(path) as f:
         s = _Stream(f, path)
         if s.peek() != "{":
@@ -119,13 +200,13 @@ def iter_trace_events(path: Path, top: dict[str, Any]) -> Iterator[dict[str, Any
                 seen = True
                 s.expect("[")
                 while s.peek() not in ("]", ""):
-                    batch = s.batch()
+                    batch = s.batch(decode)
                     if batch is not None:
-                        yield from (event for event in batch if isinstance(event, dict))
+                        yield batch
                         continue
-                    event = s.value()
-                    if isinstance(event, dict):
-                        yield event
+                    event = one(s.value())
+                    if event is not None:
+                        yield [event]
                     if s.peek() == ",":
                         s.pos += 1
                 s.expect("]")
@@ -179,3 +260,45 @@ def _ns_exact(value: Any, path: Path, what: str) -> int:
 def group_key(value: Any) -> Any:
     """A pid or tid as a value that groups: a list or object where a number belongs reads as its text."""
     return value if value is None or isinstance(value, (int, float, str)) else json.dumps(value)
+
+
+def ns_column(
+    values: list[Any], path: Path, what: str, names: Callable[[], list[Any]], memo: dict[str, int] | None = None
+) -> npt.NDArray[np.int64]:
+    """`to_ns` of each value, as one int64 array: a column of ints in range at numpy's speed, other columns a
+    value at a time (float text looked up in `memo` first, where given: durations repeat). `names` gives the
+    events' names, asked for only when a value is out of range, to say which."""
+    if set(map(type, values)) == {int}:
+        try:
+            us = np.array(values, dtype=np.int64)
+        except OverflowError:  # beyond int64: out of range, said below
+            us = None
+        if us is not None and bool((us > -_US_FAST).all() and (us < _US_FAST).all()):
+            return us * 1000
+    try:
+        if memo is None:
+            return np.fromiter((to_ns(v, path, what) for v in values), np.int64, len(values))
+        known = list(map(memo.get, values)) if set(map(type, values)) == {str} else [None] * len(values)
+        if None not in known:
+            return np.array(known, np.int64)
+        ns = (n if n is not None else _memo_ns(v, path, what, memo) for v, n in zip(values, known, strict=True))
+        return np.fromiter(ns, np.int64, len(values))
+    except CorruptFileError:
+        for value, name in zip(values, names(), strict=True):  # again, to name the first event out of range
+            to_ns(value, path, what, name)
+        raise
+
+
+_MEMO_SIZE = 1 << 16
+"""Distinct durations remembered per file, at most (a few MB)."""
+
+
+def _memo_ns(value: Any, path: Path, what: str, memo: dict[str, int]) -> int:
+    if type(value) is not str:
+        return to_ns(value, path, what)
+    ns = memo.get(value)
+    if ns is None:
+        ns = to_ns(value, path, what)
+        if len(memo) < _MEMO_SIZE:
+            memo[value] = ns
+    return ns

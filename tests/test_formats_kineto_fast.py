@@ -1,0 +1,162 @@
+"""Kineto's fast read: msgspec's typed batches give the values the plain decoder gives, times stay exact to the
+ns in every column path, and damaged or truncated files still give one-line errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ppscope.formats.kineto_json as kineto_json
+from ppscope.errors import CorruptFileError
+from ppscope.formats.kineto import load_kineto
+from ppscope.formats.kineto_json import event_of, iter_event_batches, ns_column, to_ns
+
+ODD_EVENTS = [
+    {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 5, "dur": 1.25,
+     "args": {"correlation": 3, "bytes": 64, "grid": [1, {"x": 2}], "blocks per SM": 0.5}},
+    {"ph": "X", "cat": "kernel", "name": 12, "pid": [0], "tid": {"s": 1}, "ts": "9", "dur": None,
+     "args": ["not", "an", "object"]},  # types msgspec's Event does not take: the batch falls back
+    {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 1700000000123467.0395, "dur": 2},
+    {"ph": "X", "cat": ["cpu_op"], "ts": 2**70},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "args": {"correlation": None}},
+    {"ph": "s", "cat": "fwdbwd", "ts": 11.5, "id": 1},
+    {"name": "\udc00 lone surrogate"},  # JSON the plain decoder takes and msgspec does not
+    [1, 2],  # no event
+]  # fmt: skip
+
+
+def _plain(text: str) -> list[Any]:
+    return [e for e in map(event_of, json.loads(text, parse_float=str)["traceEvents"]) if e is not None]
+
+
+@pytest.mark.parametrize("chunk", [7, 333, 1 << 20])
+def test_typed_batches_hold_the_values_of_a_plain_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    monkeypatch.setattr(kineto_json, "_CHUNK", chunk)
+    events: list[Any] = ODD_EVENTS * 40
+    for nan in (False, True):
+        text = json.dumps({"schemaVersion": 1, "traceEvents": events}, indent=1)
+        if nan:  # NaN in one event's args: msgspec refuses that batch, the plain decoder reads it
+            text = text.replace('"blocks per SM": 0.5', '"blocks per SM": NaN', 3)
+        path = tmp_path / "odd.json"
+        path.write_text(text)
+        top: dict[str, Any] = {}
+        got = [e for batch in iter_event_batches(path, top) for e in batch]
+        assert got == _plain(text) and top == {"schemaVersion": 1}
+        assert len(got) == 7 * 40 and got[0].args is not None and got[0].args.correlation == 3
+        assert got[1].args is None and got[4].args is not None and got[4].args.correlation is None
+
+
+def test_float_ts_with_many_digits_stays_exact_to_the_ns(tmp_path: Path) -> None:
+    """Epoch µs with a fraction has more digits than a float holds; more than 3 decimals round half to even."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": f"r{i}", "pid": 1, "tid": 1, "ts": 0.0, "dur": 1}
+        for i in range(3)
+    ]
+    text = json.dumps({"traceEvents": events})
+    for ts in ("1700000000123467.0395", "1700000000123467.0385", "1700000000123467.039"):
+        text = text.replace('"ts": 0.0', f'"ts": {ts}', 1)
+    (tmp_path / "rank0.json").write_text(text)
+    spans = load_kineto([tmp_path / "rank0.json"]).spans.sort_values("name")
+    assert spans["start_ns"].tolist() == [1700000000123467040, 1700000000123467038, 1700000000123467039]
+    assert (spans["end_ns"] - spans["start_ns"]).tolist() == [1000, 1000, 1000]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [1, 2, 1700000000123467],  # ints: numpy's path
+        ["1.5", "68.0", "1.5", "1700000000123467.125", "2.0005", "1e3", "x", ""],  # float text, memo and not
+        [1, "2.5", None, True, [1], {"a": 1}, -3],  # mixed: a value at a time
+        [2**62, 2**70],  # beyond int64: a value at a time, then out of range
+    ],
+)
+def test_ns_column_is_to_ns_of_each_value(values: list[Any]) -> None:
+    path = Path("r.json")
+    names = [f"e{i}" for i in range(len(values))]
+    try:
+        expected: list[int] | str = [to_ns(v, path, "ts", n) for v, n in zip(values, names, strict=True)]
+    except CorruptFileError as exc:
+        expected = str(exc)
+    for memo in (None, {}, {}):  # the second memo is already filled by the first call with it
+        try:
+            got: list[int] | str = ns_column(values, path, "ts", lambda: names, memo).tolist()
+        except CorruptFileError as exc:
+            got = str(exc)
+        assert got == expected
+    if isinstance(expected, str):
+        assert "event 'e0': ts" in expected and "\n" not in expected
+
+
+def _launch_doc(corr_of_odd_kernel: Any) -> dict[str, Any]:
+    """Two steps; kernel k1 runs in step 2 but was launched in step 1 (correlation 1, launched twice: the last
+    launch counts), k2 the other way round; one more kernel has an odd correlation id."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#2", "pid": 1, "tid": 1, "ts": 100, "dur": 100},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 5, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 50, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 150, "args": {"correlation": 2}},
+        {"ph": "X", "cat": "kernel", "name": "k1", "pid": 0, "tid": 7, "ts": 120, "dur": 5, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 60, "dur": 5, "args": {"correlation": 2}},
+        {"ph": "X", "cat": "kernel", "name": "odd", "pid": 0, "tid": 7, "ts": 130, "dur": 5,
+         "args": {"correlation": corr_of_odd_kernel}},
+    ]  # fmt: skip
+    return {"traceEvents": events}
+
+
+@pytest.mark.parametrize("odd", [3, None, "1", 2**70, True])
+def test_gpu_work_takes_the_step_of_its_last_launch_whatever_other_ids_are(tmp_path: Path, odd: Any) -> None:
+    """An id that is no int (or beyond int64) leaves the others' launches found: the id column is not
+    converted as a whole. `True` is the id 1, as a dict key."""
+    (tmp_path / "rank0.json").write_text(json.dumps(_launch_doc(odd)))
+    spans = load_kineto([tmp_path / "rank0.json"]).spans.set_index("name")
+    assert spans.loc["k1", "step"] == 1 and spans.loc["k2", "step"] == 2
+    assert spans.loc["odd", "step"] == (1 if odd is True else 2)
+
+
+def test_truncated_and_damaged_gzip_give_one_line_errors(tmp_path: Path) -> None:
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1.5}
+              for i in range(20_000)]  # fmt: skip
+    whole = gzip.compress(json.dumps({"traceEvents": events}).encode())
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(CorruptFileError, match="truncated or damaged") as info:
+        load_kineto([cut])
+    assert "\n" not in str(info.value)
+    damaged = bytearray(whole)
+    damaged[len(whole) // 2 : len(whole) // 2 + 64] = bytes(64)
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(bytes(damaged))
+    with pytest.raises(CorruptFileError) as info:
+        load_kineto([bad])
+    assert "\n" not in str(info.value)
+    text = tmp_path / "cut.json"
+    text.write_bytes(gzip.decompress(whole)[:300_000])
+    with pytest.raises(CorruptFileError, match="not valid JSON or truncated"):
+        load_kineto([text])
+
+
+def test_a_column_read_in_batches_is_the_same_as_one_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Durations remembered across batches (the memo) and ints in numpy give what one batch gives."""
+    rng = np.random.default_rng(1)
+    ts, durs = np.cumsum(rng.integers(1, 9, 3000)).tolist(), rng.choice([1.5, 2.0, 2.125], 3000).tolist()
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}", "pid": 1, "tid": 1 + i % 2, "ts": ts[i], "dur": durs[i]}
+        for i in range(3000)
+    ]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    whole = load_kineto([path])
+    monkeypatch.setattr(kineto_json, "_CHUNK", 1000)
+    pieces = load_kineto([path])
+    assert whole.spans.equals(pieces.spans)
+    assert whole.spans["start_ns"].iloc[0] == events[0]["ts"] * 1000
