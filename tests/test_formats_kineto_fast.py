@@ -160,3 +160,14 @@ def test_a_column_read_in_batches_is_the_same_as_one_read_whole(
     pieces = load_kineto([path])
     assert whole.spans.equals(pieces.spans)
     assert whole.spans["start_ns"].iloc[0] == events[0]["ts"] * 1000
+
+
+def test_bytes_beyond_int64_read_as_none_moved(tmp_path: Path) -> None:
+    events = [
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": 9, "ts": t, "dur": 1,
+         "args": {"bytes": n}}
+        for t, n in ((1, 4096), (5, 2**70), (9, -(2**63)), (13, "12"))
+    ]  # fmt: skip
+    (tmp_path / "rank0.json").write_text(json.dumps({"traceEvents": events}))
+    spans = load_kineto([tmp_path / "rank0.json"]).spans
+    assert spans.loc[spans["kind"] == "memcpy", "nbytes"].tolist() == [4096, 0, -(2**63), 0]

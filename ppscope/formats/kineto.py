@@ -25,7 +25,7 @@ import pandas as pd
 from ppscope.errors import CorruptFileError, UnsupportedInputError
 from ppscope.formats.kineto_groups import group_placement
 from ppscope.formats.kineto_jobs import CLOCK_NOTE, JobFacts, one_job, refuse_empty
-from ppscope.formats.kineto_json import NS_LIMIT, UNSET, Event, group_key, iter_event_batches, ns_column
+from ppscope.formats.kineto_json import NS_LIMIT, UNSET, Args, Event, group_key, iter_event_batches, ns_column
 from ppscope.formats.kineto_json import iter_trace_events as iter_trace_events
 from ppscope.formats.kineto_pipeline import RankFile, cpu_compute, read_pipeline
 from ppscope.formats.kineto_pp import RankEvents, top_level
@@ -82,19 +82,12 @@ def _read_events(path: Path) -> _File:
     for batch in iter_event_batches(path, top):
         cols.add(batch)
     shift = _shift(path, top.get("baseTimeNanoseconds"))
-    spans, annotations = _spans(cols.gpu_frame(), cols.host, cols.launch_times(), shift)
+    spans, annotations = _spans(cols, shift)
     ops = cols.ops_frame()
     op_frame = ops.assign(start_ns=ops["start_ns"] + shift, end_ns=ops["end_ns"] + shift)
     flows = np.concatenate(cols.flows) if cols.flows else np.zeros(0, np.int64)
     events = RankEvents(path.name, annotations, op_frame, flows + shift)
-    p2p = [(_P2P[name], int(t)) for name, t in _p2p(op_frame, annotations)]
-    return _File(top, spans, events, p2p, bool(cols.gpu["kind"]))
-
-
-def _p2p(ops: pd.DataFrame, annotations: pd.DataFrame) -> list[tuple[str, int]]:
-    """(name, start_ns) of the point-to-point operators and ranges: which way the rank's traffic goes, when."""
-    both = [f.loc[f["name"].isin(_P2P.keys()), ["name", "start_ns"]] for f in (ops, annotations)]
-    return [(str(n), int(t)) for f in both for n, t in zip(f["name"], f["start_ns"], strict=True)]
+    return _File(top, spans, events, [(op, t + shift) for op, t in cols.p2p()], bool(cols.gpu["kind"]))
 
 
 class _Columns:
@@ -166,7 +159,7 @@ class _Columns:
         g["dev"] += _keys([e.pid for e in work])
         g["stream"] += _keys([e.tid for e in work])
         g["corr"] += [-1 if e.args is None or e.args.correlation is UNSET else e.args.correlation for e in work]
-        g["nbytes"] += [e.args.bytes if e.args is not None and isinstance(e.args.bytes, int) else 0 for e in work]
+        g["nbytes"] += [_nbytes(e.args) for e in work]
         self.gpu_times[0].append(start)
         self.gpu_times[1].append(end)
 
@@ -177,15 +170,12 @@ class _Columns:
              "tid": pd.Series(tids, dtype=object)}
         )  # fmt: skip
 
-    def gpu_frame(self) -> pd.DataFrame:
-        """kind, name, start_ns, end_ns, dev, stream, corr, nbytes: one row per GPU event, in file order."""
-        g = self.gpu
-        times = {"start_ns": _joined(self.gpu_times[0]), "end_ns": _joined(self.gpu_times[1])}
-        kind = np.array(g["kind"], dtype=object)
-        nccl = pd.Series(g["name"], dtype=object).str.startswith(("nccl", "void nccl")).to_numpy(bool)
-        kind[nccl & (kind == str(SpanKind.KERNEL))] = str(SpanKind.NCCL)
-        columns = {"kind": kind, "name": g["name"], **times, **{k: g[k] for k in ("dev", "stream", "corr")}}
-        return pd.DataFrame({**columns, "nbytes": g["nbytes"]})
+    def p2p(self) -> list[tuple[str, int]]:
+        """("send" or "recv", start_ns) of each point-to-point operator and range: which way the rank's traffic
+        goes, and when."""
+        names, starts = self.ops[0], _joined(self.ops[1])
+        ops = [(_P2P[n], int(starts[i])) for i, n in enumerate(names) if n in _P2P]
+        return ops + [(_P2P[h[0]], h[1]) for h in self.host if h[0] in _P2P]
 
     def launch_times(self) -> np.ndarray:
         """When each GPU event was launched: its CPU launch's start (the same correlation id, the last launch
@@ -213,6 +203,15 @@ def _lookup(corr: np.ndarray, start: np.ndarray, keys: np.ndarray, when: np.ndar
     ids, at = keys[order], when[order]
     i = np.clip(np.searchsorted(ids, corr), 0, len(ids) - 1)
     return np.where(ids[i] == corr, at[i], start)
+
+
+def _nbytes(args: Args | None) -> int:
+    """The bytes a copy or set moved: an int in int64's range, else 0."""
+    n = args.bytes if args is not None else 0
+    return n if isinstance(n, int) and -_INT64 <= n < _INT64 else 0
+
+
+_INT64 = 1 << 63
 
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:
@@ -261,40 +260,83 @@ def _shift(path: Path, base: Any) -> int:
     return shift
 
 
-def _spans(
-    g: pd.DataFrame, host: list[tuple[Any, ...]], when: np.ndarray, shift: int
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(spans, annotations): GPU work (launched at `when`) and ranges as spans; the ranges also as
-    (name, start_ns, end_ns, tid)."""
-    devices = g["dev"].nunique()
-    lane = "stream " + g["stream"].astype(str)
-    g["lane"] = ("gpu " + g["dev"].astype(str) + " " + lane) if devices > 1 else lane
-    h = pd.DataFrame(host, columns=["name", "start_ns", "end_ns", "tid"])
-    step_no = h["name"].str.extract(_STEP_RE, expand=False)
-    is_step = step_no.notna().to_numpy()
-    h["kind"] = np.where(is_step, str(SpanKind.STEP), str(SpanKind.RANGE))
-    h["step"] = pd.to_numeric(step_no, errors="coerce").fillna(-1).astype(np.int64)
-    threads = h.loc[~is_step, "tid"].nunique()
-    h["lane"] = np.where(is_step | (threads <= 1), "host", "host " + h["tid"].astype(str))
+def _spans(cols: _Columns, shift: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(spans, annotations): GPU work and ranges as spans, a column at a time (a few pandas calls whatever the
+    number of events); the ranges also as (name, start_ns, end_ns, tid)."""
+    g = cols.gpu
+    names, starts, ends, tids = (list(c) for c in zip(*cols.host, strict=True)) if cols.host else ([], [], [], [])
+    h_start, h_end = np.array(starts, np.int64), np.array(ends, np.int64)
+    steps = [_STEP_RE.match(name) for name in names]
+    is_step = np.array([m is not None for m in steps], bool)
+    step = np.array([_step_number(m.group(1)) if m else -1 for m in steps], np.int64)
+    threads = _distinct([t for t, s in zip(tids, is_step, strict=True) if not s])
+    host_lane = ["host" if s or threads <= 1 else t for s, t in zip(is_step, _prefixed("host ", tids), strict=True)]
     # GPU work takes the step of the CPU launch that issued it, else of its own start time.
-    steps = h[is_step].sort_values("start_ns")
-    g["step"] = _step_at(when, steps)
-    g["launch_ns"] = when
-    h["launch_ns"] = h["start_ns"]
-    out = pd.concat([g.drop(columns=["dev", "stream", "corr"]), h.drop(columns="tid")], ignore_index=True)
-    for column in ("start_ns", "end_ns", "launch_ns"):
-        out[column] = out[column].astype(np.int64) + shift
-    out["nbytes"] = out["nbytes"].fillna(0).astype(np.int64)
-    annotations = h[["name", "start_ns", "end_ns", "tid"]].astype({"start_ns": np.int64, "end_ns": np.int64})
-    annotations = annotations.assign(start_ns=annotations["start_ns"] + shift, end_ns=annotations["end_ns"] + shift)
-    return out, annotations
+    order = np.argsort(h_start[is_step], kind="quicksort")  # as pandas sorted them
+    when = cols.launch_times()
+    g_start, g_end = _joined(cols.gpu_times[0]), _joined(cols.gpu_times[1])
+    nccl = [k == _KERNEL and n.startswith(("nccl", "void nccl")) for k, n in zip(g["kind"], g["name"], strict=True)]
+    out = {
+        "kind": [str(SpanKind.NCCL) if c else k for k, c in zip(g["kind"], nccl, strict=True)]
+        + [str(SpanKind.STEP) if s else str(SpanKind.RANGE) for s in is_step],
+        "name": g["name"] + names,
+        "start_ns": np.concatenate([g_start, h_start]) + shift,
+        "end_ns": np.concatenate([g_end, h_end]) + shift,
+        "nbytes": np.concatenate([np.array(g["nbytes"], np.int64), np.zeros(len(names), np.int64)]),
+        "lane": _gpu_lanes(g["dev"], g["stream"]) + host_lane,
+        "step": np.concatenate([_step_at(when, *(a[is_step][order] for a in (h_start, h_end, step))), step]),
+        "launch_ns": np.concatenate([when, h_start]) + shift,
+    }
+    annotations = pd.DataFrame({"name": names, "start_ns": h_start + shift, "end_ns": h_end + shift, "tid": tids})
+    return pd.DataFrame(out), annotations
 
 
-def _step_at(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+_KERNEL = str(SpanKind.KERNEL)
+
+
+def _gpu_lanes(dev: list[Any], stream: list[Any]) -> list[str]:
+    """`stream N`, or `gpu D stream N` when the file holds more than one device."""
+    if _as_is(dev) and _as_is(stream):
+        lanes = _prefixed("stream ", stream)
+        return (
+            lanes if len(set(dev)) <= 1 else [d + " " + x for d, x in zip(_prefixed("gpu ", dev), lanes, strict=True)]
+        )
+    devices, lane = pd.Series(dev), "stream " + pd.Series(stream).astype(str)  # None or NaN among them: NaN lanes
+    return list(("gpu " + devices.astype(str) + " " + lane) if devices.nunique() > 1 else lane)
+
+
+def _as_is(values: list[Any]) -> bool:
+    """Values that pandas keeps as they are in a column (no None to turn ints into floats)."""
+    kinds = set(map(type, values))
+    return kinds <= {int} or kinds <= {str}
+
+
+def _distinct(values: list[Any]) -> int:
+    """How many distinct values, as pandas' `nunique` counts them (None and NaN not counted)."""
+    return len(set(values)) if _as_is(values) else int(pd.Series(values).nunique())
+
+
+def _prefixed(prefix: str, values: list[Any]) -> list[str]:
+    """`prefix` and each value as the text pandas gives it in a column (`astype(str)`); each distinct value's
+    made once."""
+    if not _as_is(values):
+        return list(prefix + pd.Series(values).astype(str))
+    text: dict[Any, str] = {}
+    return [text[v] if v in text else text.setdefault(v, prefix + str(v)) for v in values]
+
+
+def _step_number(digits: str) -> int:
+    """The N of `ProfilerStep#N` (any digits the pattern takes; -1 where they are no number pandas reads)."""
+    if digits.isascii() and len(digits) < 19:
+        return int(digits)
+    return int(pd.to_numeric(pd.Series([digits]), errors="coerce").fillna(-1).astype(np.int64).iloc[0])
+
+
+def _step_at(times: np.ndarray, starts: np.ndarray, ends: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+    """The number of the step (given in start order) each time falls in, -1 for none."""
     out = np.full(len(times), -1, dtype=np.int64)
-    if not len(steps) or not len(times):
+    if not len(starts) or not len(times):
         return out
-    starts, ends, numbers = (steps[c].to_numpy(dtype=np.int64) for c in ("start_ns", "end_ns", "step"))
     i = np.searchsorted(starts, times, side="right") - 1
     ok = (i >= 0) & (times <= ends[np.clip(i, 0, None)])
     out[ok] = numbers[i[ok]]
