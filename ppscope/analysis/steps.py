@@ -16,6 +16,7 @@ This module knows compute spans, steps and times; `bubbles` decides what the res
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,9 +53,9 @@ class Waves:
 
     @classmethod
     def of(cls, c: ComputeSpans, *, flush: bool) -> Waves:
-        frame = _frame(c, flush=flush)
-        fwd = frame[~frame["bwd"]]
-        return cls(frame.groupby("step")["end"].max(), fwd.groupby("step")["end"].max())
+        step = c.step if flush else np.zeros_like(c.step)
+        fwd = ~c.backward
+        return cls(_max_by_step(step, c.end_ns), _max_by_step(step[fwd], c.end_ns[fwd]))
 
     @classmethod
     def merged(cls, parts: list[Waves]) -> Waves:
@@ -67,9 +68,44 @@ class Waves:
         return cls(top([p.wave_end for p in parts]), top([p.fwd_end for p in parts]))
 
 
-def _frame(c: ComputeSpans, *, flush: bool) -> pd.DataFrame:
-    step = c.step if flush else np.zeros_like(c.step)
-    return pd.DataFrame({"group": c.group, "step": step, "bwd": c.backward, "start": c.start_ns, "end": c.end_ns})
+def _max_by_step(step: I64, end: I64) -> pd.Series:
+    """The latest end of each step, indexed by step in order (a groupby's max, in numpy: a few calls)."""
+    order = np.argsort(step, kind="stable")
+    keys = step[order]
+    at = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
+    top = np.maximum.reduceat(end[order], at) if len(at) else np.zeros(0, np.int64)
+    return pd.Series(top.astype(np.int64), index=pd.Index(keys[at].astype(np.int64), name="step"), name="end")
+
+
+@dataclass(frozen=True)
+class _PerStep:
+    """One entry per (stage, step) in that order: the first start and last end of its compute, and its first
+    backward start and last forward end (as floats, NaN where it has none)."""
+
+    group: I64
+    step: I64
+    first: I64
+    last: I64
+    first_bwd: npt.NDArray[np.float64]
+    last_fwd: npt.NDArray[np.float64]
+
+    @classmethod
+    def of(cls, c: ComputeSpans, *, flush: bool) -> _PerStep:
+        step = c.step if flush else np.zeros_like(c.step)
+        order = np.lexsort((step, c.group))
+        g, s = c.group[order], step[order]
+        at = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (s[1:] != s[:-1])])
+        start, end, bwd = c.start_ns[order], c.end_ns[order], c.backward[order]
+        first, last = np.minimum.reduceat(start, at), np.maximum.reduceat(end, at)
+        return cls(g[at], s[at], first, last, _reduce(np.minimum, start, bwd, at), _reduce(np.maximum, end, ~bwd, at))
+
+
+def _reduce(op: np.ufunc, values: I64, keep: npt.NDArray[np.bool_], at: I64) -> npt.NDArray[np.float64]:
+    """`op` (minimum or maximum) over the kept values of each run starting at `at`; NaN for a run with none."""
+    sentinel = np.iinfo(np.int64).max if op is np.minimum else np.iinfo(np.int64).min
+    out = op.reduceat(np.where(keep, values, sentinel).astype(np.int64), at).astype(np.float64)
+    out[np.add.reduceat(keep.astype(np.int64), at) == 0] = np.nan
+    return out
 
 
 def fill_drain(
@@ -84,21 +120,18 @@ def fill_drain(
     out = [empty] * groups
     if c.start_ns.shape[0] == 0:
         return out
-    frame = _frame(c, flush=flush)
-    per = frame.groupby(["group", "step"], sort=True).agg(first=("start", "min"), last=("end", "max"))
-    fwd, bwd = frame[~frame["bwd"]], frame[frame["bwd"]]
-    per["first_bwd"] = bwd.groupby(["group", "step"])["start"].min()
-    per["last_fwd"] = fwd.groupby(["group", "step"])["end"].max()
+    per = _PerStep.of(c, flush=flush)
     waves = waves or Waves.of(c, flush=flush)
     wave_end, fwd_end = waves.wave_end, waves.fwd_end
-    for g, rows in per.groupby(level="group", sort=True):
-        steps = rows.index.get_level_values("step").to_numpy()
+    bounds = [*np.flatnonzero(np.r_[True, per.group[1:] != per.group[:-1]]).tolist(), len(per.group)]
+    for a, b in itertools.pairwise(bounds):
+        g, steps = per.group[a], per.step[a:b]
         fill, drain = _positions(
-            rows["first"].to_numpy(np.int64),
-            rows["last"].to_numpy(np.int64),
+            per.first[a:b],
+            per.last[a:b],
             wave_end.loc[steps].to_numpy(np.int64),
-            rows["first_bwd"].to_numpy(np.float64),
-            rows["last_fwd"].to_numpy(np.float64),
+            per.first_bwd[a:b],
+            per.last_fwd[a:b],
             fwd_end.reindex(steps).to_numpy(np.float64),
             lo,
             hi,
