@@ -166,6 +166,15 @@ def test_overlapping_compute_counted_once_with_warning() -> None:
     assert any("overlap" in w for w in res.warnings)
 
 
+def test_overlap_of_one_ns_is_found_at_epoch_times() -> None:
+    """Ends are compared as integers: at 2^60 ns a float is 256 ns coarse and would round this overlap away."""
+    t = 1 << 60
+    rows = [_fwd(0, 0, t, t + 100), _fwd(0, 1, t + 99, t + 300)]
+    res = analyze(_trace(rows))
+    assert res.stage(0).busy_ns == 300
+    assert any("overlap" in w for w in res.warnings)
+
+
 def test_causes_sum_to_bubble_on_random_trace() -> None:
     rng = np.random.default_rng(0)
     n = 3000

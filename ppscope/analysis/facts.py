@@ -167,15 +167,34 @@ def compute_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_]) -> 
     (rank, lane) order: they are counted once (union)."""
     if is_compute.sum() < 2:
         return 0, []
-    cols = ["rank", "lane", "start_ns", "end_ns"]
-    sub = spans.loc[is_compute, cols].sort_values(cols)
-    keys = sub[["rank", "lane"]]
-    prev_end = sub.groupby(["rank", "lane"], sort=False)["end_ns"].cummax().shift(1)
-    same = (keys == keys.shift(1)).all(axis=1)
-    overlap = same & (sub["start_ns"] < prev_end)
+    sub = spans.loc[is_compute, ["rank", "lane", "start_ns", "end_ns"]]
+    lane, uniques = pd.factorize(sub["lane"], sort=True)  # codes in the lanes' text order
+    lanes = [str(x) for x in uniques]
+    if (lane < 0).any():  # a lane without a name: sorted last, as sort_values puts it
+        lanes.append(str(sub["lane"][lane < 0].iloc[0]))
+        lane = np.where(lane < 0, len(lanes) - 1, lane)
+    rank, start, end = (sub[c].to_numpy(np.int64) for c in ("rank", "start_ns", "end_ns"))
+    order = np.lexsort((end, start, lane, rank))
+    rank, lane, start, end = rank[order], lane[order], start[order], end[order]
+    first = np.r_[True, (rank[1:] != rank[:-1]) | (lane[1:] != lane[:-1])]
+    reach = _cummax_by_run(end, np.flatnonzero(first))  # the latest end so far on the span's (rank, lane)
+    overlap = np.r_[False, ~first[1:] & (start[1:] < reach[:-1])]
     n = int(overlap.sum())
-    where = sub.loc[overlap, ["rank", "lane"]].drop_duplicates().head(3) if n else sub.head(0)
-    return n, [(int(r), str(la)) for r, la in where.itertuples(index=False)]
+    seen: list[tuple[int, str]] = []
+    for r, c in zip(rank[overlap].tolist(), lane[overlap].tolist(), strict=True):
+        if len(seen) == 3:
+            break
+        if (r, lanes[c]) not in seen:
+            seen.append((r, lanes[c]))
+    return n, seen
+
+
+def _cummax_by_run(values: npt.NDArray[np.int64], starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The running maximum of `values`, started again at each index of `starts` (the first is 0)."""
+    out = np.empty_like(values)
+    for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(values)], strict=True):
+        out[a:b] = np.maximum.accumulate(values[a:b])
+    return out
 
 
 def busiest_rank(
