@@ -13,7 +13,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from ppscope.analysis.bubbles import ROLE_COMPUTE, StageTimes, dependency_waits
-from ppscope.analysis.intervals import Intervals, clip, union_length
+from ppscope.analysis.intervals import Intervals, clip, running_max, union_length
 from ppscope.trace.model import Phase, RunMeta, SpanKind
 
 __all__ = [
@@ -177,7 +177,7 @@ def compute_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_]) -> 
     order = np.lexsort((end, start, lane, rank))
     rank, lane, start, end = rank[order], lane[order], start[order], end[order]
     first = np.r_[True, (rank[1:] != rank[:-1]) | (lane[1:] != lane[:-1])]
-    reach = _cummax_by_run(end, np.flatnonzero(first))  # the latest end so far on the span's (rank, lane)
+    reach = running_max(end, np.flatnonzero(first))  # the latest end so far on the span's (rank, lane)
     overlap = np.r_[False, ~first[1:] & (start[1:] < reach[:-1])]
     n = int(overlap.sum())
     seen: list[tuple[int, str]] = []
@@ -187,14 +187,6 @@ def compute_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_]) -> 
         if (r, lanes[c]) not in seen:
             seen.append((r, lanes[c]))
     return n, seen
-
-
-def _cummax_by_run(values: npt.NDArray[np.int64], starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The running maximum of `values`, started again at each index of `starts` (the first is 0)."""
-    out = np.empty_like(values)
-    for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(values)], strict=True):
-        out[a:b] = np.maximum.accumulate(values[a:b])
-    return out
 
 
 def busiest_rank(

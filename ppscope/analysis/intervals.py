@@ -130,3 +130,12 @@ def merge_runs(seg: Segments, labels: npt.NDArray[np.int16]) -> tuple[I64, I64, 
     first = np.flatnonzero(change)
     last = np.concatenate((first[1:], [labels.shape[0]])) - 1
     return seg.start_ns[first], seg.end_ns[last], labels[first]
+
+
+def running_max(values: npt.NDArray[np.int64], starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The running maximum of `values`, started again at each index of `starts` (sorted, the first 0): where
+    each run of spans has reached so far, in integers (ns do not fit a float)."""
+    out = np.empty_like(values)
+    for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(values)], strict=True):
+        out[a:b] = np.maximum.accumulate(values[a:b])
+    return out

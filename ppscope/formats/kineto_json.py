@@ -276,13 +276,14 @@ def ns_column(
         if us is not None and bool((us > -_US_FAST).all() and (us < _US_FAST).all()):
             return us * 1000
     try:
-        if memo is None:
+        if memo is None or set(map(type, values)) != {str}:
             return np.fromiter((to_ns(v, path, what) for v in values), np.int64, len(values))
-        known = list(map(memo.get, values)) if set(map(type, values)) == {str} else [None] * len(values)
-        if None not in known:
-            return np.array(known, np.int64)
-        ns = (n if n is not None else _memo_ns(v, path, what, memo) for v, n in zip(values, known, strict=True))
-        return np.fromiter(ns, np.int64, len(values))
+        for text in set(values).difference(memo):  # each distinct text new to this file, once
+            memo[text] = to_ns(text, path, what)
+        ns = np.array(list(map(memo.__getitem__, values)), np.int64)
+        if len(memo) > _MEMO_SIZE:  # a file of ever new durations: start again rather than grow
+            memo.clear()
+        return ns
     except CorruptFileError:
         for value, name in zip(values, names(), strict=True):  # again, to name the first event out of range
             to_ns(value, path, what, name)
@@ -291,14 +292,3 @@ def ns_column(
 
 _MEMO_SIZE = 1 << 16
 """Distinct durations remembered per file, at most (a few MB)."""
-
-
-def _memo_ns(value: Any, path: Path, what: str, memo: dict[str, int]) -> int:
-    if type(value) is not str:
-        return to_ns(value, path, what)
-    ns = memo.get(value)
-    if ns is None:
-        ns = to_ns(value, path, what)
-        if len(memo) < _MEMO_SIZE:
-            memo[value] = ns
-    return ns

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from ppscope.analysis.intervals import running_max
 from ppscope.formats.ppactions import UNKNOWN, Action, parse_action
 
 __all__ = ["RankActions", "RankEvents", "find_actions", "is_comm", "top_level"]
@@ -71,6 +72,22 @@ def top_level(ops: pd.DataFrame) -> pd.DataFrame:
     """The operators no earlier operator of the same thread contains, in time order."""
     if ops.empty:
         return ops
+    try:
+        tid = pd.factorize(ops["tid"], sort=True)[0]  # codes in the threads' order
+    except TypeError:  # ids that do not sort together
+        tid = np.full(len(ops), -1)
+    if (tid < 0).any():  # a thread without an id, or odd ids: pandas' own sort and groupby decide
+        return _top_level_pandas(ops)
+    start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+    order = np.lexsort((-end, start, tid))  # by thread, start, the longest first
+    first = np.r_[True, tid[order][1:] != tid[order][:-1]]
+    reach = running_max(end[order], np.flatnonzero(first))
+    before = np.where(first, np.iinfo(np.int64).min, np.roll(reach, 1))
+    kept = order[start[order] >= before]
+    return ops.iloc[kept[np.argsort(start[kept], kind="stable")]].reset_index(drop=True)
+
+
+def _top_level_pandas(ops: pd.DataFrame) -> pd.DataFrame:
     o = ops.sort_values(["tid", "start_ns", "end_ns"], ascending=[True, True, False], kind="stable")
     reach = o.groupby("tid", sort=False)["end_ns"].cummax().to_numpy(np.int64)
     tid = o["tid"].to_numpy()
