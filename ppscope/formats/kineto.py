@@ -31,7 +31,7 @@ from ppscope.formats.kineto_pipeline import RankFile, cpu_compute, read_pipeline
 from ppscope.formats.kineto_pp import RankEvents, top_level
 from ppscope.formats.ordering import order_stages
 from ppscope.pool import ordered, processes
-from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
+from ppscope.trace.model import SPAN_COLUMNS, ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
 
 __all__ = ["iter_trace_events", "load_kineto"]
 
@@ -397,7 +397,7 @@ def load_kineto(files: list[Path]) -> Trace:
         warnings.append(order.explanation)
         stage_of, explanation = order.stage_of, order.explanation
         per_rank = {r: _plain(d, stage_of[r]) for r, d in read.items()}
-    spans = pd.concat([s.assign(rank=r, tokens=0) for r, s in per_rank.items()], ignore_index=True)
+    spans = _all_spans(per_rank, stage_of)
     info: dict[str, Any] = next(
         (d.top["distributedInfo"] for d in read.values() if isinstance(d.top.get("distributedInfo"), dict)), {}
     )
@@ -428,7 +428,7 @@ def load_kineto(files: list[Path]) -> Trace:
             **({"pipelining": pipeline.config} if pipeline else {}),
         },
     )
-    return Trace(spans=spans_frame(spans), meta=meta, warnings=warnings).sorted()
+    return Trace(spans=spans, meta=meta, warnings=warnings).sorted()
 
 
 def _extent(data: _File) -> tuple[int, int]:
@@ -439,14 +439,33 @@ def _extent(data: _File) -> tuple[int, int]:
 
 
 def _plain(data: _File, stage: int) -> pd.DataFrame:
-    """A rank's spans when the trace shows no pipelining actions: GPU work and ranges as they are, and on a
-    CPU trace its top-level operators as the compute."""
-    spans = data.spans.assign(stage=stage, mb=-1, chunk=0, phase="", peer=-1)
+    """A rank's spans when the trace shows no pipelining actions: GPU work and ranges as they are (their stage,
+    micro-batch, chunk, phase and peer filled in by `_all_spans`), and on a CPU trace its top-level operators as
+    the compute."""
     if data.gpu:
-        return spans
+        return data.spans
+    spans = data.spans.assign(stage=stage, **_PLAIN)
     ops = top_level(data.events.ops)
     cpu = cpu_compute(ops, ops["tid"].mode().iloc[0] if len(ops) else None).drop(columns="tid")
-    return pd.concat([spans, cpu.assign(stage=stage, mb=-1, step=-1, chunk=0, phase="", peer=-1)], ignore_index=True)
+    return pd.concat([spans, cpu.assign(stage=stage, step=-1, **_PLAIN)], ignore_index=True)
+
+
+_PLAIN: dict[str, Any] = {"mb": -1, "chunk": 0, "phase": "", "peer": -1}
+"""The columns of a span that no pipelining action places: none of them known."""
+
+
+def _all_spans(per_rank: dict[int, pd.DataFrame], stage_of: dict[int, int]) -> pd.DataFrame:
+    """The ranks' spans as one frame of the schema, built once from each column's arrays (not a frame per rank
+    and column); a column a rank's frame lacks is its rank, stage, no tokens or `_PLAIN`'s value."""
+    columns: dict[str, Any] = {}
+    for c, kind in SPAN_COLUMNS.items():
+        kind = object if kind is str else kind
+        parts = []
+        for r, s in per_rank.items():
+            fill = {"rank": r, "stage": stage_of[r], "tokens": 0, **_PLAIN}
+            parts.append(s[c].to_numpy() if c in s.columns else np.full(len(s), fill[c], dtype=kind))
+        columns[c] = np.concatenate(parts) if parts else np.zeros(0, kind)
+    return spans_frame(columns)
 
 
 def _refuse_own_export(path: Path, top: dict[str, Any]) -> None:
