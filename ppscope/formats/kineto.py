@@ -64,9 +64,9 @@ class _File:
 def _read_file(path: Path) -> _File:
     """One rank file, times on the common clock (the file's base time added).
 
-    The collector is paused meanwhile: the events decoded make no cycles, and what is kept (a tuple per GPU
-    event and range) would otherwise be walked again and again by full collections as it grows (a quarter
-    of the time of a 500 k-event file)."""
+    The collector is paused meanwhile: the events decoded make no cycles, and what is kept (the columns'
+    lists of names and ids) would otherwise be walked again and again by full collections as it grows (a
+    quarter of the time of a 500 k-event file)."""
     paused = gc.isenabled()
     gc.disable()
     try:
@@ -106,6 +106,7 @@ class _Columns:
         self.flows: list[np.ndarray] = []
 
     def add(self, batch: list[Event]) -> None:
+        """One batch's events, each category's taken by a comprehension of its own; other events are left."""
         x = [e for e in batch if e.ph == "X"]
         if len(x) < len(batch):
             ts = [e.ts for e in batch if e.ph == "s" and e.cat == "fwdbwd"]
@@ -288,7 +289,10 @@ def _spans(cols: _Columns, shift: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         "launch_ns": np.concatenate([when, h_start]) + shift,
     }
     annotations = pd.DataFrame({"name": names, "start_ns": h_start + shift, "end_ns": h_end + shift, "tid": tids})
-    return pd.DataFrame(out), annotations
+    # text as Python objects: the names are one object per distinct name (`_Columns.seen`), shared by every span
+    # that has it until the job's frame is made, not a string per span
+    text = {c: pd.Series(out[c], dtype=object) for c in ("kind", "name", "lane")}
+    return pd.DataFrame({**out, **text}), annotations
 
 
 _KERNEL = str(SpanKind.KERNEL)
@@ -463,7 +467,7 @@ def _all_spans(per_rank: dict[int, pd.DataFrame], stage_of: dict[int, int]) -> p
         parts = []
         for r, s in per_rank.items():
             fill = {"rank": r, "stage": stage_of[r], "tokens": 0, **_PLAIN}
-            parts.append(s[c].to_numpy() if c in s.columns else np.full(len(s), fill[c], dtype=kind))
+            parts.append(s[c].to_numpy(dtype=kind) if c in s.columns else np.full(len(s), fill[c], dtype=kind))
         columns[c] = np.concatenate(parts) if parts else np.zeros(0, kind)
     return spans_frame(columns)
 
