@@ -26,6 +26,7 @@ from ppscope.formats.kineto_pp import (
     find_actions,
     is_comm,
     label_ops,
+    may_hold_actions,
     order_of_step,
     send_rows,
     stages_in,
@@ -83,6 +84,8 @@ def read_pipeline(
     """The pipeline the files show, or None when none of them holds a pipelining action. `placed`: each
     rank's (stage, replica) where the process groups say it (data-parallel replicas): the stage of actions
     that name none, and a rank's peers are those of its own replica."""
+    if not any(may_hold_actions(f.events) for f in files.values()):
+        return None  # told before the top-level operators are sorted out: most traces are no pipeline
     tops = {r: top_level(f.events.ops) for r, f in files.items()}
     acts = {r: find_actions(f.events, tops[r]) for r, f in files.items()}
     if all(a is None for a in acts.values()):

@@ -27,7 +27,7 @@ import pandas as pd
 from ppscope.analysis.intervals import running_max
 from ppscope.formats.ppactions import UNKNOWN, Action, parse_action
 
-__all__ = ["RankActions", "RankEvents", "find_actions", "is_comm", "top_level"]
+__all__ = ["RankActions", "RankEvents", "find_actions", "is_comm", "may_hold_actions", "top_level"]
 
 _COMM_PREFIXES = ("c10d::", "c10d_functional::", "_c10d_functional::", "gloo:", "nccl:", "record_param_comms")
 _AUTOGRAD = "autograd::engine::"
@@ -96,6 +96,15 @@ def _top_level_pandas(ops: pd.DataFrame) -> pd.DataFrame:
     before = np.where(first, np.iinfo(np.int64).min, np.roll(reach, 1))  # integers: ns do not fit a float
     keep = o["start_ns"].to_numpy(np.int64) >= before
     return o[keep].sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def may_hold_actions(ev: RankEvents) -> bool:
+    """False where `find_actions` surely finds nothing, told without the top-level operators: no pipelining
+    range (read or not) and no point-to-point operator or range at all."""
+    names = ev.annotations["name"].unique()
+    if any(parse_action(n) is not None for n in names):
+        return True
+    return bool(ev.ops["name"].isin(_P2P_OPS).any() or ev.annotations["name"].isin(_P2P_RANGES).any())
 
 
 def find_actions(ev: RankEvents, ops: pd.DataFrame) -> RankActions | None:
