@@ -157,6 +157,22 @@ def test_a_run_still_being_written_is_exported_from_one_snapshot(
     assert _doc(tmp_path / "live.json") == _doc(tmp_path / "whole.json")
 
 
+@pytest.mark.parametrize("fmt", ["nsys-sqlite", "chrome", "nvtxt"])
+def test_spans_a_damaged_file_loses_are_named_as_the_whole_load_names_them(
+    fmt: str, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(runs["gpipe"], run)
+    db = sqlite3.connect(rank_file(run, 1))
+    db.execute("UPDATE spans SET end_ns = start_ns - 5 WHERE id IN (1, 2)")
+    db.commit()
+    db.close()
+    note = "2 span(s) in rank-00001.sqlite end before they start (a damaged file); left them out"
+    assert note in load_run(run).warnings
+    export_run(run, fmt, tmp_path / "out")
+    assert capsys.readouterr().err.count(f"ppscope export: note: {note}") == 1
+
+
 @pytest.mark.parametrize("fmt", ["nsys-sqlite", "chrome"])
 def test_a_damaged_rank_is_left_out_as_load_run_leaves_it(
     fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

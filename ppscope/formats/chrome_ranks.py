@@ -86,7 +86,7 @@ class RunRanks:
 
     def each(self) -> Iterator[tuple[int, pd.DataFrame, pd.DataFrame]]:
         files = {r: f for r, f in self.files.items() if r not in self.damaged}
-        yield from each_rank(files, self.meta, self.damaged)
+        yield from each_rank(files, self.meta, self.damaged, self.notes)
 
     def sends(self, src: int, dst: int) -> pd.DataFrame:
         return _in_trace_order(read_p2p(self.files[src], [_SEND], [dst], self.meta))

@@ -87,7 +87,7 @@ def export_nsys_run(run_dir: str | Path, out: str | Path, *, force: bool = False
     meta, files, notes = run_files(run_dir)
     parts: list[tuple[int, int, int, int]] = []
     damaged: dict[int, str] = {}
-    for rank, spans, _ in each_rank(files, meta, damaged):
+    for rank, spans, _ in each_rank(files, meta, damaged, notes):
         if len(spans):
             stages = spans.loc[spans["stage"] >= 0, "stage"]
             first = int(stages.min()) if len(stages) else -1

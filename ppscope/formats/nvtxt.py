@@ -55,7 +55,7 @@ def export_nvtxt_run(run_dir: str | Path, out: str | Path, *, force: bool = Fals
     written: list[Path] = []
     damaged: dict[int, str] = {}
     with atomic_folder(Path(out), force=force, replaceable=NVTXT_FILES) as tmp:
-        for rank, spans, _ in each_rank(files, meta, damaged):
+        for rank, spans, _ in each_rank(files, meta, damaged, notes):
             if len(spans):
                 (tmp / f"rank-{rank}.nvtxt").write_text(_rank_text(spans, meta.run_id, rank))
                 written.append(Path(out) / f"rank-{rank}.nvtxt")

@@ -394,16 +394,19 @@ def read_rank_parts(
 
 
 def each_rank(
-    files: dict[int, Path], meta: RunMeta, damaged: dict[int, str]
+    files: dict[int, Path], meta: RunMeta, damaged: dict[int, str], notes: list[str] | None = None
 ) -> Iterator[tuple[int, pd.DataFrame, pd.DataFrame]]:
     """Each rank's spans and counters read alone (`read_rank_parts`), in rank order; a damaged rank file is left
-    out and its error put in `damaged` (by rank), for the caller to name as `load_run` does (`damaged_note`)."""
+    out and its error put in `damaged` (by rank), for the caller to name as `load_run` does (`damaged_note`).
+    What a damaged file's rows lose (spans that end before they start, ...) goes into `notes`, once each."""
     for rank in sorted(files):
         try:
-            spans, counters, _, _ = read_rank_parts(files, [rank], meta)
+            spans, counters, _, warnings = read_rank_parts(files, [rank], meta)
         except CorruptFileError as exc:
             damaged[rank] = str(exc)
             continue
+        if notes is not None:
+            notes.extend(w for w in warnings if w not in notes)
         yield rank, spans, counters
 
 
