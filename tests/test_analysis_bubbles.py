@@ -233,3 +233,25 @@ def test_active_window_leaves_out_start_up() -> None:
     assert full.window is not None and full.window.length_ns == 70
     assert active.window is not None and (active.window.start_ns, active.window.end_ns) == (40, 70)
     assert active.stage(1).causes["fill"] == 20 and active.stage(0).causes["drain"] == 20
+
+
+def test_training_fill_and_drain_are_exact_at_epoch_times() -> None:
+    """A 1F1B-like step on one stage, placed at 0 and at 2^60 ns (an epoch time in ns, where float64 steps are
+    256 ns apart): the warm-up and cool-down move by exactly the offset, to the ns."""
+    from ppscope.analysis.steps import ComputeSpans, fill_drain
+
+    def spans(base: int) -> ComputeSpans:
+        start = np.array([0, 101, 233, 377], np.int64) + base  # F, F, B, B with odd gaps
+        return ComputeSpans(
+            group=np.zeros(4, np.int64), step=np.zeros(4, np.int64),
+            backward=np.array([False, False, True, True]), start_ns=start, end_ns=start + 97,
+        )  # fmt: skip
+
+    at_zero = fill_drain(spans(0), 1, 0, 1_000, flush=True)[0]
+    base = 1 << 60
+    at_epoch = fill_drain(spans(base), 1, base, base + 1_000, flush=True)[0]
+    for near, far in zip(at_zero, at_epoch, strict=True):
+        assert far.start_ns.tolist() == [s + base for s in near.start_ns.tolist()]
+        assert far.end_ns.tolist() == [e + base for e in near.end_ns.tolist()]
+    fill = at_zero[0]
+    assert (198, 233) in zip(fill.start_ns.tolist(), fill.end_ns.tolist(), strict=True)  # last forward to first B

@@ -80,14 +80,15 @@ def _max_by_step(step: I64, end: I64) -> pd.Series:
 @dataclass(frozen=True)
 class _PerStep:
     """One entry per (stage, step) in that order: the first start and last end of its compute, and its first
-    backward start and last forward end (as floats, NaN where it has none)."""
+    backward start and last forward end (exact ns; `train` says where a step has both)."""
 
     group: I64
     step: I64
     first: I64
     last: I64
-    first_bwd: npt.NDArray[np.float64]
-    last_fwd: npt.NDArray[np.float64]
+    first_bwd: I64
+    last_fwd: I64
+    train: npt.NDArray[np.bool_]
 
     @classmethod
     def of(cls, c: ComputeSpans, *, flush: bool) -> _PerStep:
@@ -97,14 +98,17 @@ class _PerStep:
         at = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (s[1:] != s[:-1])])
         start, end, bwd = c.start_ns[order], c.end_ns[order], c.backward[order]
         first, last = np.minimum.reduceat(start, at), np.maximum.reduceat(end, at)
-        return cls(g[at], s[at], first, last, _reduce(np.minimum, start, bwd, at), _reduce(np.maximum, end, ~bwd, at))
+        has_bwd, has_fwd = (np.add.reduceat(k.astype(np.int64), at) > 0 for k in (bwd, ~bwd))
+        first_bwd, last_fwd = _reduce(np.minimum, start, bwd, at), _reduce(np.maximum, end, ~bwd, at)
+        return cls(g[at], s[at], first, last, first_bwd, last_fwd, has_bwd & has_fwd)
 
 
-def _reduce(op: np.ufunc, values: I64, keep: npt.NDArray[np.bool_], at: I64) -> npt.NDArray[np.float64]:
-    """`op` (minimum or maximum) over the kept values of each run starting at `at`; NaN for a run with none."""
+def _reduce(op: np.ufunc, values: I64, keep: npt.NDArray[np.bool_], at: I64) -> I64:
+    """`op` (minimum or maximum) over the kept values of each run starting at `at`, in integers: epoch times
+    (2^60 ns) have no float64 that holds them to the ns. A run with none gets the sentinel (its step is no
+    training step, and `train` leaves it out)."""
     sentinel = np.iinfo(np.int64).max if op is np.minimum else np.iinfo(np.int64).min
-    out = op.reduceat(np.where(keep, values, sentinel).astype(np.int64), at).astype(np.float64)
-    out[np.add.reduceat(keep.astype(np.int64), at) == 0] = np.nan
+    out: I64 = op.reduceat(np.where(keep, values, sentinel).astype(np.int64), at)
     return out
 
 
@@ -126,13 +130,16 @@ def fill_drain(
     bounds = [*np.flatnonzero(np.r_[True, per.group[1:] != per.group[:-1]]).tolist(), len(per.group)]
     for a, b in itertools.pairwise(bounds):
         g, steps = per.group[a], per.step[a:b]
+        at = fwd_end.index.get_indexer(steps)  # -1: a step without forwards (no float NaN: exact ns)
+        fwd = np.where(at >= 0, fwd_end.to_numpy(np.int64)[np.maximum(at, 0)] if len(fwd_end) else 0, -1)
         fill, drain = _positions(
             per.first[a:b],
             per.last[a:b],
             wave_end.loc[steps].to_numpy(np.int64),
             per.first_bwd[a:b],
             per.last_fwd[a:b],
-            fwd_end.reindex(steps).to_numpy(np.float64),
+            per.train[a:b],
+            (fwd, at >= 0),
             lo,
             hi,
         )
@@ -144,14 +151,16 @@ def _positions(
     first: I64,
     last: I64,
     wave_end: I64,
-    first_bwd: npt.NDArray[np.float64],
-    last_fwd: npt.NDArray[np.float64],
-    fwd_end: npt.NDArray[np.float64],
+    first_bwd: I64,
+    last_fwd: I64,
+    train: npt.NDArray[np.bool_],
+    fwd_end: tuple[I64, npt.NDArray[np.bool_]],
     lo: int,
     hi: int,
 ) -> tuple[Intervals, Intervals]:
     """One stage's fill and drain from its steps in order: first/last compute, the pipeline's end of each step,
-    and for training steps the first backward, last forward and the pipeline's end of the forwards (NaN: none)."""
+    and for training steps (`train`) the first backward, last forward and the pipeline's end of the forwards
+    (with where it is known)."""
     # before the first step and after the last one
     fill_s, fill_e = [np.array([min(lo, int(first[0]))])], [first[:1]]
     drain_s, drain_e = [last[-1:]], [np.array([max(hi, int(last[-1]))])]
@@ -162,11 +171,9 @@ def _positions(
     fill_s.append(cut)
     fill_e.append(first[1:])
     # inside training steps: warm-up before the first backward, cool-down after the last forward
-    train = ~np.isnan(first_bwd) & ~np.isnan(last_fwd)
     if train.any():
-        fb = first_bwd[train].astype(np.int64)
-        lf = last_fwd[train].astype(np.int64)
-        wave = np.where(np.isnan(fwd_end[train]), lf, np.nan_to_num(fwd_end[train])).astype(np.int64)
+        fb, lf = first_bwd[train], last_fwd[train]
+        wave = np.where(fwd_end[1][train], fwd_end[0][train], lf)
         steady = lf > fb
         # warm-up until the first backward, cool-down from the last forward; in GPipe's order they overlap on
         # [lf, fb), which is cut at the forward wave's end: its drain, then the backward wave's fill
