@@ -240,3 +240,43 @@ def test_chromium_shows_the_pages_of_a_large_run(tmp_path: Path) -> None:
     assert "Read a rank at a time: the counters of 24 rank files" in seen["GPU usage"]
     assert "TTFT p50" in seen["Requests"]
     assert not any("Timeline lanes of a job" in text for text in seen.values())  # no module string on the page
+
+
+def test_sessions_asking_at_once_read_a_large_run_once(tmp_path: Path) -> None:
+    """Two sessions opening the Rebalance page of a 1,000-rank job at once must not read it twice; a read that
+    began before the run changed is shown to its caller but not kept for the next."""
+    import threading
+    import time
+
+    from ppscope.dashboard.ranked import READ_SHARE, RankedRun
+
+    run = write_run(replica_job(P, REPLICAS), tmp_path / "job")
+    big = RankedRun.open(run, limit=4)
+    assert big is not None
+    calls: list[int] = []
+
+    def slow() -> int:
+        calls.append(1)
+        time.sleep(0.2)
+        return len(calls)
+
+    got: list[int] = []
+    threads = [threading.Thread(target=lambda: got.append(big.memo("x", slow))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [1, 1, 1] and len(calls) == 1
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "status": "running"}))
+    live = RankedRun.open(run, limit=4)
+    assert live is not None and live.live
+    live.replicas()
+
+    def changed_meanwhile() -> str:
+        (run / "meta.json").write_text(json.dumps({**meta, "status": "finished"}))
+        assert live.refresh(now=time.monotonic() + READ_SHARE * live.read_s)
+        return "read before the change"
+
+    assert live.memo("y", changed_meanwhile) == "read before the change"
+    assert live.memo("y", lambda: "read after") == "read after"

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pandas as pd
 
@@ -73,6 +73,8 @@ class RankedRun:
         self._rank: _Read | None = None
         self._counters: tuple[int, pd.DataFrame] | None = None
         self._memo: dict[str, Any] = {}
+        self._gates: dict[str, threading.Lock] = {}  # one per memo name: a slow read runs once, the rest wait
+        self._generation = 0  # counts the refreshes: what was read before one is not kept after it
         self._stamp = _stamp(path, files)
         self._read_at, self._read_s = time.monotonic(), 0.0
 
@@ -124,6 +126,7 @@ class RankedRun:
                 return False
             self._stamp, self._run, self._lanes, self._rank, self._counters = stamp, None, None, None, None
             self._memo = {}
+            self._generation += 1
             return True
 
     @property
@@ -155,11 +158,24 @@ class RankedRun:
             return self._rank.spans
 
     def memo(self, name: str, fn: Callable[[], T]) -> T:
-        """fn(), computed once for this run (a finished run does not change; a new one is a new RankedRun).
-        Not under the lock: two sessions asking at once may both compute it, and either answer is kept."""
-        if name not in self._memo:
-            self._memo[name] = fn()
-        return self._memo[name]
+        """fn(), computed once for this run until a `refresh` lets it go. Two sessions asking at once compute it
+        once (a run of 1,000 rank files read twice would take twice the time and memory): the second waits on
+        the name's own gate, not on the run's lock, so other pages are not held up. A value whose read began
+        before a refresh is returned to its caller but not kept."""
+        with self._lock:
+            if name in self._memo:
+                return cast(T, self._memo[name])
+            gate = self._gates.setdefault(name, threading.Lock())
+        with gate:
+            with self._lock:
+                if name in self._memo:
+                    return cast(T, self._memo[name])
+                generation = self._generation
+            value = fn()
+            with self._lock:
+                if generation == self._generation:
+                    self._memo[name] = value
+            return value
 
     def timings(self) -> RunTimings:
         """What the rebalancer reads of the run (`run_timings`: each rank file alone, reduced to its timed
