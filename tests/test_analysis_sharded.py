@@ -183,3 +183,18 @@ def test_the_scale_benchmarks_job_analyses_the_same_both_ways(tmp_path: Path) ->
 
     write_job(tmp_path / "job", ranks=5, spans=400)  # the benchmark's job, small
     _same(analyze(load_run(tmp_path / "job")), analyze_run(tmp_path / "job", workers=2))
+
+
+def test_micro_batch_ids_travel_packed_as_runs_and_come_back_whole() -> None:
+    """A rank's micro-batch ids go back to the driver as runs of consecutive ids where that is smaller."""
+    import numpy as np
+
+    from ppscope.analysis.sharded import id_runs, run_ids
+
+    rng = np.random.default_rng(0)
+    cases = [np.arange(12_500), np.r_[np.arange(5, 100), np.arange(200, 300), [500]], np.arange(0, 100, 2),
+             np.unique(rng.integers(-5, 100, 60)), np.array([7]), np.array([], np.int64)]  # fmt: skip
+    for ids in cases:
+        packed = id_runs(ids)
+        assert np.array_equal(run_ids(packed), ids) and packed.nbytes <= ids.astype(np.int64).nbytes
+    assert id_runs(np.arange(12_500)).tolist() == [[0, 12_499]]
