@@ -44,8 +44,15 @@ def beat_ms(
     stages' work (and `extra_ms` of CPU a beat outside them) spread over the free cores; and, with `inflight`
     micro-batches going round (a serve loop), a micro-batch's round trip, every stage, that work and `loop_ms`
     of hops, shared by the micro-batches in flight: whichever is longest."""
-    beat = max(max(stage_ms), (sum(stage_ms) + extra_ms) / max(free_cores, MIN_FREE_CORES))
-    return max(beat, (sum(stage_ms) + extra_ms + loop_ms) / inflight) if inflight > 0 else beat
+    return max(max(stage_ms), _floor_ms(stage_ms, free_cores, extra_ms, loop_ms, inflight))
+
+
+def _floor_ms(stage_ms: Sequence[float], free_cores: float, extra_ms: float, loop_ms: float, inflight: int) -> float:
+    """The part of `beat_ms` that no split changes: the total work over the free cores, and the round trip
+    shared by the micro-batches in flight."""
+    work = sum(stage_ms) + extra_ms
+    floor = work / max(free_cores, MIN_FREE_CORES)
+    return max(floor, (work + loop_ms) / inflight) if inflight > 0 else floor
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,9 +156,7 @@ def shared_cores(
     free = pipeline_cores(cores, busy_beside, len(current_ms))
     now = beat_ms(current_ms, free, extra_ms, loop_ms=loop_ms, inflight=inflight)
     slowest = max(current_ms) / max(proposed_ms)
-    total = (sum(proposed_ms) + extra_ms) / max(free, MIN_FREE_CORES)
-    if inflight > 0:  # the round trip is the same work whatever the split: a floor under the advised beat too
-        total = max(total, (sum(proposed_ms) + extra_ms + loop_ms) / inflight)
+    total = _floor_ms(proposed_ms, free, extra_ms, loop_ms, inflight)  # a floor under the advised beat too
 
     def bounded(speedup: float) -> float:  # the advised split's slowest stage as the speedup puts it
         return now / max(max(current_ms) / speedup, total)
