@@ -130,8 +130,8 @@ def fill_drain(
     bounds = [*np.flatnonzero(np.r_[True, per.group[1:] != per.group[:-1]]).tolist(), len(per.group)]
     for a, b in itertools.pairwise(bounds):
         g, steps = per.group[a], per.step[a:b]
-        at = fwd_end.index.get_indexer(steps)  # -1: a step without forwards (no float NaN: exact ns)
-        fwd = np.where(at >= 0, fwd_end.to_numpy(np.int64)[np.maximum(at, 0)] if len(fwd_end) else 0, -1)
+        known = np.isin(steps, fwd_end.index.to_numpy())  # a step without forwards has none (no NaN: exact ns)
+        fwd = fwd_end.reindex(steps, fill_value=0).to_numpy(np.int64)
         fill, drain = _positions(
             per.first[a:b],
             per.last[a:b],
@@ -139,7 +139,7 @@ def fill_drain(
             per.first_bwd[a:b],
             per.last_fwd[a:b],
             per.train[a:b],
-            (fwd, at >= 0),
+            (fwd, known),
             lo,
             hi,
         )
