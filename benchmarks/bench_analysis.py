@@ -163,21 +163,9 @@ def write_kineto_job(folder: Path, ranks: int = JOB_RANKS, events: int = JOB_EVE
 
 def _side(tool: str, folder: Path, rounds: int) -> dict[str, Any]:
     """One tool on one folder, in a process of its own (`benchmarks/hta_child.py`)."""
-    import json
-    import subprocess
-    import sys
+    from benchmarks.hta_child import run_side
 
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.hta_child", tool, str(folder), str(rounds)],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=HTA_TIMEOUT_S,
-        check=True,
-    )
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return run_side(tool, folder, rounds, HTA_TIMEOUT_S)
 
 
 def _versus(what: str, folder: Path, rounds: int) -> list[str]:

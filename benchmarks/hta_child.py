@@ -3,9 +3,11 @@
 `python -m benchmarks.hta_child hta|ppscope FOLDER ROUNDS` loads the Kineto traces in FOLDER and analyses them
 ROUNDS times: HTA's `TraceAnalysis` with its temporal and idle-time breakdowns, or ppscope's `open_trace` and
 `analyze`. It prints one JSON line: the best time of a round (modules already imported), the peak resident
-memory of this process and of its largest worker process (both tools parse files in worker processes; the
-workers' peaks are sampled every 50 ms while they run), and each rank's compute share of its window as the
-tool computes it.
+memory of this process, and each rank's compute share of its window as the tool computes it.
+
+The peak of the worker processes (both tools parse files in workers) is sampled by the process that started
+this one (`run_side`), every 50 ms while it runs: a sampling thread in here would take the interpreter's lock
+from the work it measures (each read of /proc hands the lock over), and slowed ppscope's rounds by a third.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,23 +37,42 @@ def _hwm_mb(pid: int | str = "self") -> float:
     return 0.0
 
 
-class _Workers(threading.Thread):
-    """Samples the peak memory of this process's children every 50 ms while the work runs."""
+def _descendants(root: int) -> list[str]:
+    """The processes below `root` (its workers, and theirs)."""
+    parents: dict[str, str] = {}
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            parents[pid] = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue
+    below, found = {str(root)}, True
+    while found:
+        more = {pid for pid, parent in parents.items() if parent in below and pid not in below}
+        below |= more
+        found = bool(more)
+    return sorted(below - {str(root)})
 
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.peak, self.done = 0.0, threading.Event()
 
-    def run(self) -> None:
-        me = str(os.getpid())
-        while not self.done.wait(0.05):
-            for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-                try:
-                    parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-                except (OSError, IndexError):
-                    continue
-                if parent == me:
-                    self.peak = max(self.peak, _hwm_mb(pid))
+def run_side(tool: str, folder: Path, rounds: int, timeout_s: float) -> dict[str, Any]:
+    """This module run on `folder` in a process of its own, its workers' peak memory sampled from here."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "benchmarks.hta_child", tool, str(folder), str(rounds)]
+    peak, began = 0.0, time.monotonic()
+    with subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        while child.poll() is None:
+            if time.monotonic() - began > timeout_s:
+                child.kill()
+                raise subprocess.TimeoutExpired(command, timeout_s)
+            peak = max([peak, *(_hwm_mb(pid) for pid in _descendants(child.pid))])
+            time.sleep(0.05)
+        out, err = child.communicate()
+    if child.returncode:
+        raise subprocess.CalledProcessError(child.returncode, command, out, err)
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    result["worker_rss_mb"] = peak
+    return result
 
 
 def _hta(folder: Path) -> dict[str, float]:
@@ -83,20 +103,11 @@ def main(argv: list[str]) -> int:
         import ppscope.analysis
         import ppscope.formats.sources  # noqa: F401
     best, shares = float("inf"), {}
-    workers = _Workers()
-    workers.start()
     for _ in range(rounds):
         t0 = time.perf_counter()
         shares = run(folder)
         best = min(best, time.perf_counter() - t0)
-    workers.done.set()
-    workers.join()
-    out: dict[str, Any] = {
-        "seconds": best,
-        "rss_mb": _hwm_mb(),
-        "worker_rss_mb": workers.peak,
-        "compute_pct": shares,
-    }
+    out: dict[str, Any] = {"seconds": best, "rss_mb": _hwm_mb(), "compute_pct": shares}
     print(json.dumps(out))
     return 0
 
