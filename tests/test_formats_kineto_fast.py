@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +172,58 @@ def test_bytes_beyond_int64_read_as_none_moved(tmp_path: Path) -> None:
     (tmp_path / "rank0.json").write_text(json.dumps({"traceEvents": events}))
     spans = load_kineto([tmp_path / "rank0.json"]).spans
     assert spans.loc[spans["kind"] == "memcpy", "nbytes"].tolist() == [4096, 0, -(2**63), 0]
+
+
+def _nested_events(n: int) -> list[dict[str, Any]]:
+    """Events whose args hold objects followed by more keys (`}, "`), and lists of objects (`}, {`)."""
+    return [
+        {"ph": "X", "cat": "kernel", "name": f"k{i} ü", "pid": 0, "tid": 7, "ts": i, "dur": 1.5,
+         "args": {"grid": {"x": i}, "shape": [{"a": 1}, {"b": 2}], "correlation": i}}
+        for i in range(n)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("chunk", [64, 1000, 4096])
+def test_batches_cut_only_between_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    """Pieces end anywhere, inside nested objects too: each batch still ends between two events, so the file is
+    decoded a few batches at a time (not an event at a time after a bad cut) and to the same events."""
+    monkeypatch.setattr(kineto_json, "_CHUNK", chunk)
+    text = json.dumps(
+        {"traceEvents": _nested_events(400), "deviceProperties": [{"name": "é" * 5000}]}, ensure_ascii=False
+    )
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+    top: dict[str, Any] = {}
+    batches = list(iter_event_batches(path, top))
+    assert [e for b in batches for e in b] == _plain(text)
+    assert top == {"deviceProperties": [{"name": "é" * 5000}]}
+    if chunk >= 1000:  # pieces that hold a few events each: a few events a batch, not one
+        assert len(batches) < 400 / 3
+
+
+def test_gzip_members_padding_and_damage(tmp_path: Path) -> None:
+    """A gzip file of several members (and zeros after one) reads as their contents joined; a wrong checksum
+    or a cut member is a one-line error."""
+    text = json.dumps({"schemaVersion": 1, "traceEvents": _nested_events(300)}).encode()
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(gzip.compress(text[:5000]) + bytes(16) + gzip.compress(text[5000:]))
+    top: dict[str, Any] = {}
+    assert [e for b in iter_event_batches(path, top) for e in b] == _plain(text.decode())
+    whole = bytearray(gzip.compress(text))
+    whole[-6] ^= 0xFF  # the CRC of the content
+    path.write_bytes(bytes(whole))
+    with pytest.raises(CorruptFileError, match="truncated or damaged") as info:
+        load_kineto([path])
+    assert "\n" not in str(info.value)
+    path.write_bytes(gzip.compress(text[:5000]) + gzip.compress(text[5000:])[:-30])
+    with pytest.raises(CorruptFileError, match="truncated or damaged"):
+        load_kineto([path])
+
+
+def test_a_reader_stopped_early_leaves_no_thread(tmp_path: Path) -> None:
+    """A file that is no trace stops at its first value; its reading thread stops with it."""
+    (tmp_path / "config.json").write_text(json.dumps([{"lr": 1}] * 100_000))
+    (tmp_path / "rank0.json").write_text(json.dumps({"traceEvents": _nested_events(10)}))
+    trace = load_kineto([tmp_path / "config.json", tmp_path / "rank0.json"])
+    assert len(trace.spans) == 10 and any("config.json" in w for w in trace.warnings)
+    assert not [t for t in threading.enumerate() if t.name == "kineto-read"]

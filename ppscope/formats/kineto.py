@@ -15,6 +15,7 @@ import dataclasses
 import gc
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from ppscope.errors import CorruptFileError, UnsupportedInputError
 from ppscope.formats.kineto_columns import Columns
 from ppscope.formats.kineto_groups import group_placement
 from ppscope.formats.kineto_jobs import CLOCK_NOTE, JobFacts, one_job, refuse_empty
-from ppscope.formats.kineto_json import NS_LIMIT, iter_event_batches
+from ppscope.formats.kineto_json import NS_LIMIT, ReadAhead, iter_event_batches
 from ppscope.formats.kineto_json import iter_trace_events as iter_trace_events
 from ppscope.formats.kineto_pipeline import RankFile, cpu_compute, read_pipeline
 from ppscope.formats.kineto_pp import RankEvents, top_level
@@ -52,7 +53,7 @@ class _File:
     """The file holds GPU activity: kernels are the compute, not the CPU operators."""
 
 
-def _read_file(path: Path) -> _File:
+def _read_file(path: Path, source: ReadAhead | None = None) -> _File:
     """One rank file, times on the common clock (the file's base time added).
 
     The collector is paused meanwhile: the events decoded make no cycles, and what is kept (the columns'
@@ -61,16 +62,16 @@ def _read_file(path: Path) -> _File:
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _read_events(path)
+        return _read_events(path, source)
     finally:
         if paused:
             gc.enable()
 
 
-def _read_events(path: Path) -> _File:
+def _read_events(path: Path, source: ReadAhead | None) -> _File:
     top: dict[str, Any] = {}
     cols = Columns(path)
-    for batch in iter_event_batches(path, top):
+    for batch in iter_event_batches(path, top, source):
         cols.add(batch)
     shift = _shift(path, top.get("baseTimeNanoseconds"))
     spans, annotations = cols.frames(shift)
@@ -92,11 +93,11 @@ def _workers(paths: list[Path]) -> int:
     return min(len(paths), os.cpu_count() or 1)
 
 
-def _read_or_say(path: Path, alone: bool) -> tuple[_File | None, str | None]:
+def _read_or_say(path: Path, alone: bool, source: ReadAhead | None = None) -> tuple[_File | None, str | None]:
     """`_read_file`, in a worker: (the file, None); (None, None) for a JSON file that is no trace; (None, why)
     for a damaged one. A file given alone raises instead: there is nothing else to read."""
     try:
-        return _read_file(path), None
+        return _read_file(path, source), None
     except UnsupportedInputError:
         if alone:
             raise
@@ -105,6 +106,19 @@ def _read_or_say(path: Path, alone: bool) -> tuple[_File | None, str | None]:
         if alone:
             raise
         return None, str(exc)
+
+
+def _read_here(paths: list[Path], alone: bool) -> Iterator[tuple[_File | None, str | None]]:
+    """`_read_or_say` of each file in turn, in this process; the next file is inflated by a thread of its own
+    meanwhile (`ReadAhead`: zlib works without the interpreter's lock), so that two cores share the work."""
+    ahead: ReadAhead | None = None
+    try:
+        for i, path in enumerate(paths):
+            source, ahead = ahead or ReadAhead(path), (ReadAhead(paths[i + 1]) if i + 1 < len(paths) else None)
+            yield _read_or_say(path, alone, source)
+    finally:
+        if ahead is not None:
+            ahead.close()
 
 
 def _shift(path: Path, base: Any) -> int:
@@ -129,8 +143,12 @@ def load_kineto(files: list[Path]) -> Trace:
     paths = sorted(files)
     for path in paths:
         refuse_empty(path)
-    with processes(_workers(paths)) as pool:
-        outcomes = list(ordered(pool, _read_or_say, [(p, len(files) == 1) for p in paths], os.cpu_count() or 1))
+    workers = _workers(paths)
+    if workers == 1:
+        outcomes = list(_read_here(paths, len(files) == 1))
+    else:
+        with processes(workers) as pool:
+            outcomes = list(ordered(pool, _read_or_say, [(p, False) for p in paths], workers))
     for i, (path, (data, said)) in enumerate(zip(paths, outcomes, strict=True)):
         if data is None:
             if said is None:

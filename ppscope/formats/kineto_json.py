@@ -1,8 +1,9 @@
 """Kineto's JSON read fast: `traceEvents` streamed in batches, and times turned into exact nanoseconds.
 
-A rank's trace can hold millions of events. The file is read in chunks of 1 MiB of text; the whole events in a
-chunk are decoded by one call of a C decoder (`_Stream.batch`), so Python runs once per event only for what
-the importer keeps, and memory holds one chunk of events, never the file's list. The importer's batches
+A rank's trace can hold millions of events. The file is read as bytes, up to 1 MiB at a time, inflated by a
+thread of its own (`ReadAhead`: zlib works without the interpreter's lock, so on a second core); the whole
+events in what was read are decoded by one call of a C decoder (`_Stream.batch`), so Python runs once per
+event only for what the importer keeps, and memory holds about one chunk of events, never the file's list. The importer's batches
 (`iter_event_batches`) are decoded by msgspec into `Event`s that hold only the fields it reads: the others,
 most of an event's text (`args` of a kernel has a dozen), are parsed but never built into objects. A batch
 msgspec does not take (a value of another type than an event's, NaN, a lone surrogate) is decoded by the
@@ -14,9 +15,9 @@ values take a Decimal.
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
+import queue
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from decimal import Decimal, DecimalException
@@ -31,7 +32,17 @@ from ppscope.errors import CorruptFileError, UnsupportedInputError
 from ppscope.formats.detect import GZIP_MAGIC
 
 __all__ = [
-    *("NS_LIMIT", "UNSET", "Args", "Event", "group_key", "iter_event_batches", "iter_trace_events", "ns_column"),
+    *(
+        "NS_LIMIT",
+        "UNSET",
+        "Args",
+        "Event",
+        "ReadAhead",
+        "group_key",
+        "iter_event_batches",
+        "iter_trace_events",
+        "ns_column",
+    ),
     "to_ns",
 ]
 
@@ -74,45 +85,139 @@ def event_of(item: Any) -> Event | None:
     return Event(get("ph"), get("cat"), get("name", ""), get("pid"), get("tid"), get("ts", 0), get("dur", 0), args)
 
 
-def _events(text: str) -> list[Event]:
+def _events(text: bytes) -> list[Event]:
     """The events of an array's text: msgspec's typed decode, or the plain one's where msgspec refuses it (a
     JSONDecodeError where the text is no JSON at all)."""
     try:
         return _EVENTS.decode(text)
     except msgspec.DecodeError:
-        return [e for e in map(event_of, _DECODER.decode(text)) if e is not None]
+        return [e for e in map(event_of, _DECODER.decode(_text(text))) if e is not None]
 
 
-def _dicts(text: str) -> list[dict[str, Any]]:
-    items = _DECODER.decode(text)
+def _dicts(text: bytes) -> list[dict[str, Any]]:
+    items = _DECODER.decode(_text(text))
     return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
 
+def _text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Damaged(str(exc)) from None
+
+
+class _Damaged(Exception):
+    """Bytes that are no UTF-8, or a file that does not read to its end: said with the file's path."""
+
+
 _T = TypeVar("_T")
+_READ = 1 << 18
+"""The reading thread hands the file over in pieces of this many bytes (or `_CHUNK`, if smaller)."""
+_AHEAD = 8
+"""Pieces read ahead of the decoder, at most."""
 
 
-def _open_text(path: Path) -> IO[str]:
-    with open(path, "rb") as f:
-        gz = f.read(2) == GZIP_MAGIC
-    raw = gzip.open(path, "rb") if gz else open(path, "rb")  # noqa: SIM115 - closed by the wrapper
-    return io.TextIOWrapper(raw, encoding="utf-8")
+class ReadAhead:
+    """A file's bytes (gunzipped) in pieces read by a thread of its own: zlib lets go of the interpreter's lock
+    while it inflates, so a gzip file is inflated on one core while its events are decoded on another. At most
+    `_AHEAD` pieces wait; `close` stops the thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pieces: queue.Queue[bytes | _Damaged] = queue.Queue(_AHEAD)
+        self.stop = threading.Event()
+        self.done = False  # the end of the file was taken
+        self.thread = threading.Thread(target=self._read, args=(min(_CHUNK, _READ),), name="kineto-read")
+        self.thread.daemon = True
+        self.thread.start()
+
+    def _read(self, size: int) -> None:
+        try:
+            with open(self.path, "rb") as raw:
+                gz = raw.read(2) == GZIP_MAGIC
+                raw.seek(0)
+                pieces = _inflated(raw, size) if gz else iter(lambda: raw.read(size), b"")
+                for piece in pieces:
+                    if not self._put(piece):
+                        return
+            self._put(b"")
+        except (OSError, EOFError, zlib.error) as exc:
+            self._put(_Damaged(str(exc)))
+
+    def _put(self, item: bytes | _Damaged) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.pieces.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def take(self, limit: int) -> bytes:
+        """The next piece, and those already waiting behind it up to `limit` bytes in all; b"" at the end."""
+        got: list[bytes] = []
+        size = 0
+        while not self.done and (not got or (size < limit and not self.pieces.empty())):
+            piece = self._get(block=not got)
+            self.done = not piece
+            got.append(piece)
+            size += len(piece)
+        return b"".join(got)
+
+    def _get(self, block: bool) -> bytes:
+        item = self.pieces.get(block)
+        if isinstance(item, _Damaged):
+            raise CorruptFileError(f"{self.path}: truncated or damaged ({item}); copy the trace again")
+        return item
+
+    def close(self) -> None:
+        """Stops the thread (it ends within 0.1 s, or after the piece it inflates), once or more."""
+        self.stop.set()
+        self.thread.join()
+
+
+def _inflated(raw: IO[bytes], size: int) -> Iterator[bytes]:
+    """A gzip file's content in pieces of up to `size` bytes, each member after the other. zlib itself, not
+    `gzip.GzipFile`: each call inflates a whole piece without the interpreter's lock, where the gzip module takes
+    it back every 8 kB read."""
+    pending = b""
+    while True:
+        unzip = zlib.decompressobj(wbits=31)  # a gzip member: its header and its CRC and length are checked
+        while not unzip.eof:
+            if not pending:
+                pending = raw.read(_READ)
+                if not pending:
+                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+            piece = unzip.decompress(pending, size)
+            pending = unzip.unconsumed_tail
+            if piece:
+                yield piece
+        pending = unzip.unused_data.lstrip(b"\0") or raw.read(_READ).lstrip(b"\0")  # padding after a member
+        if not pending:
+            return
+
+
+_WHITE = frozenset(b" \t\r\n")
+_OPEN = ord("{")
+_CUTS = 3
+"""Cuts tried, each before the last, before the items up to the first are read one at a time."""
+_VALUE_WINDOW = 1 << 12
+"""Top-level values are decoded from a window of the buffer this large at first, four times larger each try."""
 
 
 class _Stream:
-    """A JSON text read in chunks; values are decoded with `raw_decode` as soon as they are complete."""
+    """A JSON text read in chunks of bytes; array items are decoded in batches, other values with `raw_decode`
+    as soon as they are complete."""
 
-    def __init__(self, f: IO[str], path: Path) -> None:
+    def __init__(self, f: ReadAhead, path: Path) -> None:
         self.f, self.path = f, path
-        self.buf, self.pos, self.eof = "", 0, False
+        self.buf, self.pos, self.eof = b"", 0, False
         self.odd_until = -1  # the end of a run of events that `batch` could not decode: one at a time up to it
 
     def _more(self) -> bool:
         if self.eof:
             return False
-        try:
-            chunk = self.f.read(_CHUNK)
-        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-            raise CorruptFileError(f"{self.path}: truncated or damaged ({exc}); copy the trace again") from None
+        chunk = self.f.take(_CHUNK)
         if not chunk:
             self.eof = True
             return False
@@ -123,10 +228,12 @@ class _Stream:
 
     def peek(self) -> str:
         while True:
-            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
-                self.pos += 1
-            if self.pos < len(self.buf):
-                return self.buf[self.pos]
+            buf, pos = self.buf, self.pos
+            while pos < len(buf) and buf[pos] in _WHITE:
+                pos += 1
+            self.pos = pos
+            if pos < len(buf):
+                return chr(buf[pos])
             if not self._more():
                 return ""
 
@@ -136,38 +243,72 @@ class _Stream:
             raise CorruptFileError(f"{self.path}: not valid JSON (expected {char!r}, found {found!r})")
         self.pos += 1
 
-    def batch(self, decode: Callable[[str], list[_T]]) -> list[_T] | None:
+    def batch(self, decode: Callable[[bytes], list[_T]]) -> list[_T] | None:
         """The complete array items in the buffer, decoded in one call of `decode` (C speed, no Python per item);
         None when the buffer holds no `},` after one, or the text up to the last one is not a list of whole items.
 
-        An item ends in `}` followed by `,`; text cut at a `},` inside a string or a nested object does not
-        decode, so a decoded batch is exactly the items before that point."""
-        end = self.buf.rfind("},", self.pos)
+        An item ends in `}` followed by `,` and the next item's `{`; text cut at such a `},` inside a string or a
+        nested object does not decode, so a decoded batch is exactly the items before that point."""
+        end = self._cut(len(self.buf))
         if end < 0 and self._more():  # the buffer ends inside its first item: read on, rather than try it alone
-            end = self.buf.rfind("},", self.pos)
-        if end < 0 or end <= self.odd_until:
-            return None
-        try:
-            items = decode("[" + self.buf[self.pos : end + 1] + "]")
-        except json.JSONDecodeError:
-            self.odd_until = end
-            return None
-        self.pos = end + 2
-        return items
+            end = self._cut(len(self.buf))
+        failed = -1
+        for _ in range(_CUTS):
+            if end < 0 or end <= self.odd_until:
+                break
+            try:
+                items = decode(b"[" + self.buf[self.pos : end + 1] + b"]")
+            except json.JSONDecodeError:  # cut inside an item after all (a list of objects), or damage
+                failed, end = max(failed, end), self._cut(end)
+                continue
+            except _Damaged as exc:
+                raise CorruptFileError(f"{self.path}: truncated or damaged ({exc}); copy the trace again") from None
+            self.pos = end + 2
+            return items
+        self.odd_until = max(self.odd_until, failed)  # the items up to a cut that did not decode: one at a time
+        return None
+
+    def _cut(self, before: int) -> int:
+        """Where the last whole item before `before` ends: a `},` that the next item's `{` follows (an object
+        nested in an item is followed by a key, or is the last of a list, or rarely, of a list of objects); -1
+        for none."""
+        buf, white = self.buf, _WHITE
+        end = buf.rfind(b"},", self.pos, before)
+        while end >= 0:
+            after = end + 2
+            while after < len(buf) and buf[after] in white:
+                after += 1
+            if after < len(buf) and buf[after] == _OPEN:
+                return end
+            end = buf.rfind(b"},", self.pos, end)
+        return -1
 
     def value(self) -> Any:
+        """The JSON value at the position, decoded from a window of the buffer that grows until it holds it."""
         self.peek()
+        window = _VALUE_WINDOW
         while True:
+            whole = self.pos + window >= len(self.buf)
+            data = self.buf[self.pos : self.pos + window]
             try:
-                value, end = _DECODER.raw_decode(self.buf, self.pos)
-            except json.JSONDecodeError as exc:
+                text = data.decode("utf-8")
+                value, end = _DECODER.raw_decode(text)
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                if not whole:  # the window may end inside the value, or inside a character
+                    window *= 4
+                    continue
                 if self._more():
                     continue
+                if isinstance(exc, UnicodeDecodeError):
+                    raise CorruptFileError(f"{self.path}: truncated or damaged ({exc}); copy the trace again") from None
                 raise CorruptFileError(f"{self.path}: not valid JSON or truncated ({exc.msg})") from None
-            # A number may continue in the next chunk: make sure it ended before the buffer did.
-            if end == len(self.buf) and not self.eof and self._more():
+            # A number may continue beyond the window, or in the next chunk: make sure it ended before them.
+            if end == len(text) and not whole:
+                window *= 4
                 continue
-            self.pos = end
+            if end == len(text) and not self.eof and self._more():
+                continue
+            self.pos += end if text.isascii() else len(text[:end].encode("utf-8"))
             return value
 
 
@@ -177,17 +318,23 @@ def iter_trace_events(path: Path, top: dict[str, Any]) -> Iterator[dict[str, Any
         yield from batch
 
 
-def iter_event_batches(path: Path, top: dict[str, Any]) -> Iterator[list[Event]]:
-    """Yield the events of `traceEvents` as `Event`s, a batch at a time; other top-level keys go into `top`."""
-    return _batches(path, top, _events, event_of)
+def iter_event_batches(path: Path, top: dict[str, Any], source: ReadAhead | None = None) -> Iterator[list[Event]]:
+    """Yield the events of `traceEvents` as `Event`s, a batch at a time; other top-level keys go into `top`.
+    `source`: the file's reader, where one was started ahead (it is closed with the batches)."""
+    return _batches(path, top, _events, event_of, source)
 
 
 def _batches(
-    path: Path, top: dict[str, Any], decode: Callable[[str], list[_T]], one: Callable[[Any], _T | None]
+    path: Path,
+    top: dict[str, Any],
+    decode: Callable[[bytes], list[_T]],
+    one: Callable[[Any], _T | None],
+    source: ReadAhead | None = None,
 ) -> Iterator[list[_T]]:
     """The items of `traceEvents` in batches, each decoded by `decode` (or, where a batch's text does not
     decode, a value at a time by `one`, None for an item that is no event)."""
-    with _open_text(path) as f:
+    f = source or ReadAhead(path)
+    try:
         s = _Stream(f, path)
         if s.peek() != "{":
             raise UnsupportedInputError(f"{path} is JSON but not a Kineto trace: it is not a JSON object")
@@ -215,6 +362,8 @@ def _batches(
             if s.peek() == ",":
                 s.pos += 1
         s.expect("}")
+    finally:
+        f.close()
     if not seen:
         raise UnsupportedInputError(f"{path} is JSON but not a Kineto trace: it has no traceEvents list")
 
