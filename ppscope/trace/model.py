@@ -173,14 +173,21 @@ REQUEST_COLUMNS: dict[str, Any] = {
 
 
 def _frame(columns: Mapping[str, Any], data: Mapping[str, Any] | pd.DataFrame | None) -> pd.DataFrame:
-    if data is None:
-        return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in columns.items()})
+    if data is None:  # a shallow copy of one made once (pandas copies on write): building one takes a millisecond
+        empty = _EMPTY.get(id(columns))
+        if empty is None:
+            empty = _EMPTY[id(columns)] = pd.DataFrame({c: pd.Series([], dtype=t) for c, t in columns.items()})
+        return empty.copy(deep=False)
     df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(dict(data))
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise CorruptFileError(f"trace data lacks the column(s) {', '.join(missing)}")
     out = pd.DataFrame({c: df[c].astype(t) for c, t in columns.items()})
     return out.reset_index(drop=True)
+
+
+_EMPTY: dict[int, pd.DataFrame] = {}
+"""An empty frame of each schema (by the identity of its columns' mapping, a constant of this module)."""
 
 
 def spans_frame(data: Mapping[str, Any] | pd.DataFrame | None = None, *, validate: bool = True) -> pd.DataFrame:
