@@ -8,7 +8,7 @@ import pytest
 
 from ppscope.analysis import analyze
 from ppscope.analysis.gantt import AGGREGATE_BINS, gantt_figure, row_labels
-from ppscope.dashboard.charts import compare_table, usage_figure
+from ppscope.dashboard.charts import compare_table, job_compare_table, spread_compare_table, usage_figure
 from ppscope.trace.model import Metric, RunMeta, Trace, counters_frame, spans_frame
 
 SPANS = [
@@ -164,6 +164,43 @@ def test_compare_table_deltas() -> None:
     row = table.loc["bubble ratio"]
     assert row["B - A"] == pytest.approx(b.bubble_ratio - a.bubble_ratio)
     assert table.loc["window (ms)", "B / A"] > 1
+
+
+def test_jobs_compared_stage_by_stage_and_a_pipeline_as_a_job_of_one() -> None:
+    import dataclasses
+
+    from replica_helpers import replica_job
+
+    from ppscope.analysis.placement import apply_placement, placement_of
+    from ppscope.analysis.replicas import ReplicaAnalysis, analyze_replicas
+
+    def job(trace: Trace) -> ReplicaAnalysis:
+        placement = placement_of(trace)
+        assert placement is not None
+        return analyze_replicas(apply_placement(trace, placement), placement)
+
+    a, b = job(replica_job(3, 4, slow={(1, 2): 1.5})), job(replica_job(2, 4))  # A's rank 6 = stage 1, replica 2
+    spread = spread_compare_table(a, b).set_index("stage")
+    assert spread.loc[1, "A straggler"] == "rank 6, replica 2, +50.0%" and spread.loc[1, "B straggler"] == "none"
+    assert spread.loc[1, "slowest B - A"] == pytest.approx((b.stages[1].slowest_ns - a.stages[1].slowest_ns) / 1e6)
+    assert spread.loc[2, "A median"] > 0 and pd.isna(spread.loc[2, "B median"])  # stage 2 is A's alone
+    assert pd.isna(spread.loc[2, "median B - A"]) and spread.loc[2, "B straggler"] == "—"
+    busy = spread_compare_table(a, dataclasses.replace(b, basis="busy"))  # timed otherwise: no difference taken
+    assert busy["median B - A"].isna().all() and busy["B median"].notna().sum() == 2
+    one = analyze(replica_job(3, 1, slow={(0, 0): 2.0}))
+    table = job_compare_table(a, one).set_index("measure")
+    assert table.loc["data-parallel pipelines", "B"] == 1
+    assert table.loc["slowest stage vs its median over the pipelines", "A"] == pytest.approx(1.5)
+    assert table.loc["slowest stage vs its median over the pipelines", "B"] == 1.0  # a job of one: its own median
+    slowest = "slowest stage of any pipeline: time per micro-batch (ms)"
+    assert table.loc[slowest, "B"] == pytest.approx(max(s.time_per_mb_ns for s in one.stages) / 1e6)
+    assert table.loc[slowest, "B / A"] == pytest.approx(2.0 / 1.5)
+    assert table.loc["bubble ratio, worst pipeline", "B"] == table.loc["bubble ratio, all pipelines", "B"]
+    mixed = job_compare_table(a, dataclasses.replace(b, basis="busy")).set_index("measure")
+    by_busy = slowest.replace("time per micro-batch", "busy time")
+    assert pd.isna(mixed.loc[slowest, "B"]) and pd.isna(mixed.loc[by_busy, "A"])  # each basis on a row of its own
+    assert mixed.loc[slowest, "A"] > 0 and mixed.loc[by_busy, "B"] > 0
+    assert mixed.loc[[slowest, by_busy], "B - A"].isna().all()
 
 
 def test_imported_kernels_on_stream_lanes_get_their_gaps_shaded_there() -> None:

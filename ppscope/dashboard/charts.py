@@ -19,14 +19,18 @@ from ppscope.trace.model import Metric
 
 if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult, RequestLatency
+    from ppscope.analysis.replicas import ReplicaAnalysis, StageSpread
 
 __all__ = [
+    "BASIS_NAMES",
     "USAGE_COLUMNS",
     "UsageView",
     "compare_figure",
     "compare_table",
+    "job_compare_table",
     "latency_figure",
     "split_figure",
+    "spread_compare_table",
     "usage_figure",
     "usage_rows",
     "usage_tables",
@@ -198,11 +202,7 @@ def compare_table(a: AnalysisResult, b: AnalysisResult) -> pd.DataFrame:
         ("slowest stage time per micro-batch (ms)", _slowest_ms(a), _slowest_ms(b)),
         ("TTFT p50 (ms)", _ttft(a), _ttft(b)),
     ]
-    out = pd.DataFrame(rows, columns=["measure", "A", "B"])
-    av, bv = out["A"].astype("float64"), out["B"].astype("float64")
-    out["B - A"] = bv - av
-    out["B / A"] = (bv / av).where(av.abs() > 0)
-    return out
+    return _deltas(rows)
 
 
 def _ms(ns: float | None) -> float | None:
@@ -233,3 +233,92 @@ def compare_figure(a: AnalysisResult, b: AnalysisResult, *, names: tuple[str, st
     fig.update_yaxes(tickformat=".0%", range=[0, 1], row=1, col=1)
     fig.update_layout(barmode="group", height=360, margin={"l": 10, "r": 10, "t": 40, "b": 40})
     return fig
+
+
+BASIS_NAMES = {"time_per_mb": "time per micro-batch", "busy": "busy time"}
+"""What each basis of a job's t (`ReplicaAnalysis.basis`) is called on the page."""
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A run's figures over all its pipelines; a run of one pipeline is a job of one."""
+
+    pipelines: int
+    bubble_ratio: float | None
+    bubble_worst: float | None
+    basis: str
+    slowest_ns: float | None
+    slowdown: float | None
+    tokens_per_s: float | None
+
+
+def _job(x: ReplicaAnalysis | AnalysisResult) -> _Job:
+    from ppscope.analysis.replicas import ReplicaAnalysis
+
+    if isinstance(x, ReplicaAnalysis):
+        rates = [r.throughput_tokens_per_s for r in x.results.values() if r.throughput_tokens_per_s is not None]
+        return _Job(len(x.replicas), x.bubble_ratio, x.bubble_worst, x.basis, x.bottleneck_ns,
+                    x.bottleneck_slowdown, sum(rates) if rates else None)  # fmt: skip
+    basis = "time_per_mb" if x.stages and all(s.time_per_mb_ns is not None for s in x.stages) else "busy"
+    times = [float(s.busy_ns if s.time_per_mb_ns is None or basis == "busy" else s.time_per_mb_ns) for s in x.stages]
+    slowest = max(times) if times else None
+    return _Job(1, x.bubble_ratio, x.bubble_ratio, basis, slowest, 1.0 if slowest else None,
+                x.throughput_tokens_per_s)  # fmt: skip
+
+
+def job_compare_table(a: ReplicaAnalysis | AnalysisResult, b: ReplicaAnalysis | AnalysisResult) -> pd.DataFrame:
+    """Two jobs' own figures, over all their data-parallel pipelines, side by side with B - A and B / A (a run of
+    one pipeline, an AnalysisResult, counts as a job of one). The slowest (stage, pipeline) is given by its time
+    per micro-batch, or its busy time for a job whose figures are on that basis (`ReplicaAnalysis.basis`): a row
+    per basis, empty for the side on the other one."""
+    ja, jb = _job(a), _job(b)
+    rows: list[tuple[str, float | None, float | None]] = [
+        ("data-parallel pipelines", ja.pipelines, jb.pipelines),
+        ("bubble ratio, all pipelines", ja.bubble_ratio, jb.bubble_ratio),
+        ("bubble ratio, worst pipeline", ja.bubble_worst, jb.bubble_worst),
+    ]
+    for basis in sorted({ja.basis, jb.basis}, reverse=True):
+        rows.append((f"slowest stage of any pipeline: {BASIS_NAMES.get(basis, basis)} (ms)",
+                     _ms(ja.slowest_ns) if ja.basis == basis else None,
+                     _ms(jb.slowest_ns) if jb.basis == basis else None))  # fmt: skip
+    rows += [
+        ("slowest stage vs its median over the pipelines", ja.slowdown, jb.slowdown),
+        ("throughput, all pipelines (tokens/s)", ja.tokens_per_s, jb.tokens_per_s),
+    ]
+    return _deltas(rows)
+
+
+def spread_compare_table(a: ReplicaAnalysis, b: ReplicaAnalysis) -> pd.DataFrame:
+    """Per stage, two jobs' spread across their pipelines side by side: the median and slowest t (ms) with
+    B - A, and each job's straggler. A stage only one job has leaves the other's cells empty; when the two are
+    on different bases (`ReplicaAnalysis.basis`), B - A is left empty."""
+    same = a.basis == b.basis
+    sa, sb = {s.stage: s for s in a.stages}, {s.stage: s for s in b.stages}
+    rows = []
+    for stage in sorted(sa.keys() | sb.keys()):
+        x, y = sa.get(stage), sb.get(stage)
+        row: dict[str, object] = {"stage": stage}
+        for what in ("median", "slowest"):
+            va = None if x is None else getattr(x, f"{what}_ns") / 1e6
+            vb = None if y is None else getattr(y, f"{what}_ns") / 1e6
+            row[f"A {what}"], row[f"B {what}"] = va, vb
+            row[f"{what} B - A"] = vb - va if same and va is not None and vb is not None else None
+        row["A straggler"], row["B straggler"] = _straggler(x), _straggler(y)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _straggler(s: StageSpread | None) -> str:
+    if s is None:
+        return "—"
+    if s.slowdown is None or s.slowdown <= 1.0:  # as the report: equal pipelines have no straggler
+        return "none"
+    return f"rank {s.straggler_rank}, replica {s.straggler_replica}, +{100 * (s.slowdown - 1):.1f}%"
+
+
+def _deltas(rows: list[tuple[str, float | None, float | None]]) -> pd.DataFrame:
+    out = pd.DataFrame(rows, columns=["measure", "A", "B"])
+    av, bv = out["A"].astype("float64"), out["B"].astype("float64")
+    out["B - A"] = bv - av
+    out["B / A"] = (bv / av).where(av.abs() > 0)
+    return out
