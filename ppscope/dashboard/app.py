@@ -17,7 +17,7 @@ import streamlit as st
 
 from ppscope.analysis import gantt
 from ppscope.analysis.replica_report import stage_lanes
-from ppscope.dashboard import advice, jobpages, views
+from ppscope.dashboard import advice, compare, jobpages, views
 from ppscope.dashboard.data import LiveTrace
 from ppscope.dashboard.ranked import RANKS_IN_MEMORY, READ_SHARE, RankedRun
 from ppscope.dashboard.safety import Catalog, Entry, catalog_from_args, md
@@ -71,6 +71,19 @@ def ranked_run(entry: Entry, limit: int) -> RankedRun | None:
     return _ranked_run(str(entry.path), limit, stamp)
 
 
+def compare_side(entry: Entry, limit: int) -> compare.Side:
+    """The run picked as B on the Compare page: read a rank at a time when it is large (the instance its own
+    pages use, so a second look reads nothing), else loaded whole as its pages load it."""
+    big = ranked_run(entry, limit)
+    if big is not None:
+        if big.live:
+            big.refresh()  # cheap: looks at the files' sizes and times, lets go of what they changed
+        return compare.ranked_side(big, entry.label)
+    live = live_trace(entry)
+    live.refresh()
+    return compare.live_side(live, entry.label)
+
+
 def _limit(argv: Sequence[str]) -> tuple[int, list[str]]:
     """The rank files a run may have and still be loaded whole, and the paths."""
     if argv and argv[0].startswith(RANKS_OPTION):
@@ -96,14 +109,15 @@ def main(argv: Sequence[str]) -> None:
     label = st.sidebar.selectbox("Trace", labels, key="trace")
     entry = catalog.pick(label, entries)
     section = st.sidebar.radio("Section", SECTIONS, key="section")
+    others = [e for e in entries if e.label != entry.label]
     big = ranked_run(entry, limit)
     if big is not None and not st.sidebar.checkbox(
         f"Load the whole run ({len(big.files):,} rank files)",
         key="whole_run",
-        help="This run is shown a rank at a time; the Compare page, and the Rebalance page's simulated replay and "
-        "timelines, need every rank's spans in memory.",
+        help="This run is shown a rank at a time; only the Rebalance page's simulated replay and timelines need "
+        "every rank's spans in memory.",
     ):
-        ranked_page(entry, big, section)
+        ranked_page(entry, big, section, others, limit)
         return
     live = live_trace(entry)
     live.refresh()
@@ -119,7 +133,7 @@ def main(argv: Sequence[str]) -> None:
     elif section == "Rebalance":
         advice.rebalance(live)
     elif section == "Compare":
-        views.compare(live, [e for e in entries if e.label != entry.label], live_trace)
+        compare.page(compare.live_side(live, entry.label), others, lambda e: compare_side(e, limit))
     else:
         jobpages.requests(live)
 
@@ -163,9 +177,9 @@ def _status_line(entry: Entry, meta: RunMeta) -> str:
     return " · ".join(bits)
 
 
-def ranked_page(entry: Entry, big: RankedRun, section: str) -> None:
+def ranked_page(entry: Entry, big: RankedRun, section: str, others: Sequence[Entry], limit: int) -> None:
     """A large run's page, read a rank at a time: its stage view, its stages' figures, the rebalancer's advice,
-    its devices' usage and its requests (the Compare page needs the whole run)."""
+    its devices' usage, its comparison with one of `others` and its requests."""
     st.subheader(md(entry.label))
     st.caption(_status_line(entry, big.meta))
     try:
@@ -189,15 +203,10 @@ def ranked_page(entry: Entry, big: RankedRun, section: str) -> None:
         advice.rebalance_ranked(big)
     elif section == "GPU usage":
         jobpages.usage_ranked(big)
-    elif section == "Requests":
-        jobpages.requests_ranked(big)
+    elif section == "Compare":
+        compare.page(compare.ranked_side(big, entry.label), others, lambda e: compare_side(e, limit))
     else:
-        st.info(
-            f"This run has {len(big.files):,} rank files, more than the {md(section)} page loads: the dashboard "
-            "shows its other pages a rank at a time. Tick 'Load the whole run' in the sidebar to load "
-            "every rank's spans, or use the command line (`ppscope rebalance RUN`, `ppscope analyze RUN "
-            "--workers N`), which reads a run a rank at a time."
-        )
+        jobpages.requests_ranked(big)
 
 
 def _follow(big: RankedRun) -> None:

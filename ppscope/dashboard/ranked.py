@@ -1,4 +1,4 @@
-"""A job of many data-parallel pipelines, shown without loading it: every page but Compare, a rank at a time.
+"""A job of many data-parallel pipelines, shown without loading it: every page of the dashboard, a rank at a time.
 
 Note (when): a run directory is shown this way when it holds more than `RANKS_IN_MEMORY` rank files (or the
 number given to `ppscope dashboard --ranks-in-memory`) and its ranks form more than one replica. Below the limit
@@ -18,7 +18,9 @@ What it holds: the replicas' comparison and each replica's figures (`run_replica
 a time and keeps a digest of each), the spans of the ranks the stage view draws (each stage's median replica
 and its straggler: 2 × P ranks at most), the spans of the one rank last picked for its own lanes, what the
 other pages reduce each rank to (the rebalancer's timed parts, the counters' summaries) and the counters of
-the one rank last picked. This module knows no Streamlit.
+the one rank last picked. The Compare page shows a large run, as A or as B, from the same replicas' comparison and
+stage-view lanes: a run looked at on its own pages is not read again to be compared. This module knows no
+Streamlit.
 """
 
 from __future__ import annotations

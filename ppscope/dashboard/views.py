@@ -1,24 +1,22 @@
-"""The analysis pages of the dashboard: stages and compare (rebalance in `advice.py`, device usage and requests
-in `jobpages.py`). Streamlit calls only.
+"""The Stages page of the dashboard, and the analyses other pages share (rebalance in `advice.py`, device usage
+and requests in `jobpages.py`, compare in `compare.py`). Streamlit calls only.
 
 Each page takes a `LiveTrace`, asks `ppscope` for numbers (memoised per version of the trace), and shows
-them with figures from `ppscope.dashboard.charts`. A piece of the library that is not there yet is named on the
+them with figures from `ppscope.analysis.figures`. A piece of the library that is not there yet is named on the
 page instead of being imitated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from ppscope.analysis import CAUSES, figures, gantt
+from ppscope.analysis import CAUSES, figures
 from ppscope.analysis.replicas import rank_list
 from ppscope.analysis.report import replay_line
-from ppscope.dashboard import charts
 from ppscope.dashboard.data import LiveTrace
-from ppscope.dashboard.safety import Entry, md
+from ppscope.dashboard.safety import md
 from ppscope.errors import PPScopeError
 from ppscope.trace.model import Trace
 
@@ -27,7 +25,7 @@ if TYPE_CHECKING:
     from ppscope.analysis.placement import Placement
     from ppscope.analysis.replicas import ReplicaAnalysis
 
-__all__ = ["analysis", "compare", "replica_summary", "replicas", "stage_page", "stages"]
+__all__ = ["analysis", "replica_summary", "replicas", "stage_page", "stages"]
 
 
 def _analyze(trace: Trace) -> tuple[AnalysisResult | None, str]:
@@ -181,39 +179,3 @@ def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:
         row.update({f"{cause} (ms)": round(s.causes.get(cause, 0) / 1e6, 3) for cause in causes})
         rows.append(row)
     return rows
-
-
-def compare(live: LiveTrace, others: Sequence[Entry], opener: Callable[[Entry], LiveTrace]) -> None:
-    st.markdown("### Compare two runs")
-    if not others:
-        st.info(
-            "Only one trace is open. Start the dashboard on two runs (`ppscope dashboard RUN_A RUN_B`) or on a "
-            "folder of runs to compare them."
-        )
-        return
-    label = st.selectbox("Compare with (B)", [e.label for e in others], key="compare_with")
-    other = opener(next(e for e in others if e.label == label))
-    other.refresh()
-    if other.error:
-        st.warning(md(other.error))
-    a, problem_a = analysis(live)
-    b, problem_b = analysis(other)
-    if a is None or b is None:
-        st.error(f"The analyzer could not read {'A' if a is None else 'B'}: {md(problem_a or problem_b)}")
-        return
-    st.caption("A is the trace picked in the sidebar, B the one chosen here; deltas are B - A.")
-    st.dataframe(charts.compare_table(a, b).round(4), hide_index=True)
-    names = (f"A: {_short(live.path.name)}", f"B: {_short(label)}")
-    st.plotly_chart(charts.compare_figure(a, b, names=names), key="compare", config={"displaylogo": False})
-    for column, name, trace, key in zip(
-        st.columns(2), names, (live.trace, other.trace), ("gantt_a", "gantt_b"), strict=True
-    ):
-        with column:
-            st.markdown(f"**{md(name)}**")
-            view = gantt.gantt_figure(trace.spans, color_by="kind", max_bars=3000)
-            st.plotly_chart(view.figure, key=key, config={"displaylogo": False})
-            st.caption(view.note)
-
-
-def _short(text: str, limit: int = 28) -> str:
-    return text if len(text) <= limit else "…" + text[-(limit - 1) :]

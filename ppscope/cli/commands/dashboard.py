@@ -65,7 +65,7 @@ def register(sub: Any) -> None:
         default=None,
         metavar="N",
         help="a run of several data-parallel pipelines with more rank files than N is shown a rank at a time "
-        "(every page but Compare, without loading it; while it is written, read again as its files change); "
+        "(every page, without loading it; while it is written, read again as its files change); "
         "default 256",
     )
     p.set_defaults(func=run)
