@@ -3,11 +3,12 @@
 A rank's trace can hold millions of events. The file is read as bytes, up to 1 MiB at a time, inflated by a
 thread of its own (`ReadAhead`: zlib works without the interpreter's lock, so on a second core); the whole
 events in what was read are decoded by one call of a C decoder (`_Stream.batch`), so Python runs once per
-event only for what the importer keeps, and memory holds about one chunk of events, never the file's list. The importer's batches
-(`iter_event_batches`) are decoded by msgspec into `Event`s that hold only the fields it reads: the others,
-most of an event's text (`args` of a kernel has a dozen), are parsed but never built into objects. A batch
-msgspec does not take (a value of another type than an event's, NaN, a lone surrogate) is decoded by the
-standard library's decoder and its events made the same `Event`s, so both give the importer the same values.
+event only for what the importer keeps, and memory holds about one chunk of events, never the file's list.
+The importer's batches (`iter_event_batches`) are decoded by msgspec into `Event`s that hold only the fields
+it reads: the others, most of an event's text (`args` of a kernel has a dozen), are parsed but never built
+into objects. A batch msgspec does not take (a value of another type than an event's, NaN, a lone surrogate)
+is decoded by the standard library's decoder and its events made the same `Event`s, so both give the
+importer the same values.
 Float text is kept as text (`float_hook=str`, `parse_float=str`): `ts` in epoch µs with a fraction has more
 digits than a float holds exactly, and an int or a short decimal becomes ns by integer arithmetic; only other
 values take a Decimal.
