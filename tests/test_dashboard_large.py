@@ -114,6 +114,29 @@ def test_a_run_within_the_limit_is_loaded_whole_running_or_not(tmp_path: Path) -
     assert live is not None and live.live and not big.live
 
 
+def test_a_large_run_is_opened_again_for_a_new_rank_file_not_for_a_log(tmp_path: Path) -> None:
+    """SQLite's write-ahead logs appear and go as a running job's ranks open and close their files: the run
+    shown is kept (its own refresh reads the ranks again when they change); a new rank file opens it anew."""
+    import json
+    import shutil
+
+    from ppscope.dashboard.app import ranked_run
+    from ppscope.dashboard.safety import Entry
+
+    run = write_run(replica_job(2, 3), tmp_path / "job")
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "status": "running"}))
+    entry = Entry(label="job", path=run, is_run=True)
+    first = ranked_run(entry, 4)
+    assert first is not None and first.live
+    (run / "rank-00002.sqlite-wal").write_bytes(b"")
+    (run / "rank-00002.sqlite-shm").write_bytes(b"")
+    assert ranked_run(entry, 4) is first
+    shutil.copy(run / "rank-00005.sqlite", run / "rank-00006.sqlite")
+    again = ranked_run(entry, 4)
+    assert again is not None and again is not first and len(again.files) == 7
+
+
 def test_the_limit_is_passed_to_the_app(tmp_path: Path) -> None:
     from ppscope.cli.commands.dashboard import dashboard_command
     from ppscope.dashboard.app import RANKS_OPTION, _limit

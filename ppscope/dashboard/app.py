@@ -23,6 +23,7 @@ from ppscope.dashboard.ranked import RANKS_IN_MEMORY, READ_SHARE, RankedRun
 from ppscope.dashboard.safety import Catalog, Entry, catalog_from_args, md
 from ppscope.errors import PPScopeError
 from ppscope.trace.model import RunMeta
+from ppscope.trace.store import rank_file_count
 
 __all__ = ["LANES", "RANKS_OPTION", "SECTIONS", "main"]
 
@@ -56,7 +57,9 @@ def live_trace(entry: Entry) -> LiveTrace:
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def _ranked_run(path: str, limit: int, stamp: tuple[int, int]) -> RankedRun | None:
-    # Keyed also by the run's state on disk, so that a run that finishes or is replaced is looked at again.
+    # Keyed also by the run's state on disk, so that a run that finishes, is replaced or gains a rank file is
+    # looked at again; not by its other files: SQLite's logs come and go as ranks open and close their files,
+    # and each new instance reads every rank file again, whatever `READ_SHARE` allows.
     return RankedRun.open(Path(path), limit)
 
 
@@ -65,7 +68,7 @@ def ranked_run(entry: Entry, limit: int) -> RankedRun | None:
     if not entry.is_run:
         return None
     try:
-        stamp = ((entry.path / "meta.json").stat().st_mtime_ns, sum(1 for _ in entry.path.iterdir()))
+        stamp = ((entry.path / "meta.json").stat().st_mtime_ns, rank_file_count(entry.path))
     except OSError:
         return None
     return _ranked_run(str(entry.path), limit, stamp)

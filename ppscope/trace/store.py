@@ -300,6 +300,11 @@ def _check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
     return path
 
 
+def rank_file_count(run_dir: str | os.PathLike[str]) -> int:
+    """How many rank files the run directory holds (not their SQLite logs, nor other files)."""
+    return len(_rank_files(Path(run_dir)))
+
+
 def _rank_files(path: Path) -> dict[int, Path]:
     found = {}
     for p in path.iterdir():
