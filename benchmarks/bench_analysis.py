@@ -161,25 +161,31 @@ def write_kineto_job(folder: Path, ranks: int = JOB_RANKS, events: int = JOB_EVE
         (folder / f"rank-{rank}.json.gz").write_bytes(gzip.compress(head.encode(), compresslevel=1) + body)
 
 
-def _side(tool: str, folder: Path, rounds: int) -> dict[str, Any]:
-    """One tool on one folder, in a process of its own (`benchmarks/hta_child.py`)."""
+def _side(tool: str, folder: Path, rounds: int, processes: int) -> dict[str, Any]:
+    """One tool on one folder, in `processes` processes of its own one after the other (`benchmarks/hta_child.py`):
+    the best round of any, the largest peaks. More than one, because a process runs the same rounds at one of two
+    speeds, for its whole life: on these machines ppscope's best round on trace_filter is about 55 ms in some
+    processes and 83 ms in others, and HTA's varies as much."""
     from benchmarks.hta_child import run_side
 
-    return run_side(tool, folder, rounds, HTA_TIMEOUT_S)
+    sides = [run_side(tool, folder, rounds, HTA_TIMEOUT_S) for _ in range(processes)]
+    best = min(sides, key=lambda side: side["seconds"])
+    return {**best, "rss_mb": max(x["rss_mb"] for x in sides), "worker_rss_mb": max(x["worker_rss_mb"] for x in sides)}
 
 
-def _versus(what: str, folder: Path, rounds: int) -> list[str]:
-    hta, ours = _side("hta", folder, rounds), _side("ppscope", folder, rounds)
+def _versus(what: str, folder: Path, rounds: int, processes: int = 1) -> list[str]:
+    hta, ours = _side("hta", folder, rounds, processes), _side("ppscope", folder, rounds, processes)
     how = f"best of {rounds}" if rounds > 1 else "one run"
+    how += f" in each of {processes} processes" if processes > 1 else ""
     peak = max(hta["rss_mb"], hta["worker_rss_mb"]) / max(ours["rss_mb"], ours["worker_rss_mb"])
     shares = ", ".join(
         f"rank {r} {hta['compute_pct'].get(r, float('nan')):.1f}% / {ours['compute_pct'].get(r, float('nan')):.1f}%"
         for r in sorted(ours["compute_pct"], key=int)[:4]
     )
     return [
-        f"analysis vs HTA on {what}: HTA load + temporal + idle breakdown {hta['seconds']:.2f} s; ppscope import + "
-        f"analyze {ours['seconds']:.2f} s = {hta['seconds'] / ours['seconds']:.1f}x faster (target >= 10x; {how}, "
-        "each in a process of its own)",
+        f"analysis vs HTA on {what}: HTA load + temporal + idle breakdown {hta['seconds']:.3f} s; ppscope import + "
+        f"analyze {ours['seconds']:.3f} s = {hta['seconds'] / ours['seconds']:.1f}x faster (target >= 10x; {how}, "
+        "each tool in processes of its own)",
         f"analysis vs HTA on {what}: peak RSS HTA {hta['rss_mb']:,.0f} MB (largest worker {hta['worker_rss_mb']:,.0f} "
         f"MB), ppscope {ours['rss_mb']:,.0f} MB (largest worker {ours['worker_rss_mb']:,.0f} MB) = "
         f"{peak:.1f}x less at the peak of one process",
@@ -196,7 +202,7 @@ def _hta_lines() -> list[str]:
         return ["analysis vs HTA: skipped, holistictraceanalysis is not installed (pip install -e '.[bench]')"]
     lines = []
     if KINETO.is_dir():
-        lines += _versus(f"{KINETO.name} (2 Kineto ranks, {_events(KINETO):,} events)", KINETO, ROUNDS)
+        lines += _versus(f"{KINETO.name} (2 Kineto ranks, {_events(KINETO):,} events)", KINETO, ROUNDS, 3)
     else:
         lines.append(f"analysis vs HTA: {KINETO.name} skipped, its traces are not found")
     with tempfile.TemporaryDirectory() as tmp:
