@@ -144,9 +144,13 @@ def test_a_device_timed_rank_times_its_layers_too(tmp_path: Path, monkeypatch: p
     from ppscope.engine.testing import DEVICE_TIMED_ENV
 
     monkeypatch.setenv(DEVICE_TIMED_ENV, "1")
-    trace = _run(tmp_path / "device", every=4)
+    trace = _run(tmp_path / "device", every=2)
     got = insitu_costs([trace], phase="all")
-    assert got.passes == (6,) * len(LAYER_MS) and got.costs.layer_ms == pytest.approx(LAYER_MS, abs=0.3)
+    assert got.passes == (12,) * len(LAYER_MS)
+    # a sleep never ends early, and ends late by the scheduler's delay: a loaded 2-core machine (CI) has made
+    # the median of fewer passes 0.7 ms late, so the check is one-sided beyond 0.1 ms
+    for got_ms, want_ms in zip(got.costs.layer_ms, LAYER_MS, strict=True):
+        assert want_ms - 0.1 <= got_ms <= want_ms + 1.0, (got.costs.layer_ms, LAYER_MS)
 
 
 @pytest.mark.gpu
