@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,11 @@ def test_float_ts_with_many_digits_stays_exact_to_the_ns(tmp_path: Path) -> None
     [
         [1, 2, 1700000000123467],  # ints: numpy's path
         ["1.5", "68.0", "1.5", "1700000000123467.125", "2.0005", "1e3", "x", ""],  # float text, memo and not
+        ["1.5", "68.", ".5", "-3.25", "+7", "1e3", "1E-3", "007.5"],  # float text of every shape
+        ["4611686018427387.903", "-4611686018427387.903"],  # the last µs in range, either way
+        ["1.5", "4611686018427387.904"],  # the first out of range: the second event named
+        ["1.5", "-9223372036854775.808"],  # int64's least ns, whose absolute value int64 does not hold
+        ["1.5", "١٢", "1_0", " 2"],  # text Decimal reads as a number
         [1, "2.5", None, True, [1], {"a": 1}, -3],  # mixed: a value at a time
         [2**62, 2**70],  # beyond int64: a value at a time, then out of range
     ],
@@ -92,7 +98,8 @@ def test_ns_column_is_to_ns_of_each_value(values: list[Any]) -> None:
             got = str(exc)
         assert got == expected
     if isinstance(expected, str):
-        assert "event 'e0': ts" in expected and "\n" not in expected
+        named = re.search(r"event 'e(\d+)': ts (.+) µs is out of range", expected)  # the event, and its value
+        assert named is not None and named[2] == repr(values[int(named[1])]) and "\n" not in expected
 
 
 def _launch_doc(corr_of_odd_kernel: Any) -> dict[str, Any]:
