@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ppscope.errors import CorruptFileError, InvalidSpanError, SchemaVersionError
+from ppscope.trace.schemaframe import schema_frame
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -172,27 +173,9 @@ REQUEST_COLUMNS: dict[str, Any] = {
 }
 
 
-def _frame(columns: Mapping[str, Any], data: Mapping[str, Any] | pd.DataFrame | None) -> pd.DataFrame:
-    if data is None:  # a shallow copy of one made once (pandas copies on write): building one takes a millisecond
-        empty = _EMPTY.get(id(columns))
-        if empty is None:
-            empty = _EMPTY[id(columns)] = pd.DataFrame({c: pd.Series([], dtype=t) for c, t in columns.items()})
-        return empty.copy(deep=False)
-    df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(dict(data))
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise CorruptFileError(f"trace data lacks the column(s) {', '.join(missing)}")
-    out = pd.DataFrame({c: df[c].astype(t) for c, t in columns.items()})
-    return out.reset_index(drop=True)
-
-
-_EMPTY: dict[int, pd.DataFrame] = {}
-"""An empty frame of each schema (by the identity of its columns' mapping, a constant of this module)."""
-
-
 def spans_frame(data: Mapping[str, Any] | pd.DataFrame | None = None, *, validate: bool = True) -> pd.DataFrame:
     """A spans DataFrame with exactly the schema's columns and dtypes (extra columns are dropped)."""
-    df = _frame(SPAN_COLUMNS, data)
+    df = schema_frame(SPAN_COLUMNS, data)
     if validate and len(df):
         bad = df["end_ns"].to_numpy() < df["start_ns"].to_numpy()
         if bad.any():
@@ -205,11 +188,11 @@ def spans_frame(data: Mapping[str, Any] | pd.DataFrame | None = None, *, validat
 
 
 def counters_frame(data: Mapping[str, Any] | pd.DataFrame | None = None) -> pd.DataFrame:
-    return _frame(COUNTER_COLUMNS, data)
+    return schema_frame(COUNTER_COLUMNS, data)
 
 
 def requests_frame(data: Mapping[str, Any] | pd.DataFrame | None = None) -> pd.DataFrame:
-    return _frame(REQUEST_COLUMNS, data)
+    return schema_frame(REQUEST_COLUMNS, data)
 
 
 def empty_spans() -> pd.DataFrame:
