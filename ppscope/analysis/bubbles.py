@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -104,7 +105,7 @@ def span_roles(kind: pd.Series, name: pd.Series | None = None) -> npt.NDArray[np
     table = np.array([_ROLE_OF_KIND.get(str(u), _OTHER) for u in uniques] + [_OTHER], np.int8)
     role = table[codes]  # code -1 (missing) picks the trailing _OTHER
     if name is not None:
-        ranges = np.flatnonzero((kind == SpanKind.RANGE).to_numpy())
+        ranges = np.flatnonzero(np.isin(codes, [i for i, u in enumerate(uniques) if str(u) == SpanKind.RANGE]))
         if ranges.shape[0]:
             names, unique_names = pd.factorize(name.iloc[ranges], sort=False)
             hit = np.array([bool(_COLLECTIVE_RANGE.match(str(u))) for u in unique_names] + [False])
@@ -152,7 +153,7 @@ def stage_bubbles(
     order = np.argsort(times.group, kind="stable")
     cuts = np.searchsorted(times.group[order], np.arange(len(stages) + 1))
     results: list[StageResult] = []
-    gaps: list[pd.DataFrame] = []
+    gaps: list[_Gaps] = []
     for gi, (stage, ranks) in enumerate(stages):
         idx = order[cuts[gi] : cuts[gi + 1]]
         res, gap = _one_stage(
@@ -161,9 +162,7 @@ def stage_bubbles(
         )  # fmt: skip
         results.append(res)
         gaps.append(gap)
-    none = np.empty(0, np.int64)
-    gap_frame = pd.concat(gaps, ignore_index=True) if gaps else _gap_frame(0, none, none, np.empty(0, np.int16))
-    return results, gap_frame
+    return results, _gap_frame(gaps)
 
 
 def _one_stage(
@@ -176,7 +175,7 @@ def _one_stage(
     *,
     has_waits: bool,
     no_requests: Intervals,
-) -> tuple[StageResult, pd.DataFrame]:
+) -> tuple[StageResult, _Gaps]:
     lo, hi = window.start_ns, window.end_ns
     role, start, end = t.role[idx], t.start_ns[idx], t.end_ns[idx]
 
@@ -226,7 +225,7 @@ def _one_stage(
     )
     g_start, g_end, g_label = merge_runs(seg, labels)
     keep = g_label != _BUSY
-    return result, _gap_frame(stage, g_start[keep], g_end[keep], g_label[keep])
+    return result, (stage, g_start[keep], g_end[keep], g_label[keep])
 
 
 def _passes(
@@ -247,14 +246,22 @@ def _passes(
     return float(np.sort(frac).sum()) / chunks  # sorted: the same sum whatever the span order
 
 
-def _gap_frame(
-    stage: int, start_ns: npt.NDArray[np.int64], end_ns: npt.NDArray[np.int64], cause: npt.NDArray[np.int16]
-) -> pd.DataFrame:
+_Gaps = tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int16]]
+"""A stage's idle intervals: (stage, start_ns, end_ns, cause code)."""
+
+
+def _gap_frame(gaps: list[_Gaps]) -> pd.DataFrame:
+    """The stages' idle intervals as one frame (stage, start_ns, end_ns, cause), made once from their arrays."""
+
+    def joined(i: int, dtype: type) -> npt.NDArray[Any]:
+        return np.concatenate([g[i] for g in gaps]).astype(dtype) if gaps else np.empty(0, dtype)
+
+    stage = np.concatenate([np.full(len(g[1]), g[0], np.int32) for g in gaps]) if gaps else np.empty(0, np.int32)
     return pd.DataFrame(
-        {
-            "stage": np.full(start_ns.shape[0], stage, np.int32),
-            "start_ns": start_ns.astype(np.int64),
-            "end_ns": end_ns.astype(np.int64),
-            "cause": pd.Categorical.from_codes(cause, categories=list(CAUSES)),
-        }
-    )
+        {"stage": stage, "start_ns": joined(1, np.int64), "end_ns": joined(2, np.int64),
+         "cause": pd.Categorical.from_codes(joined(3, np.int16), dtype=_CAUSE_DTYPE)},
+        copy=False,
+    )  # fmt: skip
+
+
+_CAUSE_DTYPE = pd.CategoricalDtype(list(CAUSES))

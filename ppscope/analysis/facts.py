@@ -54,21 +54,39 @@ class Layout:
 
 def stage_times(spans: pd.DataFrame, role: npt.NDArray[np.int8], layout: Layout, *, ring_bound: bool) -> StageTimes:
     """The span arrays the bubbles need; `ring_bound`: fewer micro-batches in flight than stages."""
-    decode = (spans["phase"] == Phase.DECODE).to_numpy()
-    prefill = (spans["phase"] == Phase.PREFILL).to_numpy()
+    phase, kind = TextCodes.of(spans["phase"]), TextCodes.of(spans["kind"])
+    decode, prefill = phase.among([Phase.DECODE]), phase.among([Phase.PREFILL])
     dependency = dependency_waits(role, spans["stage"].to_numpy(np.int64), prefill, decode, ring_bound=ring_bound)
     # a training backward: phase `backward`, a `backward` span, or a pipelining action's type (B, I, W; also on
     # the waits inside those actions)
-    backward = (
-        (spans["phase"] == Phase.BACKWARD) | (spans["kind"] == SpanKind.BACKWARD) | spans["phase"].isin(["B", "I", "W"])
-    ).to_numpy()
+    backward = phase.among([Phase.BACKWARD, "B", "I", "W"]) | kind.among([SpanKind.BACKWARD])
     return StageTimes(
         group=layout.group_of(spans["rank"].to_numpy(np.int64)), role=role, dependency=dependency,
         step=spans["step"].to_numpy(np.int64), backward=backward, start_ns=spans["start_ns"].to_numpy(np.int64),
-        end_ns=spans["end_ns"].to_numpy(np.int64), forward=(spans["kind"] == SpanKind.FORWARD).to_numpy(),
+        end_ns=spans["end_ns"].to_numpy(np.int64), forward=kind.among([SpanKind.FORWARD]),
         chunk=spans["chunk"].to_numpy(np.int64),
-        action=((spans["kind"] == SpanKind.RANGE) & spans["phase"].isin(["F", "B", "I", "W"])).to_numpy(),
+        action=kind.among([SpanKind.RANGE]) & phase.among(["F", "B", "I", "W"]),
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TextCodes:
+    """A text column factorised once, so that each test of its values is a lookup of codes, not a comparison
+    of every row's text."""
+
+    codes: npt.NDArray[np.intp]
+    uniques: list[str]
+
+    @classmethod
+    def of(cls, column: pd.Series) -> TextCodes:
+        codes, uniques = pd.factorize(column, sort=False)
+        return cls(codes, [str(u) for u in uniques])
+
+    def among(self, values: list[str]) -> npt.NDArray[np.bool_]:
+        """Which rows hold one of `values` (a missing value is none of them)."""
+        wanted = set(map(str, values))
+        hit = np.array([u in wanted for u in self.uniques] + [False])
+        return hit[self.codes]  # code -1 (missing) picks the trailing False
 
 
 _NONE = np.iinfo(np.int64)
@@ -167,13 +185,13 @@ def compute_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_]) -> 
     (rank, lane) order: they are counted once (union)."""
     if is_compute.sum() < 2:
         return 0, []
-    sub = spans.loc[is_compute, ["rank", "lane", "start_ns", "end_ns"]]
-    lane, uniques = pd.factorize(sub["lane"], sort=True)  # codes in the lanes' text order
+    lane, uniques = pd.factorize(spans["lane"], sort=True)  # codes in the lanes' text order
     lanes = [str(x) for x in uniques]
+    lane = lane[is_compute]
     if (lane < 0).any():  # a lane without a name: sorted last, as sort_values puts it
-        lanes.append(str(sub["lane"][lane < 0].iloc[0]))
+        lanes.append(str(spans["lane"][is_compute][lane < 0].iloc[0]))
         lane = np.where(lane < 0, len(lanes) - 1, lane)
-    rank, start, end = (sub[c].to_numpy(np.int64) for c in ("rank", "start_ns", "end_ns"))
+    rank, start, end = (spans[c].to_numpy(np.int64)[is_compute] for c in ("rank", "start_ns", "end_ns"))
     order = np.lexsort((end, start, lane, rank))
     rank, lane, start, end = rank[order], lane[order], start[order], end[order]
     first = np.r_[True, (rank[1:] != rank[:-1]) | (lane[1:] != lane[:-1])]
