@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.formats.kineto_json import UNSET, Args, Event, group_key, ns_column
+from ppscope.formats.kineto_json import UNSET, Event, group_key, ns_column
 from ppscope.trace.model import SpanKind
 
 __all__ = ["P2P", "Columns"]
@@ -39,8 +39,9 @@ class Columns:
         self.seen: dict[str, str] = {}  # a name repeated by 100 k operators is held, and sent from a worker, once
         self.memo: dict[str, int] = {}  # durations in ns by their text
         self.ops: tuple[list[str], list[np.ndarray], list[np.ndarray], list[Any]] = ([], [], [], [])
-        self.gpu: dict[str, list[Any]] = {k: [] for k in ("kind", "name", "dev", "stream", "corr", "nbytes")}
+        self.gpu: dict[str, list[Any]] = {k: [] for k in ("kind", "name", "dev", "stream", "corr")}
         self.gpu_times: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+        self.gpu_bytes: list[np.ndarray] = []
         self.host: list[tuple[Any, ...]] = []
         self.launches: tuple[list[Any], list[np.ndarray]] = ([], [])
         self.flows: list[np.ndarray] = []
@@ -100,7 +101,7 @@ class Columns:
         g["dev"] += _keys([e.pid for e in work])
         g["stream"] += _keys([e.tid for e in work])
         g["corr"] += [-1 if e.args is None or e.args.correlation is UNSET else e.args.correlation for e in work]
-        g["nbytes"] += [_nbytes(e.args) for e in work]
+        self.gpu_bytes.append(_nbytes([e.args.bytes if e.args is not None else 0 for e in work]))
         self.gpu_times[0].append(start)
         self.gpu_times[1].append(end)
 
@@ -109,11 +110,13 @@ class Columns:
         few pandas calls whatever the number of events); the ranges also as (name, start_ns, end_ns, tid)."""
         return _frames(self, shift)
 
-    def ops_frame(self) -> pd.DataFrame:
+    def ops_frame(self, shift: int) -> pd.DataFrame:
+        """The CPU operators (name, start_ns, end_ns, tid), times moved by `shift` ns."""
         names, starts, ends, tids = self.ops
         return pd.DataFrame(
-            {"name": pd.Series(names, dtype=object), "start_ns": _joined(starts), "end_ns": _joined(ends),
-             "tid": pd.Series(tids, dtype=object)}
+            {"name": pd.Series(names, dtype=object), "start_ns": _joined(starts) + shift,
+             "end_ns": _joined(ends) + shift, "tid": pd.Series(tids, dtype=object)},
+            copy=False,
         )  # fmt: skip
 
     def p2p(self) -> list[tuple[str, int]]:
@@ -151,10 +154,14 @@ def _lookup(corr: np.ndarray, start: np.ndarray, keys: np.ndarray, when: np.ndar
     return np.where(ids[i] == corr, at[i], start)
 
 
-def _nbytes(args: Args | None) -> int:
-    """The bytes a copy or set moved: an int in int64's range, else 0."""
-    n = args.bytes if args is not None else 0
-    return n if isinstance(n, int) and -_INT64 <= n < _INT64 else 0
+def _nbytes(values: list[Any]) -> np.ndarray:
+    """The bytes each copy or set moved: an int in int64's range, else 0."""
+    if set(map(type, values)) <= {int}:
+        try:
+            return np.array(values, np.int64)
+        except OverflowError:  # beyond int64: a value at a time
+            pass
+    return np.array([n if isinstance(n, int) and -_INT64 <= n < _INT64 else 0 for n in values], np.int64)
 
 
 _INT64 = 1 << 63
@@ -191,7 +198,7 @@ def _frames(cols: Columns, shift: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         "name": g["name"] + names,
         "start_ns": np.concatenate([g_start, h_start]) + shift,
         "end_ns": np.concatenate([g_end, h_end]) + shift,
-        "nbytes": np.concatenate([np.array(g["nbytes"], np.int64), np.zeros(len(names), np.int64)]),
+        "nbytes": np.concatenate([_joined(cols.gpu_bytes), np.zeros(len(names), np.int64)]),
         "lane": _gpu_lanes(g["dev"], g["stream"]) + host_lane,
         "step": np.concatenate([_step_at(when, *(a[is_step][order] for a in (h_start, h_end, step))), step]),
         "launch_ns": np.concatenate([when, h_start]) + shift,

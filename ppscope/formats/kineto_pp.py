@@ -101,10 +101,10 @@ def _top_level_pandas(ops: pd.DataFrame) -> pd.DataFrame:
 def may_hold_actions(ev: RankEvents) -> bool:
     """False where `find_actions` surely finds nothing, told without the top-level operators: no pipelining
     range (read or not) and no point-to-point operator or range at all."""
-    names = ev.annotations["name"].unique()
+    names = pd.unique(ev.annotations["name"].to_numpy())
     if any(parse_action(n) is not None for n in names):
         return True
-    return bool(ev.ops["name"].isin(_P2P_OPS).any() or ev.annotations["name"].isin(_P2P_RANGES).any())
+    return not set(_P2P_RANGES).isdisjoint(names) or not set(_P2P_OPS).isdisjoint(pd.unique(ev.ops["name"].to_numpy()))
 
 
 def find_actions(ev: RankEvents, ops: pd.DataFrame) -> RankActions | None:
