@@ -161,22 +161,31 @@ def write_kineto_job(folder: Path, ranks: int = JOB_RANKS, events: int = JOB_EVE
         (folder / f"rank-{rank}.json.gz").write_bytes(gzip.compress(head.encode(), compresslevel=1) + body)
 
 
-def _side(tool: str, folder: Path, rounds: int, processes: int) -> dict[str, Any]:
-    """One tool on one folder, in `processes` processes of its own one after the other (`benchmarks/hta_child.py`):
-    the best round of any, the largest peaks. More than one, because a process runs the same rounds at one of two
-    speeds, for its whole life: on these machines ppscope's best round on trace_filter is about 55 ms in some
+def _sides(folder: Path, rounds: int, processes: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """HTA and ppscope on one folder, each in `processes` processes of its own (`benchmarks/hta_child.py`), the
+    two tools' processes taking turns so that both meet the machine's same moods: each tool's best round of any
+    process, its largest peaks. More than one process, because a process runs the same rounds at one of two
+    speeds for its whole life: on these machines ppscope's best round on trace_filter is about 55 ms in some
     processes and 83 ms in others, and HTA's varies as much."""
     from benchmarks.hta_child import run_side
 
-    sides = [run_side(tool, folder, rounds, HTA_TIMEOUT_S) for _ in range(processes)]
-    best = min(sides, key=lambda side: side["seconds"])
-    return {**best, "rss_mb": max(x["rss_mb"] for x in sides), "worker_rss_mb": max(x["worker_rss_mb"] for x in sides)}
+    runs: dict[str, list[dict[str, Any]]] = {"hta": [], "ppscope": []}
+    for _ in range(processes):
+        for tool, sides in runs.items():
+            sides.append(run_side(tool, folder, rounds, HTA_TIMEOUT_S))
+
+    def best(sides: list[dict[str, Any]]) -> dict[str, Any]:
+        top = min(sides, key=lambda side: side["seconds"])
+        return {**top, "rss_mb": max(x["rss_mb"] for x in sides),
+                "worker_rss_mb": max(x["worker_rss_mb"] for x in sides)}  # fmt: skip
+
+    return best(runs["hta"]), best(runs["ppscope"])
 
 
 def _versus(what: str, folder: Path, rounds: int, processes: int = 1) -> list[str]:
-    hta, ours = _side("hta", folder, rounds, processes), _side("ppscope", folder, rounds, processes)
+    hta, ours = _sides(folder, rounds, processes)
     how = f"best of {rounds}" if rounds > 1 else "one run"
-    how += f" in each of {processes} processes" if processes > 1 else ""
+    how += f" in each of {processes} processes taking turns" if processes > 1 else ""
     peak = max(hta["rss_mb"], hta["worker_rss_mb"]) / max(ours["rss_mb"], ours["worker_rss_mb"])
     shares = ", ".join(
         f"rank {r} {hta['compute_pct'].get(r, float('nan')):.1f}% / {ours['compute_pct'].get(r, float('nan')):.1f}%"
@@ -202,7 +211,7 @@ def _hta_lines() -> list[str]:
         return ["analysis vs HTA: skipped, holistictraceanalysis is not installed (pip install -e '.[bench]')"]
     lines = []
     if KINETO.is_dir():
-        lines += _versus(f"{KINETO.name} (2 Kineto ranks, {_events(KINETO):,} events)", KINETO, ROUNDS, 3)
+        lines += _versus(f"{KINETO.name} (2 Kineto ranks, {_events(KINETO):,} events)", KINETO, 5, 5)
     else:
         lines.append(f"analysis vs HTA: {KINETO.name} skipped, its traces are not found")
     with tempfile.TemporaryDirectory() as tmp:
