@@ -125,7 +125,7 @@ def test_the_gpu_check_says_the_gpu_path_is_not_checked_on_one_gpu(tmp_path: Pat
 def test_the_one_gpu_check_runs_its_ranks_over_gloo(tmp_path: Path) -> None:
     """The one-GPU section of the GPU check, on the CPU: its two runs go through, and each finding is one line
     with the ratio it is about (the synthetic layers sleep their configured time on a CPU too)."""
-    from benchmarks.one_gpu_check import gpu_entry, one_gpu_checks
+    from benchmarks.one_gpu_check import LAYER_MS, gpu_entry, one_gpu_checks
 
     lines = one_gpu_checks(tmp_path, "cpu", model="tiny", dtype="bfloat16", gpu="h200")
     print("\n".join(lines))
@@ -135,7 +135,10 @@ def test_the_one_gpu_check_runs_its_ranks_over_gloo(tmp_path: Path) -> None:
     assert "rank 1 of 2 over gloo (cpu): forward spans ÷ configured 7 ms" in forward1, forward1
     assert re.search(r"the requests' wall time = \d\.\d{3}", extent) and "0: 'cpu', 1: 'cpu'" in counters
     ratios = [float(r) for r in layers.split("= ")[-1].split(", ")]
-    assert len(ratios) == 4 and all(0.9 < r < 1.5 for r in ratios), layers  # each layer its own cost
+    # each layer its own cost: a sleep never ends early, and ends late by the scheduler's delay, which a loaded
+    # 2-core machine (CI) has made 0.7 ms on the median of a 1 ms layer: at most 1 ms late, whatever the cost
+    assert len(ratios) == 4, layers
+    assert all(r > 0.9 and (r - 1) * ms < 1.0 for r, ms in zip(ratios, LAYER_MS, strict=True)), layers
     assert "tiny decode layer, batch 8" in roofline and "on h200 =" in roofline, roofline
     assert gpu_entry("NVIDIA H200").name == "h200" and gpu_entry("NVIDIA H100 80GB HBM3").name.startswith("h100")
     assert gpu_entry("NVIDIA GeForce RTX 4090") is None

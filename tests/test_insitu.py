@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -29,6 +30,13 @@ def test_a_layer_span_names_its_layer_and_reads_back() -> None:
     names = pd.Series(["layer 0", "layer 17", "layer", "layer -1", "layer 3x", "forward", "Layer 2", "layer  2"])
     assert layer_indices(names).tolist() == [0, 17, -1, -1, -1, -1, -1, -1]
     assert layer_indices(pd.Series([], dtype=str)).tolist() == []
+
+
+def _near(got_ms: Sequence[float], want_ms: Sequence[float]) -> None:
+    """Each cost the configured one: a sleep never ends early, and ends late by the scheduler's delay, which a
+    loaded 2-core machine (CI) has made 0.7 ms on a median: no more than 0.1 ms early, 1 ms late."""
+    assert len(got_ms) == len(want_ms), (got_ms, want_ms)
+    assert all(w - 0.1 <= g <= w + 1.0 for g, w in zip(got_ms, want_ms, strict=True)), (got_ms, want_ms)
 
 
 def _run(out: Path, every: int = K, stages: int = 2) -> Trace:
@@ -73,14 +81,13 @@ def test_layers_are_timed_in_every_k_th_pass_of_each_stage(sampled: Trace) -> No
 
 def test_costs_from_layer_spans_are_the_synthetic_model_s(sampled: Trace) -> None:
     got = insitu_costs([sampled], phase="all")
-    # each sleep ends on time, a hair late: within 0.3 ms of the configured cost, on a busy machine too
-    assert got.costs.layer_ms == pytest.approx(LAYER_MS, abs=0.3)
-    assert got.costs.head_ms == pytest.approx(HEAD_MS, abs=0.3)
-    assert got.costs.embed_ms == pytest.approx(EMBED_MS, abs=0.3)
+    _near(got.costs.layer_ms, LAYER_MS)
+    _near((got.costs.head_ms, got.costs.embed_ms), (HEAD_MS, EMBED_MS))
     assert got.passes == (8,) * len(LAYER_MS) and got.phase == "all" and got.runs == 1
     assert all(0 <= r < 0.5 for r in got.rest_ms)  # a synthetic pass does nothing outside its layers
     decode = insitu_costs([sampled])
-    assert decode.phase == "decode" and decode.costs.layer_ms == pytest.approx(LAYER_MS, abs=0.3)
+    assert decode.phase == "decode"
+    _near(decode.costs.layer_ms, LAYER_MS)
     # the layers' own costs, where a fit of whole stages can only share a stage's time among its layers
     fit = run_costs([sampled], None, choice="fit")
     assert fit.source == "fit" and fit.costs.layer_ms[0] == pytest.approx(fit.costs.layer_ms[2])
@@ -96,7 +103,7 @@ def test_rebalance_takes_the_layer_spans_by_default_and_says_so(sampled: Trace) 
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert got["cost_source"] == "insitu" and got["insitu"]["phase"] == "decode"
-    assert got["costs"]["layer_ms"] == pytest.approx(LAYER_MS, abs=0.3)
+    _near(got["costs"]["layer_ms"], LAYER_MS)
     # 1,2,3 | 4,1.5,2.5 + head 3: the last stage gives layer 3 away
     assert got["current_split"] == [3, 3] and got["proposed_split"] == [4, 2]
     fit = subprocess.run([*common, "--costs", "fit"], capture_output=True, text=True, timeout=120)
@@ -147,10 +154,7 @@ def test_a_device_timed_rank_times_its_layers_too(tmp_path: Path, monkeypatch: p
     trace = _run(tmp_path / "device", every=2)
     got = insitu_costs([trace], phase="all")
     assert got.passes == (12,) * len(LAYER_MS)
-    # a sleep never ends early, and ends late by the scheduler's delay: a loaded 2-core machine (CI) has made
-    # the median of fewer passes 0.7 ms late, so the check is one-sided beyond 0.1 ms
-    for got_ms, want_ms in zip(got.costs.layer_ms, LAYER_MS, strict=True):
-        assert want_ms - 0.1 <= got_ms <= want_ms + 1.0, (got.costs.layer_ms, LAYER_MS)
+    _near(got.costs.layer_ms, LAYER_MS)
 
 
 @pytest.mark.gpu
