@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 import pandas as pd
 
 from ppscope.analysis.bubbles import (
@@ -123,7 +122,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
         warnings.append(ZERO_LENGTH)
         return empty_result(trace.meta, warnings, latency, window=window)
     warnings += facts.warnings(layout.p)
-    _check_causality(spans, role, meta, warnings)
+    _check_causality(spans, meta, warnings)
 
     flush = flushes(meta.schedule) or facts.backward_compute  # synchronous training flushes
     results, gaps = stage_bubbles(
@@ -243,13 +242,11 @@ def _missing(world: int, pp: int, rank_stage: dict[int, int], p: int) -> str | N
     return None
 
 
-def _check_causality(spans: pd.DataFrame, role: npt.NDArray[np.int8], meta: RunMeta, warnings: list[str]) -> None:
+def _check_causality(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) -> None:
     """Warn when a receive ends before its send began on the common clock, beyond the offsets' uncertainty:
     the ranks' clock offsets are then wrong, and so is every wait measured across them."""
     if not estimated_clocks(meta):
         return  # every rank reads one clock (one host, a simulation): there is no offset to get wrong
-    if not (role == ROLE_SEND).any():
-        return  # no send for a receive to come before
     said = causality_warning(Violations.of(causality_violations(spans, uncertainty_ns=uncertainties(meta))))
     if said:
         warnings.append(said)

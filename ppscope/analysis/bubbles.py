@@ -48,6 +48,7 @@ __all__ = [
     "ROLE_SEND",
     "ROLE_WAIT",
     "StageTimes",
+    "TextCodes",
     "compute_spans",
     "dependency_waits",
     "span_roles",
@@ -98,14 +99,34 @@ class StageTimes:
     inside it that nothing else explains is its own (host), wherever in the step it lies."""
 
 
+@dataclass(frozen=True)
+class TextCodes:
+    """A text column factorised once, so that each test of its values is a lookup of codes, not a comparison
+    of every row's text."""
+
+    codes: npt.NDArray[np.intp]
+    uniques: list[str]
+
+    @classmethod
+    def of(cls, column: pd.Series) -> TextCodes:
+        codes, uniques = pd.factorize(column, sort=False)
+        return cls(codes, [str(u) for u in uniques])
+
+    def among(self, values: list[str]) -> npt.NDArray[np.bool_]:
+        """Which rows hold one of `values` (a missing value is none of them)."""
+        wanted = set(map(str, values))
+        hit = np.array([u in wanted for u in self.uniques] + [False])
+        return hit[self.codes]  # code -1 (missing) picks the trailing False
+
+
 def span_roles(kind: pd.Series, name: pd.Series | None = None) -> npt.NDArray[np.int8]:
     """Role code per span from its kind, via one factorisation (no per-row Python); with `name`, a `range`
     named as a collective (`nccl:all_reduce`) is communication too."""
-    codes, uniques = pd.factorize(kind, sort=False)
-    table = np.array([_ROLE_OF_KIND.get(str(u), _OTHER) for u in uniques] + [_OTHER], np.int8)
-    role = table[codes]  # code -1 (missing) picks the trailing _OTHER
+    kinds = TextCodes.of(kind)
+    table = np.array([_ROLE_OF_KIND.get(u, _OTHER) for u in kinds.uniques] + [_OTHER], np.int8)
+    role = table[kinds.codes]  # code -1 (missing) picks the trailing _OTHER
     if name is not None:
-        ranges = np.flatnonzero(np.isin(codes, [i for i, u in enumerate(uniques) if str(u) == SpanKind.RANGE]))
+        ranges = np.flatnonzero(kinds.among([SpanKind.RANGE]))
         if ranges.shape[0]:
             names, unique_names = pd.factorize(name.iloc[ranges], sort=False)
             hit = np.array([bool(_COLLECTIVE_RANGE.match(str(u))) for u in unique_names] + [False])

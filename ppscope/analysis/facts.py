@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from ppscope.analysis.bubbles import ROLE_COMPUTE, StageTimes, dependency_waits
+from ppscope.analysis.bubbles import ROLE_COMPUTE, StageTimes, TextCodes, dependency_waits
 from ppscope.analysis.intervals import Intervals, clip, running_max, union_length
 from ppscope.trace.model import Phase, RunMeta, SpanKind
 
@@ -67,26 +67,6 @@ def stage_times(spans: pd.DataFrame, role: npt.NDArray[np.int8], layout: Layout,
         chunk=spans["chunk"].to_numpy(np.int64),
         action=kind.among([SpanKind.RANGE]) & phase.among(["F", "B", "I", "W"]),
     )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class TextCodes:
-    """A text column factorised once, so that each test of its values is a lookup of codes, not a comparison
-    of every row's text."""
-
-    codes: npt.NDArray[np.intp]
-    uniques: list[str]
-
-    @classmethod
-    def of(cls, column: pd.Series) -> TextCodes:
-        codes, uniques = pd.factorize(column, sort=False)
-        return cls(codes, [str(u) for u in uniques])
-
-    def among(self, values: list[str]) -> npt.NDArray[np.bool_]:
-        """Which rows hold one of `values` (a missing value is none of them)."""
-        wanted = set(map(str, values))
-        hit = np.array([u in wanted for u in self.uniques] + [False])
-        return hit[self.codes]  # code -1 (missing) picks the trailing False
 
 
 _NONE = np.iinfo(np.int64)

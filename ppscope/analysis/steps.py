@@ -149,12 +149,9 @@ def fill_drain(
 
 
 def _by_step(ends: pd.Series, steps: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
-    """The value of each of `steps` in a Series indexed by step (0 for one it lacks), and which it holds: a
-    binary search, where pandas' `loc` and `reindex` cost a fraction of a millisecond each."""
+    """The value of each of `steps` in a Series indexed by step in order (0 for one it lacks), and which it
+    holds: a binary search, where pandas' `loc` and `reindex` cost a fraction of a millisecond each."""
     index, values = ends.index.to_numpy(np.int64), ends.to_numpy(np.int64)
-    if not ends.index.is_monotonic_increasing:
-        order = np.argsort(index, kind="stable")
-        index, values = index[order], values[order]
     if not len(index):
         return np.zeros(len(steps), np.int64), np.zeros(len(steps), bool)
     at = np.minimum(np.searchsorted(index, steps), len(index) - 1)

@@ -65,11 +65,11 @@ def causality_violations(
     the two ranks' offset uncertainties (`uncertainty_ns` by rank).
     """
     cols = ["src", "dst", "mb", "step", "kind", "send_start_ns", "recv_end_ns"]
+    is_send = (spans["kind"] == str(SpanKind.SEND)).to_numpy(bool)
+    if not is_send.any():  # no send for a receive to come before
+        return pd.DataFrame(columns=cols)
     rank, peer = spans["rank"].to_numpy(np.int64), spans["peer"].to_numpy(np.int64)
     mb_step = _pack(spans["mb"].to_numpy(np.int64), spans["step"].to_numpy(np.int64))
-    is_send = (spans["kind"] == str(SpanKind.SEND)).to_numpy(bool)
-    if not is_send.any():
-        return pd.DataFrame(columns=cols)
     sends = _numbered(_pack(rank, peer)[is_send], mb_step[is_send], spans["start_ns"].to_numpy(np.int64)[is_send])
     unc = dict(uncertainty_ns or {})
     frames = []
