@@ -120,3 +120,23 @@ def test_a_run_of_schema_1_still_reads() -> None:
     text = json.dumps({"schema_version": 1, "world_size": 1, "ranks": [{"rank": 0, "stage": 0, "clock": {}}]})
     meta = RunMeta.from_json(text)
     assert (meta.schema_version, meta.ranks[0].replica, meta.ranks[0].sm_clock_mhz) == (1, -1, 0.0)
+
+
+def test_sorted_orders_by_start_rank_end_and_keeps_a_sorted_trace_as_it_is() -> None:
+    rows = [
+        {"rank": 1, "start_ns": 5, "end_ns": 9, "name": "a"},
+        {"rank": 0, "start_ns": 5, "end_ns": 7, "name": "b"},
+        {"rank": 0, "start_ns": 5, "end_ns": 6, "name": "c"},
+        {"rank": 0, "start_ns": 5, "end_ns": 6, "name": "d"},  # a tie on every key: after c, as given
+        {"rank": 2, "start_ns": 1, "end_ns": 2, "name": "e"},
+    ]
+    once = Trace.from_records(rows).sorted()
+    assert once.spans["name"].tolist() == ["e", "c", "d", "b", "a"]
+    twice = once.sorted()
+    pd.testing.assert_frame_equal(twice.spans, once.spans)
+    twice.spans["name"] = "changed"  # the frames are the trace's own: the first trace keeps its names
+    assert once.spans["name"].tolist() == ["e", "c", "d", "b", "a"]
+    shuffled = Trace(spans=once.spans.iloc[[4, 0, 1, 2, 3]])  # in no order, and not indexed 0..n-1
+    pd.testing.assert_frame_equal(shuffled.sorted().spans, once.spans)
+    gapped = Trace(spans=once.spans.set_axis([10, 11, 12, 13, 14]))  # in order, not indexed 0..n-1
+    pd.testing.assert_frame_equal(gapped.sorted().spans, once.spans)

@@ -24,13 +24,13 @@ import numpy as np
 import pandas as pd
 
 from ppscope.errors import CorruptFileError, UnsupportedInputError
-from ppscope.formats.kineto_columns import Columns
+from ppscope.formats.kineto_columns import Columns, spans_frame_of
 from ppscope.formats.kineto_groups import group_placement
 from ppscope.formats.kineto_jobs import CLOCK_NOTE, JobFacts, one_job, refuse_empty
 from ppscope.formats.kineto_json import NS_LIMIT, ReadAhead, iter_event_batches
 from ppscope.formats.kineto_json import iter_trace_events as iter_trace_events
 from ppscope.formats.kineto_pipeline import RankFile, cpu_compute, read_pipeline
-from ppscope.formats.kineto_pp import RankEvents, top_level
+from ppscope.formats.kineto_pp import RankEvents, may_hold_actions, top_level
 from ppscope.formats.ordering import order_stages
 from ppscope.pool import ordered, processes
 from ppscope.trace.model import SPAN_COLUMNS, ClockInfo, RankInfo, RunMeta, Trace, spans_frame
@@ -45,8 +45,9 @@ class _File:
     """One rank file read: its top-level keys, the spans ppscope keeps as they are, the pipeline's events."""
 
     top: dict[str, Any]
-    spans: pd.DataFrame
-    """Spans without rank, stage, mb, chunk, phase, tokens or peer (GPU work, ranges, steps)."""
+    spans: dict[str, Any]
+    """Spans as columns (`Columns.spans`), without rank, stage, mb, chunk, phase, tokens or peer (GPU work,
+    ranges, steps)."""
     events: RankEvents
     p2p: list[tuple[str, int]]
     gpu: bool
@@ -74,10 +75,9 @@ def _read_events(path: Path, source: ReadAhead | None) -> _File:
     for batch in iter_event_batches(path, top, source):
         cols.add(batch)
     shift = _shift(path, top.get("baseTimeNanoseconds"))
-    spans, annotations = cols.frames(shift)
-    op_frame = cols.ops_frame(shift)
+    spans, ranges = cols.spans(shift)
     flows = np.concatenate(cols.flows) if cols.flows else np.zeros(0, np.int64)
-    events = RankEvents(path.name, annotations, op_frame, flows + shift)
+    events = RankEvents(path.name, ranges, cols.operators(shift), flows + shift)
     return _File(top, spans, events, [(op, t + shift) for op, t in cols.p2p()], bool(cols.gpu["kind"]))
 
 
@@ -176,7 +176,10 @@ def load_kineto(files: list[Path]) -> Trace:
         warnings.append("some files' ranks are in no pipeline process group: took stages from the traffic instead")
         groups = None
     placed = groups.place if groups is not None else None
-    pipeline = read_pipeline({r: RankFile(d.events, d.spans, d.gpu) for r, d in read.items()}, evidence, placed)
+    pipeline = None
+    if any(may_hold_actions(d.events) for d in read.values()):  # most traces are no pipeline: no frames made
+        files_read = {r: RankFile(d.events, spans_frame_of(d.spans), d.gpu) for r, d in read.items()}
+        pipeline = read_pipeline(files_read, evidence, placed)
     if pipeline is not None:
         stage_of, per_rank = pipeline.stage_of, pipeline.spans
         warnings += pipeline.warnings
@@ -225,18 +228,18 @@ def load_kineto(files: list[Path]) -> Trace:
 
 def _extent(data: _File) -> tuple[int, int]:
     """The first start and last end of the file's events (0, 0 when it has none)."""
-    starts = [frame["start_ns"].min() for frame in (data.spans, data.events.ops) if len(frame)]
-    ends = [frame["end_ns"].max() for frame in (data.spans, data.events.ops) if len(frame)]
+    starts = [c["start_ns"].min() for c in (data.spans, data.events.operators) if len(c["start_ns"])]
+    ends = [c["end_ns"].max() for c in (data.spans, data.events.operators) if len(c["end_ns"])]
     return (int(min(starts)), int(max(ends))) if starts else (0, 0)
 
 
-def _plain(data: _File, stage: int) -> pd.DataFrame:
-    """A rank's spans when the trace shows no pipelining actions: GPU work and ranges as they are (their stage,
-    micro-batch, chunk, phase and peer filled in by `_all_spans`), and on a CPU trace its top-level operators as
-    the compute."""
+def _plain(data: _File, stage: int) -> pd.DataFrame | dict[str, Any]:
+    """A rank's spans when the trace shows no pipelining actions: GPU work and ranges as they are, as columns
+    (their stage, micro-batch, chunk, phase and peer filled in by `_all_spans`), and on a CPU trace a frame of
+    them and its top-level operators as the compute."""
     if data.gpu:
         return data.spans
-    spans = data.spans.assign(stage=stage, **_PLAIN)
+    spans = spans_frame_of(data.spans).assign(stage=stage, **_PLAIN)
     ops = top_level(data.events.ops)
     cpu = cpu_compute(ops, ops["tid"].mode().iloc[0] if len(ops) else None).drop(columns="tid")
     return pd.concat([spans, cpu.assign(stage=stage, step=-1, **_PLAIN)], ignore_index=True)
@@ -246,17 +249,24 @@ _PLAIN: dict[str, Any] = {"mb": -1, "chunk": 0, "phase": "", "peer": -1}
 """The columns of a span that no pipelining action places: none of them known."""
 
 
-def _all_spans(per_rank: dict[int, pd.DataFrame], stage_of: dict[int, int]) -> pd.DataFrame:
-    """The ranks' spans as one frame of the schema, built once from each column's arrays (not a frame per rank
-    and column); a column a rank's frame lacks is its rank, stage, no tokens or `_PLAIN`'s value."""
+def _all_spans(per_rank: dict[int, pd.DataFrame | dict[str, Any]], stage_of: dict[int, int]) -> pd.DataFrame:
+    """The ranks' spans as one frame of the schema in the canonical order (`Trace.sorted`), built once from
+    each column's arrays (not a frame per rank and column), sorted before the text becomes pandas' (where a
+    take costs most); a column a rank's spans lack is its rank, stage, no tokens or `_PLAIN`'s value."""
     columns: dict[str, Any] = {}
     for c, kind in SPAN_COLUMNS.items():
         kind = object if kind is str else kind
         parts = []
         for r, s in per_rank.items():
             fill = {"rank": r, "stage": stage_of[r], "tokens": 0, **_PLAIN}
-            parts.append(s[c].to_numpy(dtype=kind) if c in s.columns else np.full(len(s), fill[c], dtype=kind))
+            if c not in s:
+                parts.append(np.full(len(s["start_ns"]), fill[c], dtype=kind))
+            else:
+                parts.append(s[c].to_numpy(dtype=kind) if isinstance(s, pd.DataFrame) else np.asarray(s[c], kind))
         columns[c] = np.concatenate(parts) if parts else np.zeros(0, kind)
+    order = np.lexsort((columns["end_ns"], columns["rank"], columns["start_ns"]))  # stable, as pandas sorts
+    if (order != np.arange(len(order))).any():
+        columns = {c: v[order] for c, v in columns.items()}
     return spans_frame(columns)
 
 

@@ -1,10 +1,11 @@
 """One Kineto rank file's events as columns: what `ppscope.formats.kineto` keeps of each batch of decoded
-events (`kineto_json.iter_event_batches`), and the file's spans frame built from them once.
+events (`kineto_json.iter_event_batches`), and the file's spans made from them once.
 
 Each field of a batch's events is taken by one comprehension (and times turned into ns by `ns_column`), not
-by Python per event and field; a file's frames are built from the columns with a few pandas calls whatever
-the number of events. Values that pandas converts as a column (None among ints, say) still go through pandas,
-so lanes and counts are what a frame of the events gives.
+by Python per event and field; a file's spans are columns made with a few numpy calls whatever the number of
+events, and become a frame only where a step needs one (the job's frame is made from every file's columns at
+once). Values that pandas converts as a column (None among ints, say) still go through pandas, so lanes and
+counts are what a frame of the events gives.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pandas as pd
 from ppscope.formats.kineto_json import UNSET, Event, group_key, ns_column
 from ppscope.trace.model import SpanKind
 
-__all__ = ["P2P", "Columns"]
+__all__ = ["P2P", "Columns", "spans_frame_of"]
 
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -105,19 +106,16 @@ class Columns:
         self.gpu_times[0].append(start)
         self.gpu_times[1].append(end)
 
-    def frames(self, shift: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(spans, annotations), times moved by `shift` ns: GPU work and ranges as spans, a column at a time (a
-        few pandas calls whatever the number of events); the ranges also as (name, start_ns, end_ns, tid)."""
-        return _frames(self, shift)
+    def spans(self, shift: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(spans, ranges) as columns, times moved by `shift` ns: GPU work and ranges as spans (kind, name,
+        lane as lists of text; start_ns, end_ns, nbytes, step, launch_ns as int64 arrays), a column at a time
+        whatever the number of events; the ranges also as (name, start_ns, end_ns, tid)."""
+        return _spans(self, shift)
 
-    def ops_frame(self, shift: int) -> pd.DataFrame:
-        """The CPU operators (name, start_ns, end_ns, tid), times moved by `shift` ns."""
+    def operators(self, shift: int) -> dict[str, Any]:
+        """The CPU operators as columns (name, start_ns, end_ns, tid), times moved by `shift` ns."""
         names, starts, ends, tids = self.ops
-        return pd.DataFrame(
-            {"name": pd.Series(names, dtype=object), "start_ns": _joined(starts) + shift,
-             "end_ns": _joined(ends) + shift, "tid": pd.Series(tids, dtype=object)},
-            copy=False,
-        )  # fmt: skip
+        return {"name": names, "start_ns": _joined(starts) + shift, "end_ns": _joined(ends) + shift, "tid": tids}
 
     def p2p(self) -> list[tuple[str, int]]:
         """("send" or "recv", start_ns) of each point-to-point operator and range: which way the rank's traffic
@@ -176,9 +174,17 @@ def _keys(values: list[Any]) -> list[Any]:
     return values if set(map(type, values)) <= {int, str, float, type(None)} else list(map(group_key, values))
 
 
-def _frames(cols: Columns, shift: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(spans, annotations): GPU work and ranges as spans, a column at a time (a few pandas calls whatever the
-    number of events); the ranges also as (name, start_ns, end_ns, tid)."""
+def spans_frame_of(spans: dict[str, Any]) -> pd.DataFrame:
+    """`Columns.spans`' spans as a frame, text as Python objects: the names are one object per distinct name
+    (`Columns.seen`), shared by every span that has it, not a string per span."""
+    return pd.DataFrame({**spans, **{c: pd.Series(spans[c], dtype=object) for c in _TEXT}})
+
+
+_TEXT = ("kind", "name", "lane")
+
+
+def _spans(cols: Columns, shift: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`Columns.spans`."""
     g = cols.gpu
     names, starts, ends, tids = (list(c) for c in zip(*cols.host, strict=True)) if cols.host else ([], [], [], [])
     h_start, h_end = np.array(starts, np.int64), np.array(ends, np.int64)
@@ -203,11 +209,7 @@ def _frames(cols: Columns, shift: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         "step": np.concatenate([_step_at(when, *(a[is_step][order] for a in (h_start, h_end, step))), step]),
         "launch_ns": np.concatenate([when, h_start]) + shift,
     }
-    annotations = pd.DataFrame({"name": names, "start_ns": h_start + shift, "end_ns": h_end + shift, "tid": tids})
-    # text as Python objects: the names are one object per distinct name (`Columns.seen`), shared by every span
-    # that has it until the job's frame is made, not a string per span
-    text = {c: pd.Series(out[c], dtype=object) for c in ("kind", "name", "lane")}
-    return pd.DataFrame({**out, **text}), annotations
+    return out, {"name": names, "start_ns": h_start + shift, "end_ns": h_end + shift, "tid": tids}
 
 
 _KERNEL = str(SpanKind.KERNEL)

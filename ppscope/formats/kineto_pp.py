@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -42,12 +44,27 @@ class RankEvents:
 
     name: str
     """The file's name, for messages."""
-    annotations: pd.DataFrame
-    """Profiler ranges (`user_annotation`): name, start_ns, end_ns, tid."""
-    ops: pd.DataFrame
-    """CPU operators (`cpu_op`): name, start_ns, end_ns, tid."""
+    ranges: Mapping[str, Any]
+    """Profiler ranges (`user_annotation`) as columns: name (text), start_ns, end_ns, tid."""
+    operators: Mapping[str, Any]
+    """CPU operators (`cpu_op`) as columns: name (text), start_ns, end_ns (int64 arrays), tid."""
     flow_starts: npt.NDArray[np.int64]
     """Times where an autograd forward-to-backward flow starts (a forward operator recording history)."""
+
+    @cached_property
+    def annotations(self) -> pd.DataFrame:
+        """The ranges as a frame, made when first asked for: most traces hold no pipeline and never need it."""
+        return pd.DataFrame(dict(self.ranges))
+
+    @cached_property
+    def ops(self) -> pd.DataFrame:
+        """The operators as a frame (names and thread ids as Python objects), made when first asked for."""
+        o = self.operators
+        return pd.DataFrame(
+            {"name": pd.Series(o["name"], dtype=object), "start_ns": o["start_ns"], "end_ns": o["end_ns"],
+             "tid": pd.Series(o["tid"], dtype=object)},
+            copy=False,
+        )  # fmt: skip
 
 
 @dataclass
@@ -101,10 +118,10 @@ def _top_level_pandas(ops: pd.DataFrame) -> pd.DataFrame:
 def may_hold_actions(ev: RankEvents) -> bool:
     """False where `find_actions` surely finds nothing, told without the top-level operators: no pipelining
     range (read or not) and no point-to-point operator or range at all."""
-    names = pd.unique(ev.annotations["name"].to_numpy())
+    names = set(ev.ranges["name"])
     if any(parse_action(n) is not None for n in names):
         return True
-    return not set(_P2P_RANGES).isdisjoint(names) or not set(_P2P_OPS).isdisjoint(pd.unique(ev.ops["name"].to_numpy()))
+    return not set(_P2P_RANGES).isdisjoint(names) or not set(_P2P_OPS).isdisjoint(ev.operators["name"])
 
 
 def find_actions(ev: RankEvents, ops: pd.DataFrame) -> RankActions | None:
