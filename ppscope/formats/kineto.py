@@ -113,7 +113,8 @@ def _read_here(paths: list[Path], alone: bool) -> Iterator[tuple[_File | None, s
     ahead: ReadAhead | None = None
     try:
         for i, path in enumerate(paths):
-            source, ahead = ahead or ReadAhead(path), (ReadAhead(paths[i + 1]) if i + 1 < len(paths) else None)
+            source = ahead or ReadAhead(path)
+            ahead = ReadAhead(paths[i + 1], after=source) if i + 1 < len(paths) else None
             yield _read_or_say(path, alone, source)
     finally:
         if ahead is not None:

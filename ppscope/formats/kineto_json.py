@@ -121,18 +121,22 @@ _AHEAD = 8
 class ReadAhead:
     """A file's bytes (gunzipped) in pieces read by a thread of its own: zlib lets go of the interpreter's lock
     while it inflates, so a gzip file is inflated on one core while its events are decoded on another. At most
-    `_AHEAD` pieces wait; `close` stops the thread."""
+    `_AHEAD` pieces wait; `close` stops the thread. `after`: the reader of the file decoded before this one,
+    which this one's thread waits for, so that the two do not share one core while the file before is needed
+    first."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, after: ReadAhead | None = None) -> None:
         self.path = path
         self.pieces: queue.Queue[bytes | _Damaged] = queue.Queue(_AHEAD)
         self.stop = threading.Event()
         self.done = False  # the end of the file was taken
-        self.thread = threading.Thread(target=self._read, args=(min(_CHUNK, _READ),), name="kineto-read")
+        self.thread = threading.Thread(target=self._read, args=(min(_CHUNK, _READ), after), name="kineto-read")
         self.thread.daemon = True
         self.thread.start()
 
-    def _read(self, size: int) -> None:
+    def _read(self, size: int, after: ReadAhead | None) -> None:
+        if after is not None:
+            after.thread.join()
         try:
             with open(self.path, "rb") as raw:
                 gz = raw.read(2) == GZIP_MAGIC
