@@ -48,15 +48,29 @@ class Columns:
         self.flows: list[np.ndarray] = []
 
     def add(self, batch: list[Event]) -> None:
-        """One batch's events, each category's taken by a comprehension of its own; other events are left."""
-        x = [e for e in batch if e.ph == "X"]
-        if len(x) < len(batch):
-            ts = [e.ts for e in batch if e.ph == "s" and e.cat == "fwdbwd"]
-            self.flows.append(ns_column(ts, self.path, "flow: ts", lambda: [None] * len(ts)))
-        self._ops([e for e in x if e.cat == "cpu_op"])
-        self._launches([e for e in x if e.cat == "cuda_runtime"])
-        self._gpu([e for e in x if e.cat in _GPU_CATS])
-        ranges = [e for e in x if e.cat == "user_annotation"]
+        """One batch's events, sorted into their categories in one pass and each category's fields taken by
+        comprehensions of their own; other events are left."""
+        ops: list[Event] = []
+        runtime: list[Event] = []
+        gpu: list[Event] = []
+        ranges: list[Event] = []
+        flows: list[Any] = []
+        into = {"cpu_op": ops, "cuda_runtime": runtime, **dict.fromkeys(_GPU_CATS, gpu), "user_annotation": ranges}
+        for e in batch:
+            cat = e.cat
+            if type(cat) is not str:  # no category one is read from (a list, say, which no dict key can be)
+                continue
+            if e.ph == "X":
+                kept = into.get(cat)
+                if kept is not None:
+                    kept.append(e)
+            elif e.ph == "s" and cat == "fwdbwd":
+                flows.append(e.ts)
+        if flows:
+            self.flows.append(ns_column(flows, self.path, "flow: ts", lambda: [None] * len(flows)))
+        self._ops(ops)
+        self._launches(runtime)
+        self._gpu(gpu)
         if ranges:
             names = self._names(ranges)
             start, end = self._times(ranges, names)
