@@ -252,3 +252,22 @@ def test_a_file_is_inflated_after_the_one_before_it(tmp_path: Path) -> None:
     finally:
         before.close()
         after.close()
+
+
+def test_a_small_gzip_file_of_one_member_is_inflated_at_once(tmp_path: Path) -> None:
+    """One member and nothing after it: inflated by one call. Zeros or other bytes after it, or another member:
+    streamed, which reads the zeros as padding and names the rest as damage."""
+    text = json.dumps({"schemaVersion": 1, "traceEvents": _nested_events(300)}).encode()
+    member = gzip.compress(text)
+    expected = _plain(text.decode())
+    for tail, at_once in ((b"", True), (bytes(16), False), (gzip.compress(b" "), False)):
+        path = tmp_path / "rank0.json.gz"
+        path.write_bytes(member + tail)
+        with path.open("rb") as raw:
+            got = kineto_json._inflated_at_once(raw)
+            assert (got == text if at_once else got is None and raw.tell() == 0), tail
+        assert [e for b in iter_event_batches(path, {}) for e in b] == expected
+    for damaged in (member + b"x", member[:-30]):  # bytes after the member; a cut member
+        path.write_bytes(damaged)
+        with pytest.raises(CorruptFileError, match="truncated or damaged"):
+            load_kineto([path])

@@ -141,7 +141,11 @@ class ReadAhead:
             with open(self.path, "rb") as raw:
                 gz = raw.read(2) == GZIP_MAGIC
                 raw.seek(0)
-                pieces = _inflated(raw, size) if gz else iter(lambda: raw.read(size), b"")
+                whole = _inflated_at_once(raw) if gz else None
+                if whole is not None:
+                    pieces: Iterator[bytes] = (whole[i : i + size] for i in range(0, len(whole), size))
+                else:
+                    pieces = _inflated(raw, size) if gz else iter(lambda: raw.read(size), b"")
                 for piece in pieces:
                     if not self._put(piece):
                         return
@@ -179,6 +183,33 @@ class ReadAhead:
         """Stops the thread (it ends within 0.1 s, or after the piece it inflates), once or more."""
         self.stop.set()
         self.thread.join()
+
+
+def _inflated_at_once(raw: IO[bytes]) -> bytes | None:
+    """A small gzip file of one member, inflated by one call of zlib that never takes the interpreter's lock
+    back: a streamed inflate takes it back for every block of output it grows into, and waits each time for
+    the decoder to let go of it, so that the two take turns on two cores. None (and `raw` back at its start)
+    for a larger file, or one of other members or bytes after its one, which is streamed.
+
+    One member and nothing after it: no other member header in the file, and its last 8 bytes the checksum
+    and length of what was inflated (zlib checks the member's own)."""
+    data = raw.read(_AT_ONCE + 1)
+    size = int.from_bytes(data[-4:], "little")
+    if len(data) <= _AT_ONCE and len(data) > 18 and size <= _AT_ONCE_OUT and data.find(_MEMBER, 1) < 0:
+        whole = zlib.decompress(data, wbits=31, bufsize=max(size, 1))
+        if data[-8:] == (zlib.crc32(whole).to_bytes(4, "little") + (len(whole) & 0xFFFFFFFF).to_bytes(4, "little")):
+            return whole
+    raw.seek(0)
+    return None
+
+
+_AT_ONCE = 1 << 20
+"""Gzip files up to this size are inflated at once (deflate inflates at most 1032 bytes a byte: 1 GiB at most,
+whose length the member's 4 bytes of length then hold whole)."""
+_AT_ONCE_OUT = 64 << 20
+"""Nor more than this much JSON, held whole while it is decoded."""
+_MEMBER = GZIP_MAGIC + b"\x08"
+"""A gzip member's first bytes (deflate, the only method gzip defines)."""
 
 
 def _inflated(raw: IO[bytes], size: int) -> Iterator[bytes]:
