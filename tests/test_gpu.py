@@ -45,6 +45,8 @@ def test_device_spans_time_gpu_work_with_cuda_events() -> None:
     rec = Recorder(None, rank=0, stage=0, nvtx=False)
     stream = torch.cuda.current_stream(device)
     dev = DeviceSpans(rec, stream, lambda: torch.cuda.Event(enable_timing=True))
+    sleep_ms(0.1, device)  # the first sleep calibrates the spin (100 ms and more): not one of the launches timed
+    torch.cuda.synchronize(device)
     launched = rec.now_ns()
     for mb in range(3):
         with dev.span("forward", mb=mb):
