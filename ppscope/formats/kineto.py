@@ -30,7 +30,7 @@ from ppscope.formats.kineto_jobs import CLOCK_NOTE, JobFacts, one_job, refuse_em
 from ppscope.formats.kineto_json import NS_LIMIT, ReadAhead, iter_event_batches
 from ppscope.formats.kineto_json import iter_trace_events as iter_trace_events
 from ppscope.formats.kineto_pipeline import RankFile, cpu_compute, read_pipeline
-from ppscope.formats.kineto_pp import RankEvents, may_hold_actions, top_level
+from ppscope.formats.kineto_pp import RankEvents, top_level
 from ppscope.formats.ordering import order_stages
 from ppscope.pool import ordered, processes
 from ppscope.trace.model import SPAN_COLUMNS, ClockInfo, RankInfo, RunMeta, Trace, spans_frame
@@ -177,10 +177,7 @@ def load_kineto(files: list[Path]) -> Trace:
         warnings.append("some files' ranks are in no pipeline process group: took stages from the traffic instead")
         groups = None
     placed = groups.place if groups is not None else None
-    pipeline = None
-    if any(may_hold_actions(d.events) for d in read.values()):  # most traces are no pipeline: no frames made
-        files_read = {r: RankFile(d.events, spans_frame_of(d.spans), d.gpu) for r, d in read.items()}
-        pipeline = read_pipeline(files_read, evidence, placed)
+    pipeline = read_pipeline({r: RankFile(d.events, d.spans, d.gpu) for r, d in read.items()}, evidence, placed)
     if pipeline is not None:
         stage_of, per_rank = pipeline.stage_of, pipeline.spans
         warnings += pipeline.warnings

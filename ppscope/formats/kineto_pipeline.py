@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from ppscope.formats.kineto_columns import spans_frame_of
 from ppscope.formats.kineto_pp import (
     RankActions,
     RankEvents,
@@ -47,9 +49,14 @@ class RankFile:
     """What `read_pipeline` takes of one rank's file."""
 
     events: RankEvents
-    spans: pd.DataFrame
-    """The spans read as they are: GPU work, ranges and steps (with `launch_ns`)."""
+    columns: dict[str, Any]
+    """The spans read as they are, as columns (`Columns.spans`): GPU work, ranges and steps (with `launch_ns`)."""
     gpu: bool
+
+    @cached_property
+    def spans(self) -> pd.DataFrame:
+        """The spans as a frame, made when first asked for: only for a trace that holds a pipeline."""
+        return spans_frame_of(self.columns)
 
 
 @dataclass
