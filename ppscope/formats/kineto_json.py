@@ -179,6 +179,13 @@ class ReadAhead:
             raise CorruptFileError(f"{self.path}: truncated or damaged ({item}); copy the trace again")
         return item
 
+    def finish(self) -> None:
+        """Read on to the end of the file, so that damage past the text decoded (a gzip checksum, which follows
+        its member's last byte, or bytes after it) is said whether or not the thread reached it before the
+        decoder was done."""
+        while self.take(_CHUNK):
+            pass
+
     def close(self) -> None:
         """Stops the thread (it ends within 0.1 s, or after the piece it inflates), once or more."""
         self.stop.set()
@@ -398,6 +405,7 @@ def _batches(
             if s.peek() == ",":
                 s.pos += 1
         s.expect("}")
+        f.finish()
     finally:
         f.close()
     if not seen:
