@@ -7,6 +7,7 @@ import gzip
 import json
 import re
 import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,18 @@ def test_gpu_work_takes_the_step_of_its_last_launch_whatever_other_ids_are(tmp_p
     assert spans.loc["odd", "step"] == (1 if odd is True else 2)
 
 
+@pytest.fixture(params=["isal", "zlib"])
+def inflate(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each gzip check made with ISA-L's inflate and with the standard library's, which is used where isal is
+    not installed: the same contents, the same errors."""
+    if request.param == "zlib":
+        monkeypatch.setattr(kineto_json, "_zlib", zlib)
+    else:
+        assert kineto_json._zlib is not zlib, "isal is a dependency: pip install isal"
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("inflate")
 def test_truncated_and_damaged_gzip_give_one_line_errors(tmp_path: Path) -> None:
     events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1.5}
               for i in range(20_000)]  # fmt: skip
@@ -208,6 +221,7 @@ def test_batches_cut_only_between_events(tmp_path: Path, monkeypatch: pytest.Mon
         assert len(batches) < 400 / 3
 
 
+@pytest.mark.usefixtures("inflate")
 def test_gzip_members_padding_and_damage(tmp_path: Path) -> None:
     """A gzip file of several members (and zeros after one) reads as their contents joined; a wrong checksum
     or a cut member is a one-line error."""
@@ -254,6 +268,7 @@ def test_a_file_is_inflated_after_the_one_before_it(tmp_path: Path) -> None:
         after.close()
 
 
+@pytest.mark.usefixtures("inflate")
 def test_a_small_gzip_file_of_one_member_is_inflated_at_once(tmp_path: Path) -> None:
     """One member and nothing after it: inflated by one call. Zeros or other bytes after it, or another member:
     streamed, which reads the zeros as padding and names the rest as damage."""

@@ -1,9 +1,10 @@
 """Kineto's JSON read fast: `traceEvents` streamed in batches, and times turned into exact nanoseconds.
 
 A rank's trace can hold millions of events. The file is read as bytes, up to 1 MiB at a time, inflated by a
-thread of its own (`ReadAhead`: zlib works without the interpreter's lock, so on a second core); the whole
-events in what was read are decoded by one call of a C decoder (`_Stream.batch`), so Python runs once per
-event only for what the importer keeps, and memory holds about one chunk of events, never the file's list.
+thread of its own (`ReadAhead`: ISA-L's inflate, or zlib's, works without the interpreter's lock, so on a
+second core); the whole events in what was read are decoded by one call of a C decoder (`_Stream.batch`), so
+Python runs once per event only for what the importer keeps, and memory holds about one chunk of events,
+never the file's list.
 The importer's batches (`iter_event_batches`) are decoded by msgspec into `Event`s that hold only the fields
 it reads: the others, most of an event's text (`args` of a kernel has a dozen), are parsed but never built
 into objects. A batch msgspec does not take (a value of another type than an event's, NaN, a lone surrogate)
@@ -23,7 +24,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from decimal import Decimal, DecimalException
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, cast
 
 import msgspec
 import numpy as np
@@ -31,6 +32,12 @@ import numpy.typing as npt
 
 from ppscope.errors import CorruptFileError, UnsupportedInputError
 from ppscope.formats.detect import GZIP_MAGIC
+
+try:  # ISA-L's inflate: zlib's calls and results, three to four times as fast
+    from isal import isal_zlib as _zlib
+except ImportError:  # a platform isal has no wheel for
+    _zlib = zlib  # type: ignore[misc]
+_INFLATE_ERRORS = (OSError, EOFError, zlib.error, cast(type[Exception], _zlib.error))  # isal's stub has an instance
 
 __all__ = [
     *(
@@ -150,7 +157,7 @@ class ReadAhead:
                     if not self._put(piece):
                         return
             self._put(b"")
-        except (OSError, EOFError, zlib.error) as exc:
+        except _INFLATE_ERRORS as exc:
             self._put(_Damaged(str(exc)))
 
     def _put(self, item: bytes | _Damaged) -> bool:
@@ -203,8 +210,8 @@ def _inflated_at_once(raw: IO[bytes]) -> bytes | None:
     data = raw.read(_AT_ONCE + 1)
     size = int.from_bytes(data[-4:], "little")
     if len(data) <= _AT_ONCE and len(data) > 18 and size <= _AT_ONCE_OUT and data.find(_MEMBER, 1) < 0:
-        whole = zlib.decompress(data, wbits=31, bufsize=max(size, 1))
-        if data[-8:] == (zlib.crc32(whole).to_bytes(4, "little") + (len(whole) & 0xFFFFFFFF).to_bytes(4, "little")):
+        whole = _zlib.decompress(data, wbits=31, bufsize=max(size, 1))
+        if data[-8:] == (_zlib.crc32(whole).to_bytes(4, "little") + (len(whole) & 0xFFFFFFFF).to_bytes(4, "little")):
             return whole
     raw.seek(0)
     return None
@@ -225,7 +232,7 @@ def _inflated(raw: IO[bytes], size: int) -> Iterator[bytes]:
     it back every 8 kB read."""
     pending = b""
     while True:
-        unzip = zlib.decompressobj(wbits=31)  # a gzip member: its header and its CRC and length are checked
+        unzip = _zlib.decompressobj(wbits=31)  # a gzip member: its header and its CRC and length are checked
         while not unzip.eof:
             if not pending:
                 pending = raw.read(_READ)
