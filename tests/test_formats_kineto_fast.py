@@ -17,7 +17,7 @@ import pytest
 import ppscope.formats.kineto_json as kineto_json
 from ppscope.errors import CorruptFileError
 from ppscope.formats.kineto import load_kineto
-from ppscope.formats.kineto_json import event_of, iter_event_batches, ns_column, to_ns
+from ppscope.formats.kineto_json import event_of, float_ns, iter_event_batches, ns_column, to_ns
 
 ODD_EVENTS = [
     {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 5, "dur": 1.25,
@@ -37,6 +37,12 @@ def _plain(text: str) -> list[Any]:
     return [e for e in map(event_of, json.loads(text, parse_float=str)["traceEvents"]) if e is not None]
 
 
+def _values(events: list[Any]) -> list[tuple[Any, ...]]:
+    """Each event's fields, its duration as ns: a typed batch holds a float where the plain decode holds text."""
+    ns = [int(ns_column([e.dur], Path("r.json"), "dur", lambda: [None])[0]) for e in events]
+    return [(e.ph, e.cat, e.name, e.pid, e.tid, e.ts, d, e.args) for e, d in zip(events, ns, strict=True)]
+
+
 @pytest.mark.parametrize("chunk", [7, 333, 1 << 20])
 def test_typed_batches_hold_the_values_of_a_plain_decode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
@@ -51,7 +57,7 @@ def test_typed_batches_hold_the_values_of_a_plain_decode(
         path.write_text(text)
         top: dict[str, Any] = {}
         got = [e for batch in iter_event_batches(path, top) for e in batch]
-        assert got == _plain(text) and top == {"schemaVersion": 1}
+        assert _values(got) == _values(_plain(text)) and top == {"schemaVersion": 1}
         assert len(got) == 7 * 40 and got[0].args is not None and got[0].args.correlation == 3
         assert got[1].args is None and got[4].args is not None and got[4].args.correlation is None
 
@@ -72,6 +78,37 @@ def test_float_ts_with_many_digits_stays_exact_to_the_ns(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
+    ("durations", "ns", "parsed"),
+    [
+        (["1.25", "68.0", "3", "999999999.999"], [1250, 68000, 3000, 999999999999], float),
+        (["1.25", "0.0015000000000000000001"], [1250, 2], str),  # a float holds 0.0015: 1.5 ns, a tie
+        (["1.25", "0.0025"], [1250, 2], str),  # 2.5 ns: to even
+        (["1.25", "2.0005", "0.00049999999999999999999"], [1250, 2000, 0], str),
+        (["1.25", "1000000000.5"], [1250, 1000000000500], str),  # 10^12 ns or more: the text
+    ],
+)
+def test_float_durations_are_parsed_in_c_where_their_ns_are_sure(
+    tmp_path: Path, durations: list[str], ns: list[int], parsed: type
+) -> None:
+    """A batch whose durations a float holds to the ns keeps them as floats (no text made in Python); one with a
+    duration whose ns the float might round the other way is read again as text, and rounds half to even."""
+    events = [{"ph": "X", "cat": "user_annotation", "name": f"r{i}", "pid": 1, "tid": 1, "ts": i, "dur": 0}
+              for i in range(len(durations) + 1)]  # fmt: skip
+    text = json.dumps({"traceEvents": events})
+    for d in durations:  # the last event is decoded alone (the stream's last item): a batch before it
+        text = text.replace('"dur": 0}', '"dur": ' + d + "}", 1)
+    path = tmp_path / "rank0.json"
+    path.write_text(text)
+    got = [e for b in iter_event_batches(path, {}) for e in b]
+    assert {type(e.dur) for e in got[:-1] if "." in str(e.dur)} == {parsed}
+    spans = load_kineto([path]).spans.sort_values("name")
+    assert (spans["end_ns"] - spans["start_ns"]).tolist() == [*ns, 0]
+    sure = float_ns([1.5, 2])
+    assert sure is not None and sure.tolist() == [1500, 2000]
+    assert float_ns([0.0005]) is None and float_ns([float("nan")]) is None and float_ns([1e9]) is None
+
+
+@pytest.mark.parametrize(
     "values",
     [
         [1, 2, 1700000000123467],  # ints: numpy's path
@@ -82,6 +119,8 @@ def test_float_ts_with_many_digits_stays_exact_to_the_ns(tmp_path: Path) -> None
         ["1.5", "-9223372036854775.808"],  # int64's least ns, whose absolute value int64 does not hold
         ["1.5", "١٢", "1_0", " 2"],  # text Decimal reads as a number
         [1, "2.5", None, True, [1], {"a": 1}, -3],  # mixed: a value at a time
+        [1.25, 68.0, 3, 0.001],  # floats whose ns are sure: numpy's path
+        [1.25, 2.0005, 0.0025, 1e9, 1e300, -0.5],  # and where they are not: a value at a time
         [2**62, 2**70],  # beyond int64: a value at a time, then out of range
     ],
 )
@@ -215,7 +254,7 @@ def test_batches_cut_only_between_events(tmp_path: Path, monkeypatch: pytest.Mon
     path.write_bytes(gzip.compress(text.encode()))
     top: dict[str, Any] = {}
     batches = list(iter_event_batches(path, top))
-    assert [e for b in batches for e in b] == _plain(text)
+    assert _values([e for b in batches for e in b]) == _values(_plain(text))
     assert top == {"deviceProperties": [{"name": "é" * 5000}]}
     if chunk >= 1000:  # pieces that hold a few events each: a few events a batch, not one
         assert len(batches) < 400 / 3
@@ -229,7 +268,7 @@ def test_gzip_members_padding_and_damage(tmp_path: Path) -> None:
     path = tmp_path / "rank0.json.gz"
     path.write_bytes(gzip.compress(text[:5000]) + bytes(16) + gzip.compress(text[5000:]))
     top: dict[str, Any] = {}
-    assert [e for b in iter_event_batches(path, top) for e in b] == _plain(text.decode())
+    assert _values([e for b in iter_event_batches(path, top) for e in b]) == _values(_plain(text.decode()))
     whole = bytearray(gzip.compress(text))
     whole[-6] ^= 0xFF  # the CRC of the content
     path.write_bytes(bytes(whole))
@@ -274,7 +313,7 @@ def test_a_small_gzip_file_of_one_member_is_inflated_at_once(tmp_path: Path) -> 
     streamed, which reads the zeros as padding and names the rest as damage."""
     text = json.dumps({"schemaVersion": 1, "traceEvents": _nested_events(300)}).encode()
     member = gzip.compress(text)
-    expected = _plain(text.decode())
+    expected = _values(_plain(text.decode()))
     for tail, at_once in ((b"", True), (bytes(16), False), (gzip.compress(b" "), False)):
         path = tmp_path / "rank0.json.gz"
         path.write_bytes(member + tail)
@@ -284,7 +323,7 @@ def test_a_small_gzip_file_of_one_member_is_inflated_at_once(tmp_path: Path) -> 
                 assert got == text
             else:  # streamed, from the start
                 assert got is None and raw.tell() == 0, tail
-        assert [e for b in iter_event_batches(path, {}) for e in b] == expected
+        assert _values([e for b in iter_event_batches(path, {}) for e in b]) == expected
     for damaged in (member + b"x", member[:-30]):  # bytes after the member; a cut member
         path.write_bytes(damaged)
         with pytest.raises(CorruptFileError, match="truncated or damaged"):

@@ -12,7 +12,9 @@ is decoded by the standard library's decoder and its events made the same `Event
 importer the same values.
 Float text is kept as text (`float_hook=str`, `parse_float=str`): `ts` in epoch µs with a fraction has more
 digits than a float holds exactly, and an int or a short decimal becomes ns by integer arithmetic; only other
-values take a Decimal.
+values take a Decimal. Durations are parsed as floats in C where a float is sure to give the text's ns (under
+10^12 ns, within 10^-3 ns of a whole ns: `float_ns`), which Kineto's 3 decimals are; a batch with another is
+decoded again with its text.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ __all__ = [
         "UNSET",
         "Args",
         "Event",
+        "EventText",
         "ReadAhead",
+        "float_ns",
         "group_key",
         "iter_event_batches",
         "iter_trace_events",
@@ -68,7 +72,9 @@ class Args(msgspec.Struct, gc=False):
 
 class Event(msgspec.Struct, gc=False):
     """One event of `traceEvents`, its fields as the importer reads them: missing ones take the defaults, and
-    values keep their JSON types (a float as its text), whatever they are; `args` is None unless an object."""
+    values keep their JSON types (a float as its text), whatever they are; `args` is None unless an object.
+    `dur` is a number, a float where its ns are the text's (`float_ns`); any other value is read by `_events`
+    as an `EventText`'s."""
 
     ph: Any = None
     cat: Any = None
@@ -76,11 +82,18 @@ class Event(msgspec.Struct, gc=False):
     pid: Any = None
     tid: Any = None
     ts: Any = 0
-    dur: Any = 0
+    dur: int | float = 0
     args: Args | None = None
 
 
+class EventText(Event, gc=False):
+    """An `Event` whose `dur` keeps its JSON type, a float as its text."""
+
+    dur: Any = 0
+
+
 _EVENTS = msgspec.json.Decoder(list[Event], float_hook=str)
+_EVENTS_TEXT = msgspec.json.Decoder(list[EventText], float_hook=str)
 
 
 def event_of(item: Any) -> Event | None:
@@ -90,14 +103,22 @@ def event_of(item: Any) -> Event | None:
     a = item.get("args")
     args = Args(a.get("correlation", UNSET), a.get("bytes", 0)) if isinstance(a, dict) else None
     get = item.get
-    return Event(get("ph"), get("cat"), get("name", ""), get("pid"), get("tid"), get("ts", 0), get("dur", 0), args)
+    return EventText(get("ph"), get("cat"), get("name", ""), get("pid"), get("tid"), get("ts", 0), get("dur", 0), args)
 
 
 def _events(text: bytes) -> list[Event]:
-    """The events of an array's text: msgspec's typed decode, or the plain one's where msgspec refuses it (a
-    JSONDecodeError where the text is no JSON at all)."""
+    """The events of an array's text: msgspec's typed decode, durations as numbers (a float is parsed in C, not
+    handed to Python as text); their text where a float does not hold their ns (`float_ns`), or where one is
+    no number; the plain decoder's where msgspec refuses the text (a JSONDecodeError where it is no JSON)."""
     try:
-        return _EVENTS.decode(text)
+        events = _EVENTS.decode(text)
+        if float_ns([e.dur for e in events]) is not None:
+            return events
+        return cast(list[Event], _EVENTS_TEXT.decode(text))
+    except msgspec.DecodeError:
+        pass
+    try:
+        return cast(list[Event], _EVENTS_TEXT.decode(text))
     except msgspec.DecodeError:
         return [e for e in map(event_of, _DECODER.decode(_text(text))) if e is not None]
 
@@ -468,13 +489,18 @@ def ns_column(
     """`to_ns` of each value, as one int64 array: a column of ints in range at numpy's speed, other columns a
     value at a time (float text looked up in `memo` first, where given: durations repeat). `names` gives the
     events' names, asked for only when a value is out of range, to say which."""
-    if set(map(type, values)) == {int}:
+    kinds = set(map(type, values))
+    if kinds == {int}:
         try:
             us = np.array(values, dtype=np.int64)
         except OverflowError:  # beyond int64: out of range, said below
             us = None
         if us is not None and bool((us > -_US_FAST).all() and (us < _US_FAST).all()):
             return us * 1000
+    elif kinds <= {int, float}:
+        ns = float_ns(values)
+        if ns is not None:
+            return ns
     try:
         if memo is None or set(map(type, values)) != {str}:
             return np.fromiter((to_ns(v, path, what) for v in values), np.int64, len(values))
@@ -490,5 +516,22 @@ def ns_column(
         raise
 
 
+def float_ns(values: list[Any]) -> npt.NDArray[np.int64] | None:
+    """µs given as ints and floats in ns, each the ns of the decimal text it was read from, whatever digits
+    the float lost; None where that is not sure. Sure below 10^12 ns for a value within 10^-3 ns of a whole
+    one: a float's error there is under 2.5 * 10^-4 ns, so the text lies within half a ns of that whole ns too
+    and rounds to it (`to_ns`). Values further from a whole ns (more than 3 decimals) or larger need the text."""
+    try:
+        ns = np.array(values, dtype=np.float64) * 1000
+    except (OverflowError, TypeError, ValueError):
+        return None
+    whole = np.rint(ns)
+    if not bool((np.abs(ns) < _FLOAT_LIMIT).all() and (np.abs(ns - whole) < _FLOAT_SLACK).all()):
+        return None  # NaN fails both
+    return whole.astype(np.int64)
+
+
+_FLOAT_LIMIT = 1e12
+_FLOAT_SLACK = 1e-3
 _MEMO_SIZE = 1 << 16
 """Distinct durations remembered per file, at most (a few MB)."""
