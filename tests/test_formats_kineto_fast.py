@@ -289,22 +289,26 @@ def test_a_reader_stopped_early_leaves_no_thread(tmp_path: Path) -> None:
     assert not [t for t in threading.enumerate() if t.name == "kineto-read"]
 
 
-def test_a_file_is_inflated_after_the_one_before_it(tmp_path: Path) -> None:
-    """The next file's reader waits for the reader of the file decoded first: the two would share one core."""
-    first, second = tmp_path / "rank0.json", tmp_path / "rank1.json"
+def test_a_streamed_file_is_inflated_after_the_one_before_it(tmp_path: Path) -> None:
+    """The next file's reader waits for the reader of the file decoded first before a streamed inflate, where
+    the two would share one core; a small file inflated at once does not wait."""
+    first = tmp_path / "rank0.json"
     first.write_bytes(b" " * (24 * kineto_json._READ))  # more pieces than wait ahead: its thread stays busy
-    second.write_bytes(b"{}")
-    before = kineto_json.ReadAhead(first)
-    after = kineto_json.ReadAhead(second, after=before)
-    try:
-        after.thread.join(timeout=0.3)
-        assert before.thread.is_alive() and after.pieces.empty()  # held back while the first is read
-        while before.take(1 << 30):
-            pass
-        assert after.take(1 << 30) == b"{}"
-    finally:
-        before.close()
-        after.close()
+    streamed, small = tmp_path / "rank1.json.gz", tmp_path / "rank2.json.gz"
+    streamed.write_bytes(gzip.compress(b"{") + gzip.compress(b"}"))  # two members: streamed
+    small.write_bytes(gzip.compress(b"{}"))
+    for second, waits in ((streamed, True), (small, False)):
+        before = kineto_json.ReadAhead(first)
+        after = kineto_json.ReadAhead(second, after=before)
+        try:
+            after.thread.join(timeout=0.3)
+            assert before.thread.is_alive() and after.pieces.empty() == waits  # held back while the first is read
+            while before.take(1 << 30):
+                pass
+            assert after.take(1 << 30) == b"{}"
+        finally:
+            before.close()
+            after.close()
 
 
 @pytest.mark.usefixtures("inflate")

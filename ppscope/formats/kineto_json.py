@@ -147,11 +147,13 @@ _AHEAD = 8
 
 
 class ReadAhead:
-    """A file's bytes (gunzipped) in pieces read by a thread of its own: zlib lets go of the interpreter's lock
-    while it inflates, so a gzip file is inflated on one core while its events are decoded on another. At most
-    `_AHEAD` pieces wait; `close` stops the thread. `after`: the reader of the file decoded before this one,
-    which this one's thread waits for, so that the two do not share one core while the file before is needed
-    first."""
+    """A file's bytes (gunzipped) in pieces read by a thread of its own: the inflate lets go of the interpreter's
+    lock, so a gzip file is inflated on one core while its events are decoded on another. At most `_AHEAD`
+    pieces wait; `close` stops the thread. `after`: the reader of the file decoded before this one, which this
+    one's thread waits for before a streamed inflate, so that the two do not share one core while the file
+    before is needed first. A small file inflated at once does not wait: it takes a few ms, at once while the
+    decoder waits for the first file, where waiting would leave it to start while the decoder holds the
+    interpreter's lock, each of its calls then waiting for the lock (up to 5 ms each)."""
 
     def __init__(self, path: Path, after: ReadAhead | None = None) -> None:
         self.path = path
@@ -163,8 +165,6 @@ class ReadAhead:
         self.thread.start()
 
     def _read(self, size: int, after: ReadAhead | None) -> None:
-        if after is not None:
-            after.thread.join()
         try:
             with open(self.path, "rb") as raw:
                 gz = raw.read(2) == GZIP_MAGIC
@@ -173,6 +173,8 @@ class ReadAhead:
                 if whole is not None:
                     pieces: Iterator[bytes] = (whole[i : i + size] for i in range(0, len(whole), size))
                 else:
+                    if after is not None:
+                        after.thread.join()
                     pieces = _inflated(raw, size) if gz else iter(lambda: raw.read(size), b"")
                 for piece in pieces:
                     if not self._put(piece):
