@@ -17,7 +17,8 @@ import pytest
 import ppscope.formats.kineto_json as kineto_json
 from ppscope.errors import CorruptFileError
 from ppscope.formats.kineto import load_kineto
-from ppscope.formats.kineto_json import event_of, float_ns, iter_event_batches, ns_column, to_ns
+from ppscope.formats.kineto_json import event_of, iter_event_batches
+from ppscope.formats.kineto_times import float_ns, ns_column, to_ns
 
 ODD_EVENTS = [
     {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 5, "dur": 1.25,

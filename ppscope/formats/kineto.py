@@ -27,10 +27,11 @@ from ppscope.errors import CorruptFileError, UnsupportedInputError
 from ppscope.formats.kineto_columns import Columns, spans_frame_of
 from ppscope.formats.kineto_groups import group_placement
 from ppscope.formats.kineto_jobs import CLOCK_NOTE, JobFacts, one_job, refuse_empty
-from ppscope.formats.kineto_json import NS_LIMIT, ReadAhead, iter_event_batches
+from ppscope.formats.kineto_json import ReadAhead, iter_event_batches
 from ppscope.formats.kineto_json import iter_trace_events as iter_trace_events
 from ppscope.formats.kineto_pipeline import RankFile, cpu_compute, read_pipeline
 from ppscope.formats.kineto_pp import RankEvents, top_level
+from ppscope.formats.kineto_times import NS_LIMIT
 from ppscope.formats.ordering import order_stages
 from ppscope.pool import ordered, processes
 from ppscope.trace.model import SPAN_COLUMNS, ClockInfo, RankInfo, RunMeta, Trace, spans_frame

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.formats.kineto_json import UNSET, Event, group_key, ns_column
+from ppscope.formats.kineto_json import UNSET, Event, group_key
+from ppscope.formats.kineto_times import ns_column
 from ppscope.trace.model import SpanKind
 
 __all__ = ["P2P", "Columns", "spans_frame_of"]

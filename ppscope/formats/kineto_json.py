@@ -1,4 +1,4 @@
-"""Kineto's JSON read fast: `traceEvents` streamed in batches, and times turned into exact nanoseconds.
+"""Kineto's JSON read fast: `traceEvents` streamed in batches of a few fields per event.
 
 A rank's trace can hold millions of events. The file is read as bytes, up to 1 MiB at a time, inflated by a
 thread of its own (`ReadAhead`: ISA-L's inflate, or zlib's, works without the interpreter's lock, so on a
@@ -10,11 +10,9 @@ it reads: the others, most of an event's text (`args` of a kernel has a dozen), 
 into objects. A batch msgspec does not take (a value of another type than an event's, NaN, a lone surrogate)
 is decoded by the standard library's decoder and its events made the same `Event`s, so both give the
 importer the same values.
-Float text is kept as text (`float_hook=str`, `parse_float=str`): `ts` in epoch µs with a fraction has more
-digits than a float holds exactly, and an int or a short decimal becomes ns by integer arithmetic; only other
-values take a Decimal. Durations are parsed as floats in C where a float is sure to give the text's ns (under
-10^12 ns, within 10^-3 ns of a whole ns: `float_ns`), which Kineto's 3 decimals are; a batch with another is
-decoded again with its text.
+Float text is kept as text (`float_hook=str`, `parse_float=str`), so that times become exact ns
+(`kineto_times`); durations are parsed as floats in C where a float is sure to give the text's ns
+(`kineto_times.float_ns`), which Kineto's 3 decimals are; a batch with another is decoded again with its text.
 """
 
 from __future__ import annotations
@@ -24,16 +22,14 @@ import queue
 import threading
 import zlib
 from collections.abc import Callable, Iterator
-from decimal import Decimal, DecimalException
 from pathlib import Path
 from typing import IO, Any, TypeVar, cast
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
 
 from ppscope.errors import CorruptFileError, UnsupportedInputError
 from ppscope.formats.detect import GZIP_MAGIC
+from ppscope.formats.kineto_times import float_ns
 
 try:  # ISA-L's inflate: zlib's calls and results, three to four times as fast
     from isal import isal_zlib as _zlib
@@ -41,22 +37,7 @@ except ImportError:  # a platform isal has no wheel for
     _zlib = zlib  # type: ignore[misc]
 _INFLATE_ERRORS = (OSError, EOFError, zlib.error, cast(type[Exception], _zlib.error))  # isal's stub has an instance
 
-__all__ = [
-    *(
-        "NS_LIMIT",
-        "UNSET",
-        "Args",
-        "Event",
-        "EventText",
-        "ReadAhead",
-        "float_ns",
-        "group_key",
-        "iter_event_batches",
-        "iter_trace_events",
-        "ns_column",
-    ),
-    "to_ns",
-]
+__all__ = ["UNSET", "Args", "Event", "EventText", "ReadAhead", "group_key", "iter_event_batches", "iter_trace_events"]
 
 _CHUNK = 1 << 20
 _DECODER = json.JSONDecoder(parse_float=str)  # keep float text: `ts` in epoch µs needs exact ns
@@ -442,98 +423,6 @@ def _batches(
         raise UnsupportedInputError(f"{path} is JSON but not a Kineto trace: it has no traceEvents list")
 
 
-NS_LIMIT = 1 << 62
-"""Times beyond ±2^62 ns (146 years) are damage, not data; below it a base plus a time still fits int64."""
-_US_LIMIT = Decimal(NS_LIMIT) / 1000
-
-
-def to_ns(value: Any, path: Path, what: str, name: str | None = None) -> int:
-    """µs (int, or float text kept exact) to ns; a value that is not a number reads as 0. `what` (and the
-    event's `name`, when given) say which value is out of range, only built into words when one is."""
-    kind = type(value)
-    if kind is int and -_US_FAST < value < _US_FAST:
-        return int(value) * 1000
-    if kind is str and value.isascii():  # float text with up to 3 decimals: `68.0`, `1682725898236567.125`
-        whole, dot, frac = value.partition(".")
-        if dot and 0 < len(frac) <= 3 and frac.isdigit() and whole.isdigit() and len(whole) <= 16:
-            us = int(whole)
-            if us < _US_FAST:
-                return us * 1000 + int(frac.ljust(3, "0"))
-    return _ns_exact(value, path, what if name is None else f"event {name[:40]!r}: {what}")
-
-
-_US_FAST = NS_LIMIT // 1000
-"""Below this many µs a time is in range (see `_ns_exact`): an int, or a decimal of up to 3 places, needs no
-Decimal to become ns exactly."""
-
-
-def _ns_exact(value: Any, path: Path, what: str) -> int:
-    """`_ns` for any value: exponents, more than 3 decimals (rounded half to even), signs, damage."""
-    try:
-        us = Decimal(value) if isinstance(value, int) else Decimal(str(value))
-    except DecimalException:  # not a number
-        return 0
-    if not us.is_finite():
-        return 0
-    if us.copy_abs() >= _US_LIMIT:  # compared first: 1e999999999 must not become a billion-digit int
-        raise CorruptFileError(f"{path}: {what} {value!r} µs is out of range; the trace is damaged")
-    return int((us * 1000).to_integral_value())
-
-
 def group_key(value: Any) -> Any:
     """A pid or tid as a value that groups: a list or object where a number belongs reads as its text."""
     return value if value is None or isinstance(value, (int, float, str)) else json.dumps(value)
-
-
-def ns_column(
-    values: list[Any], path: Path, what: str, names: Callable[[], list[Any]], memo: dict[str, int] | None = None
-) -> npt.NDArray[np.int64]:
-    """`to_ns` of each value, as one int64 array: a column of ints in range at numpy's speed, other columns a
-    value at a time (float text looked up in `memo` first, where given: durations repeat). `names` gives the
-    events' names, asked for only when a value is out of range, to say which."""
-    kinds = set(map(type, values))
-    if kinds == {int}:
-        try:
-            us = np.array(values, dtype=np.int64)
-        except OverflowError:  # beyond int64: out of range, said below
-            us = None
-        if us is not None and bool((us > -_US_FAST).all() and (us < _US_FAST).all()):
-            return us * 1000
-    elif kinds <= {int, float}:
-        ns = float_ns(values)
-        if ns is not None:
-            return ns
-    try:
-        if memo is None or set(map(type, values)) != {str}:
-            return np.fromiter((to_ns(v, path, what) for v in values), np.int64, len(values))
-        for text in set(values).difference(memo):  # each distinct text new to this file, once
-            memo[text] = to_ns(text, path, what)
-        ns = np.array(list(map(memo.__getitem__, values)), np.int64)
-        if len(memo) > _MEMO_SIZE:  # a file of ever new durations: start again rather than grow
-            memo.clear()
-        return ns
-    except CorruptFileError:
-        for value, name in zip(values, names(), strict=True):  # again, to name the first event out of range
-            to_ns(value, path, what, name)
-        raise
-
-
-def float_ns(values: list[Any]) -> npt.NDArray[np.int64] | None:
-    """µs given as ints and floats in ns, each the ns of the decimal text it was read from, whatever digits
-    the float lost; None where that is not sure. Sure below 10^12 ns for a value within 10^-3 ns of a whole
-    one: a float's error there is under 2.5 * 10^-4 ns, so the text lies within half a ns of that whole ns too
-    and rounds to it (`to_ns`). Values further from a whole ns (more than 3 decimals) or larger need the text."""
-    try:
-        ns = np.array(values, dtype=np.float64) * 1000
-    except (OverflowError, TypeError, ValueError):
-        return None
-    whole = np.rint(ns)
-    if not bool((np.abs(ns) < _FLOAT_LIMIT).all() and (np.abs(ns - whole) < _FLOAT_SLACK).all()):
-        return None  # NaN fails both
-    return whole.astype(np.int64)
-
-
-_FLOAT_LIMIT = 1e12
-_FLOAT_SLACK = 1e-3
-_MEMO_SIZE = 1 << 16
-"""Distinct durations remembered per file, at most (a few MB)."""
