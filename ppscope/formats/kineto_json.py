@@ -95,7 +95,6 @@ def _events(text: bytes) -> list[Event]:
         events = _EVENTS.decode(text)
         if float_ns([e.dur for e in events]) is not None:
             return events
-        return cast(list[Event], _EVENTS_TEXT.decode(text))
     except msgspec.DecodeError:
         pass
     try:
@@ -131,7 +130,7 @@ class ReadAhead:
     """A file's bytes (gunzipped) in pieces read by a thread of its own: the inflate lets go of the interpreter's
     lock, so a gzip file is inflated on one core while its events are decoded on another. At most `_AHEAD`
     pieces wait; `close` stops the thread. `after`: the reader of the file decoded before this one, which this
-    one's thread waits for before a streamed inflate, so that the two do not share one core while the file
+    one's thread waits for before it streams its file, so that the two do not share one core while the file
     before is needed first. A small file inflated at once does not wait: it takes a few ms, at once while the
     decoder waits for the first file, where waiting would leave it to start while the decoder holds the
     interpreter's lock, each of its calls then waiting for the lock (up to 5 ms each)."""

@@ -78,7 +78,7 @@ def ns_column(
         if ns is not None:
             return ns
     try:
-        if memo is None or set(map(type, values)) != {str}:
+        if memo is None or kinds != {str}:
             return np.fromiter((to_ns(v, path, what) for v in values), np.int64, len(values))
         for text in set(values).difference(memo):  # each distinct text new to this file, once
             memo[text] = to_ns(text, path, what)
@@ -90,6 +90,10 @@ def ns_column(
         for value, name in zip(values, names(), strict=True):  # again, to name the first event out of range
             to_ns(value, path, what, name)
         raise
+
+
+_MEMO_SIZE = 1 << 16
+"""Distinct durations remembered per file, at most (a few MB)."""
 
 
 def float_ns(values: list[Any]) -> npt.NDArray[np.int64] | None:
@@ -108,6 +112,6 @@ def float_ns(values: list[Any]) -> npt.NDArray[np.int64] | None:
 
 
 _FLOAT_LIMIT = 1e12
+"""ns below which a float's error is under 2.5 * 10^-4 ns (`float_ns`)."""
 _FLOAT_SLACK = 1e-3
-_MEMO_SIZE = 1 << 16
-"""Distinct durations remembered per file, at most (a few MB)."""
+"""How near a whole ns a float's ns must be for its text's to round to it (`float_ns`)."""
