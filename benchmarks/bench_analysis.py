@@ -142,8 +142,11 @@ def kineto_events(events: int, seed: int = 0) -> bytes:
             f'"args": {{"External id": {4 * i + 1}, "correlation": {i}, {kernel_args}}}}}',
         ]
     step = (ts[-1] - ts[0]) // 10 + 1
-    out += [f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{k}", "pid": 4037, "tid": 4037, '
-            f'"ts": {ts[0] + k * step - 1}, "dur": {step - 1}.0}}' for k in range(10)]  # fmt: skip
+    out += [
+        f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{k}", "pid": 4037, "tid": 4037, '
+        f'"ts": {ts[0] + k * step - 1}, "dur": {step - 1}.0}}'
+        for k in range(10)
+    ]
     out.append('{"ph": "M", "name": "process_name", "pid": 4037, "tid": 0, "ts": 0, "args": {"name": "python"}}')
     return (", ".join(out) + "]}").encode()
 
@@ -176,8 +179,11 @@ def _sides(folder: Path, rounds: int, processes: int) -> tuple[dict[str, Any], d
 
     def best(sides: list[dict[str, Any]]) -> dict[str, Any]:
         top = min(sides, key=lambda side: side["seconds"])
-        return {**top, "rss_mb": max(x["rss_mb"] for x in sides),
-                "worker_rss_mb": max(x["worker_rss_mb"] for x in sides)}  # fmt: skip
+        return {
+            **top,
+            "rss_mb": max(x["rss_mb"] for x in sides),
+            "worker_rss_mb": max(x["worker_rss_mb"] for x in sides),
+        }
 
     return best(runs["hta"]), best(runs["ppscope"])
 

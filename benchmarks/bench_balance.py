@@ -21,9 +21,9 @@ def _best_ms(fn: Callable[[], object]) -> float:
 
 
 def main() -> list[str]:
+    from ppscope.balance.advise.problem import BalanceProblem, MemoryModel
+    from ppscope.balance.advise.rebalance import balance, evaluate
     from ppscope.balance.costs import LayerCosts, StageCosts
-    from ppscope.balance.problem import BalanceProblem, MemoryModel
-    from ppscope.balance.rebalance import balance, evaluate
     from ppscope.balance.split import vllm_default_split
 
     rng = random.Random(0)

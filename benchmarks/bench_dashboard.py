@@ -60,9 +60,13 @@ def _write_run(path: Path, spans: pd.DataFrame, status: str) -> None:
     from ppscope.trace.store import RankWriter, create_run
 
     meta = RunMeta(  # an engine run's, as the dashboard sees one being written
-        source="ppscope", status=status, world_size=P, pp_size=P, schedule="serve",
+        source="ppscope",
+        status=status,
+        world_size=P,
+        pp_size=P,
+        schedule="serve",
         ranks=[RankInfo(rank=r, stage=r) for r in range(P)],
-    )  # fmt: skip
+    )
     create_run(path, meta)
     for rank in range(P):
         writer = RankWriter(path, rank)

@@ -70,8 +70,15 @@ def efficiency_gpipe(tmp: Path, tries: int = 3) -> list[str]:
     p, m, steps = 4, 8, 6
     engine, bare, stage_ms = [], [], []
     for i in range(tries):  # the machine is shared, the ideal is not: best and median of N
-        run_dir = _run(tmp / f"eff-gpipe-{i}", schedule="gpipe", microbatches=m, requests=m, prompt_len=4,
-                       max_new_tokens=steps, **_synthetic(p))  # fmt: skip
+        run_dir = _run(
+            tmp / f"eff-gpipe-{i}",
+            schedule="gpipe",
+            microbatches=m,
+            requests=m,
+            prompt_len=4,
+            max_new_tokens=steps,
+            **_synthetic(p),
+        )
         spans = load_run(run_dir).spans
         comp = _compute(spans)
         window_s = (comp["end_ns"].max() - comp["start_ns"].min()) / 1e9
@@ -96,8 +103,15 @@ def efficiency_serve(tmp: Path, tries: int = 3) -> list[str]:
     p, passes = 4, 160
     engine, gloo, pipe = [], [], []
     for i in range(tries):
-        run_dir = _run(tmp / f"eff-serve-{i}", schedule="serve", max_inflight=p, requests=p, prompt_len=4,
-                       max_new_tokens=passes // p, **_synthetic(p))  # fmt: skip
+        run_dir = _run(
+            tmp / f"eff-serve-{i}",
+            schedule="serve",
+            max_inflight=p,
+            requests=p,
+            prompt_len=4,
+            max_new_tokens=passes // p,
+            **_synthetic(p),
+        )
         spans = load_run(run_dir).spans
         engine.append(
             steady_ratio(spans[(spans["kind"] == SpanKind.FORWARD) & (spans["rank"] == 0)]["start_ns"], STAGE_MS)
@@ -121,8 +135,9 @@ def _tokens_per_s(run_dir: Path) -> float:
 
 def overhead(tmp: Path, pairs: int = 6) -> str:
     def once(name: str, record: bool) -> float:
-        run_dir = _run(tmp / name, stages=2, schedule="serve", requests=8, prompt_len=16, max_new_tokens=48,
-                       record=record)  # fmt: skip
+        run_dir = _run(
+            tmp / name, stages=2, schedule="serve", requests=8, prompt_len=16, max_new_tokens=48, record=record
+        )
         return _tokens_per_s(run_dir)
 
     once("ovh-warmup", True)  # the first run pays for cold caches; keep it out of both sides
@@ -146,8 +161,15 @@ def overhead_alternating(tmp: Path, window_ms: float = 1000.0, guard_ms: float =
     between its first and last token, its first `guard_ms` dropped: the pause wakes the flush thread, which writes
     an "on" window's last spans early in the next window, and work in flight there began under the other setting.
     Each window is compared with the mean of its two neighbours, which cancels drift slower than a window."""
-    run_dir = _run(tmp / "ovh-alt", stages=stages, schedule="serve", requests=48, prompt_len=4, max_new_tokens=200,
-                   record_alternate_ms=window_ms)  # fmt: skip
+    run_dir = _run(
+        tmp / "ovh-alt",
+        stages=stages,
+        schedule="serve",
+        requests=48,
+        prompt_len=4,
+        max_new_tokens=200,
+        record_alternate_ms=window_ms,
+    )
     ratio, low, high, windows, tokens = _alternating_ratio(run_dir, window_ms, guard_ms)
     return (
         f"recording overhead within one run (tiny model, serve P={stages}, recording paused in every other "
@@ -165,8 +187,16 @@ def layer_spans_overhead(tmp: Path, window_ms: float = 1000.0, guard_ms: float =
 
     lines = []
     for every in (LAYER_SPANS_EVERY, 1):
-        run_dir = _run(tmp / f"ovh-layers-{every}", stages=stages, schedule="serve", requests=16, prompt_len=4,
-                       max_new_tokens=200, layer_spans=every, layer_spans_alternate_ms=window_ms)  # fmt: skip
+        run_dir = _run(
+            tmp / f"ovh-layers-{every}",
+            stages=stages,
+            schedule="serve",
+            requests=16,
+            prompt_len=4,
+            max_new_tokens=200,
+            layer_spans=every,
+            layer_spans_alternate_ms=window_ms,
+        )
         ratio, low, high, windows, tokens = _alternating_ratio(run_dir, window_ms, guard_ms)
         spans = load_run(run_dir).spans
         comp = _compute(spans)
@@ -256,8 +286,9 @@ def bubbles(tmp: Path, tries: int = 3) -> list[str]:
             f"analyzer {_analyzer_bubble(trace):.3f}; median of {tries} runs)"
         )
     for m in (4, 8):
-        meas, trace = median_run(f"bub-i{m}", schedule="interleaved", chunks=2, microbatches=m, requests=m,
-                                 **_synthetic(p, chunks=2))  # fmt: skip
+        meas, trace = median_run(
+            f"bub-i{m}", schedule="interleaved", chunks=2, microbatches=m, requests=m, **_synthetic(p, chunks=2)
+        )
         theory = interleaved_bubble(p, m, 2)
         lines.append(
             f"bubble interleaved P={p} V=2 M={m}: measured {meas:.3f} vs analytic {theory:.3f} "

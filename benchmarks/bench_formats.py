@@ -32,8 +32,8 @@ def _timed(fn: Callable[[], object]) -> tuple[float, object]:
 def generate(path: Path, rows: int = ROWS, processes: int = PROCESSES, seed: int = 0) -> None:
     """An nsys-shaped file: `rows` kernels (5% NCCL) over `processes` processes/GPUs, one launch per kernel
     in RUNTIME, one NVTX range per 20 kernels, 200 distinct kernel names."""
-    from ppscope.formats.nsys_export import global_tid
-    from ppscope.formats.nsys_schema import create_tables_sql
+    from ppscope.formats.nsys.schema import create_tables_sql
+    from ppscope.formats.nsys.writer import global_tid
 
     rng = np.random.default_rng(seed)
     db = sqlite3.connect(path)
@@ -124,8 +124,18 @@ def generate_kineto(path: Path, events: int = KINETO_EVENTS, seed: int = 0) -> N
         )
         out.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t, "dur": 2})
     step = ts[-1] // 10 + 1
-    out += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "pid": 1, "tid": 1, "ts": k * step,
-             "dur": step - 1} for k in range(10)]  # fmt: skip
+    out += [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": f"ProfilerStep#{k}",
+            "pid": 1,
+            "tid": 1,
+            "ts": k * step,
+            "dur": step - 1,
+        }
+        for k in range(10)
+    ]
     doc = {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": out}
     path.write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
 
@@ -140,7 +150,7 @@ def _json_load(path: Path) -> int:
 
 def _nsys_rounds(path: Path) -> tuple[list[float], list[float], int, object]:
     """ROUNDS pairs of (bare SELECT, import), alternating so that both see the same load on the machine."""
-    from ppscope.formats.nsys_import import load_nsys
+    from ppscope.formats.nsys.reader import load_nsys
 
     refs, loads, n_rows, trace = [], [], 0, None
     for _ in range(ROUNDS):
@@ -152,9 +162,9 @@ def _nsys_rounds(path: Path) -> tuple[list[float], list[float], int, object]:
 
 
 def main() -> list[str]:
-    from ppscope.formats.chrome import export_chrome
-    from ppscope.formats.nsys_export import export_nsys
-    from ppscope.formats.nsys_import import load_nsys
+    from ppscope.formats.chrome.writer import export_chrome
+    from ppscope.formats.nsys.reader import load_nsys
+    from ppscope.formats.nsys.writer import export_nsys
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "big.sqlite"
@@ -174,7 +184,7 @@ def main() -> list[str]:
         kin = Path(tmp) / "rank0.json.gz"
         generate_kineto(kin)
         kref_s, _ = _timed(lambda: _json_load(kin))
-        from ppscope.formats.kineto import load_kineto
+        from ppscope.formats.kineto.reader import load_kineto
 
         kin_s, ktrace = _timed(lambda: load_kineto([kin]))
     verdict = "meets" if load_s <= TARGET_S and ratio <= TARGET_RATIO else "MISSES"

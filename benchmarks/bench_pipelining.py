@@ -22,8 +22,17 @@ SCHEDULES = ("1f1b", "interleaved-1f1b")
 
 
 def _job(schedule: str, scratch: Path) -> dict[str, object]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "benchmarks" / "pipelining_worker.py"), str(scratch), schedule]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "benchmarks" / "pipelining_worker.py"),
+        str(scratch),
+        schedule,
+    ]
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=True)
     line = next(s for s in done.stdout.splitlines() if s.startswith("{"))

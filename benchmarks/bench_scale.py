@@ -63,7 +63,7 @@ elif step == "whole":
     extra = {"bubble": res.bubble_ratio}
 elif step.startswith("rebalance"):
     import contextlib, hashlib, io
-    from ppscope.balance import timings
+    from ppscope.balance.measured import timings
     from ppscope.cli.main import main
     from ppscope.trace.store import load_run
     if step == "rebalance-whole":  # as before: the whole run in memory, then its timings
@@ -188,9 +188,11 @@ def _usage_and_requests(run_dir: Path, ranks: int, length_ns: int) -> None:
         rows = [
             (t * length_ns // GPU_SAMPLES, r, r % 8, str(metric), value)
             for t in range(GPU_SAMPLES)
-            for metric, value in ((Metric.GPU_UTIL_PCT, float(50 + (r * 7 + t) % 50)),
-                                  (Metric.GPU_MEM_USED_BYTES, float(2**30 + r * 2**20 + t)))
-        ]  # fmt: skip
+            for metric, value in (
+                (Metric.GPU_UTIL_PCT, float(50 + (r * 7 + t) % 50)),
+                (Metric.GPU_MEM_USED_BYTES, float(2**30 + r * 2**20 + t)),
+            )
+        ]
         db = sqlite3.connect(rank_file(run_dir, r))
         with db:
             db.executemany("INSERT INTO counters (ts_ns, rank, device, metric, value) VALUES (?, ?, ?, ?, ?)", rows)
@@ -198,9 +200,19 @@ def _usage_and_requests(run_dir: Path, ranks: int, length_ns: int) -> None:
     with open(run_dir / REQUESTS_FILE, "w") as f:
         for i in range(REQUESTS):
             arrival = i * length_ns // REQUESTS
-            f.write(json.dumps({"id": i, "prompt_len": 16, "output_len": 8 + i % 9, "arrival_ns": arrival,
-                                "first_token_ns": arrival + 5_000_000 + i % 997 * 1_000,
-                                "finish_ns": arrival + 20_000_000 + i % 991 * 3_000}) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {
+                        "id": i,
+                        "prompt_len": 16,
+                        "output_len": 8 + i % 9,
+                        "arrival_ns": arrival,
+                        "first_token_ns": arrival + 5_000_000 + i % 997 * 1_000,
+                        "finish_ns": arrival + 20_000_000 + i % 991 * 3_000,
+                    }
+                )
+                + "\n"
+            )
 
 
 def dashboard_step(run_dir: Path, *, whole: bool) -> dict[str, float]:
@@ -361,12 +373,15 @@ def main() -> list[str]:
             f"{r['s'] / ref['s']:.2f}x the SELECT, {r['s'] / big['2']['s']:.2f}x --workers 2 (the driver's peak "
             f"{r['peak_mb']:,.0f} MB; Ray's workers are not its children)"
         )
-    for step, what in (("rebalance", "rebalance (rank by rank)"), ("rebalance:2", "rebalance --workers 2"),
-                       ("rebalance-whole", "rebalance (the whole run loaded)"),
-                       ("export", "export nsys-sqlite (rank by rank)"),
-                       ("export-whole", "export nsys-sqlite (the whole run loaded)"),
-                       ("export-chrome", "export chrome (rank by rank)"),
-                       ("export-chrome-whole", "export chrome (the whole run loaded)")):  # fmt: skip
+    for step, what in (
+        ("rebalance", "rebalance (rank by rank)"),
+        ("rebalance:2", "rebalance --workers 2"),
+        ("rebalance-whole", "rebalance (the whole run loaded)"),
+        ("export", "export nsys-sqlite (rank by rank)"),
+        ("export-whole", "export nsys-sqlite (the whole run loaded)"),
+        ("export-chrome", "export chrome (rank by rank)"),
+        ("export-chrome-whole", "export chrome (the whole run loaded)"),
+    ):
         if step in big:
             r = big[step]
             lines.append(

@@ -70,8 +70,12 @@ def demo_runs(tmp: Path, runs: int = DEMO_RUNS, busy: int = BUSY_RUN) -> list[st
     for i in range(runs):
         spinner = _busy_loop() if i == busy else None
         try:
-            done = subprocess.run([sys.executable, "-m", "ppscope", "demo", "--no-dashboard", "--json", "--out",
-                                   str(tmp / f"demo-{i}")], capture_output=True, text=True, timeout=1200)  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, "-m", "ppscope", "demo", "--no-dashboard", "--json", "--out", str(tmp / f"demo-{i}")],
+                capture_output=True,
+                text=True,
+                timeout=1200,
+            )
         finally:
             if spinner is not None:
                 spinner.kill()
@@ -118,8 +122,8 @@ def _busy_loop() -> subprocess.Popen[bytes]:
 
 def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> list[str]:
     """Each stage's predicted decode-step compute ÷ its measured median, for a cold and a warm profile."""
-    from ppscope.balance.problem import BalanceProblem
-    from ppscope.balance.rebalance import evaluate
+    from ppscope.balance.advise.problem import BalanceProblem
+    from ppscope.balance.advise.rebalance import evaluate
     from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
     from ppscope.engine.launch import run
     from ppscope.engine.profiler import profile_layers
@@ -174,10 +178,12 @@ def replay_vs_run(tmp: Path) -> str:
 
 def _stage_step_ms(trace: Any) -> list[float]:
     """Per stage, its compute per decode pass: embedding, forward, head and sampling (`observe_stages`)."""
-    from ppscope.balance.costs import observe_stages
+    from ppscope.balance.measured.fit import observe_stages
 
-    return [o.forward_ms + (o.embed_ms or 0) + (o.head_ms or 0) + (o.sample_ms or 0)
-            for o in observe_stages(trace, phase="decode")]  # fmt: skip
+    return [
+        o.forward_ms + (o.embed_ms or 0) + (o.head_ms or 0) + (o.sample_ms or 0)
+        for o in observe_stages(trace, phase="decode")
+    ]
 
 
 if __name__ == "__main__":

@@ -42,8 +42,19 @@ LAYERS = 4
 
 def tests() -> list[str]:
     # not the test that runs this check: it would run these tests again, and itself, without end
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-k", "not gpu_check", "-p", "no:cacheprovider",
-           "tests/test_gpu.py"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "gpu",
+        "-k",
+        "not gpu_check",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_gpu.py",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     tail = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
     lines = [f"pytest -m gpu: exit {done.returncode}: {tail}"]

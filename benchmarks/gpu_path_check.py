@@ -36,8 +36,13 @@ def gpu_path_checks(tmp: Path, backend: str, stages: int, *, stage_ms: float = 1
     from ppscope.engine.testing import DEVICE_TIMED_ENV, PING_PONG_ENV
 
     device_env = {DEVICE_TIMED_ENV: "1"} if backend == "gloo" else {}
-    synthetic = {"model": "synthetic", "layers": stages, "layer_cost_ms": str(stage_ms), "stages": stages,
-                 "prompt_len": 4}  # fmt: skip
+    synthetic = {
+        "model": "synthetic",
+        "layers": stages,
+        "layer_cost_ms": str(stage_ms),
+        "stages": stages,
+        "prompt_len": 4,
+    }
     gpipe = {**synthetic, "schedule": "gpipe", "microbatches": stages, "requests": stages, "max_new_tokens": 6}
     serve = {**synthetic, "schedule": "serve", "max_inflight": stages, "requests": stages, "max_new_tokens": 30}
     on_cpu = _run(tmp / "causes-cpu", {}, backend="gloo", **gpipe)
@@ -91,8 +96,10 @@ def _causes(on_cpu: Trace, on_device: Trace, backend: str) -> str:
     worst = max(abs(cpu[c] - dev[c]) for c in cpu)
     pairs = ", ".join(f"{c} {cpu[c]:.3f}/{dev[c]:.3f}" for c in shown)
     verdict = "same" if worst <= NOISE else "DIFFER"
-    return (f"  idle causes, gpipe, share of the window on gloo (CPU)/{backend}: {pairs}; worst difference "
-            f"{worst:.3f}: {verdict} (noise {NOISE})")  # fmt: skip
+    return (
+        f"  idle causes, gpipe, share of the window on gloo (CPU)/{backend}: {pairs}; worst difference "
+        f"{worst:.3f}: {verdict} (noise {NOISE})"
+    )
 
 
 def _overlap(trace: Trace, stage_ms: float) -> str:
@@ -107,8 +114,10 @@ def _overlap(trace: Trace, stage_ms: float) -> str:
             parts.append(f"rank {rank} {statistics.median(gaps):.0f}/{p90:.0f}")
     payload = spans[spans["kind"] == SpanKind.SEND]["nbytes"]
     size = f"{int(payload.median())} B payloads" if len(payload) else "no payloads"
-    return (f"  overlap, serve with every stage busy ({stage_ms:g} ms a stage, {size}): gap between a forward's end "
-            f"and the next forward's start, median/p90 µs: {', '.join(parts)}")  # fmt: skip
+    return (
+        f"  overlap, serve with every stage busy ({stage_ms:g} ms a stage, {size}): gap between a forward's end "
+        f"and the next forward's start, median/p90 µs: {', '.join(parts)}"
+    )
 
 
 def _offsets(busy: Trace, pinged: Trace) -> str:

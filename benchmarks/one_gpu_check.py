@@ -10,7 +10,7 @@ itself is tested):
 3. in-situ layer costs: each layer's `layer` spans (every pass timed) ÷ its configured cost, on layers of
    different costs;
 4. the cost model: a real model's decode `layer` spans on this GPU ÷ the roofline's per-layer decode time
-   for the same batch and context (`ppscope.balance.roofline`): how far eager PyTorch is from the datasheet.
+   for the same batch and context (`ppscope.balance.modelled.roofline`): how far eager PyTorch is from the datasheet.
 
 Every figure is a ratio to a reference taken in the same run; nothing is asserted here.
 """
@@ -34,8 +34,9 @@ def one_gpu_checks(
 ) -> list[str]:
     """One line per finding. `model`/`dtype`: the real model of check 4; `gpu`: its datasheet entry (default:
     from the device's name)."""
-    synthetic = _run(tmp / "synthetic", device, model="synthetic", layers=len(LAYER_MS), layer_cost_ms=LAYER_MS,
-                     max_new_tokens=24)  # fmt: skip
+    synthetic = _run(
+        tmp / "synthetic", device, model="synthetic", layers=len(LAYER_MS), layer_cost_ms=LAYER_MS, max_new_tokens=24
+    )
     lines = [*_spans_vs_wall(synthetic), *_nvml(synthetic), *_layers_vs_configured(synthetic)]
     real = _run(tmp / "real", device, model=model, dtype=dtype, max_new_tokens=32, prompt_len=128)
     return [*lines, *_layers_vs_roofline(real, gpu or real.meta.ranks[0].device)]
@@ -82,8 +83,10 @@ def _spans_vs_wall(trace: Trace) -> list[str]:
     if len(requests):
         wall = (requests["finish_ns"].max() - requests["arrival_ns"].min()) / 1e9
         extent = (spans["end_ns"].max() - spans["start_ns"].min()) / 1e9
-        lines.append(f"one GPU: extent of the spans on the common clock ÷ the requests' wall time = "
-                     f"{extent / wall:.3f} ({extent:.3f} s ÷ {wall:.3f} s)")  # fmt: skip
+        lines.append(
+            f"one GPU: extent of the spans on the common clock ÷ the requests' wall time = "
+            f"{extent / wall:.3f} ({extent:.3f} s ÷ {wall:.3f} s)"
+        )
     return lines
 
 
@@ -103,19 +106,21 @@ def _nvml(trace: Trace) -> list[str]:
 
 
 def _layers_vs_configured(trace: Trace) -> list[str]:
-    from ppscope.balance.insitu import insitu_costs
+    from ppscope.balance.measured.insitu import insitu_costs
 
     found = insitu_costs([trace])
     ratios = ", ".join(f"{got / want:.3f}" for got, want in zip(found.costs.layer_ms, LAYER_MS, strict=True))
-    return [f"one GPU: in-situ layer costs ({found.phase} passes, {min(found.passes)}+ spans each) ÷ configured "
-            f"{', '.join(f'{c:g}' for c in LAYER_MS)} ms = {ratios}"]  # fmt: skip
+    return [
+        f"one GPU: in-situ layer costs ({found.phase} passes, {min(found.passes)}+ spans each) ÷ configured "
+        f"{', '.join(f'{c:g}' for c in LAYER_MS)} ms = {ratios}"
+    ]
 
 
 def gpu_entry(device_name: str) -> Any:
     """The datasheet entry of a device called `device_name` by CUDA (`NVIDIA H200`, `NVIDIA A100-SXM4-40GB`):
     the known name all of whose parts it contains, the longest such; else the family's default part
     (`NVIDIA H100 80GB HBM3`: `h100`, the SXM one); None when nothing fits."""
-    from ppscope.balance.gpus import GPUS, gpu_named
+    from ppscope.balance.modelled.gpus import GPUS, gpu_named
     from ppscope.errors import InvalidConfigError
 
     words = device_name.lower().replace("nvidia", " ").replace("-", " ").split()
@@ -131,8 +136,8 @@ def gpu_entry(device_name: str) -> Any:
 
 
 def _layers_vs_roofline(trace: Trace, gpu_name: str) -> list[str]:
-    from ppscope.balance.roofline import Workload, model_costs
-    from ppscope.balance.shapes import PRESETS
+    from ppscope.balance.modelled.roofline import Workload, model_costs
+    from ppscope.balance.modelled.shapes import PRESETS
 
     gpu = gpu_entry(gpu_name)
     if gpu is None:  # a GPU the datasheet table does not have

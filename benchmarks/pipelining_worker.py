@@ -76,8 +76,9 @@ def main() -> None:
         spans = load_run(scratch / "run").spans
         result["actions"] = int(spans["kind"].isin(["forward", "backward"]).sum()) / (PAIRS * world)
         result["spans"] = len(spans) / (PAIRS * world)
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=0, active=1),
-                 on_trace_ready=lambda p: None) as prof:  # fmt: skip
+    with profile(
+        activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=0, active=1), on_trace_ready=lambda p: None
+    ) as prof:
         after_step.append(prof.step)
         result["profiler"] = _pairs(step, lambda on: None)  # the profiler's schedule takes turns itself
     if rank == 0:

@@ -73,17 +73,32 @@ def _efficiency(tmp: Path, backend: str, stages: int, stage_ms: float) -> list[s
     from ppscope.analysis import analyze
     from ppscope.trace.store import load_run
 
-    synthetic = {"model": "synthetic", "layers": stages, "layer_cost_ms": str(stage_ms), "stages": stages,
-                 "backend": backend, "prompt_len": 4}  # fmt: skip
+    synthetic = {
+        "model": "synthetic",
+        "layers": stages,
+        "layer_cost_ms": str(stage_ms),
+        "stages": stages,
+        "backend": backend,
+        "prompt_len": 4,
+    }
     m, steps = 8, 6
-    gpipe = load_run(_run(tmp / "eff-gpipe", schedule="gpipe", microbatches=m, requests=m, max_new_tokens=steps,
-                          **synthetic))  # fmt: skip
+    gpipe = load_run(
+        _run(tmp / "eff-gpipe", schedule="gpipe", microbatches=m, requests=m, max_new_tokens=steps, **synthetic)
+    )
     comp = gpipe.spans[gpipe.spans["kind"].isin([str(k) for k in COMPUTE_KINDS])]
     window_s = (comp["end_ns"].max() - comp["start_ns"].min()) / 1e9
     ideal = m / ((m + stages - 1) * stage_ms / 1e3)
     passes = 40 * stages
-    serve = load_run(_run(tmp / "eff-serve", schedule="serve", max_inflight=stages, requests=stages,
-                          max_new_tokens=passes // stages, **synthetic))  # fmt: skip
+    serve = load_run(
+        _run(
+            tmp / "eff-serve",
+            schedule="serve",
+            max_inflight=stages,
+            requests=stages,
+            max_new_tokens=passes // stages,
+            **synthetic,
+        )
+    )
     s = serve.spans
     first = s[(s["kind"] == SpanKind.FORWARD) & (s["rank"] == 0)]["start_ns"]
     lines = [

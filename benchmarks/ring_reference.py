@@ -61,8 +61,9 @@ def gpipe_efficiency(stages: int = 4, microbatches: int = 8, steps: int = 6, sta
     return microbatches * steps / window_s / ideal
 
 
-def _spawn(target: Callable[..., None], stages: int, stage_ms: float, count: int, *, links: Any = None,
-           microbatches: int = 0) -> dict[int, list[tuple[int, int]]]:  # fmt: skip
+def _spawn(
+    target: Callable[..., None], stages: int, stage_ms: float, count: int, *, links: Any = None, microbatches: int = 0
+) -> dict[int, list[tuple[int, int]]]:
     """Run `target` as P processes; each returns its (start_ns, end_ns) of every hold."""
     # gloo ranks start fresh (spawn); pipe ranks fork, to inherit the pipes, and touch nothing but them
     ctx = mp.get_context("fork" if links is not None else "spawn")

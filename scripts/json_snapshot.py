@@ -26,19 +26,65 @@ SHARED = ROOT.parent / "shared" / "data"
 CAPTURES = ROOT / "tests" / "data" / "pipelining"
 
 SIMULATED = {
-    "sim_gpipe": ["--stages", "4", "--microbatches", "8", "--layers", "32", "--layer-cost-ms", "1",
-                  "--split", "10,8,8,6"],
-    "sim_interleaved": ["--schedule", "interleaved", "--stages", "2", "--chunks", "2", "--microbatches", "4",
-                        "--layers", "16", "--layer-cost-ms", "0.5", "--split", "5,4,4,3"],
-    "sim_serve": ["--schedule", "serve", "--stages", "3", "--microbatches", "3", "--steps", "4",
-                  "--layers", "24", "--layer-cost-ms", "0.3", "--split", "9,8,7", "--comm-latency-us", "50"],
-}  # fmt: skip
+    "sim_gpipe": [
+        "--stages",
+        "4",
+        "--microbatches",
+        "8",
+        "--layers",
+        "32",
+        "--layer-cost-ms",
+        "1",
+        "--split",
+        "10,8,8,6",
+    ],
+    "sim_interleaved": [
+        "--schedule",
+        "interleaved",
+        "--stages",
+        "2",
+        "--chunks",
+        "2",
+        "--microbatches",
+        "4",
+        "--layers",
+        "16",
+        "--layer-cost-ms",
+        "0.5",
+        "--split",
+        "5,4,4,3",
+    ],
+    "sim_serve": [
+        "--schedule",
+        "serve",
+        "--stages",
+        "3",
+        "--microbatches",
+        "3",
+        "--steps",
+        "4",
+        "--layers",
+        "24",
+        "--layer-cost-ms",
+        "0.3",
+        "--split",
+        "9,8,7",
+        "--comm-latency-us",
+        "50",
+    ],
+}
 MODEL_ADVICE = {
     "model_llama3_70b": ["--model", "llama3-70b", "--stages", "4", "--gpu", "h100-sxm"],
     "model_deepseek_v3": ["--model", "deepseek-v3", "--stages", "4", "--gpu", "h100-sxm"],
-    "model_qwen_config": ["--model", str(ROOT / "tests/data/configs/qwen2.5-72b.json"), "--stages", "3",
-                          "--gpu", "a100-80gb"],
-}  # fmt: skip
+    "model_qwen_config": [
+        "--model",
+        str(ROOT / "tests/data/configs/qwen2.5-72b.json"),
+        "--stages",
+        "3",
+        "--gpu",
+        "a100-80gb",
+    ],
+}
 
 
 def _ppscope(argv: list[str], cwd: Path) -> dict[str, Any]:
@@ -78,8 +124,9 @@ def take(out: Path) -> None:
         cases: dict[str, dict[str, Any]] = {}
         for name, argv in SIMULATED.items():
             cases[f"simulate_{name}"] = _ppscope(["simulate", *argv, "--out", name, "--json"], work)
-            cases[f"simulate_{name}_replay"] = _ppscope(["simulate", "--from", name, "--out", f"{name}_r", "--json"],
-                                                        work)  # fmt: skip
+            cases[f"simulate_{name}_replay"] = _ppscope(
+                ["simulate", "--from", name, "--out", f"{name}_r", "--json"], work
+            )
         traces = {name: Path(name) for name in SIMULATED} | _traces()
         for name, path in traces.items():
             cases[f"analyze_{name}"] = _ppscope(["analyze", str(path), "--json"], work)

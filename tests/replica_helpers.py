@@ -31,8 +31,14 @@ def replica_job(
     meta = None
     for rep in range(replicas):
         speed = tuple(1.0 / slow.get((s, rep), 1.0) for s in range(p))
-        cfg = SimConfig(schedule="gpipe", stages=p, microbatches=microbatches, steps=2,
-                        costs=LayerCosts.uniform(layers or 2 * p, 1.0), speed=speed)  # fmt: skip
+        cfg = SimConfig(
+            schedule="gpipe",
+            stages=p,
+            microbatches=microbatches,
+            steps=2,
+            costs=LayerCosts.uniform(layers or 2 * p, 1.0),
+            speed=speed,
+        )
         trace = simulate(cfg)
         meta = trace.meta
 

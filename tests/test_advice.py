@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from ppscope.balance.advice import Interval, advise, paired_throughput_ratio, speedup_interval, stage_block_times
+from ppscope.balance.advise.advice import Interval, advise, paired_throughput_ratio, speedup_interval, stage_block_times
+from ppscope.balance.advise.problem import BalanceProblem
+from ppscope.balance.advise.rebalance import rebalance
 from ppscope.balance.costs import LayerCosts
-from ppscope.balance.problem import BalanceProblem
-from ppscope.balance.rebalance import rebalance
 from ppscope.trace.model import RunMeta, SpanKind, Trace
 
 
@@ -21,8 +21,17 @@ def _run(passes: int, stage_ms: tuple[float, float], head_ms: float, jitter: flo
     for p in range(passes):
         for stage, ms in enumerate(stage_ms):
             dur = int(ms * 1e6 * max(0.2, 1 + jitter * rng.standard_normal()))
-            rows.append({"rank": stage, "stage": stage, "kind": SpanKind.FORWARD, "mb": p, "step": 0,
-                         "start_ns": t, "end_ns": t + dur})  # fmt: skip
+            rows.append(
+                {
+                    "rank": stage,
+                    "stage": stage,
+                    "kind": SpanKind.FORWARD,
+                    "mb": p,
+                    "step": 0,
+                    "start_ns": t,
+                    "end_ns": t + dur,
+                }
+            )
             t += dur
         dur = int(head_ms * 1e6 * max(0.2, 1 + jitter * rng.standard_normal()))
         rows.append(
@@ -76,8 +85,19 @@ def _tokens(rate_per_ms: float, samples: int = 200, jitter: float = 0.05, seed: 
     rng = np.random.default_rng(seed)
     gaps = (1e6 / rate_per_ms * np.maximum(0.2, 1 + jitter * rng.standard_normal(samples))).astype(np.int64)
     ends = np.cumsum(gaps)
-    rows = [{"rank": 0, "stage": 0, "kind": SpanKind.SAMPLE, "mb": i, "step": i, "start_ns": int(e) - 1000,
-             "end_ns": int(e), "tokens": 1} for i, e in enumerate(ends)]  # fmt: skip
+    rows = [
+        {
+            "rank": 0,
+            "stage": 0,
+            "kind": SpanKind.SAMPLE,
+            "mb": i,
+            "step": i,
+            "start_ns": int(e) - 1000,
+            "end_ns": int(e),
+            "tokens": 1,
+        }
+        for i, e in enumerate(ends)
+    ]
     return Trace.from_records(rows, meta=RunMeta(world_size=1, pp_size=1, split=[4]))
 
 
@@ -100,13 +120,25 @@ def test_the_measured_ratio_and_its_interval_are_one_statistic() -> None:
     [
         ([2, 2], [2, 2], 1.0, None, False, "already the best"),
         ([2, 2], [3, 1], 1.02, Interval(low=1.01, high=1.03), False, "the predicted gain +2.0% is under 3%"),
-        ([2, 2], [3, 1], 1.10, Interval(low=0.98, high=1.2), False, "95% interval of the speedup, ×0.980–×1.200, "
-                                                                     "reaches ×1"),
-        ([2, 2], [3, 1], 1.10, Interval(low=1.05, high=1.15), True, "predicted speedup ×1.100 (95% interval "
-                                                                    "×1.050–×1.150)"),
+        (
+            [2, 2],
+            [3, 1],
+            1.10,
+            Interval(low=0.98, high=1.2),
+            False,
+            "95% interval of the speedup, ×0.980–×1.200, reaches ×1",
+        ),
+        (
+            [2, 2],
+            [3, 1],
+            1.10,
+            Interval(low=1.05, high=1.15),
+            True,
+            "predicted speedup ×1.100 (95% interval ×1.050–×1.150)",
+        ),
         ([2, 2], [3, 1], 1.10, None, True, "(no interval: costs given without a run)"),
     ],
-)  # fmt: skip
+)
 def test_the_keep_rule(
     current: list[int], proposed: list[int], speedup: float, interval: Interval | None, change: bool, why: str
 ) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from ppscope.balance.advise.rebalance import engine_lines
 from ppscope.balance.costs import LayerCosts
-from ppscope.balance.rebalance import engine_lines
 from ppscope.cli.main import main
 from ppscope.errors import InvalidSplitError
 from ppscope.simulate.simulator import SimConfig, simulate, write_run

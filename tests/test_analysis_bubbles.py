@@ -80,13 +80,24 @@ def test_serve_time_with_no_request_in_the_system_is_not_a_pipeline_wait() -> No
     # serve, 2 stages: request 0 is in the system [0, 40), request 1 [70, 110); between them both stages wait
     # in recv for work that has not arrived
     rows = [
-        _fwd(0, 0, 0, 10), _fwd(1, 0, 10, 20), _fwd(0, 1, 70, 80), _fwd(1, 1, 80, 90),
+        _fwd(0, 0, 0, 10),
+        _fwd(1, 0, 10, 20),
+        _fwd(0, 1, 70, 80),
+        _fwd(1, 1, 80, 90),
         dict(rank=0, stage=0, kind="recv_wait", start_ns=10, end_ns=70, peer=1),
         dict(rank=1, stage=1, kind="recv_wait", start_ns=20, end_ns=80, peer=0),
         dict(rank=0, stage=0, kind="recv_wait", start_ns=80, end_ns=110, peer=1),
-    ]  # fmt: skip
-    requests = pd.DataFrame({"id": [0, 1], "arrival_ns": [0, 70], "first_token_ns": [40, 110],
-                             "finish_ns": [40, 110], "prompt_len": [4, 4], "output_len": [1, 1]})  # fmt: skip
+    ]
+    requests = pd.DataFrame(
+        {
+            "id": [0, 1],
+            "arrival_ns": [0, 70],
+            "first_token_ns": [40, 110],
+            "finish_ns": [40, 110],
+            "prompt_len": [4, 4],
+            "output_len": [1, 1],
+        }
+    )
     meta = dict(pp_size=2, world_size=2, schedule="serve", status="finished")
     trace = Trace.from_records(rows, meta=RunMeta(**meta))
     res = analyze(dataclasses.replace(trace, requests=requests_frame(requests)))
@@ -243,9 +254,12 @@ def test_training_fill_and_drain_are_exact_at_epoch_times() -> None:
     def spans(base: int) -> ComputeSpans:
         start = np.array([0, 101, 233, 377], np.int64) + base  # F, F, B, B with odd gaps
         return ComputeSpans(
-            group=np.zeros(4, np.int64), step=np.zeros(4, np.int64),
-            backward=np.array([False, False, True, True]), start_ns=start, end_ns=start + 97,
-        )  # fmt: skip
+            group=np.zeros(4, np.int64),
+            step=np.zeros(4, np.int64),
+            backward=np.array([False, False, True, True]),
+            start_ns=start,
+            end_ns=start + 97,
+        )
 
     at_zero = fill_drain(spans(0), 1, 0, 1_000, flush=True)[0]
     base = 1 << 60

@@ -192,8 +192,14 @@ def test_micro_batch_ids_travel_packed_as_runs_and_come_back_whole() -> None:
     from ppscope.analysis.sharded import id_runs, run_ids
 
     rng = np.random.default_rng(0)
-    cases = [np.arange(12_500), np.r_[np.arange(5, 100), np.arange(200, 300), [500]], np.arange(0, 100, 2),
-             np.unique(rng.integers(-5, 100, 60)), np.array([7]), np.array([], np.int64)]  # fmt: skip
+    cases = [
+        np.arange(12_500),
+        np.r_[np.arange(5, 100), np.arange(200, 300), [500]],
+        np.arange(0, 100, 2),
+        np.unique(rng.integers(-5, 100, 60)),
+        np.array([7]),
+        np.array([], np.int64),
+    ]
     for ids in cases:
         packed = id_runs(ids)
         assert np.array_equal(run_ids(packed), ids) and packed.nbytes <= ids.astype(np.int64).nbytes

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ppscope.balance.advise.problem import BalanceProblem, MemoryModel
+from ppscope.balance.advise.rebalance import balance, engine_lines, evaluate, megatron_args, rebalance
+from ppscope.balance.advise.search import CostModel
 from ppscope.balance.costs import LayerCosts, StageCosts
-from ppscope.balance.problem import BalanceProblem, MemoryModel
-from ppscope.balance.rebalance import balance, engine_lines, evaluate, megatron_args, rebalance
-from ppscope.balance.search import CostModel
 from ppscope.balance.split import vllm_default_split
 from ppscope.errors import InvalidConfigError
 
@@ -63,9 +63,12 @@ def problems(draw: st.DrawFn) -> BalanceProblem:
     stage_costs = StageCosts(
         overhead_ms=draw(st.one_of(costs_ms, per_stage)),
         comm_ms=draw(st.one_of(costs_ms, per_stage)),
-        speed=draw(st.one_of(st.just(1.0), st.lists(st.sampled_from([0.25, 0.5, 1.0, 1.5, 3.0]), min_size=stages,
-                                                                 max_size=stages))),
-    )  # fmt: skip
+        speed=draw(
+            st.one_of(
+                st.just(1.0), st.lists(st.sampled_from([0.25, 0.5, 1.0, 1.5, 3.0]), min_size=stages, max_size=stages)
+            )
+        ),
+    )
     memory = None
     if draw(st.booleans()):
         memory = MemoryModel(
@@ -283,7 +286,7 @@ def test_cli_rebalance_bad_input_is_one_line(
 
 
 def test_the_split_in_the_trainers_own_terms() -> None:
-    from ppscope.balance.rebalance import megatron_layout, torchtitan_parts
+    from ppscope.balance.advise.rebalance import megatron_layout, torchtitan_parts
 
     assert megatron_layout([5, 3]) == "Et*5|t*3,L"
     assert megatron_layout([2, 3, 3, 2]) == "Et*2|t*3|t*3|t*2,L"
@@ -298,7 +301,7 @@ def test_the_split_in_the_trainers_own_terms() -> None:
 
 
 def test_torchtitan_first_and_last_stage_with_fewer_layers() -> None:
-    from ppscope.balance.rebalance import torchtitan_even_split, torchtitan_less_layers
+    from ppscope.balance.advise.rebalance import torchtitan_even_split, torchtitan_less_layers
 
     # torchtitan's own example: 8 layers on 2 stages with its defaults (1, 1) is 4,4
     assert torchtitan_even_split(2, 8, 1, 1) == [4, 4]

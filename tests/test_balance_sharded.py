@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ppscope.balance import timings
 from ppscope.balance.costs import LayerCosts
-from ppscope.balance.runcosts import run_costs
-from ppscope.balance.timings import RunTimings, run_timings
+from ppscope.balance.measured import timings
+from ppscope.balance.measured.choose import run_costs
+from ppscope.balance.measured.timings import RunTimings, run_timings
 from ppscope.cli.main import main
 from ppscope.errors import CorruptFileError, InvalidConfigError
 from ppscope.formats.sources import open_trace
@@ -61,8 +61,13 @@ def _with_layers(trace: Trace, every: int = 2) -> Trace:
         for j in range(split[f.stage]):
             row = dict(f._asdict())
             start = f.start_ns + j * step
-            row.update(kind="layer", lane="layers", name=f"layer {first[f.stage] + j}", start_ns=start,
-                       end_ns=start + step - (j * 997 + i * 31) % 500)  # fmt: skip
+            row.update(
+                kind="layer",
+                lane="layers",
+                name=f"layer {first[f.stage] + j}",
+                start_ns=start,
+                end_ns=start + step - (j * 997 + i * 31) % 500,
+            )
             rows.append(row)
     return dataclasses.replace(trace, spans=spans_frame(pd.concat([spans, pd.DataFrame(rows)]))).sorted()
 

@@ -45,8 +45,14 @@ def test_the_rings_start_under_a_main_that_cannot_run_twice(tmp_path: Path) -> N
         "print(gpipe_efficiency(stages=2, microbatches=2, steps=2, stage_ms=1.0))\n"
     )
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, str(script)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert FLOOR < float(done.stdout.strip().splitlines()[-1]) < 1.05
 

@@ -154,8 +154,18 @@ def _training(p: int, m: int, order: str, steps: int = 1, slow_last_backward: bo
 def _span(r: int, kind: str, start: int, end: int, mb: int, step: int, action: str, peer: int = -1) -> dict[str, Any]:
     unit = 500_000
     phase = "backward" if action == "B" else ""
-    return dict(rank=r, stage=r, kind=kind, start_ns=start * unit, end_ns=end * unit, mb=mb, step=step, phase=phase,
-                peer=peer, name=f"{action}{mb}")  # fmt: skip
+    return dict(
+        rank=r,
+        stage=r,
+        kind=kind,
+        start_ns=start * unit,
+        end_ns=end * unit,
+        mb=mb,
+        step=step,
+        phase=phase,
+        peer=peer,
+        name=f"{action}{mb}",
+    )
 
 
 @pytest.mark.parametrize("order", ["gpipe", "1f1b"])

@@ -59,7 +59,7 @@ def test_a_mistyped_option_shows_the_usage_of_its_command(capsys: pytest.Capture
 def test_import_ppscope_pulls_in_neither_torch_nor_streamlit() -> None:
     code = (
         "import sys, ppscope, ppscope.cli.main, ppscope.trace.store, ppscope.trace.recorder\n"
-        "import ppscope.trace.model, ppscope.balance.shapes, ppscope.trace.outputs\n"
+        "import ppscope.trace.model, ppscope.balance.modelled.shapes, ppscope.trace.outputs\n"
         "ppscope.cli.main.build_parser()\n"
         "bad = [m for m in ('torch', 'streamlit') if m in sys.modules]\n"
         "assert not bad, bad\n"

@@ -51,8 +51,10 @@ def test_a_run_with_a_drifting_rank_is_read_back_on_the_common_clock(tmp_path: P
     for rank in (0, 1):
         w = RankWriter(run, rank)
         # rank 1: a span from 1 ms to 3 ms of its clock; 1000 ppm moves the end's offset by 2 µs more
-        w.write([(rank, rank, "compute", "forward", "forward", 0, 0, 0, "", 1_000_000, 3_000_000, 0, 0, -1)],
-                [(3_000_000, rank, -1, "cpu_util_pct", 1.0)])  # fmt: skip
+        w.write(
+            [(rank, rank, "compute", "forward", "forward", 0, 0, 0, "", 1_000_000, 3_000_000, 0, 0, -1)],
+            [(3_000_000, rank, -1, "cpu_util_pct", 1.0)],
+        )
         w.close()
     trace = load_run(run)
     one = trace.spans[trace.spans["rank"] == 1].iloc[0]
@@ -143,15 +145,45 @@ def _ring(offset_1_ns: int, uncertainty_ns: int) -> Trace:
     for mb in range(3):
         t = 1_000_000 * mb
         rows += [
-            {"rank": 0, "stage": 0, "kind": SpanKind.FORWARD, "mb": mb, "step": 0,
-             "start_ns": t, "end_ns": t + 100_000},
-            {"rank": 0, "stage": 0, "kind": SpanKind.SEND, "peer": 1, "mb": mb, "step": 0,
-             "start_ns": t + 100_000, "end_ns": t + 105_000},
-            {"rank": 1, "stage": 1, "kind": SpanKind.RECV_WAIT, "peer": 0, "mb": mb, "step": 0,
-             "start_ns": t + offset_1_ns, "end_ns": t + 110_000 + offset_1_ns},
-            {"rank": 1, "stage": 1, "kind": SpanKind.FORWARD, "mb": mb, "step": 0,
-             "start_ns": t + 110_000 + offset_1_ns, "end_ns": t + 210_000 + offset_1_ns},
-        ]  # fmt: skip
+            {
+                "rank": 0,
+                "stage": 0,
+                "kind": SpanKind.FORWARD,
+                "mb": mb,
+                "step": 0,
+                "start_ns": t,
+                "end_ns": t + 100_000,
+            },
+            {
+                "rank": 0,
+                "stage": 0,
+                "kind": SpanKind.SEND,
+                "peer": 1,
+                "mb": mb,
+                "step": 0,
+                "start_ns": t + 100_000,
+                "end_ns": t + 105_000,
+            },
+            {
+                "rank": 1,
+                "stage": 1,
+                "kind": SpanKind.RECV_WAIT,
+                "peer": 0,
+                "mb": mb,
+                "step": 0,
+                "start_ns": t + offset_1_ns,
+                "end_ns": t + 110_000 + offset_1_ns,
+            },
+            {
+                "rank": 1,
+                "stage": 1,
+                "kind": SpanKind.FORWARD,
+                "mb": mb,
+                "step": 0,
+                "start_ns": t + 110_000 + offset_1_ns,
+                "end_ns": t + 210_000 + offset_1_ns,
+            },
+        ]
     trace = Trace.from_records(rows)
     trace.meta.ranks = [
         RankInfo(rank=0),
@@ -184,12 +216,16 @@ def test_the_analyzer_warns_when_offsets_break_causality() -> None:
     st.lists(
         st.tuples(
             st.sampled_from([SpanKind.SEND, SpanKind.RECV, SpanKind.RECV_WAIT]),
-            st.integers(0, 1), st.integers(0, 1), st.integers(-1, 1), st.integers(-1, 0), st.integers(0, 12),
+            st.integers(0, 1),
+            st.integers(0, 1),
+            st.integers(-1, 1),
+            st.integers(-1, 0),
+            st.integers(0, 12),
         ),
         max_size=40,
     ),
     st.integers(0, 3),
-)  # fmt: skip
+)
 def test_causality_violations_agree_with_matching_by_hand(
     rows: list[tuple[str, int, int, int, int, int]], slack: int
 ) -> None:

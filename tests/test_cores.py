@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ppscope.balance.advice import Interval
-from ppscope.balance.cores import MIN_FREE_CORES, RunUsage, beat_ms, pipeline_cores, run_usage, shared_cores
+from ppscope.balance.advise.advice import Interval
+from ppscope.balance.advise.cores import MIN_FREE_CORES, RunUsage, beat_ms, pipeline_cores, run_usage, shared_cores
 from ppscope.cli.machine_load import LoadSampler
 from ppscope.cli.tuning import busy_cores
 from ppscope.trace.model import RankInfo, RunMeta, SpanKind, Trace
@@ -92,11 +92,25 @@ def test_a_serve_loop_with_as_many_micro_batches_as_stages_is_bound_by_its_round
 
 def test_run_usage_reads_the_ranks_counters_over_the_steady_part() -> None:
     ms = 1_000_000
-    spans = [{"rank": r, "stage": r, "kind": SpanKind.FORWARD, "mb": 0, "step": i, "start_ns": i * 10 * ms,
-              "end_ns": i * 10 * ms + 5 * ms} for r in (0, 1) for i in range(100)]  # fmt: skip
+    spans = [
+        {
+            "rank": r,
+            "stage": r,
+            "kind": SpanKind.FORWARD,
+            "mb": 0,
+            "step": i,
+            "start_ns": i * 10 * ms,
+            "end_ns": i * 10 * ms + 5 * ms,
+        }
+        for r in (0, 1)
+        for i in range(100)
+    ]
     # start-up and tail (the first and last tenth) at 100%, the steady part at 60% and 90%
-    counters = [(t * ms, r, -1, "cpu_util_pct", (60.0 if r == 0 else 90.0) if 100 <= t < 900 else 100.0)
-                for r in (0, 1) for t in range(0, 1000, 20)]  # fmt: skip
+    counters = [
+        (t * ms, r, -1, "cpu_util_pct", (60.0 if r == 0 else 90.0) if 100 <= t < 900 else 100.0)
+        for r in (0, 1)
+        for t in range(0, 1000, 20)
+    ]
     meta = RunMeta(world_size=2, pp_size=2, split=[2, 2], ranks=[RankInfo(rank=0, stage=1), RankInfo(rank=1, stage=0)])
     trace = Trace.from_records(spans, counters=counters, meta=meta)
     asked: list[tuple[int, int]] = []

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from ppscope.balance.costs import LayerCosts, StageCosts, fit_layer_costs, observe_stages, r_squared_text
+from ppscope.balance.costs import LayerCosts, StageCosts
+from ppscope.balance.measured.fit import fit_layer_costs, observe_stages, r_squared_text
 from ppscope.balance.split import stage_layer_ranges
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import RankInfo, RunMeta, Trace
@@ -54,8 +55,18 @@ def fake_run(
             for kind, dur in parts:
                 start = t
                 t += round(dur * MS)
-                rows.append({"rank": stage, "stage": -1 if unknown_stage else stage, "kind": kind, "mb": 0,
-                             "step": step, "phase": phase, "start_ns": start, "end_ns": t})  # fmt: skip
+                rows.append(
+                    {
+                        "rank": stage,
+                        "stage": -1 if unknown_stage else stage,
+                        "kind": kind,
+                        "mb": 0,
+                        "step": step,
+                        "phase": phase,
+                        "start_ns": start,
+                        "end_ns": t,
+                    }
+                )
     meta = RunMeta(
         pp_size=len(split),
         world_size=len(split),
@@ -126,9 +137,14 @@ def test_a_serve_slot_reused_by_later_requests_still_counts_each_pass_once() -> 
     # Two requests one after the other in slot 0: both have steps 1..4, so (micro-batch, step) repeats.
     first, second = fake_run([1.0] * 6, [3, 3]), fake_run([1.0] * 6, [3, 3])
     shift = int(first.spans["end_ns"].max())
-    rows = [*first.spans.to_dict("records"), *(second.spans.assign(start_ns=second.spans["start_ns"] + shift,
-                                                                   end_ns=second.spans["end_ns"] + shift)
-                                               .to_dict("records"))]  # fmt: skip
+    rows = [
+        *first.spans.to_dict("records"),
+        *(
+            second.spans.assign(
+                start_ns=second.spans["start_ns"] + shift, end_ns=second.spans["end_ns"] + shift
+            ).to_dict("records")
+        ),
+    ]
     obs = observe_stages(Trace.from_records(rows, meta=first.meta))
     assert [o.forward_ms for o in obs] == pytest.approx([3.0, 3.0]) and [o.passes for o in obs] == [8, 8]
     assert obs[1].head_ms == pytest.approx(2.0)

@@ -172,8 +172,10 @@ def test_rebalance_advises_moving_layers_off_the_slow_stage(tmp_path: Path) -> N
     assert values["Proposed split"] == "3,2,1"
     assert values["Predicted speedup"] == "×1.333"
     said = [s.value.replace("\\", "") for s in at.success]  # markdown's escapes off
-    assert any(s.startswith("Advice: change the split. predicted speedup ×1.333 (no interval: the run is too short")
-               for s in said)  # fmt: skip
+    assert any(
+        s.startswith("Advice: change the split. predicted speedup ×1.333 (no interval: the run is too short")
+        for s in said
+    )
     code = at.code[0].value
     assert "VLLM_PP_LAYER_PARTITION=3,2,1" in code and "SGLANG_PP_LAYER_PARTITION=3,2,1" in code
     # the simulated timeline of the advised split sits beside the measured one
@@ -188,13 +190,14 @@ def test_rebalance_advises_moving_layers_off_the_slow_stage(tmp_path: Path) -> N
 
 
 def test_rebalance_prefers_the_runs_layer_profile_to_fitted_costs(tmp_path: Path) -> None:
-    from ppscope.balance.profile import PROFILE_FILE, LayerProfile, PhaseCosts
+    from ppscope.balance.measured.profile import PROFILE_FILE, LayerProfile, PhaseCosts
 
     # The spans say stage 2 is slow (advice 3,2,1); the profile says layers 0 and 1 are the heavy ones.
     run = record_gpipe_run(tmp_path / "run", p=3, m=4, fwd_ns=[100_000, 100_000, 200_000])
     phase = PhaseCosts(layer_ms=(0.3, 0.3, 0.05, 0.05, 0.05, 0.05), embed_ms=0.0, head_ms=0.0, sample_ms=0.0, tokens=4)
-    profile = LayerProfile(model="tiny", device="cpu", dtype="float32", method="perf_counter", repeats=3,
-                           prefill=phase, decode=phase)  # fmt: skip
+    profile = LayerProfile(
+        model="tiny", device="cpu", dtype="float32", method="perf_counter", repeats=3, prefill=phase, decode=phase
+    )
     (run / PROFILE_FILE).write_text(json.dumps(profile.to_dict()))
     at = _app(run).run()
     at.sidebar.radio(key="section").set_value("Rebalance").run()
@@ -205,7 +208,7 @@ def test_rebalance_prefers_the_runs_layer_profile_to_fitted_costs(tmp_path: Path
 
 
 def test_rebalance_with_a_damaged_profile_says_so_and_fits_the_spans(tmp_path: Path) -> None:
-    from ppscope.balance.profile import PROFILE_FILE
+    from ppscope.balance.measured.profile import PROFILE_FILE
 
     run = record_gpipe_run(tmp_path / "run", p=3, m=4, fwd_ns=[100_000, 100_000, 200_000])
     (run / PROFILE_FILE).write_text("{not json")
@@ -286,9 +289,20 @@ def test_stages_section_shows_a_training_runs_replay(tmp_path: Path) -> None:
 
     order = {r: [TrainAction(r, t, m) for t in "FB" for m in range(4)] for r in range(2)}  # GPipe, P=2, M=4
     step = replay_order(order, {(s, t): 1000 * (1 + s) for s in range(2) for t in "FB"})
-    rows = [{"rank": t.rank, "stage": t.action.stage, "mb": t.action.mb, "step": 0, "phase": t.action.type,
-             "kind": "forward" if t.action.type == "F" else "backward", "lane": "compute",
-             "start_ns": t.start_ns, "end_ns": t.end_ns} for t in step.actions]  # fmt: skip
+    rows = [
+        {
+            "rank": t.rank,
+            "stage": t.action.stage,
+            "mb": t.action.mb,
+            "step": 0,
+            "phase": t.action.type,
+            "kind": "forward" if t.action.type == "F" else "backward",
+            "lane": "compute",
+            "start_ns": t.start_ns,
+            "end_ns": t.end_ns,
+        }
+        for t in step.actions
+    ]
     meta = RunMeta(source="pipelining", status="finished", world_size=2, pp_size=2, schedule="gpipe", microbatches=4)
     run = write_run(Trace.from_records(rows, meta=meta), tmp_path / "run")
     at = _app(run).run()

@@ -75,8 +75,9 @@ def test_the_stage_view_reads_only_the_ranks_it_draws(tmp_path: Path, monkeypatc
     monkeypatch.setattr(store, "read_ranks", counting)
     at = _app(Path(LARGE), run).run()
     assert not at.exception, at.exception
-    drawn = {int(y.split(" · ")[0].removeprefix("rank ")) for t in _span_bars(_chart_specs(at)[0]) for y in
-             _decode(t["y"])}  # fmt: skip
+    drawn = {
+        int(y.split(" · ")[0].removeprefix("rank ")) for t in _span_bars(_chart_specs(at)[0]) for y in _decode(t["y"])
+    }
     # the analysis: each of the 24 files read alone, twice (digest, then its stage); the lanes: theirs at once
     assert sorted(r for r in reads if len(r) == 1) == sorted([[r] for r in range(24)] * 2)
     assert [r for r in reads if len(r) > 1] == [sorted(drawn)]

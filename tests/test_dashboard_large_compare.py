@@ -122,8 +122,10 @@ def test_the_compare_page_of_a_large_run_shows_the_figures_of_the_whole_load(
         assert "A: its one pipeline" in detailed
     if b == "pair":  # 2 stages against 3: stage 2 is A's alone
         assert tables[2]["stage"] == [0, 1, 2] and tables[2]["B median"][2] is None
-    lanes = [{int(y.split(" · ")[0].removeprefix("rank ")) for t in _span_bars(spec) for y in _decode(t["y"])}
-             for spec in got["charts"][1:]]  # fmt: skip
+    lanes = [
+        {int(y.split(" · ")[0].removeprefix("rank ")) for t in _span_bars(spec) for y in _decode(t["y"])}
+        for spec in got["charts"][1:]
+    ]
     assert lanes[0] == ({3, 11, 14, 19} if a == "before" else {0, 1, 2})  # A's stage medians and straggler
     assert lanes[1] == ({3, 11, 14, 19, 20} if b == "after" else {0, 2, 3})
 
@@ -162,8 +164,9 @@ def test_a_large_side_is_read_a_rank_at_a_time_and_once(tmp_path: Path, monkeypa
     assert "after" not in reads
     at.selectbox(key="compare_with").set_value("jobs/after").run()  # a small A, a large B
     assert not at.exception, at.exception
-    drawn = {int(y.split(" · ")[0].removeprefix("rank ")) for t in _span_bars(_chart_specs(at)[2])
-             for y in _decode(t["y"])}  # fmt: skip
+    drawn = {
+        int(y.split(" · ")[0].removeprefix("rank ")) for t in _span_bars(_chart_specs(at)[2]) for y in _decode(t["y"])
+    }
     assert drawn == {3, 11, 14, 19, 20}  # 3 stages' medians + 2 stragglers (stage 1's rank 14, stage 2's 19)
     assert sorted(r for r in reads["after"] if len(r) == 1) == each_alone_twice
     assert [r for r in reads["after"] if len(r) > 1] == [sorted(drawn)]  # then the lanes' ranks: never the 24

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppscope.balance.shapes import ModelShape
+from ppscope.balance.modelled.shapes import ModelShape
 from ppscope.cli.main import main
 from ppscope.engine.hf import INDEX, check_checkpoint, read_header
 from ppscope.errors import CorruptFileError
@@ -25,9 +25,16 @@ UP = "model.layers.1.mlp.up_proj.weight"
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                                      max_position_embeddings=64, tie_word_embeddings=False)  # fmt: skip
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     path = tmp_path_factory.mktemp("ckpt") / "whole"
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(path, safe_serialization=True)
@@ -59,8 +66,24 @@ def _set_config(ckpt: Path, **fields: object) -> None:
 def _refused(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     """Run it: the exit code and the one line said; no run directory was made."""
     out = tmp_path / "run"
-    code = main(["run", "--model", str(ckpt), "--stages", "2", "--requests", "1", "--prompt-len", "2",
-                 "--max-new-tokens", "1", "--no-progress", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "run",
+            "--model",
+            str(ckpt),
+            "--stages",
+            "2",
+            "--requests",
+            "1",
+            "--prompt-len",
+            "2",
+            "--max-new-tokens",
+            "1",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert not out.exists()
@@ -110,8 +133,10 @@ def test_damaged_file_is_exit_1_naming_it(
 
 def test_no_safetensors_files(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (ckpt / FILE).unlink()
-    assert _refused(ckpt, tmp_path, capsys) == (2, f"ppscope run: error: {ckpt} holds no *.safetensors files: "
-                                                   "give a Hugging Face checkpoint")  # fmt: skip
+    assert _refused(ckpt, tmp_path, capsys) == (
+        2,
+        f"ppscope run: error: {ckpt} holds no *.safetensors files: give a Hugging Face checkpoint",
+    )
 
 
 def test_a_layer_missing_a_tensor(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,8 +155,10 @@ def test_tensor_of_the_wrong_shape(ckpt: Path, tmp_path: Path, capsys: pytest.Ca
     _rewrite(ckpt / FILE, lambda t: t.update({UP: torch.zeros(127, 64)}))
     code, line = _refused(ckpt, tmp_path, capsys)
     assert code == 2
-    assert line == (f"ppscope run: error: {ckpt / FILE}: tensor {UP} has shape [127, 64] but config.json implies "
-                    "[128, 64]: the weights do not match config.json")  # fmt: skip
+    assert line == (
+        f"ppscope run: error: {ckpt / FILE}: tensor {UP} has shape [127, 64] but config.json implies "
+        "[128, 64]: the weights do not match config.json"
+    )
 
 
 def test_vocab_of_config_and_embedding_differ(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -189,8 +189,9 @@ def test_each_link_has_a_group_of_its_own_made_in_one_order_on_every_rank(
     sequences = []
     for rank in range(world):
         made.clear()
-        ring = Ring(rank, world, Recorder(None, rank=rank, stage=rank), 2, torch.device("cpu"), 5,
-                    host_headers=host_headers)  # fmt: skip
+        ring = Ring(
+            rank, world, Recorder(None, rank=rank, stage=rank), 2, torch.device("cpu"), 5, host_headers=host_headers
+        )
         ring.start()
         ring.close()
         sequences.append(list(made))

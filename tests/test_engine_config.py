@@ -52,12 +52,37 @@ def test_the_config_travels_whole_as_a_pickle_and_as_its_flat_form(tmp_path: Pat
 
 def test_an_older_run_s_flat_config_still_reads() -> None:
     """Before the sections, meta.json's config held the split and the layer costs as the text given."""
-    old = {"stages": 2, "schedule": "serve", "microbatches": 0, "chunks": 1, "max_inflight": 2, "max_batch": 1,
-           "model": "synthetic", "layers": 2, "layer_cost_ms": "0.5,1", "embed_cost_ms": 0.0, "head_cost_ms": 0.0,
-           "split": "1,1", "requests": 8, "prompt_len": 16, "max_new_tokens": 8, "prompts": None, "seed": 0,
-           "rate": 0.0, "temperature": 0.0, "top_p": 1.0, "backend": "auto", "dtype": "float32", "timeout_s": 60.0,
-           "record": False, "out": "runs/r1", "progress": True, "nvtx": True, "sample_interval_ms": 100.0,
-           "record_alternate_ms": 0.0}  # fmt: skip
+    old = {
+        "stages": 2,
+        "schedule": "serve",
+        "microbatches": 0,
+        "chunks": 1,
+        "max_inflight": 2,
+        "max_batch": 1,
+        "model": "synthetic",
+        "layers": 2,
+        "layer_cost_ms": "0.5,1",
+        "embed_cost_ms": 0.0,
+        "head_cost_ms": 0.0,
+        "split": "1,1",
+        "requests": 8,
+        "prompt_len": 16,
+        "max_new_tokens": 8,
+        "prompts": None,
+        "seed": 0,
+        "rate": 0.0,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "backend": "auto",
+        "dtype": "float32",
+        "timeout_s": 60.0,
+        "record": False,
+        "out": "runs/r1",
+        "progress": True,
+        "nvtx": True,
+        "sample_interval_ms": 100.0,
+        "record_alternate_ms": 0.0,
+    }
     cfg = EngineConfig.from_json(old)
     assert cfg.pipeline.split == (1, 1) and cfg.model.layer_cost_ms == (0.5, 1.0) and cfg.output.out == Path("runs/r1")
     assert cfg.pipeline.max_inflight == 2 and cfg.output.record is False
@@ -94,9 +119,28 @@ def test_the_command_line_s_defaults_are_the_config_s(command: str) -> None:
 
 
 def test_text_is_parsed_once_into_typed_values() -> None:
-    args = build_parser().parse_args(["run", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "1,2.5",
-                                      "--split", "1, 1", "--prompts", __file__, "--max-new-tokens", "2",
-                                      "--out", "runs/x", "--timeout", "9", "--no-record"])  # fmt: skip
+    args = build_parser().parse_args(
+        [
+            "run",
+            "--model",
+            "synthetic",
+            "--layers",
+            "2",
+            "--layer-cost-ms",
+            "1,2.5",
+            "--split",
+            "1, 1",
+            "--prompts",
+            __file__,
+            "--max-new-tokens",
+            "2",
+            "--out",
+            "runs/x",
+            "--timeout",
+            "9",
+            "--no-record",
+        ]
+    )
     cfg = engine_config(args)
     assert cfg.model.layer_cost_ms == (1.0, 2.5) and cfg.pipeline.split == (1, 1)
     assert cfg.workload.prompts == Path(__file__) and cfg.output.out == Path("runs/x")
@@ -127,8 +171,10 @@ def test_messages_are_worded_in_flags() -> None:
     assert in_flags("bench.record_alternate_ms, a.pipeline.stages") == "bench.record_alternate_ms, a.pipeline.stages"
 
 
-@pytest.mark.parametrize(("given", "name"), [("fp16", "float16"), ("bf16", "bfloat16"), ("FP32", "float32"),
-                                             ("float64", "float64"), ("fp64", "float64")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("given", "name"),
+    [("fp16", "float16"), ("bf16", "bfloat16"), ("FP32", "float32"), ("float64", "float64"), ("fp64", "float64")],
+)
 def test_every_command_takes_both_spellings_of_a_dtype(
     given: str, name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

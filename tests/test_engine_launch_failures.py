@@ -38,8 +38,14 @@ PEER_ERROR = (
 def _launched(args: list[str], **popen: Any) -> Iterator[subprocess.Popen[str]]:
     """`ppscope run ARGS` in a session of its own, so signals reach it as from a terminal; whatever is left of it
     is killed at the end."""
-    proc = subprocess.Popen([sys.executable, "-m", "ppscope", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ppscope", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **popen,
+    )
     try:
         yield proc
     finally:
@@ -73,8 +79,23 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_marks_the_run(tmp_path: Pa
     """A job scheduler's SIGTERM to the launcher alone: the ranks (children of the fork server, not of the
     launcher) must not run on orphaned, and the run must not stay `running`."""
     out = tmp_path / "run"
-    args = ["--stages", "2", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "200", "--requests", "4",
-            "--max-new-tokens", "8", "--no-progress", "--out", str(out)]  # fmt: skip
+    args = [
+        "--stages",
+        "2",
+        "--model",
+        "synthetic",
+        "--layers",
+        "2",
+        "--layer-cost-ms",
+        "200",
+        "--requests",
+        "4",
+        "--max-new-tokens",
+        "8",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     with _launched(args) as proc:
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:
@@ -136,8 +157,15 @@ def test_the_rank_whose_own_code_failed_is_blamed_not_the_peer_that_lost_it(tmp_
     arrives first: the report names the root cause, and the echo is left out."""
     own = "RuntimeError: injected failure after 1 passes"
     procs = [_Proc(1), _Proc(1), _Proc(None)]
-    msg = _supervised(procs, [("error", 1, PEER_ERROR, None), ("error", 2, "TimeoutError: rank 2 received nothing from "
-                      "rank 1 for 60 s", 1), ("error", 0, own, None)], tmp_path)  # fmt: skip
+    msg = _supervised(
+        procs,
+        [
+            ("error", 1, PEER_ERROR, None),
+            ("error", 2, "TimeoutError: rank 2 received nothing from rank 1 for 60 s", 1),
+            ("error", 0, own, None),
+        ],
+        tmp_path,
+    )
     assert msg == f"rank 0 failed: {own}; the trace up to then is in {tmp_path}"
 
 
@@ -149,8 +177,14 @@ def test_a_killed_rank_is_blamed_before_the_errors_it_caused(tmp_path: Path) -> 
 
 
 def test_only_peer_failures_name_the_first_to_report(tmp_path: Path) -> None:
-    msg = _supervised([_Proc(1), _Proc(1)], [("error", 1, PEER_ERROR, None), ("error", 0, "RuntimeError: rank 0: send "
-                      "to rank 1 failed: Connection reset by peer", None)], tmp_path)  # fmt: skip
+    msg = _supervised(
+        [_Proc(1), _Proc(1)],
+        [
+            ("error", 1, PEER_ERROR, None),
+            ("error", 0, "RuntimeError: rank 0: send to rank 1 failed: Connection reset by peer", None),
+        ],
+        tmp_path,
+    )
     assert msg.startswith(f"rank 1 failed: {PEER_ERROR}")
 
 
@@ -175,8 +209,27 @@ def test_a_failed_middle_rank_is_named_among_its_peers_errors(tmp_path: Path, mo
 def test_out_that_cannot_be_made_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "afile.txt").write_text("x")
     out = tmp_path / "afile.txt" / "sub"
-    assert main(["run", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "0", "--requests", "1",
-                 "--max-new-tokens", "1", "--no-progress", "--out", str(out)]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                "synthetic",
+                "--layers",
+                "2",
+                "--layer-cost-ms",
+                "0",
+                "--requests",
+                "1",
+                "--max-new-tokens",
+                "1",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"ppscope run: error: cannot create run directory {out}: Not a directory; choose another --out"]
     assert (tmp_path / "afile.txt").read_text() == "x" and json.dumps(sorted(os.listdir(tmp_path))) == '["afile.txt"]'
@@ -201,8 +254,23 @@ def test_ranks_load_torch_with_its_cpp_logs_quiet_unless_the_caller_set_them(tmp
     if given:
         env[CPP_LOG_LEVEL_ENV] = given
     out = tmp_path / "run"
-    args = ["--stages", "2", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "50", "--requests", "2",
-            "--max-new-tokens", "400", "--no-progress", "--out", str(out)]  # fmt: skip
+    args = [
+        "--stages",
+        "2",
+        "--model",
+        "synthetic",
+        "--layers",
+        "2",
+        "--layer-cost-ms",
+        "50",
+        "--requests",
+        "2",
+        "--max-new-tokens",
+        "400",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     with _launched(args, env=env) as proc:
         deadline = time.monotonic() + 60
         ranks: list[int] = []

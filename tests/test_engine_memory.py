@@ -26,10 +26,12 @@ def test_estimate_is_what_each_rank_allocates(stages: int, chunks: int, dtype: s
     )
     prep = prepare(cfg, stages)
     for rank in range(stages):
-        stage = build_stage(make_source(cfg, prep.shape), prep.split, rank, stages, chunks, torch.device("cpu"),
-                            torch_dtype(dtype))  # fmt: skip
-        stage.allocate_cache(prep.cache_slots, prep.max_len, torch_dtype(dtype), prep.shape.kv_heads,
-                             prep.shape.head_dim)  # fmt: skip
+        stage = build_stage(
+            make_source(cfg, prep.shape), prep.split, rank, stages, chunks, torch.device("cpu"), torch_dtype(dtype)
+        )
+        stage.allocate_cache(
+            prep.cache_slots, prep.max_len, torch_dtype(dtype), prep.shape.kv_heads, prep.shape.head_dim
+        )
         modules = [m for c in stage.chunks.values() for m in c.layers] + [m for m in (stage.embed, stage.head) if m]
         weights = sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
         kv = sum(t.numel() * t.element_size() for c in stage.chunks.values() for kc in c.caches for t in (kc.k, kc.v))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppscope.balance.shapes import ModelShape
+from ppscope.balance.modelled.shapes import ModelShape
 from ppscope.engine.hf import CheckpointSource
 from ppscope.engine.model import Batch, RandomSource
 from ppscope.engine.stage import build_stage
@@ -28,10 +28,17 @@ def _write_checkpoint(path: Path, **config: object) -> Path:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     fields: dict[str, object] = dict(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-5,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
         tie_word_embeddings=False,
-    )  # fmt: skip
+    )
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**(fields | config))).eval()
     model.save_pretrained(path, safe_serialization=True)
     return path
@@ -44,8 +51,13 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # Llama 3.1-3.3's rope scaling (3.2 also ties the head to the embedding), with a pretraining context short
 # enough that the scaled frequencies matter within the test's few positions; and the older linear scaling.
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 16}  # fmt: skip
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 SCALED = {
     "llama3": {"rope_scaling": LLAMA3_ROPE, "tie_word_embeddings": True, "rope_theta": 500.0},
     "linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},

@@ -88,8 +88,10 @@ def test_the_command_line_names_flags_where_the_config_names_fields(
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        (lambda: EngineConfig(pipeline=PipelineConfig(schedule="gpipe"), workload=WorkloadConfig(rate=5.0)),
-         r"workload.rate has no effect here \(gpipe takes every request at once\)"),
+        (
+            lambda: EngineConfig(pipeline=PipelineConfig(schedule="gpipe"), workload=WorkloadConfig(rate=5.0)),
+            r"workload.rate has no effect here \(gpipe takes every request at once\)",
+        ),
         (lambda: PipelineConfig(schedule="gpipe", max_inflight=2), "pipeline.max_inflight has no effect here"),
         (lambda: PipelineConfig(schedule="interleaved", max_batch=2), "pipeline.max_batch has no effect here"),
         (lambda: PipelineConfig(schedule="serve", microbatches=3), "serve keeps pipeline.max_inflight micro-batches"),
@@ -97,7 +99,7 @@ def test_the_command_line_names_flags_where_the_config_names_fields(
         (lambda: ModelConfig(layer_cost_ms=(1.0, 2.0)), "model.layer_cost_ms has no effect here"),
         (lambda: ModelConfig(head_cost_ms=2.0), "model.head_cost_ms has no effect here"),
     ],
-)  # fmt: skip
+)
 def test_an_option_the_run_would_ignore_is_refused(config: Any, message: str) -> None:
     with pytest.raises(InvalidConfigError, match=message):
         config()
@@ -138,8 +140,11 @@ def test_micro_batches_and_cache_are_at_most_one_per_request() -> None:
 
 def test_meta_json_keeps_the_flat_config_its_readers_take() -> None:
     """The analyzer reads `requests` and `max_inflight`, the store `record`, rebalance `dtype`: as the run had them."""
-    cfg = EngineConfig(pipeline=PipelineConfig(stages=2, split=(6, 2)), workload=WorkloadConfig(requests=3),
-                       output=OutputConfig(record=False))  # fmt: skip
+    cfg = EngineConfig(
+        pipeline=PipelineConfig(stages=2, split=(6, 2)),
+        workload=WorkloadConfig(requests=3),
+        output=OutputConfig(record=False),
+    )
     config = prepare(cfg, 2).meta(2).config
     assert (config["requests"], config["max_inflight"], config["record"], config["dtype"]) == (3, 2, False, "float32")
     assert (config["split"], config["model"], config["microbatches"]) == ([6, 2], "tiny", 0)

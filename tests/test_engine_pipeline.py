@@ -20,8 +20,12 @@ REQUESTS = WorkloadConfig(requests=5, prompt_len=5, max_new_tokens=3, seed=3)
 
 
 def _config(out: Path, pipeline: PipelineConfig, workload: WorkloadConfig = REQUESTS) -> EngineConfig:
-    return EngineConfig(pipeline=pipeline, workload=workload, output=OutputConfig(progress=False, out=out),
-                        runtime=RuntimeConfig(timeout_s=60))  # fmt: skip
+    return EngineConfig(
+        pipeline=pipeline,
+        workload=workload,
+        output=OutputConfig(progress=False, out=out),
+        runtime=RuntimeConfig(timeout_s=60),
+    )
 
 
 @pytest.fixture(scope="module")

@@ -88,8 +88,11 @@ def test_run_command_json_and_no_record(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_prompts_file_with_uneven_lengths_in_one_batch(tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.jsonl"
-    rows = [{"prompt_ids": [1, 2, 3], "max_new_tokens": 4}, {"prompt_ids": [7] * 9, "max_new_tokens": 2},
-            {"prompt_ids": [5, 6], "max_new_tokens": 3}]  # fmt: skip
+    rows = [
+        {"prompt_ids": [1, 2, 3], "max_new_tokens": 4},
+        {"prompt_ids": [7] * 9, "max_new_tokens": 2},
+        {"prompt_ids": [5, 6], "max_new_tokens": 3},
+    ]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = EngineConfig(
         pipeline=PipelineConfig(stages=1, schedule="gpipe", microbatches=1),
@@ -102,8 +105,16 @@ def test_prompts_file_with_uneven_lengths_in_one_batch(tmp_path: Path) -> None:
     lines = sorted(finish_order, key=lambda r: r["id"])
     assert [r["output_ids"] for r in lines] == reference_outputs(cfg)
     assert [r["output_len"] for r in lines] == [4, 2, 3]
-    assert set(lines[0]) >= {"id", "prompt_len", "output_len", "arrival_ns", "first_token_ns", "finish_ns",
-                             "prompt_ids", "output_ids"}  # fmt: skip
+    assert set(lines[0]) >= {
+        "id",
+        "prompt_len",
+        "output_len",
+        "arrival_ns",
+        "first_token_ns",
+        "finish_ns",
+        "prompt_ids",
+        "output_ids",
+    }
 
 
 def test_sampling_draws_per_request_whatever_the_schedule(tmp_path: Path) -> None:
@@ -159,8 +170,11 @@ def test_a_serve_pass_is_named_by_its_micro_batch_and_step_through_every_request
 
 
 def test_poisson_arrivals_are_spread_and_served_after_arrival(tmp_path: Path) -> None:
-    cfg = _fast(tmp_path / "run", PipelineConfig(stages=1, schedule="serve"),
-                WorkloadConfig(rate=200.0, requests=5, max_new_tokens=2))  # fmt: skip
+    cfg = _fast(
+        tmp_path / "run",
+        PipelineConfig(stages=1, schedule="serve"),
+        WorkloadConfig(rate=200.0, requests=5, max_new_tokens=2),
+    )
     reqs = read_requests(run(cfg)).sort_values("id")
     arrivals = reqs["arrival_ns"].to_numpy()
     assert (arrivals[1:] > arrivals[:-1]).all()

@@ -16,13 +16,40 @@ from ppscope.trace.store import REQUESTS_FILE, load_run, read_meta
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-RUN = ["--model", "synthetic", "--layers", "3", "--layer-cost-ms", "1", "--requests", "3", "--max-new-tokens", "4",
-       "--no-progress", "--timeout", "30"]  # fmt: skip
+RUN = [
+    "--model",
+    "synthetic",
+    "--layers",
+    "3",
+    "--layer-cost-ms",
+    "1",
+    "--requests",
+    "3",
+    "--max-new-tokens",
+    "4",
+    "--no-progress",
+    "--timeout",
+    "30",
+]
 
 
 def _torchrun(ranks: int, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-           "-m", "ppscope", "run", "--stages", str(ranks), *RUN, "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        "-m",
+        "ppscope",
+        "run",
+        "--stages",
+        str(ranks),
+        *RUN,
+        "--out",
+        str(out),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=os.environ | env)
 
 
@@ -38,8 +65,12 @@ def test_a_run_under_torchrun_is_the_run_the_launcher_makes(tmp_path: Path) -> N
     assert (meta.status, meta.world_size, [r.rank for r in meta.ranks]) == ("finished", 2, [0, 1])
     trace = load_run(tmp_path / "tr")
     assert set(trace.spans["rank"].unique()) == {0, 1} and not trace.warnings
-    local = subprocess.run([sys.executable, "-m", "ppscope", "run", "--stages", "1", *RUN, "--out",
-                            str(tmp_path / "one")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    local = subprocess.run(
+        [sys.executable, "-m", "ppscope", "run", "--stages", "1", *RUN, "--out", str(tmp_path / "one")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert local.returncode == 0, local.stderr
     assert _outputs(tmp_path / "tr") == _outputs(tmp_path / "one") and len(_outputs(tmp_path / "one")) == 3
 

@@ -18,8 +18,8 @@ import pytest
 from ppscope.cli.main import main
 from ppscope.errors import CorruptFileError
 from ppscope.formats import export_run, export_trace
-from ppscope.formats.chrome import match_flows
-from ppscope.formats.chrome_ranks import Plan, TraceRanks
+from ppscope.formats.chrome.ranks import Plan, TraceRanks
+from ppscope.formats.chrome.writer import match_flows
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import write_run
 from ppscope.trace.store import load_run, rank_file, read_meta, write_meta
@@ -140,7 +140,7 @@ def test_a_run_still_being_written_is_exported_from_one_snapshot(
     runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two reads of a growing run's files need not agree: such a run is loaded once, whole, and exported."""
-    from ppscope.formats import chrome
+    from ppscope.formats.chrome import writer as chrome
 
     run = tmp_path / "live"
     shutil.copytree(runs["gpipe"], run)

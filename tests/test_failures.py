@@ -71,8 +71,14 @@ def test_an_error_whose_message_cannot_be_made_is_named_by_its_type() -> None:
 def test_a_failure_a_rank_recorded_is_a_warning_of_the_run(tmp_path: Path) -> None:
     """Under torchrun each failing rank records its own error; rank 0 writes the run's status, and when torchrun
     stops it that status says only 'stopped by SIGTERM'."""
-    meta = RunMeta(source="ppscope", world_size=3, pp_size=3, schedule="gpipe", status="interrupted",
-                   error="rank 0: stopped by SIGTERM")  # fmt: skip
+    meta = RunMeta(
+        source="ppscope",
+        world_size=3,
+        pp_size=3,
+        schedule="gpipe",
+        status="interrupted",
+        error="rank 0: stopped by SIGTERM",
+    )
     run = create_run(tmp_path / "run", meta)
     for rank, error in ((0, None), (1, OWN), (2, ECHO)):
         w = RankWriter(run, rank)

@@ -37,10 +37,30 @@ TIMEOUT_S = 10
 
 def _run_cmd(out: Path, *, requests: int = 400, layer_cost_ms: str = "2") -> list[str]:
     return [
-        PYTHON, "-m", "ppscope", "run", "--stages", "2", "--schedule", "serve", "--model", "synthetic",
-        "--layers", "2", "--layer-cost-ms", layer_cost_ms, "--requests", str(requests), "--max-new-tokens", "16",
-        "--timeout", str(TIMEOUT_S), "--no-progress", "--out", str(out),
-    ]  # fmt: skip
+        PYTHON,
+        "-m",
+        "ppscope",
+        "run",
+        "--stages",
+        "2",
+        "--schedule",
+        "serve",
+        "--model",
+        "synthetic",
+        "--layers",
+        "2",
+        "--layer-cost-ms",
+        layer_cost_ms,
+        "--requests",
+        str(requests),
+        "--max-new-tokens",
+        "16",
+        "--timeout",
+        str(TIMEOUT_S),
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
 
 
 def _children(pid: int) -> set[int]:
@@ -176,8 +196,9 @@ def test_sigkilled_rank_fails_the_run_within_its_timeout(killed: Outcome) -> Non
     # not data) but must change nothing else.
     data_files = [p for p in killed.out.iterdir() if not p.name.endswith("-shm")]
     before = {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in data_files}
-    done = subprocess.run([PYTHON, "-m", "ppscope", "analyze", str(killed.out), "--json"],
-                          capture_output=True, timeout=120, text=True)  # fmt: skip
+    done = subprocess.run(
+        [PYTHON, "-m", "ppscope", "analyze", str(killed.out), "--json"], capture_output=True, timeout=120, text=True
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)
     assert {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in data_files} == before

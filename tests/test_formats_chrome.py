@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_formats_helpers import MFU, make_run, need
 
-from ppscope.formats._util import nests, stack_levels
-from ppscope.formats.chrome import export_chrome, match_flows
-from ppscope.formats.nsys_import import load_nsys
+from ppscope.formats.chrome.writer import export_chrome, match_flows
+from ppscope.formats.nesting import nests, stack_levels
+from ppscope.formats.nsys.reader import load_nsys
 from ppscope.trace.model import Trace
 from ppscope.trace.store import load_run
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from test_formats_helpers import KINETO, fingerprint, need
 
-import ppscope.formats.kineto_json as kineto_json
+import ppscope.formats.kineto.decode as kineto_json
 from ppscope.formats.detect import InputKind, detect
-from ppscope.formats.kineto import load_kineto
+from ppscope.formats.kineto.reader import load_kineto
 from ppscope.formats.sources import open_trace
 
 
@@ -46,14 +46,38 @@ def _write(path: Path, doc: dict, gz: bool = False) -> Path:
 def _doc(rank: int | None, base_ns: int | None, ts: float) -> dict:
     events = [
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "pid": 1, "tid": 1, "ts": ts, "dur": 100},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts + 1, "dur": 2,
-         "args": {"correlation": 42}},
-        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_SendRecv(x)", "pid": 0, "tid": 7, "ts": ts + 150,
-         "dur": 10.5, "args": {"correlation": 42, "stream": 7}},
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": 9, "ts": ts + 3, "dur": 1,
-         "args": {"bytes": 4096}},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": ts + 1,
+            "dur": 2,
+            "args": {"correlation": 42},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "ncclDevKernel_SendRecv(x)",
+            "pid": 0,
+            "tid": 7,
+            "ts": ts + 150,
+            "dur": 10.5,
+            "args": {"correlation": 42, "stream": 7},
+        },
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy HtoD",
+            "pid": 0,
+            "tid": 9,
+            "ts": ts + 3,
+            "dur": 1,
+            "args": {"bytes": 4096},
+        },
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}},
-    ]  # fmt: skip
+    ]
     doc: dict = {"schemaVersion": 1, "traceEvents": events}
     if rank is not None:
         doc["distributedInfo"] = {"rank": rank, "world_size": 2, "backend": "nccl"}
@@ -103,11 +127,19 @@ def test_events_decoded_in_batches_are_those_of_a_plain_json_load(
     """Batches are cut at a `},` between events; one inside a name or a nested object must not cut them."""
     odd = [
         {"ph": "X", "cat": "cpu_op", "name": 'aten::x}, {"ph": "X"}', "pid": 1, "tid": 1, "ts": 5, "dur": 1.25},
-        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 6, "dur": 2,
-         "args": {"grid": {"x": 1}, "block": [{"y": 2}, {"z": 3}], "correlation": 9}},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k",
+            "pid": 0,
+            "tid": 7,
+            "ts": 6,
+            "dur": 2,
+            "args": {"grid": {"x": 1}, "block": [{"y": 2}, {"z": 3}], "correlation": 9},
+        },
         [1, 2],  # not an event: skipped
         {"ph": "i", "name": "}, ", "pid": 1, "tid": 1, "ts": 7.5},
-    ]  # fmt: skip
+    ]
     events = odd * 300
     for i, ev in enumerate(events):
         if isinstance(ev, dict):

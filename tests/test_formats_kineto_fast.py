@@ -14,24 +14,40 @@ from typing import Any
 import numpy as np
 import pytest
 
-import ppscope.formats.kineto_json as kineto_json
+import ppscope.formats.kineto.decode as kineto_json
 from ppscope.errors import CorruptFileError
-from ppscope.formats.kineto import load_kineto
-from ppscope.formats.kineto_json import event_of, iter_event_batches
-from ppscope.formats.kineto_times import float_ns, ns_column, to_ns
+from ppscope.formats.kineto.decode import event_of, iter_event_batches
+from ppscope.formats.kineto.reader import load_kineto
+from ppscope.formats.kineto.times import float_ns, ns_column, to_ns
 
 ODD_EVENTS = [
-    {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 5, "dur": 1.25,
-     "args": {"correlation": 3, "bytes": 64, "grid": [1, {"x": 2}], "blocks per SM": 0.5}},
-    {"ph": "X", "cat": "kernel", "name": 12, "pid": [0], "tid": {"s": 1}, "ts": "9", "dur": None,
-     "args": ["not", "an", "object"]},  # types msgspec's Event does not take: the batch falls back
+    {
+        "ph": "X",
+        "cat": "kernel",
+        "name": "k",
+        "pid": 0,
+        "tid": 7,
+        "ts": 5,
+        "dur": 1.25,
+        "args": {"correlation": 3, "bytes": 64, "grid": [1, {"x": 2}], "blocks per SM": 0.5},
+    },
+    {
+        "ph": "X",
+        "cat": "kernel",
+        "name": 12,
+        "pid": [0],
+        "tid": {"s": 1},
+        "ts": "9",
+        "dur": None,
+        "args": ["not", "an", "object"],
+    },  # types msgspec's Event does not take: the batch falls back
     {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 1700000000123467.0395, "dur": 2},
     {"ph": "X", "cat": ["cpu_op"], "ts": 2**70},
     {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "args": {"correlation": None}},
     {"ph": "s", "cat": "fwdbwd", "ts": 11.5, "id": 1},
     {"name": "\udc00 lone surrogate"},  # JSON the plain decoder takes and msgspec does not
     [1, 2],  # no event
-]  # fmt: skip
+]
 
 
 def _plain(text: str) -> list[Any]:
@@ -93,8 +109,10 @@ def test_float_durations_are_parsed_in_c_where_their_ns_are_sure(
 ) -> None:
     """A batch whose durations a float holds to the ns keeps them as floats (no text made in Python); one with a
     duration whose ns the float might round the other way is read again as text, and rounds half to even."""
-    events = [{"ph": "X", "cat": "user_annotation", "name": f"r{i}", "pid": 1, "tid": 1, "ts": i, "dur": 0}
-              for i in range(len(durations) + 1)]  # fmt: skip
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": f"r{i}", "pid": 1, "tid": 1, "ts": i, "dur": 0}
+        for i in range(len(durations) + 1)
+    ]
     text = json.dumps({"traceEvents": events})
     for d in durations:  # the last event is decoded alone (the stream's last item): a batch before it
         text = text.replace('"dur": 0}', '"dur": ' + d + "}", 1)
@@ -154,9 +172,17 @@ def _launch_doc(corr_of_odd_kernel: Any) -> dict[str, Any]:
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 150, "args": {"correlation": 2}},
         {"ph": "X", "cat": "kernel", "name": "k1", "pid": 0, "tid": 7, "ts": 120, "dur": 5, "args": {"correlation": 1}},
         {"ph": "X", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 60, "dur": 5, "args": {"correlation": 2}},
-        {"ph": "X", "cat": "kernel", "name": "odd", "pid": 0, "tid": 7, "ts": 130, "dur": 5,
-         "args": {"correlation": corr_of_odd_kernel}},
-    ]  # fmt: skip
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "odd",
+            "pid": 0,
+            "tid": 7,
+            "ts": 130,
+            "dur": 5,
+            "args": {"correlation": corr_of_odd_kernel},
+        },
+    ]
     return {"traceEvents": events}
 
 
@@ -183,8 +209,9 @@ def inflate(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.mark.usefixtures("inflate")
 def test_truncated_and_damaged_gzip_give_one_line_errors(tmp_path: Path) -> None:
-    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1.5}
-              for i in range(20_000)]  # fmt: skip
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1.5} for i in range(20_000)
+    ]
     whole = gzip.compress(json.dumps({"traceEvents": events}).encode())
     cut = tmp_path / "cut.json.gz"
     cut.write_bytes(whole[: len(whole) // 2])
@@ -225,10 +252,18 @@ def test_a_column_read_in_batches_is_the_same_as_one_read_whole(
 
 def test_bytes_beyond_int64_read_as_none_moved(tmp_path: Path) -> None:
     events = [
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": 9, "ts": t, "dur": 1,
-         "args": {"bytes": n}}
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy HtoD",
+            "pid": 0,
+            "tid": 9,
+            "ts": t,
+            "dur": 1,
+            "args": {"bytes": n},
+        }
         for t, n in ((1, 4096), (5, 2**70), (9, -(2**63)), (13, "12"))
-    ]  # fmt: skip
+    ]
     (tmp_path / "rank0.json").write_text(json.dumps({"traceEvents": events}))
     spans = load_kineto([tmp_path / "rank0.json"]).spans
     assert spans.loc[spans["kind"] == "memcpy", "nbytes"].tolist() == [4096, 0, -(2**63), 0]
@@ -237,10 +272,18 @@ def test_bytes_beyond_int64_read_as_none_moved(tmp_path: Path) -> None:
 def _nested_events(n: int) -> list[dict[str, Any]]:
     """Events whose args hold objects followed by more keys (`}, "`), and lists of objects (`}, {`)."""
     return [
-        {"ph": "X", "cat": "kernel", "name": f"k{i} ü", "pid": 0, "tid": 7, "ts": i, "dur": 1.5,
-         "args": {"grid": {"x": i}, "shape": [{"a": 1}, {"b": 2}], "correlation": i}}
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": f"k{i} ü",
+            "pid": 0,
+            "tid": 7,
+            "ts": i,
+            "dur": 1.5,
+            "args": {"grid": {"x": i}, "shape": [{"a": 1}, {"b": 2}], "correlation": i},
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.parametrize("chunk", [64, 1000, 4096])

@@ -27,19 +27,43 @@ def _mesh(pp: int, dp: int, tp: int) -> dict[str, list[list[int]]]:
 
 
 def _doc(rank: int, world: int, groups: dict[str, list[list[int]]], kernel_us: float) -> dict:
-    pg = [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl", "pg_size": world,
-           "ranks": list(range(world))}]  # fmt: skip
+    pg = [
+        {
+            "pg_name": "0",
+            "pg_desc": "default_pg",
+            "backend_config": "cuda:nccl",
+            "pg_size": world,
+            "ranks": list(range(world)),
+        }
+    ]
     for dim, members in groups.items():
         mine = next(g for g in members if rank in g)
         if len(mine) > 1:  # torch creates no group of one for a mesh dimension of size 1 here either
-            pg.append({"pg_name": str(len(pg)), "pg_desc": f"mesh_{dim}", "backend_config": "cuda:nccl",
-                       "pg_size": len(mine), "ranks": mine})  # fmt: skip
+            pg.append(
+                {
+                    "pg_name": str(len(pg)),
+                    "pg_desc": f"mesh_{dim}",
+                    "backend_config": "cuda:nccl",
+                    "pg_size": len(mine),
+                    "ranks": mine,
+                }
+            )
     events: list[dict] = [
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 2000}
     ]
     for i in range(4):  # four compute kernels, then a send to the next stage
-        events.append({"ph": "X", "cat": "kernel", "name": "sm90_gemm", "pid": 0, "tid": 7, "ts": 100 + 400 * i,
-                       "dur": kernel_us, "args": {"stream": 7}})  # fmt: skip
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "sm90_gemm",
+                "pid": 0,
+                "tid": 7,
+                "ts": 100 + 400 * i,
+                "dur": kernel_us,
+                "args": {"stream": 7},
+            }
+        )
     info = {"backend": "nccl", "rank": rank, "world_size": world, "pg_count": len(pg), "pg_config": pg}
     return {"schemaVersion": 1, "traceEvents": events, "distributedInfo": info, "baseTimeNanoseconds": 10**15}
 

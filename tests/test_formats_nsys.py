@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 from test_formats_helpers import MFU, MOCK, fingerprint, make_run, need, tiny_nsys
 
-from ppscope.formats.nsys_export import export_nsys, global_tid
-from ppscope.formats.nsys_import import load_nsys, pid_of
-from ppscope.formats.nsys_schema import TABLES
+from ppscope.formats.nsys.reader import load_nsys, pid_of
+from ppscope.formats.nsys.schema import TABLES
+from ppscope.formats.nsys.writer import export_nsys, global_tid
 from ppscope.formats.sources import open_trace
 from ppscope.trace.store import load_run
 
@@ -290,11 +290,14 @@ def _three_device_export(path: Path) -> Path:
         gpid = global_tid(pid, 0)
         table = int(rng.integers(0, 3))
         if table == 0:
-            db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, 7, ?, ?, ?)",
-                       (start, end, dev, i, gpid, name))  # fmt: skip
+            db.execute(
+                "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, 7, ?, ?, ?)", (start, end, dev, i, gpid, name)
+            )
         elif table == 1:
-            db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (?, ?, ?, 9, ?, ?, 64, ?)",
-                       (start, end, dev, i, gpid, [1, 8, 3][i % 3]))  # fmt: skip
+            db.execute(
+                "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (?, ?, ?, 9, ?, ?, 64, ?)",
+                (start, end, dev, i, gpid, [1, 8, 3][i % 3]),
+            )
         else:
             db.execute(
                 "INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET VALUES (?, ?, ?, 9, ?, ?, 32)", (start, end, dev, i, gpid)
@@ -329,7 +332,7 @@ def test_gpu_rows_read_a_device_at_a_time_give_the_spans_of_a_plain_read(
 ) -> None:
     """Streaming by device: no read returns more than one device's rows, and the trace is the one a read of
     whole tables makes, to the order of spans that tie to the nanosecond."""
-    import ppscope.formats.nsys_gpu as nsys_gpu
+    import ppscope.formats.nsys.gpu as nsys_gpu
 
     path = _three_device_export(tmp_path / "three.sqlite")
     read = nsys_gpu.int_columns

@@ -46,27 +46,45 @@ def gpipe_cpu() -> dict[int, list[dict[str, Any]]]:
     """Two ranks, one stage each, two micro-batches, torch's runtime ranges (µs)."""
     r0 = [
         _ann("ProfilerStep#0", 0, 700),
-        _ann("PP:0F0", 0, 100), _op("aten::linear", 10, 30), _op("aten::gelu", 50, 40),
-        _ann("PP:0SEND_F0", 100, 10), _op("c10d::send", 102, 6),
-        _ann("PP:0F1", 110, 90), _op("aten::linear", 120, 70),
-        _ann("PP:0SEND_F1", 200, 10), _op("c10d::send", 202, 6),
-        _ann("PP:0RECV_B1", 210, 5), _op("c10d::recv_", 211, 3), _ann("gloo:recv", 212, 188),
-        _ann("PP:0B1", 220, 280), _op("autograd::engine::evaluate_function: AddmmBackward0", 410, 80),
-        _ann("PP:0RECV_B0", 500, 5), _ann("gloo:recv", 502, 18),
-        _ann("PP:0B0", 510, 90), _op("autograd::engine::evaluate_function: AddmmBackward0", 530, 60),
+        _ann("PP:0F0", 0, 100),
+        _op("aten::linear", 10, 30),
+        _op("aten::gelu", 50, 40),
+        _ann("PP:0SEND_F0", 100, 10),
+        _op("c10d::send", 102, 6),
+        _ann("PP:0F1", 110, 90),
+        _op("aten::linear", 120, 70),
+        _ann("PP:0SEND_F1", 200, 10),
+        _op("c10d::send", 202, 6),
+        _ann("PP:0RECV_B1", 210, 5),
+        _op("c10d::recv_", 211, 3),
+        _ann("gloo:recv", 212, 188),
+        _ann("PP:0B1", 220, 280),
+        _op("autograd::engine::evaluate_function: AddmmBackward0", 410, 80),
+        _ann("PP:0RECV_B0", 500, 5),
+        _ann("gloo:recv", 502, 18),
+        _ann("PP:0B0", 510, 90),
+        _op("autograd::engine::evaluate_function: AddmmBackward0", 530, 60),
         _op("aten::add_", 650, 20),  # the optimizer, outside every action
-    ]  # fmt: skip
+    ]
     r1 = [
         _ann("ProfilerStep#0", 0, 700),
-        _ann("PP:1RECV_F0", 0, 5), _ann("gloo:recv", 2, 106),
-        _ann("PP:1F0", 10, 190), _op("aten::linear", 120, 60),
-        _ann("PP:1RECV_F1", 200, 5), _ann("gloo:recv", 201, 9),
-        _ann("PP:1F1", 206, 94), _op("aten::linear", 220, 60),
-        _ann("PP:1B1", 300, 100), _op("autograd::engine::evaluate_function: AddmmBackward0", 310, 80),
-        _ann("PP:1SEND_B1", 400, 10), _op("c10d::send", 401, 5),
-        _ann("PP:1B0", 410, 80), _op("autograd::engine::evaluate_function: AddmmBackward0", 420, 60),
-        _ann("PP:1SEND_B0", 490, 10), _op("c10d::send", 491, 5),
-    ]  # fmt: skip
+        _ann("PP:1RECV_F0", 0, 5),
+        _ann("gloo:recv", 2, 106),
+        _ann("PP:1F0", 10, 190),
+        _op("aten::linear", 120, 60),
+        _ann("PP:1RECV_F1", 200, 5),
+        _ann("gloo:recv", 201, 9),
+        _ann("PP:1F1", 206, 94),
+        _op("aten::linear", 220, 60),
+        _ann("PP:1B1", 300, 100),
+        _op("autograd::engine::evaluate_function: AddmmBackward0", 310, 80),
+        _ann("PP:1SEND_B1", 400, 10),
+        _op("c10d::send", 401, 5),
+        _ann("PP:1B0", 410, 80),
+        _op("autograd::engine::evaluate_function: AddmmBackward0", 420, 60),
+        _ann("PP:1SEND_B0", 490, 10),
+        _op("c10d::send", 491, 5),
+    ]
     return {0: r0, 1: r1}
 
 
@@ -87,8 +105,12 @@ def test_waits_inside_actions_are_recv_wait_and_operators_are_compute(tmp_path: 
     assert (meta.schedule, meta.microbatches, meta.chunks, meta.pp_size) == ("gpipe", 2, 1, 2)
     assert meta.config["pipelining"]["placement"] == "single"
     waits = spans[spans["kind"] == "recv_wait"].sort_values(["rank", "start_ns"])
-    got = [(int(r), int(s), int(m), p, int(a), int(b), int(q)) for r, s, m, p, a, b, q in
-           waits[["rank", "stage", "mb", "phase", "start_ns", "end_ns", "peer"]].itertuples(index=False)]  # fmt: skip
+    got = [
+        (int(r), int(s), int(m), p, int(a), int(b), int(q))
+        for r, s, m, p, a, b, q in waits[["rank", "stage", "mb", "phase", "start_ns", "end_ns", "peer"]].itertuples(
+            index=False
+        )
+    ]
     assert got == [
         (0, 0, 1, "B", _ns(220), _ns(400), 1),  # waited from the action's start to its receive's completion
         (0, 0, 0, "B", _ns(510), _ns(520), 1),
@@ -131,8 +153,16 @@ def test_gaps_between_operators_inside_an_action_are_host_time(tmp_path: Path) -
 
 def test_single_stage_ranges_and_inferred_actions(tmp_path: Path) -> None:
     docs = gpipe_cpu()
-    rename = {"PP:0F0": "Forward 0", "PP:0F1": "Forward 1", "PP:0B1": "Backward 1", "PP:0B0": "Backward 0",
-              "PP:1F0": "Forward 0", "PP:1F1": "Forward 1", "PP:1B1": "Backward 1", "PP:1B0": "Backward 0"}  # fmt: skip
+    rename = {
+        "PP:0F0": "Forward 0",
+        "PP:0F1": "Forward 1",
+        "PP:0B1": "Backward 1",
+        "PP:0B0": "Backward 0",
+        "PP:1F0": "Forward 0",
+        "PP:1F1": "Forward 1",
+        "PP:1B1": "Backward 1",
+        "PP:1B0": "Backward 0",
+    }
     for events in docs.values():
         for e in events:
             e["name"] = rename.get(e["name"], e["name"])
@@ -208,25 +238,48 @@ def test_gpu_kernels_take_the_action_that_launched_them(tmp_path: Path) -> None:
         return _x("cuda_runtime", "cudaLaunchKernel", ts, 2, correlation=corr)
 
     def kernel(name: str, ts: float, dur: float, corr: int) -> dict[str, Any]:
-        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
-                "args": {"correlation": corr, "stream": 7}}  # fmt: skip
+        return {
+            "ph": "X",
+            "cat": "kernel",
+            "name": name,
+            "pid": 0,
+            "tid": 7,
+            "ts": ts,
+            "dur": dur,
+            "args": {"correlation": corr, "stream": 7},
+        }
 
     r0 = [
-        _ann("PP:0F0", 0, 50), launch(10, 1), kernel("gemm", 20, 40, 1),
-        _ann("PP:0RECV_B0", 60, 10), launch(62, 2), kernel("ncclDevKernel_SendRecv", 65, 200, 2),
-        _ann("PP:0B0", 80, 30), launch(85, 3), kernel("gemm_bwd", 270, 50, 3),
-    ]  # fmt: skip
+        _ann("PP:0F0", 0, 50),
+        launch(10, 1),
+        kernel("gemm", 20, 40, 1),
+        _ann("PP:0RECV_B0", 60, 10),
+        launch(62, 2),
+        kernel("ncclDevKernel_SendRecv", 65, 200, 2),
+        _ann("PP:0B0", 80, 30),
+        launch(85, 3),
+        kernel("gemm_bwd", 270, 50, 3),
+    ]
     r1 = [
-        _ann("PP:1RECV_F0", 0, 10), launch(2, 1), kernel("ncclDevKernel_SendRecv", 5, 80, 1),
-        _ann("PP:1F0", 20, 30), launch(25, 2), kernel("gemm", 90, 40, 2),
-        _ann("PP:1B0", 60, 30), launch(65, 3), kernel("gemm_bwd", 140, 80, 3),
-    ]  # fmt: skip
+        _ann("PP:1RECV_F0", 0, 10),
+        launch(2, 1),
+        kernel("ncclDevKernel_SendRecv", 5, 80, 1),
+        _ann("PP:1F0", 20, 30),
+        launch(25, 2),
+        kernel("gemm", 90, 40, 2),
+        _ann("PP:1B0", 60, 30),
+        launch(65, 3),
+        kernel("gemm_bwd", 140, 80, 3),
+    ]
     trace = open_trace(_write(tmp_path / "t", {0: r0, 1: r1}))
     spans = trace.spans
     k = spans[spans["kind"] == "kernel"].sort_values(["rank", "start_ns"])
     assert list(zip(k["rank"], k["mb"], k["phase"], k["stage"], strict=True)) == [
-        (0, 0, "F", 0), (0, 0, "B", 0), (1, 0, "F", 1), (1, 0, "B", 1)
-    ]  # fmt: skip
+        (0, 0, "F", 0),
+        (0, 0, "B", 0),
+        (1, 0, "F", 1),
+        (1, 0, "B", 1),
+    ]
     w = spans[spans["kind"] == "recv_wait"].sort_values("rank")
     assert list(zip(w["rank"], w["peer"], w["lane"], strict=True)) == [(0, 1, "stream 7"), (1, 0, "stream 7")]
     causes = analyze(trace).stages[0].causes  # the receive wait: upstream, or fill/drain at the step's edges
@@ -234,7 +287,7 @@ def test_gpu_kernels_take_the_action_that_launched_them(tmp_path: Path) -> None:
 
 
 def test_files_read_in_worker_processes_give_the_same_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ppscope.formats.kineto as kineto
+    import ppscope.formats.kineto.reader as kineto
 
     folder = _write(tmp_path / "t", gpipe_cpu())
     (folder / "summary.json").write_text('{"not": "a trace"}')  # skipped, in a worker as here

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 from ppscope.engine.launch import run
-from ppscope.formats.nsys_export import export_nsys
+from ppscope.formats.nsys.writer import export_nsys
 from ppscope.formats.sources import open_trace
 from ppscope.trace.store import load_run
 
@@ -59,12 +59,14 @@ def _tally() -> Iterator[None]:
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small two-stage run recorded by the engine (spans, counters, requests)."""
     out = tmp_path_factory.mktemp("recorded") / "run"
-    run(EngineConfig(
-        pipeline=PipelineConfig(stages=2, schedule="serve"),
-        model=ModelConfig(name="synthetic", layers=2, layer_cost_ms=(0.0,)),
-        workload=WorkloadConfig(requests=6, max_new_tokens=4),
-        output=OutputConfig(progress=False, out=out),
-    ))  # fmt: skip
+    run(
+        EngineConfig(
+            pipeline=PipelineConfig(stages=2, schedule="serve"),
+            model=ModelConfig(name="synthetic", layers=2, layer_cost_ms=(0.0,)),
+            workload=WorkloadConfig(requests=6, max_new_tokens=4),
+            output=OutputConfig(progress=False, out=out),
+        )
+    )
     return out
 
 
@@ -211,12 +213,35 @@ def test_run_with_damaged_json_bytes(recorded: Path, data: st.DataObject, name: 
 
 
 META_PATHS = [
-    ("backend",), ("chunks",), ("config",), ("created_unix_ns",), ("error",), ("microbatches",), ("model",),
-    ("pp_size",), ("ranks",), ("run_id",), ("schedule",), ("schema_version",), ("source",), ("split",),
-    ("split_source",), ("status",), ("versions",), ("world_size",), ("ranks", 0), ("ranks", 0, "clock"),
-    ("ranks", 0, "rank"), ("ranks", 0, "stage"), ("ranks", 0, "pid"), ("ranks", 1, "clock", "offset_ns"),
-    ("ranks", 1, "clock", "uncertainty_ns"), ("ranks", 1, "device"), ("split", 0), ("model", "layers"),
-]  # fmt: skip
+    ("backend",),
+    ("chunks",),
+    ("config",),
+    ("created_unix_ns",),
+    ("error",),
+    ("microbatches",),
+    ("model",),
+    ("pp_size",),
+    ("ranks",),
+    ("run_id",),
+    ("schedule",),
+    ("schema_version",),
+    ("source",),
+    ("split",),
+    ("split_source",),
+    ("status",),
+    ("versions",),
+    ("world_size",),
+    ("ranks", 0),
+    ("ranks", 0, "clock"),
+    ("ranks", 0, "rank"),
+    ("ranks", 0, "stage"),
+    ("ranks", 0, "pid"),
+    ("ranks", 1, "clock", "offset_ns"),
+    ("ranks", 1, "clock", "uncertainty_ns"),
+    ("ranks", 1, "device"),
+    ("split", 0),
+    ("model", "layers"),
+]
 
 
 def _set_path(doc: Any, path: tuple[Any, ...], value: Any, delete: bool) -> None:
@@ -267,10 +292,20 @@ def test_run_requests_with_wrong_types(recorded: Path, data: st.DataObject) -> N
 # ---------------------------------------------------------------- wrongly typed cells in SQLite files
 
 READ_TABLES = {
-    "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
-    "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "StringIds", "META_DATA_EXPORT", "TARGET_INFO_GPU",
-    "TARGET_INFO_CUDA_DEVICE", "TARGET_INFO_SESSION_START_TIME", "spans", "counters", "info",
-}  # fmt: skip
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "NVTX_EVENTS",
+    "StringIds",
+    "META_DATA_EXPORT",
+    "TARGET_INFO_GPU",
+    "TARGET_INFO_CUDA_DEVICE",
+    "TARGET_INFO_SESSION_START_TIME",
+    "spans",
+    "counters",
+    "info",
+}
 """The tables the importers read: damage lands there most of the time."""
 
 SQL_VALUES = (
@@ -299,8 +334,11 @@ def _damage_cells(path: Path, data: st.DataObject) -> str:
             if how == "set":
                 value = data.draw(SQL_VALUES, label="value")
                 rows = data.draw(st.integers(1, 20), label="rows")
-                db.execute(f'UPDATE "{table}" SET "{column}" = ? WHERE rowid IN '
-                           f'(SELECT rowid FROM "{table}" ORDER BY random() LIMIT ?)', (value, rows))  # fmt: skip
+                db.execute(
+                    f'UPDATE "{table}" SET "{column}" = ? WHERE rowid IN '
+                    f'(SELECT rowid FROM "{table}" ORDER BY random() LIMIT ?)',
+                    (value, rows),
+                )
             elif how == "set all":
                 db.execute(f'UPDATE "{table}" SET "{column}" = ?', (data.draw(SQL_VALUES, label="value"),))
             elif how == "empty":

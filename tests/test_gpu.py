@@ -68,11 +68,13 @@ def test_engine_runs_one_stage_on_the_gpu_with_device_timed_spans(tmp_path: Path
     from ppscope.trace.store import load_run, read_requests
 
     out = tmp_path / "run"
-    run(EngineConfig(
-        pipeline=PipelineConfig(stages=1, schedule="serve"),
-        workload=WorkloadConfig(requests=4, prompt_len=8, max_new_tokens=8),
-        output=OutputConfig(progress=False, out=out),
-    ))  # fmt: skip
+    run(
+        EngineConfig(
+            pipeline=PipelineConfig(stages=1, schedule="serve"),
+            workload=WorkloadConfig(requests=4, prompt_len=8, max_new_tokens=8),
+            output=OutputConfig(progress=False, out=out),
+        )
+    )
     trace = load_run(out)
     assert trace.meta.backend in ("nccl", "gloo") and trace.meta.ranks[0].device != "cpu"
     kinds = set(trace.spans["kind"].astype(str))
@@ -93,12 +95,14 @@ def test_two_ranks_share_one_gpu_over_gloo_and_sample_what_the_cpu_samples(tmp_p
     outputs = {}
     for stages in (2, 1):
         out = tmp_path / str(stages)
-        run(EngineConfig(
-            pipeline=PipelineConfig(stages=stages, schedule="gpipe"),
-            workload=WorkloadConfig(requests=4, prompt_len=8, max_new_tokens=8),
-            output=OutputConfig(progress=False, out=out),
-            runtime=RuntimeConfig(backend="gloo", device="cuda"),
-        ))  # fmt: skip
+        run(
+            EngineConfig(
+                pipeline=PipelineConfig(stages=stages, schedule="gpipe"),
+                workload=WorkloadConfig(requests=4, prompt_len=8, max_new_tokens=8),
+                output=OutputConfig(progress=False, out=out),
+                runtime=RuntimeConfig(backend="gloo", device="cuda"),
+            )
+        )
         outputs[stages] = read_requests(out).sort_values("id")["output_ids"].tolist()
     trace = load_run(tmp_path / "2")
     assert trace.meta.backend == "gloo" and trace.meta.config["device"] == "cuda"
@@ -129,7 +133,7 @@ def test_cuda_draws_equal_cpu_draws_without_copying_to_the_host() -> None:
 
 
 def test_a_pass_index_on_the_gpu_equals_the_host_one() -> None:
-    from ppscope.balance.shapes import ModelShape
+    from ppscope.balance.modelled.shapes import ModelShape
     from ppscope.engine.model import Batch, Rotary
 
     shape = ModelShape.from_name("tiny")

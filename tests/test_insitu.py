@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ppscope.balance.insitu import has_layer_spans, insitu_costs
-from ppscope.balance.runcosts import run_costs
+from ppscope.balance.measured.choose import run_costs
+from ppscope.balance.measured.insitu import has_layer_spans, insitu_costs
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 from ppscope.trace.layers import layer_indices, layer_span_name
 from ppscope.trace.model import Lane, SpanKind, Trace
@@ -46,12 +46,13 @@ def _run(out: Path, every: int = K, stages: int = 2) -> Trace:
 
     cfg = c.EngineConfig(
         pipeline=c.PipelineConfig(stages=stages, schedule="serve"),
-        model=c.ModelConfig(name="synthetic", layers=len(LAYER_MS), layer_cost_ms=LAYER_MS, head_cost_ms=HEAD_MS,
-                            embed_cost_ms=EMBED_MS),
+        model=c.ModelConfig(
+            name="synthetic", layers=len(LAYER_MS), layer_cost_ms=LAYER_MS, head_cost_ms=HEAD_MS, embed_cost_ms=EMBED_MS
+        ),
         workload=c.WorkloadConfig(requests=2, prompt_len=4, max_new_tokens=12),
         output=c.OutputConfig(progress=False, nvtx=False, out=out, layer_spans=every),
         runtime=c.RuntimeConfig(timeout_s=120),
-    )  # fmt: skip
+    )
     return load_run(run(cfg))
 
 
@@ -126,8 +127,12 @@ def test_without_layer_spans_there_are_no_in_situ_costs(tmp_path: Path) -> None:
 def test_too_few_sampled_passes_name_the_layers_missing(sampled: Trace) -> None:
     spans = sampled.spans
     keep = ~((spans["kind"] == SpanKind.LAYER) & (spans["name"] == layer_span_name(4)))
-    trace = Trace(spans=spans[keep].reset_index(drop=True), counters=sampled.counters, requests=sampled.requests,
-                  meta=sampled.meta)  # fmt: skip
+    trace = Trace(
+        spans=spans[keep].reset_index(drop=True),
+        counters=sampled.counters,
+        requests=sampled.requests,
+        meta=sampled.meta,
+    )
     with pytest.raises(UnsupportedInputError, match=r"layer\(s\) 4 .* smaller --layer-spans"):
         insitu_costs([trace])
     auto = run_costs([trace], None)  # auto goes on to the fit, and says why

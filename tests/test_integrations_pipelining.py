@@ -42,10 +42,12 @@ def group(tmp_path: Path) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def _train(example: ModuleType, schedule_name: str, run: Path, steps: int = 2, m: int = 4, *more: str,
-           **options: object) -> None:  # fmt: skip
-    args = example.parse(["--schedule", schedule_name, "--microbatches", str(m), "--layers", "4", "--dim", "16",
-                          "--seq", "8", *more])  # fmt: skip
+def _train(
+    example: ModuleType, schedule_name: str, run: Path, steps: int = 2, m: int = 4, *more: str, **options: object
+) -> None:
+    args = example.parse(
+        ["--schedule", schedule_name, "--microbatches", str(m), "--layers", "4", "--dim", "16", "--seq", "8", *more]
+    )
     schedule, _ = example.build(args, 0, 1, torch.device("cpu"))
     tokens = torch.randint(0, args.vocab, (m * args.mb_size, args.seq + 1))
     with record_pipeline(schedule, run, **options):
@@ -97,8 +99,12 @@ def test_the_run_holds_each_virtual_stages_layers_and_rebalances(
     more = ["--layers", "8", "--chunks", "4", "--split", "5,1,1,1", "--dim", "32"]
     _train(example, "interleaved-1f1b", tmp_path / "run", 4, 4, *more)
     meta = load_run(tmp_path / "run").meta
-    assert (meta.split, meta.split_source, meta.model, meta.chunks) == ([5, 1, 1, 1], "stage modules' layers",
-                                                                        {"layers": 8}, 4)  # fmt: skip
+    assert (meta.split, meta.split_source, meta.model, meta.chunks) == (
+        [5, 1, 1, 1],
+        "stage modules' layers",
+        {"layers": 8},
+        4,
+    )
     assert main(["rebalance", str(tmp_path / "run"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["current_split"] == [5, 1, 1, 1] and out["proposed_split"][0] < 5  # layers off the slow stage
@@ -122,7 +128,7 @@ def test_a_split_given_to_the_hook_is_recorded_and_checked(example: ModuleType, 
 def test_layers_are_timed_forward_and_backward_in_sampled_micro_batches(
     example: ModuleType, tmp_path: Path, every: int, sampled: list[int]
 ) -> None:
-    from ppscope.balance.insitu import insitu_costs
+    from ppscope.balance.measured.insitu import insitu_costs
     from ppscope.errors import UnsupportedInputError
     from ppscope.trace.layers import layer_indices
 

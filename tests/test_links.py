@@ -33,8 +33,10 @@ from test_analysis_sharded import _same
 def _drifting_run(tmp: Path, *, reversed_send: bool = False) -> Path:
     """A gpipe run of 3 stages whose ranks 1 and 2 have estimated clocks, offset and drifting."""
     trace = simulate(SimConfig(schedule="gpipe", stages=3, microbatches=4, steps=2, costs=LayerCosts.uniform(6, 1.0)))
-    clocks = {1: ClockInfo(offset_ns=-3_000, uncertainty_ns=500, method="ping-pong", drift_ppm=40.0),
-              2: ClockInfo(offset_ns=7_000_000, uncertainty_ns=500, method="ping-pong", at_ns=1_000_000)}  # fmt: skip
+    clocks = {
+        1: ClockInfo(offset_ns=-3_000, uncertainty_ns=500, method="ping-pong", drift_ppm=40.0),
+        2: ClockInfo(offset_ns=7_000_000, uncertainty_ns=500, method="ping-pong", at_ns=1_000_000),
+    }
     meta = dataclasses.replace(trace.meta, ranks=[RankInfo(rank=r, clock=clocks.get(r, ClockInfo())) for r in range(3)])
     spans = trace.spans.copy()
     if reversed_send:  # a damaged file's send that ends before it starts: every reader leaves it out
@@ -52,8 +54,9 @@ def test_a_senders_sends_read_alone_are_the_rows_of_the_whole_load(tmp_path: Pat
         got = read_sends(rank_file(run, sender), to, meta)
         assert len(got) > 0 or sender == 2
         want = mine[list(got.columns)].sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)
-        pd.testing.assert_frame_equal(got.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True),
-                                      want)  # fmt: skip
+        pd.testing.assert_frame_equal(
+            got.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True), want
+        )
 
 
 def test_drifting_estimated_clocks_give_the_same_result_paired_in_the_tasks(tmp_path: Path) -> None:
@@ -71,10 +74,12 @@ def _messages(rng: np.random.Generator, n: int) -> pd.DataFrame:
     posted = rng.integers(0, 10, n) * 1000
     done = posted + rng.integers(-3, 3, n) * 1000
     kind = rng.choice(["recv", "recv_wait"], n)
-    sends = pd.DataFrame({"rank": src, "peer": dst, "kind": "send", "mb": mb, "step": step, "start_ns": posted,
-                          "end_ns": posted + 10})  # fmt: skip
-    recvs = pd.DataFrame({"rank": dst, "peer": src, "kind": kind, "mb": mb, "step": step, "start_ns": done - 10,
-                          "end_ns": done})  # fmt: skip
+    sends = pd.DataFrame(
+        {"rank": src, "peer": dst, "kind": "send", "mb": mb, "step": step, "start_ns": posted, "end_ns": posted + 10}
+    )
+    recvs = pd.DataFrame(
+        {"rank": dst, "peer": src, "kind": kind, "mb": mb, "step": step, "start_ns": done - 10, "end_ns": done}
+    )
     return pd.concat([sends, recvs], ignore_index=True).sort_values(["start_ns", "rank", "end_ns"], kind="stable")
 
 

@@ -44,8 +44,15 @@ def _scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
 
 def _ppscope(*args: str, **kw: object) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "ppscope", *args], env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, **kw)  # type: ignore[call-overload]  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "ppscope", *args],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        **kw,
+    )  # type: ignore[call-overload]
 
 
 def _url_of(proc: subprocess.Popen[str]) -> str:
@@ -58,9 +65,29 @@ def _url_of(proc: subprocess.Popen[str]) -> str:
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sim") / "run"
-    code = main(["simulate", "--schedule", "serve", "--stages", "3", "--microbatches", "2", "--steps", "60",
-                 "--layers", "6", "--layer-cost-ms", "1", "--head-cost-ms", "2", "--comm-latency-us", "80",
-                 "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "simulate",
+            "--schedule",
+            "serve",
+            "--stages",
+            "3",
+            "--microbatches",
+            "2",
+            "--steps",
+            "60",
+            "--layers",
+            "6",
+            "--layer-cost-ms",
+            "1",
+            "--head-cost-ms",
+            "2",
+            "--comm-latency-us",
+            "80",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     return out
 
@@ -119,10 +146,12 @@ def test_the_endpoint_serves_every_kind_and_nothing_unknown() -> None:
     try:
         assert _scrape(exporter.url) == {}  # nothing published yet: no sample, rather than a false 0
         hist = HistogramValue(bounds=(0.001, 0.01), counts=(2, 1, 1), sum=0.5)
-        exporter.publish(Snapshot(
-            values={"ppscope_stage_busy_ratio": {("0",): 0.75}, "ppscope_tokens_total": {(): 12.0}},
-            histograms={"ppscope_hop_latency_seconds": {("0", "1"): hist}},
-        ))  # fmt: skip
+        exporter.publish(
+            Snapshot(
+                values={"ppscope_stage_busy_ratio": {("0",): 0.75}, "ppscope_tokens_total": {(): 12.0}},
+                histograms={"ppscope_hop_latency_seconds": {("0", "1"): hist}},
+            )
+        )
         got = _scrape(exporter.url)
     finally:
         exporter.close()

@@ -56,8 +56,15 @@ KNOWN = [
 
 def _known_trace(status: str = "finished") -> Trace:
     spans = spans_frame(pd.DataFrame(KNOWN, columns=list(SPAN_COLUMNS)))
-    meta = RunMeta(run_id="known", source="ppscope", status=status, world_size=2, pp_size=2, schedule="gpipe",
-                   ranks=[RankInfo(rank=r, stage=r) for r in (0, 1)])  # fmt: skip
+    meta = RunMeta(
+        run_id="known",
+        source="ppscope",
+        status=status,
+        world_size=2,
+        pp_size=2,
+        schedule="gpipe",
+        ranks=[RankInfo(rank=r, stage=r) for r in (0, 1)],
+    )
     return Trace(spans=spans, meta=meta).sorted()
 
 
@@ -97,8 +104,13 @@ def test_unknown_values_are_left_out_not_zero() -> None:
     result = analyze(_known_trace())
     result = dataclasses.replace(result, bottleneck_stage=None, balance_gain=None, imbalance=None)
     g = window_gauges(result, tokens_per_s=None)
-    for name in ("ppscope_bottleneck_stage", "ppscope_stage_bottleneck", "ppscope_balance_gain",
-                 "ppscope_imbalance", "ppscope_tokens_per_second"):  # fmt: skip
+    for name in (
+        "ppscope_bottleneck_stage",
+        "ppscope_stage_bottleneck",
+        "ppscope_balance_gain",
+        "ppscope_imbalance",
+        "ppscope_tokens_per_second",
+    ):
         assert name not in g
     assert window_gauges(analyze(Trace()), tokens_per_s=None) == {}
 
@@ -130,8 +142,16 @@ def test_tokens_and_hop_latencies_of_a_slice() -> None:
     lat = new_latencies(trace.spans, 0, 40 * MS)
     assert lat.to_dict("records") == [{"src": 0, "dst": 1, "latency_ns": 2 * MS}]  # posted at 10, woke at 12
     assert new_latencies(trace.spans, 12 * MS, 40 * MS).empty  # each message counted in one slice only
-    requests = pd.DataFrame({"id": [0, 1], "prompt_len": [4, 4], "output_len": [3, 5], "arrival_ns": [0, 0],
-                             "first_token_ns": [MS, MS], "finish_ns": [10 * MS, 30 * MS]})  # fmt: skip
+    requests = pd.DataFrame(
+        {
+            "id": [0, 1],
+            "prompt_len": [4, 4],
+            "output_len": [3, 5],
+            "arrival_ns": [0, 0],
+            "first_token_ns": [MS, MS],
+            "finish_ns": [10 * MS, 30 * MS],
+        }
+    )
     with_requests = dataclasses.replace(trace, requests=requests)
     assert tokens_between(with_requests, 10 * MS, 40 * MS, from_spans=False) == 5
 
@@ -185,8 +205,15 @@ def _write_progressively(trace: Trace, run: Path, cuts_ms: list[float], follower
 
 def _gpipe(steps: int = 6) -> Trace:
     costs = LayerCosts(layer_ms=(1.0, 2.0, 1.0, 1.0, 3.0, 1.0), head_ms=1.0, sample_ms=0.2)
-    cfg = SimConfig(schedule="gpipe", stages=3, microbatches=4, steps=steps, costs=costs,
-                    comm=CommModel(latency_us=100), overhead_ms=0.3)  # fmt: skip
+    cfg = SimConfig(
+        schedule="gpipe",
+        stages=3,
+        microbatches=4,
+        steps=steps,
+        costs=costs,
+        comm=CommModel(latency_us=100),
+        overhead_ms=0.3,
+    )
     return simulate(cfg)
 
 
@@ -285,7 +312,13 @@ def test_the_grafana_dashboard_asks_only_for_metrics_that_are_served() -> None:
     served |= {f"{s.name}_{suffix}" for s in SPECS if s.kind == "histogram" for suffix in ("bucket", "sum", "count")}
     asked = {name for expr in grafana_queries() for name in re.findall(r"\bppscope_\w+", expr)}
     assert asked - served == set()
-    for name in ("ppscope_stage_busy_ratio", "ppscope_stage_bubble_ratio", "ppscope_stage_idle_seconds_total",
-                 "ppscope_hop_latency_seconds_bucket", "ppscope_tokens_per_second", "ppscope_bottleneck_stage",
-                 "ppscope_balance_gain"):  # fmt: skip
+    for name in (
+        "ppscope_stage_busy_ratio",
+        "ppscope_stage_bubble_ratio",
+        "ppscope_stage_idle_seconds_total",
+        "ppscope_hop_latency_seconds_bucket",
+        "ppscope_tokens_per_second",
+        "ppscope_bottleneck_stage",
+        "ppscope_balance_gain",
+    ):
         assert name in asked, f"the dashboard shows no {name}"

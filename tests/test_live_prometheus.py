@@ -76,17 +76,51 @@ def test_prometheus_scrapes_the_stage_metrics_of_a_running_engine(tmp_path: Path
     )
     log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below, after the server
     server = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{web_port}"],
-        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{web_port}",
+        ],
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.Popen(
-        [sys.executable, "-m", "ppscope", "run", "--stages", str(STAGES), "--model", "synthetic", "--layers", "4",
-         "--layer-cost-ms", "2", "--requests", "200", "--max-new-tokens", "20", "--schedule", "serve",
-         "--no-progress", "--out", str(tmp_path / "run"), "--prometheus-port", str(metrics_port)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ppscope",
+            "run",
+            "--stages",
+            str(STAGES),
+            "--model",
+            "synthetic",
+            "--layers",
+            "4",
+            "--layer-cost-ms",
+            "2",
+            "--requests",
+            "200",
+            "--max-new-tokens",
+            "20",
+            "--schedule",
+            "serve",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "run"),
+            "--prometheus-port",
+            str(metrics_port),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     busy: list[dict[str, Any]] = []
     try:
         deadline = time.monotonic() + 150

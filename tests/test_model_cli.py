@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ppscope.balance.gpus import GPUS
+from ppscope.balance.modelled.gpus import GPUS
 from ppscope.cli.main import main
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"

@@ -21,10 +21,34 @@ from ppscope.trace.store import enclosing_run, holds_run, load_run
 Runs = tuple[Path, Path]
 Capsys = pytest.CaptureFixture[str]
 EXPORTS = {"nsys-sqlite": "x.sqlite", "chrome": "x.json", "nvtxt": "x-nvtxt"}
-SIM = ["simulate", "--schedule", "gpipe", "--stages", "2", "--microbatches", "2", "--layers", "4",
-       "--layer-cost-ms", "1"]  # fmt: skip
-CHEAP_RUN = ["--stages", "1", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "0.1", "--requests", "2",
-             "--max-new-tokens", "2", "--no-progress"]  # fmt: skip
+SIM = [
+    "simulate",
+    "--schedule",
+    "gpipe",
+    "--stages",
+    "2",
+    "--microbatches",
+    "2",
+    "--layers",
+    "4",
+    "--layer-cost-ms",
+    "1",
+]
+CHEAP_RUN = [
+    "--stages",
+    "1",
+    "--model",
+    "synthetic",
+    "--layers",
+    "2",
+    "--layer-cost-ms",
+    "0.1",
+    "--requests",
+    "2",
+    "--max-new-tokens",
+    "2",
+    "--no-progress",
+]
 
 
 def one_line_error(capsys: Capsys, *words: str) -> str:
@@ -215,9 +239,13 @@ def test_the_check_refuses_what_the_write_would_refuse(tmp_path: Path) -> None:
 def test_new_runs_are_refused_inside_a_run(runs: Runs, capsys: Capsys) -> None:
     r1, r2 = runs
     before = {r: fingerprint(r) for r in runs}
-    for args in ([*SIM, "--out", str(r1 / "sub")], [*SIM[:1], "--from", str(r1), "--out", str(r2 / "sub")],
-                 ["run", *CHEAP_RUN, "--out", str(r1 / "sub")], ["tune", *CHEAP_RUN, "--out", str(r2)],
-                 ["demo", "--no-dashboard", "--out", str(r1 / "demo")]):  # fmt: skip
+    for args in (
+        [*SIM, "--out", str(r1 / "sub")],
+        [*SIM[:1], "--from", str(r1), "--out", str(r2 / "sub")],
+        ["run", *CHEAP_RUN, "--out", str(r1 / "sub")],
+        ["tune", *CHEAP_RUN, "--out", str(r2)],
+        ["demo", "--no-dashboard", "--out", str(r1 / "demo")],
+    ):
         assert main(args) == 2
         one_line_error(capsys, "never writes into a run")
     assert {r: fingerprint(r) for r in runs} == before

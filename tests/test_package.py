@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import zipfile
@@ -50,7 +51,7 @@ def test_the_wheel_installs_ppscope_alone(tmp_path: Path) -> None:
     top_level = [n for n in names if n.endswith("top_level.txt")]
     if top_level:
         assert zipfile.ZipFile(wheel).read(top_level[0]).decode().split() == ["ppscope"]
-    for part in ("engine/worker.py", "dashboard/app.py", "trace/store.py", "balance/rebalance.py"):
+    for part in ("engine/worker.py", "dashboard/app.py", "trace/store.py", "balance/advise/rebalance.py"):
         assert f"ppscope/{part}" in names
 
 
@@ -72,10 +73,60 @@ def test_no_import_cycles() -> None:
     assert not cycles, f"import cycles through: {sorted(cycles)[:5]}"
 
 
-def test_no_module_over_500_lines() -> None:
-    long = {
-        str(p.relative_to(ROOT)): n
-        for p in (ROOT / "ppscope").rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > 500
-    }
-    assert not long, f"split these by responsibility: {long}"
+LONG_FUNCTIONS = {
+    "ppscope/analysis/bubbles.py::_one_stage": "one stage's busy time, bubble and every cause in one pass over "
+    "its idle intervals; the parts share the intervals' arrays",
+    "ppscope/analysis/pipeline.py::hop_stats": "bytes, bandwidth and latency of every link from one pairing",
+    "ppscope/balance/measured/fit.py::fit_layer_costs": "the least-squares system of every run's stages, built "
+    "and solved in one place so that its rank and residuals are read off the same matrix",
+    "ppscope/cli/commands/rebalance.py::run": "the command still builds its report itself (to move into "
+    "ppscope.balance as a typed report)",
+    "ppscope/cli/commands/rebalance.py::_print": "prints the report the command builds (to follow it)",
+    "ppscope/cli/tuning.py::tune": "the run, rebalance, re-run loop, its steps in the order they happen",
+    "ppscope/cli/tuning_report.py::print_tune": "one table of measured against predicted, row by row",
+    "ppscope/engine/worker.py::_run_pipeline": "one rank's main: the process group, the stage, the schedule "
+    "loop and the recorder's life, in the order a rank goes through them",
+    "ppscope/formats/kineto/reader.py::load_kineto": "the job's files read in a pipeline of threads (inflate, "
+    "decode) whose hand-offs are clearer in one function",
+    "ppscope/simulate/simulator.py::simulate": "the discrete-event loop and the spans it writes",
+    "ppscope/simulate/training.py::replay_order": "the replay's event loop over every rank's own action order",
+    "ppscope/simulate/training.py::replay_training": "the replay's inputs measured from the trace, then its result",
+    "ppscope/simulate/training.py::_as_trace": "every replayed action's span and wait, written as the simulator's",
+    "ppscope/engine/comm.py::Ring._take": "the wait for a posted receive, with and without a deadline, and the timing "
+    "of the wait: one message's life",
+    "ppscope/formats/pipelining/job.py::read_pipeline": "the job's actions, stages and schedule from its ranks' "
+    "files, each step refusing or narrowing what the next may assume",
+    "ppscope/analysis/sharded.py::Sharded.analyze": "passes 2 and 3 of one pipeline, a rank then a stage at a "
+    "time, with what each pass hands to the next",
+    "ppscope/analysis/replicas.py::replicas_of": "the replicas analysed and compared, with the warnings of "
+    "each check on the placement",
+}
+"""Functions longer than `MAX_FUNCTION_LINES`, each with the reason it is one function."""
+
+MAX_FUNCTION_LINES = 60
+
+
+def _functions() -> dict[str, int]:
+    """Every function and method of the package by `path::qualified.name`, with its length in lines."""
+    found = {}
+
+    def visit(node: ast.AST, path: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                if not isinstance(child, ast.ClassDef) and child.end_lineno is not None:
+                    found[f"{path}::{name}"] = child.end_lineno - child.lineno + 1
+                visit(child, path, name + ".")
+
+    for path in (ROOT / "ppscope").rglob("*.py"):
+        visit(ast.parse(path.read_text()), str(path.relative_to(ROOT)), "")
+    return found
+
+
+def test_no_function_over_60_lines_without_a_reason() -> None:
+    """Files follow concepts, whatever their length; a function is read at once, or says why it cannot be."""
+    functions = _functions()
+    long = {name: n for name, n in functions.items() if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS}
+    assert not long, f"split these, or list them in LONG_FUNCTIONS with the reason: {long}"
+    stale = [name for name in LONG_FUNCTIONS if functions.get(name, 0) <= MAX_FUNCTION_LINES]
+    assert not stale, f"these are short now (or gone): take them off LONG_FUNCTIONS: {stale}"

@@ -31,9 +31,22 @@ SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "
 
 
 def _train(schedule: str, out: Path, shape: list[str] = SMALL) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "examples" / "pipelining_train.py"), "--schedule", schedule, *shape,
-           "--profile", str(out / "prof"), "--ppscope", str(out / "run")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "examples" / "pipelining_train.py"),
+        "--schedule",
+        schedule,
+        *shape,
+        "--profile",
+        str(out / "prof"),
+        "--ppscope",
+        str(out / "run"),
+    ]
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -129,9 +142,24 @@ def test_data_parallel_pipelines_are_placed_alike_by_the_hook_and_the_profiler(t
     its pipeline's process group, the Kineto importer from `distributedInfo`, and both place every rank alike."""
     from ppscope.analysis.placement import placement_of
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-           str(ROOT / "examples" / "pipelining_train.py"), "--schedule", "1f1b", "--dp", "2", *SMALL,
-           "--profile", str(tmp_path / "prof"), "--ppscope", str(tmp_path / "run")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        str(ROOT / "examples" / "pipelining_train.py"),
+        "--schedule",
+        "1f1b",
+        "--dp",
+        "2",
+        *SMALL,
+        "--profile",
+        str(tmp_path / "prof"),
+        "--ppscope",
+        str(tmp_path / "run"),
+    ]
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ppscope.balance.plan import GIB, Cluster, PlanConfig, plan
-from ppscope.balance.shapes import ModelShape
+from ppscope.balance.modelled.plan import GIB, Cluster, PlanConfig, plan
+from ppscope.balance.modelled.shapes import ModelShape
 from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError
 
@@ -119,10 +119,17 @@ def test_cli_plan_json_and_text(capsys: pytest.CaptureFixture[str], tmp_path) ->
     config = tmp_path / "config.json"
     config.write_text(
         json.dumps(
-            {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 4,
-             "intermediate_size": 1024, "vocab_size": 8192, "max_position_embeddings": 512}
+            {
+                "num_hidden_layers": 4,
+                "hidden_size": 256,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 4,
+                "intermediate_size": 1024,
+                "vocab_size": 8192,
+                "max_position_embeddings": 512,
+            }
         )
-    )  # fmt: skip
+    )
     assert main(["plan", "--model", str(config), "--gpus", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tp"] == 1
     assert main(["plan", "--model", "nope", "--gpus", "1"]) == 2

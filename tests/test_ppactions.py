@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ppscope.formats.ppactions import UNKNOWN, Action, name_schedule, parse_action, placement_of
+from ppscope.formats.pipelining.actions import UNKNOWN, Action, name_schedule, parse_action, placement_of
 
 
 def test_action_names_parse() -> None:

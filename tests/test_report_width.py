@@ -20,8 +20,15 @@ from ppscope.simulate.simulator import CommModel, SimConfig, simulate, write_run
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # host time and hop latency give the stage table more causes than 80 columns hold beside fill and drain
-    cfg = SimConfig(schedule="gpipe", stages=4, microbatches=8, steps=2, costs=LayerCosts.uniform(8, 1.0),
-                    overhead_ms=0.05, comm=CommModel(latency_us=20))  # fmt: skip
+    cfg = SimConfig(
+        schedule="gpipe",
+        stages=4,
+        microbatches=8,
+        steps=2,
+        costs=LayerCosts.uniform(8, 1.0),
+        overhead_ms=0.05,
+        comm=CommModel(latency_us=20),
+    )
     return write_run(simulate(cfg), tmp_path_factory.mktemp("w") / "sim")
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ppscope.balance.gpus import GPUS, gpu_named
-from ppscope.balance.roofline import ALLREDUCE_LATENCY_S, Workload, expected_experts, model_costs
-from ppscope.balance.shapes import ModelShape
+from ppscope.balance.modelled.gpus import GPUS, gpu_named
+from ppscope.balance.modelled.roofline import ALLREDUCE_LATENCY_S, Workload, expected_experts, model_costs
+from ppscope.balance.modelled.shapes import ModelShape
 from ppscope.errors import InvalidConfigError
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
@@ -85,12 +85,14 @@ def test_deepseek_v3_latent_attention_and_dense_then_moe_layers() -> None:
     assert [m.is_moe_layer(i) for i in range(m.layers)].count(False) == 3 and m.layers == 61  # 3 dense, 58 MoE
     d, h = 7168, 128
     attn = (
-        d * 1536 + 1536  # q_a_proj to the 1536-wide query latent, and its norm
+        d * 1536
+        + 1536  # q_a_proj to the 1536-wide query latent, and its norm
         + 1536 * h * (128 + 64)  # q_b_proj: 128 heads of 128 + 64 (rotary) widths
-        + d * (512 + 64) + 512  # kv_a_proj_with_mqa to the 512 latent + 64 rotary key, and its norm
+        + d * (512 + 64)
+        + 512  # kv_a_proj_with_mqa to the 512 latent + 64 rotary key, and its norm
         + 512 * h * (128 + 128)  # kv_b_proj: keys (128) and values (128) of every head
         + h * 128 * d  # o_proj
-    )  # fmt: skip
+    )
     assert attn == 187_107_328 == m.attn_params
     dense = attn + 3 * d * 18432 + 2 * d
     moe = attn + d * 256 + (256 + 1) * 3 * d * 2048 + 2 * d  # router, 256 routed + 1 shared expert

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from ppscope.balance.costs import LayerCosts
-from ppscope.balance.profile import LayerProfile, PhaseCosts
-from ppscope.balance.runcosts import run_costs
+from ppscope.balance.measured.choose import run_costs
+from ppscope.balance.measured.profile import LayerProfile, PhaseCosts
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 from ppscope.simulate.simulator import SimConfig, simulate
 from ppscope.trace.model import Trace
@@ -24,8 +24,9 @@ def run(costs: LayerCosts = TRUE, stages: int = 3, **kw: int) -> Trace:
 def profile(layer_ms: tuple[float, ...]) -> LayerProfile:
     decode = PhaseCosts(layer_ms=layer_ms, embed_ms=0.1, head_ms=0.2, sample_ms=0.0, tokens=1)
     prefill = dataclasses.replace(decode, layer_ms=tuple(4 * c for c in layer_ms))
-    return LayerProfile(model="m", device="cpu", dtype="float32", method="perf_counter", repeats=3,
-                        prefill=prefill, decode=decode)  # fmt: skip
+    return LayerProfile(
+        model="m", device="cpu", dtype="float32", method="perf_counter", repeats=3, prefill=prefill, decode=decode
+    )
 
 
 def test_without_a_profile_the_costs_are_the_fit_of_the_spans() -> None:

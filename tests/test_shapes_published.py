@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ppscope.balance.shapes import PRESETS, PUBLISHED, ModelShape
+from ppscope.balance.modelled.shapes import PRESETS, PUBLISHED, ModelShape
 from ppscope.errors import UnsupportedInputError
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"

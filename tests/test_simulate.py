@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppscope.analysis import analyze
-from ppscope.balance.costs import LayerCosts, fit_layer_costs
-from ppscope.balance.problem import BalanceProblem
-from ppscope.balance.rebalance import balance, evaluate
+from ppscope.balance.advise.problem import BalanceProblem
+from ppscope.balance.advise.rebalance import balance, evaluate
+from ppscope.balance.costs import LayerCosts
+from ppscope.balance.measured.fit import fit_layer_costs
 from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError, RunExistsError
 from ppscope.formats.sources import open_trace
@@ -63,9 +64,14 @@ def test_serve_with_fewer_microbatches_than_stages_idles_by_the_ring() -> None:
 def test_spans_follow_the_engine_schema_and_causality() -> None:
     costs = LayerCosts(layer_ms=(1.0, 2.0, 1.0, 1.0, 3.0), embed_ms=0.5, head_ms=1.0, sample_ms=0.2)
     cfg = SimConfig(
-        schedule="gpipe", stages=3, microbatches=4, steps=3, costs=costs, split=(2, 2, 1),
+        schedule="gpipe",
+        stages=3,
+        microbatches=4,
+        steps=3,
+        costs=costs,
+        split=(2, 2, 1),
         comm=CommModel(latency_us=50, bandwidth_gb_per_s=10, activation_bytes=1_000_000),
-    )  # fmt: skip
+    )
     trace = simulate(cfg)
     s = trace.spans
     assert list(s.columns) == list(SPAN_COLUMNS)
@@ -134,9 +140,26 @@ def test_bad_configs_are_named() -> None:
 
 def test_cli_simulate_then_rebalance_the_prediction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sim"
-    args = ["simulate", "--schedule", "gpipe", "--stages", "4", "--microbatches", "8", "--layers", "16",
-            "--layer-cost-ms", "1", "--head-cost-ms", "3", "--embed-cost-ms", "0.5",
-            "--out", str(out), "--json"]  # fmt: skip
+    args = [
+        "simulate",
+        "--schedule",
+        "gpipe",
+        "--stages",
+        "4",
+        "--microbatches",
+        "8",
+        "--layers",
+        "16",
+        "--layer-cost-ms",
+        "1",
+        "--head-cost-ms",
+        "3",
+        "--embed-cost-ms",
+        "0.5",
+        "--out",
+        str(out),
+        "--json",
+    ]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["split"] == [4, 4, 4, 4] and summary["makespan_ms"] == pytest.approx(4.5 + 4 + 4 + 8 * 7)
@@ -182,9 +205,15 @@ def test_simulate_and_analyze_of_the_prediction_agree(
 def test_replaying_a_simulated_run_reproduces_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     costs = LayerCosts(layer_ms=tuple(1.0 + 0.25 * (i % 3) for i in range(9)), embed_ms=0.5, head_ms=2.0, sample_ms=0.1)
     cfg = SimConfig(
-        schedule="gpipe", stages=3, microbatches=3, steps=4, costs=costs, split=(4, 3, 2), overhead_ms=0.2,
+        schedule="gpipe",
+        stages=3,
+        microbatches=3,
+        steps=4,
+        costs=costs,
+        split=(4, 3, 2),
+        overhead_ms=0.2,
         comm=CommModel(latency_us=300),
-    )  # fmt: skip
+    )
     write_run(simulate(cfg), tmp_path / "a")
     assert main(["simulate", "--from", str(tmp_path / "a"), "--out", str(tmp_path / "b"), "--json"]) == 0
     replay = json.loads(capsys.readouterr().out)
@@ -257,10 +286,37 @@ def test_replay_predicts_the_synthetic_engine(tmp_path: Path) -> None:
     from ppscope.simulate.calibrate import compare, replay_config
 
     out = tmp_path / "engine"
-    cmd = [sys.executable, "-m", "ppscope", "run", "--stages", "4", "--model", "synthetic", "--layers", "16",
-           "--layer-cost-ms", "2", "--embed-cost-ms", "1", "--head-cost-ms", "6", "--schedule", "gpipe",
-           "--microbatches", "4", "--requests", "8", "--max-new-tokens", "6", "--backend", "gloo",
-           "--no-progress", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ppscope",
+        "run",
+        "--stages",
+        "4",
+        "--model",
+        "synthetic",
+        "--layers",
+        "16",
+        "--layer-cost-ms",
+        "2",
+        "--embed-cost-ms",
+        "1",
+        "--head-cost-ms",
+        "6",
+        "--schedule",
+        "gpipe",
+        "--microbatches",
+        "4",
+        "--requests",
+        "8",
+        "--max-new-tokens",
+        "6",
+        "--backend",
+        "gloo",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     measured = open_trace(out)
@@ -294,13 +350,14 @@ def test_cli_rebalance_fits_two_runs_and_shows_measured_times(
 
 
 def test_cli_rebalance_prefers_the_runs_layer_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ppscope.balance.profile import PROFILE_FILE, LayerProfile, PhaseCosts
+    from ppscope.balance.measured.profile import PROFILE_FILE, LayerProfile, PhaseCosts
 
     cfg = SimConfig(schedule="gpipe", stages=2, microbatches=2, costs=LayerCosts.uniform(6, 1.0))
     run_dir = write_run(simulate(cfg), tmp_path / "run")
     decode = PhaseCosts(layer_ms=(3.0, 1.0, 1.0, 1.0, 1.0, 1.0), embed_ms=0.0, head_ms=0.0, sample_ms=0.0, tokens=1)
-    profile = LayerProfile(model="m", device="cpu", dtype="float32", method="perf_counter", repeats=3,
-                           prefill=decode, decode=decode)  # fmt: skip
+    profile = LayerProfile(
+        model="m", device="cpu", dtype="float32", method="perf_counter", repeats=3, prefill=decode, decode=decode
+    )
     (run_dir / PROFILE_FILE).write_text(json.dumps(profile.to_dict()))
     assert main(["rebalance", str(run_dir), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

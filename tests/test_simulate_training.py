@@ -90,10 +90,18 @@ def _torch_order(cls_name: str, p: int, v: int, m: int) -> dict[int, list[TrainA
 
     held = [0, 2 * p - 1] if cls_name in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV") else [c * p for c in range(v)]
     stages = [
-        types.SimpleNamespace(num_stages=p * v, group_size=p, group_rank=0, stage_index=s, is_first=s == 0,
-                              is_last=s == p * v - 1, stage_index_to_group_rank=None, submod=torch.nn.Linear(1, 1))
+        types.SimpleNamespace(
+            num_stages=p * v,
+            group_size=p,
+            group_rank=0,
+            stage_index=s,
+            is_first=s == 0,
+            is_last=s == p * v - 1,
+            stage_index_to_group_rank=None,
+            submod=torch.nn.Linear(1, 1),
+        )
         for s in held
-    ]  # fmt: skip
+    ]
     cls = getattr(schedules, cls_name)
     single = cls_name in ("ScheduleGPipe", "Schedule1F1B")
     sched = cls(stages[0] if single else stages, n_microbatches=m)
@@ -101,8 +109,9 @@ def _torch_order(cls_name: str, p: int, v: int, m: int) -> dict[int, list[TrainA
     for r, acts in sched.pipeline_order.items():
         parts = [p for a in acts if a is not None for p in (a.sub_actions or (a,))]
         compute = [a for a in parts if a.computation_type.value in ("F", "B", "I", "W")]
-        order[int(r)] = [TrainAction(int(a.stage_index), a.computation_type.value, int(a.microbatch_index))
-                         for a in compute]  # fmt: skip
+        order[int(r)] = [
+            TrainAction(int(a.stage_index), a.computation_type.value, int(a.microbatch_index)) for a in compute
+        ]
     if cls_name == "Schedule1F1B":  # torch's plan for its last rank numbers forwards one too high; it runs F0 first
         last = p - 1
         order[last] = [a._replace(mb=a.mb - 1) if a.type == "F" else a for a in order[last]]
@@ -146,8 +155,16 @@ def test_unequal_costs_and_a_hop_give_the_hand_computed_step() -> None:
 
 def test_weights_wait_for_their_inputs_gradient_and_a_hop_only_between_ranks() -> None:
     # two stages on one rank: no hop between them; W after its own I, even when listed right after it
-    order = {0: [TrainAction(0, "F", 0), TrainAction(1, "F", 0), TrainAction(1, "I", 0), TrainAction(0, "I", 0),
-                 TrainAction(1, "W", 0), TrainAction(0, "W", 0)]}  # fmt: skip
+    order = {
+        0: [
+            TrainAction(0, "F", 0),
+            TrainAction(1, "F", 0),
+            TrainAction(1, "I", 0),
+            TrainAction(0, "I", 0),
+            TrainAction(1, "W", 0),
+            TrainAction(0, "W", 0),
+        ]
+    }
     step = replay_order(order, _costs(2), hop_ns=10_000)
     assert step.window_ns == 6 * 1000 and step.bubble_ratio == 0
     with pytest.raises(InvalidConfigError, match="cannot run together"):  # W before its I on the same rank
@@ -173,17 +190,34 @@ def _run_of(order: dict[int, list[TrainAction]], cost: dict[tuple[int, str], int
     """A run of `order`, as its replay writes it (forward/backward spans labelled like the hook's)."""
     one = replay_order(order, cost)
     stages = 1 + max(a.stage for acts in order.values() for a in acts)
-    meta = RunMeta(source="pipelining", status="finished", world_size=len(order), pp_size=len(order),
-                   schedule="1f1b", microbatches=1 + max(a.mb for acts in order.values() for a in acts),
-                   chunks=stages // len(order))  # fmt: skip
+    meta = RunMeta(
+        source="pipelining",
+        status="finished",
+        world_size=len(order),
+        pp_size=len(order),
+        schedule="1f1b",
+        microbatches=1 + max(a.mb for acts in order.values() for a in acts),
+        chunks=stages // len(order),
+    )
     rows = []
     for k in range(steps):
         shift = k * (one.window_ns + 500)  # the optimizer between steps
         for t in one.actions:
             kind = "forward" if t.action.type == "F" else "backward"
-            rows.append({"rank": t.rank, "stage": t.action.stage, "mb": t.action.mb, "step": k, "kind": kind,
-                         "lane": "compute", "phase": t.action.type, "start_ns": t.start_ns + shift,
-                         "end_ns": t.end_ns + shift, "name": t.action.label})  # fmt: skip
+            rows.append(
+                {
+                    "rank": t.rank,
+                    "stage": t.action.stage,
+                    "mb": t.action.mb,
+                    "step": k,
+                    "kind": kind,
+                    "lane": "compute",
+                    "phase": t.action.type,
+                    "start_ns": t.start_ns + shift,
+                    "end_ns": t.end_ns + shift,
+                    "name": t.action.label,
+                }
+            )
     return Trace.from_records(rows, meta=meta)
 
 

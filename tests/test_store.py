@@ -62,8 +62,10 @@ def test_a_large_batch_is_written_whole_and_in_order(tmp_path: Path) -> None:
     w = RankWriter(run, 0)
     for n in (300, 1, 257):
         base = w.spans_written
-        w.write([_span(0, 10 * (base + i), 10 * (base + i) + 5, mb=base + i) for i in range(n)],
-                [(10 * (base + i), 0, -1, "cpu", float(i)) for i in range(n // 2)])  # fmt: skip
+        w.write(
+            [_span(0, 10 * (base + i), 10 * (base + i) + 5, mb=base + i) for i in range(n)],
+            [(10 * (base + i), 0, -1, "cpu", float(i)) for i in range(n // 2)],
+        )
     w.close()
     trace = load_run(run)
     assert trace.spans["mb"].tolist() == list(range(558))

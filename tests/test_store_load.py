@@ -31,11 +31,23 @@ def _write_run(run: Path, n: int, ranks: int = 3, seed: int = 0) -> None:
         for _ in range(n):
             start = rng.randrange(0, n // 4)  # many spans share a start: the tie-breaking is tested too
             rows.append(
-                (r, rng.choice([r, -1]), rng.choice(LANES), rng.choice(["forward", "send", "mark"]),
-                 rng.choice(NAMES), rng.randrange(-1, 5), rng.randrange(-1, 3), 0,
-                 rng.choice(["", "prefill", "decode"]), start, start + rng.randrange(0, 3),
-                 rng.choice([0, 2**62, -5]), rng.randrange(0, 9), rng.randrange(-1, 4))
-            )  # fmt: skip
+                (
+                    r,
+                    rng.choice([r, -1]),
+                    rng.choice(LANES),
+                    rng.choice(["forward", "send", "mark"]),
+                    rng.choice(NAMES),
+                    rng.randrange(-1, 5),
+                    rng.randrange(-1, 3),
+                    0,
+                    rng.choice(["", "prefill", "decode"]),
+                    start,
+                    start + rng.randrange(0, 3),
+                    rng.choice([0, 2**62, -5]),
+                    rng.randrange(0, 9),
+                    rng.randrange(-1, 4),
+                )
+            )
         for i in range(0, n, 97):
             w.write(rows[i : i + 97], [(i, r, -1, "cpu_util_pct", 1.5)])
         w.close()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from ppscope.balance.advise.rebalance import rebalance
 from ppscope.balance.costs import LayerCosts
-from ppscope.balance.rebalance import rebalance
-from ppscope.balance.tracefit import calibrate
+from ppscope.balance.modelled.tracefit import calibrate
 from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError
 
@@ -61,10 +61,18 @@ def _kineto_dir(folder: Path, stage_ms: list[float], passes: int = 20) -> Path:
     for rank, total in enumerate(stage_ms):
         dur = total / passes * 1000  # µs
         events = [
-            {"ph": "X", "cat": "kernel", "name": f"layer_gemm_{i}", "pid": 0, "tid": 7,
-             "ts": 1_000_000 + i * period + rank * period / 2, "dur": dur, "args": {"stream": 7}}
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": f"layer_gemm_{i}",
+                "pid": 0,
+                "tid": 7,
+                "ts": 1_000_000 + i * period + rank * period / 2,
+                "dur": dur,
+                "args": {"stream": 7},
+            }
             for i in range(passes)
-        ]  # fmt: skip
+        ]
         doc = {"schemaVersion": 1, "traceEvents": events, "distributedInfo": {"rank": rank, "world_size": 4}}
         (folder / f"rank-{rank}.json").write_text(json.dumps(doc))
     return folder

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ppscope.balance.costs import fit_layer_costs
-from ppscope.balance.rebalance import engine_lines, megatron_args
-from ppscope.balance.training import training_passes
+from ppscope.balance.advise.rebalance import engine_lines, megatron_args
+from ppscope.balance.measured.fit import fit_layer_costs
+from ppscope.balance.measured.training import training_passes
 from ppscope.cli.main import main
 from ppscope.simulate.simulator import write_run
 from ppscope.trace.model import RankInfo, RunMeta, Trace
@@ -19,8 +19,16 @@ F_MS, B_MS, LOSS_MS = 1.0, 2.0, 0.5  # every layer's forward and backward, the l
 WOBBLE = sum(1.0 + 0.02 * (i % 5) / 4 for i in range(16)) / 16  # the mean slowing of 4 steps of 4 micro-batches
 
 
-def _trace(split: list[int], *, chunks: int = 1, record_split: bool = True, kernels: bool = False,
-           zero_bubble: bool = False, steps: int = 4, m: int = 4) -> Trace:  # fmt: skip
+def _trace(
+    split: list[int],
+    *,
+    chunks: int = 1,
+    record_split: bool = True,
+    kernels: bool = False,
+    zero_bubble: bool = False,
+    steps: int = 4,
+    m: int = 4,
+) -> Trace:
     """A training run with known costs: each (virtual) stage's forward takes F_MS per layer, its backward
     B_MS per layer (as I + W halves when `zero_bubble`), on rank stage mod P; `kernels`: as the Kineto
     importer gives it, two `kernel` operators per action and no split. Each pass is slower by a
@@ -35,8 +43,16 @@ def _trace(split: list[int], *, chunks: int = 1, record_split: bool = True, kern
         parts = [ns // 2, ns - ns // 2] if kernels and kind != "head" else [ns]
         for part in parts:
             start = clock[rank]
-            rows.append({"rank": rank, "kind": "kernel" if kernels else kind, "start_ns": start,
-                         "end_ns": start + part, "lane": "compute", **labels})  # fmt: skip
+            rows.append(
+                {
+                    "rank": rank,
+                    "kind": "kernel" if kernels else kind,
+                    "start_ns": start,
+                    "end_ns": start + part,
+                    "lane": "compute",
+                    **labels,
+                }
+            )
             clock[rank] = start + part + 1000
 
     for step in range(steps):
@@ -58,11 +74,16 @@ def _trace(split: list[int], *, chunks: int = 1, record_split: bool = True, kern
         for r in range(ranks):  # the optimizer: compute of no micro-batch
             put(r, "forward", 5.0, phase="F", stage=-1, mb=-1, step=step)
     meta = RunMeta(
-        source="kineto" if kernels else "pipelining", status="finished", world_size=ranks, pp_size=ranks,
-        schedule="interleaved-1f1b" if chunks > 1 else "1f1b", microbatches=m, chunks=chunks,
+        source="kineto" if kernels else "pipelining",
+        status="finished",
+        world_size=ranks,
+        pp_size=ranks,
+        schedule="interleaved-1f1b" if chunks > 1 else "1f1b",
+        microbatches=m,
+        chunks=chunks,
         split=list(split) if record_split and not kernels else [],
         ranks=[RankInfo(rank=r, stage=r) for r in range(ranks)],
-    )  # fmt: skip
+    )
     return Trace.from_records(rows, meta=meta)
 
 

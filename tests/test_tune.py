@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ppscope.balance.profile import PROFILE_FILE, read_profile
+from ppscope.balance.measured.profile import PROFILE_FILE, read_profile
 from ppscope.cli.tuning import tune
 from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 from ppscope.engine.profiler import profile_layers, write_profile
@@ -27,11 +27,12 @@ def _synthetic(
     section's fields as given."""
     return EngineConfig(
         pipeline=PipelineConfig(**{"stages": 3, **(pipeline or {})}),
-        model=ModelConfig(**{"name": "synthetic", "layers": 6, "layer_cost_ms": (1.0,) * 6, "head_cost_ms": 3.0,
-                             **(model or {})}),
+        model=ModelConfig(
+            **{"name": "synthetic", "layers": 6, "layer_cost_ms": (1.0,) * 6, "head_cost_ms": 3.0, **(model or {})}
+        ),
         workload=WorkloadConfig(**{"requests": 4, "prompt_len": 4, "max_new_tokens": 4, **(workload or {})}),
         output=QUIET,
-    )  # fmt: skip
+    )
 
 
 def test_profile_times_each_layer_and_the_ends(tmp_path: Path) -> None:
@@ -139,9 +140,27 @@ def test_run_profile_layers_feeds_rebalance(tmp_path: Path) -> None:
 
     run_dir = tmp_path / "r"
     common = [sys.executable, "-m", "ppscope"]
-    args = ["run", "--stages", "2", "--model", "synthetic", "--layers", "4", "--layer-cost-ms", "1,1,1,4",
-            "--head-cost-ms", "2", "--requests", "2", "--max-new-tokens", "2", "--no-progress", "--profile-layers",
-            "--out", str(run_dir)]  # fmt: skip
+    args = [
+        "run",
+        "--stages",
+        "2",
+        "--model",
+        "synthetic",
+        "--layers",
+        "4",
+        "--layer-cost-ms",
+        "1,1,1,4",
+        "--head-cost-ms",
+        "2",
+        "--requests",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "--no-progress",
+        "--profile-layers",
+        "--out",
+        str(run_dir),
+    ]
     out = subprocess.run(common + args, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     prof = read_profile(run_dir)
@@ -155,22 +174,29 @@ def test_run_profile_layers_feeds_rebalance(tmp_path: Path) -> None:
 def test_a_predicted_gain_within_noise_is_called_so(tmp_path: Path) -> None:
     from rich.console import Console
 
+    from ppscope.balance.advise.problem import BalanceProblem
+    from ppscope.balance.advise.rebalance import rebalance
     from ppscope.balance.costs import LayerCosts
-    from ppscope.balance.problem import BalanceProblem
-    from ppscope.balance.rebalance import rebalance
     from ppscope.cli.tuning import RunSummary, TuneResult
     from ppscope.cli.tuning_report import print_tune
 
     def summary(split: tuple[int, ...], tok_s: float) -> RunSummary:
-        return RunSummary(run_dir=tmp_path, split=split, throughput_tokens_per_s=tok_s, bubble_ratio=0.2,
-                          bottleneck_stage=1, stage_busy_ms_per_mb=(1.0, 1.0))  # fmt: skip
+        return RunSummary(
+            run_dir=tmp_path,
+            split=split,
+            throughput_tokens_per_s=tok_s,
+            bubble_ratio=0.2,
+            bottleneck_stage=1,
+            stage_busy_ms_per_mb=(1.0, 1.0),
+        )
 
     def printed(layer_ms: tuple[float, ...], head_ms: float) -> str:
         costs = LayerCosts(layer_ms=layer_ms, embed_ms=0.0, head_ms=head_ms, sample_ms=0.0)
         advice = rebalance(BalanceProblem(costs=costs, stages=2), current=(4, 4))
         after = summary(tuple(advice.proposed.split), 312.8)
-        result = TuneResult(before=summary((4, 4), 272.5), after=after, advice=advice, costs=costs,
-                            cost_source="profile")  # fmt: skip
+        result = TuneResult(
+            before=summary((4, 4), 272.5), after=after, advice=advice, costs=costs, cost_source="profile"
+        )
         console = Console(width=200, record=True)
         print_tune(result, console)
         return console.export_text()
@@ -210,8 +236,23 @@ def test_the_demo_runs_the_whole_loop_on_the_tiny_model(tmp_path: Path) -> None:
     import sys
 
     out = tmp_path / "demo"
-    args = [sys.executable, "-m", "ppscope", "demo", "--no-dashboard", "--split", "1,7", "--requests", "4",
-            "--max-new-tokens", "6", "--repeats", "2", "--out", str(out)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "ppscope",
+        "demo",
+        "--no-dashboard",
+        "--split",
+        "1,7",
+        "--requests",
+        "4",
+        "--max-new-tokens",
+        "6",
+        "--repeats",
+        "2",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     text = done.stdout
@@ -260,13 +301,38 @@ def test_profile_passes_are_shaped_as_the_run_s_micro_batches(tmp_path: Path) ->
 def test_demo_json_leads_with_the_answer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from ppscope.cli.main import main
 
-    args = ["demo", "--no-dashboard", "--json", "--model", "synthetic", "--split", "6,2", "--requests", "2",
-            "--max-new-tokens", "4", "--repeats", "1", "--costs", "fit", "--out", str(tmp_path / "d")]  # fmt: skip
+    args = [
+        "demo",
+        "--no-dashboard",
+        "--json",
+        "--model",
+        "synthetic",
+        "--split",
+        "6,2",
+        "--requests",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--costs",
+        "fit",
+        "--out",
+        str(tmp_path / "d"),
+    ]
     assert main(args) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
-    assert list(out)[:8] == ["predicted_speedup", "predicted_interval", "measured_speedup", "measured_interval",
-                             "advice", "advice_reason", "realised_share_of_predicted_gain", "cost_source"]  # fmt: skip
+    assert list(out)[:8] == [
+        "predicted_speedup",
+        "predicted_interval",
+        "measured_speedup",
+        "measured_interval",
+        "advice",
+        "advice_reason",
+        "realised_share_of_predicted_gain",
+        "cost_source",
+    ]
     assert out["cost_source"] == "fit"
     assert out["advice"] in ("keep", "change") and out["tune"]["before"]["split"] == [6, 2]
     assert "• run 1" in captured.err

@@ -126,9 +126,13 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
 
     flush = flushes(meta.schedule) or facts.backward_compute  # synchronous training flushes
     results, gaps = stage_bubbles(
-        times, layout.stages, window, flush=flush, has_waits=facts.has_waits,
+        times,
+        layout.stages,
+        window,
+        flush=flush,
+        has_waits=facts.has_waits,
         no_requests=no_requests(trace.requests, meta, window),
-    )  # fmt: skip
+    )
     start, end = times.start_ns, times.end_ns
     in_window = (end > window.start_ns) & (start < window.end_ns)
     hops = hop_stats(spans[in_window], role[in_window]) if not in_window.all() else hop_stats(spans, role)
@@ -153,8 +157,11 @@ def meta_notes(meta: RunMeta) -> list[str]:
         notes.append(_LIVE_SOURCES[meta.source])
     elif meta.status in _STATUS_NOTES and meta.status != "running":
         notes.append(_STATUS_NOTES[meta.status] + (f" ({meta.error})" if meta.error else ""))
-    notes += [f"rank {r.rank} recorded CPU counters, not its GPU's: {r.counters[4:].strip()}"
-              for r in meta.ranks if r.counters.startswith("cpu:")]  # fmt: skip
+    notes += [
+        f"rank {r.rank} recorded CPU counters, not its GPU's: {r.counters[4:].strip()}"
+        for r in meta.ranks
+        if r.counters.startswith("cpu:")
+    ]
     return notes
 
 
@@ -179,8 +186,9 @@ def assemble(
     if basis == "busy":
         warnings.append("no `forward` spans on some stage: imbalance compares busy time per stage")
     stages_run = max(p, meta.pp_size) if missing else p  # the formula is of the pipeline that ran
-    theory = _theory(meta.schedule, stages_run, meta.microbatches, meta.chunks, facts.inflight, facts.compute_mbs,
-                     window)  # fmt: skip
+    theory = _theory(
+        meta.schedule, stages_run, meta.microbatches, meta.chunks, facts.inflight, facts.compute_mbs, window
+    )
     throughput, basis_tp = _throughput(latency, tokens, window)
     return AnalysisResult(
         source=meta.source,

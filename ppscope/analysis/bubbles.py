@@ -178,9 +178,15 @@ def stage_bubbles(
     for gi, (stage, ranks) in enumerate(stages):
         idx = order[cuts[gi] : cuts[gi + 1]]
         res, gap = _one_stage(
-            times, idx, stage, ranks, window, positions[gi], has_waits=has_waits,
+            times,
+            idx,
+            stage,
+            ranks,
+            window,
+            positions[gi],
+            has_waits=has_waits,
             no_requests=no_requests or Intervals.empty(),
-        )  # fmt: skip
+        )
         results.append(res)
         gaps.append(gap)
     return results, _gap_frame(gaps)
@@ -279,10 +285,14 @@ def _gap_frame(gaps: list[_Gaps]) -> pd.DataFrame:
 
     stage = np.concatenate([np.full(len(g[1]), g[0], np.int32) for g in gaps]) if gaps else np.empty(0, np.int32)
     return pd.DataFrame(
-        {"stage": stage, "start_ns": joined(1, np.int64), "end_ns": joined(2, np.int64),
-         "cause": pd.Categorical.from_codes(joined(3, np.int16), dtype=_CAUSE_DTYPE)},
+        {
+            "stage": stage,
+            "start_ns": joined(1, np.int64),
+            "end_ns": joined(2, np.int64),
+            "cause": pd.Categorical.from_codes(joined(3, np.int16), dtype=_CAUSE_DTYPE),
+        },
         copy=False,
-    )  # fmt: skip
+    )
 
 
 _CAUSE_DTYPE = pd.CategoricalDtype(list(CAUSES))

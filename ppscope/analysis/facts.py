@@ -61,12 +61,17 @@ def stage_times(spans: pd.DataFrame, role: npt.NDArray[np.int8], layout: Layout,
     # the waits inside those actions)
     backward = phase.among([Phase.BACKWARD, "B", "I", "W"]) | kind.among([SpanKind.BACKWARD])
     return StageTimes(
-        group=layout.group_of(spans["rank"].to_numpy(np.int64)), role=role, dependency=dependency,
-        step=spans["step"].to_numpy(np.int64), backward=backward, start_ns=spans["start_ns"].to_numpy(np.int64),
-        end_ns=spans["end_ns"].to_numpy(np.int64), forward=kind.among([SpanKind.FORWARD]),
+        group=layout.group_of(spans["rank"].to_numpy(np.int64)),
+        role=role,
+        dependency=dependency,
+        step=spans["step"].to_numpy(np.int64),
+        backward=backward,
+        start_ns=spans["start_ns"].to_numpy(np.int64),
+        end_ns=spans["end_ns"].to_numpy(np.int64),
+        forward=kind.among([SpanKind.FORWARD]),
         chunk=spans["chunk"].to_numpy(np.int64),
         action=kind.among([SpanKind.RANGE]) & phase.among(["F", "B", "I", "W"]),
-    )  # fmt: skip
+    )
 
 
 _NONE = np.iinfo(np.int64)
@@ -188,9 +193,14 @@ def compute_overlaps(spans: pd.DataFrame, is_compute: npt.NDArray[np.bool_]) -> 
 
 
 def busiest_rank(
-    rank: npt.NDArray[np.int64], start_ns: npt.NDArray[np.int64], end_ns: npt.NDArray[np.int64],
-    compute: npt.NDArray[np.bool_], ranks: list[int], lo: int, hi: int,
-) -> int:  # fmt: skip
+    rank: npt.NDArray[np.int64],
+    start_ns: npt.NDArray[np.int64],
+    end_ns: npt.NDArray[np.int64],
+    compute: npt.NDArray[np.bool_],
+    ranks: list[int],
+    lo: int,
+    hi: int,
+) -> int:
     """Of a stage's `ranks` (tensor parallel), the one with the most compute in [lo, hi); the lowest on a tie."""
     busy = {
         r: union_length(clip(Intervals(start_ns[m], end_ns[m]), lo, hi)) for r in ranks for m in [compute & (rank == r)]

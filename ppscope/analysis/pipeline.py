@@ -200,8 +200,9 @@ def message_latencies(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = 
     pairs = pd.concat([_last_post_before_waking(waits, sends), _last_post_before_waking(waits, sends, step=1)])
     pairs = pairs[pairs["waiting"] <= pairs["posted"]]
     latency = (pairs["woke"] - pairs["posted"]).to_numpy(np.int64)
-    return pd.DataFrame({"src": pairs["src"].to_numpy(np.int64), "dst": pairs["dst"].to_numpy(np.int64),
-                         "latency_ns": latency})  # fmt: skip
+    return pd.DataFrame(
+        {"src": pairs["src"].to_numpy(np.int64), "dst": pairs["dst"].to_numpy(np.int64), "latency_ns": latency}
+    )
 
 
 def _last_post_before_waking(waits: pd.DataFrame, sends: pd.DataFrame, step: int = 0) -> pd.DataFrame:
@@ -213,8 +214,9 @@ def _last_post_before_waking(waits: pd.DataFrame, sends: pd.DataFrame, step: int
     right = right.sort_values("posted")
     right["row"] = np.arange(len(right))  # the post is taken back by row: a join that misses goes through float
     left = waits[[*keys, "waiting", "woke"]].astype(np.int64)
-    pairs = pd.merge_asof(left.sort_values("woke"), right, left_on="woke", right_on="posted", by=keys,
-                          allow_exact_matches=False)  # fmt: skip
+    pairs = pd.merge_asof(
+        left.sort_values("woke"), right, left_on="woke", right_on="posted", by=keys, allow_exact_matches=False
+    )
     pairs = pairs[pairs["row"].notna()]
     return pairs.assign(posted=right["posted"].to_numpy()[pairs["row"].to_numpy(np.int64)])
 

@@ -55,8 +55,16 @@ def replica_lines(ra: ReplicaAnalysis) -> list[str]:
             f"bubble ratio {_pct(ra.bubble_ratio)} over all replicas (Σ bubble / Σ (P × window)); per replica: "
             f"median {_pct(ra.bubble_median)}, worst {_pct(ra.bubble_worst)} (replica {ra.bubble_worst_replica})"
         )
-    header = ("stage", "replicas", f"median {what}", "slowest", "straggler", "vs median", "bubble median",
-              "bubble worst")  # fmt: skip
+    header = (
+        "stage",
+        "replicas",
+        f"median {what}",
+        "slowest",
+        "straggler",
+        "vs median",
+        "bubble median",
+        "bubble worst",
+    )
     rows = [
         (
             str(s.stage),

@@ -200,9 +200,13 @@ def analyze_replicas(
         return res, busiest
 
     return replicas_of(
-        placement, set(trace.ranks), list(trace.warnings), _crossing_messages(trace, placement), one,
+        placement,
+        set(trace.ranks),
+        list(trace.warnings),
+        _crossing_messages(trace, placement),
+        one,
         keep_gaps=keep_gaps,
-    )  # fmt: skip
+    )
 
 
 OneReplica = Callable[[int], tuple[AnalysisResult, dict[int, int]]]
@@ -240,8 +244,9 @@ def replicas_of(
         ranks = placement.ranks_of(rep)
         missing = [r for r in ranks if r not in recorded]
         if len(missing) == len(ranks):
-            summaries.append(ReplicaSummary(replica=rep, ranks=ranks, missing=missing, bubble_ratio=None,
-                                            slowest_stage=None))  # fmt: skip
+            summaries.append(
+                ReplicaSummary(replica=rep, ranks=ranks, missing=missing, bubble_ratio=None, slowest_stage=None)
+            )
             continue
         res, busy = one(rep)
         for w in res.warnings:
@@ -250,8 +255,15 @@ def replicas_of(
         if not keep_gaps:
             res.gaps = res.gaps.iloc[0:0].copy()  # a view would keep every row
         results[rep] = res
-        summaries.append(ReplicaSummary(replica=rep, ranks=ranks, missing=missing, bubble_ratio=res.bubble_ratio,
-                                        slowest_stage=_slowest_stage(res.stages)))  # fmt: skip
+        summaries.append(
+            ReplicaSummary(
+                replica=rep,
+                ranks=ranks,
+                missing=missing,
+                bubble_ratio=res.bubble_ratio,
+                slowest_stage=_slowest_stage(res.stages),
+            )
+        )
     n = len(placement.replicas)
     for w, reps in seen_warnings.items():
         warnings.append(w if len(reps) == n else f"{w} (replica(s) {rank_list(reps)})")

@@ -216,9 +216,23 @@ class Sharded:
         quiet = no_requests(requests, meta, window)
         plans = plan_links(layout.stages, {d.rank: d.sends_to for d in digests})
         check = estimated_clocks(meta)
-        jobs = [(*self._reading([*ranks, *plan.senders], meta), ranks, stage, window, flush, facts.has_waits, quiet,
-                 waves, ring_bound, gaps, plan, check)
-                for (stage, ranks), plan in zip(layout.stages, plans, strict=True)]  # fmt: skip
+        jobs = [
+            (
+                *self._reading([*ranks, *plan.senders], meta),
+                ranks,
+                stage,
+                window,
+                flush,
+                facts.has_waits,
+                quiet,
+                waves,
+                ring_bound,
+                gaps,
+                plan,
+                check,
+            )
+            for (stage, ranks), plan in zip(layout.stages, plans, strict=True)
+        ]
         parts = list(ordered(self.pool, _stage, jobs, self.width))
         found = Violations()
         for part in parts:
@@ -246,8 +260,25 @@ def _digest(files: dict[int, Path], meta: RunMeta, rank: int) -> RankDigest:
     if spans.empty:
         none = np.empty(0, np.int64)
         empty = Extents(0, 0, none, none)
-        return RankDigest(rank, 0, error, warnings, damaged, -1, empty, _NO_WAVES, False, False, False, set(),
-                          (0, []), none, none, set(), set())  # fmt: skip
+        return RankDigest(
+            rank,
+            0,
+            error,
+            warnings,
+            damaged,
+            -1,
+            empty,
+            _NO_WAVES,
+            False,
+            False,
+            False,
+            set(),
+            (0, []),
+            none,
+            none,
+            set(),
+            set(),
+        )
     role = span_roles(spans["kind"], spans["name"])
     times = stage_times(spans, role, Layout.of({rank: 0}), ring_bound=False)
     compute = role == ROLE_COMPUTE

@@ -80,8 +80,9 @@ def run_replicas(
         def one(rep: int) -> tuple[AnalysisResult, dict[int, int]]:
             ranks = set(placement.ranks_of(rep))
             mine = [d for d in digests if d.rank in ranks]
-            result, busiest = job.analyze(mine, wholes.get(rep, EMPTY_WHOLE), _replica_meta(meta, placement, rep), None,
-                                          [], gaps=False)  # fmt: skip
+            result, busiest = job.analyze(
+                mine, wholes.get(rep, EMPTY_WHOLE), _replica_meta(meta, placement, rep), None, [], gaps=False
+            )
             return result, busiest
 
         ra = replicas_of(placement, recorded, warnings, _crossing(digests, placement), one)

@@ -85,51 +85,110 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("--stages", "pipeline.stages", "pipeline", "pipeline stages = processes (default 2)", int, 2),
-    Option("--schedule", "pipeline.schedule", "pipeline", "gpipe | interleaved | serve (default serve)",
-           default="serve"),
-    Option("--microbatches", "pipeline.microbatches", "pipeline",
-           "micro-batches per step, gpipe/interleaved (default: stages)", int, 0),
+    Option(
+        "--schedule", "pipeline.schedule", "pipeline", "gpipe | interleaved | serve (default serve)", default="serve"
+    ),
+    Option(
+        "--microbatches",
+        "pipeline.microbatches",
+        "pipeline",
+        "micro-batches per step, gpipe/interleaved (default: stages)",
+        int,
+        0,
+    ),
     Option("--chunks", "pipeline.chunks", "pipeline", "model chunks per rank, interleaved (default 1)", int, 1),
-    Option("--max-inflight", "pipeline.max_inflight", "pipeline", "micro-batches in flight, serve (default: stages)",
-           int, 0),
+    Option(
+        "--max-inflight",
+        "pipeline.max_inflight",
+        "pipeline",
+        "micro-batches in flight, serve (default: stages)",
+        int,
+        0,
+    ),
     Option("--max-batch", "pipeline.max_batch", "pipeline", "requests per micro-batch, serve (default 1)", int, 1),
-    Option("--split", "pipeline.split", "pipeline", "layer counts per (virtual) stage, e.g. 5,4,4,3 "
-           "(default: $PPSCOPE_PP_LAYER_PARTITION, else vLLM's rule)", parse=_split),
-    Option("--backend", "runtime.backend", "pipeline", "auto | nccl | gloo (default auto: nccl with GPUs)",
-           default="auto"),
-    Option("--device", "runtime.device", "pipeline", "auto | cpu | cuda (default auto: the GPU with nccl, else the "
-           "CPU; cuda with gloo runs ranks on GPUs, sharing one if need be, activations through host memory)",
-           default="auto"),
-    Option("--timeout", "runtime.timeout_s", "pipeline",
-           "seconds a rank waits for a peer; a failure stops all within it (default 60)", float, 60.0),
-    Option("--model", "model.name", "model", "preset (tiny, llama3-8b, ...), `synthetic`, or a Hugging Face Llama "
-           "checkpoint directory (default tiny)", default="tiny"),
-    Option("--dtype", "model.dtype", "model", "float32 | float64 | bfloat16 | float16, or fp32, fp64, bf16, fp16 "
-           "(default float32)", default="float32"),
+    Option(
+        "--split",
+        "pipeline.split",
+        "pipeline",
+        "layer counts per (virtual) stage, e.g. 5,4,4,3 (default: $PPSCOPE_PP_LAYER_PARTITION, else vLLM's rule)",
+        parse=_split,
+    ),
+    Option(
+        "--backend", "runtime.backend", "pipeline", "auto | nccl | gloo (default auto: nccl with GPUs)", default="auto"
+    ),
+    Option(
+        "--device",
+        "runtime.device",
+        "pipeline",
+        "auto | cpu | cuda (default auto: the GPU with nccl, else the "
+        "CPU; cuda with gloo runs ranks on GPUs, sharing one if need be, activations through host memory)",
+        default="auto",
+    ),
+    Option(
+        "--timeout",
+        "runtime.timeout_s",
+        "pipeline",
+        "seconds a rank waits for a peer; a failure stops all within it (default 60)",
+        float,
+        60.0,
+    ),
+    Option(
+        "--model",
+        "model.name",
+        "model",
+        "preset (tiny, llama3-8b, ...), `synthetic`, or a Hugging Face Llama checkpoint directory (default tiny)",
+        default="tiny",
+    ),
+    Option(
+        "--dtype",
+        "model.dtype",
+        "model",
+        "float32 | float64 | bfloat16 | float16, or fp32, fp64, bf16, fp16 (default float32)",
+        default="float32",
+    ),
     Option("--layers", "model.layers", "model", "synthetic model: decoder layers (default 8)", int, 8),
-    Option("--layer-cost-ms", "model.layer_cost_ms", "model", "synthetic: ms per layer, one value or one per layer",
-           default="5", parse=_layer_costs),
+    Option(
+        "--layer-cost-ms",
+        "model.layer_cost_ms",
+        "model",
+        "synthetic: ms per layer, one value or one per layer",
+        default="5",
+        parse=_layer_costs,
+    ),
     Option("--embed-cost-ms", "model.embed_cost_ms", "model", "synthetic: ms of the embedding", float, 0.0),
     Option("--head-cost-ms", "model.head_cost_ms", "model", "synthetic: ms of the final norm + LM head", float, 0.0),
-    Option("--prompts", "workload.prompts", "requests",
-           'JSONL file, one {"prompt_ids": [...], "max_new_tokens": n} a line', parse=_path),
+    Option(
+        "--prompts",
+        "workload.prompts",
+        "requests",
+        'JSONL file, one {"prompt_ids": [...], "max_new_tokens": n} a line',
+        parse=_path,
+    ),
     Option("--requests", "workload.requests", "requests", "generated requests (default 8)", int, 8),
     Option("--prompt-len", "workload.prompt_len", "requests", "generated prompt length (default 16)", int, 16),
-    Option("--max-new-tokens", "workload.max_new_tokens", "requests", "tokens to generate per request (default 8)",
-           int, 8),
-    Option("--rate", "workload.rate", "requests", "serve: Poisson arrivals per second (default 0: all at once)",
-           float, 0.0),
+    Option(
+        "--max-new-tokens", "workload.max_new_tokens", "requests", "tokens to generate per request (default 8)", int, 8
+    ),
+    Option(
+        "--rate", "workload.rate", "requests", "serve: Poisson arrivals per second (default 0: all at once)", float, 0.0
+    ),
     Option("--temperature", "workload.temperature", "requests", "0 = greedy (default)", float, 0.0),
     Option("--top-p", "workload.top_p", "requests", "nucleus sampling threshold (default 1)", float, 1.0),
     Option("--seed", "workload.seed", "requests", "seeds weights, prompts, arrivals and sampling (default 0)", int, 0),
-    Option("--out", "output.out", "output", "run directory (default runs/<timestamp>; never overwritten)",
-           parse=_dir),
+    Option("--out", "output.out", "output", "run directory (default runs/<timestamp>; never overwritten)", parse=_dir),
     Option("--no-record", "output.record", "output", "record nothing (overhead baseline)", negate=True),
     Option("--no-nvtx", "output.nvtx", "output", "record spans without NVTX ranges", negate=True),
     Option("--no-progress", "output.progress", "output", "no progress bar", negate=True),
-    Option("--layer-spans", "output.layer_spans", "output", "time each decoder layer of every K-th pass of each "
-           "stage, the costs rebalance and tune use (default 8; 0 = never)", int, 8),
-)  # fmt: skip
+    Option(
+        "--layer-spans",
+        "output.layer_spans",
+        "output",
+        "time each decoder layer of every K-th pass of each "
+        "stage, the costs rebalance and tune use (default 8; 0 = never)",
+        int,
+        8,
+    ),
+)
 _BY_FLAG = {o.flag: o for o in OPTIONS}
 _BY_DEST = {o.dest: o for o in OPTIONS}
 _FLAG_OF_FIELD = {o.field: o.flag for o in OPTIONS if not o.negate}

@@ -1,9 +1,9 @@
 """The cost model on the command line: advice with no run, advice from another engine's trace, step times.
 
 `ppscope rebalance --model M --stages P --gpu G` times every part of the model from its shape and the GPU's
-datasheet (`ppscope.balance.roofline`) and balances those costs; `ppscope rebalance TRACE --model M` (an nsys
+datasheet (`ppscope.balance.modelled.roofline`) and balances those costs; `ppscope rebalance TRACE --model M` (an nsys
 or Kineto trace, which records no split) calibrates the same costs on the trace's stage busy times
-(`ppscope.balance.tracefit`) first; `ppscope plan --gpu G` prints the modelled step time of each stage.
+(`ppscope.balance.modelled.tracefit`) first; `ppscope plan --gpu G` prints the modelled step time of each stage.
 The commands print what these functions return; this module prints only the lines the cost model adds.
 """
 
@@ -31,7 +31,7 @@ DEFAULT_GPU = "h100-sxm"
 
 def add_workload_arguments(group: Any, *, default_gpu_note: str) -> None:
     """--gpu, --batch and --context: the GPU and the pass the cost model times."""
-    from ppscope.balance.gpus import GPUS
+    from ppscope.balance.modelled.gpus import GPUS
 
     group.add_argument(
         "--gpu", help=f"GPU type timing the model from its datasheet: {', '.join(GPUS)}{default_gpu_note}"
@@ -76,7 +76,7 @@ def _measured(path: str) -> tuple[list[float], Any]:
 
 
 def _memory(args: argparse.Namespace, shape: Any, stages: int, dtype: str) -> Any:
-    from ppscope.balance.plan import stage_memory_model
+    from ppscope.balance.modelled.plan import stage_memory_model
 
     if not args.gpu_mem_gib:
         return None
@@ -93,7 +93,7 @@ def _memory(args: argparse.Namespace, shape: Any, stages: int, dtype: str) -> An
 
 def _weights_warnings(shape: Any, gpu: Any, split: list[int], dtype: str, tp: int) -> list[str]:
     """Stages whose weights alone exceed the GPU's memory."""
-    from ppscope.balance.shapes import dtype_bytes
+    from ppscope.balance.modelled.shapes import dtype_bytes
     from ppscope.balance.split import stage_layer_ranges
 
     out, last = [], len(split) - 1
@@ -129,10 +129,10 @@ def advise_from_model(args: argparse.Namespace, shape: Any) -> tuple[dict[str, A
     """`ppscope rebalance`'s answer from the cost model: with no run, or calibrated on a trace's stage times.
     The keys of the usual answer, plus `model_costs`, `calibration`, `assumptions` and `warnings`; with the
     BalanceProblem and the Rebalance they come from."""
-    from ppscope.balance.gpus import gpu_named
-    from ppscope.balance.problem import BalanceProblem
-    from ppscope.balance.rebalance import rebalance
-    from ppscope.balance.roofline import Workload, model_costs
+    from ppscope.balance.advise.problem import BalanceProblem
+    from ppscope.balance.advise.rebalance import rebalance
+    from ppscope.balance.modelled.gpus import gpu_named
+    from ppscope.balance.modelled.roofline import Workload, model_costs
     from ppscope.errors import InvalidConfigError
 
     if len(args.runs) > 1:
@@ -196,8 +196,8 @@ def _without_run(args: argparse.Namespace, shape: Any, modelled: Any) -> _Costs:
 def _from_trace(args: argparse.Namespace, shape: Any, modelled: Any) -> _Costs:
     """The modelled costs calibrated on the trace's stage busy times, for the split it ran."""
     from ppscope.balance.costs import StageCosts
+    from ppscope.balance.modelled.tracefit import calibrate
     from ppscope.balance.split import parse_split, vllm_default_split
-    from ppscope.balance.tracefit import calibrate
     from ppscope.errors import InvalidConfigError
 
     measured, result = _measured(args.runs[-1])
@@ -241,7 +241,7 @@ def _warnings(args: argparse.Namespace, shape: Any, gpu: Any, split: list[int], 
 
 
 def _gpu_names() -> str:
-    from ppscope.balance.gpus import GPUS
+    from ppscope.balance.modelled.gpus import GPUS
 
     return ", ".join(GPUS)
 
@@ -305,11 +305,11 @@ def print_assumptions(d: dict[str, Any]) -> None:
 
 def plan_step_times(args: argparse.Namespace, shape: Any, plan: dict[str, Any]) -> dict[str, Any]:
     """The modelled step time of each stage of the plan's split (and of its fix), ms, for `ppscope plan --gpu`."""
+    from ppscope.balance.advise.problem import BalanceProblem
+    from ppscope.balance.advise.rebalance import evaluate
     from ppscope.balance.costs import StageCosts
-    from ppscope.balance.gpus import gpu_named
-    from ppscope.balance.problem import BalanceProblem
-    from ppscope.balance.rebalance import evaluate
-    from ppscope.balance.roofline import Workload, model_costs
+    from ppscope.balance.modelled.gpus import gpu_named
+    from ppscope.balance.modelled.roofline import Workload, model_costs
 
     work = Workload(phase="decode", batch=args.batch, context=args.context, dtype=args.dtype, tp=plan["tp"])
     modelled = model_costs(shape, gpu_named(args.gpu), work)

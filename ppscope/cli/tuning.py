@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppscope.analysis import AnalysisResult, analyze
-from ppscope.balance.advice import Advice, Interval, advise, paired_throughput_ratio, speedup_interval
-from ppscope.balance.cores import SharedCores, run_usage, shared_cores
-from ppscope.balance.costs import LayerCosts, fit_layer_costs, r_squared_text
-from ppscope.balance.insitu import insitu_costs
-from ppscope.balance.problem import BalanceProblem
-from ppscope.balance.rebalance import Rebalance, engine_lines, rebalance
+from ppscope.balance.advise.advice import Advice, Interval, advise, paired_throughput_ratio, speedup_interval
+from ppscope.balance.advise.cores import SharedCores, run_usage, shared_cores
+from ppscope.balance.advise.problem import BalanceProblem
+from ppscope.balance.advise.rebalance import Rebalance, engine_lines, rebalance
+from ppscope.balance.costs import LayerCosts
+from ppscope.balance.measured.fit import fit_layer_costs, r_squared_text
+from ppscope.balance.measured.insitu import insitu_costs
 from ppscope.cli.machine_load import LoadSampler, busy_cores
 from ppscope.errors import InvalidConfigError, PPScopeError
 from ppscope.simulate.calibrate import Replay, hop_latency_us
@@ -89,7 +90,7 @@ class TuneResult:
     """95% interval of the median of `measured_pairs` (`paired_throughput_ratio`)."""
     """95% interval of the measured speedup from the runs' own variability (None: too short runs)."""
     decision: Advice | None = None
-    """Keep the given split or change it, and why (`ppscope.balance.advice.advise`)."""
+    """Keep the given split or change it, and why (`ppscope.balance.advise.advice.advise`)."""
     cores: SharedCores | None = None
     """CPU ranks: the cores they shared with other work, and the bound that puts on the gain (None on GPUs, for
     the synthetic model, whose layers sleep, or where the machine's busy cores cannot be read)."""
@@ -177,8 +178,14 @@ class Simulated:
     overhead_ms: float
 
 
-def _bound_interval(trace: Trace, problem: BalanceProblem, split: tuple[int, ...], proposed: tuple[int, ...],
-                    cores: SharedCores, sharing: Callable[..., SharedCores]) -> Interval | None:  # fmt: skip
+def _bound_interval(
+    trace: Trace,
+    problem: BalanceProblem,
+    split: tuple[int, ...],
+    proposed: tuple[int, ...],
+    cores: SharedCores,
+    sharing: Callable[..., SharedCores],
+) -> Interval | None:
     """The interval of the bounded speedup: the bound taken in every resample of run 1's stage times, so a floor
     made of them (their sum, the loop's round trip) varies as they do, rather than the slowest-stage interval
     carried through one bound, which collapses to a point where the floor binds at both ends. It holds the
@@ -186,8 +193,12 @@ def _bound_interval(trace: Trace, problem: BalanceProblem, split: tuple[int, ...
     found = speedup_interval([trace], problem, split, proposed, bound=lambda now, new: sharing(now, new).speedup)
     if found is None:
         return cores.interval
-    return dataclasses.replace(found, low=min(found.low, cores.speedup), high=max(found.high, cores.speedup),
-                               how=f"{found.how}, the shared-cores bound in each")  # fmt: skip
+    return dataclasses.replace(
+        found,
+        low=min(found.low, cores.speedup),
+        high=max(found.high, cores.speedup),
+        how=f"{found.how}, the shared-cores bound in each",
+    )
 
 
 def _pair(interval: Interval | None) -> list[float] | None:
@@ -291,11 +302,14 @@ def tune(
         usage = run_usage(before_trace, load.busy_between)  # what the stage times miss, measured in run 1
         serve = before_trace.meta.schedule == "serve" and pipe.stages > 1  # micro-batches go round a loop
         hop_us = (hop_latency_us(before_trace.spans) or 0.0) if serve else 0.0
-        sharing = functools.partial(shared_cores, cores=os.cpu_count() or 1,
-                                    busy_beside=max(statistics.mean(known), usage.beside),
-                                    extra_ms=usage.extra_ms(advice.current.stage_ms),
-                                    loop_ms=pipe.stages * hop_us / 1e3,
-                                    inflight=max(before_trace.meta.microbatches, 1) if serve else 0)  # fmt: skip
+        sharing = functools.partial(
+            shared_cores,
+            cores=os.cpu_count() or 1,
+            busy_beside=max(statistics.mean(known), usage.beside),
+            extra_ms=usage.extra_ms(advice.current.stage_ms),
+            loop_ms=pipe.stages * hop_us / 1e3,
+            inflight=max(before_trace.meta.microbatches, 1) if serve else 0,
+        )
         cores = sharing(advice.current.stage_ms, advice.proposed.stage_ms, interval=interval)
         if cores.binds:
             notes.append(f"the stages share {cores.text()}")
@@ -306,8 +320,16 @@ def tune(
         decision = dataclasses.replace(decision, reason=f"{decision.reason}; the stages share {cores.text()}")
     if proposed == split:
         notes.append("the split is already the best one for these costs: no second run")
-        return TuneResult(before=before, after=None, advice=advice, costs=costs, cost_source=cost_source, notes=notes,
-                          decision=decision, cores=cores)  # fmt: skip
+        return TuneResult(
+            before=before,
+            after=None,
+            advice=advice,
+            costs=costs,
+            cost_source=cost_source,
+            notes=notes,
+            decision=decision,
+            cores=cores,
+        )
     try:
         simulated: Simulated | None = _simulate_both(before_trace, costs, split, proposed)
     except PPScopeError as exc:  # a run the simulator cannot replay: the slowest-stage prediction remains
@@ -333,6 +355,18 @@ def tune(
         step(f"runs {2 * pair + 1} and {2 * pair + 2} of {2 * repeats}: {names}")
         reruns += [run_split(2 * pair + 1 + i, s) for i, s in enumerate(order)]
     pairs, measured = paired_throughput_ratio(list(zip(traces[split], traces[proposed], strict=True)))
-    return TuneResult(before=before, after=after, advice=advice, costs=costs, cost_source=cost_source, notes=notes,
-                      reruns=tuple(reruns), simulated=simulated, predicted_interval=interval, measured_pairs=pairs,
-                      measured_interval=measured, decision=decision, cores=cores)  # fmt: skip
+    return TuneResult(
+        before=before,
+        after=after,
+        advice=advice,
+        costs=costs,
+        cost_source=cost_source,
+        notes=notes,
+        reruns=tuple(reruns),
+        simulated=simulated,
+        predicted_interval=interval,
+        measured_pairs=pairs,
+        measured_interval=measured,
+        decision=decision,
+        cores=cores,
+    )

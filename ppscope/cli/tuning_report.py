@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from ppscope.balance.advice import Interval
+from ppscope.balance.advise.advice import Interval
 from ppscope.cli.tuning import TuneResult
 
 __all__ = ["NOISE", "print_tune"]
@@ -102,7 +102,7 @@ def print_tune(result: TuneResult, console: Console | None = None) -> None:
         )
     stage_ms = ", ".join(f"{t:.3f}" for t in advice.proposed.stage_ms)
     out.print(f"advised split, predicted stage times (ms): {stage_ms}")
-    from ppscope.balance.rebalance import engine_lines
+    from ppscope.balance.advise.rebalance import engine_lines
 
     for line in engine_lines(advice.proposed.split, sum(advice.current.split)).values():
         out.print(f"  {line}", highlight=False, soft_wrap=True)

@@ -25,11 +25,11 @@ from ppscope.errors import PPScopeError
 from ppscope.trace.model import Trace
 
 if TYPE_CHECKING:
-    from ppscope.balance.advice import Advice, Interval
-    from ppscope.balance.profile import LayerProfile
-    from ppscope.balance.rebalance import Rebalance
-    from ppscope.balance.runcosts import RunCosts
-    from ppscope.balance.timings import RunTimings
+    from ppscope.balance.advise.advice import Advice, Interval
+    from ppscope.balance.advise.rebalance import Rebalance
+    from ppscope.balance.measured.choose import RunCosts
+    from ppscope.balance.measured.profile import LayerProfile
+    from ppscope.balance.measured.timings import RunTimings
     from ppscope.simulate.calibrate import Prediction
 
     Answer = tuple[Rebalance, str, Interval | None, Advice]
@@ -45,12 +45,12 @@ def advise(run: Trace | RunTimings, profile: LayerProfile | None) -> tuple[Answe
     has `layer` spans, else its per-layer profile when it has one (decode pass), else costs fitted from the
     run's stage spans. `run`: a trace in memory (reduced to its timed parts here, once) or a run's timings
     read a rank at a time."""
-    from ppscope.balance.advice import advise as keep_or_change
-    from ppscope.balance.advice import speedup_interval
-    from ppscope.balance.problem import BalanceProblem
-    from ppscope.balance.rebalance import rebalance as split_advice
-    from ppscope.balance.runcosts import run_costs
-    from ppscope.balance.timings import as_timings
+    from ppscope.balance.advise.advice import advise as keep_or_change
+    from ppscope.balance.advise.advice import speedup_interval
+    from ppscope.balance.advise.problem import BalanceProblem
+    from ppscope.balance.advise.rebalance import rebalance as split_advice
+    from ppscope.balance.measured.choose import run_costs
+    from ppscope.balance.measured.timings import as_timings
 
     timings = as_timings(run)
     split = list(timings.meta.split)
@@ -69,7 +69,7 @@ def advise(run: Trace | RunTimings, profile: LayerProfile | None) -> tuple[Answe
 
 def _cost_source(got: RunCosts) -> str:
     """Where the costs came from, in a sentence or two for the page."""
-    from ppscope.balance.costs import r_squared_text
+    from ppscope.balance.measured.fit import r_squared_text
 
     costs, fit, profile = got.costs, got.fit, got.profile
     if got.insitu is not None:
@@ -94,7 +94,7 @@ def _cost_source(got: RunCosts) -> str:
 
 def _profile(path: Path, is_run: bool) -> tuple[LayerProfile | None, str]:
     """The run's per-layer profile (profile.json) when it has one, and what is wrong with a damaged one."""
-    from ppscope.balance.profile import read_profile
+    from ppscope.balance.measured.profile import read_profile
 
     if not is_run:
         return None, ""
@@ -191,7 +191,7 @@ def show_advice(got: Answer | None, problem: str) -> Rebalance | None:
     else:
         st.info(f"Advice: keep the current split: {md(decision.reason)}.")
     st.plotly_chart(charts.split_figure(cur.stage_ms, new.stage_ms), key="split", config={"displaylogo": False})
-    from ppscope.balance.rebalance import engine_lines
+    from ppscope.balance.advise.rebalance import engine_lines
 
     lines = engine_lines(new.split, sum(cur.split))
     if decision.change:

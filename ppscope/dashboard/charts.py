@@ -109,8 +109,9 @@ def usage_rows(counters: pd.DataFrame) -> pd.DataFrame:
     """One row per (rank, device, metric) of `counters`: how many samples, their mean and their highest value.
     Each row is one rank's alone, so a run read a rank at a time gives these rows rank by rank, the same."""
     if not len(counters):
-        return pd.DataFrame({c: pd.Series(dtype=np.float64 if c in ("mean", "high") else np.int64)
-                             for c in USAGE_COLUMNS})  # fmt: skip
+        return pd.DataFrame(
+            {c: pd.Series(dtype=np.float64 if c in ("mean", "high") else np.int64) for c in USAGE_COLUMNS}
+        )
     values = counters.groupby(["rank", "device", "metric"], sort=True, observed=True)["value"]
     return values.agg(samples="size", mean="mean", high="max").reset_index()
 
@@ -257,13 +258,19 @@ def _job(x: ReplicaAnalysis | AnalysisResult) -> _Job:
 
     if isinstance(x, ReplicaAnalysis):
         rates = [r.throughput_tokens_per_s for r in x.results.values() if r.throughput_tokens_per_s is not None]
-        return _Job(len(x.replicas), x.bubble_ratio, x.bubble_worst, x.basis, x.bottleneck_ns,
-                    x.bottleneck_slowdown, sum(rates) if rates else None)  # fmt: skip
+        return _Job(
+            len(x.replicas),
+            x.bubble_ratio,
+            x.bubble_worst,
+            x.basis,
+            x.bottleneck_ns,
+            x.bottleneck_slowdown,
+            sum(rates) if rates else None,
+        )
     basis = "time_per_mb" if x.stages and all(s.time_per_mb_ns is not None for s in x.stages) else "busy"
     times = [float(s.busy_ns if s.time_per_mb_ns is None or basis == "busy" else s.time_per_mb_ns) for s in x.stages]
     slowest = max(times) if times else None
-    return _Job(1, x.bubble_ratio, x.bubble_ratio, basis, slowest, 1.0 if slowest else None,
-                x.throughput_tokens_per_s)  # fmt: skip
+    return _Job(1, x.bubble_ratio, x.bubble_ratio, basis, slowest, 1.0 if slowest else None, x.throughput_tokens_per_s)
 
 
 def job_compare_table(a: ReplicaAnalysis | AnalysisResult, b: ReplicaAnalysis | AnalysisResult) -> pd.DataFrame:
@@ -278,9 +285,13 @@ def job_compare_table(a: ReplicaAnalysis | AnalysisResult, b: ReplicaAnalysis | 
         ("bubble ratio, worst pipeline", ja.bubble_worst, jb.bubble_worst),
     ]
     for basis in sorted({ja.basis, jb.basis}, reverse=True):
-        rows.append((f"slowest stage of any pipeline: {BASIS_NAMES.get(basis, basis)} (ms)",
-                     _ms(ja.slowest_ns) if ja.basis == basis else None,
-                     _ms(jb.slowest_ns) if jb.basis == basis else None))  # fmt: skip
+        rows.append(
+            (
+                f"slowest stage of any pipeline: {BASIS_NAMES.get(basis, basis)} (ms)",
+                _ms(ja.slowest_ns) if ja.basis == basis else None,
+                _ms(jb.slowest_ns) if jb.basis == basis else None,
+            )
+        )
     rows += [
         ("slowest stage vs its median over the pipelines", ja.slowdown, jb.slowdown),
         ("throughput, all pipelines (tokens/s)", ja.tokens_per_s, jb.tokens_per_s),

@@ -116,8 +116,9 @@ def page(a: Side, others: Sequence[Entry], opener: Callable[[Entry], Side]) -> N
     names = (f"A: {_short(a.label)}", f"B: {_short(b.label)}")
     if a.job is not None or b.job is not None:
         st.caption("The pipelines detailed, stage by stage:")
-    st.plotly_chart(charts.compare_figure(a.result, b.result, names=names), key="compare",
-                    config={"displaylogo": False})  # fmt: skip
+    st.plotly_chart(
+        charts.compare_figure(a.result, b.result, names=names), key="compare", config={"displaylogo": False}
+    )
     length_ns = max(a.end_ns - a.origin_ns, b.end_ns - b.origin_ns)
     st.caption("Both stage views on one time scale, each from its run's first span to the longer run's length.")
     for column, name, side, key in zip(st.columns(2), names, (a, b), ("gantt_a", "gantt_b"), strict=True):
@@ -127,8 +128,9 @@ def page(a: Side, others: Sequence[Entry], opener: Callable[[Entry], Side]) -> N
                 st.info("No spans to draw.")
                 continue
             window = (side.origin_ns, side.origin_ns + length_ns)  # holds every span of the run: none left out
-            view = gantt.gantt_figure(side.lanes, color_by="kind", max_bars=MAX_BARS, window_ns=window,
-                                      origin_ns=side.origin_ns)  # fmt: skip
+            view = gantt.gantt_figure(
+                side.lanes, color_by="kind", max_bars=MAX_BARS, window_ns=window, origin_ns=side.origin_ns
+            )
             st.plotly_chart(view.figure, key=key, config={"displaylogo": False})
             st.caption(f"{side.drawn} {view.note}".strip())
 

@@ -44,7 +44,7 @@ from ppscope.trace.model import RunMeta
 from ppscope.trace.store import META_FILE, read_rank_spans, read_requests, run_files
 
 if TYPE_CHECKING:
-    from ppscope.balance.timings import RunTimings
+    from ppscope.balance.measured.timings import RunTimings
 
 __all__ = ["RANKS_IN_MEMORY", "READ_SHARE", "RankedRun"]
 
@@ -182,7 +182,7 @@ class RankedRun:
     def timings(self) -> RunTimings:
         """What the rebalancer reads of the run (`run_timings`: each rank file alone, reduced to its timed
         parts, the parts merged), as `ppscope rebalance RUN` reads it."""
-        from ppscope.balance.timings import run_timings
+        from ppscope.balance.measured.timings import run_timings
 
         return self.memo("timings", lambda: run_timings(self.path))
 

@@ -54,9 +54,15 @@ class ClockSync:
     other processes on the host read too. Every rank makes it, and calls `at_end`, at the same point."""
 
     def __init__(
-        self, rank: int, world: int, clock: Callable[[], int], group: Any = None, *, shared_clock: bool,
+        self,
+        rank: int,
+        world: int,
+        clock: Callable[[], int],
+        group: Any = None,
+        *,
+        shared_clock: bool,
         rounds: int = 32,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.rank, self.world, self.clock, self.group, self.rounds = rank, world, clock, group, rounds
         self.measured: list[int] = []
         """Ranks measured by ping-pong (the others read rank 0's clock)."""

@@ -48,8 +48,13 @@ MAX_DEPTH = 16
 REAP_S = 0.02
 """How often the reaper thread waits for the completion of the sends posted since it last looked."""
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64]
-_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.bfloat16: np.int16, torch.float16: np.float16,
-          torch.int64: np.int64}  # fmt: skip
+_NUMPY = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.bfloat16: np.int16,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+}
 """How an inline payload of each dtype is read out of the header (bfloat16 as its bits)."""
 
 
@@ -209,9 +214,14 @@ class Ring:
         header, payload = self._pack(msg)
         src_stage = msg.stage - 1 if msg.kind == ACT else msg.stage
         fields: dict[str, Any] = dict(
-            mb=msg.mb, step=msg.step, phase=msg.phase, stage=src_stage, chunk=max(src_stage, 0) // self.world,
-            peer=self.next, nbytes=_nbytes(msg.payload),
-        )  # fmt: skip
+            mb=msg.mb,
+            step=msg.step,
+            phase=msg.phase,
+            stage=src_stage,
+            chunk=max(src_stage, 0) // self.world,
+            peer=self.next,
+            nbytes=_nbytes(msg.payload),
+        )
         if msg.kind in (STOP, PING):
             works = self._post(header, payload)
         elif self.device_timed:
@@ -311,9 +321,14 @@ class Ring:
             self._post_header()
         stage = self._consumer_stage(msg)
         fields: dict[str, Any] = dict(
-            mb=msg.mb, step=msg.step, phase=msg.phase, stage=stage, chunk=stage // self.world, peer=self.prev,
+            mb=msg.mb,
+            step=msg.step,
+            phase=msg.phase,
+            stage=stage,
+            chunk=stage // self.world,
+            peer=self.prev,
             nbytes=payload.numel() * payload.element_size(),
-        )  # fmt: skip
+        )
         if self._receiver is not None and msg.kind == TOKENS:
             # Rank 0 reads tokens on the host: copied to pinned memory on the receive stream, the host waits
             # for that copy alone, not for the passes queued on its compute stream; a host-timed wait.

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ppscope.balance.costs import parse_ms_list
-from ppscope.balance.shapes import PRESETS, ModelShape, canonical_dtype
+from ppscope.balance.modelled.shapes import PRESETS, ModelShape, canonical_dtype
 from ppscope.balance.split import parse_counts
 from ppscope.errors import InvalidConfigError
 from ppscope.simulate.schedule import SCHEDULES
@@ -113,11 +113,15 @@ class PipelineConfig:
         if self.split is not None and (not self.split or not all(type(n) is int for n in self.split)):
             raise InvalidConfigError(f"pipeline.split {self.split} must hold one layer count per (virtual) stage")
         serve = self.schedule == "serve"
-        _refuse_unused("pipeline", self, {
-            "microbatches": "serve keeps pipeline.max_inflight micro-batches in flight" if serve else "",
-            "max_inflight": "" if serve else f"{self.schedule} runs pipeline.microbatches per step",
-            "max_batch": "" if serve else f"{self.schedule} splits the requests over pipeline.microbatches",
-        })  # fmt: skip
+        _refuse_unused(
+            "pipeline",
+            self,
+            {
+                "microbatches": "serve keeps pipeline.max_inflight micro-batches in flight" if serve else "",
+                "max_inflight": "" if serve else f"{self.schedule} runs pipeline.microbatches per step",
+                "max_batch": "" if serve else f"{self.schedule} splits the requests over pipeline.microbatches",
+            },
+        )
 
     @property
     def inflight(self) -> int:
@@ -286,8 +290,10 @@ class RuntimeConfig:
         _one_of("runtime.backend", self.backend, BACKENDS)
         _one_of("runtime.device", self.device, DEVICES)
         if self.backend == "nccl" and self.device == "cpu":
-            raise InvalidConfigError("--backend nccl carries tensors between GPUs: use --device cuda or auto with it, "
-                                     "or --backend gloo for ranks on the CPU")  # fmt: skip
+            raise InvalidConfigError(
+                "--backend nccl carries tensors between GPUs: use --device cuda or auto with it, "
+                "or --backend gloo for ranks on the CPU"
+            )
         _finite("runtime.timeout_s", self.timeout_s)
         if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
             raise InvalidConfigError(

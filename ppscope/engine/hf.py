@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from ppscope.balance.shapes import ModelShape
+from ppscope.balance.modelled.shapes import ModelShape
 from ppscope.engine.model import DecoderLayer, Embedding, Head
 from ppscope.errors import CorruptFileError, UnsupportedInputError
 
@@ -29,8 +29,17 @@ INDEX = "model.safetensors.index.json"
 """A sharded checkpoint's map from tensor name to shard file."""
 FLOAT_BITS = {"F64": 64, "F32": 32, "F16": 16, "BF16": 16, "F8_E4M3": 8, "F8_E5M2": 8}
 """safetensors' floating-point dtypes the engine reads (as float32), and their bits per element."""
-_DTYPE_BITS = FLOAT_BITS | {"BOOL": 8, "U8": 8, "I8": 8, "U16": 16, "I16": 16, "U32": 32, "I32": 32,
-                            "U64": 64, "I64": 64}  # fmt: skip
+_DTYPE_BITS = FLOAT_BITS | {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "U16": 16,
+    "I16": 16,
+    "U32": 32,
+    "I32": 32,
+    "U64": 64,
+    "I64": 64,
+}
 _MAX_HEADER = 100_000_000
 """The largest header safetensors reads."""
 

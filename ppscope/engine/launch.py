@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ppscope.balance.shapes import PRESETS
+from ppscope.balance.modelled.shapes import PRESETS
 from ppscope.engine.comm import silent_peer
 from ppscope.engine.config import EngineConfig
 from ppscope.engine.prepare import Prepared, check_memory, host_available_bytes, prepare
@@ -482,9 +482,14 @@ class _ProgressBar:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._p = Progress(
-            TextColumn("requests"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tokens]} tokens"),
-            TimeElapsedColumn(), transient=False, console=Console(stderr=True),
-        )  # fmt: skip
+            TextColumn("requests"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[tokens]} tokens"),
+            TimeElapsedColumn(),
+            transient=False,
+            console=Console(stderr=True),
+        )
         self._task = self._p.add_task("run", total=total, tokens=0)
         self._p.start()
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ppscope.balance.shapes import ModelShape, RopeScaling
+from ppscope.balance.modelled.shapes import ModelShape, RopeScaling
 
 __all__ = [
     "Batch",
@@ -80,9 +80,17 @@ class Batch:
         cos, sin = rotary.cos_sin(pos, dtype)
         slots = to_device(torch.tensor(self.slots), device)
         return PassIndex(
-            seq=to_device(seq, device), t=to_device(t, device), pos=pos, slots=slots,
-            cos=cos, sin=sin, mask=mask, t_max=t_max, kv_len=kv_len, dense=min(self.lens) == t_max,
-        )  # fmt: skip
+            seq=to_device(seq, device),
+            t=to_device(t, device),
+            pos=pos,
+            slots=slots,
+            cos=cos,
+            sin=sin,
+            mask=mask,
+            t_max=t_max,
+            kv_len=kv_len,
+            dense=min(self.lens) == t_max,
+        )
 
 
 class PassIndex(NamedTuple):
@@ -318,9 +326,13 @@ def _timed_sleep_ms(cycles: int) -> float:
 
 
 def settled_rate(
-    timed_ms: Callable[[int], float], *, cycles: int = SLEEP_SAMPLE_CYCLES, warmup_ms: float = 100.0,
-    tolerance: float = 0.01, tries: int = 50,
-) -> float:  # fmt: skip
+    timed_ms: Callable[[int], float],
+    *,
+    cycles: int = SLEEP_SAMPLE_CYCLES,
+    warmup_ms: float = 100.0,
+    tolerance: float = 0.01,
+    tries: int = 50,
+) -> float:
     """Cycles per ms of a spin that `timed_ms(cycles)` runs and times, once the clock it counts has settled.
 
     An idle GPU's SM clock ramps up when work comes, so a sample taken at once would scale every synthetic

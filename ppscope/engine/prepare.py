@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from ppscope import __version__
-from ppscope.balance.shapes import PRESETS, ModelShape
+from ppscope.balance.modelled.shapes import PRESETS, ModelShape
 from ppscope.balance.split import resolve_split, stage_layer_ranges
 from ppscope.engine.config import EngineConfig, PipelineConfig
 from ppscope.engine.model import LayerSource, RandomSource, SyntheticSource

@@ -1,6 +1,6 @@
 """Per-layer cost profile: time each decoder layer, the embedding and the LM head + sampling on the device.
 
-The result goes to the run directory as `profile.json`, which `ppscope.balance.profile` reads without torch;
+The result goes to the run directory as `profile.json`, which `ppscope.balance.measured.profile` reads without torch;
 this module knows nothing about how the costs are used. Why each timed pass starts from cold caches and why
 every decoder layer gets the median of all of them: docs/ARCHITECTURE.md, "The per-layer profile".
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ppscope.balance.profile import PROFILE_FILE, LayerProfile, PhaseCosts
+from ppscope.balance.measured.profile import PROFILE_FILE, LayerProfile, PhaseCosts
 from ppscope.engine.config import EngineConfig
 from ppscope.engine.model import Batch, KVCache, PassIndex, Rotary, sleep_ms
 from ppscope.engine.prepare import batching, make_source, torch_dtype

@@ -87,9 +87,11 @@ class Pipeline:
         if self.device_spans is None and self.cuda and recorder.enabled:
             stream = torch.cuda.current_stream(module.device)
             self.device_spans = DeviceSpans(
-                recorder, stream, lambda: torch.cuda.Event(enable_timing=True),
+                recorder,
+                stream,
+                lambda: torch.cuda.Event(enable_timing=True),
                 anchor_stream=torch.cuda.Stream(module.device),  # renewed on time however busy the GPU is
-            )  # fmt: skip
+            )
         ring.device_spans = self.device_spans
         self.on_finish: Callable[[Request], None] = lambda request: None
         """Called on rank 0 when a request has its last token (the worker appends it to requests.jsonl)."""
@@ -175,8 +177,16 @@ class Pipeline:
             return None
 
         def timer(index: int) -> AbstractContextManager[Any]:
-            return self._span(SpanKind.LAYER, stage=stage, chunk=chunk, mb=mb, step=step, phase=phase,
-                              tokens=tokens, name=layer_span_name(index))  # fmt: skip
+            return self._span(
+                SpanKind.LAYER,
+                stage=stage,
+                chunk=chunk,
+                mb=mb,
+                step=step,
+                phase=phase,
+                tokens=tokens,
+                name=layer_span_name(index),
+            )
 
         return timer
 
@@ -187,9 +197,17 @@ class Pipeline:
         if msg is not None and msg.kind not in (STOP, PING) and not self.ring.device_timed:  # GPU: the ring times it
             stage = msg.stage if msg.kind == ACT else 0
             self.rec.record(
-                SpanKind.RECV_WAIT, start, self.rec.now_ns(), stage=stage, chunk=stage // self.ranks, mb=msg.mb,
-                step=msg.step, phase=msg.phase, peer=self.ring.prev, nbytes=_nbytes(msg),
-            )  # fmt: skip
+                SpanKind.RECV_WAIT,
+                start,
+                self.rec.now_ns(),
+                stage=stage,
+                chunk=stage // self.ranks,
+                mb=msg.mb,
+                step=msg.step,
+                phase=msg.phase,
+                peer=self.ring.prev,
+                nbytes=_nbytes(msg),
+            )
         return msg
 
     def _get(self) -> Message:
@@ -294,8 +312,14 @@ class Pipeline:
     # ------------------------------------------------------------ serve (rank 0)
 
     @torch.inference_mode()
-    def drive_serve(self, requests: Sequence[Request], arrivals_ns: Sequence[int], policy: ServePolicy,
-                    timeout_s: float, progress: ProgressFn) -> None:  # fmt: skip
+    def drive_serve(
+        self,
+        requests: Sequence[Request],
+        arrivals_ns: Sequence[int],
+        policy: ServePolicy,
+        timeout_s: float,
+        progress: ProgressFn,
+    ) -> None:
         """Continuous batching: up to `max_inflight` micro-batches circulate, each of up to `max_batch` requests.
         When a micro-batch's tokens come back its finished requests leave, and arrived ones (FIFO) take their
         places at once, their prefill in the same pass as the others' decode (`policy.prefill_joins_decode`;

@@ -153,6 +153,12 @@ def build_stage(
     head = source.head().to(device=device, dtype=dtype).eval() if rank == (virtual - 1) % ranks else None
     rotary = None if source.synthetic else Rotary(source.shape, device)
     return StageModule(
-        rank=rank, ranks=ranks, chunks=held, embed=embed, head=head, synthetic=source.synthetic, device=device,
+        rank=rank,
+        ranks=ranks,
+        chunks=held,
+        embed=embed,
+        head=head,
+        synthetic=source.synthetic,
+        device=device,
         rotary=rotary,
-    )  # fmt: skip
+    )

@@ -27,11 +27,11 @@ def export_trace(trace: Trace, fmt: str, out: str | Path, *, force: bool = False
     Refuses an existing output unless `force`; a failed export leaves nothing behind."""
     out = Path(out)
     if fmt == "nsys-sqlite":
-        from ppscope.formats.nsys_export import export_nsys
+        from ppscope.formats.nsys.writer import export_nsys
 
         return export_nsys(trace, out, force=force)
     if fmt == "chrome":
-        from ppscope.formats.chrome import export_chrome
+        from ppscope.formats.chrome.writer import export_chrome
 
         return export_chrome(trace, out, force=force)
     if fmt == "nvtxt":
@@ -53,11 +53,11 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, force: bool = 
     if read_meta(run_dir).status == "running":
         return export_trace(load_run(run_dir), fmt, out, force=force)
     if fmt == "nsys-sqlite":
-        from ppscope.formats.nsys_export import export_nsys_run
+        from ppscope.formats.nsys.writer import export_nsys_run
 
         return export_nsys_run(run_dir, out, force=force)
     if fmt == "chrome":
-        from ppscope.formats.chrome import export_chrome_run
+        from ppscope.formats.chrome.writer import export_chrome_run
 
         return export_chrome_run(run_dir, out, force=force)
     if fmt == "nvtxt":

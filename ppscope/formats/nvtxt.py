@@ -18,7 +18,7 @@ import pandas as pd
 
 from ppscope import __version__
 from ppscope.errors import CorruptFileError
-from ppscope.formats.nsys_export import ppscope_message
+from ppscope.formats.nsys.writer import ppscope_message
 from ppscope.trace.model import SpanKind, Trace
 from ppscope.trace.outputs import atomic_folder
 from ppscope.trace.store import damaged_note, each_rank, run_files

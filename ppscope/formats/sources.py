@@ -24,9 +24,9 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
     if found.kind == InputKind.RUN:
         return load_run(found.path)
     if found.kind == InputKind.NSYS:
-        from ppscope.formats.nsys_import import load_nsys
+        from ppscope.formats.nsys.reader import load_nsys
 
         return load_nsys(found.path)
-    from ppscope.formats.kineto import load_kineto
+    from ppscope.formats.kineto.reader import load_kineto
 
     return load_kineto(found.files)

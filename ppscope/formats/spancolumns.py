@@ -8,6 +8,7 @@ a row and no Python string each, and the trace's text columns are made from the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -15,7 +16,7 @@ import pandas as pd
 from ppscope.trace.model import SPAN_COLUMNS
 from ppscope.trace.rankfile import start_order, text_column
 
-__all__ = ["SpanColumns", "build_spans"]
+__all__ = ["SpanColumns", "build_spans", "spans_frame_of"]
 
 _TEXT = [c for c, t in SPAN_COLUMNS.items() if t is str]
 _NUMBERS = [c for c, t in SPAN_COLUMNS.items() if t is not str]
@@ -95,3 +96,12 @@ def build_spans(parts: list[SpanColumns]) -> tuple[pd.DataFrame, int]:
             out[c] = joined[order].astype(dtype, copy=False)
             del joined  # before the next column is joined
     return pd.DataFrame(out, copy=False), dropped
+
+
+def spans_frame_of(spans: dict[str, Any]) -> pd.DataFrame:
+    """Spans given as a dict of columns (an importer's, numbers as numpy arrays, text as lists) as a frame, text
+    as Python objects: a name shared by many spans stays one object, not a string per span."""
+    return pd.DataFrame({**spans, **{c: pd.Series(spans[c], dtype=object) for c in _FRAME_TEXT}})
+
+
+_FRAME_TEXT = ("kind", "name", "lane")

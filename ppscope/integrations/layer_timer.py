@@ -116,8 +116,14 @@ class LayerTimer:
         return event
 
     def _record(self, index: int, stage: int, mb: int, phase: str, start: Any, end: Any) -> None:
-        fields = dict(stage=stage, mb=mb, step=self.owner.step_no, chunk=self.owner.chunk[stage], phase=phase,
-                      name=layer_span_name(index))  # fmt: skip
+        fields = dict(
+            stage=stage,
+            mb=mb,
+            step=self.owner.step_no,
+            chunk=self.owner.chunk[stage],
+            phase=phase,
+            name=layer_span_name(index),
+        )
         if self.cuda:
             self.pending.append((start, end, fields))
         else:

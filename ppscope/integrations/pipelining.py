@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import schedules as _sched
 
 from ppscope.balance.split import validate_split
-from ppscope.formats.ppactions import Action, name_schedule, placement_of
+from ppscope.formats.pipelining.actions import Action, name_schedule, placement_of
 from ppscope.integrations.layer_timer import LayerTimer, layer_modules
 from ppscope.trace.clock import estimate_offset
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind
@@ -317,9 +317,16 @@ class PipelineRecorder:
     def _p2p(self, kind: str, tag: _Tag, peer: int, nbytes: int, what: str, suffix: str = "") -> Any:
         name = f"{tag.stage}{what}_{tag.direction}{tag.mb}{suffix}"
         return self.recorder.span(
-            kind, stage=tag.stage, mb=tag.mb, step=self.step_no, chunk=self.chunk[tag.stage], phase=tag.direction,
-            peer=peer, nbytes=nbytes, name=name,
-        )  # fmt: skip
+            kind,
+            stage=tag.stage,
+            mb=tag.mb,
+            step=self.step_no,
+            chunk=self.chunk[tag.stage],
+            phase=tag.direction,
+            peer=peer,
+            nbytes=nbytes,
+            name=name,
+        )
 
     # ------------------------------------------------------------ end
 

@@ -171,9 +171,22 @@ class RunFollower:
         parts = [p for p in (self._spans, old) if len(p)]
         spans = pd.concat(parts, ignore_index=True) if len(parts) > 1 else (parts[0] if parts else self._spans)
         if len(spans) and int(spans["start_ns"].min()) > lo:
-            row = {"rank": int(spans["rank"].iloc[0]), "stage": -1, "lane": "host", "kind": str(SpanKind.MARK),
-                   "name": "window", "mb": -1, "step": -1, "chunk": 0, "phase": "", "start_ns": lo, "end_ns": lo,
-                   "nbytes": 0, "tokens": 0, "peer": -1}  # fmt: skip
+            row = {
+                "rank": int(spans["rank"].iloc[0]),
+                "stage": -1,
+                "lane": "host",
+                "kind": str(SpanKind.MARK),
+                "name": "window",
+                "mb": -1,
+                "step": -1,
+                "chunk": 0,
+                "phase": "",
+                "start_ns": lo,
+                "end_ns": lo,
+                "nbytes": 0,
+                "tokens": 0,
+                "peer": -1,
+            }
             mark = spans_frame(pd.DataFrame([row]))
             spans = pd.concat([mark, spans], ignore_index=True)
         return Trace(spans=spans, requests=self._requests, meta=self.meta).sorted()

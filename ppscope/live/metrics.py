@@ -228,8 +228,9 @@ class Totals:
             return
         seconds = latencies["latency_ns"].to_numpy(np.int64) / 1e9
         bucket = np.searchsorted(np.asarray(self.bounds_s), seconds, side="left")  # le: value <= bound
-        frame = pd.DataFrame({"src": latencies["src"].to_numpy(), "dst": latencies["dst"].to_numpy(),
-                              "bucket": bucket, "s": seconds})  # fmt: skip
+        frame = pd.DataFrame(
+            {"src": latencies["src"].to_numpy(), "dst": latencies["dst"].to_numpy(), "bucket": bucket, "s": seconds}
+        )
         for (src, dst), part in frame.groupby(["src", "dst"], sort=True):
             key = (str(src), str(dst))
             counts = self._counts.setdefault(key, np.zeros(len(self.bounds_s) + 1, np.int64))

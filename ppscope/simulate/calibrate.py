@@ -18,7 +18,8 @@ from typing import Any
 import pandas as pd
 
 from ppscope.analysis.pipeline import message_latencies
-from ppscope.balance.costs import LayerCosts, fit_layer_costs
+from ppscope.balance.costs import LayerCosts
+from ppscope.balance.measured.fit import fit_layer_costs
 from ppscope.errors import UnsupportedInputError
 from ppscope.simulate.simulator import CommModel, SimConfig, simulate
 from ppscope.trace.model import SpanKind, Trace

@@ -196,8 +196,9 @@ def simulate(cfg: SimConfig) -> Trace:
     return trace
 
 
-def _row(r: int, a: Action, kind: str, start: int, end: int, *, lane: str, nbytes: int = 0, tokens: int = 0,
-         peer: int = -1) -> tuple[Any, ...]:  # fmt: skip
+def _row(
+    r: int, a: Action, kind: str, start: int, end: int, *, lane: str, nbytes: int = 0, tokens: int = 0, peer: int = -1
+) -> tuple[Any, ...]:
     phase = "prefill" if a.step == 0 else "decode"
     name = f"s{a.stage} {kind} mb{a.mb}"
     return (r, a.stage, lane, str(kind), name, a.mb, a.step, a.chunk, phase, start, end, nbytes, tokens, peer)

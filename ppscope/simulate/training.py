@@ -30,7 +30,7 @@ import pandas as pd
 
 from ppscope.analysis.pipeline import message_latencies
 from ppscope.analysis.result import Replay
-from ppscope.balance.training import is_training
+from ppscope.balance.measured.training import is_training
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.model import COMPUTE_KINDS, RankInfo, RunMeta, SpanKind, Trace, spans_frame
 
@@ -268,11 +268,19 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Replay,
     by_step = {int(k): g for k, g in acts.groupby("step", sort=True)}
     complete = [k for k, g in by_step.items() if _complete(g, stages, mbs)]
     cut = [k for k in by_step if k not in complete]
-    notes = [f"step(s) {_steps_text(cut)} left out: some stage lacks a micro-batch's forward or backward "
-             "(a step cut by the trace's start or end)"] if cut and complete else []  # fmt: skip
+    notes = (
+        [
+            f"step(s) {_steps_text(cut)} left out: some stage lacks a micro-batch's forward or backward "
+            "(a step cut by the trace's start or end)"
+        ]
+        if cut and complete
+        else []
+    )
     if not complete:
-        why = (f"no complete step to replay: in step(s) {_steps_text(cut)} some stage lacks a micro-batch's "
-               f"forward or backward ({stages} stages, micro-batches {mbs[0]}-{mbs[-1]})")  # fmt: skip
+        why = (
+            f"no complete step to replay: in step(s) {_steps_text(cut)} some stage lacks a micro-batch's "
+            f"forward or backward ({stages} stages, micro-batches {mbs[0]}-{mbs[-1]})"
+        )
         return Replay(bubble_ratio=None, note=why), None
     used = acts[acts["step"].isin(complete)]
     median = used.groupby(["stage", "phase"])["busy_ns"].median()
@@ -291,8 +299,10 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Replay,
     ratios, measured, parts = [], [], []
     offset = 0
     for k in replayed:
-        order = {int(r): [TrainAction(int(a.stage), str(a.phase), int(a.mb)) for a in rows.itertuples()]
-                 for r, rows in by_step[k].groupby("rank", sort=True)}  # fmt: skip
+        order = {
+            int(r): [TrainAction(int(a.stage), str(a.phase), int(a.mb)) for a in rows.itertuples()]
+            for r, rows in by_step[k].groupby("rank", sort=True)
+        }
         try:
             step = replay_order(order, cost, hop)
         except InvalidConfigError as exc:
@@ -331,14 +341,39 @@ def _as_trace(trace: Trace, parts: list[tuple[int, ReplayedStep, int]], replay: 
         for t in step.actions:
             a = t.action
             kind = SpanKind.FORWARD if a.type == "F" else SpanKind.BACKWARD
-            common = {"rank": t.rank, "stage": a.stage, "mb": a.mb, "step": k, "chunk": chunk[(t.rank, a.stage)],
-                      "phase": a.type, "tokens": 0, "nbytes": 0}  # fmt: skip
-            rows.append({**common, "lane": "compute", "kind": str(kind), "name": a.label, "peer": -1,
-                         "start_ns": t.start_ns + shift, "end_ns": t.end_ns + shift})  # fmt: skip
+            common = {
+                "rank": t.rank,
+                "stage": a.stage,
+                "mb": a.mb,
+                "step": k,
+                "chunk": chunk[(t.rank, a.stage)],
+                "phase": a.type,
+                "tokens": 0,
+                "nbytes": 0,
+            }
+            rows.append(
+                {
+                    **common,
+                    "lane": "compute",
+                    "kind": str(kind),
+                    "name": a.label,
+                    "peer": -1,
+                    "start_ns": t.start_ns + shift,
+                    "end_ns": t.end_ns + shift,
+                }
+            )
             if t.peer >= 0 and t.start_ns > t.wait_from_ns:
-                rows.append({**common, "lane": "recv", "kind": str(SpanKind.RECV_WAIT), "peer": t.peer,
-                             "name": f"{a.stage}RECV_{'F' if a.type == 'F' else 'B'}{a.mb}",
-                             "start_ns": t.wait_from_ns + shift, "end_ns": t.start_ns + shift})  # fmt: skip
+                rows.append(
+                    {
+                        **common,
+                        "lane": "recv",
+                        "kind": str(SpanKind.RECV_WAIT),
+                        "peer": t.peer,
+                        "name": f"{a.stage}RECV_{'F' if a.type == 'F' else 'B'}{a.mb}",
+                        "start_ns": t.wait_from_ns + shift,
+                        "end_ns": t.start_ns + shift,
+                    }
+                )
     spans = spans_frame(pd.DataFrame(rows)).sort_values(["start_ns", "rank", "end_ns"], kind="stable")
     src = trace.meta
     ranks = sorted({t.rank for _, step, _ in parts for t in step.actions})

@@ -52,8 +52,16 @@ def demo_json(result: Any) -> dict[str, Any]:
     """The demo's answer first (predicted and measured speedups with their intervals, keep or change), then
     everything `ppscope tune --json` prints."""
     full = result.to_dict()
-    keys = ("predicted_speedup", "predicted_interval", "measured_speedup", "measured_interval", "advice",
-            "advice_reason", "realised_share_of_predicted_gain", "cost_source")  # fmt: skip
+    keys = (
+        "predicted_speedup",
+        "predicted_interval",
+        "measured_speedup",
+        "measured_interval",
+        "advice",
+        "advice_reason",
+        "realised_share_of_predicted_gain",
+        "cost_source",
+    )
     return {**{k: full[k] for k in keys}, "tune": full}
 
 

@@ -22,9 +22,11 @@ def register(sub: Any) -> None:
         "plan", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
     )
     p.add_argument(
-        "--model", required=True, help="a preset (llama3-8b/70b/405b, qwen2.5-7b/32b/72b, qwen3-8b/32b, "
-        "mixtral-8x22b, deepseek-v3, tiny) or a config.json"
-    )  # fmt: skip
+        "--model",
+        required=True,
+        help="a preset (llama3-8b/70b/405b, qwen2.5-7b/32b/72b, qwen3-8b/32b, "
+        "mixtral-8x22b, deepseek-v3, tiny) or a config.json",
+    )
     p.add_argument("--gpus", type=int, required=True, help="GPUs available in all")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
     p.add_argument("--gpu-mem-gib", type=float, help="memory of one GPU in GiB (default: --gpu's, else 80)")
@@ -56,7 +58,7 @@ def _add_gpu_arguments(p: argparse.ArgumentParser) -> None:
 
 def _gpu_mem_gib(args: argparse.Namespace) -> float:
     """--gpu-mem-gib, else --gpu's memory (its datasheet GB, which HBM sizes in binary units), else 80."""
-    from ppscope.balance.gpus import gpu_named
+    from ppscope.balance.modelled.gpus import gpu_named
 
     if args.gpu_mem_gib is not None:
         return float(args.gpu_mem_gib)
@@ -65,7 +67,7 @@ def _gpu_mem_gib(args: argparse.Namespace) -> float:
 
 def model_shape(text: str) -> Any:
     """A preset name or a config.json / model directory as a ModelShape."""
-    from ppscope.balance.shapes import ModelShape, all_presets
+    from ppscope.balance.modelled.shapes import ModelShape, all_presets
 
     if text in all_presets() or not (text.endswith(".json") or Path(text).is_dir()):
         return ModelShape.from_name(text)
@@ -73,7 +75,7 @@ def model_shape(text: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppscope.balance.plan import Cluster, PlanConfig, plan
+    from ppscope.balance.modelled.plan import Cluster, PlanConfig, plan
     from ppscope.balance.split import parse_split
 
     model = model_shape(args.model)

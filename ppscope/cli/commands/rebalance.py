@@ -117,8 +117,13 @@ def register(sub: Any) -> None:
     mem.add_argument("--reserve-gib", type=float, default=1.0, help="per GPU, for activations and runtime")
     mem.add_argument("--min-kv-tokens", type=int, default=0, help="KV tokens every stage must hold")
     _add_model_arguments(p)
-    p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="read a run directory's rank files in N processes, a rank at a time (default 1)")  # fmt: skip
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="read a run directory's rank files in N processes, a rank at a time (default 1)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
     p.set_defaults(func=run)
 
@@ -167,7 +172,7 @@ def _advice(
     args: argparse.Namespace, traces: list[Any], problem: Any, advice: Any, no_interval: str = ""
 ) -> dict[str, Any]:
     """The interval of the predicted speedup from the runs' own variability, and keep or change."""
-    from ppscope.balance.advice import Advice, advise, speedup_interval
+    from ppscope.balance.advise.advice import Advice, advise, speedup_interval
 
     cur, new = advice.current.split, advice.proposed.split
     interval = speedup_interval(traces, problem, cur, new) if traces and cur != new else None
@@ -203,7 +208,7 @@ def _check_given_layers(args: argparse.Namespace, split: list[int]) -> None:
 
 
 def _model_shape(args: argparse.Namespace, run_model: dict[str, Any]) -> Any:
-    from ppscope.balance.shapes import ModelShape
+    from ppscope.balance.modelled.shapes import ModelShape
     from ppscope.cli.commands.plan import model_shape
 
     if args.model:
@@ -218,7 +223,7 @@ def _read_profile(args: argparse.Namespace) -> Any:
     """The last run's profile.json when --costs may use it, else None."""
     from pathlib import Path
 
-    from ppscope.balance.profile import read_profile
+    from ppscope.balance.measured.profile import read_profile
 
     last = Path(args.runs[-1])
     return read_profile(last) if args.costs != "fit" and last.is_dir() else None
@@ -229,8 +234,8 @@ def _training(args: argparse.Namespace, traces: list[Any]) -> dict[str, Any] | N
     given by --current-split when it records none (in memory: the files are only read)."""
     import dataclasses
 
+    from ppscope.balance.measured.training import TRAIN_PASSES, is_training
     from ppscope.balance.split import parse_counts, validate_split
-    from ppscope.balance.training import TRAIN_PASSES, is_training
 
     last = traces[-1]
     if not is_training(last):
@@ -263,7 +268,7 @@ def _training(args: argparse.Namespace, traces: list[Any]) -> dict[str, Any] | N
 
 def _timings(path: str, workers: int) -> Any:
     """What the costs read of a run: a run directory rank by rank (`run_timings`), anything else loaded whole."""
-    from ppscope.balance.timings import RunTimings, run_timings
+    from ppscope.balance.measured.timings import RunTimings, run_timings
     from ppscope.formats.detect import InputKind, detect
     from ppscope.formats.sources import open_trace
 
@@ -272,11 +277,11 @@ def _timings(path: str, workers: int) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ppscope.balance.advise.problem import BalanceProblem
+    from ppscope.balance.advise.rebalance import rebalance
     from ppscope.balance.costs import StageCosts
-    from ppscope.balance.plan import stage_memory_model
-    from ppscope.balance.problem import BalanceProblem
-    from ppscope.balance.rebalance import rebalance
-    from ppscope.balance.runcosts import run_costs
+    from ppscope.balance.measured.choose import run_costs
+    from ppscope.balance.modelled.plan import stage_memory_model
     from ppscope.balance.split import parse_split
     from ppscope.cli.model_costs import wants_model
     from ppscope.errors import InvalidConfigError, UnsupportedInputError
@@ -369,8 +374,12 @@ def run(args: argparse.Namespace) -> int:
     out["cost_source"] = "given" if given else source
     out["insitu"] = None
     if insitu is not None:
-        out["insitu"] = {"phase": insitu.phase, "runs": insitu.runs, "passes": list(insitu.passes),
-                         "rest_ms": list(insitu.rest_ms)}  # fmt: skip
+        out["insitu"] = {
+            "phase": insitu.phase,
+            "runs": insitu.runs,
+            "passes": list(insitu.passes),
+            "rest_ms": list(insitu.rest_ms),
+        }
     out["measured_stage_ms"] = measured
     out["training"] = training
     if fit is not None:
@@ -395,7 +404,7 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ppscope.balance.costs import r_squared_text
+    from ppscope.balance.measured.fit import r_squared_text
 
     fit = d["fit"]
     training = d["training"]
@@ -471,9 +480,12 @@ def _print(d: dict[str, Any], has_model: bool) -> None:
     print(
         f"slowest stage: {bn['current']} at {mx['current']:.3f} ms now, {bn['proposed']} at {mx['proposed']:.3f} ms "
         f"proposed: predicted speedup ×{d['predicted_speedup']:.3f}"
-        + (f" ({d['predicted_interval_how']}: {d['predicted_interval'][0]:.3f}–{d['predicted_interval'][1]:.3f})"
-           if d["predicted_interval"] else "")
-    )  # fmt: skip
+        + (
+            f" ({d['predicted_interval_how']}: {d['predicted_interval'][0]:.3f}–{d['predicted_interval'][1]:.3f})"
+            if d["predicted_interval"]
+            else ""
+        )
+    )
     keep = d["advice"] == "keep"
     print(f"advice: {'KEEP the current split' if keep else 'change the split'}: {d['advice_reason']}")
     cap = d["kv_capacity_tokens"]

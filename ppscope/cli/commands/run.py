@@ -113,8 +113,11 @@ def _live_metrics(args: argparse.Namespace, cfg: Any) -> Iterator[Any]:
     exporter = Exporter(args.prometheus_host, args.prometheus_port)
     print(f"ppscope run: serving live metrics at {exporter.url}", file=sys.stderr, flush=True)
     if not is_loopback(args.prometheus_host):
-        print(f"ppscope run: warning: listening on {args.prometheus_host}: anyone who can reach this machine can "
-              "read these metrics", file=sys.stderr)  # fmt: skip
+        print(
+            f"ppscope run: warning: listening on {args.prometheus_host}: anyone who can reach this machine can "
+            "read these metrics",
+            file=sys.stderr,
+        )
     watch = BackgroundWatch(cfg.output.out, exporter, window_s=args.metrics_window, interval_s=1.0)
     try:
         yield cfg

@@ -62,9 +62,15 @@ def _replay(args: argparse.Namespace) -> tuple[Any, Any]:
     from ppscope.formats.sources import open_trace
     from ppscope.simulate.calibrate import Replay
 
-    taken = (("--schedule", args.schedule), ("--stages", args.stages), ("--microbatches", args.microbatches),
-             ("--chunks", args.chunks), ("--steps", args.steps), ("--layers", args.layers),
-             ("--layer-costs", args.layer_costs))  # fmt: skip
+    taken = (
+        ("--schedule", args.schedule),
+        ("--stages", args.stages),
+        ("--microbatches", args.microbatches),
+        ("--chunks", args.chunks),
+        ("--steps", args.steps),
+        ("--layers", args.layers),
+        ("--layer-costs", args.layer_costs),
+    )
     given = [o for o, v in taken if v is not None]
     if given:
         raise InvalidConfigError(

@@ -31,14 +31,26 @@ def register(sub: Any) -> None:
 
 
 def add_tune_arguments(p: argparse.ArgumentParser, repeats: int = 1) -> None:
-    p.add_argument("--costs", default="insitu", choices=("insitu", "profile", "fit"),
-                   help="insitu: each layer timed inside run 1, every K-th pass (--layer-spans, default); profile: "
-                   "each layer timed alone on the device, cold; fit: from run 1's stage spans")  # fmt: skip
-    p.add_argument("--phase", default="decode", choices=("decode", "prefill"),
-                   help="which pass to balance for (default decode: it dominates serving)")  # fmt: skip
-    p.add_argument("--repeats", type=int, default=repeats,
-                   help=f"runs of each split, pair by pair in ABBA order; the measured gain is the median pair's "
-                   f"(default {repeats})")  # fmt: skip
+    p.add_argument(
+        "--costs",
+        default="insitu",
+        choices=("insitu", "profile", "fit"),
+        help="insitu: each layer timed inside run 1, every K-th pass (--layer-spans, default); profile: "
+        "each layer timed alone on the device, cold; fit: from run 1's stage spans",
+    )
+    p.add_argument(
+        "--phase",
+        default="decode",
+        choices=("decode", "prefill"),
+        help="which pass to balance for (default decode: it dominates serving)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=repeats,
+        help=f"runs of each split, pair by pair in ABBA order; the measured gain is the median pair's "
+        f"(default {repeats})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

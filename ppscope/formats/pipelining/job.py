@@ -1,0 +1,289 @@
+"""A torch.distributed.pipelining job across its ranks' Kineto files: stages on ranks, the schedule's name,
+and each rank's spans in ppscope's vocabulary.
+
+Per rank (`kineto_pp` finds the actions): the action ranges become `range` spans labelled with stage,
+micro-batch, step, chunk and the action type as phase; on a CPU trace the top-level operators that are not
+communication are the compute (`kernel` spans, labelled with the action they ran in), each input wait a
+`recv_wait` span and each send a `send` span with its peer; on a GPU trace the kernels are the compute as
+before, labelled with the action that launched them, and a communication kernel launched by a RECV action
+is that action's `recv_wait`. Across ranks: which rank holds which stage (from the ranges; for single-stage
+schedules, from the direction of traffic or rank order, said in a warning), the placement (loop or V),
+the schedule named from one step's action order, micro-batches M and stages per rank V.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ppscope.formats.ordering import order_stages
+from ppscope.formats.pipelining.actions import name_schedule, placement_of
+from ppscope.formats.pipelining.rank import (
+    RankActions,
+    RankEvents,
+    find_actions,
+    is_comm,
+    label_ops,
+    may_hold_actions,
+    order_of_step,
+    send_rows,
+    stages_in,
+    top_level,
+    waits,
+)
+from ppscope.formats.spancolumns import spans_frame_of
+from ppscope.trace.model import SpanKind
+
+__all__ = ["PipelineRead", "RankFile", "cpu_compute", "read_pipeline"]
+
+_LABELS = ["stage", "mb", "step", "chunk", "phase", "peer"]
+
+
+@dataclass
+class RankFile:
+    """What `read_pipeline` takes of one rank's file."""
+
+    events: RankEvents
+    columns: dict[str, Any]
+    """The spans read as they are, as columns (`Columns.spans`): GPU work, ranges and steps (with `launch_ns`)."""
+    gpu: bool
+
+    @cached_property
+    def spans(self) -> pd.DataFrame:
+        """The spans as a frame, made when first asked for: only for a trace that holds a pipeline."""
+        return spans_frame_of(self.columns)
+
+
+@dataclass
+class PipelineRead:
+    spans: dict[int, pd.DataFrame]
+    """Per rank, every span with the schema's columns but `rank` and `tokens`."""
+    stage_of: dict[int, int]
+    """Each rank's physical stage (its position in the pipeline)."""
+    schedule: str
+    microbatches: int
+    chunks: int
+    config: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def cpu_compute(ops: pd.DataFrame, main: object) -> pd.DataFrame:
+    """The top-level operators that are not communication, as `kernel` spans (lane `compute` on the main
+    thread, `cpu TID` on others), unlabelled."""
+    keep = ops[~is_comm(ops["name"])]
+    lane = np.where(keep["tid"].to_numpy() == main, "compute", "cpu " + keep["tid"].astype(str).to_numpy())
+    return pd.DataFrame(
+        {
+            "kind": str(SpanKind.KERNEL),
+            "name": keep["name"].to_numpy(),
+            "start_ns": keep["start_ns"].to_numpy(),
+            "end_ns": keep["end_ns"].to_numpy(),
+            "lane": lane,
+            "nbytes": 0,
+            "tid": keep["tid"].to_numpy(),
+        }
+    )
+
+
+def read_pipeline(
+    files: Mapping[int, RankFile],
+    p2p: Sequence[tuple[int, str, int]],
+    placed: Mapping[int, tuple[int, int]] | None = None,
+) -> PipelineRead | None:
+    """The pipeline the files show, or None when none of them holds a pipelining action. `placed`: each
+    rank's (stage, replica) where the process groups say it (data-parallel replicas): the stage of actions
+    that name none, and a rank's peers are those of its own replica."""
+    if not any(may_hold_actions(f.events) for f in files.values()):
+        return None  # told before the top-level operators are sorted out: most traces are no pipeline
+    tops = {r: top_level(f.events.ops) for r, f in files.items()}
+    acts = {r: find_actions(f.events, tops[r]) for r, f in files.items()}
+    if all(a is None for a in acts.values()):
+        return None
+    warnings: list[str] = []
+    found = {r: a for r, a in acts.items() if a is not None}
+    for r, a in found.items():
+        if a.unknown:
+            shown = ", ".join(a.unknown[:3]) + (f" and {len(a.unknown) - 3} more" if len(a.unknown) > 3 else "")
+            warnings.append(f"{files[r].events.name}: unknown pipelining action(s) {shown}, read as plain ranges")
+    grouped = {r: placed[r][0] for r in files} if placed and all(r in placed for r in files) else None
+    physical, held, how = _stages(files, found, p2p, grouped)
+    warnings += how
+    placement = placement_of(held)
+    order = {r: order_of_step(found[r].frame) if r in found else [] for r in held}
+    schedule, why = name_schedule(order, placement)
+    compute = pd.concat([a.frame for a in found.values()], ignore_index=True)
+    compute = compute[compute["type"].isin(["F", "B", "I", "W"])]
+    m = int(compute["mb"].max()) + 1 if len(compute) else 0
+    v = max((len(h) for h in held.values()), default=1)
+    warnings.append(
+        f"schedule {schedule or 'not named'} ({why}); placement {placement}, P={len(held)}, V={v}, M={m}"
+        + (", named from one step's action order" if schedule else "")
+    )
+    replica = {r: placed[r][1] if grouped and placed else 0 for r in held}
+    rank_of: dict[int, dict[int, int]] = {}  # each replica's stage -> rank: a rank's peers are its replica's
+    for r, hs in held.items():
+        rank_of.setdefault(replica[r], {}).update((s, r) for s in hs)
+    spans: dict[int, pd.DataFrame] = {}
+    assumed_any, inferred_any = False, False
+    for r, f in files.items():
+        mine = found.get(r)
+        peers = rank_of.get(replica.get(r, 0), {})
+        spans[r], assumed = _rank_spans(f, tops[r], mine, held.get(r, [physical[r]]), peers)
+        assumed_any |= assumed
+        inferred_any |= mine is not None and mine.inferred
+    if inferred_any:
+        warnings.append(
+            "no action ranges on some rank (Schedule1F1B writes none): its actions were inferred from the "
+            "operators, backward = the autograd engine's, forward = the other operators that record autograd "
+            "history; micro-batches numbered in order within each ProfilerStep"
+        )
+    if assumed_any:
+        warnings.append(
+            "some input waits had no matching gloo:recv range: the time before the action's first operator "
+            "was taken as its wait"
+        )
+    config = {
+        "placement": placement,
+        "stages_of_rank": {str(r): list(h) for r, h in held.items()},
+        "schedule_from": why,
+    }
+    return PipelineRead(spans, physical, schedule, m, v, config, warnings)
+
+
+def _stages(
+    files: Mapping[int, RankFile],
+    found: Mapping[int, RankActions],
+    p2p: Sequence[tuple[int, str, int]],
+    grouped: Mapping[int, int] | None = None,
+) -> tuple[dict[int, int], dict[int, list[int]], list[str]]:
+    """(physical stage of each rank, the stages each rank holds, what was assumed). Actions that name no
+    stage take it from `grouped` (the process groups) where every rank has one, else from the traffic."""
+    held = {r: list(stages_in(a.frame)) for r, a in found.items()}
+    if all(held.get(r) for r in files):  # data-parallel replicas' ranks hold the same stages: one place each
+        firsts = sorted({min(held[r]) for r in files})
+        return {r: firsts.index(min(held[r])) for r in files}, held, []
+    if grouped is not None and all(r in grouped for r in files):
+        stage_of, how = {r: grouped[r] for r in files}, "each rank's place in its pipeline process group"
+    else:
+        order = order_stages(files, p2p, {r: r for r in files}, "rank")
+        stage_of, how = order.stage_of, order.explanation
+    note = "the trace names no stage for single-stage actions (Forward i / Backward i, or inferred ones): " + how
+    for r, a in found.items():
+        if not held.get(r):
+            a.frame["stage"] = stage_of[r]
+            held[r] = [stage_of[r]]
+    return stage_of, {r: held[r] for r in found}, [note]
+
+
+def _rank_spans(
+    f: RankFile, ops: pd.DataFrame, acts: RankActions | None, local: list[int], rank_of: Mapping[int, int]
+) -> tuple[pd.DataFrame, bool]:
+    """One rank's spans, and whether some wait was assumed."""
+    chunk_of = {s: i for i, s in enumerate(sorted(local))}
+    first = min(local)
+    base = f.spans.assign(stage=first, mb=-1, chunk=0, phase="", peer=-1)
+    frame = acts.frame if acts is not None else pd.DataFrame()
+    if acts is None or frame.empty:
+        if f.gpu:
+            return base, False
+        cpu = cpu_compute(ops, ops["tid"].mode().iloc[0] if len(ops) else None)
+        return pd.concat(
+            [base, cpu.drop(columns="tid").assign(stage=first, mb=-1, step=-1, chunk=0, phase="", peer=-1)],
+            ignore_index=True,
+        ), False
+    frame = frame.assign(chunk=frame["stage"].map(chunk_of).fillna(0).astype(np.int64))
+    named = set(frame.loc[frame["ranged"], "name"])
+    base = base[~(base["kind"].eq(str(SpanKind.RANGE)) & base["name"].isin(named))]
+    ranges = pd.DataFrame(
+        {
+            "kind": str(SpanKind.RANGE),
+            "name": frame["name"],
+            "start_ns": frame["start_ns"],
+            "end_ns": frame["end_ns"],
+            "lane": "host",
+            "nbytes": 0,
+            "stage": frame["stage"],
+            "mb": frame["mb"],
+            "step": frame["step"],
+            "chunk": frame["chunk"],
+            "phase": frame["type"],
+            "peer": -1,
+        }
+    )
+    remote = _neighbours(local, rank_of, into=True)
+    remote_to = _neighbours(local, rank_of, into=False)
+    main_ops = ops[ops["tid"] == acts.main_tid]
+    parts = [base, ranges]
+    assumed = False
+    if f.gpu:
+        parts = [_label_gpu(base, frame, remote), ranges]
+    else:
+        cpu = cpu_compute(ops, acts.main_tid)
+        parts.append(_labelled(cpu, frame, first))
+        recvs = f.events.annotations[f.events.annotations["name"] == "gloo:recv"]
+        rows, assumed = waits(frame, main_ops[~is_comm(main_ops["name"])], recvs, remote)
+        parts.append(_rows(rows, SpanKind.RECV_WAIT, chunk_of))
+        parts.append(_rows(send_rows(frame, main_ops, remote_to), SpanKind.SEND, chunk_of))
+    return pd.concat([p for p in parts if len(p)], ignore_index=True), assumed
+
+
+def _neighbours(local: list[int], rank_of: Mapping[int, int], *, into: bool) -> dict[tuple[int, str], int]:
+    """(stage, F|B) -> the rank at the other end of that stage's traffic in that direction, when it is another
+    rank: the sender of its input (`into`) or the receiver of its output."""
+    out: dict[tuple[int, str], int] = {}
+    for s in local:
+        me = rank_of.get(s)
+        for direction, other in (("F", s - 1 if into else s + 1), ("B", s + 1 if into else s - 1)):
+            peer = rank_of.get(other)
+            if peer is not None and peer != me:
+                out[(s, direction)] = peer
+    return out
+
+
+def _labelled(cpu: pd.DataFrame, acts: pd.DataFrame, first: int) -> pd.DataFrame:
+    row = label_ops(cpu, acts)
+    hit = row >= 0
+    take = acts.reindex(np.where(hit, row, acts.index[0]))
+    out = cpu.drop(columns="tid").reset_index(drop=True)
+    for c, default in (("stage", first), ("mb", -1), ("step", -1), ("chunk", 0)):
+        out[c] = np.where(hit, take[c].to_numpy(np.int64), default)
+    out["phase"] = np.where(hit, take["type"].to_numpy(object), "")
+    out["peer"] = -1
+    return out
+
+
+def _label_gpu(base: pd.DataFrame, acts: pd.DataFrame, remote: Mapping[tuple[int, str], int]) -> pd.DataFrame:
+    """GPU work takes the stage, micro-batch, step and chunk of the action that launched it; a communication
+    kernel launched by a RECV action waits for that action's input (`recv_wait`, with its peer)."""
+    gpu = base["kind"].isin([str(k) for k in (SpanKind.KERNEL, SpanKind.NCCL, SpanKind.MEMCPY, SpanKind.MEMSET)])
+    sub = base[gpu.to_numpy()]
+    row = label_ops(pd.DataFrame({"start_ns": sub["launch_ns"].to_numpy()}), acts)
+    hit = row >= 0
+    take = acts.reindex(np.where(hit, row, acts.index[0]))
+    out = base.copy()
+    idx = np.flatnonzero(gpu.to_numpy())[hit]
+    for c in ("stage", "mb", "chunk"):
+        out.iloc[idx, out.columns.get_loc(c)] = take[c].to_numpy(np.int64)[hit]
+    out.iloc[idx, out.columns.get_loc("phase")] = take["type"].to_numpy(object)[hit]
+    types = take["type"].to_numpy(object)[hit]
+    stages = take["stage"].to_numpy(np.int64)[hit]
+    posted = np.flatnonzero(
+        (out["kind"].to_numpy(object)[idx] == str(SpanKind.NCCL)) & np.isin(types, ["RECV_F", "RECV_B"])
+    )
+    peers = np.array([remote.get((int(stages[k]), str(types[k])[-1]), -1) for k in posted], np.int64)
+    wait = idx[posted[peers >= 0]]
+    out.iloc[wait, out.columns.get_loc("kind")] = str(SpanKind.RECV_WAIT)
+    out.iloc[wait, out.columns.get_loc("peer")] = peers[peers >= 0]
+    return out
+
+
+def _rows(rows: list[tuple[object, ...]], kind: SpanKind, chunk_of: Mapping[int, int]) -> pd.DataFrame:
+    cols = ["stage", "mb", "step", "phase", "start_ns", "end_ns", "peer", "name"]
+    df = pd.DataFrame(rows, columns=cols)
+    lane = "recv" if kind == SpanKind.RECV_WAIT else "send"
+    return df.assign(kind=str(kind), lane=lane, nbytes=0, chunk=df["stage"].map(chunk_of).fillna(0).astype(np.int64))
