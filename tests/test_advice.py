@@ -80,6 +80,24 @@ def test_a_run_too_short_to_vary_gives_no_interval() -> None:
     assert stage_block_times(_run(8, (2.0, 2.0), 2.0, 0.3), 10) is None
 
 
+def test_a_run_of_another_pipeline_is_left_out_whatever_its_place() -> None:
+    """A run of other stages or layers says nothing about this problem's stages: the interval is the same as
+    without it, first or last (the layers' factors are placed by the split of the last run that fits)."""
+    problem, run = _problem(), _run(200, (2.0, 2.0), 2.0, 0.3)
+    other = Trace.from_records(
+        [
+            {"rank": 0, "stage": 0, "kind": SpanKind.FORWARD, "mb": p, "step": 0, "start_ns": p, "end_ns": p + 1}
+            for p in range(200)
+        ],
+        meta=RunMeta(world_size=3, pp_size=3, split=[2, 1, 1]),
+    )
+    alone = speedup_interval([run], problem, [2, 2], [3, 1])
+    assert alone is not None
+    assert speedup_interval([run, other], problem, [2, 2], [3, 1]) == alone
+    assert speedup_interval([other, run], problem, [2, 2], [3, 1]) == alone
+    assert speedup_interval([other], problem, [2, 2], [3, 1]) is None
+
+
 def _tokens(rate_per_ms: float, samples: int = 200, jitter: float = 0.05, seed: int = 0) -> Trace:
     """One token sampled every 1/`rate_per_ms` ms, each gap varying by `jitter` (share)."""
     rng = np.random.default_rng(seed)

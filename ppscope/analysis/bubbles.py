@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from ppscope.analysis.intervals import Intervals, Segments, clip, coverage, label_segments, merge_runs
+from ppscope.analysis.intervals import Intervals, Segments, clip, label_segments, merge_runs
 from ppscope.analysis.result import CAUSES, Cause, StageResult, WindowInfo
 from ppscope.analysis.steps import ComputeSpans, Waves, fill_drain
 from ppscope.trace.model import COMPUTE_KINDS, SpanKind
@@ -223,16 +223,16 @@ def _one_stage(
         (_CODE[Cause.COMM], pick((role == _KERNEL_COMM) | (role == _COLLECTIVE))),
     ]
     fill, drain = positions
-    seg = Segments.of(lo, hi, compute, *(iv for _, iv in levels), fill, drain, pick(t.action[idx]))
+    seg = Segments.of(lo, hi, compute, *(iv for _, iv in levels), fill=fill, drain=drain, action=pick(t.action[idx]))
     codes = [_BUSY, *(code for code, _ in levels)]
     labels = label_segments(seg, codes, _CODE[Cause.HOST if has_waits else Cause.UNKNOWN])
     # Positional causes, placed by the schedule (`steps.fill_drain`), relative to the stage's compute in the
     # whole run, not the window's; except the rank's own time inside one of its compute actions (between the
     # operators of a forward, say), which is host even in a training step's warm-up or cool-down.
-    own = (labels == _CODE[Cause.HOST]) & coverage(seg, len(codes) + 2)
+    own = (labels == _CODE[Cause.HOST]) & seg.covers("action")
     idle = (labels != _BUSY) & (labels != _CODE[Cause.NO_REQUESTS]) & ~own
-    labels[idle & coverage(seg, len(codes))] = _CODE[Cause.FILL]
-    labels[idle & coverage(seg, len(codes) + 1)] = _CODE[Cause.DRAIN]
+    labels[idle & seg.covers("fill")] = _CODE[Cause.FILL]
+    labels[idle & seg.covers("drain")] = _CODE[Cause.DRAIN]
     lengths = seg.length_ns
     causes = {c: int(lengths[labels == _CODE[c]].sum()) for c in CAUSES}
     busy = int(lengths[labels == _BUSY].sum())

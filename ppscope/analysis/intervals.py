@@ -11,7 +11,7 @@ segment is whole, per-segment labels add up to the window length exactly, in int
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -66,11 +66,13 @@ def union_length(iv: Intervals) -> int:
 class Segments:
     """Elementary segments of a window, [bounds[i], bounds[i+1]), and where each input interval lies in them.
 
-    `index[k]` holds, for the k-th interval set given to `of`, the boundary index of every start and end.
+    `index[k]` holds, for the k-th interval set given to `of`, the boundary index of every start and end; a set
+    given by name to `of` is found by `names`, so that a caller asks `covers("fill")`, not for a position.
     """
 
     bounds: I64
     index: tuple[tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]], ...] = ()
+    names: dict[str, int] = field(default_factory=dict)
 
     @property
     def start_ns(self) -> I64:
@@ -85,20 +87,26 @@ class Segments:
         return np.diff(self.bounds)
 
     @classmethod
-    def of(cls, lo_ns: int, hi_ns: int, *ivs: Intervals) -> Segments:
-        """Segments of [lo_ns, hi_ns) cut at every end of `ivs`, which must already be clipped to it."""
+    def of(cls, lo_ns: int, hi_ns: int, *ivs: Intervals, **named: Intervals) -> Segments:
+        """Segments of [lo_ns, hi_ns) cut at every end of `ivs` and `named`, which must already be clipped to it.
+        The sets in `ivs` keep their positions (`label_segments` reads them in order); `named` ones follow."""
+        every = [*ivs, *named.values()]
         parts = [np.array([lo_ns, hi_ns], np.int64)]
-        for iv in ivs:
+        for iv in every:
             parts += [iv.start_ns, iv.end_ns]
         # One sort gives both the boundaries and every end's position among them (no searchsorted).
         bounds, inverse = np.unique(np.concatenate(parts), return_inverse=True)
         index = []
         pos = 2
-        for iv in ivs:
+        for iv in every:
             n = len(iv)
             index.append((inverse[pos : pos + n], inverse[pos + n : pos + 2 * n]))
             pos += 2 * n
-        return cls(bounds, tuple(index))
+        return cls(bounds, tuple(index), {name: len(ivs) + k for k, name in enumerate(named)})
+
+    def covers(self, name: str) -> npt.NDArray[np.bool_]:
+        """For each segment, whether an interval of the set given to `of` as `name` covers it."""
+        return coverage(self, self.names[name])
 
 
 def coverage(seg: Segments, k: int) -> npt.NDArray[np.bool_]:

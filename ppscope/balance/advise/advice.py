@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,14 +28,16 @@ from ppscope.balance.advise.rebalance import evaluate
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.measured.timings import RunTimings, as_timings
 from ppscope.balance.measured.training import training_passes
-from ppscope.balance.split import stage_layer_ranges
+from ppscope.errors import InvalidConfigError
 from ppscope.trace.model import SpanKind, Trace
 
 __all__ = [
     "KEEP_BELOW_GAIN",
     "MIN_BLOCKS",
     "Advice",
+    "BlockTimes",
     "Interval",
+    "Part",
     "SpeedupOf",
     "advise",
     "paired_throughput_ratio",
@@ -104,16 +108,36 @@ def advise(
     return Advice(change=True, reason=f"predicted speedup ×{speedup:.3f} ({sure})")
 
 
-_PARTS = (SpanKind.FORWARD, SpanKind.EMBED, SpanKind.HEAD, SpanKind.SAMPLE)
-"""The parts of a stage's pass whose costs the rebalancer moves separately: its layers (`forward`), and the
-embedding, LM head and sampling that stay on the first or last stage."""
+class Part(IntEnum):
+    """The parts of a stage's pass whose costs the rebalancer moves separately: its layers (`forward` spans),
+    and the embedding, LM head and sampling that stay on the first or last stage. The value is the part's index
+    on the parts axis of `BlockTimes`."""
+
+    LAYERS = 0
+    EMBED = 1
+    HEAD = 2
+    SAMPLE = 3
+
+    @property
+    def kind(self) -> SpanKind:
+        """The span kind that times this part."""
+        return (SpanKind.FORWARD, SpanKind.EMBED, SpanKind.HEAD, SpanKind.SAMPLE)[self]
 
 
-def stage_block_times(trace: Trace | RunTimings, blocks: int = 10) -> tuple[np.ndarray, np.ndarray] | None:
-    """(time ns, spans) of each part (`_PARTS`) of each stage in each of `blocks` consecutive time blocks, each
-    of shape (blocks, parts, stages). None when some block lacks a `forward` pass of some stage (too short a
-    run to tell its spread). In a training run a stage's layers part is each pass's forward plus backward
-    (`ppscope.balance.measured.training`), counted once per pass."""
+class BlockTimes(NamedTuple):
+    """Each part of each stage in consecutive time blocks, arrays of shape (blocks, parts, stages)."""
+
+    busy_ns: np.ndarray
+    """Time the part took in the block."""
+    count: np.ndarray
+    """Spans (or a training run's passes) of the part in the block."""
+
+
+def stage_block_times(trace: Trace | RunTimings, blocks: int = 10) -> BlockTimes | None:
+    """Time and spans of each `Part` of each stage in each of `blocks` consecutive time blocks. None when some
+    block lacks a `forward` pass of some stage (too short a run to tell its spread). In a training run a stage's
+    layers part is each pass's forward plus backward (`ppscope.balance.measured.training`), counted once per
+    pass."""
     if blocks < 1:
         return None
     stages = len(trace.meta.split)
@@ -124,17 +148,17 @@ def stage_block_times(trace: Trace | RunTimings, blocks: int = 10) -> tuple[np.n
         return None
     edges = np.quantile(start, np.linspace(0.0, 1.0, blocks + 1)[1:-1])
     where = (np.searchsorted(edges, start, side="right"), part, stage)
-    busy = np.zeros((blocks, len(_PARTS), stages))
-    count = np.zeros((blocks, len(_PARTS), stages))
+    busy = np.zeros((blocks, len(Part), stages))
+    count = np.zeros((blocks, len(Part), stages))
     np.add.at(busy, where, ns)
     np.add.at(count, where, 1.0)
-    if (count[:, 0, :] == 0).any():
+    if (count[:, Part.LAYERS, :] == 0).any():
         return None
-    return busy, count
+    return BlockTimes(busy, count)
 
 
 def _part_rows(trace: RunTimings) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(start ns, part, stage, time ns) of each timed part: spans of the `_PARTS` kinds, or in a training run
+    """(start ns, part, stage, time ns) of each timed part: spans of the `Part` kinds, or in a training run
     its passes (layers: forward + backward; the embedding, head and sampling where a pass has them)."""
     if trace.training:
         passes = training_passes(trace)
@@ -142,14 +166,14 @@ def _part_rows(trace: RunTimings) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         cols = [layers, *(passes[c].to_numpy(np.float64) for c in ("embed_ns", "head_ns", "sample_ns"))]
         ns = np.concatenate(cols)
         rows = len(passes)
-        part = np.repeat(np.arange(len(_PARTS)), rows)
-        has = (ns > 0) | (part == 0)
-        start = np.tile(passes["start_ns"].to_numpy(np.int64), len(_PARTS))
-        stage = np.tile(passes["stage"].to_numpy(np.int64), len(_PARTS))
+        part = np.repeat(np.arange(len(Part)), rows)
+        has = (ns > 0) | (part == Part.LAYERS)
+        start = np.tile(passes["start_ns"].to_numpy(np.int64), len(Part))
+        stage = np.tile(passes["stage"].to_numpy(np.int64), len(Part))
         return start[has], part[has], stage[has], ns[has]
     spans = trace.spans
-    rows_ = spans[spans["kind"].isin([str(k) for k in _PARTS])]
-    part = np.select([(rows_["kind"] == str(k)).to_numpy(bool) for k in _PARTS], list(range(len(_PARTS))))
+    rows_ = spans[spans["kind"].isin([str(p.kind) for p in Part])]
+    part = np.select([(rows_["kind"] == str(p.kind)).to_numpy(bool) for p in Part], [int(p) for p in Part])
     ns = rows_["ns"].to_numpy(np.float64)
     return rows_["start_ns"].to_numpy(np.int64), part, rows_["stage"].to_numpy(np.int64), ns
 
@@ -170,13 +194,16 @@ def speedup_interval(
     bootstrap of the runs' stage times (see the module's note); None when the runs are too short to tell.
     `bound`: the speedup of the two splits' stage times (default: slowest stage ÷ slowest stage), evaluated in
     every resample, so a floor made of the stage times (`ppscope.balance.advise.cores`) varies with them too."""
+    # Only runs whose split covers the problem's stages and layers tell how its stages' costs vary; the layers'
+    # factors are then placed by the split of the last of them, the one that ran them.
     traces = [as_timings(r) for r in runs]
-    parts = [stage_block_times(t, _blocks(t, blocks)) for t in traces if len(t.meta.split) == problem.stages]
+    fits = [t for t in traces if len(t.meta.split) == problem.stages and sum(t.meta.split) == problem.costs.layers]
+    parts = [stage_block_times(t, _blocks(t, blocks)) for t in fits]
     if not parts or any(p is None for p in parts):
         return None
-    busy = np.concatenate([p[0] for p in parts if p is not None])  # (all blocks, parts, stages)
-    count = np.concatenate([p[1] for p in parts if p is not None])
-    measured = traces[-1].meta.split
+    busy = np.concatenate([p.busy_ns for p in parts if p is not None])  # (all blocks, parts, stages)
+    count = np.concatenate([p.count for p in parts if p is not None])
+    measured = fits[-1].meta.split
     with np.errstate(invalid="ignore", divide="ignore"):
         whole = busy.sum(axis=0) / count.sum(axis=0)
         rng = np.random.default_rng(seed)
@@ -265,14 +292,14 @@ def _speedup(
     a layer's by the `forward` factor of the stage that ran it (split `measured`), the embedding's by the
     first stage's embed factor, the head's and sampling's by the last stage's."""
     costs = problem.costs
-    scale = np.empty(costs.layers)
-    for s, (first, end) in enumerate(stage_layer_ranges(measured)):
-        scale[first:end] = factor[0, s]
+    scale = np.repeat(factor[Part.LAYERS], measured)  # each layer's factor, that of the stage that ran it
+    if len(scale) != costs.layers:
+        raise InvalidConfigError(f"the split {list(measured)} holds {len(scale)} layers, the costs {costs.layers}")
     scaled = LayerCosts(
         layer_ms=tuple(float(x) for x in np.asarray(costs.layer_ms) * scale),
-        embed_ms=costs.embed_ms * float(factor[1, 0]),
-        head_ms=costs.head_ms * float(factor[2, -1]),
-        sample_ms=costs.sample_ms * float(factor[3, -1]),
+        embed_ms=costs.embed_ms * float(factor[Part.EMBED, 0]),
+        head_ms=costs.head_ms * float(factor[Part.HEAD, -1]),
+        sample_ms=costs.sample_ms * float(factor[Part.SAMPLE, -1]),
     )
     resampled = BalanceProblem(
         costs=scaled, stages=problem.stages, stage_costs=problem.stage_costs, memory=None, objective="throughput"
