@@ -129,7 +129,7 @@ class BlockTimes(NamedTuple):
 
     busy_ns: np.ndarray
     """Time the part took in the block."""
-    count: np.ndarray
+    spans: np.ndarray
     """Spans (or a training run's passes) of the part in the block."""
 
 
@@ -202,7 +202,7 @@ def speedup_interval(
     if not parts or any(p is None for p in parts):
         return None
     busy = np.concatenate([p.busy_ns for p in parts if p is not None])  # (all blocks, parts, stages)
-    count = np.concatenate([p.count for p in parts if p is not None])
+    count = np.concatenate([p.spans for p in parts if p is not None])
     measured = fits[-1].meta.split
     with np.errstate(invalid="ignore", divide="ignore"):
         whole = busy.sum(axis=0) / count.sum(axis=0)
