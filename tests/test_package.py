@@ -79,9 +79,6 @@ LONG_FUNCTIONS = {
     "ppscope/analysis/pipeline.py::hop_stats": "bytes, bandwidth and latency of every link from one pairing",
     "ppscope/balance/measured/fit.py::fit_layer_costs": "the least-squares system of every run's stages, built "
     "and solved in one place so that its rank and residuals are read off the same matrix",
-    "ppscope/cli/commands/rebalance.py::run": "the command still builds its report itself (to move into "
-    "ppscope.balance as a typed report)",
-    "ppscope/cli/commands/rebalance.py::_print": "prints the report the command builds (to follow it)",
     "ppscope/cli/tuning.py::tune": "the run, rebalance, re-run loop, its steps in the order they happen",
     "ppscope/cli/tuning_report.py::print_tune": "one table of measured against predicted, row by row",
     "ppscope/engine/worker.py::_run_pipeline": "one rank's main: the process group, the stage, the schedule "

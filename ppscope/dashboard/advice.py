@@ -25,70 +25,53 @@ from ppscope.errors import PPScopeError
 from ppscope.trace.model import Trace
 
 if TYPE_CHECKING:
-    from ppscope.balance.advise.advice import Advice, Interval
     from ppscope.balance.advise.rebalance import Rebalance
-    from ppscope.balance.measured.choose import RunCosts
     from ppscope.balance.measured.profile import LayerProfile
     from ppscope.balance.measured.timings import RunTimings
+    from ppscope.balance.report import RebalanceReport
     from ppscope.simulate.calibrate import Prediction
-
-    Answer = tuple[Rebalance, str, Interval | None, Advice]
-    """The rebalancer's answer, where its costs came from, the interval of its speedup, keep or change."""
 
 __all__ = ["advise", "rebalance", "rebalance_ranked"]
 
 _TITLE = "### Rebalance: what if the layers were split differently"
 
 
-def advise(run: Trace | RunTimings, profile: LayerProfile | None) -> tuple[Answer | None, str]:
-    """Ask the rebalancer with the costs `ppscope rebalance RUN` takes: the layers timed inside the run when it
-    has `layer` spans, else its per-layer profile when it has one (decode pass), else costs fitted from the
-    run's stage spans. `run`: a trace in memory (reduced to its timed parts here, once) or a run's timings
-    read a rank at a time."""
-    from ppscope.balance.advise.advice import advise as keep_or_change
-    from ppscope.balance.advise.advice import speedup_interval
-    from ppscope.balance.advise.problem import BalanceProblem
-    from ppscope.balance.advise.rebalance import rebalance as split_advice
-    from ppscope.balance.measured.choose import run_costs
+def advise(run: Trace | RunTimings, profile: LayerProfile | None) -> tuple[RebalanceReport | None, str]:
+    """The answer of `ppscope rebalance RUN` (`ppscope.balance.report.rebalance_runs`): costs timed layer by
+    layer inside the run when it has `layer` spans, else its per-layer profile when it has one (decode pass),
+    else fitted from the run's stage spans. `run`: a trace in memory (reduced to its timed parts here, once) or
+    a run's timings read a rank at a time."""
     from ppscope.balance.measured.timings import as_timings
+    from ppscope.balance.report import RebalanceRequest, rebalance_runs
 
-    timings = as_timings(run)
-    split = list(timings.meta.split)
     try:
-        got = run_costs([timings], profile)
-        problem = BalanceProblem(costs=got.costs, stages=len(split))
-        advice = split_advice(problem, split, chunks=timings.meta.chunks)  # a training run: per virtual stage
+        return rebalance_runs([as_timings(run)], RebalanceRequest(), profile=profile), ""
     except PPScopeError as exc:
         return None, str(exc)
-    cur, new = advice.current.split, advice.proposed.split
-    interval = speedup_interval([timings], problem, cur, new) if cur != new else None
-    why = "the run is too short to tell how it varies"
-    decision = keep_or_change(cur, new, advice.predicted_speedup, interval, why)
-    return (advice, _cost_source(got), interval, decision), ""
 
 
-def _cost_source(got: RunCosts) -> str:
+def _cost_source(report: RebalanceReport) -> str:
     """Where the costs came from, in a sentence or two for the page."""
     from ppscope.balance.measured.fit import r_squared_text
 
-    costs, fit, profile = got.costs, got.fit, got.profile
-    if got.insitu is not None:
-        sampled = got.insitu.passes
+    costs, fit, profile = report.costs, report.fit, report.profile
+    if report.insitu is not None:
+        sampled = report.insitu.passes
         return (
-            f"Costs timed layer by layer inside this run ({got.phase} passes, the median of {min(sampled)}-"
+            f"Costs timed layer by layer inside this run ({report.phase} passes, the median of {min(sampled)}-"
             f"{max(sampled)} sampled passes per layer): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on "
             "average."
         )
     if profile is not None:
         return (
-            f"Costs from the run's per-layer profile (profile.json, {got.phase} pass, timed with {profile.how} "
+            f"Costs from the run's per-layer profile (profile.json, {report.phase} pass, timed with {profile.how} "
             f"on {profile.device}): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on average."
         )
     assert fit is not None  # costs not from a profile are fitted
     passes = "all passes" if fit.phase == "all" else f"the {fit.phase} passes"
     return (
         f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer on average, "
-        f"{r_squared_text(fit.r_squared)}. " + " ".join(f"Note: {md(n)}." for n in (*got.notes, *fit.notes))
+        f"{r_squared_text(fit.r_squared)}. " + " ".join(f"Note: {md(n)}." for n in (*report.fit_notes, *fit.notes))
     )
 
 
@@ -160,13 +143,13 @@ def rebalance_ranked(big: RankedRun) -> None:
     )
 
 
-def show_advice(got: Answer | None, problem: str) -> Rebalance | None:
+def show_advice(got: RebalanceReport | None, problem: str) -> Rebalance | None:
     """The advice: the splits, the predicted speedup and its interval, keep or change, where the costs came
     from, each stage's predicted time and the lines to paste; the rebalancer's answer, or None (then why not)."""
     if got is None:
         st.error(f"No advice for this trace: {md(problem)}")
         return None
-    advice, source, interval, decision = got
+    advice, interval, decision = got.split, got.interval, got.decision
     cur, new = advice.current, advice.proposed
     cols = st.columns(4)
     cols[0].metric("Current split", ",".join(map(str, cur.split)))
@@ -185,15 +168,13 @@ def show_advice(got: Answer | None, problem: str) -> Rebalance | None:
         delta_color="inverse",
         help="predicted time per micro-batch of the slowest stage with the advised split (change from now)",
     )
-    st.caption(source)
+    st.caption(_cost_source(got))
     if decision.change:
         st.success(f"Advice: change the split. {md(decision.reason)}.")
     else:
         st.info(f"Advice: keep the current split: {md(decision.reason)}.")
     st.plotly_chart(charts.split_figure(cur.stage_ms, new.stage_ms), key="split", config={"displaylogo": False})
-    from ppscope.balance.advise.rebalance import engine_lines
-
-    lines = engine_lines(new.split, sum(cur.split))
+    lines = advice.lines
     if decision.change:
         st.markdown("**Ready to paste**")
         st.code(f"{lines['vllm_env']}\n{lines['sglang_env']}\n{lines['ppscope_run']}", language="bash")

@@ -136,6 +136,11 @@ class Rebalance:
         """Throughput gain: slowest stage before ÷ after (1.0: no gain)."""
         return self.current.max_ms / self.proposed.max_ms if self.proposed.max_ms > 0 else 1.0
 
+    @property
+    def lines(self) -> dict[str, str]:
+        """The proposed split as each engine takes it (`engine_lines`), by its JSON key."""
+        return engine_lines(self.proposed.split, sum(self.current.split), chunks=self.chunks)
+
     def to_dict(self) -> dict[str, Any]:
         """The advice as JSON-ready data (keys documented in the README)."""
         both = {"current": self.current, "proposed": self.proposed}
@@ -149,7 +154,7 @@ class Rebalance:
             "predicted_speedup": self.predicted_speedup,
             "kv_tokens": {k: None if v.kv_tokens is None else list(v.kv_tokens) for k, v in both.items()},
             "kv_capacity_tokens": {k: v.kv_capacity for k, v in both.items()},
-            **engine_lines(self.proposed.split, sum(self.current.split), chunks=self.chunks),
+            **self.lines,
         }
 
 

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 from ppscope.errors import InvalidConfigError
 
-__all__ = ["GPU", "GPUS", "gpu_named"]
+__all__ = ["DEFAULT_GPU", "GPU", "GPUS", "gpu_named"]
+
+DEFAULT_GPU = "h100-sxm"
+"""The GPU a trace is calibrated with when none is given: calibration keeps only the model's shape."""
 
 
 @dataclass(frozen=True, kw_only=True)

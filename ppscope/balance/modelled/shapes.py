@@ -236,6 +236,13 @@ class ModelShape:
             raise InvalidConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(presets)}") from None
 
     @classmethod
+    def from_spec(cls, text: str) -> ModelShape:
+        """What `--model` takes: a preset's name, or a `config.json` or the model directory holding it."""
+        if text in all_presets() or not (text.endswith(".json") or Path(text).is_dir()):
+            return cls.from_name(text)
+        return cls.from_hf_config(text)
+
+    @classmethod
     def from_hf_config(cls, path: str | os.PathLike[str], *, exact: bool = False) -> ModelShape:
         """Read a Hugging Face `config.json` (or the directory holding it).
 

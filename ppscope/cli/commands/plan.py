@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 HELP = "Plan memory per stage and the TP x PP layout for a model and cluster"
@@ -65,20 +64,12 @@ def _gpu_mem_gib(args: argparse.Namespace) -> float:
     return gpu_named(args.gpu).memory_gb if args.gpu else 80.0
 
 
-def model_shape(text: str) -> Any:
-    """A preset name or a config.json / model directory as a ModelShape."""
-    from ppscope.balance.modelled.shapes import ModelShape, all_presets
-
-    if text in all_presets() or not (text.endswith(".json") or Path(text).is_dir()):
-        return ModelShape.from_name(text)
-    return ModelShape.from_hf_config(text)
-
-
 def run(args: argparse.Namespace) -> int:
     from ppscope.balance.modelled.plan import Cluster, PlanConfig, plan
+    from ppscope.balance.modelled.shapes import ModelShape
     from ppscope.balance.split import parse_split
 
-    model = model_shape(args.model)
+    model = ModelShape.from_spec(args.model)
     split = tuple(parse_split(args.split, model.layers, args.pp or None)) if args.split else ()
     cfg = PlanConfig(
         model=model,

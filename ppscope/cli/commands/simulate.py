@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ppscope.cli.commands.rebalance import add_cost_arguments, costs_from_args
+from ppscope.cli.cost_options import add_cost_arguments, given_costs
 
 HELP = "Predict a pipeline's timeline for a schedule, split and cost model"
 EXAMPLE = (
@@ -124,8 +124,8 @@ def _config(args: argparse.Namespace) -> Any:
 
     if args.stages is None or args.microbatches is None:
         raise InvalidConfigError("give --stages P and --microbatches M (or --from RUN to replay a run)")
-    costs = costs_from_args(
-        args, missing="give the costs: --layer-costs MS,MS,... (one per layer) or --layers N --layer-cost-ms MS"
+    costs = given_costs(args).resolve(
+        missing="give the costs: --layer-costs MS,MS,... (one per layer) or --layers N --layer-cost-ms MS"
     )
     chunks = args.chunks or 1
     virtual = args.stages * chunks
