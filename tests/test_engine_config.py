@@ -183,3 +183,56 @@ def test_every_command_takes_both_spellings_of_a_dtype(
     assert ModelConfig(dtype=given).dtype == name
     assert main(["plan", "--model", "llama3-8b", "--gpus", "2", "--dtype", given, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["dtype"] == given
+
+
+def _toml(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_toml_file_in_sections_gives_the_run_and_flags_given_override_it(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        '[pipeline]\nstages = 3\nschedule = "gpipe"\nsplit = [3, 3, 2]\n'
+        '[model]\nname = "synthetic"\nlayers = 8\nlayer_cost_ms = [1.5]\n'
+        "[output]\nrecord = false\n[runtime]\ntimeout_s = 9\n",
+    )
+    cfg = engine_config(build_parser().parse_args(["run", "--config", path]))
+    assert cfg == EngineConfig.from_file(path)
+    assert (cfg.pipeline.stages, cfg.pipeline.schedule, cfg.pipeline.split) == (3, "gpipe", (3, 3, 2))
+    assert cfg.model.name == "synthetic" and cfg.model.layer_cost_ms == (1.5,) and cfg.output.record is False
+    # a flag given on the command line wins, even at its default value; one not given leaves the file's value
+    args = build_parser().parse_args(["run", "--config", path, "--timeout", "60", "--split", "4,2,2"])
+    cfg = engine_config(args)
+    assert cfg.runtime.timeout_s == 60.0 and cfg.pipeline.split == (4, 2, 2) and cfg.pipeline.stages == 3
+    assert engine_config(build_parser().parse_args(["tune", "--config", path, "--stages", "2", "--split", "4,4"]))
+
+
+def test_a_run_s_meta_json_runs_it_again_into_a_new_directory(tmp_path: Path) -> None:
+    ran = EngineConfig.from_fields(
+        {"pipeline.stages": 4, "pipeline.schedule": "gpipe", "model.name": "synthetic", "output.out": tmp_path / "r1"}
+    )
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps({"schema_version": 2, "config": ran.to_json()}))
+    again = engine_config(build_parser().parse_args(["run", "--config", str(meta)]))
+    assert again == dataclasses.replace(ran, output=dataclasses.replace(ran.output, out=None))
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[pipline]\nstages = 2\n", r"unknown section \[pipline\]; valid: pipeline, model"),
+        ("[pipeline]\nstage = 2\n", r"\[pipeline\] has no field 'stage'; valid: stages, schedule"),
+        ("[pipeline\nstages = 2\n", r"is not TOML"),
+        ("[pipeline]\nstages = 0\n", r"stages must be >= 1"),
+    ],
+)
+def test_a_bad_config_file_is_one_line_that_names_what_is_wrong(tmp_path: Path, text: str, says: str) -> None:
+    with pytest.raises(InvalidConfigError, match=says):
+        engine_config(build_parser().parse_args(["run", "--config", _toml(tmp_path, text)]))
+
+
+def test_a_missing_config_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidConfigError, match="cannot read the config file"):
+        EngineConfig.from_file(tmp_path / "none.toml")

@@ -77,10 +77,36 @@ class Option:
     def add_to(self, parser: Any, **changes: Any) -> None:
         """Add it to `parser` (or a group of one), with `changes` (default, help) to its settings."""
         if self.negate:
-            parser.add_argument(self.flag, dest=self.dest, action="store_false", help=changes.get("help", self.help))
+            parser.add_argument(
+                self.flag, dest=self.dest, action=_GivenFalse, default=True, help=changes.get("help", self.help)
+            )
             return
         settings = {"default": self.default, "help": self.help, **changes}
-        parser.add_argument(self.flag, dest=self.dest, **({"type": self.type} if self.type else {}), **settings)
+        kind = {"type": self.type} if self.type else {}
+        parser.add_argument(self.flag, dest=self.dest, action=_Given, **kind, **settings)
+
+
+_GIVEN = "engine_flags_given"
+"""The namespace attribute that lists the engine options given on the command line, which a --config file's
+values yield to (a flag left at its default does not override the file)."""
+
+
+class _Given(argparse.Action):
+    """argparse's store, noting that the flag was given."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, _GIVEN, {*getattr(namespace, _GIVEN, ()), self.dest})
+
+
+class _GivenFalse(_Given):
+    """argparse's store_false (a `--no-X` flag), noting that the flag was given."""
+
+    def __init__(self, option_strings: Any, dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        super().__call__(parser, namespace, False, option_string)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -192,6 +218,7 @@ OPTIONS: tuple[Option, ...] = (
 _BY_FLAG = {o.flag: o for o in OPTIONS}
 _BY_DEST = {o.dest: o for o in OPTIONS}
 _FLAG_OF_FIELD = {o.field: o.flag for o in OPTIONS if not o.negate}
+_DEST_OF_FIELD = {o.field: o.dest for o in OPTIONS}
 _FIELD_NAMES = re.compile(
     r"(?<![\w.])(" + "|".join(re.escape(f) for f in sorted(_FLAG_OF_FIELD, key=len, reverse=True)) + r")(?!\w)"
 )
@@ -202,7 +229,14 @@ def option(flag: str) -> Option:
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, *, out_help: str | None = None) -> None:
-    """Every engine option, in --help sections (`out_help`: what --out means to this command)."""
+    """Every engine option, in --help sections (`out_help`: what --out means to this command), and --config."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the run's config from a file: TOML in sections ([pipeline], [model], [workload], [output], "
+        "[runtime]) of the fields `ppscope.engine.config` documents, or a run's meta.json to run it again (into a "
+        "new directory); options given here override it",
+    )
     groups: dict[str, Any] = {}
     for o in OPTIONS:
         if o.group not in groups:
@@ -218,9 +252,13 @@ def add_option(parser: argparse.ArgumentParser, flag: str, **changes: Any) -> No
 def engine_config(args: argparse.Namespace, **given: Any) -> EngineConfig:
     """The EngineConfig of the engine options in `args` (those its parser took; the rest keep their defaults),
     each parsed from its text here, with `given` (dest -> typed value) over them. A refusal names flags."""
-    from ppscope.engine.config import EngineConfig
+    from ppscope.engine.config import EngineConfig, config_fields
 
     values = {o.field: o.parse(getattr(args, o.dest)) for o in OPTIONS if hasattr(args, o.dest)}
+    if getattr(args, "config", None):
+        flags: set[str] = getattr(args, _GIVEN, set())
+        given_here = {f: v for f, v in values.items() if _DEST_OF_FIELD[f] in flags}
+        values = {**values, **config_fields(args.config), **given_here}
     values.update({_BY_DEST[dest].field: value for dest, value in given.items()})
     try:
         return EngineConfig.from_fields(values)

@@ -13,7 +13,9 @@ decided in `ppscope.engine.prepare`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,11 @@ from ppscope.balance.modelled.shapes import PRESETS, ModelShape, canonical_dtype
 from ppscope.balance.split import parse_counts
 from ppscope.errors import InvalidConfigError
 from ppscope.simulate.schedule import SCHEDULES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 __all__ = [
     "BACKENDS",
@@ -363,6 +370,12 @@ class EngineConfig:
         return cls.from_fields({".".join(FLAT_KEYS[key]): _from_json(key, value) for key, value in data.items()})
 
     @classmethod
+    def from_file(cls, path: str | Path) -> EngineConfig:
+        """The config a file holds: TOML in EngineConfig's sections (`[pipeline]`, `[model]`, ...), a run's
+        `meta.json` (its `config`, less its run directory: a re-run writes a new one), or the flat JSON form."""
+        return cls.from_fields(config_fields(path))
+
+    @classmethod
     def from_fields(cls, values: Mapping[str, Any]) -> EngineConfig:
         """The config of `section.field` -> typed value (the rest default)."""
         given: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
@@ -409,3 +422,48 @@ def _from_json(key: str, value: Any) -> Any:
     if key in ("prompts", "out"):
         return Path(value)
     return value
+
+
+def config_fields(path: str | Path) -> dict[str, Any]:
+    """`section.field` -> typed value of each field a config file sets (see `EngineConfig.from_file`)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidConfigError(f"cannot read the config file {path}: {exc}") from None
+    if path.suffix == ".json" or text.lstrip().startswith("{"):
+        return _json_fields(path, text)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidConfigError(f"{path} is not TOML ({exc}): give [section] tables of `key = value`") from None
+    fields: dict[str, Any] = {}
+    for section, table in data.items():
+        if section not in SECTIONS or not isinstance(table, dict):
+            raise InvalidConfigError(f"{path}: unknown section [{section}]; valid: {', '.join(SECTIONS)}")
+        for name, value in table.items():
+            key = _FLAT_KEY_OF.get((section, name))
+            if key is None:
+                known = ", ".join(f.name for f in dataclasses.fields(SECTIONS[section]))
+                raise InvalidConfigError(f"{path}: [{section}] has no field {name!r}; valid: {known}")
+            fields[f"{section}.{name}"] = _from_json(key, value)
+    return fields
+
+
+def _json_fields(path: Path, text: str) -> dict[str, Any]:
+    """A run's meta.json (its `config`, without the run directory) or the flat form."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidConfigError(f"{path} is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InvalidConfigError(f"{path} holds no config: give a TOML file, a run's meta.json or a flat JSON object")
+    if "config" in data:  # a run's metadata: re-run what it ran, into a new directory
+        data = {k: v for k, v in dict(data["config"] or {}).items() if k != "out"}
+    unknown = sorted(set(data) - set(FLAT_KEYS))
+    if unknown:
+        raise InvalidConfigError(f"{path}: unknown engine config key(s): {', '.join(unknown)}")
+    return {".".join(FLAT_KEYS[key]): _from_json(key, value) for key, value in data.items()}
+
+
+_FLAT_KEY_OF = {where: key for key, where in FLAT_KEYS.items()}
