@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +22,7 @@ from ppscope.balance.split import parse_counts
 from ppscope.errors import InvalidConfigError
 
 if TYPE_CHECKING:
+    from ppscope.cli.argtypes import Options
     from ppscope.engine.config import EngineConfig
 
 __all__ = ["OPTIONS", "Option", "add_engine_arguments", "add_option", "engine_config", "in_flags", "option"]
@@ -74,7 +75,7 @@ class Option:
     def dest(self) -> str:
         return self.flag.removeprefix("--no-").removeprefix("--").replace("-", "_")
 
-    def add_to(self, parser: Any, **changes: Any) -> None:
+    def add_to(self, parser: Options, **changes: Any) -> None:
         """Add it to `parser` (or a group of one), with `changes` (default, help) to its settings."""
         if self.negate:
             parser.add_argument(
@@ -82,7 +83,7 @@ class Option:
             )
             return
         settings = {"default": self.default, "help": self.help, **changes}
-        kind = {"type": self.type} if self.type else {}
+        kind: dict[str, Any] = {"type": self.type} if self.type else {}
         parser.add_argument(self.flag, dest=self.dest, action=_Given, **kind, **settings)
 
 
@@ -94,7 +95,13 @@ values yield to (a flag left at its default does not override the file)."""
 class _Given(argparse.Action):
     """argparse's store, noting that the flag was given."""
 
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, values)
         setattr(namespace, _GIVEN, {*getattr(namespace, _GIVEN, ()), self.dest})
 
@@ -102,10 +109,16 @@ class _Given(argparse.Action):
 class _GivenFalse(_Given):
     """argparse's store_false (a `--no-X` flag), noting that the flag was given."""
 
-    def __init__(self, option_strings: Any, dest: str, **kwargs: Any) -> None:
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, **kwargs)
 
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         super().__call__(parser, namespace, False, option_string)
 
 
@@ -237,7 +250,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, out_help: str | Non
         "[runtime]) of the fields `ppscope.engine.config` documents, or a run's meta.json to run it again (into a "
         "new directory); options given here override it",
     )
-    groups: dict[str, Any] = {}
+    groups: dict[str, Options] = {}
     for o in OPTIONS:
         if o.group not in groups:
             groups[o.group] = parser.add_argument_group(o.group)

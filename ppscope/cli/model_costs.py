@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ppscope.balance.report import ModelSection
+    from ppscope.cli.argtypes import Options
 
 __all__ = [
     "add_workload_arguments",
@@ -26,7 +27,7 @@ __all__ = [
 ]
 
 
-def add_workload_arguments(group: Any, *, default_gpu_note: str) -> None:
+def add_workload_arguments(group: Options, *, default_gpu_note: str) -> None:
     """--gpu, --batch and --context: the GPU and the pass the cost model times."""
     from ppscope.balance.modelled.gpus import GPUS
 

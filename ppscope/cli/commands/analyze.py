@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ppscope.cli.argtypes import Subcommands
 
 HELP = "Report bubbles, their causes and the bottleneck stage of a run or an nsys/Kineto trace"
 EXAMPLE = "ppscope analyze runs/r1 --steady --html report.html"
@@ -23,7 +26,7 @@ _DESCRIPTION = (
 )
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "analyze", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
     )

@@ -22,9 +22,14 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ppscope.errors import InvalidConfigError, PPScopeError, RunNotFoundError
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from ppscope.cli.argtypes import Subcommands
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "Dashboard", "dashboard_command", "find_app", "register", "start_dashboard"]
 
@@ -40,7 +45,7 @@ _DESCRIPTION = (
 )
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "dashboard", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
     )
@@ -93,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _interrupt(signum: int, frame: Any) -> None:
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 

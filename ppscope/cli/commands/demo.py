@@ -13,13 +13,16 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ppscope.cli.argtypes import Subcommands
 
 HELP = "Run, find the bottleneck, rebalance, re-run and show the measured gain, then open the dashboard"
 EXAMPLE = "ppscope demo --no-dashboard"
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     from ppscope.cli.commands.tune import add_tune_arguments
     from ppscope.cli.engine_options import add_option
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ppscope.formats import EXPORT_FORMATS as FORMATS
+
+if TYPE_CHECKING:
+    from ppscope.cli.argtypes import Subcommands
 
 HELP = "Export a run to nsys SQLite, Chrome/Perfetto JSON or NVTXT"
 EXAMPLE = "ppscope export runs/r1 --format chrome --out r1.json.gz"
@@ -23,7 +26,7 @@ _DESCRIPTION = (
 )
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "export", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
     )

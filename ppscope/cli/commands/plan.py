@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ppscope.cli.argtypes import Subcommands
 
 HELP = "Plan memory per stage and the TP x PP layout for a model and cluster"
 EXAMPLE = "ppscope plan --model llama3-70b --gpus 4 --gpu-mem-gib 40 --pp 4 --max-model-len 8192"
@@ -16,7 +19,7 @@ _DESCRIPTION = (
 )
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "plan", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ppscope.cli.cost_options import add_cost_arguments, given_costs
 
@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ppscope.balance.measured.profile import LayerProfile
     from ppscope.balance.measured.timings import RunTimings
     from ppscope.balance.report import RebalanceReport, RebalanceRequest, TraceStages
+    from ppscope.cli.argtypes import Subcommands
 
 HELP = "Advise the layer split that minimises the slowest stage"
 EXAMPLE = (
@@ -33,7 +34,7 @@ _DESCRIPTION = (
 )
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "rebalance", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
     )

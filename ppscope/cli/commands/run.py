@@ -14,7 +14,10 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ppscope.cli.argtypes import Subcommands
 
 HELP = "Run the pipeline-parallel engine and record every receive, forward and send"
 EXAMPLE = "ppscope run --stages 4 --schedule serve --out runs/r1"
@@ -26,7 +29,7 @@ EPILOG = f"""examples:
 """
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     from ppscope.cli.commands.watch import add_metrics_arguments
     from ppscope.cli.engine_options import add_engine_arguments
 

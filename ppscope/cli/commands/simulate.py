@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ppscope.cli.cost_options import add_cost_arguments, given_costs
+
+if TYPE_CHECKING:
+    from ppscope.cli.argtypes import Subcommands
 
 HELP = "Predict a pipeline's timeline for a schedule, split and cost model"
 EXAMPLE = (
@@ -21,7 +24,7 @@ _DESCRIPTION = (
 )
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "simulate", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
     )

@@ -9,13 +9,16 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ppscope.cli.argtypes import Subcommands
 
 HELP = "Run, measure per-layer costs, rebalance, re-run with the advised split and compare measured vs predicted"
 EXAMPLE = "ppscope tune --stages 4 --model synthetic --layers 8 --layer-cost-ms 5 --head-cost-ms 15"
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     from ppscope.cli.engine_options import add_engine_arguments
 
     p: argparse.ArgumentParser = sub.add_parser(

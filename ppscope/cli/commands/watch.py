@@ -12,9 +12,14 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ppscope.errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from ppscope.cli.argtypes import Options, Subcommands
 
 HELP = "Follow a run as it is written and serve its live metrics to Prometheus"
 EXAMPLE = "ppscope watch runs/r1 --prometheus-port 9400  (then scrape http://127.0.0.1:9400/metrics)"
@@ -27,7 +32,7 @@ _DESCRIPTION = (
 )
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "watch", help=HELP, description=_DESCRIPTION, epilog=f"example: {EXAMPLE}"
     )
@@ -44,7 +49,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def add_metrics_arguments(p: Any, *, host_flag: str, window_flag: str, required: bool) -> None:
+def add_metrics_arguments(p: Options, *, host_flag: str, window_flag: str, required: bool) -> None:
     """--prometheus-port, the address and the window, on a parser or a group of one; `ppscope run` shares them,
     naming the last two --prometheus-host and --prometheus-window beside the engine's own options."""
     p.add_argument(
@@ -118,5 +123,5 @@ def run(args: argparse.Namespace) -> int:
         exporter.close()
 
 
-def _interrupt(signum: int, frame: Any) -> None:
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
