@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchmarks.record import Figure
+
 ROUNDS = 3
 RANKS = 8
 SPANS = 1_000_000
@@ -84,7 +86,7 @@ def peak_mb(fn: Callable[[], object]) -> float:
         tracemalloc.stop()
 
 
-def _synthetic_lines() -> list[str]:
+def _synthetic_figures() -> list[Figure]:
     from ppscope.analysis import analyze
     from ppscope.analysis.gantt import gantt_figure
     from ppscope.trace.model import RunMeta, Trace
@@ -98,14 +100,33 @@ def _synthetic_lines() -> list[str]:
     res = analyze(trace)
     stage_ranks = {s.stage: s.ranks for s in res.stages}
     gantt_s = _best_s(lambda: gantt_figure(spans, gaps=res.gaps, stage_ranks=stage_ranks).figure.to_json(), rounds=1)
+    sort = f"sorting the {len(spans):,}-span DataFrame by (rank, start)"
     return [
-        f"analysis: reference = sorting the {len(spans):,}-span DataFrame by (rank, start): {ref:.3f} s",
-        f"analysis: analyze() on {len(spans):,} spans over {RANKS} ranks: {secs:.3f} s (target <= 1 s) "
-        f"= {secs / ref:.1f}x the sort; bottleneck found: stage {res.bottleneck_stage} (expected {RANKS // 2})",
-        f"analysis: peak traced memory of analyze(): {peak:.0f} MB (target <= 1000 MB) "
-        f"= {peak / frame_mb:.2f}x the spans DataFrame ({frame_mb:.0f} MB)",
-        f"analysis: Gantt figure (aggregated, gaps shaded, serialised) of the same spans: {gantt_s:.2f} s "
-        f"= {gantt_s / ref:.1f}x the sort",
+        Figure(
+            f"analyze() on {len(spans):,} spans over {RANKS} ranks",
+            secs,
+            "s",
+            sort,
+            ref,
+            target="<= 1 s",
+            met=secs <= 1.0,
+        ),
+        Figure(
+            "bottleneck stage analyze() finds",
+            f"stage {res.bottleneck_stage}",
+            target=f"stage {RANKS // 2}",
+            met=res.bottleneck_stage == RANKS // 2,
+        ),
+        Figure(
+            "peak traced memory of analyze()",
+            peak,
+            "MB",
+            "the spans DataFrame",
+            frame_mb,
+            target="<= 1000 MB",
+            met=peak <= 1000,
+        ),
+        Figure("Gantt figure of the same spans (aggregated, gaps shaded, serialised)", gantt_s, "s", sort, ref),
     ]
 
 
@@ -188,42 +209,63 @@ def _sides(folder: Path, rounds: int, processes: int) -> tuple[dict[str, Any], d
     return best(runs["hta"]), best(runs["ppscope"])
 
 
-def _versus(what: str, folder: Path, rounds: int, processes: int = 1) -> list[str]:
+def _versus(what: str, folder: Path, rounds: int, processes: int = 1) -> list[Figure]:
     hta, ours = _sides(folder, rounds, processes)
     how = f"best of {rounds}" if rounds > 1 else "one run"
     how += f" in each of {processes} processes taking turns" if processes > 1 else ""
-    peak = max(hta["rss_mb"], hta["worker_rss_mb"]) / max(ours["rss_mb"], ours["worker_rss_mb"])
-    shares = ", ".join(
-        f"rank {r} {hta['compute_pct'].get(r, float('nan')):.1f}% / {ours['compute_pct'].get(r, float('nan')):.1f}%"
-        for r in sorted(ours["compute_pct"], key=int)[:4]
-    )
-    return [
-        f"analysis vs HTA on {what}: HTA load + temporal + idle breakdown {hta['seconds']:.3f} s; ppscope import + "
-        f"analyze {ours['seconds']:.3f} s = {hta['seconds'] / ours['seconds']:.1f}x faster (target >= 10x; {how}, "
-        "each tool in processes of its own)",
-        f"analysis vs HTA on {what}: peak RSS HTA {hta['rss_mb']:,.0f} MB (largest worker {hta['worker_rss_mb']:,.0f} "
-        f"MB), ppscope {ours['rss_mb']:,.0f} MB (largest worker {ours['worker_rss_mb']:,.0f} MB) = "
-        f"{peak:.1f}x less at the peak of one process",
-        f"analysis vs HTA on {what}: compute share of the window, HTA / ppscope: {shares} "
-        "(windows differ: HTA per rank, ppscope first-to-last span of any rank)",
+    ratio = ours["seconds"] / hta["seconds"]
+    figures = [
+        Figure(
+            f"ppscope import + analyze, {what} ({how}, each tool in processes of its own)",
+            ours["seconds"],
+            "s",
+            "HTA load + temporal + idle breakdown",
+            hta["seconds"],
+            target="<= 0.1x (10x faster)",
+            met=ratio <= 0.1,
+        ),
+        Figure(
+            f"peak RSS of any one process, ppscope, {what} ({_own_and_workers(ours)})",
+            max(ours["rss_mb"], ours["worker_rss_mb"]),
+            "MB",
+            f"HTA's ({_own_and_workers(hta)})",
+            max(hta["rss_mb"], hta["worker_rss_mb"]),
+        ),
     ]
+    for rank in sorted(ours["compute_pct"], key=int)[:4]:
+        figures.append(
+            Figure(
+                f"compute share of the window, rank {rank}, ppscope, {what} (window: first to last span of any rank)",
+                ours["compute_pct"][rank],
+                "%",
+                "HTA's (window: the rank's own)",
+                hta["compute_pct"].get(rank, float("nan")),
+            )
+        )
+    return figures
 
 
-def _hta_lines() -> list[str]:
+def _own_and_workers(side: dict[str, Any]) -> str:
+    return f"its own {side['rss_mb']:,.0f} MB, its largest worker {side['worker_rss_mb']:,.0f} MB"
+
+
+def _hta_figures() -> list[Figure]:
     import importlib.util
     import tempfile
 
     if importlib.util.find_spec("hta") is None:
-        return ["analysis vs HTA: skipped, holistictraceanalysis is not installed (pip install -e '.[bench]')"]
-    lines = []
+        return [
+            Figure("ppscope against HTA", "skipped: holistictraceanalysis is not installed (pip install -e '.[bench]')")
+        ]
+    figures = []
     if KINETO.is_dir():
-        lines += _versus(f"{KINETO.name} (2 Kineto ranks, {_events(KINETO):,} events)", KINETO, 5, 5)
+        figures += _versus(f"{KINETO.name} (2 Kineto ranks, {_events(KINETO):,} events)", KINETO, 5, 5)
     else:
-        lines.append(f"analysis vs HTA: {KINETO.name} skipped, its traces are not found")
+        figures.append(Figure(f"ppscope against HTA on {KINETO.name}", "skipped: its traces are not found"))
     with tempfile.TemporaryDirectory() as tmp:
         write_kineto_job(Path(tmp))
-        lines += _versus(f"{JOB_RANKS} generated ranks of {JOB_EVENTS:,} events", Path(tmp), 1)
-    return lines
+        figures += _versus(f"{JOB_RANKS} generated ranks of {JOB_EVENTS:,} events", Path(tmp), 1)
+    return figures
 
 
 def _events(folder: Path) -> int:
@@ -233,10 +275,10 @@ def _events(folder: Path) -> int:
     return sum(len(json.loads(gzip.decompress(p.read_bytes()))["traceEvents"]) for p in folder.glob("*.json.gz"))
 
 
-def main() -> list[str]:
-    return _synthetic_lines() + _hta_lines()
+def main() -> list[Figure]:
+    return _synthetic_figures() + _hta_figures()
 
 
 if __name__ == "__main__":
-    for line in main():
-        print(line)
+    for figure in main():
+        print(figure)

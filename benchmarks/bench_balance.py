@@ -8,6 +8,8 @@ import random
 import time
 from collections.abc import Callable
 
+from benchmarks.record import Figure
+
 ROUNDS = 7
 
 
@@ -20,7 +22,7 @@ def _best_ms(fn: Callable[[], object]) -> float:
     return best
 
 
-def main() -> list[str]:
+def main() -> list[Figure]:
     from ppscope.balance.advise.problem import BalanceProblem, MemoryModel
     from ppscope.balance.advise.rebalance import balance, evaluate
     from ppscope.balance.costs import LayerCosts, StageCosts
@@ -54,7 +56,8 @@ def main() -> list[str]:
     )
     default = vllm_default_split(layers, stages)
     ref = _best_ms(lambda: [evaluate(plain, default) for _ in range(10)]) / 10
-    lines = [f"balance: reference = evaluating one split of L={layers} over P={stages}: {ref:.3f} ms"]
+    one_evaluation = f"evaluating one split of L={layers} over P={stages}"
+    figures = []
     for name, problem in (
         ("uniform GPUs", plain),
         ("mixed GPU speeds", hetero),
@@ -63,13 +66,27 @@ def main() -> list[str]:
     ):
         ms = _best_ms(lambda p=problem: balance(p))  # type: ignore[misc]
         gain = evaluate(problem, default).max_ms / evaluate(problem, balance(problem)).max_ms
-        lines.append(
-            f"balance L={layers} P={stages} {name}: {ms:.2f} ms (target <= 10 ms) = {ms / ref:.1f}x one evaluation; "
-            f"predicted gain over vLLM default {gain:.3f}x"
-        )
-    return lines
+        figures += [
+            Figure(
+                f"balance L={layers} P={stages}, {name}",
+                ms,
+                "ms",
+                one_evaluation,
+                ref,
+                target="<= 10 ms",
+                met=ms <= 10.0,
+            ),
+            Figure(
+                f"predicted gain of the balanced split over vLLM's default, {name}",
+                gain,
+                "x",
+                "vLLM's default split's slowest stage ÷ the balanced split's",
+                ratio=gain,
+            ),
+        ]
+    return figures
 
 
 if __name__ == "__main__":
-    for line in main():
-        print(line)
+    for figure in main():
+        print(figure)

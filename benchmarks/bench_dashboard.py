@@ -16,9 +16,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchmarks.record import Figure
+
 P = 4
 _DRAWN = ".js-plotly-plot g.barlayer g.point path, .js-plotly-plot g.hm image"  # bars, or the aggregate
 N_SPANS = 100_000
+_BROWSER = "browser render of the 100k-span run's timeline (Chromium, page load to Gantt bars drawn)"
 ROUNDS = 3
 
 
@@ -106,7 +109,7 @@ def _append_and_refresh(path: Path, live: Any, t0: int) -> None:
     live.refresh()
 
 
-def main() -> list[str]:
+def main() -> list[Figure]:
     from streamlit.testing.v1 import AppTest
 
     from ppscope.analysis.gantt import gantt_figure
@@ -120,11 +123,22 @@ def main() -> list[str]:
     narrow = (mid, mid + 25 * 100_000)  # ~1k spans in the window
     t_narrow = _best_s(lambda: _gantt_json(big, window_ns=narrow))
     view = gantt_figure(big)
-    lines = [
-        f"Gantt figure, built + serialised: 1k spans {ref_small * 1e3:.0f} ms (reference, one bar each); "
-        f"100k spans, whole run {t_big * 1e3:.0f} ms = {t_big / ref_small:.2f}x the reference "
-        f"({view.bars:,} busy-share bins, aggregated); 100k spans, 2.5 ms window "
-        f"{t_narrow * 1e3:.0f} ms = {t_narrow / ref_small:.2f}x",
+    one_bar_each = "the same Gantt of 1k spans, one bar each"
+    figures = [
+        Figure(
+            f"Gantt figure, built + serialised, 100k spans, whole run ({view.bars:,} busy-share bins, aggregated)",
+            t_big * 1e3,
+            "ms",
+            one_bar_each,
+            ref_small * 1e3,
+        ),
+        Figure(
+            "Gantt figure, built + serialised, 100k spans, a 2.5 ms window",
+            t_narrow * 1e3,
+            "ms",
+            one_bar_each,
+            ref_small * 1e3,
+        ),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
@@ -135,11 +149,12 @@ def main() -> list[str]:
         end = int(big["end_ns"].max())
         t_poll = _best_s(lambda: _append_and_refresh(run, live, t0=end + 1_000_000), rounds=1)
         t_idle = _best_s(live.refresh)
-        lines.append(
-            f"live refresh of a 100k-span run: load_run of the whole run {t_load * 1e3:.0f} ms (reference); first "
-            f"read {t_first * 1e3:.0f} ms; refresh after 1k new spans {t_poll * 1e3:.0f} ms = "
-            f"{t_poll / t_load:.2f}x; refresh with nothing new {t_idle * 1e3:.1f} ms = {t_idle / t_load:.3f}x"
-        )
+        whole = "load_run of the whole run"
+        figures += [
+            Figure("live refresh of a 100k-span run: first read", t_first * 1e3, "ms", whole, t_load * 1e3),
+            Figure("live refresh of a 100k-span run: after 1k new spans", t_poll * 1e3, "ms", whole, t_load * 1e3),
+            Figure("live refresh of a 100k-span run: nothing new", t_idle * 1e3, "ms", whole, t_load * 1e3),
+        ]
 
         def script(argv: list[str]) -> None:
             from ppscope.dashboard.app import main
@@ -159,16 +174,16 @@ def main() -> list[str]:
         page()  # import everything once
         t_cold = _best_s(cold_page, rounds=2)
         t_warm = _best_s(page, rounds=2)
-        lines.append(
-            f"timeline page of the 100k-span run (read, analysis, gap shading, Gantt): first visit {t_cold:.2f} s "
-            f"= {t_cold / t_load:.1f}x load_run; later visits {t_warm:.2f} s = {t_warm / t_load:.1f}x "
-            "(target: <= 3 s)"
-        )
-        lines.append(_browser_line(run, Path(tmp)))
-    return lines
+        timeline = "timeline page of the 100k-span run (read, analysis, gap shading, Gantt)"
+        figures += [
+            Figure(f"{timeline}: first visit", t_cold, "s", whole, t_load, target="<= 3 s", met=t_cold <= 3),
+            Figure(f"{timeline}: later visits", t_warm, "s", whole, t_load, target="<= 3 s", met=t_warm <= 3),
+            _browser_figure(run, Path(tmp)),
+        ]
+    return figures
 
 
-def _browser_line(big_run: Path, tmp: Path) -> str:
+def _browser_figure(big_run: Path, tmp: Path) -> Figure:
     """Seconds from opening the page to the Gantt's bars on screen in Chromium, 100k spans vs 1k."""
     import shutil
 
@@ -176,9 +191,9 @@ def _browser_line(big_run: Path, tmp: Path) -> str:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        return "browser render: skipped (playwright is not installed)"
+        return Figure(_BROWSER, "skipped: playwright is not installed")
     if chromium is None:
-        return "browser render: skipped (no Chromium found; apt-get install chromium)"
+        return Figure(_BROWSER, "skipped: no Chromium found (apt-get install chromium)")
     from ppscope.cli.commands.dashboard import start_dashboard
 
     small_run = tmp / "small"
@@ -206,12 +221,17 @@ def _browser_line(big_run: Path, tmp: Path) -> str:
                     board.stop()
         finally:
             browser.close()
-    return (
-        f"browser render (Chromium, page load to Gantt bars drawn): 1k spans {times['1k']:.2f} s (reference); "
-        f"100k spans {times['100k']:.2f} s = {times['100k'] / times['1k']:.2f}x (target: <= 3 s)"
+    return Figure(
+        _BROWSER,
+        times["100k"],
+        "s",
+        "the same page of a 1k-span run",
+        times["1k"],
+        target="<= 3 s",
+        met=times["100k"] <= 3,
     )
 
 
 if __name__ == "__main__":
-    for line in main():
-        print(line)
+    for figure in main():
+        print(figure)

@@ -9,7 +9,6 @@ Run: `python -m benchmarks.bench_engine`.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from benchmarks.record import Figure
 from ppscope.trace.model import COMPUTE_KINDS, SpanKind, Trace
 from ppscope.trace.store import load_run, read_requests
 
@@ -63,7 +63,7 @@ def _stage_ms(spans: pd.DataFrame) -> float:
     return float((fwd["end_ns"] - fwd["start_ns"]).mean() / 1e6)
 
 
-def efficiency_gpipe(tmp: Path, tries: int = 3) -> list[str]:
+def efficiency_gpipe(tmp: Path, tries: int = 3) -> list[Figure]:
     """The engine next to a bare gloo pipeline of the same shape (see ring_reference), in turns."""
     from benchmarks.ring_reference import gpipe_efficiency
 
@@ -86,17 +86,28 @@ def efficiency_gpipe(tmp: Path, tries: int = 3) -> list[str]:
         engine.append(measured / (m / ((m + p - 1) * STAGE_MS / 1e3)))
         stage_ms.append(_stage_ms(spans))
         bare.append(gpipe_efficiency(p, m, steps, STAGE_MS))
+    what = f"efficiency gpipe P={p} M={m} {STAGE_MS:g} ms/stage: measured ÷ ideal throughput"
+    bare_name = f"a bare gloo pipeline of {p} processes (M={m}, every step flushed, the same sleep, no engine)"
     return [
-        f"efficiency gpipe P={p} M={m} {STAGE_MS:g} ms/stage: measured/ideal throughput = {max(engine):.3f} "
-        f"(best of {tries}; median {statistics.median(engine):.3f}; a {STAGE_MS:g} ms stage measured "
-        f"{statistics.median(stage_ms):.2f} ms)",
-        f"  reference, same run: a bare gloo pipeline of {p} processes (M={m}, every step flushed, the same sleep, "
-        f"no engine) reaches {max(bare):.3f} (median {statistics.median(bare):.3f}). Engine ÷ bare = "
-        f"{max(engine) / max(bare):.3f} (medians {statistics.median(engine) / statistics.median(bare):.3f})",
+        Figure(f"{what}, best of {tries}", max(engine), "", f"{bare_name}, best of {tries}", max(bare)),
+        Figure(
+            f"{what}, median of {tries}",
+            statistics.median(engine),
+            "",
+            f"{bare_name}, median of {tries}",
+            statistics.median(bare),
+        ),
+        Figure(
+            f"a {STAGE_MS:g} ms stage's forward as measured (median of {tries} runs' means)",
+            statistics.median(stage_ms),
+            "ms",
+            "the synthetic model's configured sleep",
+            STAGE_MS,
+        ),
     ]
 
 
-def efficiency_serve(tmp: Path, tries: int = 3) -> list[str]:
+def efficiency_serve(tmp: Path, tries: int = 3) -> list[Figure]:
     """The engine next to bare rings of the same shape (see ring_reference), in turns so drift hits all alike."""
     from benchmarks.ring_reference import ring_efficiency, steady_ratio
 
@@ -118,13 +129,24 @@ def efficiency_serve(tmp: Path, tries: int = 3) -> list[str]:
         )
         gloo.append(ring_efficiency("gloo", p, STAGE_MS, passes))
         pipe.append(ring_efficiency("pipe", p, STAGE_MS, passes))
+    what = f"efficiency serve P={p} in flight={p} {STAGE_MS:g} ms/stage: steady measured ÷ ideal"
+    ring = f"a bare gloo ring of {p} processes (isend/irecv, receives posted ahead, the same sleep, no engine)"
     return [
-        f"efficiency serve P={p} in flight={p} {STAGE_MS:g} ms/stage: steady measured/ideal = {max(engine):.3f} "
-        f"(best of {tries}; median {statistics.median(engine):.3f})",
-        f"  reference, same run: a bare gloo ring of {p} processes (isend/irecv, receives posted ahead, the same "
-        f"sleep, no engine) reaches {max(gloo):.3f} (median {statistics.median(gloo):.3f}); an OS-pipe ring "
-        f"{max(pipe):.3f}. Engine ÷ bare gloo ring = {max(engine) / max(gloo):.3f} "
-        f"(medians {statistics.median(engine) / statistics.median(gloo):.3f})",
+        Figure(f"{what}, best of {tries}", max(engine), "", f"{ring}, best of {tries}", max(gloo)),
+        Figure(
+            f"{what}, median of {tries}",
+            statistics.median(engine),
+            "",
+            f"{ring}, median of {tries}",
+            statistics.median(gloo),
+        ),
+        Figure(
+            f"{what}, best of {tries}, against an OS-pipe ring",
+            max(engine),
+            "",
+            f"a bare OS-pipe ring of {p} processes, best of {tries}",
+            max(pipe),
+        ),
     ]
 
 
@@ -133,7 +155,7 @@ def _tokens_per_s(run_dir: Path) -> float:
     return float(reqs["output_len"].sum() / ((reqs["finish_ns"].max() - reqs["arrival_ns"].min()) / 1e9))
 
 
-def overhead(tmp: Path, pairs: int = 6) -> str:
+def overhead(tmp: Path, pairs: int = 6) -> list[Figure]:
     def once(name: str, record: bool) -> float:
         run_dir = _run(
             tmp / name, stages=2, schedule="serve", requests=8, prompt_len=16, max_new_tokens=48, record=record
@@ -145,17 +167,26 @@ def overhead(tmp: Path, pairs: int = 6) -> str:
     for i in range(pairs):  # on/off in pairs, in ABBA order: both see the same machine load, and a load that
         for record in (True, False) if i % 2 == 0 else (False, True):  # rises or falls favours neither
             (on if record else off).append(once(f"ovh-{i}-{'on' if record else 'off'}", record))
-    median = statistics.median(on) / statistics.median(off)
     # Whole runs differ by a few percent here however they are ordered: say how far the pairs spread.
     ratios = np.asarray(on) / np.asarray(off)
-    return (
-        f"recording overhead, tiny model, serve P=2: throughput on/off = {median:.3f} "
-        f"median of {pairs} pairs in ABBA order (best of each: {max(on) / max(off):.3f}; pair by pair: geometric "
-        f"mean {np.exp(np.log(ratios).mean()):.3f}, from {ratios.min():.3f} to {ratios.max():.3f})"
-    )
+    what = f"recording overhead, tiny model, serve P=2: throughput with recording, {pairs} pairs of runs in ABBA order"
+    without = "the same without recording"
+    return [
+        Figure(f"{what}, median", statistics.median(on), "tokens/s", f"{without}, median", statistics.median(off)),
+        Figure(f"{what}, best", max(on), "tokens/s", f"{without}, best", max(off)),
+        Figure(
+            f"{what}, pair by pair: geometric mean of the ratios (from {ratios.min():.3f} to {ratios.max():.3f})",
+            float(np.exp(np.log(ratios).mean())),
+            "x",
+            without,
+            ratio=float(np.exp(np.log(ratios).mean())),
+        ),
+    ]
 
 
-def overhead_alternating(tmp: Path, window_ms: float = 1000.0, guard_ms: float = 300.0, stages: int = 2) -> str:
+def overhead_alternating(
+    tmp: Path, window_ms: float = 1000.0, guard_ms: float = 300.0, stages: int = 2
+) -> list[Figure]:
     """Recording on and off within one run: the engine pauses it in every odd window of the host clock, so both
     sides share the processes, their placement and the machine's mood. Each window's rate is tokens per second
     between its first and last token, its first `guard_ms` dropped: the pause wakes the flush thread, which writes
@@ -171,21 +202,29 @@ def overhead_alternating(tmp: Path, window_ms: float = 1000.0, guard_ms: float =
         record_alternate_ms=window_ms,
     )
     ratio, low, high, windows, tokens = _alternating_ratio(run_dir, window_ms, guard_ms)
-    return (
-        f"recording overhead within one run (tiny model, serve P={stages}, recording paused in every other "
-        f"{window_ms:g} ms window, its first {guard_ms:g} ms not counted; {windows} windows, {tokens} tokens): "
-        f"throughput on/off = {ratio:.3f} (95% interval {low:.3f}-{high:.3f})"
-    )
+    return [
+        Figure(
+            f"recording overhead within one run (tiny model, serve P={stages}, recording paused in every other "
+            f"{window_ms:g} ms window, its first {guard_ms:g} ms not counted; {windows} windows, {tokens} tokens): "
+            f"throughput with recording, 95% interval {low:.3f}-{high:.3f}",
+            ratio,
+            "x",
+            "the windows without, each against its two neighbours",
+            ratio=ratio,
+        )
+    ]
 
 
-def layer_spans_overhead(tmp: Path, window_ms: float = 1000.0, guard_ms: float = 300.0, stages: int = 2) -> list[str]:
+def layer_spans_overhead(
+    tmp: Path, window_ms: float = 1000.0, guard_ms: float = 300.0, stages: int = 2
+) -> list[Figure]:
     """What timing each layer costs, within one run: layer spans are taken only in every other window of the
     host clock (`bench.layer_spans_alternate_ms`), recording on throughout, so the two sides share the processes
     and the machine's mood; the windows are compared as for the recording overhead. At the default period
     (one pass in 8 of each stage) and at the dearest (every pass)."""
     from ppscope.engine.config import LAYER_SPANS_EVERY
 
-    lines = []
+    figures = []
     for every in (LAYER_SPANS_EVERY, 1):
         run_dir = _run(
             tmp / f"ovh-layers-{every}",
@@ -205,15 +244,29 @@ def layer_spans_overhead(tmp: Path, window_ms: float = 1000.0, guard_ms: float =
         pass_ms = float((busy / passes).max()) / 1e6  # the slowest stage's compute per pass
         per_stage = float(spans[spans["kind"] == SpanKind.LAYER].groupby("stage")["name"].nunique().mean())
         span_us = _span_us()  # each of the layers a stage holds is one span in a sampled pass
-        cost = per_stage / every * span_us / 1e3 / pass_ms
-        lines.append(
-            f"layer spans overhead within one run (tiny model, serve P={stages}, each layer timed in one pass in "
-            f"{every} of each stage, only in every other {window_ms:g} ms window; {windows} windows, {tokens} "
-            f"tokens): throughput with/without = {ratio:.3f} (95% interval {low:.3f}-{high:.3f}; target >= 0.99 "
-            f"at the default period); from the spans' own cost, {per_stage:g} layer spans of {span_us:.1f} µs "
-            f"every {every} pass(es) of {pass_ms:.2f} ms: {100 * cost:.2f}% of a pass"
-        )
-    return lines
+        default = every == LAYER_SPANS_EVERY
+        figures += [
+            Figure(
+                f"layer spans overhead within one run (tiny model, serve P={stages}, each layer timed in one pass "
+                f"in {every} of each stage, only in every other {window_ms:g} ms window; {windows} windows, "
+                f"{tokens} tokens): throughput with layer spans, 95% interval {low:.3f}-{high:.3f}",
+                ratio,
+                "x",
+                "the windows without, each against its two neighbours",
+                ratio=ratio,
+                target=">= 0.99" if default else "",
+                met=ratio >= 0.99 if default else None,
+            ),
+            Figure(
+                f"layer spans' own cost a pass, one in {every} ({per_stage:g} layer spans of {span_us:.1f} µs "
+                "every that many passes)",
+                per_stage / every * span_us,
+                "µs",
+                "the slowest stage's compute a pass",
+                pass_ms * 1e3,
+            ),
+        ]
+    return figures
 
 
 def _span_us(n: int = 20_000) -> float:
@@ -263,7 +316,7 @@ def _analyzer_bubble(trace: Trace) -> float:
     return float("nan") if ratio is None else ratio
 
 
-def bubbles(tmp: Path, tries: int = 3) -> list[str]:
+def bubbles(tmp: Path, tries: int = 3) -> list[Figure]:
     """Measured bubble ratio next to the analytic one. A run is a few hundred ms, so one hiccup of the machine
     moves it: each figure is the median of `tries` runs, with the analyzer's reading of that same run."""
     from ppscope.analysis import gpipe_bubble, interleaved_bubble
@@ -277,50 +330,43 @@ def bubbles(tmp: Path, tries: int = 3) -> list[str]:
             runs.append((measured_bubble(trace.spans, p), trace))
         return sorted(runs, key=lambda r: r[0])[tries // 2]
 
-    lines = []
-    for m in (1, 2, 4, 8, 16):
-        meas, trace = median_run(f"bub-g{m}", schedule="gpipe", microbatches=m, requests=m, **_synthetic(p))
-        theory = gpipe_bubble(p, m)
-        lines.append(
-            f"bubble gpipe P={p} M={m}: measured {meas:.3f} vs analytic {theory:.3f} (ratio {meas / theory:.2f}; "
-            f"analyzer {_analyzer_bubble(trace):.3f}; median of {tries} runs)"
+    cases = [
+        (f"gpipe P={p} M={m}", f"bub-g{m}", m, gpipe_bubble(p, m), {"schedule": "gpipe", **_synthetic(p)})
+        for m in (1, 2, 4, 8, 16)
+    ]
+    cases += [
+        (
+            f"interleaved P={p} V=2 M={m}",
+            f"bub-i{m}",
+            m,
+            interleaved_bubble(p, m, 2),
+            {"schedule": "interleaved", "chunks": 2, **_synthetic(p, chunks=2)},
         )
-    for m in (4, 8):
-        meas, trace = median_run(
-            f"bub-i{m}", schedule="interleaved", chunks=2, microbatches=m, requests=m, **_synthetic(p, chunks=2)
-        )
-        theory = interleaved_bubble(p, m, 2)
-        lines.append(
-            f"bubble interleaved P={p} V=2 M={m}: measured {meas:.3f} vs analytic {theory:.3f} "
-            f"(ratio {meas / theory:.2f}; analyzer {_analyzer_bubble(trace):.3f}; median of {tries} runs)"
-        )
-    return lines
+        for m in (4, 8)
+    ]
+    figures = []
+    for what, name, m, theory, config in cases:
+        meas, trace = median_run(name, microbatches=m, requests=m, **config)
+        figures += [
+            Figure(f"bubble {what}, measured (median of {tries} runs)", meas, "", "the analytic bubble", theory),
+            Figure(f"bubble {what}, the analyzer's of the same run", _analyzer_bubble(trace), "", "measured", meas),
+        ]
+    return figures
 
 
-def _load() -> float:
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-
-
-def main() -> list[str]:
-    before = _load()
+def main() -> list[Figure]:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        lines = [
+        return [
             *efficiency_gpipe(tmp),
             *efficiency_serve(tmp),
-            overhead(tmp),
-            overhead_alternating(tmp),
+            *overhead(tmp),
+            *overhead_alternating(tmp),
             *layer_spans_overhead(tmp),
             *bubbles(tmp),
         ]
-    return [
-        *lines,
-        f"(machine 1-minute load average: {before:.1f} before, {_load():.1f} after the engine benchmark, "
-        f"on {os.cpu_count()} cores; the ranks of a synthetic run sleep, so other work on the cores shows as "
-        "overhead)",
-    ]
 
 
 if __name__ == "__main__":
-    for line in main():
-        print(line)
+    for figure in main():
+        print(figure)

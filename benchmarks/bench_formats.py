@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.bench_analysis import peak_mb as traced_peak_mb
+from benchmarks.record import Figure
 
 ROWS = 1_000_000
 PROCESSES = 4
@@ -161,7 +162,7 @@ def _nsys_rounds(path: Path) -> tuple[list[float], list[float], int, object]:
     return refs, loads, n_rows, trace
 
 
-def main() -> list[str]:
+def main() -> list[Figure]:
     from ppscope.formats.chrome.writer import export_chrome
     from ppscope.formats.nsys.reader import load_nsys
     from ppscope.formats.nsys.writer import export_nsys
@@ -187,23 +188,38 @@ def main() -> list[str]:
         from ppscope.formats.kineto.reader import load_kineto
 
         kin_s, ktrace = _timed(lambda: load_kineto([kin]))
-    verdict = "meets" if load_s <= TARGET_S and ratio <= TARGET_RATIO else "MISSES"
-    each = ", ".join(f"{r:.2f}" for r in ratios)
+    select = f"a bare SELECT of the same {n_rows:,} rows and columns"
+    per_100k = f"the bare SELECT per 100,000 of its {ROWS:,} kernels"
     return [
-        f"formats: generated an nsys file with {ROWS:,} kernels, as many launches and {n_rows - ROWS:,} NVTX ranges "
-        f"in {gen_s:.1f} s",
-        f"formats: nsys import of {spans:,} spans, read a device at a time: {load_s:.2f} s = {ratio:.2f}x a bare "
-        f"SELECT of the same {n_rows:,} rows and columns ({ref_s:.2f} s; median of {ROUNDS} alternating rounds, "
-        f"each {each}); {verdict} the <= {TARGET_S:.0f} s and <= {TARGET_RATIO:.0f}x targets",
-        f"formats: peak traced memory of the nsys import: {peak_mb:.0f} MB = {peak_mb / frame_mb:.2f}x the imported "
-        f"spans frame ({frame_mb:.0f} MB)",
-        f"formats: export of 100,000 spans: nsys-sqlite {exp_s:.2f} s ({exp_s / ref_s * 10:.1f}x the per-100k-row "
-        f"SELECT), chrome .json.gz {chrome_s:.2f} s",
-        f"formats: Kineto import of {KINETO_EVENTS:,} events (streamed, {len(ktrace.spans):,} spans kept): "  # type: ignore[attr-defined]
-        f"{kin_s:.2f} s = {kin_s / kref_s:.1f}x a plain json.load of the same .gz ({kref_s:.2f} s)",
+        Figure(
+            f"generating the nsys file: {ROWS:,} kernels, as many launches and {n_rows - ROWS:,} NVTX ranges",
+            gen_s,
+            "s",
+        ),
+        Figure(
+            f"nsys import of {spans:,} spans, read a device at a time (median of {ROUNDS} alternating rounds; ratio: "
+            f"the median of theirs, {', '.join(f'{r:.2f}' for r in ratios)})",
+            load_s,
+            "s",
+            select,
+            ref_s,
+            ratio=ratio,
+            target=f"<= {TARGET_S:.0f} s and <= {TARGET_RATIO:.0f}x",
+            met=load_s <= TARGET_S and ratio <= TARGET_RATIO,
+        ),
+        Figure("peak traced memory of the nsys import", peak_mb, "MB", "the imported spans frame", frame_mb),
+        Figure("export of 100,000 spans to nsys SQLite", exp_s, "s", per_100k, ref_s * 1e5 / ROWS),
+        Figure("export of 100,000 spans to Chrome .json.gz", chrome_s, "s", per_100k, ref_s * 1e5 / ROWS),
+        Figure(
+            f"Kineto import of {KINETO_EVENTS:,} events (streamed, {len(ktrace.spans):,} spans kept)",  # type: ignore[attr-defined]
+            kin_s,
+            "s",
+            "a plain json.load of the same .gz",
+            kref_s,
+        ),
     ]
 
 
 if __name__ == "__main__":
-    for line in main():
-        print(line)
+    for figure in main():
+        print(figure)

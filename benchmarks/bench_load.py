@@ -13,6 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.record import Figure
+
 SPANS = int(os.environ.get("PPSCOPE_LOAD_SPANS", 5_000_000))  # a smaller run for a quick check
 RANKS = 8
 
@@ -83,35 +85,41 @@ def _step(step: str, run_dir: Path) -> dict[str, float]:
     return result
 
 
-def main() -> list[str]:
+def main() -> list[Figure]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         ref = _step("build", run_dir)
         got = {step: _step(step, run_dir) for step in ("write", "load", "analyze", "gantt", "tail")}
-    lines = [
-        f"load: reference = building {SPANS:,} spans over {RANKS} ranks as a DataFrame: {ref['s']:.1f} s, "
-        f"peak {ref['peak_mb']:,.0f} MB (process)"
-    ]
+    build = f"building the {SPANS:,} spans over {RANKS} ranks as a DataFrame"
     what = {
         "write": "write them to the run store (8 rank files, 100k-row batches)",
         "load": "load_run of the whole run",
-        "analyze": "analyze() after load_run (time of analyze alone)",
-        "gantt": "Gantt figure, aggregated, gaps shaded, serialised (time of the figure alone)",
+        "analyze": "analyze() after load_run (analyze alone)",
+        "gantt": "Gantt figure, aggregated, gaps shaded, serialised (the figure alone)",
     }
     tail = got.pop("tail")
+    figures = []
     for step, r in got.items():
-        lines.append(
-            f"load: {what[step]}: {r['s']:.1f} s = {r['s'] / ref['s']:.1f}x the reference; "
-            f"process peak {r['peak_mb']:,.0f} MB = {r['peak_mb'] / ref['peak_mb']:.1f}x"
-        )
-    lines.append(
-        f"load: live refresh (dashboard): first RunTail.poll() reads {tail['spans']:,.0f} spans in "
-        f"{tail['s']:.1f} s = {tail['s'] / ref['s']:.1f}x the reference ({tail['s'] / got['load']['s']:.2f}x "
-        f"load_run), process peak {tail['peak_mb']:,.0f} MB = {tail['peak_mb'] / ref['peak_mb']:.1f}x; "
-        f"the next polls, nothing new ({tail['again_spans']:.0f} spans): {tail['again_s'] * 1e3:.1f} ms (best of 5)"
-    )
-    return lines
+        figures += [
+            Figure(f"{what[step]}: time", r["s"], "s", build, ref["s"]),
+            Figure(f"{what[step]}: process peak", r["peak_mb"], "MB", build, ref["peak_mb"]),
+        ]
+    poll = f"live refresh (dashboard): first RunTail.poll(), {tail['spans']:,.0f} spans"
+    return [
+        *figures,
+        Figure(f"{poll}: time", tail["s"], "s", build, ref["s"]),
+        Figure(f"{poll}: time", tail["s"], "s", what["load"], got["load"]["s"]),
+        Figure(f"{poll}: process peak", tail["peak_mb"], "MB", build, ref["peak_mb"]),
+        Figure(
+            f"live refresh (dashboard): the next polls, nothing new ({tail['again_spans']:.0f} spans; best of 5)",
+            tail["again_s"] * 1e3,
+            "ms",
+            what["load"],
+            got["load"]["s"] * 1e3,
+        ),
+    ]
 
 
 if __name__ == "__main__":
-    print("\n".join(main()))
+    for figure in main():
+        print(figure)

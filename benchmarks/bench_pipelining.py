@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.record import Figure
+
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ("1f1b", "interleaved-1f1b")
 
@@ -39,8 +41,8 @@ def _job(schedule: str, scratch: Path) -> dict[str, object]:
     return dict(json.loads(line))
 
 
-def main() -> list[str]:
-    lines = []
+def main() -> list[Figure]:
+    figures = []
     for schedule in SCHEDULES:
         with tempfile.TemporaryDirectory() as tmp:
             got = _job(schedule, Path(tmp))
@@ -50,13 +52,21 @@ def main() -> list[str]:
             pairs: list[list[float]] = got[mode]  # type: ignore[assignment]
             bare[mode] = statistics.median(b for b, _ in pairs)
             per[mode] = statistics.median(r - b for b, r in pairs) * 1e3 / actions
-        lines.append(
-            f"pipelining {schedule}: median step {bare['hook']:.1f} ms; {actions:.0f} compute actions per step and "
-            f"rank, {spans / actions:.1f} hook spans per action; cost per action (median over adjacent steps with "
-            f"and without recording): hook {per['hook']:.0f} µs, profiler {per['profiler']:.0f} µs"
-        )
-    return lines
+        figures += [
+            Figure(
+                f"pipelining {schedule}: recording's cost per compute action, ppscope's hook ({spans / actions:.1f} "
+                f"spans an action, {actions:.0f} actions a step and rank; median over adjacent steps with and "
+                "without recording)",
+                per["hook"],
+                "µs",
+                "the PyTorch profiler's, the same way in the same job",
+                per["profiler"],
+            ),
+            Figure(f"pipelining {schedule}: median step without recording", bare["hook"], "ms"),
+        ]
+    return figures
 
 
 if __name__ == "__main__":
-    print("\n".join(main()))
+    for figure in main():
+        print(figure)

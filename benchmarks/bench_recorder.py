@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.record import Figure
+
 N = 100_000
 ROUNDS = 5
 
@@ -78,22 +80,24 @@ def _cases(tmp: Path) -> dict[str, Callable[[int], None]]:
     return cases
 
 
-def main() -> list[str]:
+def main() -> list[Figure]:
     with tempfile.TemporaryDirectory() as tmp:
         cases = _cases(Path(tmp))
         best = {name: float("inf") for name in cases}
         for _ in range(ROUNDS):
             for name, body in cases.items():
                 best[name] = min(best[name], _per_span_ns(body))
-    ours = best["Recorder, NVTX on, into SQLite"]
-    lines = [f"recorder: {name}: {ns:.0f} ns/span" for name, ns in best.items()]
-    rf = best.get("torch record_function under active profiler")
-    if rf is not None:
-        lines.append(f"recorder: record_function under profiler / Recorder (NVTX on, SQLite) = {rf / ours:.1f}x")
-    annotate = best["nvtx.annotate alone"]
-    lines.append(f"recorder: Recorder (NVTX on, SQLite) / nvtx.annotate alone = {ours / annotate:.2f}x")
-    return lines
+    ours, annotate = "Recorder, NVTX on, into SQLite", "nvtx.annotate alone"
+    references = dict.fromkeys(("empty loop (reference floor)", annotate), "")
+    references["torch record_function under active profiler"] = ours
+    figures = []
+    for name, ns in best.items():
+        ref = references.get(name, annotate)
+        what = f"{name}, best of {ROUNDS} rounds of {N:,} spans"
+        figures.append(Figure(what, ns, "ns/span", ref, best[ref]) if ref else Figure(what, ns, "ns/span"))
+    return figures
 
 
 if __name__ == "__main__":
-    print("\n".join(main()))
+    for figure in main():
+        print(figure)

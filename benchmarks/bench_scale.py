@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.record import Figure
+
 RANKS = int(os.environ.get("PPSCOPE_SCALE_RANKS", 256))
 SPANS = int(os.environ.get("PPSCOPE_SCALE_SPANS", 100_000))
 WHOLE_LIMIT = 5_000_000
@@ -292,27 +294,38 @@ def pages_step(run_dir: Path, *, whole: bool) -> dict[str, Any]:
     return {"samples": len(counters), "requests": latency.requests, "json": digest.hexdigest()[:16]}
 
 
-def _dashboard() -> list[str]:
+def _dashboard() -> list[Figure]:
     ranks = DASH_REPLICAS * DASH_STAGES
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         write = _step(f"write:{DASH_REPLICAS}", run_dir, ranks, DASH_SPANS)
         ranked, whole = _step("dash", run_dir, ranks, DASH_SPANS), _step("dash-whole", run_dir, ranks, DASH_SPANS)
         pages, pages_whole = (_step(s, run_dir, ranks, DASH_SPANS) for s in ("pages", "pages-whole"))
+    job = (
+        f"dashboard, {DASH_REPLICAS} pipelines x {DASH_STAGES} stages ({ranks * DASH_SPANS:,} spans, written in "
+        f"{write['s']:.0f} s)"
+    )
+    view = f"{job}: the stage view and one rank's lanes, a rank at a time"
+    data = (
+        f"{job}: the Rebalance, GPU usage and Requests pages' data ({GPU_SAMPLES:,} x 2 GPU samples a rank, "
+        f"{REQUESTS:,} requests), a rank at a time"
+    )
+    loaded = "the same from the whole run loaded"
     return [
-        f"scale: dashboard, {DASH_REPLICAS} pipelines x {DASH_STAGES} stages ({ranks * DASH_SPANS:,} spans, written "
-        f"in {write['s']:.0f} s): reference = the stage view and one rank's lanes from the whole run loaded: "
-        f"{whole['s']:.1f} s, peak {whole['peak_mb']:,.0f} MB",
-        f"scale: dashboard a rank at a time: {ranked['s']:.1f} s = {ranked['s'] / whole['s']:.2f}x; peak "
-        f"{ranked['peak_mb']:,.0f} MB = {ranked['peak_mb'] / whole['peak_mb']:.2f}x the whole load's; the same "
-        f"lanes ({ranked['lanes']:,.0f} + {ranked['rank']:,.0f} spans): {ranked['json'] == whole['json']}",
-        f"scale: dashboard's Rebalance, GPU usage and Requests data ({GPU_SAMPLES:,} x 2 GPU samples a rank, "
-        f"{REQUESTS:,} requests): reference = from the whole run loaded: {pages_whole['s']:.1f} s, peak "
-        f"{pages_whole['peak_mb']:,.0f} MB; a rank at a time: {pages['s']:.1f} s = "
-        f"{pages['s'] / pages_whole['s']:.2f}x, peak {pages['peak_mb']:,.0f} MB = "
-        f"{pages['peak_mb'] / pages_whole['peak_mb']:.2f}x the whole load's; the same figures: "
-        f"{pages['json'] == pages_whole['json']}",
+        Figure(f"{view}: time", ranked["s"], "s", loaded, whole["s"]),
+        Figure(f"{view}: peak", ranked["peak_mb"], "MB", loaded, whole["peak_mb"]),
+        _same(
+            f"{view}: the same lanes both ways ({ranked['lanes']:,.0f} + {ranked['rank']:,.0f} spans)",
+            ranked["json"] == whole["json"],
+        ),
+        Figure(f"{data}: time", pages["s"], "s", loaded, pages_whole["s"]),
+        Figure(f"{data}: peak", pages["peak_mb"], "MB", loaded, pages_whole["peak_mb"]),
+        _same(f"{data}: the same figures both ways", pages["json"] == pages_whole["json"]),
     ]
+
+
+def _same(what: str, same: bool) -> Figure:
+    return Figure(what, "yes" if same else "no", target="yes", met=same)
 
 
 def _step(step: str, run_dir: Path, ranks: int, spans: int = SPANS) -> dict[str, Any]:
@@ -350,65 +363,91 @@ def _job(ranks: int, *, sizes: bool = False) -> dict[str, dict[str, float]]:
     return got
 
 
-def main() -> list[str]:
+def main() -> list[Figure]:
     small_ranks = max(2, RANKS // 10)
     big, small = _job(RANKS), _job(small_ranks, sizes=True)
     ref = big["select"]
-    lines = [
-        f"scale: reference = a bare SELECT of every span row of {RANKS} rank files ({RANKS * SPANS:,} spans): "
-        f"{ref['s']:.1f} s, peak {ref['peak_mb']:,.0f} MB (written in {big['write']['s']:.0f} s)"
-    ]
+    select = (
+        f"a bare SELECT of every span row of the {RANKS} rank files ({RANKS * SPANS:,} spans, written in "
+        f"{big['write']['s']:.0f} s)"
+    )
+    figures = []
     for step, what in (("1", "analyze --workers 1"), ("2", "analyze --workers 2"), ("whole", "analyze (whole)")):
         if step in big:
             r = big[step]
-            lines.append(
-                f"scale: {what}: {r['s']:.1f} s = {r['s'] / ref['s']:.2f}x the SELECT (CPU time "
-                f"{r['cpu_s'] / ref['cpu_s']:.2f}x the SELECT's); peak {r['peak_mb']:,.0f} MB "
-                f"= {r['peak_mb'] / ref['peak_mb']:.2f}x the SELECT's (the driver's own {r['driver_mb']:,.0f} MB)"
-            )
+            figures += [
+                Figure(f"{what}: time", r["s"], "s", select, ref["s"]),
+                Figure(f"{what}: CPU time, the process and its workers", r["cpu_s"], "s", select, ref["cpu_s"]),
+                Figure(
+                    f"{what}: peak (the driver's own {r['driver_mb']:,.0f} MB)",
+                    r["peak_mb"],
+                    "MB",
+                    select,
+                    ref["peak_mb"],
+                ),
+            ]
     if "ray" in big:
         r = big["ray"]
-        lines.append(
-            f"scale: analyze --ray local (2 CPUs, the instance's start left out): {r['s']:.1f} s = "
-            f"{r['s'] / ref['s']:.2f}x the SELECT, {r['s'] / big['2']['s']:.2f}x --workers 2 (the driver's peak "
-            f"{r['peak_mb']:,.0f} MB; Ray's workers are not its children)"
-        )
+        ray = "analyze --ray local (2 CPUs, the instance's start left out)"
+        figures += [
+            Figure(f"{ray}: time", r["s"], "s", select, ref["s"]),
+            Figure(f"{ray}: time", r["s"], "s", "analyze --workers 2", big["2"]["s"]),
+            Figure(
+                f"{ray}: the driver's peak (Ray's workers are not its children)",
+                r["peak_mb"],
+                "MB",
+                select,
+                ref["peak_mb"],
+            ),
+        ]
     for step, what in (
         ("rebalance", "rebalance (rank by rank)"),
         ("rebalance:2", "rebalance --workers 2"),
         ("rebalance-whole", "rebalance (the whole run loaded)"),
         ("export", "export nsys-sqlite (rank by rank)"),
         ("export-whole", "export nsys-sqlite (the whole run loaded)"),
-        ("export-chrome", "export chrome (rank by rank)"),
-        ("export-chrome-whole", "export chrome (the whole run loaded)"),
+        ("export-chrome", "export chrome, a .json (rank by rank)"),
+        ("export-chrome-whole", "export chrome, a .json (the whole run loaded)"),
     ):
         if step in big:
             r = big[step]
-            lines.append(
-                f"scale: {what}: {r['s']:.1f} s = {r['s'] / ref['s']:.2f}x the SELECT; peak {r['peak_mb']:,.0f} MB "
-                f"= {r['peak_mb'] / ref['peak_mb']:.2f}x the SELECT's"
-            )
+            figures += [
+                Figure(f"{what}: time", r["s"], "s", select, ref["s"]),
+                Figure(f"{what}: peak", r["peak_mb"], "MB", select, ref["peak_mb"]),
+            ]
     jsons = {big[s]["json"] for s in ("rebalance", "rebalance:2", "rebalance-whole") if s in big}
-    lines.append(f"scale: rebalance --json the same on every path: {len(jsons) == 1}")
     rows = {big[s]["json"] for s in ("export", "export-whole") if s in big}
-    lines.append(f"scale: export's NVTX rows the same on both paths: {len(rows) == 1}")
     chrome = {big[s]["json"] for s in ("export-chrome", "export-chrome-whole") if s in big}
-    lines.append(f"scale: export's Chrome JSON the same bytes on both paths: {len(chrome) == 1}")
-    b = small["bytes"]
-    lines.append(
-        f"scale: the driver receives, pickled, from the {small_ranks}-rank job's tasks "
-        f"({small_ranks * SPANS:,} spans): {b['digest_bytes'] / 1e3:,.0f} kB of digests "
-        f"({b['digest_bytes'] / small_ranks / 1e3:,.1f} kB a rank) and {b['stage_bytes'] / 1e3:,.0f} kB from "
-        f"{b['stage_tasks']:.0f} stage tasks (the largest {b['largest_stage'] / 1e3:,.1f} kB)"
-    )
     same = {big[s]["bubble"] for s in ("1", "2", "whole", "ray") if s in big}
-    lines.append(f"scale: bubble ratio the same on every path: {len(same) == 1} ({', '.join(map(str, same))})")
-    lines.append(
-        f"scale: {RANKS} against {small_ranks} ranks ({RANKS / small_ranks:.1f}x the spans): --workers 2 takes "
-        f"{big['2']['s'] / small['2']['s']:.1f}x the time, --workers 1 {big['1']['s'] / small['1']['s']:.1f}x"
-    )
-    return lines + _dashboard()
+    b = small["bytes"]
+    sent = f"what the driver receives, pickled, from the {small_ranks}-rank job's tasks ({small_ranks * SPANS:,} spans)"
+    figures += [
+        _same("rebalance --json the same on every path", len(jsons) == 1),
+        _same("export's NVTX rows the same on both paths", len(rows) == 1),
+        _same("export's Chrome JSON the same bytes on both paths", len(chrome) == 1),
+        _same(f"bubble ratio the same on every path ({', '.join(map(str, same))})", len(same) == 1),
+        Figure(
+            f"{sent}: digests ({b['digest_bytes'] / small_ranks / 1e3:,.2f} kB a rank)", b["digest_bytes"] / 1e3, "kB"
+        ),
+        Figure(
+            f"{sent}: from its {b['stage_tasks']:.0f} stage tasks (the largest {b['largest_stage'] / 1e3:,.1f} kB)",
+            b["stage_bytes"] / 1e3,
+            "kB",
+        ),
+    ]
+    for workers in ("2", "1"):
+        figures.append(
+            Figure(
+                f"analyze --workers {workers}: time at {RANKS} ranks ({RANKS / small_ranks:.1f}x the spans)",
+                big[workers]["s"],
+                "s",
+                f"the same at {small_ranks} ranks",
+                small[workers]["s"],
+            )
+        )
+    return figures + _dashboard()
 
 
 if __name__ == "__main__":
-    print("\n".join(main()))
+    for figure in main():
+        print(figure)

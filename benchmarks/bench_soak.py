@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.record import Figure
+
 SOAK_MINUTES = 10.0
 STAGES = 4
 LAYERS = 8  # 2 per stage
@@ -47,7 +49,7 @@ def _serve(out: Path, requests: int, timeout_s: float) -> dict[str, object]:
     return summary
 
 
-def _rank_lines(run: Path) -> tuple[list[str], bool, bool]:
+def _rank_figures(run: Path) -> tuple[list[Figure], bool, bool]:
     """Per rank: memory at the start and end of serving, and the three span counts."""
     from ppscope.trace.model import Metric
     from ppscope.trace.store import load_run, read_rank_info
@@ -55,18 +57,30 @@ def _rank_lines(run: Path) -> tuple[list[str], bool, bool]:
     trace = load_run(run)
     info = read_rank_info(run)
     spans, counters = trace.spans, trace.counters
-    lines, bounded, complete = [], True, True
+    figures: list[Figure] = []
+    bounded, complete = True, True
     for rank in sorted(info):
         mine = spans[spans["rank"] == rank]
         rows = len(mine)
         recorded, written = info[rank].get("spans_recorded"), info[rank].get("spans_written")
-        complete &= recorded == written == rows
-        counts = f"spans recorded {recorded:,} / written {written:,} / rows in the file {rows:,}"
+        same = recorded == written == rows
+        complete &= same
+        figures.append(
+            Figure(
+                f"soak rank {rank}: rows in the file (spans written {written:,})",
+                rows,
+                "",
+                "spans recorded",
+                recorded,
+                target="= recorded = written",
+                met=same,
+            )
+        )
         rss = counters[(counters["rank"] == rank) & (counters["metric"] == str(Metric.RSS_BYTES))]
         first_span = int(mine["start_ns"].min()) if rows else 0
         rss = rss[rss["ts_ns"].to_numpy() >= first_span]  # from the first span on: serving, not start-up
         if len(rss) < 2:
-            lines.append(f"soak rank {rank}: no resident-memory samples (GPU ranks sample NVML); {counts}")
+            figures.append(Figure(f"soak rank {rank}: resident memory", "no samples (GPU ranks sample NVML)"))
             continue
         ts, mem = rss["ts_ns"].to_numpy(), rss["value"].to_numpy() / 2**20
         start_mb, end_mb, peak_mb = float(mem[0]), float(mem[-1]), float(mem.max())
@@ -75,15 +89,27 @@ def _rank_lines(run: Path) -> tuple[list[str], bool, bool]:
         late = int(np.count_nonzero((starts >= ts[half]) & (starts < ts[-1])))
         per_m = (end_mb - float(mem[half])) / (late / 1e6) if late else float("nan")
         bounded &= end_mb <= BOUNDED * start_mb
-        lines.append(
-            f"soak rank {rank}: RSS {start_mb:.0f} MB at the start -> {end_mb:.0f} MB at the end = "
-            f"{end_mb / start_mb:.3f}x (peak {peak_mb:.0f} MB); second half: {end_mb - float(mem[half]):+.1f} MB "
-            f"over {late:,} spans = {per_m:+.1f} MB per million spans; {counts}"
-        )
-    return lines, bounded, complete
+        figures += [
+            Figure(
+                f"soak rank {rank}: RSS at the end of serving (peak {peak_mb:.0f} MB)",
+                end_mb,
+                "MB",
+                "its RSS at the start of serving",
+                start_mb,
+                target=f"<= {BOUNDED:.2f}x",
+                met=end_mb <= BOUNDED * start_mb,
+            ),
+            Figure(
+                f"soak rank {rank}: RSS growth in the second half of serving "
+                f"({end_mb - float(mem[half]):+.1f} MB over {late:,} spans)",
+                per_m,
+                "MB per million spans",
+            ),
+        ]
+    return figures, bounded, complete
 
 
-def main() -> list[str]:
+def main() -> list[Figure]:
     minutes = _minutes()
     requests = max(4, round(minutes * 60 * RATE))
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,20 +117,40 @@ def main() -> list[str]:
         t0 = time.perf_counter()
         summary = _serve(run, requests, timeout_s=minutes * 60 * 3 + 600)
         wall_s = time.perf_counter() - t0
-        per_rank, bounded, complete = _rank_lines(run)
+        per_rank, bounded, complete = _rank_figures(run)
     planned_s = requests / RATE
-    lines = [
-        f"soak: reference = the planned length, {requests:,} requests x {TOKENS} tokens arriving at {RATE}/s "
-        f"(Poisson) = {planned_s / 60:.1f} min; synthetic model, serve, {STAGES} stages x {LAYERS // STAGES} "
-        f"layers x {LAYER_MS:g} ms, recording on",
-        f"soak: the run took {wall_s / 60:.1f} min = {wall_s / planned_s:.2f}x the plan, "
-        f"{float(str(summary.get('tokens_per_s', 0))):.0f} tokens/s",
+    return [
+        Figure(
+            f"soak: the run's length (synthetic model, serve, {STAGES} stages x {LAYERS // STAGES} layers x "
+            f"{LAYER_MS:g} ms, recording on)",
+            wall_s / 60,
+            "min",
+            f"the planned length, {requests:,} requests x {TOKENS} tokens arriving at {RATE}/s (Poisson)",
+            planned_s / 60,
+        ),
+        Figure(
+            "soak: tokens generated a second",
+            float(str(summary.get("tokens_per_s", 0))),
+            "tokens/s",
+            "the arrivals' rate",
+            RATE * TOKENS,
+        ),
         *per_rank,
-        f"soak: memory bounded (every rank ends within {BOUNDED:.2f}x its start): {'yes' if bounded else 'NO'}; "
-        f"no span lost (recorded = written = rows, every rank): {'yes' if complete else 'NO'}",
+        Figure(
+            f"soak: memory bounded (every rank ends within {BOUNDED:.2f}x its start)",
+            "yes" if bounded else "no",
+            target="yes",
+            met=bounded,
+        ),
+        Figure(
+            "soak: no span lost (recorded = written = rows, every rank)",
+            "yes" if complete else "no",
+            target="yes",
+            met=complete,
+        ),
     ]
-    return lines
 
 
 if __name__ == "__main__":
-    print("\n".join(main()))
+    for figure in main():
+        print(figure)

@@ -15,7 +15,6 @@ layer profile of a real model against the pipeline it is meant to predict.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -23,8 +22,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.record import Figure
 
-def main() -> list[str]:
+
+def main() -> list[Figure]:
     from ppscope.cli.tuning import tune
     from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 
@@ -41,18 +42,47 @@ def main() -> list[str]:
         demos = demo_runs(Path(tmp))
     assert result.after is not None
     measured = result.measured_speedup or 0.0
-    realised = result.realised or 0.0
-    return [
-        f"tune: split {','.join(map(str, result.before.split))} -> {','.join(map(str, result.after.split))} "
-        f"(synthetic, 4 stages, 8 x 5 ms layers, 15 ms head, serve, 16 requests x 24 tokens)",
-        f"tune: predicted speedup x{result.predicted_speedup:.3f}, measured x{measured:.3f} "
-        f"(throughput of run 2 / run 1: {result.after.throughput_tokens_per_s:.1f} / "
-        f"{result.before.throughput_tokens_per_s:.1f} tokens/s)",
-        f"tune: measured gain / predicted gain = {realised:.2f} (target >= 0.90)",
-        f"tune: simulated speedup x{result.simulated.speedup:.3f} (run 1's hop latency "
-        f"{result.simulated.hop_latency_us:.0f} us); measured / simulated = {measured / result.simulated.speedup:.3f}"
+    split = ",".join(map(str, result.after.split))
+    simulated = (
+        [
+            Figure(
+                f"tune: measured speedup against the simulator's (run 1's hop latency "
+                f"{result.simulated.hop_latency_us:.0f} µs)",
+                measured,
+                "x",
+                "the simulated speedup",
+                result.simulated.speedup,
+            )
+        ]
         if result.simulated
-        else "tune: no simulated prediction",
+        else [Figure("tune: measured speedup against the simulator's", "no simulated prediction")]
+    )
+    return [
+        Figure(
+            "tune: the split it finds (synthetic, 4 stages, 8 x 5 ms layers, 15 ms head, serve, 16 requests x 24 "
+            "tokens)",
+            split,
+            reference_name=f"vLLM's default split, {','.join(map(str, result.before.split))}",
+        ),
+        Figure(
+            "tune: throughput of run 2, on its split",
+            result.after.throughput_tokens_per_s,
+            "tokens/s",
+            "run 1, on the default split",
+            result.before.throughput_tokens_per_s,
+            ratio=measured,
+        ),
+        Figure(
+            "tune: measured speedup (ratio: measured gain ÷ predicted gain)",
+            measured,
+            "x",
+            "the predicted speedup",
+            result.predicted_speedup,
+            ratio=float("nan") if result.realised is None else result.realised,
+            target=">= 0.90",
+            met=(result.realised or 0.0) >= 0.90,
+        ),
+        *simulated,
         *profiled,
         replayed,
         *demos,
@@ -64,9 +94,9 @@ BUSY_RUN = 3
 """Which of the demo runs has a busy loop on one core beside it (0-based)."""
 
 
-def demo_runs(tmp: Path, runs: int = DEMO_RUNS, busy: int = BUSY_RUN) -> list[str]:
+def demo_runs(tmp: Path, runs: int = DEMO_RUNS, busy: int = BUSY_RUN) -> list[Figure]:
     """`ppscope demo --no-dashboard --json` `runs` times, run `busy` beside a process spinning on one core."""
-    lines, shares, slower = [], [], 0
+    figures, shares, slower = [], [], 0
     for i in range(runs):
         spinner = _busy_loop() if i == busy else None
         try:
@@ -81,33 +111,51 @@ def demo_runs(tmp: Path, runs: int = DEMO_RUNS, busy: int = BUSY_RUN) -> list[st
                 spinner.kill()
                 spinner.wait()
         if done.returncode != 0:
-            lines.append(f"demo run {i + 1}: failed: {done.stderr.strip().splitlines()[-1:]}")
+            figures.append(Figure(f"demo run {i + 1}", f"failed: {done.stderr.strip().splitlines()[-1:]}"))
             continue
         d = json.loads(done.stdout)
         share, low_high = d["realised_share_of_predicted_gain"], d["measured_interval"]
         split = "→".join(",".join(map(str, s["split"])) for s in (d["tune"]["before"], d["tune"]["after"]) if s)
-        below = d["advice"] == "change" and low_high is not None and low_high[1] < 1.0
+        change = d["advice"] == "change"
+        below = change and low_high is not None and low_high[1] < 1.0
         slower += below
-        if d["advice"] == "change" and share is not None:
+        if change and share is not None:
             shares.append(share)
         cores = d["tune"]["cores"]
         beside = "" if cores is None else f", {cores['busy_beside']:.1f} of {cores['cores']} cores busy beside it"
-        lines.append(
-            f"demo run {i + 1}{' (a busy loop on one core beside it)' if i == busy else ''}: {split}, "
-            f"{d['cost_source']} costs{beside}, slowest stage ×{d['tune']['slowest_stage_speedup']:.3f}, "
-            f"predicted ×{d['predicted_speedup']:.3f} {_interval(d['predicted_interval'])}, "
-            f"measured ×{d['measured_speedup']:.3f} {_interval(low_high)}, advice {d['advice']}; measured gain ÷ "
-            f"predicted gain = {'–' if share is None else f'{share:.2f}'}"
-            + ("; the advised split measured slower beyond its interval" if below else "")
+        figures.append(
+            Figure(
+                f"demo run {i + 1}{' (a busy loop on one core beside it)' if i == busy else ''}: {split}, "
+                f"{d['cost_source']} costs{beside}, advice {d['advice']}, slowest stage "
+                f"×{d['tune']['slowest_stage_speedup']:.3f}; measured speedup {_interval(low_high)} (ratio: "
+                "measured gain ÷ predicted gain)"
+                + ("; the advised split measured slower beyond its interval" if below else ""),
+                d["measured_speedup"],
+                "x",
+                f"the predicted speedup {_interval(d['predicted_interval'])}",
+                d["predicted_speedup"],
+                ratio=float("nan") if share is None else share,
+                target=">= 0.8" if change else "",
+                met=share is not None and share >= 0.8 if change else None,
+            )
         )
-    lines.append(
-        f"demo: measured gain ÷ predicted gain >= 0.8 in {sum(s >= 0.8 for s in shares)} of {len(shares)} runs "
-        f"that advised a change (target: all; shares {', '.join(f'{s:.2f}' for s in shares)}); the others "
-        f"advised keeping the split; advised "
-        f"splits measured slower than the given one beyond their interval: {slower} (target 0). Load average "
-        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end."
-    )
-    return lines
+    met = sum(s >= 0.8 for s in shares)
+    return [
+        *figures,
+        Figure(
+            "demo: runs that advised a change and measured >= 0.8 of the predicted gain (the others advised "
+            "keeping the split)",
+            f"{met} of {len(shares)}",
+            target="all",
+            met=met == len(shares),
+        ),
+        Figure(
+            "demo: advised splits measured slower than the given one beyond their interval",
+            slower,
+            target="0",
+            met=slower == 0,
+        ),
+    ]
 
 
 def _interval(pair: list[float] | None) -> str:
@@ -120,7 +168,7 @@ def _busy_loop() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code])
 
 
-def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> list[str]:
+def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> list[Figure]:
     """Each stage's predicted decode-step compute ÷ its measured median, for a cold and a warm profile."""
     from ppscope.balance.advise.problem import BalanceProblem
     from ppscope.balance.advise.rebalance import evaluate
@@ -138,21 +186,28 @@ def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> lis
     trace = load_run(run(cfg))
     measured = _stage_step_ms(trace)
     split = tuple(trace.meta.split)
-    lines = []
+    figures = []
     for cold in (True, False):
         prof = profile_layers(cfg, device=device, cold=cold)
         predicted = evaluate(BalanceProblem(costs=prof.decode.costs(), stages=stages), split).stage_ms
-        ratios = ", ".join(f"{p / m:.2f}" for p, m in zip(predicted, measured, strict=True))
-        lines.append(
-            f"profile ({prof.how}) vs run, tiny model, {stages} stage(s), split {','.join(map(str, split))}: "
-            f"predicted ÷ measured decode-step compute per stage = {ratios} (measured "
-            f"{', '.join(f'{m:.3f}' for m in measured)} ms); head ÷ median layer "
-            f"{prof.decode.head_ms / statistics.median(prof.decode.layer_ms):.2f}"
+        what = f"profile ({prof.how}) vs run, tiny model, {stages} stage(s), split {','.join(map(str, split))}"
+        figures += [
+            Figure(f"{what}: stage {i}'s decode-step compute, predicted", p, "ms", "measured in the run", m)
+            for i, (p, m) in enumerate(zip(predicted, measured, strict=True))
+        ]
+        figures.append(
+            Figure(
+                f"profile ({prof.how}): the head",
+                prof.decode.head_ms,
+                "ms",
+                "the median layer",
+                statistics.median(prof.decode.layer_ms),
+            )
         )
-    return lines
+    return figures
 
 
-def replay_vs_run(tmp: Path) -> str:
+def replay_vs_run(tmp: Path) -> Figure:
     """The simulator calibrated on one engine run (4 stages, gpipe) ÷ that run, in throughput."""
     from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
     from ppscope.engine.launch import run
@@ -168,11 +223,16 @@ def replay_vs_run(tmp: Path) -> str:
     )
     trace = load_run(run(cfg))
     replay = replay_config(trace)
-    error = compare(trace, simulate(replay))["throughput_error"]
-    return (
-        f"replay of a gpipe run (synthetic, 4 stages, 16 x 2 ms layers, 6 ms head, 4 micro-batches x 6 steps): "
-        f"simulated ÷ measured throughput = {1 + error:.3f} (hop latency {replay.comm.latency_us:.0f} us, host "
-        f"gap {replay.overhead_ms:.3f} ms per action)"
+    got = compare(trace, simulate(replay))
+    return Figure(
+        f"replay of a gpipe run (synthetic, 4 stages, 16 x 2 ms layers, 6 ms head, 4 micro-batches x 6 steps; hop "
+        f"latency {replay.comm.latency_us:.0f} µs, host gap {replay.overhead_ms:.3f} ms an action): the run's "
+        "measured time (ratio: simulated ÷ measured throughput)",
+        got["measured_ms"],
+        "ms",
+        "the simulator's replay of it",
+        got["predicted_ms"],
+        ratio=1 + got["throughput_error"],
     )
 
 
@@ -187,4 +247,5 @@ def _stage_step_ms(trace: Any) -> list[float]:
 
 
 if __name__ == "__main__":
-    print("\n".join(main()))
+    for figure in main():
+        print(figure)

@@ -114,6 +114,7 @@ def test_the_fixtures_cover_intervals_in_situ_costs_and_training(tmp_path: Path)
     assert got["serve"].fit is not None and got["serve"].fit.phase == "decode"
 
 
+@pytest.mark.slow
 def test_worker_processes_several_runs_and_every_option_agree(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -36,6 +36,7 @@ def test_an_unknown_transport_is_named() -> None:
         ring_efficiency("shm")
 
 
+@pytest.mark.slow
 def test_the_rings_start_under_a_main_that_cannot_run_twice(tmp_path: Path) -> None:
     # the benchmark harness's __main__ may be anything (an app-test script once the dashboard benchmark ran):
     # the ranks must not re-run it
@@ -128,6 +129,7 @@ def test_the_gpu_check_says_the_gpu_path_is_not_checked_on_one_gpu(tmp_path: Pat
     ]
 
 
+@pytest.mark.slow
 def test_the_one_gpu_check_runs_its_ranks_over_gloo(tmp_path: Path) -> None:
     """The one-GPU section of the GPU check, on the CPU: its two runs go through, and each finding is one line
     with the ratio it is about (the synthetic layers sleep their configured time on a CPU too)."""

@@ -153,6 +153,7 @@ def _reads(monkeypatch: pytest.MonkeyPatch, large: set[Path]) -> dict[str, list[
     return reads
 
 
+@pytest.mark.slow
 def test_a_large_side_is_read_a_rank_at_a_time_and_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     jobs = _jobs(tmp_path)
     reads = _reads(monkeypatch, {(jobs / name).resolve() for name in ("before", "after")})

@@ -105,6 +105,7 @@ print("ok", rank)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["one group", "headers on their own groups", "device-timed", "host memory"])
 def test_messages_cross_two_processes_intact(tmp_path: Path, mode: str) -> None:
     """Device-timed: spans go through the device timer (on a GPU, the compute stream) and every receive is a

@@ -54,6 +54,7 @@ def _launched(args: list[str], **popen: Any) -> Iterator[subprocess.Popen[str]]:
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("after_s", [0.0, 0.4])
 def test_ctrl_c_while_the_ranks_start_is_one_line_and_marks_the_run(tmp_path: Path, after_s: float) -> None:
     """Ctrl-C from a terminal (SIGINT to the whole process group) once the run directory exists, while the fork
@@ -75,6 +76,7 @@ def test_ctrl_c_while_the_ranks_start_is_one_line_and_marks_the_run(tmp_path: Pa
     assert meta.status == "interrupted" and meta.error == "interrupted by the user"
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_stops_every_rank_and_marks_the_run(tmp_path: Path) -> None:
     """A job scheduler's SIGTERM to the launcher alone: the ranks (children of the fork server, not of the
     launcher) must not run on orphaned, and the run must not stay `running`."""
@@ -188,6 +190,7 @@ def test_only_peer_failures_name_the_first_to_report(tmp_path: Path) -> None:
     assert msg.startswith(f"rank 1 failed: {PEER_ERROR}")
 
 
+@pytest.mark.slow
 def test_a_failed_middle_rank_is_named_among_its_peers_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three real ranks: the middle one fails, both of its neighbours lose their link to it."""
     monkeypatch.setenv(FAIL_ENV, "1=1")
@@ -235,6 +238,7 @@ def test_out_that_cannot_be_made_is_one_line_exit_2(tmp_path: Path, capsys: pyte
     assert (tmp_path / "afile.txt").read_text() == "x" and json.dumps(sorted(os.listdir(tmp_path))) == '["afile.txt"]'
 
 
+@pytest.mark.slow
 def test_a_silent_rank_others_heard_nothing_from_is_named_as_hanging(tmp_path: Path) -> None:
     """A frozen rank (kill -STOP, a deadlock) reports nothing; its successor times out waiting for it and its
     predecessor loses the link when the successor goes: the frozen one is named, not the first to report."""
@@ -245,6 +249,7 @@ def test_a_silent_rank_others_heard_nothing_from_is_named_as_hanging(tmp_path: P
     assert msg.startswith(f"rank 1 hangs (alive, silent): rank 2: {timeout}"), msg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given", [None, "WARNING"])
 def test_ranks_load_torch_with_its_cpp_logs_quiet_unless_the_caller_set_them(tmp_path: Path, given: str | None) -> None:
     """torch reads its C++ log level once, as it loads: the level must be in the environment each rank's process
@@ -307,6 +312,7 @@ def test_the_silent_peer_travels_as_a_field_not_as_text() -> None:
     assert silent_peer(TimeoutError("rank 2 received nothing from rank 1 for 5 s")) is None
 
 
+@pytest.mark.slow
 def test_a_message_that_only_reads_like_a_timeout_names_no_hang(tmp_path: Path) -> None:
     """Wording is for people: a rank is named as hanging only when a peer's report says it waited on it."""
     timeout = "TimeoutError: rank 2 received nothing from rank 1 for 5 s (a peer failed or hangs)"

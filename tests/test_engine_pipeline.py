@@ -81,6 +81,7 @@ def test_pipeline_output_equals_unsplit_model(
         assert reqs["first_token_ns"].nunique() > 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["gpipe", "interleaved", "serve"])
 def test_gpu_ring_protocol_on_cpu_matches(
     schedule: str, expected: list[list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -110,6 +111,7 @@ def test_uneven_split_and_batched_serve_match(expected: list[list[int]], tmp_pat
     assert (meta.split, meta.split_source) == ([6, 2], "--split")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stages", [1, 2])
 def test_serve_admits_a_request_as_soon_as_another_in_its_micro_batch_finishes(tmp_path: Path, stages: int) -> None:
     lines = [([5, 9, 2], 1), ([7, 1, 3, 3, 8], 6), ([4, 4], 3), ([11, 2, 6, 1], 2), ([3], 5)]

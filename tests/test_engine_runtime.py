@@ -86,6 +86,7 @@ def test_run_command_json_and_no_record(tmp_path: Path, capsys: pytest.CaptureFi
     assert json.loads(captured.out)["requests"] == 2 and "requests" in captured.err
 
 
+@pytest.mark.slow
 def test_prompts_file_with_uneven_lengths_in_one_batch(tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.jsonl"
     rows = [
@@ -117,6 +118,7 @@ def test_prompts_file_with_uneven_lengths_in_one_batch(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.slow
 def test_sampling_draws_per_request_whatever_the_schedule(tmp_path: Path) -> None:
     """A draw is keyed by (seed, request, position): the unsplit model's, every schedule's and stage count's
     tokens are the same, identical prompts get their own tokens, and another seed gives others."""
@@ -141,6 +143,7 @@ def test_sampling_draws_per_request_whatever_the_schedule(tmp_path: Path) -> Non
     assert expected != reference_outputs(EngineConfig(workload=dataclasses.replace(sampled, seed=1)))
 
 
+@pytest.mark.slow
 def test_waiting_for_sparse_arrivals_is_not_taken_for_a_hung_rank(tmp_path: Path) -> None:
     # seed 1 at 1 req/s: the first request arrives after 3.2 s, longer than the 2 s the other rank waits for
     # rank 0 (a timeout that also bounds start-up and every barrier, hence not shorter on a busy machine)

@@ -181,6 +181,7 @@ def interrupted(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
     return _signal_run(tmp_path_factory.mktemp("int") / "run", "int")
 
 
+@pytest.mark.slow
 def test_sigkilled_rank_fails_the_run_within_its_timeout(killed: Outcome) -> None:
     assert killed.rc == 3, killed.stderr
     assert killed.seconds < TIMEOUT_S + 5
@@ -204,10 +205,12 @@ def test_sigkilled_rank_fails_the_run_within_its_timeout(killed: Outcome) -> Non
     assert {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in data_files} == before
 
 
+@pytest.mark.slow
 def test_sigkilled_rank_is_the_one_named(killed: Outcome) -> None:
     assert "rank 1 exited" in killed.stderr or "rank 1 was killed" in killed.stderr, killed.stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_marks_the_run_interrupted(interrupted: Outcome) -> None:
     assert interrupted.rc == 130, interrupted.stderr
     assert "interrupted" in interrupted.stderr
@@ -220,6 +223,7 @@ def test_ctrl_c_marks_the_run_interrupted(interrupted: Outcome) -> None:
     assert latency is not None and latency.requests == 400 and latency.finished == len(trace.requests) < 400
 
 
+@pytest.mark.slow
 def test_ctrl_c_lets_every_rank_flush_and_close(interrupted: Outcome) -> None:
     left = sorted(p.name for p in interrupted.out.glob("rank-*.sqlite-wal"))
     assert not left, f"ranks that did not flush and close their file: {left}"

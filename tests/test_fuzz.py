@@ -166,6 +166,7 @@ def _reshape(data: st.DataObject, doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.slow
 @needs_data
 @settings(FUZZ, max_examples=examples(150))
 @given(data=st.data())
@@ -192,6 +193,7 @@ def test_kineto_directory_with_one_damaged_rank(data: st.DataObject) -> None:
 # ---------------------------------------------------------------- our own runs
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=examples(80))
 @given(data=st.data(), rank=st.integers(0, 1))
 def test_run_with_a_damaged_rank_file(recorded: Path, data: st.DataObject, rank: int) -> None:
@@ -353,6 +355,7 @@ def _damage_cells(path: Path, data: st.DataObject) -> str:
     return f"{how} {table}.{column}"
 
 
+@pytest.mark.slow
 @needs_data
 @settings(FUZZ, max_examples=examples(150))
 @given(data=st.data())
@@ -374,6 +377,7 @@ def test_big_nsys_export_with_wrong_cells(data: st.DataObject) -> None:
         check_input("nsys mfu_2gpu_after.sqlite cells", path, open_trace)
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=examples(150))
 @given(data=st.data(), rank=st.integers(0, 1))
 def test_run_rank_file_with_wrong_cells(recorded: Path, data: st.DataObject, rank: int) -> None:
@@ -389,6 +393,7 @@ def own_export(recorded: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return export_nsys(load_run(recorded), tmp_path_factory.mktemp("export") / "run.nsys.sqlite")
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=examples(100))
 @given(data=st.data())
 def test_own_nsys_export_with_wrong_cells(own_export: Path, data: st.DataObject) -> None:

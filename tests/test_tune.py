@@ -52,6 +52,7 @@ def test_profile_times_each_layer_and_the_ends(tmp_path: Path) -> None:
         write_profile(prof, tmp_path)
 
 
+@pytest.mark.slow
 def test_real_model_profile_times_passes_from_cold_caches() -> None:
     tiny = EngineConfig(workload=WorkloadConfig(prompt_len=8), output=OutputConfig(progress=False))
     prof = profile_layers(tiny, warmup=1, repeats=3)
@@ -134,6 +135,7 @@ def test_tune_refuses_interleaved(tmp_path: Path) -> None:
         tune(cfg, out_dir=tmp_path / "t")
 
 
+@pytest.mark.slow
 def test_run_profile_layers_feeds_rebalance(tmp_path: Path) -> None:
     import subprocess
     import sys
