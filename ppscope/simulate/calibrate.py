@@ -1,8 +1,8 @@
 """Calibrating the simulator on a measured run: the same pipeline with costs and comm taken from its spans.
 
 `replay_config` reads a run's schedule, sizes and split from its metadata, fits layer costs from its compute
-spans (`ppscope.balance.costs`), takes the hop latency from its `recv` (transfer) spans (plus, in a run of ppscope's
-engine, where those time only a payload sent after its header, the messages' post-to-wake latency) and the
+spans (`ppscope.balance.measured.fit`), takes the hop latency from its `recv` (transfer) spans (plus, in a run of
+ppscope's engine, where those time only a payload sent after its header, the messages' post-to-wake latency) and the
 per-action host overhead from the gaps no span covers; `compare` sets a simulated trace against the measured
 one. `Replay` asks "what would this run have done with another split": the replayed config under any split,
 each prediction timed against the run as `compare` does.

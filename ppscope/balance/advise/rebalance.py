@@ -8,7 +8,8 @@ capacity (objective `throughput`), or the largest KV capacity, ties going to the
 the splits that remain, it takes one that spreads the rest of the work evenly (from the last stage back, each
 stage starts nearest where an even share of the layer cost before it would put it), so that costs measured a
 hair apart do not tip the advice to a split with two stages at the limit.
-It knows nothing about where costs come from (`ppscope.balance.costs`) or how engines run a split.
+It knows nothing about where costs come from (`ppscope.balance.measured`, `ppscope.balance.modelled`) or how
+engines run a split.
 
 Note on exactness: every stage time is computed by one formula from prefix sums
 (`ppscope.balance.advise.search.CostModel`).

@@ -3,7 +3,7 @@
 The engine (`ppscope.engine.schedules`, `--layer-spans K`) times each decoder layer of a sampled pass as a span
 of its own, named `layer N`; the embedding, LM head and sampling have their own spans in every pass. Costs
 taken here come from the same processes, batch shapes, caches and contention as the run they advise on, unlike
-an isolated profile (`ppscope.balance.measured.profile`) or a fit of whole stages (`ppscope.balance.costs`). Each
+an isolated profile (`ppscope.balance.measured.profile`) or a fit of whole stages (`ppscope.balance.measured.fit`). Each
 layer's cost is the median of its spans over the sampled passes; the embedding's, head's and sampling's the
 median of theirs. This module knows nothing about how the costs are used.
 """

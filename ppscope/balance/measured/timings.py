@@ -4,10 +4,10 @@ Note (why a table of parts and not the spans): `ppscope rebalance` needs, of all
 durations of the parts it balances (`forward`, `backward`, `embed`, `head`, `sample` and `layer` spans), when
 they started (the advice's time blocks), their stage and phase, and a training run's passes (its compute summed
 per stage, step and micro-batch). `RunTimings` holds just that, a few columns of a few kinds (kernels, sends,
-receives, marks and names let go), and every figure is computed from it: the means of the fit (`costs.py`),
-the medians of the in-situ costs (`insitu.py`) and the block bootstrap (`advice.py`). A run directory is read
-one rank file at a time (`run_timings`, in `workers` processes), each reduced to its share and the shares
-merged; a `Trace` in memory is reduced the same way, as one share (`RunTimings.of`). The results are the
+receives, marks and names let go), and every figure is computed from it: the means of the fit (`fit.py`), the
+medians of the in-situ costs (`insitu.py`) and the block bootstrap (`ppscope.balance.advise.advice`). A run
+directory is read one rank file at a time (`run_timings`, in `workers` processes), each reduced to its share and
+the shares merged; a `Trace` in memory is reduced the same way, as one share (`RunTimings.of`). The results are the
 same to the last digit: means are sums of integer nanoseconds (exact in any order), and medians and quantiles
 depend on the values, not on their order.
 

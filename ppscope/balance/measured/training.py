@@ -7,7 +7,7 @@ kernel with the action it ran in. One pass of micro-batch m of step k through st
 in those phases: F + B, or F + I + W. Its cost is what moves with the stage's layers when the split changes,
 as the forward alone does in inference.
 
-This module knows nothing about how passes are fitted into layer costs (`ppscope.balance.costs`).
+This module knows nothing about how passes are fitted into layer costs (`ppscope.balance.measured.fit`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Each send gets a flow arrow to its matching receive (`ph` s/f, same id, cat and 
 counters become counter tracks (`ph` C). Times are µs relative to the first span with ns precision.
 The file is gzipped when its name ends in `.gz`. This module does not read Chrome traces.
 
-The file is written a rank at a time, from a trace in memory or a run directory alike (`chrome_ranks`):
+The file is written a rank at a time, from a trace in memory or a run directory alike (`ranks`):
 the processes first, then each rank's threads, slices, arrows (the starts of those it sends, the ends of
 those it receives) and counters, the JSON text streamed to the file. Thread ids, times and arrow ids are
 those a first pass over the ranks settles (`Plan`), so the two sources give the same bytes.

@@ -1,5 +1,5 @@
 """One Kineto rank file's events as columns: what `ppscope.formats.kineto.reader` keeps of each batch of decoded
-events (`kineto_json.iter_event_batches`), and the file's spans made from them once.
+events (`decode.iter_event_batches`), and the file's spans made from them once.
 
 Each field of a batch's events is taken by one comprehension (and times turned into ns by `ns_column`), not
 by Python per event and field; a file's spans are columns made with a few numpy calls whatever the number of

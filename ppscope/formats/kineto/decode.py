@@ -11,8 +11,8 @@ into objects. A batch msgspec does not take (a value of another type than an eve
 is decoded by the standard library's decoder and its events made the same `Event`s, so both give the
 importer the same values.
 Float text is kept as text (`float_hook=str`, `parse_float=str`), so that times become exact ns
-(`kineto_times`); durations are parsed as floats in C where a float is sure to give the text's ns
-(`kineto_times.float_ns`), which Kineto's 3 decimals are; a batch with another is decoded again with its text.
+(`times`); durations are parsed as floats in C where a float is sure to give the text's ns
+(`times.float_ns`), which Kineto's 3 decimals are; a batch with another is decoded again with its text.
 """
 
 from __future__ import annotations

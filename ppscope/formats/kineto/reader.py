@@ -1,6 +1,6 @@
 """Read PyTorch profiler (Kineto) traces, one JSON or JSON.gz file per rank, as one Trace.
 
-Events are streamed out of `traceEvents` a chunk of text at a time (`kineto_json.py`), so a large file is
+Events are streamed out of `traceEvents` a chunk of text at a time (`decode.py`), so a large file is
 never held as one list of dicts; a job's large files are read by worker processes, one file each. GPU events
 (pid = device, tid = stream) go on `stream N` lanes of their file's rank; kernels whose name starts with
 `nccl` are communication; `ProfilerStep#N` annotations become steps, and GPU work inherits the step of the

@@ -6,7 +6,7 @@ that differ between nsys releases are tolerated. GPU work (kernels, NCCL kernels
 describe, kernels launched inside them inherit their stage and micro-batch through the RUNTIME<->KERNEL
 join on (pid, correlationId), and the range moves from CPU time to the GPU extent of those kernels (the
 CPU side of asynchronous work is not when the stage was busy). Files written by ppscope's own exporter
-carry the run's metadata and come back exactly. Reading the tables is `nsys_tables`' job; this module
+carry the run's metadata and come back exactly. Reading the tables is `tables`' job; this module
 decides ranks, stages and kinds. It never writes to the input.
 """
 

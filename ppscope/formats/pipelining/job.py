@@ -1,7 +1,7 @@
 """A torch.distributed.pipelining job across its ranks' Kineto files: stages on ranks, the schedule's name,
 and each rank's spans in ppscope's vocabulary.
 
-Per rank (`kineto_pp` finds the actions): the action ranges become `range` spans labelled with stage,
+Per rank (`rank` finds the actions): the action ranges become `range` spans labelled with stage,
 micro-batch, step, chunk and the action type as phase; on a CPU trace the top-level operators that are not
 communication are the compute (`kernel` spans, labelled with the action they ran in), each input wait a
 `recv_wait` span and each send a `send` span with its peer; on a GPU trace the kernels are the compute as

@@ -1,7 +1,7 @@
 """The actions of torch.distributed.pipelining in one rank's Kineto trace: which stage, micro-batch and step
 each stretch of the rank's time belongs to, and where the rank waited for its input.
 
-Actions come from the schedule's own profiler ranges (`PP:2F0`, `Forward 3`, see `ppactions`); a schedule that
+Actions come from the schedule's own profiler ranges (`PP:2F0`, `Forward 3`, see `actions`); a schedule that
 writes none (Schedule1F1B) has them inferred from the operators: a run of top-level CPU operators between two
 communication operators is a backward when it is the autograd engine's (`autograd::engine::...`), a forward
 when it records autograd history (a `fwdbwd` flow starts in it), and other work otherwise (the optimizer,
