@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ppscope.balance.modelled.shapes import ModelShape
     from ppscope.balance.report import ModelSection
     from ppscope.cli.argtypes import Options
 
@@ -92,7 +93,7 @@ def print_assumptions(model: ModelSection) -> None:
         print(f"  - {a}")
 
 
-def plan_step_times(args: argparse.Namespace, shape: Any, plan: dict[str, Any]) -> dict[str, Any]:
+def plan_step_times(args: argparse.Namespace, shape: ModelShape, plan: dict[str, Any]) -> dict[str, Any]:
     """The modelled step time of each stage of the plan's split (and of its fix), ms, for `ppscope plan --gpu`."""
     from ppscope.balance.advise.problem import BalanceProblem
     from ppscope.balance.advise.rebalance import evaluate

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ppscope.cli.argtypes import Subcommands
+    from ppscope.cli.tuning import TuneResult
 
 HELP = "Run, find the bottleneck, rebalance, re-run and show the measured gain, then open the dashboard"
 EXAMPLE = "ppscope demo --no-dashboard"
@@ -51,7 +52,7 @@ def default_stages() -> int:
     return max(2, min(4, os.cpu_count() or 2))
 
 
-def demo_json(result: Any) -> dict[str, Any]:
+def demo_json(result: TuneResult) -> dict[str, Any]:
     """The demo's answer first (predicted and measured speedups with their intervals, keep or change), then
     everything `ppscope tune --json` prints."""
     full = result.to_dict()

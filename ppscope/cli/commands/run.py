@@ -17,7 +17,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ppscope.cli.argtypes import Subcommands
+    from ppscope.engine.config import EngineConfig
 
 HELP = "Run the pipeline-parallel engine and record every receive, forward and send"
 EXAMPLE = "ppscope run --stages 4 --schedule serve --out runs/r1"
@@ -92,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _live_metrics(args: argparse.Namespace, cfg: Any) -> Iterator[Any]:
+def _live_metrics(args: argparse.Namespace, cfg: EngineConfig) -> Iterator[EngineConfig]:
     """With --prometheus-port, serve the run's live metrics while it runs (a watcher thread follows the run
     directory, as `ppscope watch` does) and stop once the watcher has read how it ended. Yields the config, with
     the run directory settled beforehand so that the watcher knows where to look."""
@@ -111,8 +114,8 @@ def _live_metrics(args: argparse.Namespace, cfg: Any) -> Iterator[Any]:
             "--prometheus-port serves a run started here; under torchrun, serve the run with `ppscope watch RUN "
             "--prometheus-port PORT` on a machine that sees its run directory"
         )
-    if cfg.output.out is None:
-        cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, out=default_run_dir()))
+    out = cfg.output.out or default_run_dir()
+    cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, out=out))
     exporter = Exporter(args.prometheus_host, args.prometheus_port)
     print(f"ppscope run: serving live metrics at {exporter.url}", file=sys.stderr, flush=True)
     if not is_loopback(args.prometheus_host):
@@ -121,7 +124,7 @@ def _live_metrics(args: argparse.Namespace, cfg: Any) -> Iterator[Any]:
             "read these metrics",
             file=sys.stderr,
         )
-    watch = BackgroundWatch(cfg.output.out, exporter, window_s=args.metrics_window, interval_s=1.0)
+    watch = BackgroundWatch(out, exporter, window_s=args.metrics_window, interval_s=1.0)
     try:
         yield cfg
     finally:
@@ -148,7 +151,7 @@ def _shape_line(summary: dict[str, Any]) -> str:
     return line
 
 
-def _summary(run_dir: Any, wall_s: float, asked: int) -> dict[str, Any]:
+def _summary(run_dir: Path, wall_s: float, asked: int) -> dict[str, Any]:
     """`asked`: micro-batches per step or in flight the run was given (it runs at most one per request)."""
     import os
 

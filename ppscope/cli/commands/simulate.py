@@ -10,6 +10,8 @@ from ppscope.cli.cost_options import add_cost_arguments, given_costs
 
 if TYPE_CHECKING:
     from ppscope.cli.argtypes import Subcommands
+    from ppscope.simulate.calibrate import Prediction, Replay
+    from ppscope.simulate.simulator import SimConfig
 
 HELP = "Predict a pipeline's timeline for a schedule, split and cost model"
 EXAMPLE = (
@@ -58,7 +60,7 @@ def register(sub: Subcommands) -> None:
     p.set_defaults(func=run)
 
 
-def _replay(args: argparse.Namespace) -> tuple[Any, Any]:
+def _replay(args: argparse.Namespace) -> tuple[Replay, Prediction]:
     """The replay of --from RUN and its prediction with --split (the run's own split without)."""
     from ppscope.balance.split import parse_split
     from ppscope.errors import InvalidConfigError
@@ -119,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config(args: argparse.Namespace) -> Any:
+def _config(args: argparse.Namespace) -> SimConfig:
     from ppscope.balance.costs import parse_ms_list
     from ppscope.balance.split import parse_split
     from ppscope.errors import InvalidConfigError
@@ -151,7 +153,7 @@ def _config(args: argparse.Namespace) -> Any:
     )
 
 
-def _print(cfg: Any, summary: dict[str, Any]) -> None:
+def _print(cfg: SimConfig, summary: dict[str, Any]) -> None:
     path = summary["run_dir"]
     m = summary.get("measured")
     print(

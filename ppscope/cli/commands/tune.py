@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ppscope.cli.argtypes import Subcommands
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say(quiet: bool) -> Any:
+def _say(quiet: bool) -> Callable[[str], None]:
     def step(msg: str) -> None:
         if not quiet:
             print(f"• {msg}", flush=True)
