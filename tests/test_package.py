@@ -127,3 +127,33 @@ def test_no_function_over_60_lines_without_a_reason() -> None:
     assert not long, f"split these, or list them in LONG_FUNCTIONS with the reason: {long}"
     stale = [name for name in LONG_FUNCTIONS if functions.get(name, 0) <= MAX_FUNCTION_LINES]
     assert not stale, f"these are short now (or gone): take them off LONG_FUNCTIONS: {stale}"
+
+
+def _imported_from_packages() -> dict[str, set[str]]:
+    """Package -> the names modules outside it import from its modules (`from ppscope.p.m import name`)."""
+    packages = [str(p.parent.relative_to(ROOT)).replace("/", ".") for p in (ROOT / "ppscope").rglob("__init__.py")]
+    found: dict[str, set[str]] = {p: set() for p in packages}
+    for path in (ROOT / "ppscope").rglob("*.py"):
+        here = str(path.relative_to(ROOT).with_suffix("")).replace("/", ".")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                owner = max((p for p in packages if node.module.startswith(p + ".")), key=len, default=None)
+                if owner is not None and here != owner and not here.startswith(owner + "."):
+                    submodules = {p.stem for p in (ROOT / owner.replace(".", "/")).iterdir()}
+                    found[owner] |= {a.name for a in node.names if a.name not in submodules}
+    return found
+
+
+def test_every_package_states_the_names_other_parts_import_from_it() -> None:
+    """A package's `__all__` covers what the rest of ppscope imports from its modules, and each name in it is
+    there: a helper one part starts to borrow from another shows up here (`scripts/public_names.py --write`)."""
+    import importlib
+
+    for package, names in _imported_from_packages().items():
+        if package == "ppscope" or not names:
+            continue
+        module = importlib.import_module(package)
+        public = set(getattr(module, "__all__", ()))
+        assert names <= public, f"{package}.__all__ lacks {sorted(names - public)}: run scripts/public_names.py --write"
+        for name in public:
+            assert getattr(module, name) is not None, f"{package}.{name}"

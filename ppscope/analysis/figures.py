@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ppscope.analysis import CAUSES, AnalysisResult
 from ppscope.analysis.gantt import CAUSE_COLORS as GANTT_CAUSE_COLORS
+from ppscope.analysis.result import CAUSES, AnalysisResult
 
 __all__ = ["CAUSE_COLORS", "stage_breakdown", "theory_vs_measured"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ppscope.analysis import CAUSES, AnalysisResult
+from ppscope.analysis.result import CAUSES, AnalysisResult
 from ppscope.trace.model import Trace
 from ppscope.trace.outputs import atomic_file
 

@@ -5,3 +5,22 @@
 knows Prometheus: `ppscope watch` and `ppscope run --prometheus-port` (in `ppscope/cli/exporter.py`) serve
 the values in its text format.
 """
+
+from typing import TYPE_CHECKING
+
+from ppscope.exports import public_names
+
+# public names: what other parts import (scripts/public_names.py)
+if TYPE_CHECKING:
+    from ppscope.live.follow import RunFollower as RunFollower
+    from ppscope.live.metrics import SPECS as SPECS
+    from ppscope.live.metrics import Snapshot as Snapshot
+
+_WHERE = {
+    "RunFollower": "follow",
+    "SPECS": "metrics",
+    "Snapshot": "metrics",
+}
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = public_names(__name__, _WHERE)
+# end of public names

@@ -1,2 +1,43 @@
 """The split search and the advice: the exact min-max layer split, the interval on its predicted speedup, and
 the rule that says to keep a split when the gain is noise."""
+
+from typing import TYPE_CHECKING
+
+from ppscope.exports import public_names
+
+# public names: what other parts import (scripts/public_names.py)
+if TYPE_CHECKING:
+    from ppscope.balance.advise.advice import Advice as Advice
+    from ppscope.balance.advise.advice import Interval as Interval
+    from ppscope.balance.advise.advice import advise as advise
+    from ppscope.balance.advise.advice import paired_throughput_ratio as paired_throughput_ratio
+    from ppscope.balance.advise.advice import speedup_interval as speedup_interval
+    from ppscope.balance.advise.cores import SharedCores as SharedCores
+    from ppscope.balance.advise.cores import run_usage as run_usage
+    from ppscope.balance.advise.cores import shared_cores as shared_cores
+    from ppscope.balance.advise.problem import BalanceProblem as BalanceProblem
+    from ppscope.balance.advise.problem import MemoryModel as MemoryModel
+    from ppscope.balance.advise.rebalance import Rebalance as Rebalance
+    from ppscope.balance.advise.rebalance import balance as balance
+    from ppscope.balance.advise.rebalance import engine_lines as engine_lines
+    from ppscope.balance.advise.rebalance import evaluate as evaluate
+
+_WHERE = {
+    "Advice": "advice",
+    "BalanceProblem": "problem",
+    "Interval": "advice",
+    "MemoryModel": "problem",
+    "Rebalance": "rebalance",
+    "SharedCores": "cores",
+    "advise": "advice",
+    "balance": "rebalance",
+    "engine_lines": "rebalance",
+    "evaluate": "rebalance",
+    "paired_throughput_ratio": "advice",
+    "run_usage": "cores",
+    "shared_cores": "cores",
+    "speedup_interval": "advice",
+}
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = public_names(__name__, _WHERE)
+# end of public names

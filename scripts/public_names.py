@@ -1,0 +1,99 @@
+"""Write, in every package's `__init__`, the table of the names other parts of ppscope import from its modules.
+
+    python scripts/public_names.py          # print each package's names and where they live
+    python scripts/public_names.py --write  # rewrite the tables (between the `# public names` markers)
+
+A name a package lists beyond what the parts import (one it hands to users) is kept. `tests/test_package.py`
+fails when a table misses a name; this script is how to bring them up to date.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN, END = "# public names: what other parts import (scripts/public_names.py)\n", "# end of public names\n"
+
+
+def packages() -> list[str]:
+    return sorted(str(p.parent.relative_to(ROOT)).replace("/", ".") for p in (ROOT / "ppscope").rglob("__init__.py"))
+
+
+def imported() -> dict[str, dict[str, str]]:
+    """package -> {name: module inside it} of every `from package.module import name` made outside it."""
+    pkgs = packages()
+    found: dict[str, dict[str, str]] = defaultdict(dict)
+    for path in (ROOT / "ppscope").rglob("*.py"):
+        here = str(path.relative_to(ROOT).with_suffix("")).replace("/", ".")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+                continue
+            owner = max((p for p in pkgs if node.module.startswith(p + ".")), key=len, default=None)
+            if owner is None or here == owner or here.startswith(owner + "."):
+                continue
+            module = node.module[len(owner) + 1 :]
+            submodules = {p.stem for p in (ROOT / owner.replace(".", "/")).iterdir()}
+            for alias in node.names:
+                if alias.name not in submodules:  # a name that is also a module's stays the module's
+                    found[owner][alias.name] = module
+    return found
+
+
+def table(package: str, where: dict[str, str]) -> str:
+    """The block: the names and their modules, typed for the checker, loaded on first use at run time."""
+    rows = "".join(f'    "{name}": "{module}",\n' for name, module in sorted(where.items()))
+    by_module: dict[str, list[str]] = defaultdict(list)
+    for name, module in sorted(where.items()):
+        by_module[module].append(f"{name} as {name}")
+    typed = "".join(
+        f"    from {package}.{module} import {', '.join(names)}\n" for module, names in sorted(by_module.items())
+    )
+    return (
+        BEGIN
+        + "if TYPE_CHECKING:\n"
+        + typed
+        + "\n_WHERE = {\n"
+        + rows
+        + "}\n__all__ = sorted(_WHERE)\n__getattr__, __dir__ = public_names(__name__, _WHERE)\n"
+        + END
+    )
+
+
+def current(text: str) -> dict[str, str]:
+    if BEGIN not in text:
+        return {}
+    block = text[text.index(BEGIN) : text.index(END)]
+    tree = ast.parse(block)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_WHERE":
+            return dict(ast.literal_eval(node.value))
+    return {}
+
+
+def main() -> int:
+    write = "--write" in sys.argv
+    for package, where in sorted(imported().items()):
+        init = ROOT / package.replace(".", "/") / "__init__.py"
+        text = init.read_text()
+        merged = {**current(text), **where}
+        if not write:
+            print(package, merged)
+            continue
+        block = table(package, merged)
+        if BEGIN in text:
+            text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
+        else:
+            text = (
+                text.rstrip("\n")
+                + "\n\nfrom typing import TYPE_CHECKING\n\nfrom ppscope.exports import public_names\n\n"
+                + block
+            )
+        init.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
