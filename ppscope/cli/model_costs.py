@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ppscope.trace.actions import Phase
+
 __all__ = [
     "DEFAULT_GPU",
     "add_workload_arguments",
@@ -145,7 +147,7 @@ def advise_from_model(args: argparse.Namespace, shape: Any) -> tuple[dict[str, A
         )
     dtype = args.dtype or "bf16"
     gpu = gpu_named(args.gpu or DEFAULT_GPU)
-    work = Workload(phase=args.phase or "decode", batch=args.batch, context=args.context, dtype=dtype, tp=args.tp)
+    work = Workload(phase=args.phase or Phase.DECODE, batch=args.batch, context=args.context, dtype=dtype, tp=args.tp)
     modelled = model_costs(shape, gpu, work)
     got = _from_trace(args, shape, modelled) if args.runs else _without_run(args, shape, modelled)
     problem = BalanceProblem(
@@ -257,7 +259,7 @@ def _trace_assumptions(args: argparse.Namespace, result: Any, current: list[int]
         "passes, so the times compare as per-pass times do",
         f"the trace ran the split {format_split(current)}"
         + (" (given)" if args.current_split else " (vLLM's default rule; give --current-split if it ran another)"),
-        f"its passes are {args.phase or 'decode'} passes, shaped as below; the model's shape is calibrated with "
+        f"its passes are {args.phase or Phase.DECODE} passes, shaped as below; the model's shape is calibrated with "
         "one scale for every part (the smallest measured ÷ modelled ratio over stages) plus a fixed overhead per "
         "stage (the rest of its time), which stays with the stage whatever layers it holds",
         f"the shape is timed on a {gpu}"
@@ -311,7 +313,7 @@ def plan_step_times(args: argparse.Namespace, shape: Any, plan: dict[str, Any]) 
     from ppscope.balance.modelled.gpus import gpu_named
     from ppscope.balance.modelled.roofline import Workload, model_costs
 
-    work = Workload(phase="decode", batch=args.batch, context=args.context, dtype=args.dtype, tp=plan["tp"])
+    work = Workload(phase=Phase.DECODE, batch=args.batch, context=args.context, dtype=args.dtype, tp=plan["tp"])
     modelled = model_costs(shape, gpu_named(args.gpu), work)
     problem = BalanceProblem(costs=modelled.layer_costs(), stages=plan["pp"], stage_costs=StageCosts())
 
@@ -320,7 +322,7 @@ def plan_step_times(args: argparse.Namespace, shape: Any, plan: dict[str, Any]) 
 
     return {
         "gpu": modelled.gpu.name,
-        "phase": "decode",
+        "phase": Phase.DECODE.value,
         "batch": work.batch,
         "context": work.context,
         "stage_ms": times(plan["split"]),
