@@ -62,6 +62,29 @@ def table(package: str, where: dict[str, str]) -> str:
     )
 
 
+def defined(package: str, module: str) -> set[str]:
+    """The names `package.module` binds at its top level (a name listed that its module lost is dropped)."""
+    path = ROOT / package.replace(".", "/") / f"{module}.py"
+    return _bound(ast.parse(path.read_text()).body) if path.exists() else set()
+
+
+def _bound(body: list[ast.stmt]) -> set[str]:
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try)):
+            names |= _bound([*node.body, *node.orelse, *getattr(node, "finalbody", [])])
+            for handler in getattr(node, "handlers", []):
+                names |= _bound(handler.body)
+    return names
+
+
 def current(text: str) -> dict[str, str]:
     if BEGIN not in text:
         return {}
@@ -78,7 +101,7 @@ def main() -> int:
     for package, where in sorted(imported().items()):
         init = ROOT / package.replace(".", "/") / "__init__.py"
         text = init.read_text()
-        merged = {**current(text), **where}
+        merged = {n: m for n, m in {**current(text), **where}.items() if n in defined(package, m)}
         if not write:
             print(package, merged)
             continue

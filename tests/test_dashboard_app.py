@@ -284,10 +284,11 @@ def test_names_from_files_show_as_written_not_as_markdown(tmp_path: Path) -> Non
 
 def test_stages_section_shows_a_training_runs_replay(tmp_path: Path) -> None:
     from ppscope.simulate.simulator import write_run
-    from ppscope.simulate.training import TrainAction, replay_order
+    from ppscope.simulate.training import replay_order
+    from ppscope.trace.actions import Action, ActionType
     from ppscope.trace.model import RunMeta, Trace
 
-    order = {r: [TrainAction(r, t, m) for t in "FB" for m in range(4)] for r in range(2)}  # GPipe, P=2, M=4
+    order = {r: [Action(r, ActionType(t), m) for t in "FB" for m in range(4)] for r in range(2)}  # GPipe, P=2, M=4
     step = replay_order(order, {(s, t): 1000 * (1 + s) for s in range(2) for t in "FB"})
     rows = [
         {

@@ -25,7 +25,8 @@ from ppscope.analysis.report import render_text
 from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError
 from ppscope.simulate.simulator import write_run
-from ppscope.simulate.training import MAX_STEPS, TrainAction, replay_order, replay_training, training_actions
+from ppscope.simulate.training import MAX_STEPS, replay_order, replay_training, training_actions
+from ppscope.trace.actions import Action, ActionType
 from ppscope.trace.model import RunMeta, Trace
 from ppscope.trace.store import load_run
 
@@ -33,43 +34,46 @@ EQUAL = {"F": 1000, "B": 2000, "I": 1000, "W": 1000}
 """F = I = W, B = I + W."""
 
 
+def _act(stage: int, kind: str, mb: int) -> Action:
+    """Action `{stage}{kind}{mb}`: `_act(2, "F", 0)` is 2F0."""
+    return Action(stage, ActionType(kind), mb)
+
+
 def _costs(stages: int, per_type: dict[str, int] = EQUAL) -> dict[tuple[int, str], int]:
     return {(s, t): c for s in range(stages) for t, c in per_type.items()}
 
 
-def _gpipe(p: int, m: int) -> dict[int, list[TrainAction]]:
-    return {
-        r: [TrainAction(r, "F", i) for i in range(m)] + [TrainAction(r, "B", i) for i in range(m)] for r in range(p)
-    }
+def _gpipe(p: int, m: int) -> dict[int, list[Action]]:
+    return {r: [_act(r, "F", i) for i in range(m)] + [_act(r, "B", i) for i in range(m)] for r in range(p)}
 
 
-def _one_f_one_b(p: int, m: int) -> dict[int, list[TrainAction]]:
+def _one_f_one_b(p: int, m: int) -> dict[int, list[Action]]:
     """PipeDream-Flush: rank r runs P-1-r forwards, then one forward and one backward in turn, then the rest."""
     out = {}
     for r in range(p):
         warm = min(p - 1 - r, m)
-        acts = [TrainAction(r, "F", i) for i in range(warm)]
+        acts = [_act(r, "F", i) for i in range(warm)]
         for i in range(m - warm):
-            acts += [TrainAction(r, "F", warm + i), TrainAction(r, "B", i)]
-        acts += [TrainAction(r, "B", i) for i in range(m - warm, m)]
+            acts += [_act(r, "F", warm + i), _act(r, "B", i)]
+        acts += [_act(r, "B", i) for i in range(m - warm, m)]
         out[r] = acts
     return out
 
 
-def _zb_h1(p: int, m: int) -> dict[int, list[TrainAction]]:
+def _zb_h1(p: int, m: int) -> dict[int, list[Action]]:
     """ZB-H1 (Qi et al. 2024): 1F1B with the backward split into I and W, rank r running P-r forwards ahead and
     delaying each W by r micro-batches, so that rank 0's cool-down is filled (torch's order for V = 1)."""
     out = {}
     for r in range(p):
         warm = min(p - r, m)
-        acts = [TrainAction(r, "F", i) for i in range(warm)]
+        acts = [_act(r, "F", i) for i in range(warm)]
         for i in range(m):
-            acts.append(TrainAction(r, "I", i))
+            acts.append(_act(r, "I", i))
             if i >= r:
-                acts.append(TrainAction(r, "W", i - r))
+                acts.append(_act(r, "W", i - r))
             if warm + i < m:
-                acts.append(TrainAction(r, "F", warm + i))
-        acts += [TrainAction(r, "W", j) for j in range(max(m - r, 0), m)]
+                acts.append(_act(r, "F", warm + i))
+        acts += [_act(r, "W", j) for j in range(max(m - r, 0), m)]
         out[r] = acts
     return out
 
@@ -82,7 +86,7 @@ def test_equal_costs_give_the_published_bubble(p: int, m: int) -> None:
     assert zb_h1_bubble(p, m) == pytest.approx((p - 1) / (3 * m + p - 1))
 
 
-def _torch_order(cls_name: str, p: int, v: int, m: int) -> dict[int, list[TrainAction]]:
+def _torch_order(cls_name: str, p: int, v: int, m: int) -> dict[int, list[Action]]:
     """torch's own `pipeline_order` (compute actions only, paired ones in their parts' order); the stages are
     stand-ins with the fields the schedules read to plan (rank 0's: stage c*P of a loop, or 0 and 2P-1 of a V)."""
     torch = pytest.importorskip("torch")
@@ -109,12 +113,10 @@ def _torch_order(cls_name: str, p: int, v: int, m: int) -> dict[int, list[TrainA
     for r, acts in sched.pipeline_order.items():
         parts = [p for a in acts if a is not None for p in (a.sub_actions or (a,))]
         compute = [a for a in parts if a.computation_type.value in ("F", "B", "I", "W")]
-        order[int(r)] = [
-            TrainAction(int(a.stage_index), a.computation_type.value, int(a.microbatch_index)) for a in compute
-        ]
+        order[int(r)] = [_act(int(a.stage_index), a.computation_type.value, int(a.microbatch_index)) for a in compute]
     if cls_name == "Schedule1F1B":  # torch's plan for its last rank numbers forwards one too high; it runs F0 first
         last = p - 1
-        order[last] = [a._replace(mb=a.mb - 1) if a.type == "F" else a for a in order[last]]
+        order[last] = [dataclasses.replace(a, mb=a.mb - 1) if a.type == "F" else a for a in order[last]]
     return order
 
 
@@ -146,7 +148,7 @@ def test_unequal_costs_and_a_hop_give_the_hand_computed_step() -> None:
     # B0 [6,10), B1 [10,14); rank 0 F0 [0,1), F1 [1,2), B0 from 10+1 to 14, B1 from 14+1 to 18.
     cost = {(0, "F"): 1, (1, "F"): 2, (0, "B"): 3, (1, "B"): 4}
     step = replay_order(_gpipe(2, 2), cost, hop_ns=1)
-    times = {(t.rank, t.action.label): (t.start_ns, t.end_ns) for t in step.actions}
+    times = {(t.rank, str(t.action)): (t.start_ns, t.end_ns) for t in step.actions}
     assert times[(1, "1F0")] == (2, 4) and times[(1, "1B1")] == (10, 14)
     assert times[(0, "0B0")] == (11, 14) and times[(0, "0B1")] == (15, 18)
     assert (step.window_ns, step.busy_ns) == (18, {0: 8, 1: 12})
@@ -157,36 +159,36 @@ def test_weights_wait_for_their_inputs_gradient_and_a_hop_only_between_ranks() -
     # two stages on one rank: no hop between them; W after its own I, even when listed right after it
     order = {
         0: [
-            TrainAction(0, "F", 0),
-            TrainAction(1, "F", 0),
-            TrainAction(1, "I", 0),
-            TrainAction(0, "I", 0),
-            TrainAction(1, "W", 0),
-            TrainAction(0, "W", 0),
+            _act(0, "F", 0),
+            _act(1, "F", 0),
+            _act(1, "I", 0),
+            _act(0, "I", 0),
+            _act(1, "W", 0),
+            _act(0, "W", 0),
         ]
     }
     step = replay_order(order, _costs(2), hop_ns=10_000)
     assert step.window_ns == 6 * 1000 and step.bubble_ratio == 0
     with pytest.raises(InvalidConfigError, match="cannot run together"):  # W before its I on the same rank
-        replay_order({0: [TrainAction(0, "F", 0), TrainAction(0, "W", 0), TrainAction(0, "I", 0)]}, _costs(1))
+        replay_order({0: [_act(0, "F", 0), _act(0, "W", 0), _act(0, "I", 0)]}, _costs(1))
 
 
 @pytest.mark.parametrize(
     ("order", "match"),
     [
         ({0: []}, "no compute actions"),
-        ({0: [TrainAction(0, "F", 0)], 1: [TrainAction(1, "B", 0)]}, "1B0 needs 1F0"),
-        ({0: [TrainAction(0, "F", 0)], 1: [TrainAction(0, "B", 0)]}, "stage 0 runs on ranks 0 and 1"),
-        ({0: [TrainAction(0, "F", 0), TrainAction(0, "F", 0)]}, "twice"),
-        ({0: [TrainAction(0, "SEND_F", 0)]}, "no compute action"),
+        ({0: [_act(0, "F", 0)], 1: [_act(1, "B", 0)]}, "1B0 needs 1F0"),
+        ({0: [_act(0, "F", 0)], 1: [_act(0, "B", 0)]}, "stage 0 runs on ranks 0 and 1"),
+        ({0: [_act(0, "F", 0), _act(0, "F", 0)]}, "twice"),
+        ({0: [_act(0, "SEND_F", 0)]}, "no compute action"),
     ],
 )
-def test_orders_that_cannot_run_are_one_line_errors(order: dict[int, list[TrainAction]], match: str) -> None:
+def test_orders_that_cannot_run_are_one_line_errors(order: dict[int, list[Action]], match: str) -> None:
     with pytest.raises(InvalidConfigError, match=match):
         replay_order(order, _costs(2))
 
 
-def _run_of(order: dict[int, list[TrainAction]], cost: dict[tuple[int, str], int], steps: int = 3) -> Trace:
+def _run_of(order: dict[int, list[Action]], cost: dict[tuple[int, str], int], steps: int = 3) -> Trace:
     """A run of `order`, as its replay writes it (forward/backward spans labelled like the hook's)."""
     one = replay_order(order, cost)
     stages = 1 + max(a.stage for acts in order.values() for a in acts)
@@ -215,7 +217,7 @@ def _run_of(order: dict[int, list[TrainAction]], cost: dict[tuple[int, str], int
                     "phase": t.action.type,
                     "start_ns": t.start_ns + shift,
                     "end_ns": t.end_ns + shift,
-                    "name": t.action.label,
+                    "name": str(t.action),
                 }
             )
     return Trace.from_records(rows, meta=meta)

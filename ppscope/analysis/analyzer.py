@@ -54,6 +54,7 @@ from ppscope.analysis.window import active_window, full_window, resolve_window, 
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.clock import causality_violations
 from ppscope.trace.model import Phase, RunMeta, SpanKind, Trace
+from ppscope.trace.schedules import Schedule
 
 __all__ = ["AnalysisConfig", "analyze"]
 
@@ -281,7 +282,7 @@ def _theory_gap(stages: list[StageResult], theory: Theory, w: WindowInfo) -> The
 def no_requests(requests: pd.DataFrame | None, meta: RunMeta, window: WindowInfo) -> Intervals | None:
     """Every request of a finished serve run is in its requests table: between them the pipeline had nothing
     to do."""
-    return _no_requests(requests, window) if (meta.schedule, meta.status) == ("serve", "finished") else None
+    return _no_requests(requests, window) if (meta.schedule, meta.status) == (Schedule.SERVE, "finished") else None
 
 
 def _no_requests(requests: pd.DataFrame | None, window: WindowInfo) -> Intervals | None:

@@ -14,6 +14,7 @@ import pandas as pd
 
 from ppscope.analysis.bubbles import ROLE_COMPUTE, StageTimes, TextCodes, dependency_waits
 from ppscope.analysis.intervals import Intervals, clip, running_max, union_length
+from ppscope.trace.actions import BACKWARDS, PASSES
 from ppscope.trace.model import Phase, RunMeta, SpanKind
 
 __all__ = [
@@ -59,7 +60,7 @@ def stage_times(spans: pd.DataFrame, role: npt.NDArray[np.int8], layout: Layout,
     dependency = dependency_waits(role, spans["stage"].to_numpy(np.int64), prefill, decode, ring_bound=ring_bound)
     # a training backward: phase `backward`, a `backward` span, or a pipelining action's type (B, I, W; also on
     # the waits inside those actions)
-    backward = phase.among([Phase.BACKWARD, "B", "I", "W"]) | kind.among([SpanKind.BACKWARD])
+    backward = phase.among([Phase.BACKWARD, *BACKWARDS]) | kind.among([SpanKind.BACKWARD])
     return StageTimes(
         group=layout.group_of(spans["rank"].to_numpy(np.int64)),
         role=role,
@@ -70,7 +71,7 @@ def stage_times(spans: pd.DataFrame, role: npt.NDArray[np.int8], layout: Layout,
         end_ns=spans["end_ns"].to_numpy(np.int64),
         forward=kind.among([SpanKind.FORWARD]),
         chunk=spans["chunk"].to_numpy(np.int64),
-        action=kind.among([SpanKind.RANGE]) & phase.among(["F", "B", "I", "W"]),
+        action=kind.among([SpanKind.RANGE]) & phase.among(list(PASSES)),
     )
 
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 from ppscope.analysis.result import Theory, TheoryGap
 from ppscope.errors import InvalidConfigError
+from ppscope.trace.schedules import Schedule
 
 __all__ = [
-    "FLUSHED_SCHEDULES",
     "PassCosts",
     "decode_bubble",
     "dualpipev_bubble",
@@ -40,12 +40,6 @@ __all__ = [
     "zb_h1_bubble",
     "zbv_bubble",
 ]
-
-FLUSHED_SCHEDULES = frozenset(
-    {"gpipe", "interleaved", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv", "dualpipev"}
-)
-"""Schedules whose steps end in a flush: ppscope's gpipe and interleaved inference, and every training schedule
-(torch.distributed.pipelining's names). `serve` circulates without one."""
 
 FILL_DRAIN = ("fill", "drain")
 DEPENDENCY = ("dependency",)
@@ -87,8 +81,11 @@ def _ratio(bubble: float, work: float) -> float:
 
 
 def flushes(schedule: str) -> bool:
-    """Whether every step of `schedule` ends in a flush (`FLUSHED_SCHEDULES`)."""
-    return schedule in FLUSHED_SCHEDULES
+    """Whether every step of `schedule` ends in a flush (`Schedule.flushed`: ppscope's gpipe and interleaved
+    inference, and every training schedule; `serve` circulates without one); False for a name ppscope does
+    not know."""
+    known = Schedule.named(schedule)
+    return known is not None and known.flushed
 
 
 def gpipe_bubble(p: int, m: int) -> float:
@@ -188,24 +185,27 @@ def _costs_note(costs: PassCosts) -> str:
     return f"F={costs.f:g}, I={costs.i:g}, W={costs.w:g}"
 
 
-_FORMULAS: dict[str, tuple[_Build, bool]] = {
-    # schedule name -> (builder, needs V > 1); each returns (formula, ratio, note)
-    "gpipe": (lambda p, m, v, c: ("GPipe (P-1)/(M+P-1)", gpipe_bubble(p, m), ""), False),
-    "1f1b": (lambda p, m, v, c: ("1F1B (P-1)/(M+P-1)", gpipe_bubble(p, m), ""), False),
-    "interleaved": (lambda p, m, v, c: ("interleaved (P-1)/(V*M+P-1)", interleaved_bubble(p, m, v), ""), True),
-    "interleaved-1f1b": (
+_FORMULAS: dict[Schedule, tuple[_Build, bool]] = {
+    # schedule -> (builder, needs V > 1); each returns (formula, ratio, note)
+    Schedule.GPIPE: (lambda p, m, v, c: ("GPipe (P-1)/(M+P-1)", gpipe_bubble(p, m), ""), False),
+    Schedule.ONE_F_ONE_B: (lambda p, m, v, c: ("1F1B (P-1)/(M+P-1)", gpipe_bubble(p, m), ""), False),
+    Schedule.INTERLEAVED: (
+        lambda p, m, v, c: ("interleaved (P-1)/(V*M+P-1)", interleaved_bubble(p, m, v), ""),
+        True,
+    ),
+    Schedule.INTERLEAVED_1F1B: (
         lambda p, m, v, c: ("interleaved 1F1B (P-1)/(V*M+P-1)", interleaved_bubble(p, m, v), ""),
         True,
     ),
-    "looped-bfs": (
+    Schedule.LOOPED_BFS: (
         lambda p, m, v, c: ("looped BFS (P-1)/(V*M+P-1)", interleaved_bubble(p, m, v), "needs M >= P"),
         True,
     ),
-    "zero-bubble": (
+    Schedule.ZERO_BUBBLE: (
         lambda p, m, v, c: ("ZB-H1 (P-1)(F+B-2W) of M(F+B)", zb_h1_bubble(p, m, c), _costs_note(c)),
         False,
     ),
-    "zbv": (
+    Schedule.ZBV: (
         lambda p, m, v, c: (
             "ZBV >= (P-1)F of 2M(F+B)",
             zbv_bubble(p, m, c),
@@ -214,7 +214,7 @@ _FORMULAS: dict[str, tuple[_Build, bool]] = {
         ),
         False,
     ),
-    "dualpipev": (
+    Schedule.DUALPIPEV: (
         lambda p, m, v, c: (
             "DualPipeV (P-1)(F&B+B-3W) of 2M(F+B)",
             dualpipev_bubble(p, m, c),
@@ -233,10 +233,11 @@ def theory_for(
     if p < 1:
         return Theory(formula="none (no stages)", bubble_ratio=None)
     costs = costs or PassCosts()
-    entry = _FORMULAS.get(schedule)
+    named = Schedule.named(schedule)
+    entry = _FORMULAS.get(named) if named is not None else None
     if entry is not None and m >= 1 and v >= 1:
         build, uses_v = entry
-        if schedule == "zero-bubble" and v > 1:
+        if named is Schedule.ZERO_BUBBLE and v > 1:
             return Theory(
                 formula="none",
                 bubble_ratio=None,
@@ -245,7 +246,7 @@ def theory_for(
         formula, ratio, note = build(p, m, v, costs)
         params = {"P": p, "M": m, **({"V": v} if uses_v else {})}
         return Theory(formula=formula, bubble_ratio=ratio, params=params, note=note, causes=FILL_DRAIN)
-    if schedule == "serve" and inflight is not None and inflight >= 1:
+    if named is Schedule.SERVE and inflight is not None and inflight >= 1:
         return Theory(
             formula="continuous decode >= max(0, 1-m/P)",
             bubble_ratio=decode_bubble(p, inflight),
@@ -253,7 +254,7 @@ def theory_for(
             note="a lower bound: imbalance, prefill and host time come on top",
             causes=DEPENDENCY,
         )
-    known = ", ".join([*_FORMULAS, "serve"])
+    known = ", ".join([*_FORMULAS, Schedule.SERVE])
     what = f"schedule {schedule!r}" if schedule else "an unknown schedule"
     return Theory(
         formula="none",

@@ -38,6 +38,7 @@ from ppscope.balance.split import (
     vllm_default_split,
 )
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
+from ppscope.trace.actions import Phase
 
 __all__ = [
     "GivenCosts",
@@ -472,7 +473,7 @@ def rebalance_model(shape: ModelShape, request: RebalanceRequest, trace: TraceSt
     dtype = request.dtype or "bf16"
     gpu = gpu_named(request.gpu or DEFAULT_GPU)
     work = Workload(
-        phase=request.phase or "decode", batch=request.batch, context=request.context, dtype=dtype, tp=request.tp
+        phase=request.phase or Phase.DECODE, batch=request.batch, context=request.context, dtype=dtype, tp=request.tp
     )
     modelled = model_costs(shape, gpu, work)
     got = _from_trace(request, shape, modelled, trace) if trace else _without_run(request, shape, modelled)
@@ -554,7 +555,7 @@ def _trace_assumptions(request: RebalanceRequest, trace: TraceStages, ran: list[
         "passes, so the times compare as per-pass times do",
         f"the trace ran the split {format_split(ran)}"
         + (" (given)" if request.current_split else " (vLLM's default rule; give --current-split if it ran another)"),
-        f"its passes are {request.phase or 'decode'} passes, shaped as below; the model's shape is calibrated with "
+        f"its passes are {request.phase or Phase.DECODE} passes, shaped as below; the model's shape is calibrated with "
         "one scale for every part (the smallest measured ÷ modelled ratio over stages) plus a fixed overhead per "
         "stage (the rest of its time), which stays with the stage whatever layers it holds",
         f"the shape is timed on a {gpu}"

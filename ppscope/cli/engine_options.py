@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ppscope.balance.costs import parse_ms_list
 from ppscope.balance.split import parse_counts
 from ppscope.errors import InvalidConfigError
+from ppscope.trace.schedules import Schedule
 
 if TYPE_CHECKING:
     from ppscope.cli.argtypes import Options
@@ -125,7 +126,11 @@ class _GivenFalse(_Given):
 OPTIONS: tuple[Option, ...] = (
     Option("--stages", "pipeline.stages", "pipeline", "pipeline stages = processes (default 2)", int, 2),
     Option(
-        "--schedule", "pipeline.schedule", "pipeline", "gpipe | interleaved | serve (default serve)", default="serve"
+        "--schedule",
+        "pipeline.schedule",
+        "pipeline",
+        f"{' | '.join(Schedule.of_inference())} (default serve)",
+        default=Schedule.SERVE.value,
     ),
     Option(
         "--microbatches",

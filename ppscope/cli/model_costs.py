@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from ppscope.balance.report import ModelSection
     from ppscope.cli.argtypes import Options
 
+from ppscope.trace.actions import Phase
+
 __all__ = [
     "add_workload_arguments",
     "plan_step_times",
@@ -101,7 +103,7 @@ def plan_step_times(args: argparse.Namespace, shape: ModelShape, plan: dict[str,
     from ppscope.balance.modelled.gpus import gpu_named
     from ppscope.balance.modelled.roofline import Workload, model_costs
 
-    work = Workload(phase="decode", batch=args.batch, context=args.context, dtype=args.dtype, tp=plan["tp"])
+    work = Workload(phase=Phase.DECODE, batch=args.batch, context=args.context, dtype=args.dtype, tp=plan["tp"])
     modelled = model_costs(shape, gpu_named(args.gpu), work)
     problem = BalanceProblem(costs=modelled.layer_costs(), stages=plan["pp"], stage_costs=StageCosts())
 
@@ -110,7 +112,7 @@ def plan_step_times(args: argparse.Namespace, shape: ModelShape, plan: dict[str,
 
     return {
         "gpu": modelled.gpu.name,
-        "phase": "decode",
+        "phase": Phase.DECODE.value,
         "batch": work.batch,
         "context": work.context,
         "stage_ms": times(plan["split"]),

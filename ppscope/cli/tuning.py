@@ -29,7 +29,8 @@ from ppscope.balance.measured.insitu import insitu_costs
 from ppscope.cli.machine_load import LoadSampler, busy_cores
 from ppscope.errors import InvalidConfigError, PPScopeError
 from ppscope.simulate.calibrate import Replay, hop_latency_us
-from ppscope.trace.model import Trace
+from ppscope.trace.model import Phase, Trace
+from ppscope.trace.schedules import Schedule
 from ppscope.trace.store import load_run
 
 if TYPE_CHECKING:
@@ -259,7 +260,7 @@ def tune(
     *,
     out_dir: str | Path,
     cost_source: str = "insitu",
-    phase: str = "decode",
+    phase: str = Phase.DECODE,
     on_step: Step | None = None,
     repeats: int = 1,
 ) -> TuneResult:
@@ -300,7 +301,7 @@ def tune(
     on_cpus = all(r.device.startswith("cpu") for r in before_trace.meta.ranks)
     if known and on_cpus and not cfg.model.synthetic and proposed != split:  # synthetic layers sleep: no CPU
         usage = run_usage(before_trace, load.busy_between)  # what the stage times miss, measured in run 1
-        serve = before_trace.meta.schedule == "serve" and pipe.stages > 1  # micro-batches go round a loop
+        serve = before_trace.meta.schedule == Schedule.SERVE and pipe.stages > 1  # micro-batches go round a loop
         hop_us = (hop_latency_us(before_trace.spans) or 0.0) if serve else 0.0
         sharing = functools.partial(
             shared_cores,

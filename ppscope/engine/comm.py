@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ppscope.engine.model import Batch, to_device
 from ppscope.engine.recvstream import ReceiveStream
-from ppscope.trace.model import SpanKind
+from ppscope.trace.model import Phase, SpanKind
 from ppscope.trace.recorder import Recorder
 
 __all__ = [
@@ -92,7 +92,7 @@ class Message:
     def phase(self) -> str:
         if self.batch is not None:
             return self.batch.phase
-        return "prefill" if self.step == 0 else "decode"
+        return Phase.PREFILL if self.step == 0 else Phase.DECODE
 
 
 class Ring:

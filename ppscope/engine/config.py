@@ -25,7 +25,7 @@ from ppscope.balance.costs import parse_ms_list
 from ppscope.balance.modelled.shapes import PRESETS, ModelShape, canonical_dtype
 from ppscope.balance.split import parse_counts
 from ppscope.errors import InvalidConfigError
-from ppscope.simulate.schedule import SCHEDULES
+from ppscope.trace.schedules import Schedule
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -94,7 +94,7 @@ class PipelineConfig:
 
     stages: int = 2
     """Pipeline stages = ranks (count)."""
-    schedule: str = "serve"
+    schedule: str = Schedule.SERVE.value
     """`gpipe`, `interleaved` or `serve` (a name)."""
     microbatches: int = 0
     """Micro-batches per step, gpipe/interleaved (count; 0 = one per stage)."""
@@ -109,8 +109,8 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         _at_least("pipeline.stages", self.stages, 1)
-        _one_of("pipeline.schedule", self.schedule, SCHEDULES)
-        if self.chunks < 1 or (self.chunks > 1 and self.schedule != "interleaved"):
+        _one_of("pipeline.schedule", self.schedule, Schedule.of_inference())
+        if self.chunks < 1 or (self.chunks > 1 and self.schedule != Schedule.INTERLEAVED):
             raise InvalidConfigError(
                 f"pipeline.chunks {self.chunks} needs pipeline.schedule interleaved (and chunks >= 1)"
             )
@@ -119,7 +119,7 @@ class PipelineConfig:
         _at_least("pipeline.max_batch", self.max_batch, 1)
         if self.split is not None and (not self.split or not all(type(n) is int for n in self.split)):
             raise InvalidConfigError(f"pipeline.split {self.split} must hold one layer count per (virtual) stage")
-        serve = self.schedule == "serve"
+        serve = self.schedule == Schedule.SERVE
         _refuse_unused(
             "pipeline",
             self,
@@ -133,7 +133,7 @@ class PipelineConfig:
     @property
     def inflight(self) -> int:
         """Micro-batches per step (gpipe/interleaved) or slots in flight (serve)."""
-        n = self.max_inflight if self.schedule == "serve" else self.microbatches
+        n = self.max_inflight if self.schedule == Schedule.SERVE else self.microbatches
         return n or self.stages
 
     @property
@@ -346,7 +346,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         schedule = self.pipeline.schedule
-        if schedule != "serve":
+        if schedule != Schedule.SERVE:
             _refuse_unused("workload", self.workload, {"rate": f"{schedule} takes every request at once"})
         if self.bench.record_alternate_ms > 0 and not self.output.record:
             raise InvalidConfigError("bench.record_alternate_ms must be 0 with recording off: it pauses the recording")

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppscope.balance.modelled.shapes import ModelShape, RopeScaling
+from ppscope.trace.model import Phase
 
 __all__ = [
     "Batch",
@@ -60,7 +61,7 @@ class Batch:
     @property
     def phase(self) -> str:
         """`prefill` when the pass holds a prompt (a sequence starting at position 0), else `decode`."""
-        return "prefill" if 0 in self.starts else "decode"
+        return Phase.PREFILL if 0 in self.starts else Phase.DECODE
 
     @property
     def tokens(self) -> int:

@@ -24,6 +24,7 @@ from ppscope.engine.model import LayerSource, RandomSource, SyntheticSource
 from ppscope.engine.requests import Request, generate_requests, load_prompts, poisson_arrivals_ns
 from ppscope.errors import InvalidConfigError, InvalidSplitError
 from ppscope.trace.model import RunMeta
+from ppscope.trace.schedules import Schedule
 
 __all__ = [
     "Batching",
@@ -68,7 +69,7 @@ class Prepared:
     def arrivals_ns(self) -> Sequence[int]:
         """Arrival of each request after the start (serve): made when first asked for, by rank 0 alone."""
         work = self.cfg.workload
-        rate = work.rate if self.cfg.pipeline.schedule == "serve" else 0.0
+        rate = work.rate if self.cfg.pipeline.schedule == Schedule.SERVE else 0.0
         return poisson_arrivals_ns(len(self.requests), rate, work.seed)
 
     def rank_bytes(self, rank: int, world: int) -> tuple[int, int]:
@@ -90,8 +91,8 @@ class Prepared:
             model.update(layer_cost_ms=m.layer_costs_ms(), embed_cost_ms=m.embed_cost_ms, head_cost_ms=m.head_cost_ms)
         # the flat form, keys as readers take them (requests, max_inflight, record, dtype), with what the run did:
         config = self.cfg.to_json()
-        config["max_inflight"] = self.inflight if pipe.schedule == "serve" else pipe.max_inflight
-        config["microbatches"] = self.inflight if pipe.schedule != "serve" else pipe.microbatches
+        config["max_inflight"] = self.inflight if pipe.schedule == Schedule.SERVE else pipe.max_inflight
+        config["microbatches"] = self.inflight if pipe.schedule != Schedule.SERVE else pipe.microbatches
         config["requests"] = len(self.requests)  # a prompts file's too: an interrupted run logs fewer
         return RunMeta(
             source="ppscope",
@@ -245,7 +246,7 @@ def batching(cfg: EngineConfig, shape: ModelShape) -> Batching:
                 f"model {shape.name} holds {shape.max_seq_len}: lower --prompt-len or --max-new-tokens"
             )
     inflight = min(pipe.inflight, len(requests))
-    if pipe.schedule == "serve":
+    if pipe.schedule == Schedule.SERVE:
         max_seqs = min(pipe.max_batch, len(requests))
         return Batching(requests, inflight, max_seqs, inflight * max_seqs, max_len, longest_prompt)
     per_mb = math.ceil(len(requests) / inflight)
@@ -287,7 +288,7 @@ def check_memory(
             f"{len(ranks)} synthetic ranks need about {need / 1e9:.1f} GB ({PROCESS_BYTES >> 20} MB per process) "
             f"and {where} has {available / 1e9:.1f} GB free: use fewer --stages"
         )
-    if schedule == "serve":
+    if schedule == Schedule.SERVE:
         seqs = f"{prep.cache_slots} sequences = --max-inflight x --max-batch"
     else:  # every request of the batch keeps its cache until the batch is done
         seqs = f"{prep.cache_slots} sequences = every request of a {schedule} batch"

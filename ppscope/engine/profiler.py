@@ -24,6 +24,7 @@ from ppscope.engine.model import Batch, KVCache, PassIndex, Rotary, sleep_ms
 from ppscope.engine.prepare import batching, make_source, torch_dtype
 from ppscope.engine.sampling import Sampling, row_keys, sample
 from ppscope.engine.stage import StageModule
+from ppscope.trace.model import Phase
 
 __all__ = ["profile_layers", "write_profile"]
 
@@ -191,7 +192,7 @@ def profile_layers(
     if dev.type == "cpu":  # as many threads as each rank of the pipeline gets (ppscope.engine.worker does the same)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.pipeline.stages))
     try:
-        batches = {"prefill": prefill, "decode": decode}
+        batches = {Phase.PREFILL.value: prefill, Phase.DECODE.value: decode}
         phases = _profile(cfg, dev, batches, warmup=warmup, repeats=repeats, flush_bytes=flush_bytes)
     finally:
         torch.set_num_threads(threads)
@@ -203,8 +204,8 @@ def profile_layers(
         method="cuda-events" if dev.type == "cuda" else "perf_counter",
         repeats=repeats,
         cache_flush_bytes=flush_bytes,
-        prefill=phases["prefill"],
-        decode=phases["decode"],
+        prefill=phases[Phase.PREFILL],
+        decode=phases[Phase.DECODE],
     )
 
 

@@ -244,7 +244,8 @@ class Pipeline:
     def drive_batch(self, schedule: str, requests: Sequence[Request], microbatches: int, progress: ProgressFn) -> None:
         """gpipe / interleaved: the requests in `microbatches` groups, every step flushed."""
         groups = [requests[i::microbatches] for i in range(microbatches)]
-        order = make_schedule(schedule, self.ranks, microbatches, self.chunks).for_rank(0)
+        plan = make_schedule(schedule, self.ranks, microbatches, self.chunks)
+        order = plan.for_rank(0)
         start_ns = self.rec.now_ns()
         for r in requests:
             r.arrival_ns = start_ns
@@ -264,7 +265,7 @@ class Pipeline:
                 reqs = live.get(action.mb)
                 if reqs is None:
                     continue
-                if action.chunk == 0:
+                if plan.chunk_of(action.stage) == 0:
                     batch, ids = _batch_of(reqs, [r.id for r in reqs])
                     out = self.run_stage(action.stage, action.mb, step, batch, ids)
                 else:

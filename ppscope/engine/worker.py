@@ -40,6 +40,7 @@ from ppscope.failures import plain_error, rank_failure
 from ppscope.simulate.schedule import ServePolicy
 from ppscope.trace.model import ClockInfo, RankInfo
 from ppscope.trace.recorder import Recorder
+from ppscope.trace.schedules import Schedule
 from ppscope.trace.store import RankWriter, create_run, read_meta, write_meta
 
 __all__ = ["default_run_dir", "run_rank"]
@@ -237,7 +238,7 @@ def _run_pipeline(
         if rank == 0:
             log = RequestLog(run_dir)
             pipe.on_finish = log
-            arrivals = prep.arrivals_ns if schedule == "serve" else []  # each made as the scheduler reaches it
+            arrivals = prep.arrivals_ns if schedule == Schedule.SERVE else []  # each made as the scheduler reaches it
         pipe.warm_up(prep.max_seqs, prep.longest_prompt)
         ring.start()
         # Everything built so far lives for the whole run. Left to the collector, a full collection walks it
@@ -252,7 +253,7 @@ def _run_pipeline(
         report = progress or (lambda done, tokens: None)
         if rank != 0:
             pipe.follow()
-        elif schedule == "serve":
+        elif schedule == Schedule.SERVE:
             policy = ServePolicy(max_inflight=prep.inflight, max_batch=prep.max_seqs)
             pipe.drive_serve(prep.requests, arrivals, policy, cfg.runtime.timeout_s, report)
         else:

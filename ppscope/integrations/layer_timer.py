@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ppscope.trace.actions import ActionType
 from ppscope.trace.layers import layer_span_name
 from ppscope.trace.model import SpanKind
 
@@ -47,7 +48,7 @@ class LayerTimer:
 
     def __init__(self, owner: Any, every: int) -> None:
         self.owner, self.every = owner, every
-        self.current: tuple[int, int, str, bool] | None = None  # (stage, mb, phase, sampled) while one computes
+        self.current: tuple[int, int, ActionType, bool] | None = None  # (stage, mb, phase, sampled) while one computes
         self.handles: list[Any] = []
         self.cuda = torch.device(owner.stages[0].device).type == "cuda"
         self.pending: list[tuple[Any, Any, dict[str, Any]]] = []  # CUDA: (start, end, fields) to resolve
@@ -67,7 +68,7 @@ class LayerTimer:
                 self.handles.append(m.register_forward_hook(functools.partial(self._after, index)))
 
     @contextlib.contextmanager
-    def running(self, stage: int, mb: int, phase: str) -> Iterator[None]:
+    def running(self, stage: int, mb: int, phase: ActionType) -> Iterator[None]:
         before = self.current
         sampled = (self.owner.step_no * int(self.owner.schedule._n_microbatches) + mb) % self.every == 0
         self.current = (stage, mb, phase, sampled)
@@ -80,7 +81,7 @@ class LayerTimer:
 
     def _before(self, index: int, module: Any, args: tuple[Any, ...]) -> None:
         cur = self.current
-        if cur is None or not cur[3] or cur[2] != "F":
+        if cur is None or not cur[3] or cur[2] is not ActionType.FORWARD:
             return
         self._forward[index] = self._now()
         x = args[0] if args else None
@@ -90,9 +91,9 @@ class LayerTimer:
     def _after(self, index: int, module: Any, args: tuple[Any, ...], output: Any) -> None:
         cur = self.current
         start = self._forward.pop(index, None)
-        if cur is None or start is None or cur[2] != "F":
+        if cur is None or start is None or cur[2] is not ActionType.FORWARD:
             return
-        self._record(index, cur[0], cur[1], "F", start, self._now())
+        self._record(index, cur[0], cur[1], ActionType.FORWARD, start, self._now())
         if isinstance(output, torch.Tensor) and output.requires_grad:  # its gradient starts the backward
             output.register_hook(functools.partial(self._backward_starts, index, cur[1]))
 
@@ -115,7 +116,7 @@ class LayerTimer:
         event.record()
         return event
 
-    def _record(self, index: int, stage: int, mb: int, phase: str, start: Any, end: Any) -> None:
+    def _record(self, index: int, stage: int, mb: int, phase: ActionType, start: Any, end: Any) -> None:
         fields = dict(
             stage=stage,
             mb=mb,

@@ -42,24 +42,20 @@ import torch.distributed as dist
 from torch.distributed.pipelining import schedules as _sched
 
 from ppscope.balance.split import validate_split
-from ppscope.formats.pipelining.actions import Action, name_schedule, placement_of
+from ppscope.formats.pipelining.actions import name_schedule, placement_of
 from ppscope.integrations.layer_timer import LayerTimer, layer_modules
+from ppscope.trace.actions import Action, ActionType
 from ppscope.trace.clock import estimate_offset
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind
 from ppscope.trace.recorder import Recorder
+from ppscope.trace.schedules import Schedule
 from ppscope.trace.store import RankWriter, create_run, read_meta, write_meta
 
 __all__ = ["PipelineRecorder", "record_pipeline"]
 
-_CLASS_NAMES = {
-    "ScheduleGPipe": "gpipe",
-    "Schedule1F1B": "1f1b",
-    "ScheduleInterleaved1F1B": "interleaved-1f1b",
-    "ScheduleLoopedBFS": "looped-bfs",
-    "ScheduleInterleavedZeroBubble": "zero-bubble",
-    "ScheduleZBVZeroBubble": "zbv",
-    "ScheduleDualPipeV": "dualpipev",
-}
+_OF_CLASS = {s.pipelining_class: s for s in Schedule.of_training()}
+"""torch's schedule classes by name -> the schedule, where the action order names none."""
+_F, _B = ActionType.FORWARD, ActionType.FULL_BACKWARD
 _STAGE_METHODS = (
     "forward_one_chunk",
     "backward_one_chunk",
@@ -76,13 +72,13 @@ _users = [0]  # open recorders
 
 
 class _Tag(NamedTuple):
-    """What a P2P operation handed out by a stage carries: recv or send, stage, micro-batch, F (activations)
-    or B (gradients), the peer's global rank and the bytes."""
+    """What a P2P operation handed out by a stage carries: recv or send, stage, micro-batch, the direction of
+    its data (FORWARD: activations, FULL_BACKWARD: gradients), the peer's global rank and the bytes."""
 
     op: str
     stage: int
     mb: int
-    direction: str
+    direction: ActionType
     peer: int
     nbytes: int
 
@@ -131,7 +127,7 @@ class PipelineRecorder:
         self._works: dict[int, tuple[_Tag, ...]] = {}  # by id of a posted operation's Work, until waited for
         order, placement = _order(schedule)
         guessed, why = name_schedule(order, placement)
-        self.name = name or guessed or _CLASS_NAMES.get(type(schedule).__name__, "")
+        self.name = name or str(guessed or _OF_CLASS.get(type(schedule).__name__) or "")
         info = self._rank_info(clock_sync)
         held = {s.stage_index: _stage_layers(s.submod) for s in self.stages}
         group = self.stages[0].group  # this rank's pipeline: the ranks its stages talk to
@@ -208,10 +204,10 @@ class PipelineRecorder:
                 ("forward_one_chunk", self._forward),
                 ("backward_one_chunk", self._backward),
                 ("backward_weight_one_chunk", self._weight),
-                ("get_fwd_recv_ops", self._ops("recv", "F")),
-                ("get_bwd_recv_ops", self._ops("recv", "B")),
-                ("get_fwd_send_ops", self._ops("send", "F")),
-                ("get_bwd_send_ops", self._ops("send", "B")),
+                ("get_fwd_recv_ops", self._ops("recv", _F)),
+                ("get_bwd_recv_ops", self._ops("recv", _B)),
+                ("get_fwd_send_ops", self._ops("send", _F)),
+                ("get_bwd_send_ops", self._ops("send", _B)),
             ):
                 setattr(stage, attr, functools.partial(wrapper, stage, getattr(stage, attr)))
         step = self.schedule.step
@@ -226,9 +222,13 @@ class PipelineRecorder:
 
     # ------------------------------------------------------------ wrappers
 
-    def _span(self, kind: str, stage: Any, mb: int, phase: str, **fields: Any) -> Any:
+    def _span(self, kind: str, stage: Any, mb: int, phase: ActionType, **fields: Any) -> Any:
         s = stage.stage_index
         return self.recorder.span(kind, stage=s, mb=mb, step=self.step_no, chunk=self.chunk[s], phase=phase, **fields)
+
+    def _action(self, kind: str, stage: Any, mb: int, phase: ActionType) -> Any:
+        """The span of action `phase` of `stage` on micro-batch `mb`, named as torch writes it (`2F0`)."""
+        return self._span(kind, stage, mb, phase, name=str(Action(stage.stage_index, phase, mb)))
 
     def _step(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self.step_no += 1
@@ -247,35 +247,35 @@ class PipelineRecorder:
 
     def _forward(self, stage: Any, fn: Callable[..., Any], mb: int, *args: Any, **kwargs: Any) -> Any:
         with (
-            self._span(SpanKind.FORWARD, stage, mb, "F", name=f"{stage.stage_index}F{mb}"),
-            self._running(stage, mb, "F"),
+            self._action(SpanKind.FORWARD, stage, mb, _F),
+            self._running(stage, mb, _F),
         ):
             return fn(mb, *args, **kwargs)
 
     def _backward(self, stage: Any, fn: Callable[..., Any], mb: int, *args: Any, **kwargs: Any) -> Any:
         full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
-        phase = "B" if full else "I"
+        phase = _B if full else ActionType.BACKWARD_INPUT
         with (
-            self._span(SpanKind.BACKWARD, stage, mb, phase, name=f"{stage.stage_index}{phase}{mb}"),
+            self._action(SpanKind.BACKWARD, stage, mb, phase),
             self._running(stage, mb, phase),
         ):
             return fn(mb, *args, **kwargs)
 
-    def _running(self, stage: Any, mb: int, phase: str) -> Any:
+    def _running(self, stage: Any, mb: int, phase: ActionType) -> Any:
         """While a stage computes a micro-batch: which one, for the layer timer's hooks."""
         return self.layers.running(stage.stage_index, mb, phase) if self.layers else contextlib.nullcontext()
 
     def _weight(self, stage: Any, fn: Callable[..., Any], mb: int, *args: Any, **kwargs: Any) -> Any:
-        with self._span(SpanKind.BACKWARD, stage, mb, "W", name=f"{stage.stage_index}W{mb}"):
+        with self._action(SpanKind.BACKWARD, stage, mb, ActionType.BACKWARD_WEIGHT):
             return fn(mb, *args, **kwargs)
 
     def _loss(self, fn: Callable[..., Any], stage: Any, output: Any, targets: Any, mb: int, *a: Any, **k: Any) -> Any:
         if not (stage.is_last and getattr(self.schedule, "_loss_fn", None) is not None):
             return fn(stage, output, targets, mb, *a, **k)
-        with self._span(SpanKind.HEAD, stage, mb, "F", name=f"{stage.stage_index}loss{mb}"):
+        with self._span(SpanKind.HEAD, stage, mb, _F, name=f"{stage.stage_index}loss{mb}"):
             return fn(stage, output, targets, mb, *a, **k)
 
-    def _ops(self, op: str, direction: str) -> Callable[..., Any]:
+    def _ops(self, op: str, direction: ActionType) -> Callable[..., Any]:
         def getter(stage: Any, fn: Callable[..., Any], mb: int, *args: Any, **kwargs: Any) -> Any:
             ops = fn(mb, *args, **kwargs)
             for p in ops:
@@ -292,7 +292,7 @@ class PipelineRecorder:
         tags = tuple(t for t in (self._tags.pop(id(p), None) for p in ops) if t is not None)
         sends = [t for t in tags if t.op == "send"]
         if sends:
-            with self._p2p(SpanKind.SEND, sends[0], sends[0].peer, sum(t.nbytes for t in sends), "SEND"):
+            with self._p2p(SpanKind.SEND, sends[0], sends[0].peer, sum(t.nbytes for t in sends)):
                 works = post()
         else:
             works = post()
@@ -308,14 +308,16 @@ class PipelineRecorder:
         if not tags:
             wait()
         elif recvs:
-            with self._p2p(SpanKind.RECV_WAIT, recvs[0], recvs[0].peer, sum(t.nbytes for t in recvs), "RECV"):
+            with self._p2p(SpanKind.RECV_WAIT, recvs[0], recvs[0].peer, sum(t.nbytes for t in recvs)):
                 wait()
         else:
-            with self._p2p(SpanKind.SEND, tags[0], -1, 0, "SEND", " wait"):
+            with self._p2p(SpanKind.SEND, tags[0], -1, 0, " wait"):
                 wait()
 
-    def _p2p(self, kind: str, tag: _Tag, peer: int, nbytes: int, what: str, suffix: str = "") -> Any:
-        name = f"{tag.stage}{what}_{tag.direction}{tag.mb}{suffix}"
+    def _p2p(self, kind: str, tag: _Tag, peer: int, nbytes: int, suffix: str = "") -> Any:
+        """A `send` or `recv_wait` span (`kind`) of the operation `tag`, named as torch's action (`1RECV_F0`)."""
+        action = ActionType.send(tag.direction) if kind == SpanKind.SEND else ActionType.recv(tag.direction)
+        name = f"{Action(tag.stage, action, tag.mb)}{suffix}"
         return self.recorder.span(
             kind,
             stage=tag.stage,
@@ -411,15 +413,21 @@ def _order(schedule: Any) -> tuple[dict[int, list[Action]], str]:
     """One step's compute actions per rank (the schedule's own `pipeline_order`) and the placement."""
     order: dict[int, list[Action]] = {}
     for rank, actions in (getattr(schedule, "pipeline_order", None) or {}).items():
-        order[int(rank)] = [_action(a) for a in actions if a is not None and _action(a).is_compute]
+        ours = (_action(a) for a in actions if a is not None)
+        order[int(rank)] = [a for a in ours if a is not None and a.is_compute]
     held = {r: sorted({p.stage for a in acts for p in (a.parts or (a,))}) for r, acts in order.items()}
     return order, placement_of(held) if held and all(held.values()) else "unknown"
 
 
-def _action(a: Any) -> Action:
-    kind = a.computation_type.value
+def _action(a: Any) -> Action | None:
+    """torch's `_Action` as ppscope's; None for a type this ppscope does not know (a newer torch's)."""
+    try:
+        kind = ActionType(a.computation_type.value)
+    except ValueError:
+        return None
     if a.sub_actions:
-        return Action(-1, kind, parts=tuple(_action(p) for p in a.sub_actions))
+        parts = (_action(p) for p in a.sub_actions)
+        return Action(-1, kind, parts=tuple(p for p in parts if p is not None))
     mb = -1 if a.microbatch_index is None else int(a.microbatch_index)
     return Action(int(a.stage_index), kind, mb)
 

@@ -10,7 +10,6 @@ if TYPE_CHECKING:
     from ppscope.simulate.calibrate import Prediction as Prediction
     from ppscope.simulate.calibrate import Replay as Replay
     from ppscope.simulate.calibrate import hop_latency_us as hop_latency_us
-    from ppscope.simulate.schedule import SCHEDULES as SCHEDULES
     from ppscope.simulate.schedule import ServePolicy as ServePolicy
     from ppscope.simulate.schedule import make_schedule as make_schedule
     from ppscope.simulate.simulator import CommModel as CommModel
@@ -25,7 +24,6 @@ _WHERE = {
     "CommModel": "simulator",
     "Prediction": "calibrate",
     "Replay": "calibrate",
-    "SCHEDULES": "schedule",
     "ServePolicy": "schedule",
     "SimConfig": "simulator",
     "hop_latency_us": "calibrate",

@@ -23,6 +23,7 @@ from ppscope.balance.measured.fit import fit_layer_costs
 from ppscope.errors import UnsupportedInputError
 from ppscope.simulate.simulator import CommModel, SimConfig, simulate
 from ppscope.trace.model import SpanKind, Trace
+from ppscope.trace.schedules import Schedule
 
 __all__ = ["MAX_REPLAY_STEPS", "Prediction", "Replay", "compare", "hop_latency_us", "makespan_ns", "replay_config"]
 
@@ -35,7 +36,7 @@ def replay_config(trace: Trace, *, phase: str = "all", costs: LayerCosts | None 
     """A SimConfig that reproduces `trace`: same schedule, sizes and split, fitted costs (or `costs`, when the
     caller has better ones, e.g. a profile), measured hops."""
     meta = trace.meta
-    if meta.schedule not in ("gpipe", "interleaved", "serve"):
+    if meta.schedule not in Schedule.of_inference():
         raise UnsupportedInputError(
             f"the run's schedule is {meta.schedule or 'unknown'!r}: only gpipe, interleaved and serve runs replay"
         )

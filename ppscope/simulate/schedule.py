@@ -1,6 +1,6 @@
 """Pipeline schedules as data: which action each rank runs, in which order, and what each action waits for.
 
-A `Schedule` holds one ordered list of `Action`s per rank (forward-only: this is inference). The engine walks
+A `Plan` holds one ordered list of `Action`s per rank (forward-only: this is inference). The engine walks
 its rank's list; the simulator replays all lists with real costs; tests read the rank x step grid that
 `unit_grid` produces with unit-time actions. Schedules:
 
@@ -17,16 +17,15 @@ This module knows nothing about tensors, time or processes.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ppscope.errors import InvalidConfigError
+from ppscope.trace.actions import Action, ActionType
+from ppscope.trace.schedules import Schedule
 
 __all__ = [
-    "SCHEDULES",
-    "Action",
-    "Schedule",
+    "Plan",
     "ServePolicy",
     "check_schedule",
     "dependencies",
@@ -38,42 +37,14 @@ __all__ = [
     "unit_grid",
 ]
 
-SCHEDULES = ("gpipe", "interleaved", "serve")
-FORWARD = "F"
-_ACTION_RE = re.compile(r"^(\d+)([A-Z])(\d+)(?:@(\d+))?$")
-
-
-@dataclass(frozen=True, order=True)
-class Action:
-    """One unit of work: virtual stage `stage` runs `kind` (F = forward) on micro-batch `mb` at decode `step`.
-
-    Text form as in PyTorch pipelining: `2F0` (stage 2, forward, micro-batch 0), `2F0@3` at step 3.
-    """
-
-    stage: int
-    kind: str
-    mb: int
-    chunk: int = 0
-    step: int = 0
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.mb}" + (f"@{self.step}" if self.step else "")
-
-    @classmethod
-    def parse(cls, text: str, ranks: int) -> Action:
-        """Read `2F0` or `2F0@3`; the chunk follows from the stage: stage // ranks."""
-        m = _ACTION_RE.match(text.strip())
-        if not m:
-            raise InvalidConfigError(f"action {text!r} is not of the form <stage><kind><mb>[@<step>], e.g. 2F0")
-        stage = int(m.group(1))
-        return cls(stage, m.group(2), int(m.group(3)), stage // ranks, int(m.group(4) or 0))
+FORWARD = ActionType.FORWARD
 
 
 @dataclass(frozen=True, kw_only=True)
-class Schedule:
+class Plan:
     """Ordered actions per rank for a pipeline of `ranks` ranks with `chunks` chunks per rank."""
 
-    name: str
+    name: Schedule
     ranks: int
     """Physical stages (one per rank)."""
     chunks: int = 1
@@ -82,9 +53,12 @@ class Schedule:
     """Micro-batches (gpipe/interleaved) or in-flight slots (serve)."""
     steps: int = 1
     """Passes per micro-batch: 1 for a prefill, 1 + decode steps for a whole generation."""
-    flush: bool = True
-    """A step starts on the first stage only when every micro-batch has finished the previous step."""
     actions: tuple[tuple[Action, ...], ...] = field(default_factory=tuple)
+
+    @property
+    def flush(self) -> bool:
+        """A step starts on the first stage only when every micro-batch has finished the previous step."""
+        return self.name.flushed
 
     @property
     def virtual_stages(self) -> int:
@@ -92,6 +66,10 @@ class Schedule:
 
     def rank_of(self, stage: int) -> int:
         return stage % self.ranks
+
+    def chunk_of(self, stage: int) -> int:
+        """The chunk of its rank that virtual stage `stage` is: stage // ranks."""
+        return stage // self.ranks
 
     def for_rank(self, rank: int) -> tuple[Action, ...]:
         return self.actions[rank]
@@ -129,16 +107,16 @@ def _check_sizes(ranks: int, microbatches: int, chunks: int, steps: int) -> None
             raise InvalidConfigError(f"a schedule needs at least 1 of {name}, got {value}")
 
 
-def gpipe(ranks: int, microbatches: int, steps: int = 1) -> Schedule:
+def gpipe(ranks: int, microbatches: int, steps: int = 1) -> Plan:
     """Every rank runs micro-batches 0..M-1 in order, step after step, with a flush between steps."""
     _check_sizes(ranks, microbatches, 1, steps)
     actions = tuple(
-        tuple(Action(r, FORWARD, m, 0, t) for t in range(steps) for m in range(microbatches)) for r in range(ranks)
+        tuple(Action(r, FORWARD, m, t) for t in range(steps) for m in range(microbatches)) for r in range(ranks)
     )
-    return Schedule(name="gpipe", ranks=ranks, microbatches=microbatches, steps=steps, actions=actions)
+    return Plan(name=Schedule.GPIPE, ranks=ranks, microbatches=microbatches, steps=steps, actions=actions)
 
 
-def interleaved(ranks: int, microbatches: int, chunks: int, steps: int = 1) -> Schedule:
+def interleaved(ranks: int, microbatches: int, chunks: int, steps: int = 1) -> Plan:
     """Megatron's forward order: groups of P micro-batches run chunk 0, then chunk 1, ... on every rank.
 
     With groups of P, a micro-batch leaving the last rank in chunk c arrives at rank 0 exactly when rank 0
@@ -151,38 +129,45 @@ def interleaved(ranks: int, microbatches: int, chunks: int, steps: int = 1) -> S
         for t in range(steps):
             for start in range(0, microbatches, ranks):
                 group = range(start, min(start + ranks, microbatches))
-                order += [Action(c * ranks + r, FORWARD, m, c, t) for c in range(chunks) for m in group]
+                order += [Action(c * ranks + r, FORWARD, m, t) for c in range(chunks) for m in group]
         per_rank.append(tuple(order))
-    return Schedule(
-        name="interleaved", ranks=ranks, chunks=chunks, microbatches=microbatches, steps=steps, actions=tuple(per_rank)
+    return Plan(
+        name=Schedule.INTERLEAVED,
+        ranks=ranks,
+        chunks=chunks,
+        microbatches=microbatches,
+        steps=steps,
+        actions=tuple(per_rank),
     )
 
 
-def serve(ranks: int, max_inflight: int, steps: int = 1) -> Schedule:
+def serve(ranks: int, max_inflight: int, steps: int = 1) -> Plan:
     """Steady state of continuous batching: slots 0..k-1 circulate; each waits only for its own token."""
     _check_sizes(ranks, max_inflight, 1, steps)
     actions = tuple(
-        tuple(Action(r, FORWARD, m, 0, t) for t in range(steps) for m in range(max_inflight)) for r in range(ranks)
+        tuple(Action(r, FORWARD, m, t) for t in range(steps) for m in range(max_inflight)) for r in range(ranks)
     )
-    return Schedule(name="serve", ranks=ranks, microbatches=max_inflight, steps=steps, flush=False, actions=actions)
+    return Plan(name=Schedule.SERVE, ranks=ranks, microbatches=max_inflight, steps=steps, actions=actions)
 
 
-def make_schedule(name: str, ranks: int, microbatches: int, chunks: int = 1, steps: int = 1) -> Schedule:
-    """The schedule `name`; `microbatches` is the number of in-flight slots for serve."""
-    if name == "gpipe":
+def make_schedule(name: str, ranks: int, microbatches: int, chunks: int = 1, steps: int = 1) -> Plan:
+    """The plan of schedule `name` (one the engine runs); `microbatches` is the number of in-flight slots for
+    serve."""
+    if name == Schedule.GPIPE:
         if chunks != 1:
             raise InvalidConfigError(
                 f"gpipe runs one chunk per rank, got --chunks {chunks}: use --schedule interleaved"
             )
         return gpipe(ranks, microbatches, steps)
-    if name == "interleaved":
+    if name == Schedule.INTERLEAVED:
         return interleaved(ranks, microbatches, chunks, steps)
-    if name == "serve":
+    if name == Schedule.SERVE:
         return serve(ranks, microbatches, steps)
-    raise InvalidConfigError(f"unknown schedule {name!r}; valid schedules: {', '.join(SCHEDULES)}")
+    valid = ", ".join(Schedule.of_inference())
+    raise InvalidConfigError(f"unknown schedule {str(name)!r}; valid schedules: {valid}")
 
 
-def dependencies(schedule: Schedule, action: Action) -> list[Action]:
+def dependencies(schedule: Plan, action: Action) -> list[Action]:
     """What `action` waits for besides its rank's previous action.
 
     Stage s > 0 waits for stage s-1 on the same micro-batch and step. Stage 0 at step t > 0 waits for the
@@ -192,14 +177,14 @@ def dependencies(schedule: Schedule, action: Action) -> list[Action]:
     last = schedule.virtual_stages - 1
     if action.stage > 0:
         prev = action.stage - 1
-        return [Action(prev, action.kind, action.mb, prev // schedule.ranks, action.step)]
+        return [Action(prev, action.type, action.mb, action.step)]
     if action.step == 0:
         return []
     mbs = range(schedule.microbatches) if schedule.flush else (action.mb,)
-    return [Action(last, action.kind, m, last // schedule.ranks, action.step - 1) for m in mbs]
+    return [Action(last, action.type, m, action.step - 1) for m in mbs]
 
 
-def unit_grid(schedule: Schedule) -> list[list[Action | None]]:
+def unit_grid(schedule: Plan) -> list[list[Action | None]]:
     """Run the schedule with every action taking one time unit and free transfers: rank x step, None = idle.
 
     Raises InvalidConfigError when the schedule deadlocks (some rank's next action can never start).
@@ -248,7 +233,7 @@ def render_grid(grid: Sequence[Sequence[Action | None]], *, idle: str = ".") -> 
     return "\n".join(f"rank {r} | " + " ".join(c.rjust(width) for c in row) for r, row in enumerate(cells))
 
 
-def check_schedule(schedule: Schedule) -> None:
+def check_schedule(schedule: Plan) -> None:
     """Raise InvalidConfigError unless the schedule runs every (virtual stage, micro-batch, step) exactly once,
     on the rank that holds that stage, and never runs a micro-batch on stage s+1 before stage s."""
     if len(schedule.actions) != schedule.ranks:
@@ -258,8 +243,8 @@ def check_schedule(schedule: Schedule) -> None:
     seen: set[tuple[int, int, int]] = set()
     for r, acts in enumerate(schedule.actions):
         for a in acts:
-            if schedule.rank_of(a.stage) != r or a.chunk != a.stage // schedule.ranks:
-                raise InvalidConfigError(f"schedule {schedule.name}: action {a} (chunk {a.chunk}) placed on rank {r}")
+            if schedule.rank_of(a.stage) != r:
+                raise InvalidConfigError(f"schedule {schedule.name}: action {a} placed on rank {r}")
             key = (a.stage, a.mb, a.step)
             if key in seen:
                 raise InvalidConfigError(f"schedule {schedule.name}: action {a} appears twice")

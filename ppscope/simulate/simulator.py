@@ -13,6 +13,7 @@ figures from the analyzer rather than defining them again. This module knows not
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -26,8 +27,10 @@ from ppscope.analysis import analyze
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.split import stage_layer_ranges, validate_split, vllm_default_split
 from ppscope.errors import InvalidConfigError
-from ppscope.simulate.schedule import Action, dependencies, make_schedule
-from ppscope.trace.model import SPAN_COLUMNS, RankInfo, RunMeta, SpanKind, Trace, requests_frame
+from ppscope.simulate.schedule import dependencies, make_schedule
+from ppscope.trace.actions import Action
+from ppscope.trace.model import SPAN_COLUMNS, Phase, RankInfo, RunMeta, SpanKind, Trace, requests_frame
+from ppscope.trace.schedules import Schedule
 from ppscope.trace.store import REQUESTS_FILE, RankWriter, create_run
 
 __all__ = ["CommModel", "SimConfig", "simulate", "summarize", "write_run"]
@@ -86,7 +89,7 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.stages < 1 or self.microbatches < 1 or self.chunks < 1 or self.steps < 1:
             raise InvalidConfigError("--stages, --microbatches, --chunks and --steps must each be >= 1")
-        if self.schedule != "interleaved" and self.chunks != 1:
+        if self.schedule != Schedule.INTERLEAVED and self.chunks != 1:
             raise InvalidConfigError(f"--chunks {self.chunks} needs --schedule interleaved")
         virtual = self.stages * self.chunks
         if self.costs.layers < virtual:
@@ -127,6 +130,7 @@ def _durations_ns(cfg: SimConfig) -> list[dict[str, int]]:
 def simulate(cfg: SimConfig) -> Trace:
     """The predicted trace of `cfg`, starting at time 0 on the common clock."""
     plan = make_schedule(cfg.schedule, cfg.stages, cfg.microbatches, cfg.chunks, cfg.steps)
+    row = functools.partial(_row, plan.ranks)  # each span's chunk: its stage // ranks
     last = plan.virtual_stages - 1
     durations = _durations_ns(cfg)
     overhead = round(cfg.overhead_ms * _NS_PER_MS)
@@ -153,26 +157,26 @@ def simulate(cfg: SimConfig) -> Trace:
                 start = max(rank_free[r], ready)
                 if deps and ready > rank_free[r]:  # idle in receive; the transfer itself is a `recv` span
                     rows.append(
-                        _row(r, a, SpanKind.RECV_WAIT, rank_free[r], ready, lane="recv", peer=(r - 1) % plan.ranks)
+                        row(r, a, SpanKind.RECV_WAIT, rank_free[r], ready, lane="recv", peer=(r - 1) % plan.ranks)
                     )
                 t = start + overhead
                 scale = cfg.prefill_factor if a.step == 0 else 1.0
                 for kind, dur in durations[a.stage].items():
                     d = round(dur * scale)
                     if d:  # a part that costs nothing leaves no span, as in a run that does not do it
-                        rows.append(_row(r, a, kind, t, t + d, lane="compute"))
+                        rows.append(row(r, a, kind, t, t + d, lane="compute"))
                     t += d
                 done[a] = rank_free[r] = t
                 nbytes, hop = (cfg.comm.token_bytes, tok_ns) if a.stage == last else (cfg.comm.activation_bytes, act_ns)
                 send_start = max(t, link_free[r])
                 arrival[a] = link_free[r] = send_start + hop
                 peer = (r + 1) % plan.ranks
-                rows.append(_row(r, a, SpanKind.SEND, send_start, arrival[a], lane="send", nbytes=nbytes, peer=peer))
+                rows.append(row(r, a, SpanKind.SEND, send_start, arrival[a], lane="send", nbytes=nbytes, peer=peer))
                 if hop:
                     nxt = 0 if a.stage == last else a.stage + 1
-                    into = Action(nxt, a.kind, a.mb, nxt // plan.ranks, a.step)
+                    into = Action(nxt, a.type, a.mb, a.step)
                     rows.append(
-                        _row(peer, into, SpanKind.RECV, send_start, arrival[a], lane="recv", nbytes=nbytes, peer=r)
+                        row(peer, into, SpanKind.RECV, send_start, arrival[a], lane="recv", nbytes=nbytes, peer=r)
                     )
                 if a.stage == last:
                     first_token.setdefault(a.mb, arrival[a])
@@ -197,11 +201,23 @@ def simulate(cfg: SimConfig) -> Trace:
 
 
 def _row(
-    r: int, a: Action, kind: str, start: int, end: int, *, lane: str, nbytes: int = 0, tokens: int = 0, peer: int = -1
+    ranks: int,
+    r: int,
+    a: Action,
+    kind: str,
+    start: int,
+    end: int,
+    *,
+    lane: str,
+    nbytes: int = 0,
+    tokens: int = 0,
+    peer: int = -1,
 ) -> tuple[Any, ...]:
-    phase = "prefill" if a.step == 0 else "decode"
+    """One span of action `a` on rank `r` of a pipeline of `ranks` ranks (its chunk: stage // ranks)."""
+    phase = str(Phase.PREFILL if a.step == 0 else Phase.DECODE)
     name = f"s{a.stage} {kind} mb{a.mb}"
-    return (r, a.stage, lane, str(kind), name, a.mb, a.step, a.chunk, phase, start, end, nbytes, tokens, peer)
+    chunk = a.stage // ranks
+    return (r, a.stage, lane, str(kind), name, a.mb, a.step, chunk, phase, start, end, nbytes, tokens, peer)
 
 
 def _meta(cfg: SimConfig, virtual: int) -> RunMeta:

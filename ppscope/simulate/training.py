@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -32,34 +31,21 @@ from ppscope.analysis.pipeline import message_latencies
 from ppscope.analysis.result import Replay
 from ppscope.balance.measured.training import is_training
 from ppscope.errors import InvalidConfigError
+from ppscope.trace.actions import PASSES, Action, ActionType
 from ppscope.trace.model import COMPUTE_KINDS, RankInfo, RunMeta, SpanKind, Trace, spans_frame
 
 __all__ = [
     "MAX_STEPS",
     "ReplayedStep",
-    "TrainAction",
     "is_training",
     "replay_order",
     "replay_training",
     "training_actions",
 ]
 
-TYPES = ("F", "B", "I", "W")
 MAX_STEPS = 64
 """The most steps replayed and measured (evenly spaced over the complete ones); costs take every complete step."""
 _KEY = ["rank", "stage", "mb", "step", "phase"]
-
-
-class TrainAction(NamedTuple):
-    """One compute action: `2F0` is TrainAction(2, "F", 0)."""
-
-    stage: int
-    type: str
-    mb: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.stage}{self.type}{self.mb}"
 
 
 @dataclass(frozen=True)
@@ -67,7 +53,7 @@ class Timed:
     """A replayed action on its rank: [start, end), and [wait_from, start) spent waiting for `peer`'s data."""
 
     rank: int
-    action: TrainAction
+    action: Action
     start_ns: int
     end_ns: int
     wait_from_ns: int
@@ -97,21 +83,21 @@ class ReplayedStep:
         return sum(self.idle_ns.values()) / (len(self.busy_ns) * self.window_ns)
 
 
-def _dependencies(a: TrainAction, present: set[TrainAction], last_stage: int) -> list[TrainAction]:
-    if a.type == "F":
-        return [TrainAction(a.stage - 1, "F", a.mb)] if a.stage > 0 else []
-    if a.type == "W":
-        own = TrainAction(a.stage, "I", a.mb)
-        return [own if own in present else TrainAction(a.stage, "B", a.mb)]
-    deps = [TrainAction(a.stage, "F", a.mb)]
+def _dependencies(a: Action, present: set[Action], last_stage: int) -> list[Action]:
+    if a.type is ActionType.FORWARD:
+        return [Action(a.stage - 1, ActionType.FORWARD, a.mb)] if a.stage > 0 else []
+    if a.type is ActionType.BACKWARD_WEIGHT:
+        own = Action(a.stage, ActionType.BACKWARD_INPUT, a.mb)
+        return [own if own in present else Action(a.stage, ActionType.FULL_BACKWARD, a.mb)]
+    deps = [Action(a.stage, ActionType.FORWARD, a.mb)]
     if a.stage < last_stage:
-        full = TrainAction(a.stage + 1, "B", a.mb)
-        deps.append(full if full in present else TrainAction(a.stage + 1, "I", a.mb))
+        full = Action(a.stage + 1, ActionType.FULL_BACKWARD, a.mb)
+        deps.append(full if full in present else Action(a.stage + 1, ActionType.BACKWARD_INPUT, a.mb))
     return deps
 
 
 def replay_order(
-    order: Mapping[int, Sequence[TrainAction]], cost_ns: Mapping[tuple[int, str], int], hop_ns: int = 0
+    order: Mapping[int, Sequence[Action]], cost_ns: Mapping[tuple[int, str], int], hop_ns: int = 0
 ) -> ReplayedStep:
     """Replay one step: `order` is each rank's compute actions in the order it runs them, `cost_ns` the time
     of each (stage, type), `hop_ns` what a dependency between ranks adds. Raises InvalidConfigError, in one
@@ -120,15 +106,15 @@ def replay_order(
     if hop_ns < 0:
         raise InvalidConfigError(f"the hop latency must be >= 0 ns, got {hop_ns}")
     rank_of: dict[int, int] = {}
-    present: set[TrainAction] = set()
+    present: set[Action] = set()
     for r, acts in order.items():
         for a in acts:
-            if a.type not in TYPES or a.stage < 0 or a.mb < 0:
-                raise InvalidConfigError(f"rank {r}: {a.label} is no compute action (F, B, I or W of a stage on a mb)")
+            if a.type not in PASSES or a.stage < 0 or a.mb < 0:
+                raise InvalidConfigError(f"rank {r}: {a} is no compute action (F, B, I or W of a stage on a mb)")
             if rank_of.setdefault(a.stage, r) != r:
                 raise InvalidConfigError(f"stage {a.stage} runs on ranks {rank_of[a.stage]} and {r}: one rank each")
             if a in present:
-                raise InvalidConfigError(f"rank {r} runs {a.label} twice in one step")
+                raise InvalidConfigError(f"rank {r} runs {a} twice in one step")
             present.add(a)
             if (a.stage, a.type) not in cost_ns or cost_ns[(a.stage, a.type)] < 0:
                 raise InvalidConfigError(f"no cost (>= 0 ns) for action type {a.type} of stage {a.stage}")
@@ -140,9 +126,9 @@ def replay_order(
         for d in ds:
             if d not in present:
                 raise InvalidConfigError(
-                    f"{a.label} needs {d.label}, which no rank runs in this step (a step cut short, or a rank missing)"
+                    f"{a} needs {d}, which no rank runs in this step (a step cut short, or a rank missing)"
                 )
-    end: dict[TrainAction, int] = {}
+    end: dict[Action, int] = {}
     free = dict.fromkeys(order, 0)
     pos = dict.fromkeys(order, 0)
     timed: list[Timed] = []
@@ -166,7 +152,7 @@ def replay_order(
     stuck = {r: acts[pos[r]] for r, acts in order.items() if pos[r] < len(acts)}
     if stuck:
         waits = ", ".join(
-            f"rank {r} at {a.label} (needs {' and '.join(d.label for d in deps[a] if d not in end)})"
+            f"rank {r} at {a} (needs {' and '.join(str(d) for d in deps[a] if d not in end)})"
             for r, a in sorted(stuck.items())
         )
         raise InvalidConfigError(f"the ranks' orders cannot run together: {waits}")
@@ -184,7 +170,7 @@ def training_actions(trace: Trace) -> pd.DataFrame:
     `forward` / `backward` spans (the loss, a `head` span of phase F, joins its forward), or where there are
     none the Kineto import's action ranges, whose compute is the `kernel` spans labelled with them."""
     s = trace.spans
-    labelled = s["phase"].isin(TYPES).to_numpy() & (s["mb"].to_numpy() >= 0) & (s["stage"].to_numpy() >= 0)
+    labelled = s["phase"].isin(PASSES).to_numpy() & (s["mb"].to_numpy() >= 0) & (s["stage"].to_numpy() >= 0)
     kind = s["kind"].to_numpy(object)
     marks = labelled & np.isin(kind, [str(SpanKind.FORWARD), str(SpanKind.BACKWARD)])
     if not marks.any():
@@ -213,9 +199,10 @@ def _complete(step: pd.DataFrame, stages: int, mbs: Sequence[int]) -> bool:
     have = set(zip(step["stage"], step["phase"], step["mb"], strict=True))
     for s in range(stages):
         for m in mbs:
-            if (s, "F", m) not in have:
+            if (s, ActionType.FORWARD, m) not in have:
                 return False
-            if (s, "B", m) not in have and not {(s, "I", m), (s, "W", m)} <= have:
+            split = {(s, ActionType.BACKWARD_INPUT, m), (s, ActionType.BACKWARD_WEIGHT, m)}
+            if (s, ActionType.FULL_BACKWARD, m) not in have and not split <= have:
                 return False
     return True
 
@@ -224,7 +211,7 @@ def _measured(trace: Trace, step: int) -> float | None:
     """The run's own bubble ratio over the step's window (its first compute to its last), per rank."""
     s = trace.spans
     comp = s[s["kind"].isin(list(COMPUTE_KINDS))]
-    own = comp[(comp["step"] == step) & comp["phase"].isin(TYPES) & (comp["mb"] >= 0)]
+    own = comp[(comp["step"] == step) & comp["phase"].isin(PASSES) & (comp["mb"] >= 0)]
     if own.empty:
         return None
     lo, hi = int(own["start_ns"].min()), int(own["end_ns"].max())
@@ -300,7 +287,7 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Replay,
     offset = 0
     for k in replayed:
         order = {
-            int(r): [TrainAction(int(a.stage), str(a.phase), int(a.mb)) for a in rows.itertuples()]
+            int(r): [Action(int(a.stage), ActionType(a.phase), int(a.mb)) for a in rows.itertuples()]
             for r, rows in by_step[k].groupby("rank", sort=True)
         }
         try:
@@ -340,14 +327,14 @@ def _as_trace(trace: Trace, parts: list[tuple[int, ReplayedStep, int]], replay: 
     for k, step, shift in parts:
         for t in step.actions:
             a = t.action
-            kind = SpanKind.FORWARD if a.type == "F" else SpanKind.BACKWARD
+            kind = SpanKind.FORWARD if a.type is ActionType.FORWARD else SpanKind.BACKWARD
             common = {
                 "rank": t.rank,
                 "stage": a.stage,
                 "mb": a.mb,
                 "step": k,
                 "chunk": chunk[(t.rank, a.stage)],
-                "phase": a.type,
+                "phase": str(a.type),
                 "tokens": 0,
                 "nbytes": 0,
             }
@@ -356,7 +343,7 @@ def _as_trace(trace: Trace, parts: list[tuple[int, ReplayedStep, int]], replay: 
                     **common,
                     "lane": "compute",
                     "kind": str(kind),
-                    "name": a.label,
+                    "name": str(a),
                     "peer": -1,
                     "start_ns": t.start_ns + shift,
                     "end_ns": t.end_ns + shift,
@@ -369,7 +356,9 @@ def _as_trace(trace: Trace, parts: list[tuple[int, ReplayedStep, int]], replay: 
                         "lane": "recv",
                         "kind": str(SpanKind.RECV_WAIT),
                         "peer": t.peer,
-                        "name": f"{a.stage}RECV_{'F' if a.type == 'F' else 'B'}{a.mb}",
+                        "name": str(
+                            Action(a.stage, ActionType.recv(a.type.direction or ActionType.FULL_BACKWARD), a.mb)
+                        ),
                         "start_ns": t.wait_from_ns + shift,
                         "end_ns": t.start_ns + shift,
                     }

@@ -7,6 +7,10 @@ from ppscope.exports import public_names
 
 # public names: what other parts import (scripts/public_names.py)
 if TYPE_CHECKING:
+    from ppscope.trace.actions import BACKWARDS as BACKWARDS
+    from ppscope.trace.actions import PASSES as PASSES
+    from ppscope.trace.actions import Action as Action
+    from ppscope.trace.actions import ActionType as ActionType
     from ppscope.trace.clock import causality_violations as causality_violations
     from ppscope.trace.clock import estimate_offset as estimate_offset
     from ppscope.trace.clock import with_drift as with_drift
@@ -39,6 +43,7 @@ if TYPE_CHECKING:
     from ppscope.trace.rankfile import text_column as text_column
     from ppscope.trace.recorder import KIND_COLORS as KIND_COLORS
     from ppscope.trace.recorder import Recorder as Recorder
+    from ppscope.trace.schedules import Schedule as Schedule
     from ppscope.trace.store import META_FILE as META_FILE
     from ppscope.trace.store import REQUESTS_FILE as REQUESTS_FILE
     from ppscope.trace.store import RankWriter as RankWriter
@@ -58,6 +63,9 @@ if TYPE_CHECKING:
     from ppscope.trace.store import write_meta as write_meta
 
 _WHERE = {
+    "Action": "actions",
+    "ActionType": "actions",
+    "BACKWARDS": "actions",
     "COMM_KINDS": "model",
     "COMPUTE_KINDS": "model",
     "ClockInfo": "model",
@@ -65,6 +73,7 @@ _WHERE = {
     "Lane": "model",
     "META_FILE": "store",
     "Metric": "model",
+    "PASSES": "actions",
     "Phase": "model",
     "REQUESTS_FILE": "store",
     "RankInfo": "model",
@@ -73,6 +82,7 @@ _WHERE = {
     "RunMeta": "model",
     "RunTail": "store",
     "SPAN_COLUMNS": "model",
+    "Schedule": "schedules",
     "SpanKind": "model",
     "StrEnum": "model",
     "Trace": "model",

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ppscope.errors import CorruptFileError, InvalidSpanError, SchemaVersionError
+from ppscope.trace.actions import Phase
 from ppscope.trace.schemaframe import schema_frame
 
 if sys.version_info >= (3, 11):
@@ -117,13 +118,6 @@ _DEFAULT_LANE: dict[str, str] = {
 def lane_of(kind: str) -> str:
     """The lane a span of `kind` goes on unless its producer says otherwise."""
     return str(_DEFAULT_LANE.get(kind, Lane.COMPUTE))
-
-
-class Phase(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    BACKWARD = "backward"  # training: a backward pass (B, I or W); a training forward has no phase
-    NONE = ""
 
 
 class Metric(StrEnum):

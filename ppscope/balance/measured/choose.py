@@ -19,7 +19,7 @@ from ppscope.balance.measured.profile import PROFILE_FILE, LayerProfile
 from ppscope.balance.measured.timings import RunTimings, as_timings
 from ppscope.balance.measured.training import TRAIN_PASSES, is_training
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
-from ppscope.trace.model import Trace
+from ppscope.trace.model import Phase, Trace
 
 __all__ = ["COST_CHOICES", "RunCosts", "mixed_runs", "run_costs"]
 
@@ -105,7 +105,7 @@ def run_costs(
         beside = fit_layer_costs(traces, phase=phase)
     except UnsupportedInputError:
         beside = None  # the profile is enough; the spans just cannot be fitted
-    return RunCosts(costs=profiled, source="profile", fit=beside, profile=profile, phase=phase or "decode")
+    return RunCosts(costs=profiled, source="profile", fit=beside, profile=profile, phase=phase or Phase.DECODE)
 
 
 def mixed_runs(traces: Sequence[Trace | RunTimings]) -> str:
@@ -162,7 +162,7 @@ def _profile_costs(
         return None, ()
     if phase == "all":
         raise UnsupportedInputError("a profile has a prefill and a decode phase, not `all`: give --phase decode")
-    costs = profile.phase(phase or "decode").costs()
+    costs = profile.phase(phase or Phase.DECODE).costs()
     if costs.layers == layers:
         return costs, ()
     mismatch = f"{where}'s {PROFILE_FILE} times {costs.layers} layers, the run has {layers}"

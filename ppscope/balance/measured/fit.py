@@ -16,7 +16,7 @@ from ppscope.balance.measured.timings import RunTimings, as_timings
 from ppscope.balance.measured.training import TRAIN_PASSES, training_passes
 from ppscope.balance.split import stage_layer_ranges
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
-from ppscope.trace.model import SpanKind, Trace
+from ppscope.trace.model import Phase, SpanKind, Trace
 
 __all__ = ["CostFit", "StageObservation", "fit_layer_costs", "observe_stages", "r_squared_text"]
 
@@ -82,10 +82,10 @@ _ALL = "all"
 def _pick_phase(phases: frozenset[str], phase: str | None) -> str:
     """`phase` when given, else decode when the spans have decode passes, else all."""
     if phase:
-        if phase not in ("prefill", "decode", _ALL):
+        if phase not in (Phase.PREFILL, Phase.DECODE, _ALL):
             raise InvalidConfigError(f"unknown phase {phase!r}; valid: prefill, decode, all")
         return phase
-    return "decode" if "decode" in phases else _ALL
+    return Phase.DECODE if Phase.DECODE in phases else _ALL
 
 
 def _per_pass_ms(spans: pd.DataFrame, kind: str, stage: int) -> tuple[float | None, int]:

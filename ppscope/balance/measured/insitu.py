@@ -21,11 +21,11 @@ from ppscope.balance.measured.timings import RunTimings, as_timings
 from ppscope.balance.measured.training import BACKWARD_PHASES, TRAIN_PASSES
 from ppscope.balance.split import stage_layer_ranges
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
-from ppscope.trace.model import SpanKind, Trace
+from ppscope.trace.model import Phase, SpanKind, Trace
 
 __all__ = ["InSituCosts", "has_layer_spans", "insitu_costs"]
 
-_PHASES = ("prefill", "decode", "all")
+_PHASES = (Phase.PREFILL, Phase.DECODE, "all")
 MIN_TRAINING_PASSES = 5
 """Sampled micro-batches per layer below which a training run's layer spans are not trusted: one descheduled
 layer among two samples is half the median."""
@@ -93,7 +93,7 @@ def insitu_costs(runs: Sequence[Trace | RunTimings], *, phase: str | None = None
         return _training(traces, spans, laid, layers)
     if traces[-1].meta.chunks > 1:
         raise UnsupportedInputError("in-situ costs of interleaved runs (chunks > 1) are not supported")
-    chosen = phase or ("decode" if (laid["phase"] == "decode").any() else "all")
+    chosen = phase or (Phase.DECODE if (laid["phase"] == Phase.DECODE).any() else "all")
     laid = _phase_rows(laid, chosen)
     index = laid["layer"].to_numpy()
     ms = laid["ns"].to_numpy() / 1e6

@@ -16,11 +16,12 @@ from typing import Any
 
 from ppscope.balance.costs import LayerCosts
 from ppscope.errors import CorruptFileError, InvalidConfigError
+from ppscope.trace.actions import Phase
 
 __all__ = ["PHASES", "PROFILE_FILE", "LayerProfile", "PhaseCosts", "read_profile"]
 
 PROFILE_FILE = "profile.json"
-PHASES = ("decode", "prefill")
+PHASES = (Phase.DECODE, Phase.PREFILL)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +67,7 @@ class LayerProfile:
     def phase(self, name: str) -> PhaseCosts:
         if name not in PHASES:
             raise InvalidConfigError(f"unknown phase {name!r}; valid: {', '.join(PHASES)}")
-        return self.decode if name == "decode" else self.prefill
+        return self.decode if name == Phase.DECODE else self.prefill
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -85,7 +86,7 @@ class LayerProfile:
                 for p in PHASES
             }
             rest = {k: v for k, v in data.items() if k not in PHASES}
-            profile = cls(**rest, prefill=phases["prefill"], decode=phases["decode"])
+            profile = cls(**rest, prefill=phases[Phase.PREFILL], decode=phases[Phase.DECODE])
             for p in PHASES:
                 profile.phase(p).costs()  # validates every cost
         except (KeyError, TypeError, ValueError, AttributeError, InvalidConfigError) as exc:

@@ -28,8 +28,9 @@ import pandas as pd
 
 from ppscope.errors import CorruptFileError, InvalidConfigError
 from ppscope.pool import ordered, processes
+from ppscope.trace.actions import BACKWARDS, ActionType
 from ppscope.trace.layers import layer_indices
-from ppscope.trace.model import COMPUTE_KINDS, Lane, RunMeta, SpanKind, Trace
+from ppscope.trace.model import COMPUTE_KINDS, Lane, Phase, RunMeta, SpanKind, Trace
 from ppscope.trace.store import read_rank_spans, run_files
 
 __all__ = ["TIMED_KINDS", "RunTimings", "as_timings", "merge_passes", "partial_passes", "run_timings"]
@@ -39,9 +40,9 @@ TIMED_KINDS = tuple(
     for k in (SpanKind.FORWARD, SpanKind.BACKWARD, SpanKind.EMBED, SpanKind.HEAD, SpanKind.SAMPLE, SpanKind.LAYER)
 )
 """The kinds whose spans the costs and the advice read one by one."""
-BACKWARD_PHASES = ("B", "I", "W", "backward")
+BACKWARD_PHASES = (*BACKWARDS, Phase.BACKWARD)
 """Phases of backward compute: the hook's and the importer's action types, and the schema's `backward`."""
-_FORWARD = "F"
+_FORWARD = ActionType.FORWARD
 _EXTRAS = {str(SpanKind.EMBED): "embed_ns", str(SpanKind.HEAD): "head_ns", str(SpanKind.SAMPLE): "sample_ns"}
 PASS_KEYS = ["stage", "step", "mb"]
 PASS_SUMS = ["forward_ns", "backward_ns", *_EXTRAS.values()]
@@ -108,7 +109,7 @@ class RunTimings:
             phases=frozenset(str(p) for p in phase.unique()),
             compute_phases=frozenset(str(p) for p in phase[spans["lane"] == Lane.COMPUTE].unique()),
             training=bool((kind == str(SpanKind.BACKWARD)).any() or (compute & phase.isin(BACKWARD_PHASES)).any()),
-            weight_grads=bool((phase == "W").any()),
+            weight_grads=bool((phase == ActionType.BACKWARD_WEIGHT).any()),
             top_stage=int(labelled.max()) if len(labelled) else -1,
         )
 

@@ -33,6 +33,7 @@ from ppscope.balance.costs import LayerCosts
 from ppscope.balance.modelled.gpus import GPU
 from ppscope.balance.modelled.shapes import ModelShape, dtype_bytes
 from ppscope.errors import InvalidConfigError
+from ppscope.trace.actions import Phase
 
 __all__ = [
     "ACTIVATION_BYTES",
@@ -46,7 +47,7 @@ __all__ = [
     "model_costs",
 ]
 
-PHASES = ("decode", "prefill")
+PHASES = (Phase.DECODE, Phase.PREFILL)
 ACTIVATION_BYTES = 2
 """Activations move between GPUs in BF16 whatever the weights' dtype."""
 LOGIT_BYTES = 4
@@ -60,7 +61,7 @@ all-reduce takes a few to ten µs), not from a datasheet."""
 class Workload:
     """The pass whose cost is modelled: one micro-batch through the model."""
 
-    phase: str = "decode"
+    phase: str = Phase.DECODE
     """`decode`: one new token per sequence; `prefill`: every prompt token at once."""
     batch: int = 16
     """Sequences in the micro-batch."""
@@ -82,7 +83,7 @@ class Workload:
     @property
     def tokens(self) -> int:
         """Tokens the pass computes: one per sequence in decode, the whole prompt in prefill."""
-        return self.batch if self.phase == "decode" else self.batch * self.context
+        return self.batch if self.phase == Phase.DECODE else self.batch * self.context
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,7 +155,7 @@ class ModelCosts:
             f"{w.dtype}{'' if g.fp8_tflops or w.dtype != 'fp8' else ' (no FP8 tensor cores: the BF16 peak)'}, "
             f"from the {g.source}; datasheet peaks, which real kernels reach only in part (every part alike)",
             f"{w.phase}: {w.batch} sequence(s) per micro-batch, {w.context} tokens of "
-            + ("context each in the KV cache" if w.phase == "decode" else "prompt each, causal attention"),
+            + ("context each in the KV cache" if w.phase == Phase.DECODE else "prompt each, causal attention"),
             f"weights and KV cache in {w.dtype}; activations cross GPUs in BF16; logits in fp32",
             "time of a part = max(bytes moved ÷ bandwidth, FLOPs ÷ peak) + its collectives; kernels neither "
             "fuse nor overlap, and the hop between stages (the same at every boundary) is left out",
@@ -261,7 +262,7 @@ def _attended(w: Workload, window: int) -> float:
     """(query, key) pairs one sequence's attention computes: C in decode, C(C+1)/2 in prefill (causal), each
     position seeing at most `window` keys when there is one."""
     c = w.context
-    if w.phase == "decode":
+    if w.phase == Phase.DECODE:
         return float(min(c, window) if window else c)
     if not window or window >= c:
         return c * (c + 1) / 2
@@ -282,7 +283,7 @@ def _layer(shape: ModelShape, layer: int, gpu: GPU, w: Workload) -> PartCost:
         unread = moe.experts - expected_experts(moe.experts, moe.per_token, tokens)
         params -= unread * moe.expert_params * shape.hidden
     kv = w.batch * w.context * shape.kv_bytes_per_token_per_layer_per_gpu(w.dtype, tp)
-    if w.phase == "decode" and shape.sliding_window:
+    if w.phase == Phase.DECODE and shape.sliding_window:
         kv = w.batch * min(w.context, shape.sliding_window) * shape.kv_bytes_per_token_per_layer_per_gpu(w.dtype, tp)
     qk, v = _head_widths(shape)
     attention = 2 * w.batch * shape.heads * (qk + v) * _attended(w, shape.sliding_window)

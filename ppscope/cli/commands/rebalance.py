@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from ppscope.balance.report import RebalanceReport, RebalanceRequest, TraceStages
     from ppscope.cli.argtypes import Subcommands
 
+from ppscope.trace.actions import Phase
+
 HELP = "Advise the layer split that minimises the slowest stage"
 EXAMPLE = (
     "ppscope rebalance runs/r1   |   ppscope rebalance --layer-costs 1,1,1,1,1,1,1,1 --head-cost 3 --stages 4   |   "
@@ -55,7 +57,9 @@ def register(sub: Subcommands) -> None:
         "spans; auto: insitu when the last run has layer spans, else the profile when it has one, else the fit "
         "(default)",
     )
-    p.add_argument("--phase", choices=("decode", "prefill", "all"), help="passes to use (default: decode)")
+    p.add_argument(
+        "--phase", choices=(Phase.DECODE.value, Phase.PREFILL.value, "all"), help="passes to use (default: decode)"
+    )
     p.add_argument(
         "--mix",
         action="store_true",

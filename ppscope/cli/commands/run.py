@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from ppscope.cli.argtypes import Subcommands
     from ppscope.engine.config import EngineConfig
 
+from ppscope.trace.schedules import Schedule
+
 HELP = "Run the pipeline-parallel engine and record every receive, forward and send"
 EXAMPLE = "ppscope run --stages 4 --schedule serve --out runs/r1"
 EPILOG = f"""examples:
@@ -143,7 +145,7 @@ def _shape_line(summary: dict[str, Any]) -> str:
     split = ",".join(map(str, summary["split"]))
     source = _SOURCES.get(summary["split_source"], summary["split_source"])
     n, asked = summary["microbatches"], summary["microbatches_asked"]
-    what = "in flight" if summary["schedule"] == "serve" else "per step"
+    what = "in flight" if summary["schedule"] == Schedule.SERVE else "per step"
     stages = f"{summary['stages']} stage{'s' * (summary['stages'] != 1)}"
     line = f"{summary['schedule']} on {stages}, split {split} ({source}), {n} micro-batch{'es' * (n != 1)} {what}"
     if n < asked:

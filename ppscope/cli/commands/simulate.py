@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ppscope.cli.cost_options import add_cost_arguments, given_costs
+from ppscope.trace.schedules import Schedule
 
 if TYPE_CHECKING:
     from ppscope.cli.argtypes import Subcommands
@@ -37,7 +38,7 @@ def register(sub: Subcommands) -> None:
         help="replay a measured run: its schedule, sizes and split, costs fitted from its spans, hop latency and "
         "host overhead from its gaps (add --split to ask what another split would do)",
     )
-    p.add_argument("--schedule", choices=("gpipe", "interleaved", "serve"), help="the schedule (gpipe)")
+    p.add_argument("--schedule", choices=[s.value for s in Schedule.of_inference()], help="the schedule (gpipe)")
     p.add_argument("--stages", type=int, help="ranks (physical pipeline stages)")
     p.add_argument("--microbatches", type=int, help="micro-batches (serve: micro-batches in flight)")
     p.add_argument("--chunks", type=int, help="model chunks per rank (interleaved) (1)")
@@ -135,7 +136,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
     chunks = args.chunks or 1
     virtual = args.stages * chunks
     return SimConfig(
-        schedule=args.schedule or "gpipe",
+        schedule=args.schedule or Schedule.GPIPE.value,
         stages=args.stages,
         microbatches=args.microbatches,
         chunks=chunks,

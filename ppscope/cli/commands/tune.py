@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ppscope.cli.argtypes import Subcommands
 
+from ppscope.trace.actions import Phase
+
 HELP = "Run, measure per-layer costs, rebalance, re-run with the advised split and compare measured vs predicted"
 EXAMPLE = "ppscope tune --stages 4 --model synthetic --layers 8 --layer-cost-ms 5 --head-cost-ms 15"
 
@@ -44,8 +46,8 @@ def add_tune_arguments(p: argparse.ArgumentParser, repeats: int = 1) -> None:
     )
     p.add_argument(
         "--phase",
-        default="decode",
-        choices=("decode", "prefill"),
+        default=Phase.DECODE.value,
+        choices=(Phase.DECODE.value, Phase.PREFILL.value),
         help="which pass to balance for (default decode: it dominates serving)",
     )
     p.add_argument(

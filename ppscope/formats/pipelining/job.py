@@ -24,6 +24,7 @@ import pandas as pd
 from ppscope.formats.ordering import order_stages
 from ppscope.formats.pipelining.actions import name_schedule, placement_of
 from ppscope.formats.pipelining.rank import (
+    Links,
     RankActions,
     RankEvents,
     find_actions,
@@ -37,6 +38,7 @@ from ppscope.formats.pipelining.rank import (
     waits,
 )
 from ppscope.formats.spancolumns import spans_frame_of
+from ppscope.trace.actions import PASSES, ActionType
 from ppscope.trace.model import SpanKind
 
 __all__ = ["PipelineRead", "RankFile", "cpu_compute", "read_pipeline"]
@@ -117,7 +119,7 @@ def read_pipeline(
     order = {r: order_of_step(found[r].frame) if r in found else [] for r in held}
     schedule, why = name_schedule(order, placement)
     compute = pd.concat([a.frame for a in found.values()], ignore_index=True)
-    compute = compute[compute["type"].isin(["F", "B", "I", "W"])]
+    compute = compute[compute["type"].isin(PASSES)]
     m = int(compute["mb"].max()) + 1 if len(compute) else 0
     v = max((len(h) for h in held.values()), default=1)
     warnings.append(
@@ -152,7 +154,7 @@ def read_pipeline(
         "stages_of_rank": {str(r): list(h) for r, h in held.items()},
         "schedule_from": why,
     }
-    return PipelineRead(spans, physical, schedule, m, v, config, warnings)
+    return PipelineRead(spans, physical, schedule.value if schedule else "", m, v, config, warnings)
 
 
 def _stages(
@@ -232,13 +234,15 @@ def _rank_spans(
     return pd.concat([p for p in parts if len(p)], ignore_index=True), assumed
 
 
-def _neighbours(local: list[int], rank_of: Mapping[int, int], *, into: bool) -> dict[tuple[int, str], int]:
-    """(stage, F|B) -> the rank at the other end of that stage's traffic in that direction, when it is another
-    rank: the sender of its input (`into`) or the receiver of its output."""
-    out: dict[tuple[int, str], int] = {}
+def _neighbours(local: list[int], rank_of: Mapping[int, int], *, into: bool) -> Links:
+    """(stage, direction) -> the rank at the other end of that stage's traffic in that direction (FORWARD:
+    activations, FULL_BACKWARD: gradients), when it is another rank: the sender of its input (`into`) or the
+    receiver of its output."""
+    out: dict[tuple[int, ActionType | None], int] = {}
     for s in local:
         me = rank_of.get(s)
-        for direction, other in (("F", s - 1 if into else s + 1), ("B", s + 1 if into else s - 1)):
+        forward, backward = (s - 1, s + 1) if into else (s + 1, s - 1)
+        for direction, other in ((ActionType.FORWARD, forward), (ActionType.FULL_BACKWARD, backward)):
             peer = rank_of.get(other)
             if peer is not None and peer != me:
                 out[(s, direction)] = peer
@@ -257,7 +261,7 @@ def _labelled(cpu: pd.DataFrame, acts: pd.DataFrame, first: int) -> pd.DataFrame
     return out
 
 
-def _label_gpu(base: pd.DataFrame, acts: pd.DataFrame, remote: Mapping[tuple[int, str], int]) -> pd.DataFrame:
+def _label_gpu(base: pd.DataFrame, acts: pd.DataFrame, remote: Links) -> pd.DataFrame:
     """GPU work takes the stage, micro-batch, step and chunk of the action that launched it; a communication
     kernel launched by a RECV action waits for that action's input (`recv_wait`, with its peer)."""
     gpu = base["kind"].isin([str(k) for k in (SpanKind.KERNEL, SpanKind.NCCL, SpanKind.MEMCPY, SpanKind.MEMSET)])
@@ -273,9 +277,10 @@ def _label_gpu(base: pd.DataFrame, acts: pd.DataFrame, remote: Mapping[tuple[int
     types = take["type"].to_numpy(object)[hit]
     stages = take["stage"].to_numpy(np.int64)[hit]
     posted = np.flatnonzero(
-        (out["kind"].to_numpy(object)[idx] == str(SpanKind.NCCL)) & np.isin(types, ["RECV_F", "RECV_B"])
+        (out["kind"].to_numpy(object)[idx] == str(SpanKind.NCCL))
+        & np.isin(types, [ActionType.RECV_F, ActionType.RECV_B])
     )
-    peers = np.array([remote.get((int(stages[k]), str(types[k])[-1]), -1) for k in posted], np.int64)
+    peers = np.array([remote.get((int(stages[k]), ActionType(types[k]).direction), -1) for k in posted], np.int64)
     wait = idx[posted[peers >= 0]]
     out.iloc[wait, out.columns.get_loc("kind")] = str(SpanKind.RECV_WAIT)
     out.iloc[wait, out.columns.get_loc("peer")] = peers[peers >= 0]

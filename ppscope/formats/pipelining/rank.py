@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from functools import cached_property
 from typing import Any
 
@@ -27,15 +28,31 @@ import numpy.typing as npt
 import pandas as pd
 
 from ppscope.analysis.intervals import running_max
-from ppscope.formats.pipelining.actions import UNKNOWN, Action, parse_action
+from ppscope.formats.pipelining.actions import is_action_range, parse_action
+from ppscope.trace.actions import PASSES, Action, ActionType
 
-__all__ = ["RankActions", "RankEvents", "find_actions", "is_comm", "may_hold_actions", "top_level"]
+__all__ = ["Links", "RankActions", "RankEvents", "find_actions", "is_comm", "may_hold_actions", "top_level"]
 
 _COMM_PREFIXES = ("c10d::", "c10d_functional::", "_c10d_functional::", "gloo:", "nccl:", "record_param_comms")
 _AUTOGRAD = "autograd::engine::"
 _P2P_OPS = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
 _P2P_RANGES = ("gloo:send", "gloo:recv", "nccl:send", "nccl:recv")
 _STEP = "ProfilerStep#"
+_WAITING = (ActionType.FORWARD, ActionType.FULL_BACKWARD, ActionType.BACKWARD_INPUT)
+"""The passes that take their input from another stage: activations (F) or gradients (B, I)."""
+Links = Mapping[tuple[int, ActionType | None], int]
+"""(stage, the direction of its data: `ActionType.direction`) -> the rank at the other end of that traffic."""
+
+
+class _Run(IntEnum):
+    """What a run of top-level operators is, when the actions are inferred from them."""
+
+    COMM = 0
+    """Communication: no action's work."""
+    OTHER = 1
+    """A forward where it records autograd history, else other work (the optimizer, gradient scaling)."""
+    AUTOGRAD = 2
+    """The autograd engine's: a backward."""
 
 
 @dataclass
@@ -123,7 +140,7 @@ def may_hold_actions(ev: RankEvents) -> bool:
     """False where `find_actions` surely finds nothing, told without the top-level operators: no pipelining
     range (read or not) and no point-to-point operator or range at all."""
     names = set(ev.ranges["name"])
-    if any(parse_action(n) is not None for n in names):
+    if any(is_action_range(n) for n in names):
         return True
     return not set(_P2P_RANGES).isdisjoint(names) or not set(_P2P_OPS).isdisjoint(ev.operators["name"])
 
@@ -133,8 +150,8 @@ def find_actions(ev: RankEvents, ops: pd.DataFrame) -> RankActions | None:
     rank shows no pipeline at all."""
     ann = ev.annotations
     parsed = {n: parse_action(n) for n in ann["name"].unique()}
-    unknown = sorted(n for n, a in parsed.items() if a is UNKNOWN)
-    known = ann[ann["name"].map(lambda n: parsed[n] not in (None, UNKNOWN)).to_numpy(bool)]
+    unknown = sorted(n for n, a in parsed.items() if a is None and is_action_range(n))
+    known = ann[ann["name"].map(lambda n: parsed[n] is not None).to_numpy(bool)]
     if len(known):
         main = known["tid"].mode().iloc[0]
         return RankActions(_from_ranges(known, parsed, ops[ops["tid"] == main]), main, False, unknown)
@@ -158,7 +175,7 @@ def _from_ranges(known: pd.DataFrame, parsed: Mapping[str, Action | None], ops: 
         a = parsed[name]
         assert a is not None
         if not a.parts:
-            rows.append((a.stage, a.type, a.mb, int(start), int(end), name, int(start)))
+            rows.append((a.stage, a.type.value, a.mb, int(start), int(end), name, int(start)))
             continue
         # The parts of an OVERLAP_F_B run one after the other: a part's operators end where they turn from
         # forward to autograd (or back), and the next part (its wait for input first) begins where they end.
@@ -168,12 +185,12 @@ def _from_ranges(known: pd.DataFrame, parsed: Mapping[str, Action | None], ops: 
             inside = np.arange(i, j)
             found = inside[o_start[inside] >= begin]
             if k == len(a.parts) - 1:
-                rows.append((part.stage, part.type, part.mb, begin, int(end), name, begin))
+                rows.append((part.stage, part.type.value, part.mb, begin, int(end), name, begin))
                 break
-            turn = found[o_bwd[found] != (part.type != "F")]
+            turn = found[o_bwd[found] != (part.type is not ActionType.FORWARD)]
             mine = found[o_start[found] < (o_start[turn[0]] if len(turn) else end)]
             stop = int(o_end[mine].max()) if len(mine) else begin
-            rows.append((part.stage, part.type, part.mb, begin, stop, name, begin))
+            rows.append((part.stage, part.type.value, part.mb, begin, stop, name, begin))
             begin = stop
     frame = pd.DataFrame(rows, columns=["stage", "type", "mb", "start_ns", "end_ns", "name", "wait_from"])
     frame = frame.sort_values("start_ns", kind="stable").reset_index(drop=True)
@@ -191,7 +208,7 @@ def _inferred(ev: RankEvents, ops: pd.DataFrame) -> pd.DataFrame:
     start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
     flows = np.sort(ev.flow_starts)
     records = np.searchsorted(flows, end, side="right") > np.searchsorted(flows, start, side="left")
-    cls = np.where(comm, 0, np.where(bwd, 2, 1))  # 0 communication, 1 other, 2 autograd
+    cls = np.where(comm, _Run.COMM, np.where(bwd, _Run.AUTOGRAD, _Run.OTHER))
     run = np.concatenate(([0], np.cumsum(cls[1:] != cls[:-1]))) if len(cls) else np.zeros(0, np.int64)
     work_end = np.maximum.accumulate(np.where(comm, np.iinfo(np.int64).min, end)) if len(end) else end
     steps = _steps(ev.annotations)
@@ -199,12 +216,12 @@ def _inferred(ev: RankEvents, ops: pd.DataFrame) -> pd.DataFrame:
     counts: dict[tuple[int, str], int] = {}
     cuts = np.flatnonzero(np.diff(run)) + 1
     for idx in np.split(np.arange(len(run)), cuts):
-        if not len(idx) or cls[idx[0]] == 0:
+        if not len(idx) or cls[idx[0]] == _Run.COMM:
             continue
-        mine = idx if cls[idx[0]] == 2 else idx[records[idx]]
+        mine = idx if cls[idx[0]] == _Run.AUTOGRAD else idx[records[idx]]
         if not len(mine):
             continue
-        kind = "B" if cls[idx[0]] == 2 else "F"
+        kind = (ActionType.FULL_BACKWARD if cls[idx[0]] == _Run.AUTOGRAD else ActionType.FORWARD).value
         k0 = int(mine[0])
         s, e = int(start[k0]), int(end[mine].max())
         step = _step_at(steps, s)
@@ -268,10 +285,10 @@ def waits(
     acts: pd.DataFrame,
     ops: pd.DataFrame,
     recvs: pd.DataFrame,
-    remote: Mapping[tuple[int, str], int],
+    remote: Links,
 ) -> tuple[list[tuple[object, ...]], bool]:
     """(recv_wait rows, assumed) for the compute actions whose input comes from another rank: `remote` maps
-    (stage, F|B) to the rank that sends that input. A row is (stage, mb, step, phase, start, end, peer, name).
+    (stage, direction) to the rank that sends that input. A row is (stage, mb, step, phase, start, end, peer, name).
     `assumed`: some wait had no matching receive and took the whole time before the action's first operator."""
     rows: list[tuple[object, ...]] = []
     assumed = False
@@ -281,9 +298,9 @@ def waits(
     o_start = np.sort(ops["start_ns"].to_numpy(np.int64))
     posted = _posted(acts, r_start, r_end)
     for row in acts.itertuples(index=False):
-        if row.type not in ("F", "B", "I"):
+        if row.type not in _WAITING:
             continue
-        direction = "F" if row.type == "F" else "B"
+        direction = ActionType(row.type).direction
         peer = remote.get((int(row.stage), direction))
         if peer is None:
             continue
@@ -303,26 +320,24 @@ def waits(
 
 
 def _posted(acts: pd.DataFrame, r_start: npt.NDArray[np.int64], r_end: npt.NDArray[np.int64]) -> dict:
-    """When the receive posted by each RECV_F / RECV_B action completed: (stage, F|B, mb, step) -> ns."""
-    out: dict[tuple[int, str, int, int], int] = {}
-    posts = acts[acts["type"].isin(["RECV_F", "RECV_B"])]
+    """When the receive posted by each RECV_F / RECV_B action completed: (stage, its direction, mb, step) -> ns."""
+    out: dict[tuple[int, ActionType | None, int, int], int] = {}
+    posts = acts[acts["type"].isin([ActionType.RECV_F, ActionType.RECV_B])]
     for row in posts.itertuples(index=False):
         lo, hi = np.searchsorted(r_start, [row.start_ns, row.end_ns])
         if hi > lo:
-            out[(int(row.stage), row.type[-1], int(row.mb), int(row.step))] = int(r_end[lo:hi].max())
+            out[(int(row.stage), ActionType(row.type).direction, int(row.mb), int(row.step))] = int(r_end[lo:hi].max())
     return out
 
 
-def send_rows(
-    acts: pd.DataFrame, ops: pd.DataFrame, remote_to: Mapping[tuple[int, str], int]
-) -> list[tuple[object, ...]]:
+def send_rows(acts: pd.DataFrame, ops: pd.DataFrame, remote_to: Links) -> list[tuple[object, ...]]:
     """`send` rows (stage, mb, step, phase, start, end, peer, name): each SEND_F / SEND_B action, or where a
     schedule has none, each send operator, taken for the last compute action before it. `remote_to` maps
-    (stage, F|B) to the rank the stage sends to in that direction."""
+    (stage, direction) to the rank the stage sends to in that direction."""
     rows: list[tuple[object, ...]] = []
-    sends = acts[acts["type"].isin(["SEND_F", "SEND_B"])]
+    sends = acts[acts["type"].isin([ActionType.SEND_F, ActionType.SEND_B])]
     for row in sends.itertuples(index=False):
-        peer = remote_to.get((int(row.stage), row.type[-1]))
+        peer = remote_to.get((int(row.stage), ActionType(row.type).direction))
         if peer is not None:
             rows.append(
                 (
@@ -338,7 +353,7 @@ def send_rows(
             )
     if len(sends) or acts.empty:
         return rows
-    compute = acts[acts["type"].isin(["F", "B", "I"])].sort_values("end_ns")
+    compute = acts[acts["type"].isin(_WAITING)].sort_values("end_ns")
     c_end = compute["end_ns"].to_numpy(np.int64)
     posts = ops[ops["name"] == "c10d::send"]
     for name, s, e in zip(posts["name"], posts["start_ns"], posts["end_ns"], strict=True):
@@ -346,30 +361,35 @@ def send_rows(
         if k < 0:
             continue
         a = compute.iloc[k]
-        direction = "F" if a["type"] == "F" else "B"
+        direction = ActionType(a["type"]).direction
         peer = remote_to.get((int(a["stage"]), direction))
-        if peer is not None:
-            rows.append(
-                (int(a["stage"]), int(a["mb"]), int(a["step"]), f"SEND_{direction}", int(s), int(e), peer, name)
-            )
+        if peer is not None and direction is not None:
+            send = ActionType.send(direction).value
+            rows.append((int(a["stage"]), int(a["mb"]), int(a["step"]), send, int(s), int(e), peer, name))
     return rows
 
 
 def order_of_step(acts: pd.DataFrame, step: int = 0) -> list[Action]:
     """The compute actions of one step, in order (parts of a paired action as one)."""
-    rows = acts[(acts["step"] == step) & acts["type"].isin(["F", "B", "I", "W"])].sort_values("start_ns")
+    rows = acts[(acts["step"] == step) & acts["type"].isin(PASSES)].sort_values("start_ns")
     out: list[Action] = []
     last_name = None
     for row in rows.itertuples(index=False):
-        part = Action(int(row.stage), row.type, int(row.mb))
-        if row.ranged and row.name == last_name and out and row.name.endswith("OVERLAP_F_B"):
+        part = Action(int(row.stage), ActionType(row.type), int(row.mb))
+        if row.ranged and row.name == last_name and out and _paired(row.name):
             prev = out[-1]
-            out[-1] = Action(-1, "OVERLAP_F_B", parts=(*(prev.parts or (prev,)), part))
+            out[-1] = Action(-1, ActionType.OVERLAP_F_B, parts=(*(prev.parts or (prev,)), part))
         else:
             out.append(part)
         last_name = row.name
     return out
 
 
+def _paired(name: str) -> bool:
+    """The range names an OVERLAP_F_B, whose parts are rows of their own."""
+    a = parse_action(name)
+    return a is not None and a.type is ActionType.OVERLAP_F_B
+
+
 def stages_in(acts: pd.DataFrame) -> Sequence[int]:
-    return sorted(int(s) for s in acts.loc[acts["type"].isin(["F", "B", "I", "W"]), "stage"].unique() if s >= 0)
+    return sorted(int(s) for s in acts.loc[acts["type"].isin(PASSES), "stage"].unique() if s >= 0)
