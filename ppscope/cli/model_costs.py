@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ppscope.trace.notices import Notice
 
 __all__ = [
     "DEFAULT_GPU",
@@ -91,10 +94,11 @@ def _memory(args: argparse.Namespace, shape: Any, stages: int, dtype: str) -> An
     )
 
 
-def _weights_warnings(shape: Any, gpu: Any, split: list[int], dtype: str, tp: int) -> list[str]:
+def _weights_warnings(shape: Any, gpu: Any, split: list[int], dtype: str, tp: int) -> list[Notice]:
     """Stages whose weights alone exceed the GPU's memory."""
     from ppscope.balance.modelled.shapes import dtype_bytes
     from ppscope.balance.split import stage_layer_ranges
+    from ppscope.trace.notices import Notice, NoticeCode
 
     out, last = [], len(split) - 1
     for s, (i, j) in enumerate(stage_layer_ranges(split)):
@@ -102,10 +106,11 @@ def _weights_warnings(shape: Any, gpu: Any, split: list[int], dtype: str, tp: in
         params += (shape.embed_params if s == 0 else 0) + (shape.head_params if s == last else 0)
         gb = params * dtype_bytes(dtype) / tp / 1e9
         if gb > gpu.memory_gb:
-            out.append(
+            text = (
                 f"stage {s}'s weights ({gb:.0f} GB per GPU in {dtype}) exceed a {gpu.name}'s {gpu.memory_gb:g} GB: "
                 "use more stages, a larger --tp or --dtype fp8 (ppscope plan sizes memory)"
             )
+            out.append(Notice(NoticeCode.WEIGHTS_EXCEED_GPU, text))
     return out
 
 
@@ -167,7 +172,7 @@ def advise_from_model(args: argparse.Namespace, shape: Any) -> tuple[dict[str, A
         model_costs=modelled.to_dict(),
         calibration=None if got.calibration is None else got.calibration.to_dict(),
         assumptions=[*got.assumptions, *modelled.assumptions()],
-        warnings=_warnings(args, shape, gpu, list(advice.current.split), got.calibration),
+        warnings=[w.to_json() for w in _warnings(args, shape, gpu, list(advice.current.split), got.calibration)],
     )
     return out, problem, advice
 
@@ -225,16 +230,20 @@ def _from_trace(args: argparse.Namespace, shape: Any, modelled: Any) -> _Costs:
     )
 
 
-def _warnings(args: argparse.Namespace, shape: Any, gpu: Any, split: list[int], calibration: Any) -> list[str]:
+def _warnings(args: argparse.Namespace, shape: Any, gpu: Any, split: list[int], calibration: Any) -> list[Notice]:
     """Stages whose weights exceed the GPU (with --gpu), and stages the calibrated model explains poorly."""
     from ppscope.balance.split import format_split
+    from ppscope.trace.notices import Notice, NoticeCode
 
     out = _weights_warnings(shape, gpu, split, args.dtype or "bf16", args.tp) if args.gpu else []
     if calibration is not None:
         out += [
-            f"the model explains stage {s} poorly: {calibration.overhead_ms[s] / calibration.measured_ms[s]:.0%} "
-            f"of its measured time is left to its fixed overhead (check --model, --current-split "
-            f"{format_split(calibration.split)} and --phase)"
+            Notice(
+                NoticeCode.POORLY_EXPLAINED,
+                f"the model explains stage {s} poorly: {calibration.overhead_ms[s] / calibration.measured_ms[s]:.0%} "
+                f"of its measured time is left to its fixed overhead (check --model, --current-split "
+                f"{format_split(calibration.split)} and --phase)",
+            )
             for s in calibration.poorly_explained()
         ]
     return out
@@ -294,7 +303,7 @@ def print_model_lines(d: dict[str, Any], where: str) -> None:
         f"{m['sample']['ms']:.4f} ms; embedding {m['embed']['ms']:.4f} ms"
     )
     for w in d["warnings"]:
-        print(f"warning: {w}")
+        print(f"warning: {w['text']}")
 
 
 def print_assumptions(d: dict[str, Any]) -> None:
