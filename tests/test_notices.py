@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+from ppscope.analysis import analyze
+from ppscope.trace.model import RunMeta, Trace
 from ppscope.trace.notices import Notice, NoticeCode
 
 
@@ -35,3 +37,13 @@ def test_every_code_is_snake_case_distinct_and_documented() -> None:
         and isinstance(after.value.value, str)
     }
     assert documented == {c.name for c in NoticeCode}
+
+
+def test_the_analysis_json_carries_codes_where_it_carried_sentences() -> None:
+    rows = [{"rank": 0, "stage": 0, "kind": "forward", "mb": 0, "start_ns": 0, "end_ns": 10}]
+    got = analyze(Trace.from_records(rows, meta=RunMeta(world_size=2, pp_size=2))).to_json()
+    assert got["missing"]["code"] == "missing_ranks" and got["missing"]["text"].startswith("rank(s) 1 of 2")
+    assert {
+        "code": "one_stage",
+        "text": "one stage only: there is no pipeline; the bubble is that stage's idle time",
+    } in (got["warnings"])
