@@ -7,12 +7,13 @@ SchemaVersionError naming the file.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sqlite3
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,23 +294,37 @@ def read_ranks(
     try:
         total = 0
         for rank in sorted(files):  # in rank order, so the first damaged file is the one named
-            rf = _open_rank(files[rank], after_spans.get(rank, 0), after_counters.get(rank, 0))
+            with _about(files[rank]):
+                rf = _open_rank(files[rank], after_spans.get(rank, 0), after_counters.get(rank, 0))
             if rf is not None:
                 opened.append((rank, rf, total))
                 total += rf.n_spans
         table = Table(total)
         if len(opened) <= 1 or total < _PARALLEL_SPANS:
             for _, rf, pos in opened:
-                _read_rank(rf, table, pos)
+                with _about(rf.path):
+                    _read_rank(rf, table, pos)
         else:
             with ThreadPoolExecutor(max_workers=min(len(opened), _READ_THREADS)) as pool:
-                futures = [pool.submit(_read_rank, rf, table, pos) for _, rf, pos in opened]
-                for f in futures:  # in rank order: the first damaged file raises
-                    f.result()
+                futures = [(rf.path, pool.submit(_read_rank, rf, table, pos)) for _, rf, pos in opened]
+                for path, f in futures:  # in rank order: the first damaged file raises
+                    with _about(path):
+                        f.result()
     finally:
         for _, rf, _ in opened:
             rf.db.close()
     return table, opened
+
+
+@contextlib.contextmanager
+def _about(path: Path) -> Iterator[None]:
+    """A CorruptFileError raised inside is about the file at `path` (`exc.path`): its reader may leave it out."""
+    try:
+        yield
+    except CorruptFileError as exc:
+        if exc.path is None:
+            exc.path = path
+        raise
 
 
 def merge_values(table: Table, opened: list[tuple[int, RankFile, int]]) -> dict[str, list[Any]]:

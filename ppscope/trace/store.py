@@ -432,7 +432,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> Trace:
         try:
             trace, _ = read_since(run_dir, leave_out=tuple(damaged))
         except CorruptFileError as exc:
-            rank = _damaged_rank(Path(run_dir), str(exc), damaged)
+            rank = _damaged_rank(Path(run_dir), exc, damaged)
             if rank is None:
                 raise
             damaged[rank] = str(exc)
@@ -456,12 +456,13 @@ def failures_said(errors: dict[int, str], said: str = "") -> list[Notice]:
     return [Notice(NoticeCode.RANK_FAILED, line) for line in recorded_failures(errors, said)]
 
 
-def _damaged_rank(path: Path, message: str, known: dict[int, str]) -> int | None:
-    """The rank whose file a CorruptFileError names, when other rank files remain to be read; else None."""
+def _damaged_rank(path: Path, exc: CorruptFileError, known: dict[int, str]) -> int | None:
+    """The rank whose file a CorruptFileError is about (`exc.path`), when other rank files remain to be read;
+    else None."""
     files = {r: f for r, f in _rank_files(path).items() if r not in known}
-    if len(files) < 2:
+    if len(files) < 2 or exc.path is None:
         return None
-    return next((r for r, f in sorted(files.items()) if str(f) in message), None)
+    return next((r for r, f in sorted(files.items()) if f == exc.path), None)
 
 
 def read_rank_info(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
