@@ -110,7 +110,7 @@ def _efficiency(tmp: Path, backend: str, stages: int, stage_ms: float) -> list[s
     lines.append("  forward spans ÷ configured cost, median per rank: " + ", ".join(f"{v:.3f}" for v in took))
     for name, trace in (("gpipe", gpipe), ("serve", serve)):
         warnings = analyze(trace).warnings
-        said = "; ".join(warnings[:3]) + (f" (and {len(warnings) - 3} more)" if len(warnings) > 3 else "")
+        said = "; ".join(map(str, warnings[:3])) + (f" (and {len(warnings) - 3} more)" if len(warnings) > 3 else "")
         lines.append(f"  analyzer warnings, {name}: {said or 'none'}")
     clocks = [r.clock for r in serve.meta.ranks]
     lines.append(

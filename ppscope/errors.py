@@ -6,6 +6,8 @@ and keeps its traceback. Messages say what is wrong and how to fix it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 __all__ = [
     "CorruptFileError",
     "EngineFailedError",
@@ -64,6 +66,9 @@ class RunExistsError(PPScopeError):
 
 class CorruptFileError(PPScopeError):
     """A file exists but cannot be read as what it claims to be (truncated, not SQLite, bad JSON)."""
+
+    path: Path | None = None
+    """The file, where the reader of many files set it (a run's rank files): which one to leave out."""
 
 
 class SchemaVersionError(PPScopeError):

@@ -143,9 +143,10 @@ def take(out: Path) -> None:
 
 
 def _plain(value: Any, key: str = "") -> Any:
-    """The value with every warning reduced to its text, so that a code added beside it compares equal."""
+    """The value with every warning (and `missing`, a warning of its own) reduced to its text, so that a code
+    added beside it compares equal."""
     if isinstance(value, dict):
-        if set(value) >= {"code", "text"} and "warning" in key:
+        if set(value) >= {"code", "text"} and ("warning" in key or key == "missing"):
             return value["text"]
         return {k: _plain(v, k) for k, v in value.items() if not (k == "code" and "warning" in key)}
     if isinstance(value, list):

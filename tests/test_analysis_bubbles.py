@@ -11,6 +11,7 @@ import pandas as pd
 from ppscope.analysis import CAUSES, AnalysisConfig, analyze
 from ppscope.analysis.intervals import Intervals, union_length
 from ppscope.trace.model import RankInfo, RunMeta, Trace, requests_frame
+from ppscope.trace.notices import NoticeCode
 
 
 def _trace(rows: list[dict[str, Any]], **meta: Any) -> Trace:
@@ -150,7 +151,7 @@ def test_import_without_waits_reports_unknown() -> None:
     assert res.stage(0).causes["comm"] == 5 and res.stage(0).causes["unknown"] == 15
     assert res.stage(0).causes["host"] == 0
     assert res.stage(1).causes["fill"] == 5
-    assert any("unknown" in w for w in res.warnings)
+    assert NoticeCode.NO_P2P in {w.code for w in res.warnings}
     assert res.imbalance_basis == "busy"
     assert res.bottleneck_stage == 1
 
@@ -174,7 +175,7 @@ def test_overlapping_compute_counted_once_with_warning() -> None:
     rows = [_fwd(0, 0, 0, 10), _fwd(0, 1, 5, 15), _fwd(0, 2, 20, 30)]
     res = analyze(_trace(rows))
     assert res.stage(0).busy_ns == 25 and res.stage(0).causes["unknown"] == 5
-    assert any("overlap" in w for w in res.warnings)
+    assert NoticeCode.COMPUTE_OVERLAP in {w.code for w in res.warnings}
 
 
 def test_overlap_of_one_ns_is_found_at_epoch_times() -> None:
@@ -183,7 +184,7 @@ def test_overlap_of_one_ns_is_found_at_epoch_times() -> None:
     rows = [_fwd(0, 0, t, t + 100), _fwd(0, 1, t + 99, t + 300)]
     res = analyze(_trace(rows))
     assert res.stage(0).busy_ns == 300
-    assert any("overlap" in w for w in res.warnings)
+    assert NoticeCode.COMPUTE_OVERLAP in {w.code for w in res.warnings}
 
 
 def test_causes_sum_to_bubble_on_random_trace() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from ppscope.analysis.sharded import analyze_run
 from ppscope.errors import InvalidConfigError, WorkerFailedError
+from ppscope.trace.notices import NoticeCode
 from ppscope.trace.store import rank_file
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -54,7 +55,8 @@ def test_a_damaged_rank_file_is_left_out_and_named_as_without_ray(cluster: None,
     rank_file(run, 1).write_bytes(b"not a database at all" * 100)
     remote = analyze_run(run, ray="local")
     _same(analyze_run(run), remote)
-    assert any("rank 1's file is damaged" in w and "rank-00001.sqlite" in w for w in remote.warnings)
+    (damaged,) = [n.text for n in remote.warnings if n.code == NoticeCode.DAMAGED_FILE]
+    assert damaged.startswith("rank 1's file is damaged") and "rank-00001.sqlite" in damaged  # names it
 
 
 def test_the_command_with_ray(cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,6 +20,7 @@ from ppscope.errors import CorruptFileError, InvalidConfigError
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import CommModel, SimConfig, simulate, write_run
 from ppscope.trace.model import ClockInfo, RankInfo, Trace
+from ppscope.trace.notices import NoticeCode
 from ppscope.trace.store import load_run, rank_file
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -97,7 +98,7 @@ def test_estimated_clocks_are_checked_for_causality_pair_by_pair(tmp_path: Path)
     spans.loc[late, ["start_ns", "end_ns"]] -= 5_000_000
     run = write_run(Trace(spans=spans, meta=meta, requests=trace.requests, counters=trace.counters), tmp_path / "r")
     whole, sharded = analyze(load_run(run)), analyze_run(run, workers=2)
-    assert any("before their send starts" in w for w in sharded.warnings)
+    assert NoticeCode.CLOCK_SKEW in {w.code for w in sharded.warnings}
     _same(whole, sharded)
 
 
@@ -105,7 +106,9 @@ def test_a_missing_rank_file_is_named_and_the_rest_analyse(tmp_path: Path) -> No
     run = _sim(tmp_path, **RUNS["gpipe"])
     rank_file(run, 2).unlink()
     whole, sharded = analyze(load_run(run)), analyze_run(run)
-    assert sharded.missing is not None and any("rank(s) 2 have no file" in w for w in sharded.warnings)
+    assert sharded.missing is not None and sharded.missing.code == NoticeCode.MISSING_RANKS
+    (files,) = [n.text for n in sharded.warnings if n.code == NoticeCode.MISSING_FILES]
+    assert files.startswith("rank(s) 2 have no file")  # names the rank
     _same(whole, sharded)
 
 
@@ -113,7 +116,9 @@ def test_a_damaged_rank_file_is_left_out_and_named_as_load_run_does(tmp_path: Pa
     run = _sim(tmp_path, **RUNS["gpipe"])
     rank_file(run, 1).write_bytes(b"not a database at all" * 100)
     whole, sharded = analyze(load_run(run)), analyze_run(run, workers=2)
-    assert sharded.missing is not None and any("rank 1's file is damaged" in w for w in sharded.warnings)
+    assert sharded.missing is not None and sharded.missing.code == NoticeCode.MISSING_RANKS
+    (damaged,) = [n.text for n in sharded.warnings if n.code == NoticeCode.DAMAGED_FILE]
+    assert damaged.startswith("rank 1's file is damaged")  # names the rank
     _same(whole, sharded)
     for r in (0, 2, 3):  # nothing left to read: the error, as load_run raises it
         rank_file(run, r).write_bytes(b"")

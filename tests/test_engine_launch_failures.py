@@ -312,6 +312,15 @@ def test_the_silent_peer_travels_as_a_field_not_as_text() -> None:
     assert silent_peer(TimeoutError("rank 2 received nothing from rank 1 for 5 s")) is None
 
 
+def test_a_backend_timeout_becomes_a_code_in_one_adapter() -> None:
+    """gloo says a receive timed out only in its message: `wait_failure` reads it, once, into a code."""
+    from ppscope.engine.comm import WaitFailure, wait_failure
+
+    gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Timed out waiting 5000ms for recv operation to complete")
+    assert wait_failure(gloo) is WaitFailure.TIMEOUT
+    assert wait_failure(RuntimeError("Connection closed by peer [127.0.0.1]:5555")) is WaitFailure.BROKEN
+
+
 @pytest.mark.slow
 def test_a_message_that_only_reads_like_a_timeout_names_no_hang(tmp_path: Path) -> None:
     """Wording is for people: a rank is named as hanging only when a peer's report says it waited on it."""

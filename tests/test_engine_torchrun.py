@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ppscope.analysis import analyze
+from ppscope.trace.notices import Notice, NoticeCode
 from ppscope.trace.store import REQUESTS_FILE, load_run, read_meta
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -91,4 +92,5 @@ def test_the_rank_that_failed_under_torchrun_is_named_by_the_analysis(tmp_path: 
     meta = read_meta(tmp_path / "tr")
     assert meta.status in ("interrupted", "failed"), meta
     result = analyze(load_run(tmp_path / "tr"))
-    assert "rank 1 failed: RuntimeError: injected failure after 1 passes" in result.warnings, result.warnings
+    failed = Notice(NoticeCode.RANK_FAILED, "rank 1 failed: RuntimeError: injected failure after 1 passes")
+    assert failed in result.warnings, result.warnings

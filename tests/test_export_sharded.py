@@ -22,6 +22,7 @@ from ppscope.formats.chrome.ranks import Plan, TraceRanks
 from ppscope.formats.chrome.writer import match_flows
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import write_run
+from ppscope.trace.notices import Notice, NoticeCode
 from ppscope.trace.store import load_run, rank_file, read_meta, write_meta
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -168,7 +169,7 @@ def test_spans_a_damaged_file_loses_are_named_as_the_whole_load_names_them(
     db.commit()
     db.close()
     note = "2 span(s) in rank-00001.sqlite end before they start (a damaged file); left them out"
-    assert note in load_run(run).warnings
+    assert Notice(NoticeCode.SPANS_REVERSED, note) in load_run(run).warnings
     export_run(run, fmt, tmp_path / "out")
     assert capsys.readouterr().err.count(f"ppscope export: note: {note}") == 1
 

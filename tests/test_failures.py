@@ -8,6 +8,7 @@ from pathlib import Path
 from ppscope.analysis import analyze
 from ppscope.failures import plain_error, rank_failure, recorded_failures
 from ppscope.trace.model import RunMeta
+from ppscope.trace.notices import Notice, NoticeCode
 from ppscope.trace.store import RankWriter, create_run, load_run, rank_file
 
 OWN = "RuntimeError: injected failure after 1 passes"
@@ -86,8 +87,9 @@ def test_a_failure_a_rank_recorded_is_a_warning_of_the_run(tmp_path: Path) -> No
             w.set_info("error", error)
         w.close()
     trace = load_run(run)
-    assert f"rank 1 failed: {OWN}" in trace.warnings
-    assert f"rank 1 failed: {OWN}" in analyze(trace).warnings
+    failed = Notice(NoticeCode.RANK_FAILED, f"rank 1 failed: {OWN}")
+    assert failed in trace.warnings
+    assert failed in analyze(trace).warnings
 
 
 def test_a_recorded_error_that_cannot_be_read_is_said_so_and_the_spans_still_load(tmp_path: Path) -> None:
@@ -98,6 +100,7 @@ def test_a_recorded_error_that_cannot_be_read_is_said_so_and_the_spans_still_loa
         db.execute("INSERT INTO info VALUES ('error', CAST(x'ff00fe' AS TEXT))")
     with sqlite3.connect(rank_file(run, 0)) as db:  # nested past any parser's depth, and long
         db.execute("INSERT INTO info VALUES ('error', ?)", ("[" * 100_000,))
-    warnings = load_run(run).warnings
-    assert "rank 1 failed: (its recorded error cannot be read: the file is damaged)" in warnings, warnings
-    assert any(w.startswith("rank 0 failed: [[[[") and len(w) < 600 for w in warnings), warnings
+    said = load_run(run).warnings
+    failed = [n.text for n in said if n.code == NoticeCode.RANK_FAILED]
+    assert "rank 1 failed: (its recorded error cannot be read: the file is damaged)" in failed, said
+    assert any(text.startswith("rank 0 failed: [[[[") and len(text) < 600 for text in failed), said

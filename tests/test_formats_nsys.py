@@ -16,6 +16,7 @@ from ppscope.formats.nsys.reader import load_nsys, pid_of
 from ppscope.formats.nsys.schema import TABLES
 from ppscope.formats.nsys.writer import export_nsys, global_tid
 from ppscope.formats.sources import open_trace
+from ppscope.trace.notices import NoticeCode
 from ppscope.trace.store import load_run
 
 
@@ -49,7 +50,7 @@ def test_real_two_gpu_export_imports_with_streams_nccl_and_device_order() -> Non
     spans = trace.spans
     assert trace.ranks == [0, 1] and trace.stages == [0, 1]
     assert {r.device for r in trace.meta.ranks} == {"cuda:0", "cuda:1"}  # no TARGET_INFO_GPU: still opens
-    assert any("ordered by device id" in w for w in trace.warnings)  # symmetric send/recv: not inferable
+    assert NoticeCode.STAGES_BY_FALLBACK in {w.code for w in trace.warnings}  # symmetric send/recv: not inferable
     gpu = spans[spans["kind"].isin(["kernel", "nccl", "memcpy", "memset"])]
     assert set(gpu.loc[gpu["rank"] == 0, "lane"]) == {"stream 7"}
     assert set(gpu.loc[gpu["rank"] == 1, "lane"]) == {"stream 15"}
@@ -92,7 +93,7 @@ def test_p2p_direction_orders_stages_and_odd_files_are_tolerated(tmp_path: Path)
     trace = load_nsys(path)
     by_pid = {r.pid: r for r in trace.meta.ranks}
     assert by_pid[200].stage == 0 and by_pid[100].stage == 1  # pid 200 (device 1) sends first
-    assert any("direction of point-to-point traffic" in w for w in trace.warnings)
+    assert NoticeCode.STAGES_BY_TRAFFIC in {w.code for w in trace.warnings}
     assert trace.spans["start_ns"].min() == -50_000
     assert set(trace.spans["lane"]) == {"stream 7", "stream 9", "host"}
 
@@ -261,7 +262,7 @@ def test_cpu_capture_of_our_engine_has_no_kernels_but_opens(tmp_path: Path) -> N
     trace = load_nsys(path)
     got = trace.spans[["rank", "stage", "kind", "mb", "lane", "start_ns", "end_ns"]].values.tolist()
     assert got == [[0, 0, "send", 0, "send", 100, 200], [1, 1, "forward", 0, "compute", 300, 400]]
-    assert any("ppscope NVTX ranges" in w for w in trace.warnings)
+    assert NoticeCode.STAGES_FROM_NVTX in {w.code for w in trace.warnings}
 
 
 def _three_device_export(path: Path) -> Path:

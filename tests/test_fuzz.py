@@ -29,6 +29,7 @@ from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, Pipel
 from ppscope.engine.launch import run
 from ppscope.formats.nsys.writer import export_nsys
 from ppscope.formats.sources import open_trace
+from ppscope.trace.notices import NoticeCode
 from ppscope.trace.store import load_run
 
 pytestmark = pytest.mark.timeout(240)
@@ -421,4 +422,5 @@ def test_span_ending_before_it_starts_is_left_out_with_a_warning(recorded: Path,
     db.close()
     trace = load_run(run_dir)
     assert len(trace.spans) == whole - 2
-    assert any("2 span(s) in rank-00001.sqlite end before they start" in w for w in trace.warnings)
+    (reversed_,) = [n.text for n in trace.warnings if n.code == NoticeCode.SPANS_REVERSED]
+    assert reversed_.startswith("2 span(s) in rank-00001.sqlite")  # counted, and the file named

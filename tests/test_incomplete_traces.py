@@ -13,6 +13,7 @@ from ppscope.balance.costs import LayerCosts
 from ppscope.cli.main import main
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import SimConfig, simulate, write_run
+from ppscope.trace.notices import NoticeCode
 
 
 @pytest.fixture
@@ -24,13 +25,13 @@ def gpipe_run(tmp_path: Path) -> Path:
 def test_a_missing_rank_file_leads_the_report_and_withholds_the_balance_figures(gpipe_run: Path) -> None:
     (gpipe_run / "rank-00002.sqlite").unlink()
     result = analyze(open_trace(gpipe_run))
-    assert result.pp_size == 3 and result.missing is not None and "rank(s) 2 of 4" in result.missing
+    assert result.pp_size == 3 and result.missing is not None and result.missing.code == NoticeCode.MISSING_RANKS
     assert result.imbalance is None and result.bottleneck_stage is None and result.balance_gain is None
     assert result.theory.params["P"] == 4  # the formula is of the pipeline that ran, not of what is left
     text = render_text(result)
     assert text.startswith("incomplete: rank(s) 2 of 4 recorded no spans")
     assert "perfect balance would gain" not in text and "gap to theory" not in text
-    assert result.to_json()["missing"] == result.missing
+    assert result.to_json()["missing"] == {"code": "missing_ranks", "text": result.missing.text}
 
 
 def test_a_complete_run_misses_nothing(gpipe_run: Path) -> None:

@@ -17,12 +17,13 @@ import pytest
 
 import ppscope.analysis.sharded as sharded
 from ppscope.analysis import analyze
-from ppscope.analysis.links import Violations, causality_warning, plan_links
+from ppscope.analysis.links import Violations, causality_warnings, plan_links
 from ppscope.analysis.sharded import analyze_run
 from ppscope.balance.costs import LayerCosts
 from ppscope.simulate.simulator import SimConfig, simulate, write_run
 from ppscope.trace.clock import causality_violations
 from ppscope.trace.model import ClockInfo, RankInfo, Trace
+from ppscope.trace.notices import NoticeCode
 from ppscope.trace.rankfile import read_sends
 from ppscope.trace.store import load_run, rank_file, run_files
 
@@ -62,7 +63,7 @@ def test_a_senders_sends_read_alone_are_the_rows_of_the_whole_load(tmp_path: Pat
 def test_drifting_estimated_clocks_give_the_same_result_paired_in_the_tasks(tmp_path: Path) -> None:
     run = _drifting_run(tmp_path, reversed_send=True)
     whole = analyze(load_run(run))
-    assert any("before their send starts" in w for w in whole.warnings)  # rank 2's offset is 7 ms off
+    assert NoticeCode.CLOCK_SKEW in {w.code for w in whole.warnings}  # rank 2's offset is 7 ms off
     _same(whole, analyze_run(run, workers=2))
 
 
@@ -100,7 +101,7 @@ def test_violations_of_each_receivers_links_merge_into_those_of_the_whole(seed: 
     for d in (3, 1, 0, 2):  # in any order
         merged = merged.merged(Violations.of(causality_violations(spans[receiver == d])))
     assert merged == whole
-    assert causality_warning(merged) == causality_warning(whole)
+    assert causality_warnings(merged) == causality_warnings(whole)
 
 
 def test_links_are_planned_once_each_in_their_receivers_stage() -> None:

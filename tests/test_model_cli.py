@@ -99,7 +99,8 @@ def test_memory_limits_apply_to_modelled_costs(capsys: pytest.CaptureFixture[str
     d = _json(capsys, *argv)
     assert d["kv_capacity_tokens"]["proposed"] > 0 and d["warnings"] == []
     d = _json(capsys, "rebalance", "--model", "llama3-405b", "--stages", "2", "--gpu", "l4")
-    assert any("exceed a l4's 24 GB" in w for w in d["warnings"])
+    assert {w["code"] for w in d["warnings"]} == {"weights_exceed_gpu"}
+    assert "exceed a l4's 24 GB" in d["warnings"][0]["text"]  # says which GPU, and its memory
 
 
 def test_plan_prints_each_stages_decode_step_from_the_same_model(capsys: pytest.CaptureFixture[str]) -> None:

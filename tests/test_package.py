@@ -91,12 +91,6 @@ LONG_FUNCTIONS = {
     "ppscope/simulate/training.py::_as_trace": "every replayed action's span and wait, written as the simulator's",
     "ppscope/engine/comm.py::Ring._take": "the wait for a posted receive, with and without a deadline, and the timing "
     "of the wait: one message's life",
-    "ppscope/formats/pipelining/job.py::read_pipeline": "the job's actions, stages and schedule from its ranks' "
-    "files, each step refusing or narrowing what the next may assume",
-    "ppscope/analysis/sharded.py::Sharded.analyze": "passes 2 and 3 of one pipeline, a rank then a stage at a "
-    "time, with what each pass hands to the next",
-    "ppscope/analysis/replicas.py::replicas_of": "the replicas analysed and compared, with the warnings of "
-    "each check on the placement",
 }
 """Functions longer than `MAX_FUNCTION_LINES`, each with the reason it is one function."""
 

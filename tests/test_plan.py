@@ -10,6 +10,7 @@ from ppscope.balance.modelled.plan import GIB, Cluster, PlanConfig, plan
 from ppscope.balance.modelled.shapes import ModelShape
 from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError
+from ppscope.trace.notices import NoticeCode
 
 LLAMA70 = ModelShape.from_name("llama3-70b")
 
@@ -38,7 +39,7 @@ def test_kv_bytes_per_token_per_layer_is_k_and_v_of_every_kv_head(dtype: str, nb
 def test_70b_pp4_has_almost_no_kv_room_on_40_gib_and_ample_on_80() -> None:
     small, large = plan(seventy_b_on_four(40)), plan(seventy_b_on_four(80))
     assert small.config.cluster.usable_bytes == int(36 * GIB)
-    assert any("almost no room for KV cache" in w for w in small.warnings)
+    assert NoticeCode.LITTLE_KV_ROOM in {w.code for w in small.warnings}
     assert small.pipeline_kv_sequences <= 4
     assert not large.warnings and large.kv_verdict == "ample" and small.kv_verdict == "almost none"
     assert large.pipeline_kv_sequences >= 10 * max(small.pipeline_kv_sequences, 1)
@@ -51,8 +52,8 @@ def test_70b_pp4_has_almost_no_kv_room_on_40_gib_and_ample_on_80() -> None:
 def test_a_stage_that_runs_out_of_memory_is_named_with_the_fixing_split() -> None:
     cfg = PlanConfig(model=LLAMA70, cluster=Cluster(gpus=4, gpu_mem_gib=38), pp=4, max_model_len=8192, reserve_gib=0.5)
     result = plan(cfg)
-    oom = [w for w in result.warnings if "runs out of memory" in w]
-    assert oom and all(("stage 0" in w) or ("stage 3" in w) for w in oom)
+    oom = [n.text for n in result.warnings if n.code == NoticeCode.OUT_OF_MEMORY]
+    assert oom and all(("stage 0" in text) or ("stage 3" in text) for text in oom)  # the stage is named
     assert result.kv_verdict == "out of memory"
     assert result.fix_split is not None and result.fix_stages is not None
     assert all(s.fits for s in result.fix_stages)

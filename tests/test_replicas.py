@@ -17,6 +17,7 @@ from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import write_run
+from ppscope.trace.notices import NoticeCode
 
 
 def test_the_slowed_replica_is_named_with_its_ratio_to_the_median() -> None:
@@ -65,11 +66,11 @@ def test_stage_of_rank_places_a_replica_major_job() -> None:
     assert placement is not None and placement.place[7] == (3, 1) and placement.ranks_of(2) == [8, 9, 10, 11]
     ra = analyze_replicas(apply_placement(trace, placement), placement)
     assert ra.bottleneck == (3, 1, 7) and ra.bottleneck_slowdown == pytest.approx(1.2)
-    assert not any("exchange point-to-point" in w for w in ra.warnings)
+    assert NoticeCode.CROSSING_REPLICAS not in {w.code for w in ra.warnings}
     wrong = placement_of(trace, parse_stage_of_rank("rank//3"))  # stage-major read of a replica-major job
     assert wrong is not None
     warned = analyze_replicas(apply_placement(trace, wrong), wrong).warnings
-    assert any("exchange point-to-point messages" in w and "may be wrong" in w for w in warned)
+    assert NoticeCode.CROSSING_REPLICAS in {w.code for w in warned}
 
 
 def test_tensor_parallel_ranks_of_one_replica_form_one_stage() -> None:

@@ -13,6 +13,7 @@ from ppscope.analysis.report import NOT_MEASURED, gap_sentence, hop_table, rende
 from ppscope.balance.costs import LayerCosts
 from ppscope.simulate.simulator import CommModel, SimConfig, simulate
 from ppscope.trace.model import RunMeta, Trace
+from ppscope.trace.notices import NoticeCode
 
 ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 NOISY = dict(overhead_ms=0.3, comm=CommModel(latency_us=400, bandwidth_gb_per_s=1, activation_bytes=200_000))
@@ -112,9 +113,9 @@ def test_collectives_without_point_to_point_traffic_are_not_a_pipeline() -> None
             dict(rank=r, kind="kernel", name="sm90_gemm", lane="stream 7", start_ns=100, end_ns=150),
         ]
     res = analyze(Trace.from_records(rows, meta=RunMeta(source="kineto", world_size=2)))
-    (warning,) = [w for w in res.warnings if "does not look like a pipeline" in w]
-    assert "collectives (all-reduce, all-gather) but no point-to-point traffic" in warning
+    (warning,) = [w for w in res.warnings if w.code == NoticeCode.COLLECTIVES_ONLY]
+    assert "collectives (all-reduce, all-gather) but no point-to-point traffic" in warning.text  # named
     assert all(s.causes["comm"] == 40 for s in res.stages)  # the all-reduce kernel and the all-gather range
     rows.append(dict(rank=0, kind="nccl", name="ncclDevKernel_SendRecv", lane="stream 9", start_ns=90, end_ns=95))
     res = analyze(Trace.from_records(rows, meta=RunMeta(source="kineto", world_size=2)))
-    assert not any("does not look like a pipeline" in w for w in res.warnings)
+    assert NoticeCode.COLLECTIVES_ONLY not in {w.code for w in res.warnings}

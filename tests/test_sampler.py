@@ -15,6 +15,7 @@ pytest.importorskip("torch")
 
 from ppscope.engine.usage import CounterSampler, NvmlGpu, find_gpu
 from ppscope.trace.model import Metric
+from ppscope.trace.notices import NoticeCode
 from ppscope.trace.recorder import Recorder
 
 
@@ -155,6 +156,7 @@ def test_the_analysis_says_which_gpu_ranks_fell_back_to_cpu_counters() -> None:
     trace = Trace.from_records([{"rank": 0, "kind": "forward", "start_ns": 0, "end_ns": 10}])
     why = "cpu: NVML has no device with UUID dead (GPU-dead or MIG-dead)"
     trace.meta.ranks = [RankInfo(rank=0, counters=why)]
-    assert "rank 0 recorded CPU counters, not its GPU's: NVML has no device with UUID dead (GPU-dead or MIG-dead)" in (
-        analyze(trace).warnings
-    )
+    said = [n.text for n in analyze(trace).warnings if n.code == NoticeCode.CPU_COUNTERS]
+    assert said == [
+        "rank 0 recorded CPU counters, not its GPU's: NVML has no device with UUID dead (GPU-dead or MIG-dead)"
+    ]

@@ -15,6 +15,7 @@ import pytest
 
 from ppscope.errors import CorruptFileError, RunExistsError, RunNotFoundError, SchemaVersionError
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta
+from ppscope.trace.notices import NoticeCode
 from ppscope.trace.recorder import Recorder
 from ppscope.trace.store import (
     META_FILE,
@@ -199,7 +200,8 @@ def test_missing_rank_file_loads_the_rest_and_warns(tmp_path: Path) -> None:
         w.close()
     trace = load_run(run)
     assert trace.ranks == [0, 2]
-    assert len(trace.warnings) == 1 and "rank-00001.sqlite" in trace.warnings[0]
+    (missing,) = trace.warnings
+    assert missing.code == NoticeCode.MISSING_FILES and "rank-00001.sqlite" in missing.text  # names the file
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty-tables"])

@@ -15,6 +15,7 @@ import ppscope.trace.rankfile as rankfile
 import ppscope.trace.store as store
 from ppscope.errors import CorruptFileError
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, spans_frame
+from ppscope.trace.notices import NoticeCode
 from ppscope.trace.store import RankWriter, RunTail, create_run, load_run, rank_file, read_meta, read_since
 
 LANES = ["compute", "send", "stream 7", "é→ü"]
@@ -133,7 +134,8 @@ def test_a_cell_of_the_wrong_type_names_the_file(run: Path, column: str, value: 
     db.close()
     trace = load_run(run)  # the damaged file is named and left out; the others load
     assert trace.ranks == [r for r in range(read_meta(run).world_size) if r != 1]
-    assert any(re.search(r"rank 1's file is damaged.*rank-00001\.sqlite.*wrong type", w) for w in trace.warnings)
+    (damaged,) = [n.text for n in trace.warnings if n.code == NoticeCode.DAMAGED_FILE]
+    assert re.search(r"rank 1's file is damaged.*rank-00001\.sqlite.*wrong type", damaged)  # names file and why
     for rank in trace.ranks:  # with only one file left, its damage is the error
         rank_file(run, rank).unlink()
     with pytest.raises(CorruptFileError, match=r"rank-00001\.sqlite.*wrong type"):
@@ -196,8 +198,9 @@ def test_times_that_would_wrap_on_the_common_clock_are_left_out(tmp_path: Path) 
     assert sorted(zip(spans["rank"], spans["mb"], strict=True)) == [(0, 0), (0, 1), (1, 1)]  # rank 0: no offset
     assert (spans["end_ns"] >= spans["start_ns"]).all() and spans["start_ns"].is_monotonic_increasing
     assert trace.counters["ts_ns"].tolist() == [low + 10, 7 - 3_845, 7]
-    assert any("1 span(s) in rank-00001.sqlite lie too near the int64 limits" in w for w in trace.warnings)
-    assert any("1 counter sample(s) lie too near the int64 limits" in w for w in trace.warnings)
+    said = {n.code: n.text for n in trace.warnings}
+    assert said[NoticeCode.SPANS_OUT_OF_RANGE].startswith("1 span(s) in rank-00001.sqlite")  # counted, file named
+    assert said[NoticeCode.COUNTERS_OUT_OF_RANGE].startswith("1 counter sample(s)")
 
 
 def test_one_ranks_counters_read_alone_are_its_rows_of_the_whole_load(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from ppscope.analysis.facts import (
 )
 from ppscope.analysis.intervals import Intervals, clip
 from ppscope.analysis.latency import request_latency
-from ppscope.analysis.links import Violations, causality_warning
+from ppscope.analysis.links import Violations, causality_warnings
 from ppscope.analysis.pipeline import (
     collectives_without_p2p,
     count_distinct,
@@ -54,17 +54,24 @@ from ppscope.analysis.window import active_window, full_window, resolve_window, 
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.clock import causality_violations
 from ppscope.trace.model import Phase, RunMeta, SpanKind, Trace
+from ppscope.trace.notices import Notice, NoticeCode
 from ppscope.trace.schedules import Schedule
 
 __all__ = ["AnalysisConfig", "analyze"]
 
 _STATUS_NOTES = {
-    "running": "the run is still being recorded: this is a snapshot of what was flushed so far",
-    "failed": "the run failed: the analysis covers what was recorded before the failure",
-    "interrupted": "the run was interrupted: the analysis covers what was recorded before the interruption",
+    "running": (
+        NoticeCode.RUN_RUNNING,
+        "the run is still being recorded: this is a snapshot of what was flushed so far",
+    ),
+    "failed": (NoticeCode.RUN_FAILED, "the run failed: the analysis covers what was recorded before the failure"),
+    "interrupted": (
+        NoticeCode.RUN_INTERRUPTED,
+        "the run was interrupted: the analysis covers what was recorded before the interruption",
+    ),
 }
 _LIVE_SOURCES = {
-    "ppscope": _STATUS_NOTES["running"],
+    "ppscope": _STATUS_NOTES["running"][1],
     "pipelining": "the run is still being recorded, or its job ended without closing the recorder "
     "(`record_pipeline` as a context manager closes it): this is what was flushed so far",
 }
@@ -92,16 +99,16 @@ class AnalysisConfig:
 def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResult:
     """Bubbles, causes, bottleneck, theory vs measured, traffic and latency of `trace`."""
     config = config or AnalysisConfig()
-    warnings = list(trace.warnings)
     spans, meta = trace.spans, trace.meta
     latency = run_latency(trace.requests, meta)
-    warnings += meta_notes(meta)
+    warnings = [*trace.warnings, *meta_notes(meta)]
     if len(spans) == 0:
         if not meta.unrecorded:  # the store has said why there are none
             warnings.append(NO_SPANS)
         return empty_result(trace.meta, warnings, latency)
 
-    rank_stage = stage_of_ranks(spans, meta, warnings)
+    rank_stage, said = stage_of_ranks(spans, meta)
+    warnings += said
     layout = Layout.of(rank_stage)
     role = span_roles(spans["kind"], spans["name"])
     is_compute = role == ROLE_COMPUTE
@@ -118,12 +125,12 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
         inflight=inflight,
         compute_mbs=count_distinct(mb[is_compute & (mb >= 0)]),
     )
-    window = choose_window(config, facts.extents, warnings)
+    window, said = choose_window(config, facts.extents)
+    warnings += said
     if window.length_ns <= 0:
         warnings.append(ZERO_LENGTH)
         return empty_result(trace.meta, warnings, latency, window=window)
-    warnings += facts.warnings(layout.p)
-    _check_causality(spans, meta, warnings)
+    warnings += facts.warnings(layout.p) + _causality(spans, meta)
 
     flush = flushes(meta.schedule) or facts.backward_compute  # synchronous training flushes
     results, gaps = stage_bubbles(
@@ -141,8 +148,10 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     return assemble(meta, window, layout, facts, results, gaps, hops, tokens, latency, warnings)
 
 
-NO_SPANS = "the trace holds no spans: nothing to analyse (did the run record anything?)"
-ZERO_LENGTH = "the trace lasts 0 ns (only instantaneous spans): no ratio can be computed"
+NO_SPANS = Notice(NoticeCode.NO_SPANS, "the trace holds no spans: nothing to analyse (did the run record anything?)")
+ZERO_LENGTH = Notice(
+    NoticeCode.ZERO_LENGTH, "the trace lasts 0 ns (only instantaneous spans): no ratio can be computed"
+)
 
 
 def run_latency(requests: pd.DataFrame | None, meta: RunMeta) -> RequestLatency | None:
@@ -151,15 +160,16 @@ def run_latency(requests: pd.DataFrame | None, meta: RunMeta) -> RequestLatency 
     return request_latency(requests, asked if isinstance(asked, int) and not isinstance(asked, bool) else 0)
 
 
-def meta_notes(meta: RunMeta) -> list[str]:
+def meta_notes(meta: RunMeta) -> list[Notice]:
     """What the run's metadata alone says the analysis should warn of."""
     notes = []
     if meta.status == "running" and meta.source in _LIVE_SOURCES:
-        notes.append(_LIVE_SOURCES[meta.source])
+        notes.append(Notice(NoticeCode.RUN_RUNNING, _LIVE_SOURCES[meta.source]))
     elif meta.status in _STATUS_NOTES and meta.status != "running":
-        notes.append(_STATUS_NOTES[meta.status] + (f" ({meta.error})" if meta.error else ""))
+        code, text = _STATUS_NOTES[meta.status]
+        notes.append(Notice(code, text + (f" ({meta.error})" if meta.error else "")))
     notes += [
-        f"rank {r.rank} recorded CPU counters, not its GPU's: {r.counters[4:].strip()}"
+        Notice(NoticeCode.CPU_COUNTERS, f"rank {r.rank} recorded CPU counters, not its GPU's: {r.counters[4:].strip()}")
         for r in meta.ranks
         if r.counters.startswith("cpu:")
     ]
@@ -176,16 +186,17 @@ def assemble(
     hops: list[HopStats],
     tokens: int,
     latency: RequestLatency | None,
-    warnings: list[str],
+    warnings: list[Notice],
 ) -> AnalysisResult:
-    """The result from the stages' bubbles and the whole trace's facts."""
+    """The result from the stages' bubbles and the whole trace's facts, with `warnings` and what it adds."""
     p = layout.p
     missing = _missing(meta.world_size, meta.pp_size, layout.rank_stage, p)
     imbalance, basis, bottleneck, gain = stage_imbalance(results)
     if missing:  # the stages that are there cannot say which is slowest, nor what balance would gain
         imbalance, basis, bottleneck, gain = None, "incomplete", None, None
     if basis == "busy":
-        warnings.append("no `forward` spans on some stage: imbalance compares busy time per stage")
+        text = "no `forward` spans on some stage: imbalance compares busy time per stage"
+        warnings = [*warnings, Notice(NoticeCode.BUSY_IMBALANCE, text)]
     stages_run = max(p, meta.pp_size) if missing else p  # the formula is of the pipeline that ran
     theory = _theory(
         meta.schedule, stages_run, meta.microbatches, meta.chunks, facts.inflight, facts.compute_mbs, window
@@ -214,51 +225,53 @@ def assemble(
     )
 
 
-def choose_window(config: AnalysisConfig, e: Extents, warnings: list[str]) -> WindowInfo:
+def choose_window(config: AnalysisConfig, e: Extents) -> tuple[WindowInfo, list[Notice]]:
+    """The window `config` asks for over extents `e`, and what was said of it (asked for, not found)."""
     full = full_window(np.array([e.first_ns]), np.array([e.last_ns]))
     if config.window_ms is not None:
-        return resolve_window(full, config.window_ms, warnings)
+        return resolve_window(full, config.window_ms)
     have = e.computing
     if config.active and have.any():
-        return active_window(e.first_compute[have], e.last_compute[have])
+        return active_window(e.first_compute[have], e.last_compute[have]), []
+    said = []
     if config.active:
-        warnings.append("no compute spans: the active window is the whole run")
+        said.append(Notice(NoticeCode.NO_ACTIVE_WINDOW, "no compute spans: the active window is the whole run"))
     if not config.steady:
-        return full
+        return full, said
     steady = steady_window(e.first_compute.tolist(), e.last_compute.tolist()) if have.all() else None
     if steady is None:
-        warnings.append(
+        text = (
             "no steady state: the pipeline never has every stage working at once (too few micro-batches, "
             "or a stage without compute); analysed the whole run instead"
         )
-        return full
-    return steady
+        return full, [*said, Notice(NoticeCode.NO_STEADY_STATE, text)]
+    return steady, said
 
 
-def _missing(world: int, pp: int, rank_stage: dict[int, int], p: int) -> str | None:
-    """What the trace lacks to describe the whole pipeline, in words; None when nothing is missing."""
+def _missing(world: int, pp: int, rank_stage: dict[int, int], p: int) -> Notice | None:
+    """What the trace lacks to describe the whole pipeline; None when nothing is missing."""
     missing = sorted(set(range(world)) - set(rank_stage))
     if missing:
-        return (
+        return Notice(
+            NoticeCode.MISSING_RANKS,
             f"rank(s) {', '.join(map(str, missing))} of {world} recorded no spans (P = {p} of {pp}): imbalance, "
-            "bottleneck and balance gain need every stage"
+            "bottleneck and balance gain need every stage",
         )
     if pp > p:
-        return (
+        return Notice(
+            NoticeCode.MISSING_STAGES,
             f"the run has {pp} stages but only {p} recorded spans: imbalance, bottleneck and balance gain need "
-            "every stage"
+            "every stage",
         )
     return None
 
 
-def _check_causality(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) -> None:
-    """Warn when a receive ends before its send began on the common clock, beyond the offsets' uncertainty:
-    the ranks' clock offsets are then wrong, and so is every wait measured across them."""
+def _causality(spans: pd.DataFrame, meta: RunMeta) -> list[Notice]:
+    """A warning when a receive ends before its send began on the common clock, beyond the offsets'
+    uncertainty: the ranks' clock offsets are then wrong, and so is every wait measured across them."""
     if not estimated_clocks(meta):
-        return  # every rank reads one clock (one host, a simulation): there is no offset to get wrong
-    said = causality_warning(Violations.of(causality_violations(spans, uncertainty_ns=uncertainties(meta))))
-    if said:
-        warnings.append(said)
+        return []  # every rank reads one clock (one host, a simulation): there is no offset to get wrong
+    return causality_warnings(Violations.of(causality_violations(spans, uncertainty_ns=uncertainties(meta))))
 
 
 def _theory(schedule: str, p: int, m_meta: int, v: int, inflight: int | None, mbs: int, w: WindowInfo) -> Theory:
@@ -326,7 +339,7 @@ def _throughput(latency: RequestLatency | None, tokens: int, w: WindowInfo) -> t
 
 
 def empty_result(
-    meta: RunMeta, warnings: list[str], lat: RequestLatency | None, window: WindowInfo | None = None
+    meta: RunMeta, warnings: list[Notice], lat: RequestLatency | None, window: WindowInfo | None = None
 ) -> AnalysisResult:
     return AnalysisResult(
         source=meta.source,

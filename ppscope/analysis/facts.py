@@ -16,6 +16,7 @@ from ppscope.analysis.bubbles import ROLE_COMPUTE, StageTimes, TextCodes, depend
 from ppscope.analysis.intervals import Intervals, clip, running_max, union_length
 from ppscope.trace.actions import BACKWARDS, PASSES
 from ppscope.trace.model import Phase, RunMeta, SpanKind
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = [
     "Extents",
@@ -126,30 +127,39 @@ class Facts:
     compute_mbs: int
     """Distinct micro-batch ids of compute spans."""
 
-    def warnings(self, p: int) -> list[str]:
+    def warnings(self, p: int) -> list[Notice]:
+        """What these facts warn of, for a pipeline of `p` stages."""
         out = []
         if not self.any_compute:
-            out.append("no compute spans (forward/backward/embed/head/sample/kernel): every stage counts as idle")
+            text = "no compute spans (forward/backward/embed/head/sample/kernel): every stage counts as idle"
+            out.append(Notice(NoticeCode.NO_COMPUTE, text))
         if self.collectives:
-            out.append(
+            text = (
                 f"this trace has collectives ({', '.join(self.collectives)}) but no point-to-point traffic: it does "
                 "not look like a pipeline (data, tensor or expert parallelism?); each rank is analysed as a stage, "
                 "and collective time is reported as communication (`comm`)"
             )
+            out.append(Notice(NoticeCode.COLLECTIVES_ONLY, text))
         if not self.has_waits and self.any_compute:
-            out.append(
+            text = (
                 "this trace has no recv/send spans: idle time between computes is reported as `unknown` "
                 "(waiting on another stage cannot be told from host overhead)"
             )
+            out.append(Notice(NoticeCode.NO_P2P, text))
         if p == 1:
-            out.append("one stage only: there is no pipeline; the bubble is that stage's idle time")
+            out.append(
+                Notice(
+                    NoticeCode.ONE_STAGE, "one stage only: there is no pipeline; the bubble is that stage's idle time"
+                )
+            )
         n, lanes = self.overlaps
         if n:
             where = ", ".join(f"rank {r} lane {la}" for r, la in lanes[:3])
-            out.append(
+            text = (
                 f"{n} compute span(s) overlap an earlier one on the same lane ({where}); busy time counts "
                 "overlapping compute once"
             )
+            out.append(Notice(NoticeCode.COMPUTE_OVERLAP, text))
         return out
 
 

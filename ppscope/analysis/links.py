@@ -22,8 +22,9 @@ from ppscope.analysis.pipeline import hop_stats
 from ppscope.analysis.result import HopStats, WindowInfo
 from ppscope.trace.clock import causality_violations
 from ppscope.trace.model import SpanKind
+from ppscope.trace.notices import Notice, NoticeCode
 
-__all__ = ["LinkPlan", "Violations", "causality_warning", "link_figures", "plan_links"]
+__all__ = ["LinkPlan", "Violations", "causality_warnings", "link_figures", "plan_links"]
 
 _RECEIVES = {str(SpanKind.RECV): 0, str(SpanKind.RECV_WAIT): 1}
 """The receive kinds in the order `causality_violations` lists them."""
@@ -58,17 +59,18 @@ class Violations:
         return Violations(self.count + other.count, self.pairs | other.pairs, min(worst) if worst else None)
 
 
-def causality_warning(found: Violations) -> str | None:
-    """The warning for the receives `causality_violations` found; None when there are none."""
+def causality_warnings(found: Violations) -> list[Notice]:
+    """The warning for the receives `causality_violations` found; none when there are none."""
     if not found.count or found.worst is None:
-        return None
+        return []
     early, _, _, _, mb, step = found.worst
     pairs = ", ".join(f"{s}→{d}" for s, d in sorted(found.pairs))
-    return (
+    text = (
         f"{found.count} receive(s) end before their send starts on the common clock (rank pairs {pairs}; worst "
         f"{-early / 1e3:,.1f} µs early, micro-batch {mb} step {step}), beyond the clock offsets' uncertainty: the "
         "offsets are off, so waits and hop latencies between these ranks are not to be trusted"
     )
+    return [Notice(NoticeCode.CLOCK_SKEW, text)]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import pandas as pd
 from ppscope.analysis.bubbles import ROLE_COLLECTIVE, ROLE_RECV, ROLE_SEND, ROLE_WAIT, span_roles
 from ppscope.analysis.result import HopStats, StageResult
 from ppscope.trace.model import RunMeta, SpanKind
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = [
     "collectives_without_p2p",
@@ -43,8 +44,8 @@ def count_distinct(values: npt.NDArray[np.int64]) -> int:
     return int((s[1:] != s[:-1]).sum()) + 1
 
 
-def stage_of_ranks(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) -> dict[int, int]:
-    """Physical stage of every rank that recorded spans.
+def stage_of_ranks(spans: pd.DataFrame, meta: RunMeta) -> tuple[dict[int, int], list[Notice]]:
+    """Physical stage of every rank that recorded spans, and what was guessed.
 
     From `meta.ranks[i].stage` when set; else the lowest non-negative span `stage` of the rank (chunk 0 of
     an interleaved rank runs virtual stage r); else rank order (imports: one process/GPU is one stage).
@@ -57,17 +58,19 @@ def stage_of_ranks(spans: pd.DataFrame, meta: RunMeta, warnings: list[str]) -> d
         if info is not None and info.stage >= 0:
             from_meta[int(r)] = info.stage
     if len(from_meta) == len(ranks):
-        return from_meta
+        return from_meta, []
     stages = spans["stage"].to_numpy()
     known = stages >= 0
     mins = pd.Series(stages[known]).groupby(spans["rank"].to_numpy()[known]).min()
     from_spans = {int(r): int(s) for r, s in mins.items()}
     mapping = {int(r): from_meta.get(int(r), from_spans.get(int(r), -1)) for r in ranks}
     if all(s >= 0 for s in mapping.values()):
-        return mapping
+        return mapping, []
+    said = []
     if any(s >= 0 for s in mapping.values()):
-        warnings.append("some ranks carry no stage number; numbered every rank's stage by rank order instead")
-    return {int(r): i for i, r in enumerate(ranks)}
+        text = "some ranks carry no stage number; numbered every rank's stage by rank order instead"
+        said.append(Notice(NoticeCode.STAGES_BY_RANK, text))
+    return {int(r): i for i, r in enumerate(ranks)}, said
 
 
 def stage_imbalance(stages: list[StageResult]) -> tuple[float | None, str, int | None, float | None]:

@@ -22,6 +22,7 @@ from ppscope.analysis.facts import busiest_rank
 from ppscope.analysis.placement import Placement
 from ppscope.analysis.result import AnalysisResult, StageResult
 from ppscope.trace.model import Trace, counters_frame, requests_frame
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = [
     "OneReplica",
@@ -108,7 +109,11 @@ class ReplicaAnalysis:
     incomplete_replicas: list[int]
     shown_replica: int
     """The replica whose pipeline the report details: the bottleneck's, else the first."""
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[Notice] = field(default_factory=list)
+    """The job's: its own, those of the checks on the placement, and each replica's (said once when every
+    replica says it, else with the replicas that do)."""
+    replica_warnings: dict[int, list[Notice]] = field(default_factory=dict)
+    """Each replica's warnings that `warnings` does not already say as they are: those not every replica says."""
 
     def to_json(self) -> dict[str, Any]:
         stages = [dataclasses.asdict(s) for s in self.stages]
@@ -131,7 +136,7 @@ class ReplicaAnalysis:
             "missing_ranks": self.missing_ranks,
             "incomplete_replicas": self.incomplete_replicas,
             "shown_replica": self.shown_replica,
-            "warnings": self.warnings,
+            "warnings": [w.to_json() for w in self.warnings],
         }
 
 
@@ -216,7 +221,7 @@ OneReplica = Callable[[int], tuple[AnalysisResult, dict[int, int]]]
 def replicas_of(
     placement: Placement,
     recorded: set[int],
-    warnings: list[str],
+    warnings: list[Notice],
     crossing: tuple[int, int] | None,
     one: OneReplica,
     *,
@@ -224,59 +229,71 @@ def replicas_of(
 ) -> ReplicaAnalysis:
     """The replicas analysed by `one` and compared stage by stage. `recorded`: the ranks with spans;
     `warnings`: the job's own; `crossing`: a (rank, peer) pair whose message crosses replicas, if any."""
-    warnings = list(warnings)
-    stray = sorted(recorded - set(placement.place))
-    if stray:
-        warnings.append(
-            f"rank(s) {rank_list(stray)} recorded spans but have no (stage, replica) from {placement.source}: left out"
-        )
-    if crossing:
-        warnings.append(
-            "ranks of different replicas exchange point-to-point messages (between rank "
-            f"{crossing[0]} and rank {crossing[1]}): a pipeline's stages talk to each other only, so the "
-            f"placement from {placement.source} may be wrong"
-        )
     results: dict[int, AnalysisResult] = {}
     summaries: list[ReplicaSummary] = []
     busiest: dict[tuple[int, int], int] = {}
-    seen_warnings: dict[str, list[int]] = {}
     for rep in placement.replicas:
         ranks = placement.ranks_of(rep)
         missing = [r for r in ranks if r not in recorded]
-        if len(missing) == len(ranks):
-            summaries.append(
-                ReplicaSummary(replica=rep, ranks=ranks, missing=missing, bubble_ratio=None, slowest_stage=None)
-            )
-            continue
-        res, busy = one(rep)
-        for w in res.warnings:
-            seen_warnings.setdefault(w, []).append(rep)
-        busiest.update({(stage, rep): rank for stage, rank in busy.items()})
-        if not keep_gaps:
-            res.gaps = res.gaps.iloc[0:0].copy()  # a view would keep every row
-        results[rep] = res
+        res = None
+        if len(missing) < len(ranks):
+            res, busy = one(rep)
+            busiest.update({(stage, rep): rank for stage, rank in busy.items()})
+            if not keep_gaps:
+                res.gaps = res.gaps.iloc[0:0].copy()  # a view would keep every row
+            results[rep] = res
         summaries.append(
             ReplicaSummary(
                 replica=rep,
                 ranks=ranks,
                 missing=missing,
-                bubble_ratio=res.bubble_ratio,
-                slowest_stage=_slowest_stage(res.stages),
+                bubble_ratio=None if res is None else res.bubble_ratio,
+                slowest_stage=None if res is None else _slowest_stage(res.stages),
             )
         )
-    n = len(placement.replicas)
-    for w, reps in seen_warnings.items():
-        warnings.append(w if len(reps) == n else f"{w} (replica(s) {rank_list(reps)})")
     missing_ranks = sorted(r for r in placement.place if r not in recorded)
     missing_ranks += [r for r in placement.unplaced if r not in recorded]
     incomplete = [s.replica for s in summaries if s.missing]
+    ra = _aggregate(placement, results, summaries, busiest, sorted(missing_ranks), incomplete)
+    said, own = _job_warnings(placement, recorded, crossing, results)
+    return dataclasses.replace(ra, warnings=[*warnings, *said], replica_warnings=own)
+
+
+def _job_warnings(
+    placement: Placement, recorded: set[int], crossing: tuple[int, int] | None, results: dict[int, AnalysisResult]
+) -> tuple[list[Notice], dict[int, list[Notice]]]:
+    """What the checks on the placement say, and the replicas' warnings: once for the job where every replica
+    says one, else with the replicas that say it; and per replica, those it says that not every replica does."""
+    said = []
+    stray = sorted(recorded - set(placement.place))
+    if stray:
+        text = (
+            f"rank(s) {rank_list(stray)} recorded spans but have no (stage, replica) from {placement.source}: left out"
+        )
+        said.append(Notice(NoticeCode.UNPLACED_SPANS, text))
+    if crossing:
+        text = (
+            "ranks of different replicas exchange point-to-point messages (between rank "
+            f"{crossing[0]} and rank {crossing[1]}): a pipeline's stages talk to each other only, so the "
+            f"placement from {placement.source} may be wrong"
+        )
+        said.append(Notice(NoticeCode.CROSSING_REPLICAS, text))
+    seen: dict[Notice, list[int]] = {}
+    for rep, res in results.items():
+        for w in res.warnings:
+            seen.setdefault(w, []).append(rep)
+    n = len(placement.replicas)
+    for w, reps in seen.items():
+        said.append(w if len(reps) == n else dataclasses.replace(w, text=f"{w.text} (replica(s) {rank_list(reps)})"))
     unplaced_missing = [r for r in placement.unplaced if r not in recorded]
     if unplaced_missing:
-        warnings.append(
+        text = (
             f"rank(s) {rank_list(unplaced_missing)} of the job recorded nothing and have no (stage, replica): "
             "which replicas they belong to is unknown"
         )
-    return _aggregate(placement, results, summaries, busiest, sorted(missing_ranks), incomplete, warnings)
+        said.append(Notice(NoticeCode.UNPLACED_MISSING, text))
+    own = {rep: [w for w in res.warnings if len(seen[w]) < n] for rep, res in results.items()}
+    return said, own
 
 
 def _aggregate(
@@ -286,7 +303,6 @@ def _aggregate(
     busiest: dict[tuple[int, int], int],
     missing_ranks: list[int],
     incomplete: list[int],
-    warnings: list[str],
 ) -> ReplicaAnalysis:
     per_stage: dict[int, list[tuple[int, StageResult]]] = {}
     for rep, res in results.items():
@@ -322,7 +338,6 @@ def _aggregate(
         missing_ranks=missing_ranks,
         incomplete_replicas=incomplete,
         shown_replica=shown,
-        warnings=warnings,
     )
 
 

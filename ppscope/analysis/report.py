@@ -293,7 +293,7 @@ def html_report(res: AnalysisResult, trace: Trace | None = None, *, max_bars: in
         "<h1>ppscope analysis</h1>",
         "<pre>" + html.escape("\n".join(summary_lines(res))) + "</pre>",
     ]
-    parts += [f"<p class='warn'>warning: {html.escape(w)}</p>" for w in res.warnings]
+    parts += [f"<p class='warn'>warning: {html.escape(str(w))}</p>" for w in res.warnings]
     tables = [stage_table(res)] if res.stages else []
     tables += [hop_table(res)] if res.hops else []
     lat = latency_table(res)

@@ -17,6 +17,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     from ppscope.trace.model import StrEnum
 
+from ppscope.trace.notices import Notice
+
 __all__ = [
     "CAUSES",
     "AnalysisResult",
@@ -223,11 +225,13 @@ class AnalysisResult:
     hops: list[HopStats]
     inflight: int | None
     """Micro-batches in flight during decode (config max_inflight, or measured)."""
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[Notice] = field(default_factory=list)
     gaps: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
     """Idle intervals: stage, start_ns, end_ns, cause (adjacent same-cause pieces merged)."""
-    missing: str | None = None
-    """What the trace lacks to describe the whole pipeline (ranks or stages without spans); None if nothing."""
+    missing: Notice | None = None
+    """What the trace lacks to describe the whole pipeline (`missing_ranks`: ranks without spans, or
+    `missing_stages`: stages without spans), and so why imbalance, bottleneck and balance gain are not given;
+    None if nothing."""
     replay: Replay | None = None
     """A training run's replay, when the caller made one (`ppscope analyze` does for training runs)."""
 
@@ -284,9 +288,9 @@ class AnalysisResult:
             ],
             "hops": [{**vars(h), "unmeasured": dict(h.unmeasured)} for h in self.hops],
             "latency": _latency_json(self.latency),
-            "missing": self.missing,
+            "missing": None if self.missing is None else self.missing.to_json(),
             "replay": None if self.replay is None else self.replay.to_json(),
-            "warnings": list(self.warnings),
+            "warnings": [w.to_json() for w in self.warnings],
         }
 
 

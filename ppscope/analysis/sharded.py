@@ -59,17 +59,17 @@ from ppscope.analysis.facts import (
     stage_times,
     uncertainties,
 )
-from ppscope.analysis.links import LinkPlan, Violations, causality_warning, link_figures, plan_links
+from ppscope.analysis.links import LinkPlan, Violations, causality_warnings, link_figures, plan_links
 from ppscope.analysis.pipeline import collective_labels, comm_names, measured_inflight, stage_of_ranks
 from ppscope.analysis.result import AnalysisResult, HopStats, StageResult, WindowInfo
 from ppscope.analysis.steps import Waves
 from ppscope.analysis.theory import flushes
 from ppscope.errors import CorruptFileError, InvalidConfigError
-from ppscope.failures import recorded_failures
 from ppscope.pool import ordered, processes
 from ppscope.trace.model import Phase, RunMeta, spans_frame
+from ppscope.trace.notices import Notice
 from ppscope.trace.rankfile import read_sends
-from ppscope.trace.store import damaged_note, read_rank_spans, read_requests, run_files
+from ppscope.trace.store import damaged_note, failures_said, read_rank_spans, read_requests, run_files
 
 __all__ = ["RankDigest", "analyze_run"]
 
@@ -87,7 +87,7 @@ class RankDigest:
     rank: int
     spans: int
     error: str
-    warnings: list[str]
+    warnings: list[Notice]
     damaged: str
     """Why the rank file cannot be read (then it is left out, as `load_run` leaves it out); empty when fine."""
     stage: int
@@ -176,9 +176,9 @@ class Sharded:
         files = {r: self.files[r] for r in ranks if r in self.files}
         return files, dataclasses.replace(meta, ranks=[i for i in meta.ranks if i.rank in mine])
 
-    def said(self, digests: list[RankDigest]) -> list[str]:
+    def said(self, digests: list[RankDigest]) -> list[Notice]:
         """What the rank files say of themselves: failures their ranks recorded, damaged spans and files."""
-        out = recorded_failures({d.rank: d.error for d in digests if d.error}, self.meta.error)
+        out = failures_said({d.rank: d.error for d in digests if d.error}, self.meta.error)
         for d in digests:
             out += d.warnings
         return out + [damaged_note(d.rank, d.damaged) for d in digests if d.damaged]
@@ -189,63 +189,62 @@ class Sharded:
         whole: _Whole,
         meta: RunMeta,
         requests: pd.DataFrame | None,
-        warnings: list[str],
+        warnings: list[Notice],
         *,
         gaps: bool,
     ) -> tuple[AnalysisResult, dict[int, int]]:
-        """Passes 2 and 3 for the pipeline of these ranks, with `meta` its metadata; and each stage's busiest
-        rank (its only one, or of tensor-parallel ranks the one with the most compute in the window)."""
+        """Passes 2 and 3 for the pipeline of these ranks, with `meta` its metadata and `warnings` the job's;
+        and each stage's busiest rank (its only one, or of tensor-parallel ranks the one with the most compute
+        in the window)."""
         latency = run_latency(requests, meta)
-        warnings = warnings + meta_notes(meta)
+        warnings = [*warnings, *meta_notes(meta)]
         digests = [d for d in digests if d.spans]
         if not digests:
-            if not meta.unrecorded:
-                warnings.append(NO_SPANS)
-            return empty_result(meta, warnings, latency), {}
+            return empty_result(meta, warnings if meta.unrecorded else [*warnings, NO_SPANS], latency), {}
         tiny = pd.DataFrame({"rank": [d.rank for d in digests], "stage": [d.stage for d in digests]})
-        layout = Layout.of(stage_of_ranks(tiny, meta, warnings))
+        rank_stage, said = stage_of_ranks(tiny, meta)
+        layout = Layout.of(rank_stage)
         facts = _facts(digests, whole, layout, meta)
-        window = choose_window(self.config, facts.extents, warnings)
+        window, chosen = choose_window(self.config, facts.extents)
+        warnings += said + chosen
         if window.length_ns <= 0:
-            warnings.append(ZERO_LENGTH)
-            return empty_result(meta, warnings, latency, window=window), {}
+            return empty_result(meta, [*warnings, ZERO_LENGTH], latency, window=window), {}
         warnings += facts.warnings(layout.p)
-        flush = flushes(meta.schedule) or facts.backward_compute
-        waves = _run_waves(whole.waves, flush=flush)
-        ring_bound = facts.inflight is not None and facts.inflight < layout.p
-        quiet = no_requests(requests, meta, window)
-        plans = plan_links(layout.stages, {d.rank: d.sends_to for d in digests})
-        check = estimated_clocks(meta)
-        jobs = [
-            (
-                *self._reading([*ranks, *plan.senders], meta),
-                ranks,
-                stage,
-                window,
-                flush,
-                facts.has_waits,
-                quiet,
-                waves,
-                ring_bound,
-                gaps,
-                plan,
-                check,
-            )
-            for (stage, ranks), plan in zip(layout.stages, plans, strict=True)
-        ]
-        parts = list(ordered(self.pool, _stage, jobs, self.width))
+        parts = self._stages(digests, whole, layout, facts, meta, requests, window, gaps)
         found = Violations()
         for part in parts:
             found = found.merged(part.violations)
-        said = causality_warning(found)
-        if said:
-            warnings.append(said)
+        warnings += causality_warnings(found)
         results = [p.result for p in parts]
         idle = pd.concat([p.gaps for p in parts], ignore_index=True)
         tokens = sum(p.tokens for p in parts)
         hops = sorted((h for p in parts for h in p.hops), key=lambda h: (h.src_rank, h.dst_rank))
         result = assemble(meta, window, layout, facts, results, idle, hops, tokens, latency, warnings)
         return result, {p.result.stage: p.busiest for p in parts}
+
+    def _stages(
+        self,
+        digests: list[RankDigest],
+        whole: _Whole,
+        layout: Layout,
+        facts: Facts,
+        meta: RunMeta,
+        requests: pd.DataFrame | None,
+        window: WindowInfo,
+        gaps: bool,
+    ) -> list[_StagePart]:
+        """Pass 2: each stage's part, a task per stage, with the whole trace's facts."""
+        flush = flushes(meta.schedule) or facts.backward_compute
+        waves = _run_waves(whole.waves, flush=flush)
+        ring_bound = facts.inflight is not None and facts.inflight < layout.p
+        quiet = no_requests(requests, meta, window)
+        plans = plan_links(layout.stages, {d.rank: d.sends_to for d in digests})
+        shared = (window, flush, facts.has_waits, quiet, waves, ring_bound, gaps)
+        jobs = [
+            (*self._reading([*ranks, *plan.senders], meta), ranks, stage, *shared, plan, estimated_clocks(meta))
+            for (stage, ranks), plan in zip(layout.stages, plans, strict=True)
+        ]
+        return list(ordered(self.pool, _stage, jobs, self.width))
 
 
 def _digest(files: dict[int, Path], meta: RunMeta, rank: int) -> RankDigest:

@@ -20,6 +20,7 @@ from ppscope.analysis.replicas import ReplicaAnalysis, crossing_pair, replicas_o
 from ppscope.analysis.result import AnalysisResult
 from ppscope.analysis.sharded import EMPTY_WHOLE, RankDigest, Sharded
 from ppscope.trace.model import RankInfo, RunMeta
+from ppscope.trace.notices import Notice
 from ppscope.trace.store import run_files
 
 __all__ = ["RunReplicas", "analyze_run_replicas", "run_replicas"]
@@ -34,7 +35,7 @@ class RunReplicas:
     analysis: ReplicaAnalysis | None
     """None when the run is one pipeline."""
     placement: Placement | None
-    said: list[str]
+    said: list[Notice]
     first_ns: int
     last_ns: int
     """0 and 0 when no rank recorded a span."""

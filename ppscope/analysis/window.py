@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from ppscope.analysis.result import WindowInfo
 from ppscope.errors import InvalidConfigError
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = ["active_window", "full_window", "parse_window_ms", "resolve_window", "steady_window"]
 
@@ -70,10 +71,11 @@ def steady_window(first_compute_ns: list[int], last_compute_ns: list[int]) -> Wi
     )
 
 
-def resolve_window(full: WindowInfo, window_ms: tuple[float, float] | None, warnings: list[str]) -> WindowInfo:
-    """An explicit ms window on the trace clock, clipped to the trace; raises when it misses the trace."""
+def resolve_window(full: WindowInfo, window_ms: tuple[float, float] | None) -> tuple[WindowInfo, list[Notice]]:
+    """An explicit ms window on the trace clock, clipped to the trace (and said so); raises when it misses the
+    trace."""
     if window_ms is None:
-        return full
+        return full, []
     start_ns = full.start_ns + round(window_ms[0] * 1e6)
     end_ns = full.start_ns + round(window_ms[1] * 1e6)
     length_ms = full.length_ns / 1e6
@@ -82,12 +84,14 @@ def resolve_window(full: WindowInfo, window_ms: tuple[float, float] | None, warn
             f"window {window_ms[0]:g}:{window_ms[1]:g} ms lies outside the trace, which lasts {length_ms:.3f} ms "
             f"from its first span: pick start_ms below {length_ms:.3f}"
         )
+    said = []
     if end_ns > full.end_ns:
-        warnings.append(f"window end {window_ms[1]:g} ms is past the trace's end ({length_ms:.3f} ms); clipped to it")
+        text = f"window end {window_ms[1]:g} ms is past the trace's end ({length_ms:.3f} ms); clipped to it"
+        said.append(Notice(NoticeCode.WINDOW_CLIPPED, text))
         end_ns = full.end_ns
     return WindowInfo(
         start_ns=start_ns,
         end_ns=end_ns,
         mode="explicit",
         how=f"explicit: {window_ms[0]:g} to {(end_ns - full.start_ns) / 1e6:g} ms from the trace's first span",
-    )
+    ), said

@@ -39,6 +39,7 @@ from ppscope.balance.split import (
 )
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 from ppscope.trace.actions import Phase
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = [
     "GivenCosts",
@@ -219,7 +220,7 @@ class ModelSection:
     costs: ModelCosts
     calibration: Calibration | None
     assumptions: tuple[str, ...]
-    warnings: tuple[str, ...]
+    warnings: tuple[Notice, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -275,7 +276,7 @@ class RebalanceReport:
                 "model_costs": m.costs.to_dict(),
                 "calibration": None if m.calibration is None else m.calibration.to_dict(),
                 "assumptions": list(m.assumptions),
-                "warnings": list(m.warnings),
+                "warnings": [w.to_json() for w in m.warnings],
             }
         return out
 
@@ -570,20 +571,23 @@ def _model_warnings(
     split: list[int],
     calibration: Calibration | None,
     dtype: str,
-) -> list[str]:
+) -> list[Notice]:
     """Stages whose weights exceed the GPU (with --gpu), and stages the calibrated model explains poorly."""
     out = _weights_warnings(shape, gpu, split, dtype, request.tp) if request.gpu else []
     if calibration is not None:
         out += [
-            f"the model explains stage {s} poorly: {calibration.overhead_ms[s] / calibration.measured_ms[s]:.0%} "
-            f"of its measured time is left to its fixed overhead (check --model, --current-split "
-            f"{format_split(calibration.split)} and --phase)"
+            Notice(
+                NoticeCode.POORLY_EXPLAINED,
+                f"the model explains stage {s} poorly: {calibration.overhead_ms[s] / calibration.measured_ms[s]:.0%} "
+                f"of its measured time is left to its fixed overhead (check --model, --current-split "
+                f"{format_split(calibration.split)} and --phase)",
+            )
             for s in calibration.poorly_explained()
         ]
     return out
 
 
-def _weights_warnings(shape: ModelShape, gpu: GPU, split: list[int], dtype: str, tp: int) -> list[str]:
+def _weights_warnings(shape: ModelShape, gpu: GPU, split: list[int], dtype: str, tp: int) -> list[Notice]:
     """Stages whose weights alone exceed the GPU's memory."""
     out, last = [], len(split) - 1
     for s, (i, j) in enumerate(stage_layer_ranges(split)):
@@ -591,8 +595,9 @@ def _weights_warnings(shape: ModelShape, gpu: GPU, split: list[int], dtype: str,
         params += (shape.embed_params if s == 0 else 0) + (shape.head_params if s == last else 0)
         gb = params * dtype_bytes(dtype) / tp / 1e9
         if gb > gpu.memory_gb:
-            out.append(
+            text = (
                 f"stage {s}'s weights ({gb:.0f} GB per GPU in {dtype}) exceed a {gpu.name}'s {gpu.memory_gb:g} GB: "
                 "use more stages, a larger --tp or --dtype fp8 (ppscope plan sizes memory)"
             )
+            out.append(Notice(NoticeCode.WEIGHTS_EXCEED_GPU, text))
     return out

@@ -163,7 +163,7 @@ def _header(entry: Entry, live: LiveTrace) -> None:
         if live.error:
             st.warning(md(live.error))
         for warning in live.trace.warnings:
-            st.caption(f"⚠ {md(warning)}")
+            st.caption(f"⚠ {md(str(warning))}")
 
     status()
 
@@ -191,7 +191,7 @@ def ranked_page(entry: Entry, big: RankedRun, section: str, others: Sequence[Ent
         st.error(md(exc))
         return
     for warning in run.said:
-        st.caption(f"⚠ {md(warning)}")
+        st.caption(f"⚠ {md(str(warning))}")
     ra = run.analysis
     if ra is None:  # the run changed on disk since it was looked at: no longer many pipelines
         st.error("This run is no longer a job of several pipelines: tick 'Load the whole run' to show it.")

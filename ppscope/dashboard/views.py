@@ -127,7 +127,7 @@ def stage_page(ra: ReplicaAnalysis | None, result: AnalysisResult | None, proble
         st.error(f"The analyzer could not read this trace: {md(problem)}")
         return
     if not result.stages:
-        st.info("No stages to show: " + md("; ".join(result.warnings)))
+        st.info("No stages to show: " + md("; ".join(map(str, result.warnings))))
         return
     w = result.window
     cols = st.columns(5)
@@ -161,7 +161,7 @@ def stage_page(ra: ReplicaAnalysis | None, result: AnalysisResult | None, proble
             st.caption(md(result.replay.note))
     st.dataframe(_stage_table(result), hide_index=True)
     for warning in result.warnings:
-        st.caption(f"⚠ {md(warning)}")
+        st.caption(f"⚠ {md(str(warning))}")
 
 
 def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:

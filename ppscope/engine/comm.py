@@ -7,6 +7,7 @@ why: docs/ARCHITECTURE.md, "The ring". This module knows nothing about models or
 from __future__ import annotations
 
 import collections
+import enum
 import threading
 import time
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ __all__ = [
     "Message",
     "PeerTimeout",
     "Ring",
+    "WaitFailure",
     "silent_peer",
+    "wait_failure",
 ]
 
 ACT, TOKENS, STOP, PING = 1, 2, 3, 4
@@ -76,6 +79,23 @@ def silent_peer(exc: BaseException) -> int | None:
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return None
+
+
+class WaitFailure(enum.Enum):
+    """How a wait on a torch.distributed receive failed."""
+
+    TIMEOUT = "timeout"
+    """Nothing arrived within the process group's timeout: the peer failed or hangs."""
+    BROKEN = "broken"
+    """The link broke (the peer's process died, its socket closed) or the backend failed otherwise."""
+
+
+def wait_failure(exc: BaseException) -> WaitFailure:
+    """Which failure a receive's `wait()` raised. The one place ppscope reads an exception's text to tell cases
+    apart: torch and gloo raise a timed-out wait as a RuntimeError (a DistBackendError at best, which a broken
+    link raises too), whose only sign of the timeout is its message ("Timed out waiting 30000ms for recv
+    operation to complete"). So it is read here, once, and everything else goes by the code."""
+    return WaitFailure.TIMEOUT if "timed out" in str(exc).lower() else WaitFailure.BROKEN
 
 
 @dataclass
@@ -375,7 +395,7 @@ class Ring:
         try:
             work.wait()
         except Exception as exc:
-            raise self._timeout() if "timed out" in str(exc).lower() else self._failed(exc) from exc
+            raise self._timeout() if wait_failure(exc) is WaitFailure.TIMEOUT else self._failed(exc) from exc
 
     def _timeout(self) -> PeerTimeout:
         return PeerTimeout(

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ppscope.trace.notices import Notice, NoticeCode
+
 __all__ = ["StageOrder", "order_stages"]
 
 
@@ -22,6 +24,13 @@ class StageOrder:
     inferred: bool
     """True when the order came from point-to-point traffic, False when from the fallback key."""
     explanation: str
+    code: NoticeCode
+    """Which case: `one_rank`, `stages_by_traffic` or `stages_by_fallback`."""
+
+    @property
+    def notice(self) -> Notice:
+        """The explanation, as a warning to show."""
+        return Notice(self.code, self.explanation)
 
 
 def order_stages(
@@ -39,7 +48,7 @@ def order_stages(
             first[key] = t
     fallback = sorted(ranks, key=lambda r: (fallback_key.get(r, r), r))
     if len(ranks) <= 1:
-        return StageOrder({r: i for i, r in enumerate(fallback)}, False, "one rank: stage 0")
+        return StageOrder({r: i for i, r in enumerate(fallback)}, False, "one rank: stage 0", NoticeCode.ONE_RANK)
     reason = _why_not(ranks, first)
     if reason:
         return StageOrder(
@@ -47,6 +56,7 @@ def order_stages(
             False,
             f"stages ordered by {fallback_name}: the direction of point-to-point traffic could not be inferred "
             f"({reason})",
+            NoticeCode.STAGES_BY_FALLBACK,
         )
     source = next(r for r in ranks if _is_source(r, first))
     rest = sorted((r for r in ranks if r != source), key=lambda r: (first[(r, "recv")], r))
@@ -56,6 +66,7 @@ def order_stages(
         True,
         "stages ordered by the direction of point-to-point traffic (the rank that sends first is stage 0, "
         "then ranks by their first receive)",
+        NoticeCode.STAGES_BY_TRAFFIC,
     )
 
 

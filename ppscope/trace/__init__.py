@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from ppscope.trace.model import lane_of as lane_of
     from ppscope.trace.model import requests_frame as requests_frame
     from ppscope.trace.model import spans_frame as spans_frame
+    from ppscope.trace.notices import Notice as Notice
+    from ppscope.trace.notices import NoticeCode as NoticeCode
     from ppscope.trace.outputs import atomic_file as atomic_file
     from ppscope.trace.outputs import atomic_folder as atomic_folder
     from ppscope.trace.outputs import check_output as check_output
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from ppscope.trace.store import create_run as create_run
     from ppscope.trace.store import damaged_note as damaged_note
     from ppscope.trace.store import each_rank as each_rank
+    from ppscope.trace.store import failures_said as failures_said
     from ppscope.trace.store import is_run_dir as is_run_dir
     from ppscope.trace.store import load_run as load_run
     from ppscope.trace.store import rank_file_count as rank_file_count
@@ -73,6 +76,8 @@ _WHERE = {
     "Lane": "model",
     "META_FILE": "store",
     "Metric": "model",
+    "Notice": "notices",
+    "NoticeCode": "notices",
     "PASSES": "actions",
     "Phase": "model",
     "REQUESTS_FILE": "store",
@@ -97,6 +102,7 @@ _WHERE = {
     "each_rank": "store",
     "empty_spans": "model",
     "estimate_offset": "clock",
+    "failures_said": "store",
     "is_run_dir": "store",
     "lane_of": "model",
     "layer_indices": "layers",

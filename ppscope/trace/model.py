@@ -20,6 +20,7 @@ import pandas as pd
 
 from ppscope.errors import CorruptFileError, InvalidSpanError, SchemaVersionError
 from ppscope.trace.actions import Phase
+from ppscope.trace.notices import Notice
 from ppscope.trace.schemaframe import schema_frame
 
 if sys.version_info >= (3, 11):
@@ -405,7 +406,7 @@ class Trace:
     counters: pd.DataFrame = field(default_factory=empty_counters)
     meta: RunMeta = field(default_factory=RunMeta)
     requests: pd.DataFrame = field(default_factory=empty_requests)
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[Notice] = field(default_factory=list)
     """What the loader could not read or had to guess, for the user to see."""
 
     @classmethod

@@ -7,12 +7,13 @@ SchemaVersionError naming the file.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sqlite3
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from ppscope.trace.model import (
     counters_frame,
     spans_frame,
 )
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = [
     "UNSHIFTABLE",
@@ -292,23 +294,37 @@ def read_ranks(
     try:
         total = 0
         for rank in sorted(files):  # in rank order, so the first damaged file is the one named
-            rf = _open_rank(files[rank], after_spans.get(rank, 0), after_counters.get(rank, 0))
+            with _about(files[rank]):
+                rf = _open_rank(files[rank], after_spans.get(rank, 0), after_counters.get(rank, 0))
             if rf is not None:
                 opened.append((rank, rf, total))
                 total += rf.n_spans
         table = Table(total)
         if len(opened) <= 1 or total < _PARALLEL_SPANS:
             for _, rf, pos in opened:
-                _read_rank(rf, table, pos)
+                with _about(rf.path):
+                    _read_rank(rf, table, pos)
         else:
             with ThreadPoolExecutor(max_workers=min(len(opened), _READ_THREADS)) as pool:
-                futures = [pool.submit(_read_rank, rf, table, pos) for _, rf, pos in opened]
-                for f in futures:  # in rank order: the first damaged file raises
-                    f.result()
+                futures = [(rf.path, pool.submit(_read_rank, rf, table, pos)) for _, rf, pos in opened]
+                for path, f in futures:  # in rank order: the first damaged file raises
+                    with _about(path):
+                        f.result()
     finally:
         for _, rf, _ in opened:
             rf.db.close()
     return table, opened
+
+
+@contextlib.contextmanager
+def _about(path: Path) -> Iterator[None]:
+    """A CorruptFileError raised inside is about the file at `path` (`exc.path`): its reader may leave it out."""
+    try:
+        yield
+    except CorruptFileError as exc:
+        if exc.path is None:
+            exc.path = path
+        raise
 
 
 def merge_values(table: Table, opened: list[tuple[int, RankFile, int]]) -> dict[str, list[Any]]:
@@ -328,22 +344,26 @@ def merge_values(table: Table, opened: list[tuple[int, RankFile, int]]) -> dict[
 
 
 def spans_of(
-    table: Table, values: dict[str, list[Any]], files: dict[int, Path], meta: RunMeta, warnings: list[str]
-) -> pd.DataFrame:
+    table: Table, values: dict[str, list[Any]], files: dict[int, Path], meta: RunMeta
+) -> tuple[pd.DataFrame, list[Notice]]:
     """The table as one frame of the schema's dtypes, on the common clock, sorted like `Trace.sorted()`.
-    Spans only a damaged file holds are left out with a warning: those that end before they start (the
-    recorder refuses them) and those too near the int64 limits to move onto the common clock."""
+    Spans only a damaged file holds are left out, and said in the notices returned: those that end before
+    they start (the recorder refuses them) and those too near the int64 limits to move onto the common clock."""
     cols: dict[str, np.ndarray] = {**table.ints, **table.codes}
     if not len(cols["rank"]):
-        return spans_frame()
+        return spans_frame(), []
     table.ints, table.codes = {}, {}  # each column is let go once sorted
     reversed_ = cols["end_ns"] < cols["start_ns"]
     wide = unshiftable(cols["rank"], meta, cols["start_ns"], cols["end_ns"]) & ~reversed_
-    for bad, what in ((reversed_, "end before they start"), (wide, UNSHIFTABLE)):
+    said = []
+    for bad, code, what in (
+        (reversed_, NoticeCode.SPANS_REVERSED, "end before they start"),
+        (wide, NoticeCode.SPANS_OUT_OF_RANGE, UNSHIFTABLE),
+    ):
         if bad.any():
             ranks = sorted(set(cols["rank"][bad].tolist()))
             where = ", ".join(files[r].name if r in files else f"rank {r}" for r in ranks)
-            warnings.append(f"{int(bad.sum())} span(s) in {where} {what} (a damaged file); left them out")
+            said.append(Notice(code, f"{int(bad.sum())} span(s) in {where} {what} (a damaged file); left them out"))
     if reversed_.any() or wide.any():
         cols = {c: a[~(reversed_ | wide)] for c, a in cols.items()}
     for ts in (cols["start_ns"], cols["end_ns"]):
@@ -355,7 +375,7 @@ def spans_of(
     out: dict[str, Any] = {}
     for c, dtype in SPAN_COLUMNS.items():
         out[c] = text_column(cols.pop(c), values[c], dtype) if c in values else cols.pop(c)
-    return pd.DataFrame(out, copy=False)
+    return pd.DataFrame(out, copy=False), said
 
 
 _P2P_COLS = ["rank", "peer", "mb", "step", "chunk", "start_ns", "end_ns", "nbytes"]

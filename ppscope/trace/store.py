@@ -28,6 +28,7 @@ from ppscope.errors import CorruptFileError, InvalidConfigError, RunExistsError,
 from ppscope.failures import recorded_failures
 from ppscope.trace.counterfile import common_counters
 from ppscope.trace.model import COUNTER_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, RunMeta, Trace, counters_frame
+from ppscope.trace.notices import Notice, NoticeCode
 from ppscope.trace.rankfile import (
     connect_ro,
     merge_values,
@@ -49,6 +50,7 @@ __all__ = [
     "damaged_note",
     "each_rank",
     "enclosing_run",
+    "failures_said",
     "holds_run",
     "is_run_dir",
     "load_run",
@@ -331,61 +333,63 @@ def read_since(
     Spans are on the common clock and sorted by start time. A rank file that is missing is reported in
     `Trace.warnings`; one that is damaged raises CorruptFileError naming it. Ranks in `leave_out` are not read.
     """
-    meta, files, warnings = run_files(run_dir, leave_out)
+    meta, files, said = run_files(run_dir, leave_out)
     path = _check_run_dir(run_dir)
     since = since or Cursor()
     table, opened = read_ranks(files, since.spans, since.counters)
-    warnings += recorded_failures({rank: rf.error for rank, rf, _ in opened if rf.error}, meta.error)
+    said += failures_said({rank: rf.error for rank, rf, _ in opened if rf.error}, meta.error)
     span_pos, counter_pos = dict(since.spans), dict(since.counters)
     for rank, rf, _ in opened:
         span_pos[rank], counter_pos[rank] = rf.last_span, rf.last_counter
     values = merge_values(table, opened)
     parts = [rf.counters for _, rf, _ in opened if rf.counters is not None]
     del opened
-    spans = spans_of(table, values, files, meta, warnings)
-    counters = _counters_of(parts, meta, warnings)
+    spans, of_spans = spans_of(table, values, files, meta)
+    counters, of_counters = _counters_of(parts, meta)
     requests, req_pos = read_requests_after(path / REQUESTS_FILE, since.requests_bytes)
-    trace = Trace(spans=spans, counters=counters, meta=meta, requests=requests, warnings=warnings)
+    trace = Trace(spans=spans, counters=counters, meta=meta, requests=requests, warnings=said + of_spans + of_counters)
     return trace, Cursor(spans=span_pos, counters=counter_pos, requests_bytes=req_pos)
 
 
-def _counters_of(parts: list[pd.DataFrame], meta: RunMeta, warnings: list[str]) -> pd.DataFrame:
+def _counters_of(parts: list[pd.DataFrame], meta: RunMeta) -> tuple[pd.DataFrame, list[Notice]]:
     """The counters of the files read, on the common clock and sorted as `Trace.sorted()` sorts them (see
-    `counterfile.common_counters`)."""
-    return common_counters(pd.concat(parts, ignore_index=True) if parts else counters_frame(), meta, warnings)
+    `counterfile.common_counters`), with what was left out of them."""
+    return common_counters(pd.concat(parts, ignore_index=True) if parts else counters_frame(), meta)
 
 
 def run_files(
     run_dir: str | os.PathLike[str], leave_out: Sequence[int] = ()
-) -> tuple[RunMeta, dict[int, Path], list[str]]:
+) -> tuple[RunMeta, dict[int, Path], list[Notice]]:
     """A run's metadata, its rank files by rank but those of `leave_out`, and what is to be said of the files
     it lacks."""
     path = _check_run_dir(run_dir)
     meta = read_meta(path)
     files = {r: f for r, f in _rank_files(path).items() if r not in leave_out}
-    warnings = []
+    said = []
     missing = sorted(set(range(meta.world_size)) - set(files) - set(leave_out))
     if meta.unrecorded:
-        warnings.append("recorded with --no-record: there are no spans, only the requests' latency")
+        text = "recorded with --no-record: there are no spans, only the requests' latency"
+        said.append(Notice(NoticeCode.NOT_RECORDED, text))
     elif missing:
         names = ", ".join(rank_file(path, r).name for r in missing)
-        warnings.append(f"rank(s) {', '.join(map(str, missing))} have no file ({names}); loaded the rest")
-    return meta, files, warnings
+        text = f"rank(s) {', '.join(map(str, missing))} have no file ({names}); loaded the rest"
+        said.append(Notice(NoticeCode.MISSING_FILES, text))
+    return meta, files, said
 
 
 def read_rank_spans(
     files: dict[int, Path], ranks: Sequence[int], meta: RunMeta
-) -> tuple[pd.DataFrame, dict[int, str], list[str]]:
+) -> tuple[pd.DataFrame, dict[int, str], list[Notice]]:
     """The spans of `ranks` alone, on the common clock and sorted as `load_run` sorts them, with the errors
     those ranks recorded and the warnings of their damaged spans: a large run read a few ranks at a time.
     `files` and `meta` are `run_files`'s."""
-    spans, _, errors, warnings = read_rank_parts(files, ranks, meta)
-    return spans, errors, warnings
+    spans, _, errors, said = read_rank_parts(files, ranks, meta)
+    return spans, errors, said
 
 
 def read_rank_parts(
     files: dict[int, Path], ranks: Sequence[int], meta: RunMeta
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[int, str], list[str]]:
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[int, str], list[Notice]]:
     """`read_rank_spans` with the ranks' counters (beside the spans), as `load_run` holds them."""
     chosen = {r: files[r] for r in ranks if r in files}
     table, opened = read_ranks(chosen, {}, {})
@@ -393,25 +397,26 @@ def read_rank_parts(
     values = merge_values(table, opened)
     parts = [rf.counters for _, rf, _ in opened if rf.counters is not None]
     del opened
-    warnings: list[str] = []
-    spans = spans_of(table, values, chosen, meta, warnings)
-    return spans, _counters_of(parts, meta, warnings), errors, warnings
+    spans, of_spans = spans_of(table, values, chosen, meta)
+    counters, of_counters = _counters_of(parts, meta)
+    return spans, counters, errors, of_spans + of_counters
 
 
 def each_rank(
-    files: dict[int, Path], meta: RunMeta, damaged: dict[int, str], notes: list[str] | None = None
+    files: dict[int, Path], meta: RunMeta, damaged: dict[int, str], notes: list[Notice] | None = None
 ) -> Iterator[tuple[int, pd.DataFrame, pd.DataFrame]]:
     """Each rank's spans and counters read alone (`read_rank_parts`), in rank order; a damaged rank file is left
     out and its error put in `damaged` (by rank), for the caller to name as `load_run` does (`damaged_note`).
-    What a damaged file's rows lose (spans that end before they start, ...) goes into `notes`, once each."""
+    What a damaged file's rows lose (spans that end before they start, ...) goes into `notes`, once each.
+    (A generator: what it learns on the way is put into the caller's `damaged` and `notes`.)"""
     for rank in sorted(files):
         try:
-            spans, counters, _, warnings = read_rank_parts(files, [rank], meta)
+            spans, counters, _, said = read_rank_parts(files, [rank], meta)
         except CorruptFileError as exc:
             damaged[rank] = str(exc)
             continue
         if notes is not None:
-            notes.extend(w for w in warnings if w not in notes)
+            notes.extend(n for n in said if n not in notes)
         yield rank, spans, counters
 
 
@@ -427,7 +432,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> Trace:
         try:
             trace, _ = read_since(run_dir, leave_out=tuple(damaged))
         except CorruptFileError as exc:
-            rank = _damaged_rank(Path(run_dir), str(exc), damaged)
+            rank = _damaged_rank(Path(run_dir), exc, damaged)
             if rank is None:
                 raise
             damaged[rank] = str(exc)
@@ -441,17 +446,23 @@ def load_run(run_dir: str | os.PathLike[str]) -> Trace:
         return trace
 
 
-def damaged_note(rank: int, why: str) -> str:
+def damaged_note(rank: int, why: str) -> Notice:
     """What is said of a damaged rank file left out of a run's analysis."""
-    return f"rank {rank}'s file is damaged, left out (loaded the rest): {why}"
+    return Notice(NoticeCode.DAMAGED_FILE, f"rank {rank}'s file is damaged, left out (loaded the rest): {why}")
 
 
-def _damaged_rank(path: Path, message: str, known: dict[int, str]) -> int | None:
-    """The rank whose file a CorruptFileError names, when other rank files remain to be read; else None."""
+def failures_said(errors: dict[int, str], said: str = "") -> list[Notice]:
+    """The failures the ranks recorded (rank -> plain error), as `failures.recorded_failures` words them."""
+    return [Notice(NoticeCode.RANK_FAILED, line) for line in recorded_failures(errors, said)]
+
+
+def _damaged_rank(path: Path, exc: CorruptFileError, known: dict[int, str]) -> int | None:
+    """The rank whose file a CorruptFileError is about (`exc.path`), when other rank files remain to be read;
+    else None."""
     files = {r: f for r, f in _rank_files(path).items() if r not in known}
-    if len(files) < 2:
+    if len(files) < 2 or exc.path is None:
         return None
-    return next((r for r, f in sorted(files.items()) if str(f) in message), None)
+    return next((r for r, f in sorted(files.items()) if f == exc.path), None)
 
 
 def read_rank_info(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:

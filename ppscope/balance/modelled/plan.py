@@ -18,6 +18,7 @@ from ppscope.balance.costs import LayerCosts
 from ppscope.balance.modelled.shapes import ModelShape, dtype_bytes
 from ppscope.balance.split import format_split, validate_split, vllm_default_split
 from ppscope.errors import InvalidConfigError
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = ["GIB", "Cluster", "Layout", "Plan", "PlanConfig", "StagePlan", "plan", "stage_memory_model"]
 
@@ -140,7 +141,7 @@ class Plan:
     fix_split: tuple[int, ...] | None
     """The split that maximises KV capacity, when it differs from `split` and helps."""
     fix_stages: tuple[StagePlan, ...] | None
-    warnings: tuple[str, ...]
+    warnings: tuple[Notice, ...]
     assumptions: tuple[str, ...]
 
     @property
@@ -160,7 +161,7 @@ class Plan:
         """`out of memory`, `almost none` (some stage is tight, see `warnings`) or `ample`."""
         if not self.fits:
             return "out of memory"
-        return "almost none" if any("almost no room" in w for w in self.warnings) else "ample"
+        return "almost none" if any(w.code == NoticeCode.LITTLE_KV_ROOM for w in self.warnings) else "ample"
 
     def to_dict(self) -> dict[str, Any]:
         cfg = self.config
@@ -195,7 +196,7 @@ class Plan:
             if self.fix_split is None
             else f"VLLM_PP_LAYER_PARTITION={format_split(self.fix_split)}",
             "fix_stages": None if self.fix_stages is None else stages(self.fix_stages),
-            "warnings": list(self.warnings),
+            "warnings": [w.to_json() for w in self.warnings],
             "assumptions": list(self.assumptions),
         }
 
@@ -380,7 +381,8 @@ def plan(cfg: PlanConfig) -> Plan:
     elif fix == split:
         fix = None
     if fix is None and not all(s.fits for s in stages):
-        warnings.append(f"no split of {cfg.model.layers} layers over {layout.pp} stages fits: use more GPUs")
+        text = f"no split of {cfg.model.layers} layers over {layout.pp} stages fits: use more GPUs"
+        warnings.append(Notice(NoticeCode.NO_SPLIT_FITS, text))
     return Plan(
         config=cfg,
         layout=layout,
@@ -395,19 +397,21 @@ def plan(cfg: PlanConfig) -> Plan:
     )
 
 
-def _warnings(cfg: PlanConfig, stages: tuple[StagePlan, ...]) -> list[str]:
+def _warnings(cfg: PlanConfig, stages: tuple[StagePlan, ...]) -> list[Notice]:
     out = []
     for s in stages:
         if not s.fits:
-            out.append(
+            text = (
                 f"stage {s.stage} runs out of memory: its weights ({s.weights_bytes / GIB:.1f} GiB) plus reserve "
                 f"exceed the {cfg.cluster.usable_bytes / GIB:.1f} GiB usable by {-s.kv_bytes / GIB:.2f} GiB"
             )
+            out.append(Notice(NoticeCode.OUT_OF_MEMORY, text))
         elif s.kv_sequences < max(cfg.min_sequences, 1) or s.kv_bytes < 0.1 * cfg.cluster.usable_bytes:
-            out.append(
+            text = (
                 f"stage {s.stage} has almost no room for KV cache: {s.kv_bytes / GIB:.2f} GiB = {s.kv_tokens} tokens "
                 f"= {s.kv_sequences} sequence(s) of {cfg.seq_len} tokens"
             )
+            out.append(Notice(NoticeCode.LITTLE_KV_ROOM, text))
     return out
 
 

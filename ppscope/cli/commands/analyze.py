@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ppscope.cli.argtypes import Subcommands
+    from ppscope.trace.notices import Notice
 
 HELP = "Report bubbles, their causes and the bottleneck stage of a run or an nsys/Kineto trace"
 EXAMPLE = "ppscope analyze runs/r1 --steady --html report.html"
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         if result.stages and is_training(trace):  # the run's own action order, replayed with its measured costs
             result.replay, _ = replay_training(trace)
     if not result.stages and not unrecorded:
-        why = "; ".join(said) or "did the run record anything?"
+        why = "; ".join(map(str, said)) or "did the run record anything?"
         raise UnsupportedInputError(f"{args.run} holds no spans: nothing to analyse ({why})")
     if args.html:
         path = write_html(result, args.html, trace, max_bars=args.max_bars, force=args.force)
@@ -119,15 +120,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rank_by_rank(args: argparse.Namespace, config: Any) -> tuple[Any, bool, list[str]] | int:
+def _rank_by_rank(args: argparse.Namespace, config: Any) -> tuple[Any, bool, list[Notice]] | int:
     """`--workers`, `--ray`: the run directory analysed a rank, then a stage, at a time
     (`ppscope.analysis.sharded`); a job of several replicas, each on its own, printed here (then the exit
     code is returned)."""
-    from ppscope.analysis.analyzer import NO_SPANS
     from ppscope.analysis.placement import parse_stage_of_rank
     from ppscope.analysis.sharded import analyze_run
     from ppscope.analysis.sharded_replicas import analyze_run_replicas
     from ppscope.errors import InvalidConfigError
+    from ppscope.trace.notices import NoticeCode
     from ppscope.trace.store import is_run_dir, read_meta
 
     how = "--ray" if args.ray is not None else "--workers"
@@ -142,7 +143,8 @@ def _rank_by_rank(args: argparse.Namespace, config: Any) -> tuple[Any, bool, lis
     if ra is not None:
         return _print_replicas(args, ra)
     result = analyze_run(args.run, config, workers=args.workers or 1, ray=args.ray, gaps=False)  # no drawing
-    return result, read_meta(args.run).unrecorded, [w for w in result.warnings if w != NO_SPANS]
+    said = [w for w in result.warnings if w.code != NoticeCode.NO_SPANS]  # the error says it
+    return result, read_meta(args.run).unrecorded, said
 
 
 def _replicas(args: argparse.Namespace, trace: Any, placement: Any, config: Any) -> int:
@@ -167,7 +169,7 @@ def _shown(args: argparse.Namespace, ra: Any) -> Any:
 
     result = ra.results.get(ra.shown_replica)
     if result is None or not result.stages:
-        why = "; ".join(ra.warnings) or "did the run record anything?"
+        why = "; ".join(map(str, ra.warnings)) or "did the run record anything?"
         raise UnsupportedInputError(f"{args.run} holds no spans of any replica: nothing to analyse ({why})")
     return result
 
@@ -185,6 +187,6 @@ def _print_replicas(args: argparse.Namespace, ra: Any) -> int:
     for warning in ra.warnings:
         print(f"warning: {warning}")
     print(f"\nreplica {ra.shown_replica}, the pipeline holding the bottleneck:")
-    result.warnings = [w for w in result.warnings if w not in ra.warnings]
+    result.warnings = ra.replica_warnings.get(ra.shown_replica, [])  # the job's were said above
     print_report(result, stdout_console())
     return 0

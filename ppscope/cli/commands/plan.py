@@ -160,7 +160,7 @@ def _print(d: dict[str, Any]) -> None:
         f"{d['max_model_len']} tokens (the smallest stage's): room for KV cache is {d['kv_verdict'].upper()}"
     )
     for w in d["warnings"]:
-        print(f"warning: {w}")
+        print(f"warning: {w['text']}")
     if d["fix_split"] is not None:
         fix = d["fix_stages"]
         tokens = min(r["kv_tokens"] for r in fix)

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ppscope.trace.notices import Notice, NoticeCode
+
 __all__ = ["GroupPlacement", "group_placement"]
 
 _PP = re.compile(r"(?:^|[^a-z])(?:pp|pipe|pipeline)(?:$|[^a-z])", re.IGNORECASE)
@@ -51,17 +53,18 @@ def _groups(tops: dict[int, dict[str, Any]]) -> tuple[set[tuple[int, ...]], set[
     return pp, inner, world
 
 
-def group_placement(tops: dict[int, dict[str, Any]], warnings: list[str]) -> GroupPlacement | None:
-    """Each rank's (stage, replica) from the files' pipeline groups; None when no file has one."""
+def group_placement(tops: dict[int, dict[str, Any]]) -> tuple[GroupPlacement | None, list[Notice]]:
+    """Each rank's (stage, replica) from the files' pipeline groups; None when no file has one, or (said so)
+    when they do not tell."""
     pp, inner, world = _groups(tops)
     if not pp:
-        return None
+        return None, []
     stage: dict[int, int] = {}
     for group in sorted(pp):
         for i, r in enumerate(group):
             if stage.setdefault(r, i) != i:
-                warnings.append(f"rank {r} sits at two places of pipeline groups: took stages from the traffic instead")
-                return None
+                text = f"rank {r} sits at two places of pipeline groups: took stages from the traffic instead"
+                return None, [Notice(NoticeCode.GROUPS_CONFLICT, text)]
     parent = {r: r for r in stage}
 
     def root(r: int) -> int:
@@ -82,4 +85,4 @@ def group_placement(tops: dict[int, dict[str, Any]], warnings: list[str]) -> Gro
         f"Kineto distributedInfo: {len(pp)} pipeline process group(s){tp} make {len(roots)} replica(s); a rank's "
         "stage is its place in its pipeline group"
     )
-    return GroupPlacement(place=place, world_size=max(world, max(stage) + 1), explanation=explanation)
+    return GroupPlacement(place=place, world_size=max(world, max(stage) + 1), explanation=explanation), []

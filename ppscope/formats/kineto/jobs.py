@@ -19,13 +19,15 @@ from typing import Any
 
 from ppscope.errors import CorruptFileError, UnsupportedInputError
 from ppscope.formats.detect import GZIP_MAGIC
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = ["CLOCK_NOTE", "JobFacts", "one_job", "refuse_empty"]
 
-CLOCK_NOTE = (
+CLOCK_NOTE = Notice(
+    NoticeCode.IMPORT_CLOCKS,
     "clocks: each file's times are read on its own base time (baseTimeNanoseconds, the profiler's wall-clock "
     "anchor), not measured between ranks by ppscope: ranks on different hosts line up only as well as the "
-    "hosts' clocks agree"
+    "hosts' clocks agree",
 )
 
 
@@ -60,10 +62,11 @@ def refuse_empty(path: Path) -> None:
         return  # damaged rather than empty: the reader names that
 
 
-def one_job(files: Mapping[int, JobFacts], warnings: list[str]) -> list[int]:
-    """The ranks whose files are one job's, those of another job named in `warnings` (or refused)."""
-    keep = _same_world(files, warnings)
-    return _overlapping({r: files[r] for r in keep}, warnings)
+def one_job(files: Mapping[int, JobFacts]) -> tuple[list[int], list[Notice]]:
+    """The ranks whose files are one job's, and the warnings naming those of another job (or refused)."""
+    keep, said = _same_world(files)
+    keep, more = _overlapping({r: files[r] for r in keep})
+    return keep, said + more
 
 
 def _world(top: Mapping[str, Any]) -> int | None:
@@ -72,11 +75,11 @@ def _world(top: Mapping[str, Any]) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
-def _same_world(files: Mapping[int, JobFacts], warnings: list[str]) -> list[int]:
+def _same_world(files: Mapping[int, JobFacts]) -> tuple[list[int], list[Notice]]:
     sizes = {r: _world(f.top) for r, f in files.items()}
     counts = Counter(s for s in sizes.values() if s is not None)
     if len(counts) <= 1:
-        return list(files)
+        return list(files), []
     (common, n), (_, n2) = counts.most_common(2)
     odd = sorted(f.name for r, f in files.items() if sizes[r] not in (None, common))
     if n == n2:
@@ -84,27 +87,27 @@ def _same_world(files: Mapping[int, JobFacts], warnings: list[str]) -> list[int]
             f"{', '.join(sorted(f.name for f in files.values()))} are not one job's ranks: their "
             "distributedInfo.world_size differ; give one job's files"
         )
-    warnings.append(
+    text = (
         f"left out {', '.join(odd)}: from another job (distributedInfo.world_size other than the {common} of the rest)"
     )
-    return [r for r in files if sizes[r] in (None, common)]
+    return [r for r in files if sizes[r] in (None, common)], [Notice(NoticeCode.OTHER_JOB, text)]
 
 
-def _overlapping(files: Mapping[int, JobFacts], warnings: list[str]) -> list[int]:
+def _overlapping(files: Mapping[int, JobFacts]) -> tuple[list[int], list[Notice]]:
     if len(files) < 2:
-        return list(files)
+        return list(files), []
 
     def meets(a: JobFacts, b: JobFacts) -> bool:
         return a.first_ns <= b.last_ns and b.first_ns <= a.last_ns
 
     alone = [r for r, f in files.items() if not any(meets(f, g) for q, g in files.items() if q != r)]
     if not alone:
-        return list(files)
+        return list(files), []
     if len(alone) == len(files):
         raise UnsupportedInputError(
             f"{', '.join(sorted(f.name for f in files.values()))} do not overlap in time: they are not one "
             "job's ranks (or their clocks disagree by more than the trace lasts); give one job's files"
         )
     names = ", ".join(sorted(files[r].name for r in alone))
-    warnings.append(f"left out {names}: its events overlap no other rank's in time, so it is from another job")
-    return [r for r in files if r not in alone]
+    text = f"left out {names}: its events overlap no other rank's in time, so it is from another job"
+    return [r for r in files if r not in alone], [Notice(NoticeCode.OTHER_JOB, text)]

@@ -36,6 +36,7 @@ from ppscope.formats.pipelining.rank import RankEvents, top_level
 from ppscope.formats.spancolumns import spans_frame_of
 from ppscope.pool import ordered, processes
 from ppscope.trace.model import SPAN_COLUMNS, ClockInfo, RankInfo, RunMeta, Trace, spans_frame
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = ["iter_trace_events", "load_kineto"]
 
@@ -139,7 +140,7 @@ def load_kineto(files: list[Path]) -> Trace:
     if not files:
         raise UnsupportedInputError("no Kineto trace files given")
     read: dict[int, _File] = {}
-    warnings: list[str] = []
+    warnings: list[Notice] = []
     skipped: list[str] = []
     damaged = 0
     paths = sorted(files)
@@ -156,11 +157,12 @@ def load_kineto(files: list[Path]) -> Trace:
             if said is None:
                 skipped.append(path.name)  # another JSON file next to the traces (a config, a summary)
             else:  # one damaged file of a job: name it, read the others
-                warnings.append(f"left out a damaged file, read the others: {said}")
+                warnings.append(Notice(NoticeCode.DAMAGED_FILE, f"left out a damaged file, read the others: {said}"))
                 damaged += 1
             continue
         _refuse_own_export(path, data.top)
-        rank = _rank_of(path, data.top, i, warnings)
+        rank, notes = _rank_of(path, data.top, i)
+        warnings += notes
         if rank in read:
             raise UnsupportedInputError(f"{path}: rank {rank} appears in two files; give one file per rank")
         read[rank] = data
@@ -168,15 +170,19 @@ def load_kineto(files: list[Path]) -> Trace:
         folder = Path(files[0]).parent
         raise UnsupportedInputError(f"{folder} holds no traces: none of its JSON files has a traceEvents list")
     if skipped:
-        warnings.append(f"skipped {len(skipped)} JSON file(s) without traceEvents: {', '.join(skipped[:5])}")
-    keep = one_job({r: JobFacts(d.events.name, d.top, *_extent(d)) for r, d in read.items()}, warnings)
+        text = f"skipped {len(skipped)} JSON file(s) without traceEvents: {', '.join(skipped[:5])}"
+        warnings.append(Notice(NoticeCode.SKIPPED_FILES, text))
+    keep, notes = one_job({r: JobFacts(d.events.name, d.top, *_extent(d)) for r, d in read.items()})
+    warnings += notes
     read = {r: read[r] for r in keep}
     if len(read) > 1:
         warnings.append(CLOCK_NOTE)
     evidence = [(rank, op, t) for rank, data in read.items() for op, t in data.p2p]
-    groups = group_placement({r: d.top for r, d in read.items()}, warnings)
+    groups, notes = group_placement({r: d.top for r, d in read.items()})
+    warnings += notes
     if groups is not None and not set(read) <= set(groups.place):
-        warnings.append("some files' ranks are in no pipeline process group: took stages from the traffic instead")
+        text = "some files' ranks are in no pipeline process group: took stages from the traffic instead"
+        warnings.append(Notice(NoticeCode.GROUPS_INCOMPLETE, text))
         groups = None
     placed = groups.place if groups is not None else None
     pipeline = read_pipeline({r: RankFile(d.events, d.spans, d.gpu) for r, d in read.items()}, evidence, placed)
@@ -189,7 +195,7 @@ def load_kineto(files: list[Path]) -> Trace:
         per_rank = {r: _plain(d, stage_of[r]) for r, d in read.items()}
     else:
         order = order_stages(read, evidence, {r: r for r in read}, "rank")
-        warnings.append(order.explanation)
+        warnings.append(order.notice)
         stage_of, explanation = order.stage_of, order.explanation
         per_rank = {r: _plain(d, stage_of[r]) for r, d in read.items()}
     spans = _all_spans(per_rank, stage_of)
@@ -280,12 +286,13 @@ def _refuse_own_export(path: Path, top: dict[str, Any]) -> None:
         )
 
 
-def _rank_of(path: Path, top: dict[str, Any], index: int, warnings: list[str]) -> int:
+def _rank_of(path: Path, top: dict[str, Any], index: int) -> tuple[int, list[Notice]]:
+    """The rank the file says, in its `distributedInfo` or its name; else `index`, said so."""
     dist = top.get("distributedInfo")
     if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
-        return int(dist["rank"])
+        return int(dist["rank"]), []
     m = _RANK_RE.search(path.name)
     if m:
-        return int(m.group(1))
-    warnings.append(f"{path.name}: no distributedInfo.rank and no rank in the file name; took rank {index}")
-    return index
+        return int(m.group(1)), []
+    text = f"{path.name}: no distributedInfo.rank and no rank in the file name; took rank {index}"
+    return index, [Notice(NoticeCode.RANK_GUESSED, text)]

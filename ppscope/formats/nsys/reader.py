@@ -39,6 +39,7 @@ from ppscope.formats.nsys.tables import (
 from ppscope.formats.ordering import order_stages
 from ppscope.formats.spancolumns import SpanColumns, build_spans
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = ["NVTX_RANGE_TYPES", "PPSCOPE_DOMAIN", "load_nsys", "parse_ppscope_message", "pid_of"]
 
@@ -100,7 +101,7 @@ def _own_export(db: NsysDb, info: dict[str, str], rows: pd.DataFrame) -> Trace:
 
 
 def _assemble(db: NsysDb, info: dict[str, str], nvtx: pd.DataFrame, gpu: GpuWork) -> Trace:
-    warnings: list[str] = []
+    warnings: list[Notice] = []
     rows = gpu.rows
     own = ppscope_fields(nvtx[nvtx["ppscope"]]) if len(nvtx) else pd.DataFrame()
     if len(own):
@@ -112,13 +113,15 @@ def _assemble(db: NsysDb, info: dict[str, str], nvtx: pd.DataFrame, gpu: GpuWork
     other = nvtx[~nvtx["ppscope"] & nvtx["pid"].isin(pids)] if len(nvtx) else nvtx
     dropped = len(nvtx) - len(other) - (int(nvtx["ppscope"].sum()) if len(nvtx) else 0)
     if dropped:
-        warnings.append(f"{dropped} NVTX row(s) of processes without GPU work were left out")
+        text = f"{dropped} NVTX row(s) of processes without GPU work were left out"
+        warnings.append(Notice(NoticeCode.NVTX_DROPPED, text))
     stage_of_rank, order_note = _stages(rank_of, own, other, device_of)
     warnings.append(order_note)
     parts = []
     extent = None
     if len(rows):
-        kernels, extent = _gpu_spans(db, gpu, own, rank_of, stage_of_rank, warnings)
+        kernels, extent, said = _gpu_spans(db, gpu, own, rank_of, stage_of_rank)
+        warnings += said
         parts.append(kernels)
     after = 3 << TABLE_BITS  # NVTX rows come after the GPU tables' rows, ppscope's first
     if len(own):
@@ -128,9 +131,8 @@ def _assemble(db: NsysDb, info: dict[str, str], nvtx: pd.DataFrame, gpu: GpuWork
             # A ppscope range in a capture is CPU time; the GPU work it launched is when the stage was busy.
             own.loc[extent.index, "start_ns"] = extent["gpu_start"].to_numpy()
             own.loc[extent.index, "end_ns"] = extent["gpu_end"].to_numpy()
-            warnings.append(
-                f"{len(extent)} ppscope range(s) moved from CPU to GPU time: the extent of the kernels they launched"
-            )
+            text = f"{len(extent)} ppscope range(s) moved from CPU to GPU time: the extent of the kernels they launched"
+            warnings.append(Notice(NoticeCode.RANGES_ON_GPU_TIME, text))
         parts.append(SpanColumns.of_frame(with_defaults(own), after + np.arange(len(own))))
     if len(other):
         ranges = _range_spans(other, rank_of, stage_of_rank)
@@ -139,8 +141,10 @@ def _assemble(db: NsysDb, info: dict[str, str], nvtx: pd.DataFrame, gpu: GpuWork
     gpu.rows = gpu.rows.iloc[:0]  # let go of the GPU rows: the span columns hold what they need of them
     spans, reversed_ = build_spans(parts)
     if reversed_:
-        warnings.append(f"{reversed_} row(s) end before they start and were left out")
-    meta = _meta(db, info, pids, rank_of, stage_of_rank, device_of, order_note)
+        warnings.append(
+            Notice(NoticeCode.SPANS_REVERSED, f"{reversed_} row(s) end before they start and were left out")
+        )
+    meta = _meta(db, info, pids, rank_of, stage_of_rank, device_of, order_note.text)
     return Trace(spans=spans, meta=meta, warnings=warnings)
 
 
@@ -156,12 +160,15 @@ def _devices(gpu: pd.DataFrame, pids: list[int]) -> dict[int, int]:
 
 def _stages(
     rank_of: dict[int, int], own: pd.DataFrame, other: pd.DataFrame, device_of: dict[int, int]
-) -> tuple[dict[int, int], str]:
+) -> tuple[dict[int, int], Notice]:
+    """Each rank's stage, and how it was found."""
     if len(own) and (own["stage"] >= 0).any():
         stage = own[own["stage"] >= 0].groupby("pid")["stage"].min()
         known = {rank_of[int(pid)]: int(s) for pid, s in stage.items()}
         if len(known) == len(rank_of):
-            return known, "stages taken from the ppscope NVTX ranges (`sN ...` messages)"
+            return known, Notice(
+                NoticeCode.STAGES_FROM_NVTX, "stages taken from the ppscope NVTX ranges (`sN ...` messages)"
+            )
     p2p = []
     for frame in (own, other):
         if not len(frame):
@@ -173,7 +180,7 @@ def _stages(
         for pid, op, t in zip(hits["pid"].tolist(), ops.dropna().tolist(), times.tolist(), strict=True):
             p2p.append((rank_of[int(pid)], op, int(t)))
     order = order_stages(rank_of.values(), p2p, {rank_of[p]: d for p, d in device_of.items()}, "device id")
-    return order.stage_of, order.explanation
+    return order.stage_of, order.notice
 
 
 def _gpu_spans(
@@ -182,8 +189,7 @@ def _gpu_spans(
     own: pd.DataFrame,
     rank_of: dict[int, int],
     stage_of_rank: dict[int, int],
-    warnings: list[str],
-) -> tuple[SpanColumns, pd.DataFrame | None]:
+) -> tuple[SpanColumns, pd.DataFrame | None, list[Notice]]:
     """The GPU rows as span columns: rank and stage from the process, a lane per (process, device, stream);
     with ppscope ranges, the stage, micro-batch, step, chunk and phase of the range that launched each."""
     df = gpu.rows
@@ -214,8 +220,9 @@ def _gpu_spans(
     }
     phase = (np.zeros(n, dtype=np.int32), [""])
     extent = None
+    said: list[Notice] = []
     if len(own):
-        hit, extent = _attribute(df, runtime_rows(db), own, warnings)
+        hit, extent, said = _attribute(df, runtime_rows(db), own)
         idx = hit["index"].to_numpy(dtype=np.int64)
         for c in ("stage", "mb", "step", "chunk"):
             numbers[c][idx] = hit[c].to_numpy()
@@ -228,7 +235,7 @@ def _gpu_spans(
         "name": (df["nid"].to_numpy().astype(np.int32), gpu.names),
         "phase": phase,
     }
-    return SpanColumns(numbers, text, df["pos"].to_numpy()), extent
+    return SpanColumns(numbers, text, df["pos"].to_numpy()), extent, said
 
 
 def _factorize_rows(
@@ -250,8 +257,8 @@ def _factorize_rows(
 
 
 def _attribute(
-    df: pd.DataFrame, runtime: pd.DataFrame, own: pd.DataFrame, warnings: list[str]
-) -> tuple[pd.DataFrame, pd.DataFrame]:
+    df: pd.DataFrame, runtime: pd.DataFrame, own: pd.DataFrame
+) -> tuple[pd.DataFrame, pd.DataFrame, list[Notice]]:
     """Which ppscope range launched each kernel: it takes the range's stage, micro-batch, step, chunk and phase.
 
     RUNTIME and KERNEL rows meet on (pid, correlationId): correlation ids are unique per process only.
@@ -261,11 +268,11 @@ def _attribute(
     none = pd.DataFrame({"gpu_start": pd.Series([], dtype=np.int64), "gpu_end": pd.Series([], dtype=np.int64)})
     nothing = pd.DataFrame({c: [] for c in ("index", "stage", "mb", "step", "chunk", "phase")})
     if not len(runtime):
-        warnings.append(f"no {RUNTIME} rows: kernels could not be attributed to ppscope ranges")
-        return nothing, none
+        text = f"no {RUNTIME} rows: kernels could not be attributed to ppscope ranges"
+        return nothing, none, [Notice(NoticeCode.NO_RUNTIME_ROWS, text)]
     launches = df[["pid", "corr", "start", "end"]].reset_index().merge(runtime, on=["pid", "corr"], how="inner")
     if not len(launches):
-        return nothing, none
+        return nothing, none, []
     ranges = own[own["kind"].isin(["forward", "backward", "embed", "head", "sample", "send", "recv", "recv_wait"])]
     ranges = ranges.rename(columns={"start_ns": "rstart"}).assign(ridx=ranges.index).sort_values("rstart")
     launches = launches.sort_values("rstart")
@@ -279,7 +286,7 @@ def _attribute(
     hit = hit[hit["end_ns"].notna() & (hit["end_ns"] >= hit["rstart"])]
     extent = hit.groupby("ridx").agg(gpu_start=("start", "min"), gpu_end=("end", "max"))
     extent.index = extent.index.astype(np.int64)
-    return hit, extent
+    return hit, extent, []
 
 
 def _range_spans(other: pd.DataFrame, rank_of: dict[int, int], stage_of_rank: dict[int, int]) -> pd.DataFrame:

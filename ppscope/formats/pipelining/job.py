@@ -40,6 +40,7 @@ from ppscope.formats.pipelining.rank import (
 from ppscope.formats.spancolumns import spans_frame_of
 from ppscope.trace.actions import PASSES, ActionType
 from ppscope.trace.model import SpanKind
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = ["PipelineRead", "RankFile", "cpu_compute", "read_pipeline"]
 
@@ -71,7 +72,7 @@ class PipelineRead:
     microbatches: int
     chunks: int
     config: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[Notice] = field(default_factory=list)
 
 
 def cpu_compute(ops: pd.DataFrame, main: object) -> pd.DataFrame:
@@ -106,12 +107,13 @@ def read_pipeline(
     acts = {r: find_actions(f.events, tops[r]) for r, f in files.items()}
     if all(a is None for a in acts.values()):
         return None
-    warnings: list[str] = []
+    warnings: list[Notice] = []
     found = {r: a for r, a in acts.items() if a is not None}
     for r, a in found.items():
         if a.unknown:
             shown = ", ".join(a.unknown[:3]) + (f" and {len(a.unknown) - 3} more" if len(a.unknown) > 3 else "")
-            warnings.append(f"{files[r].events.name}: unknown pipelining action(s) {shown}, read as plain ranges")
+            text = f"{files[r].events.name}: unknown pipelining action(s) {shown}, read as plain ranges"
+            warnings.append(Notice(NoticeCode.UNKNOWN_ACTIONS, text))
     grouped = {r: placed[r][0] for r in files} if placed and all(r in placed for r in files) else None
     physical, held, how = _stages(files, found, p2p, grouped)
     warnings += how
@@ -122,9 +124,9 @@ def read_pipeline(
     compute = compute[compute["type"].isin(PASSES)]
     m = int(compute["mb"].max()) + 1 if len(compute) else 0
     v = max((len(h) for h in held.values()), default=1)
+    text = f"schedule {schedule or 'not named'} ({why}); placement {placement}, P={len(held)}, V={v}, M={m}"
     warnings.append(
-        f"schedule {schedule or 'not named'} ({why}); placement {placement}, P={len(held)}, V={v}, M={m}"
-        + (", named from one step's action order" if schedule else "")
+        Notice(NoticeCode.SCHEDULE_FOUND, text + (", named from one step's action order" if schedule else ""))
     )
     replica = {r: placed[r][1] if grouped and placed else 0 for r in held}
     rank_of: dict[int, dict[int, int]] = {}  # each replica's stage -> rank: a rank's peers are its replica's
@@ -138,17 +140,7 @@ def read_pipeline(
         spans[r], assumed = _rank_spans(f, tops[r], mine, held.get(r, [physical[r]]), peers)
         assumed_any |= assumed
         inferred_any |= mine is not None and mine.inferred
-    if inferred_any:
-        warnings.append(
-            "no action ranges on some rank (Schedule1F1B writes none): its actions were inferred from the "
-            "operators, backward = the autograd engine's, forward = the other operators that record autograd "
-            "history; micro-batches numbered in order within each ProfilerStep"
-        )
-    if assumed_any:
-        warnings.append(
-            "some input waits had no matching gloo:recv range: the time before the action's first operator "
-            "was taken as its wait"
-        )
+    warnings += _guessed(inferred_any, assumed_any)
     config = {
         "placement": placement,
         "stages_of_rank": {str(r): list(h) for r, h in held.items()},
@@ -157,12 +149,31 @@ def read_pipeline(
     return PipelineRead(spans, physical, schedule.value if schedule else "", m, v, config, warnings)
 
 
+def _guessed(inferred: bool, assumed: bool) -> list[Notice]:
+    """What reading the actions had to guess: actions inferred from operators, waits assumed."""
+    said = []
+    if inferred:
+        text = (
+            "no action ranges on some rank (Schedule1F1B writes none): its actions were inferred from the "
+            "operators, backward = the autograd engine's, forward = the other operators that record autograd "
+            "history; micro-batches numbered in order within each ProfilerStep"
+        )
+        said.append(Notice(NoticeCode.INFERRED_ACTIONS, text))
+    if assumed:
+        text = (
+            "some input waits had no matching gloo:recv range: the time before the action's first operator "
+            "was taken as its wait"
+        )
+        said.append(Notice(NoticeCode.ASSUMED_WAITS, text))
+    return said
+
+
 def _stages(
     files: Mapping[int, RankFile],
     found: Mapping[int, RankActions],
     p2p: Sequence[tuple[int, str, int]],
     grouped: Mapping[int, int] | None = None,
-) -> tuple[dict[int, int], dict[int, list[int]], list[str]]:
+) -> tuple[dict[int, int], dict[int, list[int]], list[Notice]]:
     """(physical stage of each rank, the stages each rank holds, what was assumed). Actions that name no
     stage take it from `grouped` (the process groups) where every rank has one, else from the traffic."""
     held = {r: list(stages_in(a.frame)) for r, a in found.items()}
@@ -179,7 +190,7 @@ def _stages(
         if not held.get(r):
             a.frame["stage"] = stage_of[r]
             held[r] = [stage_of[r]]
-    return stage_of, {r: held[r] for r in found}, [note]
+    return stage_of, {r: held[r] for r in found}, [Notice(NoticeCode.STAGELESS_ACTIONS, note)]
 
 
 def _rank_spans(

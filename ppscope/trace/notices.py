@@ -1,0 +1,164 @@
+"""Warnings as data: a `Notice` is what ppscope tells the user about a trace, an analysis or advice, with a
+`NoticeCode` that says which case it is and the sentence that says it.
+
+Code decides by the code, never by the sentence: the wording can change without changing what any program
+does, and `--json` carries both (`{"code": ..., "text": ...}`). `str(notice)` is the sentence, so a report
+prints it as before. Every code is declared below, once, with what it means.
+
+(Named `Notice`, not `Warning`: `Warning` is Python's own exception class, and a module `warnings` would read
+as the standard library's.)
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from dataclasses import dataclass
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+
+    class StrEnum(str, enum.Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+__all__ = ["Notice", "NoticeCode"]
+
+
+class NoticeCode(StrEnum):
+    """Which case a notice is. The values are stable: programs reading `--json` may test them."""
+
+    # ---- reading a run directory (ppscope.trace)
+    NOT_RECORDED = "not_recorded"
+    """The run was recorded with `--no-record`: no spans, only the requests' latency."""
+    MISSING_FILES = "missing_files"
+    """Ranks of the run have no rank file; the others were loaded."""
+    DAMAGED_FILE = "damaged_file"
+    """A damaged file (a rank file, one of a job's Kineto files) was left out; the others were read."""
+    RANK_FAILED = "rank_failed"
+    """A rank recorded its own failure (or the count of further failures, or of ranks that lost their link)."""
+    SPANS_REVERSED = "spans_reversed"
+    """Spans or rows that end before they start (a damaged file) were left out."""
+    SPANS_OUT_OF_RANGE = "spans_out_of_range"
+    """Spans too near the int64 limits to move onto the common clock (a damaged file) were left out."""
+    COUNTERS_OUT_OF_RANGE = "counters_out_of_range"
+    """Counter samples too near the int64 limits to move onto the common clock were left out."""
+
+    # ---- importing other formats (ppscope.formats)
+    SKIPPED_FILES = "skipped_files"
+    """JSON files without `traceEvents` (a config, a summary) next to the traces were skipped."""
+    OTHER_JOB = "other_job"
+    """Files from another job (another world size, or no overlap in time with the rest) were left out."""
+    RANK_GUESSED = "rank_guessed"
+    """A Kineto file says no rank, in its content or its name: its place in the file list was taken."""
+    IMPORT_CLOCKS = "import_clocks"
+    """Each imported file keeps its own base time: ranks on different hosts line up as well as the hosts'
+    clocks agree."""
+    GROUPS_CONFLICT = "groups_conflict"
+    """A rank sits at two places of the pipeline process groups: stages were taken from the traffic."""
+    GROUPS_INCOMPLETE = "groups_incomplete"
+    """Some ranks are in no pipeline process group: stages were taken from the traffic."""
+    ONE_RANK = "one_rank"
+    """The import has one rank: it is stage 0."""
+    STAGES_BY_TRAFFIC = "stages_by_traffic"
+    """Stages were ordered by the direction of point-to-point traffic."""
+    STAGES_BY_FALLBACK = "stages_by_fallback"
+    """The direction of traffic could not be inferred: stages were ordered by rank or device id."""
+    STAGES_FROM_NVTX = "stages_from_nvtx"
+    """Stages were taken from ppscope's NVTX ranges in an nsys capture."""
+    NVTX_DROPPED = "nvtx_dropped"
+    """NVTX rows of processes without GPU work were left out."""
+    RANGES_ON_GPU_TIME = "ranges_on_gpu_time"
+    """ppscope ranges in an nsys capture were moved from CPU time to the extent of the kernels they launched."""
+    NO_RUNTIME_ROWS = "no_runtime_rows"
+    """An nsys capture has no CUDA runtime rows: kernels could not be attributed to ppscope ranges."""
+    UNKNOWN_ACTIONS = "unknown_actions"
+    """torch.distributed.pipelining action names ppscope does not know were read as plain ranges."""
+    STAGELESS_ACTIONS = "stageless_actions"
+    """Single-stage pipelining actions name no stage: it was taken from the process groups or the traffic."""
+    SCHEDULE_FOUND = "schedule_found"
+    """The pipelining schedule, placement, P, V and M read from the actions."""
+    INFERRED_ACTIONS = "inferred_actions"
+    """A rank has no action ranges: its actions were inferred from its operators."""
+    ASSUMED_WAITS = "assumed_waits"
+    """Input waits without a matching `gloo:recv` range: the time before the action's first operator was
+    taken as the wait."""
+
+    # ---- the run's status and metadata (ppscope.analysis)
+    RUN_RUNNING = "run_running"
+    """The run is still being recorded (or ended without closing its recorder): a snapshot."""
+    RUN_FAILED = "run_failed"
+    """The run failed: the analysis covers what was recorded before the failure."""
+    RUN_INTERRUPTED = "run_interrupted"
+    """The run was interrupted: the analysis covers what was recorded before."""
+    CPU_COUNTERS = "cpu_counters"
+    """A rank recorded CPU counters, not its GPU's."""
+
+    # ---- the analysis (ppscope.analysis)
+    NO_SPANS = "no_spans"
+    """The trace holds no spans: nothing to analyse."""
+    ZERO_LENGTH = "zero_length"
+    """The trace lasts 0 ns (only instantaneous spans): no ratio can be computed."""
+    STAGES_BY_RANK = "stages_by_rank"
+    """Some ranks carry no stage number: every rank's stage was numbered by rank order."""
+    NO_ACTIVE_WINDOW = "no_active_window"
+    """`--active` without compute spans: the window is the whole run."""
+    NO_STEADY_STATE = "no_steady_state"
+    """`--steady` without a steady state: the whole run was analysed."""
+    WINDOW_CLIPPED = "window_clipped"
+    """The `--window` end is past the trace's end: clipped to it."""
+    NO_COMPUTE = "no_compute"
+    """No compute spans: every stage counts as idle."""
+    COLLECTIVES_ONLY = "collectives_only"
+    """Collectives but no point-to-point traffic: the trace does not look like a pipeline."""
+    NO_P2P = "no_p2p"
+    """No recv/send spans: idle time between computes is `unknown`."""
+    ONE_STAGE = "one_stage"
+    """One stage only: there is no pipeline."""
+    COMPUTE_OVERLAP = "compute_overlap"
+    """Compute spans overlap earlier ones on the same lane: busy time counts them once."""
+    CLOCK_SKEW = "clock_skew"
+    """Receives end before their send starts on the common clock, beyond the offsets' uncertainty."""
+    BUSY_IMBALANCE = "busy_imbalance"
+    """No `forward` spans on some stage: imbalance compares busy time per stage."""
+    MISSING_RANKS = "missing_ranks"
+    """Ranks of the run recorded no spans: imbalance, bottleneck and balance gain need every stage
+    (`AnalysisResult.missing`)."""
+    MISSING_STAGES = "missing_stages"
+    """Fewer stages recorded spans than the run has (`AnalysisResult.missing`)."""
+
+    # ---- data-parallel replicas (ppscope.analysis.replicas)
+    UNPLACED_SPANS = "unplaced_spans"
+    """Ranks recorded spans but have no (stage, replica): left out."""
+    CROSSING_REPLICAS = "crossing_replicas"
+    """Ranks of different replicas exchange messages: the placement may be wrong."""
+    UNPLACED_MISSING = "unplaced_missing"
+    """Ranks recorded nothing and have no (stage, replica): their replica is unknown."""
+
+    # ---- advice (ppscope.balance, the CLI's cost model)
+    OUT_OF_MEMORY = "out_of_memory"
+    """A planned stage runs out of memory: its weights plus reserve exceed the usable memory."""
+    LITTLE_KV_ROOM = "little_kv_room"
+    """A planned stage has almost no room for KV cache."""
+    NO_SPLIT_FITS = "no_split_fits"
+    """No split of the layers over the stages fits in memory."""
+    WEIGHTS_EXCEED_GPU = "weights_exceed_gpu"
+    """A stage's weights alone exceed the GPU's memory."""
+    POORLY_EXPLAINED = "poorly_explained"
+    """The calibrated cost model explains a stage poorly: most of its time is left to its fixed overhead."""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One warning: its code (which case) and its text (the sentence the user reads)."""
+
+    code: NoticeCode
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": str(self.code), "text": self.text}
