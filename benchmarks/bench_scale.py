@@ -263,7 +263,7 @@ def pages_step(run_dir: Path, *, whole: bool) -> dict[str, Any]:
     import pandas as pd
 
     from ppscope.analysis.analyzer import run_latency
-    from ppscope.dashboard.advice import advise
+    from ppscope.dashboard.advice import advice_for
     from ppscope.dashboard.charts import usage_rows, usage_tables
 
     if whole:
@@ -272,7 +272,7 @@ def pages_step(run_dir: Path, *, whole: bool) -> dict[str, Any]:
 
         trace = LiveTrace(run_dir, is_run=True).refresh()
         placement = placement_of(trace)
-        got, problem = advise(trace, None)
+        got, problem = advice_for(trace, None)
         rows = usage_rows(trace.counters)
         counters = trace.counters[trace.counters["rank"].to_numpy() == DASH_STAGES // 2].reset_index(drop=True)
         latency = run_latency(trace.requests, trace.meta)
@@ -283,7 +283,7 @@ def pages_step(run_dir: Path, *, whole: bool) -> dict[str, Any]:
         big = RankedRun.open(run_dir, limit=0)
         assert big is not None
         placement = placement_from(big.meta, big.files)
-        got, problem = advise(big.timings(), None)
+        got, problem = advice_for(big.timings(), None)
         rows, _ = big.usage()
         counters = big.rank_counters(DASH_STAGES // 2)
         latency = run_latency(big.requests(), big.meta)

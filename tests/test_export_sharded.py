@@ -18,7 +18,7 @@ import pytest
 from ppscope.cli.main import main
 from ppscope.errors import CorruptFileError
 from ppscope.formats import export_run, export_trace
-from ppscope.formats.chrome.ranks import Plan, TraceRanks
+from ppscope.formats.chrome.ranks import ExportPlan, TraceRanks
 from ppscope.formats.chrome.writer import match_flows
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import write_run
@@ -130,7 +130,7 @@ def test_chrome_arrows_pair_what_the_whole_trace_pairs(name: str, runs: dict[str
 
 def test_chrome_refuses_a_run_that_changed_between_its_reads(runs: dict[str, Path]) -> None:
     source = TraceRanks(load_run(runs["gpipe"]))
-    plan = Plan.of(source)
+    plan = ExportPlan.of(source)
     (src, dst), (first, n) = next(iter(plan.links.items()))
     plan.links[src, dst] = (first, n + 1)
     with pytest.raises(CorruptFileError, match="changed while it was exported"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ppscope.formats.pipelining.actions import is_action_range, name_schedule, parse_action, placement_of
+from ppscope.formats.pipelining.actions import is_action_range, name_schedule, parse_action, placement_name
 from ppscope.trace.actions import Action, ActionType
 from ppscope.trace.schedules import Schedule
 
@@ -29,10 +29,10 @@ def test_action_names_parse() -> None:
 
 
 def test_placement() -> None:
-    assert placement_of({0: [0], 1: [1]}) == "single"
-    assert placement_of({0: [0, 2], 1: [1, 3]}) == "loop"
-    assert placement_of({0: [0, 3], 1: [1, 2]}) == "v"
-    assert placement_of({0: [0, 1], 1: [2, 3]}) == "other"
+    assert placement_name({0: [0], 1: [1]}) == "single"
+    assert placement_name({0: [0, 2], 1: [1, 3]}) == "loop"
+    assert placement_name({0: [0, 3], 1: [1, 2]}) == "v"
+    assert placement_name({0: [0, 1], 1: [2, 3]}) == "other"
 
 
 def _order(text: str) -> list[Action]:
@@ -75,7 +75,7 @@ def test_the_schedule_is_named_from_its_action_order(name: str) -> None:
     r0, r1, placement = ORDERS[name]
     order = {0: _order(r0), 1: _order(r1)}
     held = {r: sorted({a.stage for a in acts}) for r, acts in order.items()}
-    assert placement_of(held) == placement
+    assert placement_name(held) == placement
     assert name_schedule(order, placement)[0] == name
 
 
@@ -84,7 +84,7 @@ def test_paired_actions_name_dualpipev() -> None:
     r1 = "1F0 2F0 1F1 2F1 1F2 2B0 (2F2;1B0)OVERLAP_F_B (1F3;2B1)OVERLAP_F_B (2F3;1B1)OVERLAP_F_B 2B2 1B2 2I3 1I3"
     order = {0: _order(r0 + " 0I3 0W3"), 1: _order(r1 + " 2W3 1W3")}
     held = {r: sorted({p.stage for a in acts for p in (a.parts or (a,))}) for r, acts in order.items()}
-    assert placement_of(held) == "v"
+    assert placement_name(held) == "v"
     assert name_schedule(order, "v")[0] is Schedule.DUALPIPEV
 
 

@@ -44,11 +44,11 @@ if TYPE_CHECKING:
     from ppscope.analysis.result import Cause as Cause
     from ppscope.analysis.result import HopStats as HopStats
     from ppscope.analysis.result import LatencyStats as LatencyStats
-    from ppscope.analysis.result import Replay as Replay
     from ppscope.analysis.result import RequestLatency as RequestLatency
     from ppscope.analysis.result import StageResult as StageResult
     from ppscope.analysis.result import Theory as Theory
     from ppscope.analysis.result import TheoryGap as TheoryGap
+    from ppscope.analysis.result import TrainingReplay as TrainingReplay
     from ppscope.analysis.result import WindowInfo as WindowInfo
     from ppscope.analysis.sharded import analyze_run as analyze_run
     from ppscope.analysis.sharded_replicas import RunReplicas as RunReplicas
@@ -77,7 +77,6 @@ _WHERE = {
     "ROLE_COMPUTE": "bubbles",
     "ROLE_SEND": "bubbles",
     "ROLE_WAIT": "bubbles",
-    "Replay": "result",
     "ReplicaAnalysis": "replicas",
     "RequestLatency": "result",
     "RunReplicas": "sharded_replicas",
@@ -85,6 +84,7 @@ _WHERE = {
     "StageSpread": "replicas",
     "Theory": "result",
     "TheoryGap": "result",
+    "TrainingReplay": "result",
     "WindowInfo": "result",
     "analyze": "analyzer",
     "analyze_replicas": "replicas",

@@ -23,7 +23,7 @@ from ppscope.analysis.bubbles import (
 from ppscope.analysis.facts import (
     Extents,
     Facts,
-    Layout,
+    StageLayout,
     compute_overlaps,
     estimated_clocks,
     stage_times,
@@ -109,7 +109,7 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
 
     rank_stage, said = stage_of_ranks(spans, meta)
     warnings += said
-    layout = Layout.of(rank_stage)
+    layout = StageLayout.of(rank_stage)
     role = span_roles(spans["kind"], spans["name"])
     is_compute = role == ROLE_COMPUTE
     mb = spans["mb"].to_numpy(np.int64)
@@ -179,7 +179,7 @@ def meta_notes(meta: RunMeta) -> list[Notice]:
 def assemble(
     meta: RunMeta,
     window: WindowInfo,
-    layout: Layout,
+    layout: StageLayout,
     facts: Facts,
     results: list[StageResult],
     gaps: pd.DataFrame,

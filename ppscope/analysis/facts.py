@@ -1,5 +1,5 @@
 """What a whole trace says beyond each stage's own spans, found in one pass over a frame or merged from its
-ranks' digests (`ppscope.analysis.sharded`): which rank is which stage (`Layout`), where the spans lie
+ranks' digests (`ppscope.analysis.sharded`): which rank is which stage (`StageLayout`), where the spans lie
 (`Extents`), the facts the warnings and theory need (`Facts`), and the span arrays the bubbles take
 (`stage_times`). The analyzer and the rank-by-rank analysis share these, so they cannot drift apart.
 """
@@ -21,7 +21,7 @@ from ppscope.trace.notices import Notice, NoticeCode
 __all__ = [
     "Extents",
     "Facts",
-    "Layout",
+    "StageLayout",
     "busiest_rank",
     "compute_overlaps",
     "estimated_clocks",
@@ -31,14 +31,14 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Layout:
+class StageLayout:
     """Which ranks form which physical stage: `stages` holds (stage, ranks) in stage order."""
 
     rank_stage: dict[int, int]
     stages: list[tuple[int, list[int]]]
 
     @classmethod
-    def of(cls, rank_stage: dict[int, int]) -> Layout:
+    def of(cls, rank_stage: dict[int, int]) -> StageLayout:
         ids = sorted(set(rank_stage.values()))
         return cls(rank_stage, [(s, sorted(r for r, st in rank_stage.items() if st == s)) for s in ids])
 
@@ -54,7 +54,9 @@ class Layout:
         return group_of_rank[np.searchsorted(ranks, rank)]
 
 
-def stage_times(spans: pd.DataFrame, role: npt.NDArray[np.int8], layout: Layout, *, ring_bound: bool) -> StageTimes:
+def stage_times(
+    spans: pd.DataFrame, role: npt.NDArray[np.int8], layout: StageLayout, *, ring_bound: bool
+) -> StageTimes:
     """The span arrays the bubbles need; `ring_bound`: fewer micro-batches in flight than stages."""
     phase, kind = TextCodes.of(spans["phase"]), TextCodes.of(spans["kind"])
     decode, prefill = phase.among([Phase.DECODE]), phase.among([Phase.PREFILL])

@@ -25,11 +25,11 @@ __all__ = [
     "Cause",
     "HopStats",
     "LatencyStats",
-    "Replay",
     "RequestLatency",
     "StageResult",
     "Theory",
     "TheoryGap",
+    "TrainingReplay",
     "WindowInfo",
 ]
 
@@ -114,7 +114,7 @@ class TheoryGap:
 
 
 @dataclass(kw_only=True)
-class Replay:
+class TrainingReplay:
     """A training run replayed: its own action order, run again as discrete events with its measured
     per-action costs and hop latency (`ppscope.simulate.training`). The analyzer does not compute it (the
     simulator sits above it); a caller that has one sets `AnalysisResult.replay`."""
@@ -232,7 +232,7 @@ class AnalysisResult:
     """What the trace lacks to describe the whole pipeline (`missing_ranks`: ranks without spans, or
     `missing_stages`: stages without spans), and so why imbalance, bottleneck and balance gain are not given;
     None if nothing."""
-    replay: Replay | None = None
+    replay: TrainingReplay | None = None
     """A training run's replay, when the caller made one (`ppscope analyze` does for training runs)."""
 
     @property

@@ -52,7 +52,7 @@ from ppscope.analysis.bubbles import (
 from ppscope.analysis.facts import (
     Extents,
     Facts,
-    Layout,
+    StageLayout,
     busiest_rank,
     compute_overlaps,
     estimated_clocks,
@@ -203,7 +203,7 @@ class Sharded:
             return empty_result(meta, warnings if meta.unrecorded else [*warnings, NO_SPANS], latency), {}
         tiny = pd.DataFrame({"rank": [d.rank for d in digests], "stage": [d.stage for d in digests]})
         rank_stage, said = stage_of_ranks(tiny, meta)
-        layout = Layout.of(rank_stage)
+        layout = StageLayout.of(rank_stage)
         facts = _facts(digests, whole, layout, meta)
         window, chosen = choose_window(self.config, facts.extents)
         warnings += said + chosen
@@ -226,7 +226,7 @@ class Sharded:
         self,
         digests: list[RankDigest],
         whole: _Whole,
-        layout: Layout,
+        layout: StageLayout,
         facts: Facts,
         meta: RunMeta,
         requests: pd.DataFrame | None,
@@ -279,7 +279,7 @@ def _digest(files: dict[int, Path], meta: RunMeta, rank: int) -> RankDigest:
             set(),
         )
     role = span_roles(spans["kind"], spans["name"])
-    times = stage_times(spans, role, Layout.of({rank: 0}), ring_bound=False)
+    times = stage_times(spans, role, StageLayout.of({rank: 0}), ring_bound=False)
     compute = role == ROLE_COMPUTE
     stage = spans["stage"].to_numpy(np.int64)
     mb = spans["mb"].to_numpy(np.int64)
@@ -359,7 +359,7 @@ def _fold(digests: Iterator[RankDigest], group_of: Callable[[int], int]) -> tupl
     return kept, wholes
 
 
-def _facts(digests: list[RankDigest], whole: _Whole, layout: Layout, meta: RunMeta) -> Facts:
+def _facts(digests: list[RankDigest], whole: _Whole, layout: StageLayout, meta: RunMeta) -> Facts:
     """The whole trace's facts from its ranks' digests, as `analyze` finds them in one frame."""
     index = {s: i for i, (s, _) in enumerate(layout.stages)}
     p = layout.p
@@ -416,7 +416,7 @@ def _stage(
     into its ranks, with its senders' sends read from their files; `check`: their causality too)."""
     spans, _, _ = read_rank_spans(files, ranks, meta)
     role = span_roles(spans["kind"], spans["name"])
-    times = stage_times(spans, role, Layout.of(dict.fromkeys(ranks, stage)), ring_bound=ring_bound)
+    times = stage_times(spans, role, StageLayout.of(dict.fromkeys(ranks, stage)), ring_bound=ring_bound)
     results, gaps = stage_bubbles(
         times, [(stage, ranks)], window, flush=flush, has_waits=has_waits, no_requests=quiet, waves=waves
     )

@@ -31,12 +31,12 @@ if TYPE_CHECKING:
     from ppscope.balance.report import RebalanceReport
     from ppscope.simulate.calibrate import Prediction
 
-__all__ = ["advise", "rebalance", "rebalance_ranked"]
+__all__ = ["advice_for", "page", "page_ranked"]
 
 _TITLE = "### Rebalance: what if the layers were split differently"
 
 
-def advise(run: Trace | RunTimings, profile: LayerProfile | None) -> tuple[RebalanceReport | None, str]:
+def advice_for(run: Trace | RunTimings, profile: LayerProfile | None) -> tuple[RebalanceReport | None, str]:
     """The answer of `ppscope rebalance RUN` (`ppscope.balance.report.rebalance_runs`): costs timed layer by
     layer inside the run when it has `layer` spans, else its per-layer profile when it has one (decode pass),
     else fitted from the run's stage spans. `run`: a trace in memory (reduced to its timed parts here, once) or
@@ -87,13 +87,13 @@ def _profile(path: Path, is_run: bool) -> tuple[LayerProfile | None, str]:
         return None, f"{exc}; costs are fitted from the spans instead"
 
 
-def rebalance(live: LiveTrace) -> None:
+def page(live: LiveTrace) -> None:
     """The page of a trace in memory: the advice, then the run replayed by the simulator with both splits."""
     st.markdown(_TITLE)
     profile, profile_problem = _profile(live.path, live.is_run)
     if profile_problem:
         st.warning(md(profile_problem))
-    got, problem = live.memo(f"advice-{profile is not None}", lambda t: advise(t, profile))
+    got, problem = live.memo(f"advice-{profile is not None}", lambda t: advice_for(t, profile))
     advice = show_advice(got, problem)
     if advice is None:
         return
@@ -123,7 +123,7 @@ def rebalance(live: LiveTrace) -> None:
             st.caption(view.note + " Predicted by ppscope.simulate.simulator, not measured.")
 
 
-def rebalance_ranked(big: RankedRun) -> None:
+def page_ranked(big: RankedRun) -> None:
     """The page of a large run: the advice from its timed parts, read a rank file at a time (as `ppscope
     rebalance RUN` reads them); not its spans, which the replay and the timelines would need."""
     st.markdown(_TITLE)
@@ -131,7 +131,7 @@ def rebalance_ranked(big: RankedRun) -> None:
     if profile_problem:
         st.warning(md(profile_problem))
     try:
-        got, problem = big.memo(f"advice-{profile is not None}", lambda: advise(big.timings(), profile))
+        got, problem = big.memo(f"advice-{profile is not None}", lambda: advice_for(big.timings(), profile))
     except PPScopeError as exc:
         got, problem = None, str(exc)
     if show_advice(got, problem) is None:

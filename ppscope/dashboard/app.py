@@ -134,7 +134,7 @@ def main(argv: Sequence[str]) -> None:
     elif section == "GPU usage":
         jobpages.usage(live)
     elif section == "Rebalance":
-        advice.rebalance(live)
+        advice.page(live)
     elif section == "Compare":
         compare.page(compare.live_side(live, entry.label), others, lambda e: compare_side(e, limit))
     else:
@@ -203,7 +203,7 @@ def ranked_page(entry: Entry, big: RankedRun, section: str, others: Sequence[Ent
     elif section == "Stages":
         views.stage_page(ra, ra.results.get(ra.shown_replica), "no replica recorded spans")
     elif section == "Rebalance":
-        advice.rebalance_ranked(big)
+        advice.page_ranked(big)
     elif section == "GPU usage":
         jobpages.usage_ranked(big)
     elif section == "Compare":

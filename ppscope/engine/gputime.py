@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 from ppscope.trace.recorder import Recorder
 
-__all__ = ["Anchor", "DeviceSpans", "Event", "Stream"]
+__all__ = ["Anchor", "DeviceEvent", "DeviceSpans", "Stream"]
 
 
-class Event(Protocol):
+class DeviceEvent(Protocol):
     """What DeviceSpans needs of `torch.cuda.Event(enable_timing=True)`."""
 
     def record(self, stream: Any = None) -> None: ...
@@ -50,20 +50,20 @@ class Stream(Protocol):
 
 @dataclass(frozen=True)
 class Anchor:
-    event: Event
+    event: DeviceEvent
     host_ns: int
     """When the event ran, on the recorder's clock."""
     uncertainty_ns: int
 
-    def to_host(self, event: Event) -> int:
+    def to_host(self, event: DeviceEvent) -> int:
         return self.host_ns + round(self.event.elapsed_time(event) * 1e6)
 
 
 @dataclass(frozen=True)
 class _Pending:
     anchor: Anchor
-    start: Event | None
-    end: Event
+    start: DeviceEvent | None
+    end: DeviceEvent
     kind: str
     fields: dict[str, Any]
     since_ns: int | None = None
@@ -77,7 +77,7 @@ class DeviceSpans:
         self,
         rec: Recorder,
         stream: Stream,
-        new_event: Callable[[], Event],
+        new_event: Callable[[], DeviceEvent],
         *,
         reanchor_s: float = 2.0,
         anchor_stream: Stream | None = None,
@@ -88,12 +88,12 @@ class DeviceSpans:
         self._new_event = new_event
         self.reanchor_ns = int(reanchor_s * 1e9)
         self._pending: collections.deque[_Pending] = collections.deque()
-        self._spare: list[Event] = []
+        self._spare: list[DeviceEvent] = []
         self.anchor = self._make_anchor()
         self.anchors = 1
         """How many anchors were taken (the first one included)."""
 
-    def _event(self) -> Event:
+    def _event(self) -> DeviceEvent:
         return self._spare.pop() if self._spare else self._new_event()
 
     def _make_anchor(self) -> Anchor:

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import schedules as _sched
 
 from ppscope.balance.split import validate_split
-from ppscope.formats.pipelining.actions import name_schedule, placement_of
+from ppscope.formats.pipelining.actions import name_schedule, placement_name
 from ppscope.integrations.layer_timer import LayerTimer, layer_modules
 from ppscope.trace.actions import Action, ActionType
 from ppscope.trace.clock import estimate_offset
@@ -416,7 +416,7 @@ def _order(schedule: Any) -> tuple[dict[int, list[Action]], str]:
         ours = (_action(a) for a in actions if a is not None)
         order[int(rank)] = [a for a in ours if a is not None and a.is_compute]
     held = {r: sorted({p.stage for a in acts for p in (a.parts or (a,))}) for r, acts in order.items()}
-    return order, placement_of(held) if held and all(held.values()) else "unknown"
+    return order, placement_name(held) if held and all(held.values()) else "unknown"
 
 
 def _action(a: Any) -> Action | None:

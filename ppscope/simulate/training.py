@@ -1,4 +1,4 @@
-"""Replay of a training pipeline's own action order with its measured per-action costs.
+"""TrainingReplay of a training pipeline's own action order with its measured per-action costs.
 
 A torch.distributed.pipelining run (recorded by `ppscope.integrations.pipelining`, or imported from Kineto
 traces) labels every compute action with its rank, stage, micro-batch, step and type (F, B, I, W). This module
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ppscope.analysis.pipeline import message_latencies
-from ppscope.analysis.result import Replay
+from ppscope.analysis.result import TrainingReplay
 from ppscope.balance.measured.training import is_training
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.actions import PASSES, Action, ActionType
@@ -99,7 +99,7 @@ def _dependencies(a: Action, present: set[Action], last_stage: int) -> list[Acti
 def replay_order(
     order: Mapping[int, Sequence[Action]], cost_ns: Mapping[tuple[int, str], int], hop_ns: int = 0
 ) -> ReplayedStep:
-    """Replay one step: `order` is each rank's compute actions in the order it runs them, `cost_ns` the time
+    """TrainingReplay one step: `order` is each rank's compute actions in the order it runs them, `cost_ns` the time
     of each (stage, type), `hop_ns` what a dependency between ranks adds. Raises InvalidConfigError, in one
     line, when the order cannot run (an action whose input is in no rank's order, a stage on two ranks, two
     ranks waiting for each other)."""
@@ -240,15 +240,15 @@ def _steps_text(steps: Sequence[int]) -> str:
     return ", ".join(map(str, steps)) if len(steps) < 6 else f"{steps[0]}-{steps[-1]} ({len(steps)} steps)"
 
 
-def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Replay, Trace | None]:
-    """Replay every complete step of a pipelining run in its own order with its measured per-action costs (the
+def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[TrainingReplay, Trace | None]:
+    """TrainingReplay every complete step of a pipelining run in its own order with its measured per-action costs (the
     median over those steps of each stage's F, B, I, W) and hop latency (`hop_ns`, default: measured, else 0).
     Returns the figures, and the replayed steps as a Trace (one after another, each starting when the previous
     one has ended on every rank); what cannot be replayed is a note, and no Trace."""
     acts = training_actions(trace)
     if acts.empty:
         why = "no training actions in the trace (forward/backward spans, or Kineto action ranges, with a micro-batch)"
-        return Replay(bubble_ratio=None, note=why), None
+        return TrainingReplay(bubble_ratio=None, note=why), None
     stages = int(acts["stage"].max()) + 1
     m = trace.meta.microbatches
     mbs = list(range(m)) if m > 0 else sorted(int(x) for x in acts["mb"].unique())
@@ -268,7 +268,7 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Replay,
             f"no complete step to replay: in step(s) {_steps_text(cut)} some stage lacks a micro-batch's "
             f"forward or backward ({stages} stages, micro-batches {mbs[0]}-{mbs[-1]})"
         )
-        return Replay(bubble_ratio=None, note=why), None
+        return TrainingReplay(bubble_ratio=None, note=why), None
     used = acts[acts["step"].isin(complete)]
     median = used.groupby(["stage", "phase"])["busy_ns"].median()
     cost = {(int(s), str(t)): round(float(v)) for (s, t), v in median.items()}
@@ -294,14 +294,14 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Replay,
             step = replay_order(order, cost, hop)
         except InvalidConfigError as exc:
             why = f"step {k} cannot be replayed: {exc}"
-            return Replay(bubble_ratio=None, steps=replayed, costs_ns=costs_ns, hop_ns=hop, note=why), None
+            return TrainingReplay(bubble_ratio=None, steps=replayed, costs_ns=costs_ns, hop_ns=hop, note=why), None
         ratios.append(step.bubble_ratio)
         got = _measured(trace, k)
         if got is not None:
             measured.append(got)
         parts.append((k, step, offset - step.start_ns))
         offset += step.window_ns
-    replay = Replay(
+    replay = TrainingReplay(
         bubble_ratio=float(np.median(ratios)),
         measured_step_ratio=float(np.median(measured)) if measured else None,
         steps=replayed,
@@ -313,7 +313,7 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Replay,
     return replay, _as_trace(trace, parts, replay)
 
 
-def _as_trace(trace: Trace, parts: list[tuple[int, ReplayedStep, int]], replay: Replay) -> Trace:
+def _as_trace(trace: Trace, parts: list[tuple[int, ReplayedStep, int]], replay: TrainingReplay) -> Trace:
     """The replayed steps as a run of the simulator: a compute span per action, a `recv_wait` (with the peer)
     where it waited for another rank."""
     chunk: dict[tuple[int, int], int] = {}

@@ -20,7 +20,7 @@ from ppscope.balance.split import format_split, validate_split, vllm_default_spl
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.notices import Notice, NoticeCode
 
-__all__ = ["GIB", "Cluster", "Layout", "Plan", "PlanConfig", "StagePlan", "plan", "stage_memory_model"]
+__all__ = ["GIB", "CapacityPlan", "Cluster", "ParallelLayout", "PlanConfig", "StagePlan", "plan", "stage_memory_model"]
 
 GIB = 1 << 30
 _LOGITS_BYTES = 4  # logits are kept in fp32 for sampling
@@ -121,7 +121,7 @@ class StagePlan:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Layout:
+class ParallelLayout:
     tp: int
     pp: int
     replicas: int
@@ -130,9 +130,9 @@ class Layout:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class CapacityPlan:
     config: PlanConfig
-    layout: Layout
+    layout: ParallelLayout
     split: tuple[int, ...]
     stages: tuple[StagePlan, ...]
     kv_bytes_per_token_per_layer: int
@@ -318,13 +318,13 @@ def _tp_options(cfg: PlanConfig, limit: int) -> list[int]:
     return [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= min(limit, _MAX_TP) and heads % t == 0]
 
 
-def _recommend(cfg: PlanConfig) -> Layout:
+def _recommend(cfg: PlanConfig) -> ParallelLayout:
     c = cfg.cluster
     node = min(c.gpus_per_node, c.gpus)
     tps = _tp_options(cfg, node)
 
-    def layout(tp: int, pp: int, reason: str) -> Layout:
-        return Layout(tp=tp, pp=pp, replicas=c.gpus // (tp * pp), reason=reason)
+    def layout(tp: int, pp: int, reason: str) -> ParallelLayout:
+        return ParallelLayout(tp=tp, pp=pp, replicas=c.gpus // (tp * pp), reason=reason)
 
     if cfg.latency_sensitive:
         tp = tps[-1]
@@ -349,7 +349,7 @@ def _recommend(cfg: PlanConfig) -> Layout:
     )
 
 
-def plan(cfg: PlanConfig) -> Plan:
+def plan(cfg: PlanConfig) -> CapacityPlan:
     """Memory per stage for the given (or recommended) TP x PP layout, and the split that fixes a stage that
     runs out of memory."""
     c = cfg.cluster
@@ -364,7 +364,7 @@ def plan(cfg: PlanConfig) -> Plan:
             raise InvalidConfigError(
                 f"TP {tp} does not divide the model's {cfg.model.heads} attention heads; valid: {valid}"
             )
-        layout = Layout(tp=tp, pp=pp, replicas=c.gpus // (tp * pp), reason="as given")
+        layout = ParallelLayout(tp=tp, pp=pp, replicas=c.gpus // (tp * pp), reason="as given")
     else:
         layout = _recommend(cfg)
     b = _bytes(cfg, layout.tp, layout.pp)
@@ -383,7 +383,7 @@ def plan(cfg: PlanConfig) -> Plan:
     if fix is None and not all(s.fits for s in stages):
         text = f"no split of {cfg.model.layers} layers over {layout.pp} stages fits: use more GPUs"
         warnings.append(Notice(NoticeCode.NO_SPLIT_FITS, text))
-    return Plan(
+    return CapacityPlan(
         config=cfg,
         layout=layout,
         split=tuple(split),
@@ -415,7 +415,7 @@ def _warnings(cfg: PlanConfig, stages: tuple[StagePlan, ...]) -> list[Notice]:
     return out
 
 
-def _assumptions(cfg: PlanConfig, layout: Layout) -> tuple[str, ...]:
+def _assumptions(cfg: PlanConfig, layout: ParallelLayout) -> tuple[str, ...]:
     c = cfg.cluster
     return (
         f"usable memory per GPU = {c.gpu_mem_gib:g} GiB x {c.gpu_memory_utilization:g} "

@@ -2,7 +2,7 @@
 
 Note (why a first pass and why links): the Chrome file numbers its threads over every rank's lanes in order,
 times its events from the first span or counter of any rank, and gives each flow arrow (a send to its
-receive) an id that is unique in the file. A first pass over the ranks (`Plan.of`) keeps of each rank a few
+receive) an id that is unique in the file. A first pass over the ranks (`ExportPlan.of`) keeps of each rank a few
 numbers (its first time, first stage, thread count, peers), then pairs each link (sender, receiver) alone:
 `match_flows` on the link's sends and receives, which pairs them as it pairs them in the whole trace (its
 keys hold the link, and the link's spans keep their order). The link's arrows are numbered after those of
@@ -28,7 +28,16 @@ from ppscope.trace.model import RunMeta, SpanKind, Trace
 from ppscope.trace.rankfile import read_p2p, start_order
 from ppscope.trace.store import each_rank, run_files
 
-__all__ = ["RECV_KINDS", "Plan", "RankSource", "RunRanks", "TraceRanks", "link_pairs", "match_flows", "with_levels"]
+__all__ = [
+    "RECV_KINDS",
+    "ExportPlan",
+    "RankSource",
+    "RunRanks",
+    "TraceRanks",
+    "link_pairs",
+    "match_flows",
+    "with_levels",
+]
 
 RECV_KINDS = (str(SpanKind.RECV), str(SpanKind.RECV_WAIT))
 _SEND = str(SpanKind.SEND)
@@ -143,7 +152,7 @@ def _peers(spans: pd.DataFrame, kinds: tuple[str, ...]) -> list[int]:
 
 
 @dataclass
-class Plan:
+class ExportPlan:
     """What the file needs of every rank before a rank is written: the time its events start from, each
     process's stage, each rank's first thread id, its peers, and each link's first arrow id."""
 
@@ -158,7 +167,7 @@ class Plan:
     """(sender, receiver): (the id of its first arrow less one, how many arrows)."""
 
     @classmethod
-    def of(cls, source: RankSource) -> Plan:
+    def of(cls, source: RankSource) -> ExportPlan:
         plan = cls(source.meta, stages={info.rank: info.stage for info in source.meta.ranks})
         firsts, tids = [], 0
         for rank, spans, counters in source.each():

@@ -9,7 +9,7 @@ The file is gzipped when its name ends in `.gz`. This module does not read Chrom
 The file is written a rank at a time, from a trace in memory or a run directory alike (`ranks`):
 the processes first, then each rank's threads, slices, arrows (the starts of those it sends, the ends of
 those it receives) and counters, the JSON text streamed to the file. Thread ids, times and arrow ids are
-those a first pass over the ranks settles (`Plan`), so the two sources give the same bytes.
+those a first pass over the ranks settles (`ExportPlan`), so the two sources give the same bytes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,15 @@ import numpy as np
 import pandas as pd
 
 from ppscope.errors import CorruptFileError
-from ppscope.formats.chrome.ranks import RECV_KINDS, Plan, RankSource, RunRanks, TraceRanks, match_flows, with_levels
+from ppscope.formats.chrome.ranks import (
+    RECV_KINDS,
+    ExportPlan,
+    RankSource,
+    RunRanks,
+    TraceRanks,
+    match_flows,
+    with_levels,
+)
 from ppscope.trace.model import SpanKind, Trace
 from ppscope.trace.outputs import atomic_file
 from ppscope.trace.store import damaged_note
@@ -40,16 +48,16 @@ _BATCH = 20_000
 def export_chrome(trace: Trace, out: str | Path, *, force: bool = False) -> Path:
     """Write `trace` to `out` (gzip when it ends in `.gz`). Refuses an existing file unless `force`."""
     source = TraceRanks(trace)
-    return _write(source, Plan.of(source), Path(out), force)
+    return _write(source, ExportPlan.of(source), Path(out), force)
 
 
 def export_chrome_run(run_dir: str | Path, out: str | Path, *, force: bool = False) -> Path:
-    """`export_chrome(load_run(run_dir))`, the same bytes, reading one rank file at a time: twice (`Plan`, then
+    """`export_chrome(load_run(run_dir))`, the same bytes, reading one rank file at a time: twice (`ExportPlan`, then
     the events), and each link's sends and receives alone twice more (filtered queries: to count its arrows,
     then to pair them again at its other end). Memory holds one rank's spans and counters and one link's far
     side. A damaged rank file is left out and named on stderr, as `load_run` does."""
     source = RunRanks(run_dir)
-    plan = Plan.of(source)
+    plan = ExportPlan.of(source)
     if source.damaged and len(source.damaged) == len(source.files):
         raise CorruptFileError(next(iter(source.damaged.values())))
     for note in source.notes + [damaged_note(r, why) for r, why in sorted(source.damaged.items())]:
@@ -57,7 +65,7 @@ def export_chrome_run(run_dir: str | Path, out: str | Path, *, force: bool = Fal
     return _write(source, plan, Path(out), force)
 
 
-def _write(source: RankSource, plan: Plan, out: Path, force: bool) -> Path:
+def _write(source: RankSource, plan: ExportPlan, out: Path, force: bool) -> Path:
     """The document `{"traceEvents": [...], "displayTimeUnit": "ns", "otherData": {...}}`, its events written
     as they are made, through a temporary file renamed into place once whole."""
     gz = out.name.endswith(".gz")
@@ -89,7 +97,7 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
-def _other(plan: Plan) -> dict[str, Any]:
+def _other(plan: ExportPlan) -> dict[str, Any]:
     meta = plan.meta
     return {"ppscope_run_id": meta.run_id, "source": meta.source, "schedule": meta.schedule, "split": meta.split}
 
@@ -102,7 +110,7 @@ def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]
     return {"ph": "M", "name": name, "pid": pid, "tid": tid, "args": args}
 
 
-def _processes(plan: Plan) -> Iterator[dict[str, Any]]:
+def _processes(plan: ExportPlan) -> Iterator[dict[str, Any]]:
     """A name and a place for every rank's process: by stage, ranks of no known stage last."""
     for rank, stage in sorted(plan.stages.items()):
         label = f"rank {rank} / stage {stage}" if stage >= 0 else f"rank {rank}"
@@ -111,7 +119,7 @@ def _processes(plan: Plan) -> Iterator[dict[str, Any]]:
 
 
 def _rank_events(
-    source: RankSource, plan: Plan, rank: int, spans: pd.DataFrame, counters: pd.DataFrame
+    source: RankSource, plan: ExportPlan, rank: int, spans: pd.DataFrame, counters: pd.DataFrame
 ) -> Iterator[dict[str, Any]]:
     """One rank's events: its threads, slices, the arrows it sends and receives, its counters."""
     if len(spans):
@@ -164,7 +172,7 @@ def _slices(spans: pd.DataFrame, t0: int, tids: dict[tuple[str, int], int]) -> I
 
 
 def _arrows(
-    source: RankSource, plan: Plan, rank: int, spans: pd.DataFrame, tids: dict[tuple[str, int], int]
+    source: RankSource, plan: ExportPlan, rank: int, spans: pd.DataFrame, tids: dict[tuple[str, int], int]
 ) -> Iterator[dict[str, Any]]:
     """The start of each arrow this rank sends (at its send's start) and the end of each it receives (at its
     receive's last ns: when the data had arrived, still inside the slice `bp: e` binds to)."""

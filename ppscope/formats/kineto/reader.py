@@ -31,7 +31,7 @@ from ppscope.formats.kineto.groups import group_placement
 from ppscope.formats.kineto.jobs import CLOCK_NOTE, JobFacts, one_job, refuse_empty
 from ppscope.formats.kineto.times import NS_LIMIT
 from ppscope.formats.ordering import order_stages
-from ppscope.formats.pipelining.job import RankFile, cpu_compute, read_pipeline
+from ppscope.formats.pipelining.job import PipelineRank, cpu_compute, read_pipeline
 from ppscope.formats.pipelining.rank import RankEvents, top_level
 from ppscope.formats.spancolumns import spans_frame_of
 from ppscope.pool import ordered, processes
@@ -185,7 +185,7 @@ def load_kineto(files: list[Path]) -> Trace:
         warnings.append(Notice(NoticeCode.GROUPS_INCOMPLETE, text))
         groups = None
     placed = groups.place if groups is not None else None
-    pipeline = read_pipeline({r: RankFile(d.events, d.spans, d.gpu) for r, d in read.items()}, evidence, placed)
+    pipeline = read_pipeline({r: PipelineRank(d.events, d.spans, d.gpu) for r, d in read.items()}, evidence, placed)
     if pipeline is not None:
         stage_of, per_rank = pipeline.stage_of, pipeline.spans
         warnings += pipeline.warnings

@@ -8,8 +8,8 @@ from ppscope.exports import public_names
 if TYPE_CHECKING:
     from ppscope.formats.pipelining.actions import Action as Action
     from ppscope.formats.pipelining.actions import name_schedule as name_schedule
-    from ppscope.formats.pipelining.actions import placement_of as placement_of
-    from ppscope.formats.pipelining.job import RankFile as RankFile
+    from ppscope.formats.pipelining.actions import placement_name as placement_name
+    from ppscope.formats.pipelining.job import PipelineRank as PipelineRank
     from ppscope.formats.pipelining.job import cpu_compute as cpu_compute
     from ppscope.formats.pipelining.job import read_pipeline as read_pipeline
     from ppscope.formats.pipelining.rank import RankEvents as RankEvents
@@ -17,11 +17,11 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "Action": "actions",
+    "PipelineRank": "job",
     "RankEvents": "rank",
-    "RankFile": "job",
     "cpu_compute": "job",
     "name_schedule": "actions",
-    "placement_of": "actions",
+    "placement_name": "actions",
     "read_pipeline": "job",
     "top_level": "rank",
 }

@@ -19,7 +19,7 @@ from ppscope.errors import InvalidConfigError
 from ppscope.trace.actions import PASSES, Action, ActionType
 from ppscope.trace.schedules import Schedule
 
-__all__ = ["is_action_range", "name_schedule", "parse_action", "placement_of"]
+__all__ = ["is_action_range", "name_schedule", "parse_action", "placement_name"]
 
 _PREFIX = "PP:"
 _SINGLE = re.compile(r"^(Forward|Backward) (\d+)$")
@@ -45,7 +45,7 @@ def parse_action(name: str) -> Action | None:
     return None
 
 
-def placement_of(stages_of_rank: Mapping[int, Sequence[int]]) -> str:
+def placement_name(stages_of_rank: Mapping[int, Sequence[int]]) -> str:
     """`single` (one stage per rank), `loop` (stage s on the rank at position s mod P), `v` (two stages per
     rank, the rank at position r holding r and 2P-1-r), or `other`. Ranks are taken in order."""
     ranks = sorted(stages_of_rank)

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ppscope.formats.ordering import order_stages
-from ppscope.formats.pipelining.actions import name_schedule, placement_of
+from ppscope.formats.pipelining.actions import name_schedule, placement_name
 from ppscope.formats.pipelining.rank import (
     Links,
     RankActions,
@@ -42,13 +42,13 @@ from ppscope.trace.actions import PASSES, ActionType
 from ppscope.trace.model import SpanKind
 from ppscope.trace.notices import Notice, NoticeCode
 
-__all__ = ["PipelineRead", "RankFile", "cpu_compute", "read_pipeline"]
+__all__ = ["PipelineRank", "PipelineRead", "cpu_compute", "read_pipeline"]
 
 _LABELS = ["stage", "mb", "step", "chunk", "phase", "peer"]
 
 
 @dataclass
-class RankFile:
+class PipelineRank:
     """What `read_pipeline` takes of one rank's file."""
 
     events: RankEvents
@@ -94,7 +94,7 @@ def cpu_compute(ops: pd.DataFrame, main: object) -> pd.DataFrame:
 
 
 def read_pipeline(
-    files: Mapping[int, RankFile],
+    files: Mapping[int, PipelineRank],
     p2p: Sequence[tuple[int, str, int]],
     placed: Mapping[int, tuple[int, int]] | None = None,
 ) -> PipelineRead | None:
@@ -117,7 +117,7 @@ def read_pipeline(
     grouped = {r: placed[r][0] for r in files} if placed and all(r in placed for r in files) else None
     physical, held, how = _stages(files, found, p2p, grouped)
     warnings += how
-    placement = placement_of(held)
+    placement = placement_name(held)
     order = {r: order_of_step(found[r].frame) if r in found else [] for r in held}
     schedule, why = name_schedule(order, placement)
     compute = pd.concat([a.frame for a in found.values()], ignore_index=True)
@@ -169,7 +169,7 @@ def _guessed(inferred: bool, assumed: bool) -> list[Notice]:
 
 
 def _stages(
-    files: Mapping[int, RankFile],
+    files: Mapping[int, PipelineRank],
     found: Mapping[int, RankActions],
     p2p: Sequence[tuple[int, str, int]],
     grouped: Mapping[int, int] | None = None,
@@ -194,7 +194,7 @@ def _stages(
 
 
 def _rank_spans(
-    f: RankFile, ops: pd.DataFrame, acts: RankActions | None, local: list[int], rank_of: Mapping[int, int]
+    f: PipelineRank, ops: pd.DataFrame, acts: RankActions | None, local: list[int], rank_of: Mapping[int, int]
 ) -> tuple[pd.DataFrame, bool]:
     """One rank's spans, and whether some wait was assumed."""
     chunk_of = {s: i for i, s in enumerate(sorted(local))}
