@@ -53,7 +53,7 @@ def tests() -> list[str]:
         "not gpu_check",
         "-p",
         "no:cacheprovider",
-        "tests/test_gpu.py",
+        "tests/test_engine_gpu.py",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     tail = (done.stdout.strip().splitlines() or ["(no output)"])[-1]

@@ -2,7 +2,7 @@
 
 Every package's `__init__` lists the names the other parts of ppscope import from its modules (and any it
 hands to users), with the module each lives in; importing one module of a package then loads no other, and
-`ppscope --help` stays fast. `tests/test_package.py` checks that the lists cover what the parts import.
+`ppscope --help` stays fast. `tests/test_project_package.py` checks that the lists cover what the parts import.
 """
 
 from __future__ import annotations

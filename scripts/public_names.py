@@ -3,7 +3,7 @@
     python scripts/public_names.py          # print each package's names and where they live
     python scripts/public_names.py --write  # rewrite the tables (between the `# public names` markers)
 
-A name a package lists beyond what the parts import (one it hands to users) is kept. `tests/test_package.py`
+A name a package lists beyond what the parts import (one it hands to users) is kept. `tests/test_project_package.py`
 fails when a table misses a name; this script is how to bring them up to date.
 """
 

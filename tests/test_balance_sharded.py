@@ -29,8 +29,8 @@ from ppscope.trace.store import load_run, rank_file
 
 sys.path.insert(0, str(Path(__file__).parent))
 from replica_helpers import replica_job
+from test_balance_training_costs import _trace as training_run
 from test_formats_pipelining import _write, gpipe_cpu
-from test_training_costs import _trace as training_run
 
 COSTS = LayerCosts(layer_ms=tuple(1.0 + 0.1 * i for i in range(6)), embed_ms=0.3, head_ms=0.7, sample_ms=0.2)
 

@@ -399,7 +399,7 @@ PRESETS: dict[str, ModelShape] = {
 
 # Published shapes the engine does not build (biases, head norms, experts, latent attention): the planner, the
 # rebalancer and the cost model use them. Each is read from the model's published config.json, kept in
-# tests/data/configs/ (tests/test_roofline.py checks they agree). Qwen3 has no dense 72B: its largest is 32B.
+# tests/data/configs/ (tests/test_balance_roofline.py checks they agree). Qwen3 has no dense 72B: its largest is 32B.
 PUBLISHED: dict[str, ModelShape] = {
     m.name: m
     for m in (

@@ -158,7 +158,7 @@ def test_anchor_uncertainty_is_reported_and_small() -> None:
 
 def test_device_spans_push_one_nvtx_range_each_and_record_no_host_span(monkeypatch: pytest.MonkeyPatch) -> None:
     import nvtx
-    from test_recorder import SpyDomain
+    from test_trace_recorder import SpyDomain
 
     spy = SpyDomain()
     monkeypatch.setattr(nvtx, "get_domain", lambda name: spy if name == "ppscope" else None)

@@ -1,5 +1,5 @@
 """Published model shapes: each preset is its config.json, and what the shape cannot represent is refused by
-name. Their sizes against hand-computed ones are in tests/test_roofline.py."""
+name. Their sizes against hand-computed ones are in tests/test_balance_roofline.py."""
 
 from __future__ import annotations
 

@@ -461,8 +461,8 @@ def test_the_parts_table_names_every_module(code: Code) -> None:
 
 
 def test_the_function_cap_the_parts_give_is_the_one_tested() -> None:
-    """The parts say how long a function may be: the number `tests/test_package.py` holds the package to."""
-    tree = ast.parse((ROOT / "tests" / "test_package.py").read_text(encoding="utf-8"))
+    """The parts say how long a function may be: the number `tests/test_project_package.py` holds the package to."""
+    tree = ast.parse((ROOT / "tests" / "test_project_package.py").read_text(encoding="utf-8"))
     (cap,) = [
         n.value.value
         for n in tree.body

@@ -151,3 +151,16 @@ def test_every_package_states_the_names_other_parts_import_from_it() -> None:
         assert names <= public, f"{package}.__all__ lacks {sorted(names - public)}: run scripts/public_names.py --write"
         for name in public:
             assert getattr(module, name) is not None, f"{package}.{name}"
+
+
+def test_test_files_are_named_by_the_part_they_test() -> None:
+    """`test_<part>_<subject>.py`: a part of the package (a folder or a top-level module), `bench` for the
+    benchmarks, or `project` for checks of the whole (packaging, documents)."""
+    parts = {p.stem if p.is_file() else p.name for p in (ROOT / "ppscope").iterdir() if not p.name.startswith("_")}
+    parts |= {"bench", "project"}
+    odd = [
+        p.name
+        for p in (ROOT / "tests").glob("test_*.py")
+        if not any(p.stem == f"test_{part}" or p.stem.startswith(f"test_{part}_") for part in parts)
+    ]
+    assert not odd, f"name these test_<part>_<subject>.py, parts being {sorted(parts)}: {odd}"

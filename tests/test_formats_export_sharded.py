@@ -27,8 +27,8 @@ from ppscope.trace.store import load_run, rank_file, read_meta, write_meta
 
 sys.path.insert(0, str(Path(__file__).parent))
 from replica_helpers import replica_job
+from test_analysis_causes_per_step import _training
 from test_analysis_sharded import RUNS, _sim
-from test_causes_per_step import _training
 from test_formats_pipelining import _write, gpipe_cpu
 
 
