@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ppscope.analysis.analyzer import AnalysisConfig
+    from ppscope.analysis.placement import Placement
+    from ppscope.analysis.replicas import ReplicaAnalysis
+    from ppscope.analysis.result import AnalysisResult
     from ppscope.cli.argtypes import Subcommands
+    from ppscope.trace.model import Trace
     from ppscope.trace.notices import Notice
 
 HELP = "Report bubbles, their causes and the bottleneck stage of a run or an nsys/Kineto trace"
@@ -120,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rank_by_rank(args: argparse.Namespace, config: Any) -> tuple[Any, bool, list[Notice]] | int:
+def _rank_by_rank(args: argparse.Namespace, config: AnalysisConfig) -> tuple[AnalysisResult, bool, list[Notice]] | int:
     """`--workers`, `--ray`: the run directory analysed a rank, then a stage, at a time
     (`ppscope.analysis.sharded`); a job of several replicas, each on its own, printed here (then the exit
     code is returned)."""
@@ -147,7 +152,7 @@ def _rank_by_rank(args: argparse.Namespace, config: Any) -> tuple[Any, bool, lis
     return result, read_meta(args.run).unrecorded, said
 
 
-def _replicas(args: argparse.Namespace, trace: Any, placement: Any, config: Any) -> int:
+def _replicas(args: argparse.Namespace, trace: Trace, placement: Placement, config: AnalysisConfig) -> int:
     """A job of several data-parallel pipelines: each analysed on its own, compared stage by stage; the
     pipeline holding the bottleneck is detailed as one pipeline is."""
     from ppscope.analysis.replicas import analyze_replicas, replica_trace
@@ -163,7 +168,7 @@ def _replicas(args: argparse.Namespace, trace: Any, placement: Any, config: Any)
     return _print_replicas(args, ra)
 
 
-def _shown(args: argparse.Namespace, ra: Any) -> Any:
+def _shown(args: argparse.Namespace, ra: ReplicaAnalysis) -> AnalysisResult:
     """The result of the replica the report details; a one-line error when no replica recorded anything."""
     from ppscope.errors import UnsupportedInputError
 
@@ -174,7 +179,7 @@ def _shown(args: argparse.Namespace, ra: Any) -> Any:
     return result
 
 
-def _print_replicas(args: argparse.Namespace, ra: Any) -> int:
+def _print_replicas(args: argparse.Namespace, ra: ReplicaAnalysis) -> int:
     """The replicas compared stage by stage, then the pipeline holding the bottleneck in full."""
     from ppscope.analysis.replica_report import replica_json, replica_lines
     from ppscope.analysis.report import print_report, stdout_console
