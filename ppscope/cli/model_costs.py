@@ -10,19 +10,18 @@ model adds.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ppscope.balance.modelled.shapes import ModelShape
+    from ppscope.balance.modelled.plan import StepTimes
     from ppscope.balance.report import ModelSection
     from ppscope.cli.argtypes import Options
 
-from ppscope.trace.actions import Phase
 
 __all__ = [
     "add_workload_arguments",
-    "plan_step_times",
     "print_assumptions",
     "print_model_lines",
     "print_step_times",
@@ -95,44 +94,18 @@ def print_assumptions(model: ModelSection) -> None:
         print(f"  - {a}")
 
 
-def plan_step_times(args: argparse.Namespace, shape: ModelShape, plan: dict[str, Any]) -> dict[str, Any]:
-    """The modelled step time of each stage of the plan's split (and of its fix), ms, for `ppscope plan --gpu`."""
-    from ppscope.balance.advise.problem import BalanceProblem
-    from ppscope.balance.advise.rebalance import evaluate
-    from ppscope.balance.costs import StageCosts
-    from ppscope.balance.modelled.gpus import gpu_named
-    from ppscope.balance.modelled.roofline import Workload, model_costs
-
-    work = Workload(phase=Phase.DECODE, batch=args.batch, context=args.context, dtype=args.dtype, tp=plan["tp"])
-    modelled = model_costs(shape, gpu_named(args.gpu), work)
-    problem = BalanceProblem(costs=modelled.layer_costs(), stages=plan["pp"], stage_costs=StageCosts())
-
-    def times(split: list[int] | None) -> list[float] | None:
-        return None if split is None else list(evaluate(problem, split).stage_ms)
-
-    return {
-        "gpu": modelled.gpu.name,
-        "phase": Phase.DECODE.value,
-        "batch": work.batch,
-        "context": work.context,
-        "stage_ms": times(plan["split"]),
-        "fix_stage_ms": times(plan["fix_split"]),
-        "assumptions": modelled.assumptions(),
-    }
-
-
-def print_step_times(d: dict[str, Any]) -> None:
-    s = d["step_times"]
-    now = s["stage_ms"]
+def print_step_times(steps: StepTimes, fix_split: Sequence[int] | None) -> None:
+    now = steps.stage_ms
     slowest = max(now)
+    w = steps.costs.workload
     print(
-        f"decode step on {s['gpu']} ({s['batch']} sequence(s) x {s['context']} tokens of context), per stage: "
+        f"decode step on {steps.costs.gpu.name} ({w.batch} sequence(s) x {w.context} tokens of context), per stage: "
         f"{', '.join(f'{t:.3f}' for t in now)} ms; the slowest, stage {now.index(slowest)}, paces the pipeline "
         f"at {1e3 / slowest:.0f} micro-batch steps/s"
         + (
-            f"; with split {','.join(map(str, d['fix_split']))}: {max(s['fix_stage_ms']):.3f} ms"
-            if s["fix_stage_ms"]
+            f"; with split {','.join(map(str, fix_split))}: {max(steps.fix_stage_ms):.3f} ms"
+            if steps.fix_stage_ms and fix_split
             else ""
         )
     )
-    print(f"  (the cost model: {s['assumptions'][0]})")
+    print(f"  (the cost model: {steps.costs.assumptions()[0]})")

@@ -13,14 +13,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppscope.balance.advise.problem import BalanceProblem, MemoryModel
-from ppscope.balance.advise.rebalance import balance
-from ppscope.balance.costs import LayerCosts
+from ppscope.balance.advise.rebalance import balance, evaluate
+from ppscope.balance.costs import LayerCosts, StageCosts
+from ppscope.balance.modelled.gpus import GPU
+from ppscope.balance.modelled.roofline import ModelCosts, Workload, model_costs
 from ppscope.balance.modelled.shapes import ModelShape, dtype_bytes
 from ppscope.balance.split import format_split, validate_split, vllm_default_split
 from ppscope.errors import InvalidConfigError
+from ppscope.trace.actions import Phase
 from ppscope.trace.notices import Notice, NoticeCode
 
-__all__ = ["GIB", "CapacityPlan", "Cluster", "ParallelLayout", "PlanConfig", "StagePlan", "plan", "stage_memory_model"]
+__all__ = [
+    "GIB",
+    "CapacityPlan",
+    "Cluster",
+    "ParallelLayout",
+    "PlanConfig",
+    "StagePlan",
+    "StepTimes",
+    "plan",
+    "stage_memory_model",
+    "step_times",
+]
 
 GIB = 1 << 30
 _LOGITS_BYTES = 4  # logits are kept in fp32 for sampling
@@ -199,6 +213,43 @@ class CapacityPlan:
             "warnings": [w.to_json() for w in self.warnings],
             "assumptions": list(self.assumptions),
         }
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTimes:
+    """The modelled decode step of each stage of a plan's split, and of its fix, on one GPU (`ppscope plan
+    --gpu`)."""
+
+    costs: ModelCosts
+    stage_ms: tuple[float, ...]
+    fix_stage_ms: tuple[float, ...] | None
+
+    def to_json(self) -> dict[str, Any]:
+        w = self.costs.workload
+        return {
+            "gpu": self.costs.gpu.name,
+            "phase": str(w.phase),
+            "batch": w.batch,
+            "context": w.context,
+            "stage_ms": list(self.stage_ms),
+            "fix_stage_ms": None if self.fix_stage_ms is None else list(self.fix_stage_ms),
+            "assumptions": self.costs.assumptions(),
+        }
+
+
+def step_times(capacity: CapacityPlan, gpu: GPU, *, batch: int, context: int) -> StepTimes:
+    """Each stage's modelled decode step under the plan's split and its fix, `batch` sequences of `context`
+    tokens each, on `gpu`."""
+    cfg = capacity.config
+    work = Workload(phase=Phase.DECODE, batch=batch, context=context, dtype=cfg.dtype, tp=capacity.layout.tp)
+    modelled = model_costs(cfg.model, gpu, work)
+    problem = BalanceProblem(costs=modelled.layer_costs(), stages=capacity.layout.pp, stage_costs=StageCosts())
+    fix = capacity.fix_split
+    return StepTimes(
+        costs=modelled,
+        stage_ms=evaluate(problem, capacity.split).stage_ms,
+        fix_stage_ms=None if fix is None else evaluate(problem, fix).stage_ms,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

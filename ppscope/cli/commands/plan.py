@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ppscope.balance.modelled.plan import CapacityPlan, StagePlan, StepTimes
     from ppscope.cli.argtypes import Subcommands
 
 HELP = "Plan memory per stage and the TP x PP layout for a model and cluster"
@@ -68,7 +71,8 @@ def _gpu_mem_gib(args: argparse.Namespace) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppscope.balance.modelled.plan import Cluster, PlanConfig, plan
+    from ppscope.balance.modelled.gpus import gpu_named
+    from ppscope.balance.modelled.plan import Cluster, PlanConfig, plan, step_times
     from ppscope.balance.modelled.shapes import ModelShape
     from ppscope.balance.split import parse_split
 
@@ -93,15 +97,12 @@ def run(args: argparse.Namespace) -> int:
         pp=args.pp,
         split=split,
     )
-    result = plan(cfg).to_dict()
-    if args.gpu:
-        from ppscope.cli.model_costs import plan_step_times
-
-        result["step_times"] = plan_step_times(args, model, result)
+    capacity = plan(cfg)
+    steps = step_times(capacity, gpu_named(args.gpu), batch=args.batch, context=args.context) if args.gpu else None
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(capacity.to_dict() | ({"step_times": steps.to_json()} if steps else {}), indent=2))
     else:
-        _print(result)
+        _print(capacity, steps)
     return 0
 
 
@@ -109,71 +110,76 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / 2**30:.2f}"
 
 
-def _stage_table(title: str, d: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+def _stage_table(title: str, capacity: CapacityPlan, rows: Sequence[StagePlan]) -> None:
     from rich.table import Table
 
     from ppscope.analysis.report import stdout_console
 
+    cfg = capacity.config
     table = Table(title=title, caption_justify="left")
     table.caption = (
-        f"weights (decoder layers) + extra + KV + reserve {_gib(d['reserve_bytes_per_gpu'])} GiB = the usable "
-        f"{_gib(d['usable_bytes_per_gpu'])} GiB of each GPU (KV is negative where a stage does not fit)"
+        f"weights (decoder layers) + extra + KV + reserve {_gib(cfg.reserve_gib * 2**30)} GiB = the usable "
+        f"{_gib(cfg.cluster.usable_bytes)} GiB of each GPU (KV is negative where a stage does not fit)"
     )
     for col in ("stage", "layers", "weights\nGiB", "extra\nGiB", "KV\nGiB", "KV\ntokens", "max-len\nseqs", "fits"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in rows:
         table.add_row(
-            str(r["stage"]),
-            str(r["layers"]),
-            _gib(r["layer_weights_bytes"]),
-            _gib(r["extra_bytes"]),
-            _gib(r["kv_bytes"]),
-            f"{max(r['kv_tokens'], 0):,}",
-            str(max(r["kv_sequences"], 0)),
-            "yes" if r["fits"] else "NO",
+            str(r.stage),
+            str(r.layers),
+            _gib(r.layer_weights_bytes),
+            _gib(r.extra_bytes),
+            _gib(r.kv_bytes),
+            f"{max(r.kv_tokens, 0):,}",
+            str(max(r.kv_sequences, 0)),
+            "yes" if r.fits else "NO",
         )
     stdout_console().print(table)
 
 
-def _print(d: dict[str, Any]) -> None:
+def _print(capacity: CapacityPlan, steps: StepTimes | None) -> None:
+    from ppscope.balance.split import format_split
+
+    cfg, layout, stages = capacity.config, capacity.layout, capacity.stages
     print(
-        f"{d['model']} in {d['dtype']} on {d['gpus']} GPU(s): TP={d['tp']} x PP={d['pp']}, "
-        f"{d['replicas']} replica(s) — {d['reason']}"
+        f"{cfg.model.name} in {cfg.dtype} on {cfg.cluster.gpus} GPU(s): TP={layout.tp} x PP={layout.pp}, "
+        f"{layout.replicas} replica(s) — {layout.reason}"
     )
     print(
-        f"KV cache: {d['kv_bytes_per_token_per_layer']:,} B per token per layer "
-        f"({d['kv_bytes_per_token_per_layer_per_gpu']:,} B per GPU); max-model-len {d['max_model_len']}"
+        f"KV cache: {capacity.kv_bytes_per_token_per_layer:,} B per token per layer "
+        f"({capacity.kv_bytes_per_token_per_layer_per_gpu:,} B per GPU); max-model-len {cfg.seq_len}"
     )
-    weights = [r["weights_bytes"] for r in d["stages"]]
-    total = sum(weights) * d["tp"]
+    weights = [r.weights_bytes for r in stages]
+    total = sum(weights) * layout.tp
     print(
         f"weights per GPU, layers + extra: {', '.join(_gib(w) for w in weights)} GiB "
-        f"(the pipeline's {d['tp'] * d['pp']} GPU(s) hold {_gib(total)} GiB = {total / 1e9:.1f} GB)"
+        f"(the pipeline's {layout.tp * layout.pp} GPU(s) hold {_gib(total)} GiB = {total / 1e9:.1f} GB)"
     )
     print(
-        f"first stage extra (embedding): {_gib(d['first_stage_extra_bytes'])} GiB; "
-        f"last stage extra (LM head + logits): {_gib(d['last_stage_extra_bytes'])} GiB"
+        f"first stage extra (embedding): {_gib(stages[0].extra_bytes)} GiB; "
+        f"last stage extra (LM head + logits): {_gib(stages[-1].extra_bytes)} GiB"
     )
-    _stage_table(f"per GPU, split {','.join(map(str, d['split']))}", d, d["stages"])
+    _stage_table(f"per GPU, split {format_split(capacity.split)}", capacity, stages)
     print(
-        f"pipeline KV capacity: {d['pipeline_kv_tokens']:,} tokens = {d['pipeline_kv_sequences']} sequence(s) of "
-        f"{d['max_model_len']} tokens (the smallest stage's): room for KV cache is {d['kv_verdict'].upper()}"
+        f"pipeline KV capacity: {capacity.pipeline_kv_tokens:,} tokens = {capacity.pipeline_kv_sequences} "
+        f"sequence(s) of {cfg.seq_len} tokens (the smallest stage's): room for KV cache is "
+        f"{capacity.kv_verdict.upper()}"
     )
-    for w in d["warnings"]:
-        print(f"warning: {w['text']}")
-    if d["fix_split"] is not None:
-        fix = d["fix_stages"]
-        tokens = min(r["kv_tokens"] for r in fix)
+    for warning in capacity.warnings:
+        print(f"warning: {warning}")
+    if capacity.fix_split is not None and capacity.fix_stages is not None:
+        fix = capacity.fix_split
+        tokens = min(r.kv_tokens for r in capacity.fix_stages)
         print(
-            f"split {','.join(map(str, d['fix_split']))} "
-            + ("fixes it" if not d["fits"] else "holds more KV cache")
-            + f": pipeline KV capacity {tokens:,} tokens; use {d['fix_vllm_env']}"
+            f"split {format_split(fix)} "
+            + ("fixes it" if not capacity.fits else "holds more KV cache")
+            + f": pipeline KV capacity {tokens:,} tokens; use VLLM_PP_LAYER_PARTITION={format_split(fix)}"
         )
-        _stage_table("with that split", d, fix)
-    if "step_times" in d:
+        _stage_table("with that split", capacity, capacity.fix_stages)
+    if steps is not None:
         from ppscope.cli.model_costs import print_step_times
 
-        print_step_times(d)
+        print_step_times(steps, capacity.fix_split)
     print("Assumptions:")
-    for a in d["assumptions"]:
+    for a in capacity.assumptions:
         print(f"  - {a}")
