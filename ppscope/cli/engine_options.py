@@ -26,14 +26,24 @@ if TYPE_CHECKING:
     from ppscope.cli.argtypes import Options
     from ppscope.engine.config import EngineConfig
 
-__all__ = ["OPTIONS", "Option", "add_engine_arguments", "add_option", "engine_config", "in_flags", "option"]
+__all__ = [
+    "OPTIONS",
+    "Option",
+    "add_engine_arguments",
+    "add_option",
+    "engine_config",
+    "in_flags",
+    "option",
+    "split_option",
+]
 
 
-def _same(value: Any) -> Any:
+def _same(value: object) -> object:
     return value
 
 
-def _split(text: str | None) -> tuple[int, ...] | None:
+def split_option(text: str | None) -> tuple[int, ...] | None:
+    """`--split` as the engine takes it: layer counts per stage, None when not given."""
     if text is None:
         return None
     if not text.strip():
@@ -63,11 +73,11 @@ class Option:
     group: str
     """The --help section it is listed in."""
     help: str
-    type: Callable[[str], Any] | None = None
+    type: Callable[[str], object] | None = None
     """argparse's conversion (int, float); text otherwise."""
-    default: Any = None
+    default: object = None
     """argparse's default: the field's default, as text where `parse` takes text."""
-    parse: Callable[[Any], Any] = _same
+    parse: Callable[[Any], object] = _same
     """What argparse gave into the field's value (a split into a tuple of ints, ...)."""
     negate: bool = False
     """`--no-X`: given, the field is False."""
@@ -155,7 +165,7 @@ OPTIONS: tuple[Option, ...] = (
         "pipeline.split",
         "pipeline",
         "layer counts per (virtual) stage, e.g. 5,4,4,3 (default: $PPSCOPE_PP_LAYER_PARTITION, else vLLM's rule)",
-        parse=_split,
+        parse=split_option,
     ),
     Option(
         "--backend", "runtime.backend", "pipeline", "auto | nccl | gloo (default auto: nccl with GPUs)", default="auto"
@@ -267,7 +277,7 @@ def add_option(parser: argparse.ArgumentParser, flag: str, **changes: Any) -> No
     _BY_FLAG[flag].add_to(parser, **changes)
 
 
-def engine_config(args: argparse.Namespace, **given: Any) -> EngineConfig:
+def engine_config(args: argparse.Namespace, **given: object) -> EngineConfig:
     """The EngineConfig of the engine options in `args` (those its parser took; the rest keep their defaults),
     each parsed from its text here, with `given` (dest -> typed value) over them. A refusal names flags."""
     from ppscope.engine.config import EngineConfig, config_fields

@@ -70,12 +70,12 @@ def demo_json(result: TuneResult) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppscope.cli.engine_options import engine_config, option
+    from ppscope.cli.engine_options import engine_config, split_option
     from ppscope.cli.tuning import tune
     from ppscope.cli.tuning_report import print_tune
     from ppscope.trace.outputs import check_output
 
-    split = option("--split").parse(args.split)
+    split = split_option(args.split)
     # what the demo has no option for is as `ppscope run` has it by default
     cfg = engine_config(args, stages=args.stages or len(split or ()) or default_stages())
     out = check_output(str(cfg.output.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")), kind="runs")
