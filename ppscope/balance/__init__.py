@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ppscope.balance.report import TraceStages as TraceStages
     from ppscope.balance.report import rebalance_model as rebalance_model
     from ppscope.balance.report import rebalance_runs as rebalance_runs
+    from ppscope.balance.split import format_split as format_split
     from ppscope.balance.split import parse_counts as parse_counts
     from ppscope.balance.split import parse_split as parse_split
     from ppscope.balance.split import resolve_split as resolve_split
@@ -32,6 +33,7 @@ _WHERE = {
     "RebalanceRequest": "report",
     "StageCosts": "costs",
     "TraceStages": "report",
+    "format_split": "split",
     "parse_counts": "split",
     "parse_ms_list": "costs",
     "parse_split": "split",

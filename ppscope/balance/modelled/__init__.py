@@ -11,9 +11,13 @@ if TYPE_CHECKING:
     from ppscope.balance.modelled.gpus import GPU as GPU
     from ppscope.balance.modelled.gpus import GPUS as GPUS
     from ppscope.balance.modelled.gpus import gpu_named as gpu_named
+    from ppscope.balance.modelled.plan import CapacityPlan as CapacityPlan
     from ppscope.balance.modelled.plan import Cluster as Cluster
     from ppscope.balance.modelled.plan import PlanConfig as PlanConfig
+    from ppscope.balance.modelled.plan import StagePlan as StagePlan
+    from ppscope.balance.modelled.plan import StepTimes as StepTimes
     from ppscope.balance.modelled.plan import stage_memory_model as stage_memory_model
+    from ppscope.balance.modelled.plan import step_times as step_times
     from ppscope.balance.modelled.roofline import ModelCosts as ModelCosts
     from ppscope.balance.modelled.roofline import Workload as Workload
     from ppscope.balance.modelled.roofline import model_costs as model_costs
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "Calibration": "tracefit",
+    "CapacityPlan": "plan",
     "Cluster": "plan",
     "DEFAULT_GPU": "gpus",
     "GPU": "gpus",
@@ -36,6 +41,8 @@ _WHERE = {
     "PRESETS": "shapes",
     "PlanConfig": "plan",
     "RopeScaling": "shapes",
+    "StagePlan": "plan",
+    "StepTimes": "plan",
     "Workload": "roofline",
     "calibrate": "tracefit",
     "canonical_dtype": "shapes",
@@ -43,6 +50,7 @@ _WHERE = {
     "gpu_named": "gpus",
     "model_costs": "roofline",
     "stage_memory_model": "plan",
+    "step_times": "plan",
 }
 __all__ = sorted(_WHERE)
 __getattr__, __dir__ = public_names(__name__, _WHERE)
