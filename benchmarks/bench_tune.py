@@ -2,7 +2,7 @@
 layer profile of a real model against the pipeline it is meant to predict.
 
 1. Four stages of 5 ms layers with an LM head worth three layers: vLLM's default split leaves the last stage
-   the bottleneck. `ppscope.cli.tuning` profiles the layers, rebalances, re-runs; the reference is run 1 itself.
+   the bottleneck. `ppscope.engine.tuning` profiles the layers, rebalances, re-runs; the reference is run 1 itself.
 2. The tiny model on 2 stages: each stage's compute per decode step predicted by the profile (timed from
    cold caches, and back to back for comparison) ÷ what the run measured, stage by stage.
 3. A gpipe run of the synthetic engine replayed by the simulator (`replay_config`): simulated throughput ÷
@@ -26,8 +26,8 @@ from benchmarks.record import Figure
 
 
 def main() -> list[Figure]:
-    from ppscope.cli.tuning import tune
     from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
+    from ppscope.engine.tuning import tune
 
     cfg = EngineConfig(
         pipeline=PipelineConfig(stages=4, schedule="serve"),

@@ -9,8 +9,8 @@ import pytest
 
 from ppscope.balance.advise.advice import Interval
 from ppscope.balance.advise.cores import MIN_FREE_CORES, RunUsage, beat_ms, pipeline_cores, run_usage, shared_cores
-from ppscope.cli.machine_load import LoadSampler
-from ppscope.cli.tuning import busy_cores
+from ppscope.engine.machine_load import LoadSampler
+from ppscope.engine.tuning import busy_cores
 from ppscope.trace.model import RankInfo, RunMeta, SpanKind, Trace
 
 NOW = (4.8, 6.4)  # the tiny model's 4,4 on two stages: embedding + 4 layers | 4 layers + head + sampling
@@ -55,7 +55,7 @@ def test_busy_cores_reads_the_kernel_s_cpu_times(tmp_path: Path, monkeypatch: py
         stat.write_text(next(lines, ""))
 
     stat.write_text(next(lines))
-    monkeypatch.setattr("ppscope.cli.machine_load.time.sleep", sleep)
+    monkeypatch.setattr("ppscope.engine.machine_load.time.sleep", sleep)
     # 200 busy of 400 jiffies on 2 CPUs: one core's worth
     assert busy_cores(0.0, str(stat)) == pytest.approx(1.0)
     assert busy_cores(0.0, str(tmp_path / "none")) is None

@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("torch")
 
 from ppscope.balance.measured.profile import PROFILE_FILE, read_profile
-from ppscope.cli.tuning import tune
 from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 from ppscope.engine.profiler import profile_layers, write_profile
+from ppscope.engine.tuning import tune
 from ppscope.errors import CorruptFileError, InvalidConfigError
 
 QUIET = OutputConfig(progress=False, nvtx=False)
@@ -179,8 +179,8 @@ def test_a_predicted_gain_within_noise_is_called_so(tmp_path: Path) -> None:
     from ppscope.balance.advise.problem import BalanceProblem
     from ppscope.balance.advise.rebalance import rebalance
     from ppscope.balance.costs import LayerCosts
-    from ppscope.cli.tuning import RunSummary, TuneResult
     from ppscope.cli.tuning_report import print_tune
+    from ppscope.engine.tuning import RunSummary, TuneResult
 
     def summary(split: tuple[int, ...], tok_s: float) -> RunSummary:
         return RunSummary(

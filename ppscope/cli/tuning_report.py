@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ppscope.balance.advise.advice import Interval
-from ppscope.cli.tuning import TuneResult
+from ppscope.engine.tuning import TuneResult
 
 __all__ = ["NOISE", "print_tune"]
 

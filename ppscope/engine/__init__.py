@@ -16,14 +16,18 @@ if TYPE_CHECKING:
     from ppscope.engine.launch import under_torchrun as under_torchrun
     from ppscope.engine.profiler import profile_layers as profile_layers
     from ppscope.engine.profiler import write_profile as write_profile
+    from ppscope.engine.tuning import TuneResult as TuneResult
+    from ppscope.engine.tuning import tune as tune
     from ppscope.engine.worker import default_run_dir as default_run_dir
 
 _WHERE = {
     "EngineConfig": "config",
+    "TuneResult": "tuning",
     "config_fields": "config",
     "default_run_dir": "worker",
     "profile_layers": "profiler",
     "run": "launch",
+    "tune": "tuning",
     "under_torchrun": "launch",
     "write_profile": "profiler",
 }

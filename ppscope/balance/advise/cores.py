@@ -11,7 +11,7 @@ choices"). Two things the stage times miss are measured in the run itself (`RunU
 spend outside their spans (Python between passes, their threads), taken from their usage counters, and the
 work beside the stages while they run (the launcher, the kernel, other jobs), the machine's busy cores
 meanwhile less the ranks' own. This module only computes; the machine's load is measured by its caller
-(`ppscope.cli.tuning`).
+(`ppscope.engine.tuning`).
 """
 
 from __future__ import annotations

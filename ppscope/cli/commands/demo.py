@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ppscope.cli.argtypes import Subcommands
-    from ppscope.cli.tuning import TuneResult
+    from ppscope.engine.tuning import TuneResult
 
 HELP = "Run, find the bottleneck, rebalance, re-run and show the measured gain, then open the dashboard"
 EXAMPLE = "ppscope demo --no-dashboard"
@@ -71,8 +71,8 @@ def demo_json(result: TuneResult) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from ppscope.cli.engine_options import engine_config, split_option
-    from ppscope.cli.tuning import tune
     from ppscope.cli.tuning_report import print_tune
+    from ppscope.engine.tuning import tune
     from ppscope.trace.outputs import check_output
 
     split = split_option(args.split)

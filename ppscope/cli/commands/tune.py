@@ -61,8 +61,8 @@ def add_tune_arguments(p: argparse.ArgumentParser, repeats: int = 1) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ppscope.cli.engine_options import engine_config
-    from ppscope.cli.tuning import tune
     from ppscope.cli.tuning_report import print_tune
+    from ppscope.engine.tuning import tune
     from ppscope.trace.outputs import check_output
 
     cfg = engine_config(args)

@@ -26,7 +26,7 @@ from ppscope.balance.advise.rebalance import Rebalance, engine_lines, rebalance
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.measured.fit import fit_layer_costs, r_squared_text
 from ppscope.balance.measured.insitu import insitu_costs
-from ppscope.cli.machine_load import LoadSampler, busy_cores
+from ppscope.engine.machine_load import LoadSampler, busy_cores
 from ppscope.errors import InvalidConfigError, PPScopeError
 from ppscope.simulate.calibrate import Replay, hop_latency_us
 from ppscope.trace.model import Phase, Trace
