@@ -6,7 +6,8 @@ and compare two snapshots: a refactor shows, with it, that no figure moved.
 
 The cases: the real third-party traces in `../shared/data/` (skipped where that folder is absent), the real
 torch.distributed.pipelining captures in `tests/data/pipelining/`, and runs the simulator writes (deterministic,
-so the same on every machine). A warning is compared by its text alone: a warning that gained a code, or
+so the same on every machine). Paths are compared from the checkout's `tests/data` or `shared/data` on, so
+two checkouts compare. A warning is compared by its text alone: a warning that gained a code, or
 moved from a plain string to `{"code", "text"}`, compares equal; a reworded one does not.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -151,7 +153,12 @@ def _plain(value: Any, key: str = "") -> Any:
         return {k: _plain(v, k) for k, v in value.items() if not (k == "code" and "warning" in key)}
     if isinstance(value, list):
         return [_plain(v, key) for v in value]
+    if isinstance(value, str):  # a checkout's own path: the same inputs wherever it lies
+        return _CHECKOUT.sub(r"\1", value)
     return value
+
+
+_CHECKOUT = re.compile(r"/\S*?/((?:tests|shared)/data/)")
 
 
 def compare(old: Path, new: Path) -> int:

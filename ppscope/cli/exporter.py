@@ -13,13 +13,16 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ppscope.cli.commands.dashboard import is_loopback
 from ppscope.errors import InvalidConfigError, PPScopeError
 from ppscope.live.follow import RunFollower, follow
 from ppscope.live.metrics import SPECS, Snapshot
 from ppscope.trace.store import META_FILE
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 __all__ = ["DEFAULT_HOST", "BackgroundWatch", "Exporter", "is_loopback", "load_client"]
 
@@ -81,7 +84,7 @@ class _Collector:
         self._core = client.core
         self._go = client.utils.floatToGoString
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         snap = self._exporter.snapshot
         for spec in SPECS:
             labels = list(spec.labels)

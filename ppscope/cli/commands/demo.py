@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ppscope.cli.argtypes import Subcommands
@@ -52,7 +52,7 @@ def default_stages() -> int:
     return max(2, min(4, os.cpu_count() or 2))
 
 
-def demo_json(result: TuneResult) -> dict[str, Any]:
+def demo_json(result: TuneResult) -> dict[str, object]:
     """The demo's answer first (predicted and measured speedups with their intervals, keep or change), then
     everything `ppscope tune --json` prints."""
     full = result.to_dict()

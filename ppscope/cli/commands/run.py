@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -139,7 +139,28 @@ def _live_metrics(args: argparse.Namespace, cfg: EngineConfig) -> Iterator[Engin
 _SOURCES = {"--split": "--split", "vllm-default": "vLLM's default rule"}
 
 
-def _shape_line(summary: dict[str, Any]) -> str:
+class _Summary(TypedDict, total=False):
+    """`ppscope run --json`: what the run did, from its metadata and request log; empty on ranks other than 0
+    under torchrun (rank 0 reports)."""
+
+    run_dir: str
+    status: str
+    stages: int
+    schedule: str
+    split: list[int]
+    split_source: str
+    microbatches: int
+    microbatches_asked: int
+    requests: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float | None
+    tokens_per_s_incl_startup: float | None
+    profile: str
+    """With --profile-layers: the profile.json written."""
+
+
+def _shape_line(summary: _Summary) -> str:
     """How the run was laid out: schedule, split and where it came from, micro-batches (and why fewer than
     asked: each holds at least one request)."""
     split = ",".join(map(str, summary["split"]))
@@ -153,7 +174,7 @@ def _shape_line(summary: dict[str, Any]) -> str:
     return line
 
 
-def _summary(run_dir: Path, wall_s: float, asked: int) -> dict[str, Any]:
+def _summary(run_dir: Path, wall_s: float, asked: int) -> _Summary:
     """`asked`: micro-batches per step or in flight the run was given (it runs at most one per request)."""
     import os
 

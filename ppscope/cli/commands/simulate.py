@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ppscope.cli.cost_options import add_cost_arguments, given_costs
 from ppscope.trace.schedules import Schedule
@@ -89,12 +89,25 @@ def _replay(args: argparse.Namespace) -> tuple[Replay, Prediction]:
     return replay, replay.predict(split)
 
 
+class _Measured(TypedDict):
+    """`simulate --from RUN --json`'s `measured`: the run replayed against what it measured, and the split asked
+    about against the replay."""
+
+    run_dir: str
+    split: list[int]
+    measured_ms: float
+    replay_ms: float
+    replay_throughput_error: float
+    predicted_ms: float
+    predicted_speedup: float | None
+
+
 def run(args: argparse.Namespace) -> int:
     from ppscope.simulate.simulator import simulate, summarize, write_run
     from ppscope.trace.outputs import check_output
 
     check_output(args.out, kind="run", inputs=[args.from_run] if args.from_run else [])
-    measured: dict[str, Any] | None = None
+    measured: _Measured | None = None
     if args.from_run:
         replay, prediction = _replay(args)
         cfg, trace = prediction.config, prediction.trace
