@@ -143,7 +143,7 @@ def test_tune_on_cpus_bounds_the_prediction_by_the_cores_busy_beside(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("torch", reason="the engine needs torch")
-    from ppscope.cli import tuning
+    from ppscope.engine import tuning
     from ppscope.engine.config import EngineConfig, OutputConfig, PipelineConfig, WorkloadConfig
 
     cfg = EngineConfig(
