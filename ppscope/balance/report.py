@@ -18,7 +18,7 @@ from ppscope.balance.advise.advice import Advice, Interval, advise, speedup_inte
 from ppscope.balance.advise.problem import BalanceProblem, MemoryModel
 from ppscope.balance.advise.rebalance import Rebalance, rebalance
 from ppscope.balance.costs import LayerCosts, StageCosts, parse_ms_list
-from ppscope.balance.measured.choose import run_costs
+from ppscope.balance.measured.choose import RunCosts, run_costs
 from ppscope.balance.measured.fit import CostFit
 from ppscope.balance.measured.insitu import InSituCosts
 from ppscope.balance.measured.profile import LayerProfile
@@ -372,8 +372,10 @@ def _check_model(shape: ModelShape | None, costs: LayerCosts, given: GivenCosts)
         )
 
 
-def _run_costs(runs: list[RunTimings], request: RebalanceRequest, profile: LayerProfile | None, where: str) -> Any:
-    """The runs' costs (`RunCosts`); None where they cannot be fitted but the costs were given by hand, which
+def _run_costs(
+    runs: list[RunTimings], request: RebalanceRequest, profile: LayerProfile | None, where: str
+) -> RunCosts | None:
+    """The runs' costs; None where they cannot be fitted but the costs were given by hand, which
     need only the run's split."""
     try:
         return run_costs(runs, profile, choice=request.cost_choice, phase=request.phase, where=where, mix=request.mix)
