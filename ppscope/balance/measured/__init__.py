@@ -7,6 +7,7 @@ from ppscope.exports import public_names
 
 # public names: what other parts import (scripts/public_names.py)
 if TYPE_CHECKING:
+    from ppscope.balance.measured.choose import RunCosts as RunCosts
     from ppscope.balance.measured.choose import run_costs as run_costs
     from ppscope.balance.measured.fit import CostFit as CostFit
     from ppscope.balance.measured.fit import fit_layer_costs as fit_layer_costs
@@ -30,6 +31,7 @@ _WHERE = {
     "LayerProfile": "profile",
     "PROFILE_FILE": "profile",
     "PhaseCosts": "profile",
+    "RunCosts": "choose",
     "RunTimings": "timings",
     "TRAIN_PASSES": "training",
     "as_timings": "timings",
