@@ -83,6 +83,8 @@ class SpanKind(StrEnum):
     MARK = "mark"  # a one-off event: start_ns == end_ns
     BACKWARD = "backward"  # training: one chunk's backward on one micro-batch (phase B full, I inputs, W weights)
     LAYER = "layer"  # one decoder layer inside a sampled `forward`; its name is `layer N` (see layer_span_name)
+    COLLECTIVE = "collective"  # a collective not between neighbouring stages: gradient reduce, parameter gather
+    OPTIMIZER = "optimizer"  # training: the optimizer step and what prepares it (gradient clipping, zeroing)
 
 
 COMPUTE_KINDS: frozenset[str] = frozenset(
