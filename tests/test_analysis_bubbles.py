@@ -53,8 +53,10 @@ def test_every_cause_with_precedence() -> None:
         dict(rank=1, stage=1, kind="recv_wait", start_ns=30, end_ns=45, peer=0),  # upstream 15 minus comm 5
         dict(rank=1, stage=1, kind="recv", start_ns=40, end_ns=50, peer=0),  # comm 10, wins over recv_wait
         dict(rank=1, stage=1, kind="nccl", lane="stream 7", start_ns=50, end_ns=60),  # imported comm kernel 10
+        dict(rank=1, stage=1, kind="memcpy", name="Memcpy HtoD", lane="stream 9", start_ns=70, end_ns=76),  # 6
+        dict(rank=1, stage=1, kind="memcpy", name="Memcpy PtoP", lane="stream 9", start_ns=76, end_ns=80),  # comm
         dict(rank=1, stage=1, kind="step", start_ns=0, end_ns=100),  # host-side span: explains nothing
-        # [70,90): nothing but the step span -> host 20
+        # [80,90): nothing but the step span -> host 10
     ]
     res = analyze(_trace(rows, pp_size=2, world_size=2))
     s1 = res.stage(1)
@@ -65,16 +67,53 @@ def test_every_cause_with_precedence() -> None:
         "upstream": 10,
         "dependency": 0,
         "downstream": 10,
-        "comm": 20,
-        "host": 20,
+        "comm": 24,
+        "memcpy": 6,
+        "dp_sync": 0,
+        "optimizer": 0,
+        "host": 10,
         "unknown": 0,
         "no_requests": 0,
     }
     assert sum(s1.causes.values()) == s1.bubble_ns == 70
     gaps = res.gaps[res.gaps["stage"] == 1]
-    assert list(gaps["cause"]) == ["fill", "downstream", "upstream", "comm", "host"]
-    assert list(gaps["start_ns"]) == [0, 20, 30, 40, 70]
-    assert list(gaps["end_ns"]) == [10, 30, 40, 60, 90]
+    assert list(gaps["cause"]) == ["fill", "downstream", "upstream", "comm", "memcpy", "comm", "host"]
+    assert list(gaps["start_ns"]) == [0, 20, 30, 40, 70, 76, 80]
+    assert list(gaps["end_ns"]) == [10, 30, 40, 60, 76, 80, 90]
+
+
+def test_a_training_steps_data_parallel_tail_is_its_own_cause_not_drain() -> None:
+    """The gradient all-reduce and the optimizer after a stage's last backward are `dp_sync` and `optimizer`,
+    whether the source names them by kind or by PyTorch's ranges; a copy is `memcpy`, even in the drain's place
+    it stays a drain (positional causes outrank it)."""
+    rows = [
+        _fwd(0, 0, 0, 10),
+        _fwd(1, 0, 15, 25),
+        dict(rank=1, stage=1, kind="backward", mb=0, phase="B", start_ns=25, end_ns=35),
+        dict(rank=0, stage=0, kind="backward", mb=0, phase="B", start_ns=40, end_ns=50),
+        dict(rank=1, stage=1, kind="collective", name="grads-reduce-scatter", start_ns=35, end_ns=60),
+        dict(rank=0, stage=0, kind="range", name="gloo:all_reduce", start_ns=50, end_ns=60),
+        dict(rank=1, stage=1, kind="optimizer", name="optimizer", start_ns=60, end_ns=70),
+        dict(rank=0, stage=0, kind="range", name="Optimizer.step#SGD.step", start_ns=60, end_ns=70),
+    ]
+    res = analyze(_trace(rows, pp_size=2, world_size=2, schedule="gpipe", microbatches=1))
+    s0, s1 = res.stage(0), res.stage(1)
+    assert (s1.causes["fill"], s1.causes["dp_sync"], s1.causes["optimizer"], s1.causes["drain"]) == (15, 25, 10, 0)
+    assert (s0.causes["dp_sync"], s0.causes["optimizer"]) == (10, 10)
+    assert s0.causes["fill"] + s0.causes["drain"] == 30  # between its forward and its backward: the waves' gap
+    assert s0.causes["comm"] == s1.causes["comm"] == 0
+
+
+def test_a_collective_outside_training_is_comm() -> None:
+    rows = [
+        _fwd(0, 0, 0, 10),
+        _fwd(0, 1, 20, 30),
+        dict(rank=0, stage=0, kind="range", name="nccl:all_reduce", start_ns=10, end_ns=20),
+        _fwd(1, 0, 10, 20),
+        _fwd(1, 1, 30, 40),
+    ]
+    res = analyze(_trace(rows, pp_size=2, world_size=2))
+    assert res.stage(0).causes["comm"] == 10 and res.stage(0).causes["dp_sync"] == 0
 
 
 def test_serve_time_with_no_request_in_the_system_is_not_a_pipeline_wait() -> None:

@@ -351,3 +351,46 @@ def test_gpu_rows_read_a_device_at_a_time_give_the_spans_of_a_plain_read(
     got = trace.spans[["rank", "lane", "kind", "name", "start_ns", "end_ns"]].astype(object)
     pd.testing.assert_frame_equal(got, _expected_gpu_spans(path).astype(object))
     assert (trace.spans["kind"] == "nccl").any() and (trace.spans["name"] == "").any()
+
+
+def _copies_only_export(path: Path) -> Path:
+    """Two processes on two GPUs, each mostly copying between host and device (HtoD, DtoH) with a few kernels
+    and no NCCL at all: nothing moves between the GPUs."""
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, streamId INTEGER,
+            correlationId INTEGER, globalPid INTEGER, shortName INTEGER);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_MEMCPY (start INTEGER, end INTEGER, deviceId INTEGER, streamId INTEGER,
+            correlationId INTEGER, globalPid INTEGER, bytes INTEGER, copyKind INTEGER);
+        INSERT INTO StringIds VALUES (1, 'gemm');
+        """
+    )
+    for dev, pid in ((0, 100), (1, 200)):
+        gpid = global_tid(pid, 0)
+        for i in range(20):
+            t = 1_000_000 * i
+            db.execute(
+                "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (?, ?, ?, 9, ?, ?, 1048576, ?)",
+                (t, t + 800_000, dev, 2 * i, gpid, 1 + i % 2),  # HtoD and DtoH in turn
+            )
+            db.execute(
+                "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, 7, ?, ?, 1)",
+                (t + 800_000, t + 900_000, dev, 2 * i + 1, gpid),
+            )
+    db.commit()
+    db.close()
+    return path
+
+
+def test_host_device_copies_are_memcpy_not_traffic_between_stages(tmp_path: Path) -> None:
+    from ppscope.analysis import analyze
+
+    trace = open_trace(_copies_only_export(tmp_path / "copies.sqlite"))
+    res = analyze(trace)
+    window = sum(s.busy_ns + s.bubble_ns for s in res.stages)
+    comm = sum(s.causes["comm"] for s in res.stages)
+    memcpy = sum(s.causes["memcpy"] for s in res.stages)
+    assert comm <= 0.01 * window
+    assert memcpy >= 0.75 * window  # 0.8 ms of each 1 ms is a copy; the last period's tail is outside the window

@@ -12,14 +12,17 @@ Elsewhere the first of these that covers the instant wins:
                                                                      downstream for a backward's gradient (from
                                                                      the next stage); else upstream
   3. a `send` span (blocked until the successor took the data)     -> downstream
-  4. an imported `nccl` / `memcpy` / `memset` kernel, or a         -> comm
-     collective's range (`nccl:all_reduce`, `gloo:broadcast`, ...)
-  5. nothing                                                      -> host, or unknown when the source has no
+  4. an `optimizer` span, or PyTorch's `Optimizer.step#` range      -> optimizer
+  5. a `collective`, or a collective's range (`gloo:broadcast`)    -> dp_sync in training, else comm
+  6. an imported `nccl` kernel, or a copy between GPUs             -> comm
+  7. another imported copy or memset                               -> memcpy
+  8. nothing                                                      -> host, or unknown when the source has no
                                                                      recv/send spans at all (imports), since
                                                                      waiting cannot be told from host overhead
-Above all of these and fill/drain, an instant when no request is in the system (serve with arrivals spread
-out: every request so far is done, the next has not arrived) is `no_requests`: the load left the pipeline
-empty, not the pipeline itself.
+`optimizer` and `dp_sync` keep their cause in the fill and drain (the step's data-parallel tail is not the
+pipeline's drain). Above all of these and fill/drain, an instant when no request is in the system (serve
+with arrivals spread out: every request so far is done, the next has not arrived) is `no_requests`: the
+load left the pipeline empty, not the pipeline itself.
 Engine wait spans rank above imported comm kernels because an NCCL receive kernel also spins while it waits
 for its sender: the engine's span says why the stage is idle. Causes add up to the bubble exactly (ns).
 This module knows span kinds and times; it does not choose windows or stage numbers. The definitions around
@@ -29,6 +32,7 @@ these rules are in docs/ARCHITECTURE.md, "Definitions".
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +60,7 @@ __all__ = [
 ]
 
 # Span roles: what a span kind says about its stage.
-_OTHER, _COMPUTE, _RECV, _WAIT, _SEND, _KERNEL_COMM, _COLLECTIVE = range(7)
+_OTHER, _COMPUTE, _RECV, _WAIT, _SEND, _KERNEL_COMM, _COLLECTIVE, _COPY, _OPTIMIZER = range(9)
 ROLE_COMPUTE, ROLE_RECV, ROLE_WAIT, ROLE_SEND, ROLE_COLLECTIVE = _COMPUTE, _RECV, _WAIT, _SEND, _COLLECTIVE
 _ROLE_OF_KIND = {
     **{str(k): _COMPUTE for k in COMPUTE_KINDS},
@@ -64,8 +68,10 @@ _ROLE_OF_KIND = {
     str(SpanKind.RECV_WAIT): _WAIT,
     str(SpanKind.SEND): _SEND,
     str(SpanKind.NCCL): _KERNEL_COMM,
-    str(SpanKind.MEMCPY): _KERNEL_COMM,
-    str(SpanKind.MEMSET): _KERNEL_COMM,
+    str(SpanKind.MEMCPY): _COPY,
+    str(SpanKind.MEMSET): _COPY,
+    str(SpanKind.COLLECTIVE): _COLLECTIVE,
+    str(SpanKind.OPTIMIZER): _OPTIMIZER,
 }
 _COLLECTIVE_RANGE = re.compile(
     r"^(nccl|gloo|mpi|ucc|xccl):_?(all_?reduce|all_?gather|reduce_?scatter|broadcast|all_?to_?all|reduce|gather|"
@@ -73,6 +79,10 @@ _COLLECTIVE_RANGE = re.compile(
     re.IGNORECASE,
 )
 """PyTorch's range around a collective (c10d's `<backend>:<op>`): communication, but not between neighbours."""
+_OPTIMIZER_RANGE = re.compile(r"^Optimizer\.(step|zero_grad)#")
+"""PyTorch's range around an optimizer's step or zero_grad (`Optimizer.step#SGD.step`)."""
+_PEER_COPY = "Memcpy PtoP"
+"""A copy between two GPUs' memories (nsys names copies by kind): traffic between stages, not a local copy."""
 _CODE = {c: i for i, c in enumerate(CAUSES)}
 _BUSY = len(CAUSES)
 
@@ -121,17 +131,37 @@ class TextCodes:
 
 def span_roles(kind: pd.Series, name: pd.Series | None = None) -> npt.NDArray[np.int8]:
     """Role code per span from its kind, via one factorisation (no per-row Python); with `name`, a `range`
-    named as a collective (`nccl:all_reduce`) is communication too."""
+    named as a collective (`nccl:all_reduce`) or an optimizer step is that, and a copy between GPUs is
+    communication."""
     kinds = TextCodes.of(kind)
     table = np.array([_ROLE_OF_KIND.get(u, _OTHER) for u in kinds.uniques] + [_OTHER], np.int8)
     role = table[kinds.codes]  # code -1 (missing) picks the trailing _OTHER
     if name is not None:
-        ranges = np.flatnonzero(kinds.among([SpanKind.RANGE]))
-        if ranges.shape[0]:
-            names, unique_names = pd.factorize(name.iloc[ranges], sort=False)
-            hit = np.array([bool(_COLLECTIVE_RANGE.match(str(u))) for u in unique_names] + [False])
-            role[ranges[hit[names]]] = _COLLECTIVE
+        _name_roles(role, kinds.among([SpanKind.RANGE]), name, _range_role)
+        _name_roles(role, kinds.among([SpanKind.MEMCPY]), name, _copy_role)
     return role
+
+
+def _range_role(name: str) -> int:
+    if _COLLECTIVE_RANGE.match(name):
+        return _COLLECTIVE
+    return _OPTIMIZER if _OPTIMIZER_RANGE.match(name) else _OTHER
+
+
+def _copy_role(name: str) -> int:
+    return _KERNEL_COMM if name.startswith(_PEER_COPY) else _COPY
+
+
+def _name_roles(
+    role: npt.NDArray[np.int8], rows: npt.NDArray[np.bool_], name: pd.Series, role_of: Callable[[str], int]
+) -> None:
+    """Set the role of `rows` from their names (`role_of` per distinct name), in place."""
+    at = np.flatnonzero(rows)
+    if at.shape[0]:
+        names, unique_names = pd.factorize(name.iloc[at], sort=False)
+        table = np.array([role_of(str(u)) for u in unique_names] + [_OTHER], np.int8)
+        named = table[names]
+        role[at] = np.where(named != _OTHER, named, role[at])
 
 
 def dependency_waits(
@@ -170,6 +200,7 @@ def stage_bubbles(
     """Busy, bubble and causes for each (stage, ranks) in `stages`, plus the merged idle intervals.
     `flush`: every step ends in a flush (fill and drain per step); `no_requests`: when no request was in the
     system (disjoint intervals); `waves`: the whole trace's, when `times` holds only some of its stages."""
+    training = bool(times.backward.any())
     positions = fill_drain(compute_spans(times), len(stages), window.start_ns, window.end_ns, flush=flush, waves=waves)
     order = np.argsort(times.group, kind="stable")
     cuts = np.searchsorted(times.group[order], np.arange(len(stages) + 1))
@@ -186,6 +217,7 @@ def stage_bubbles(
             positions[gi],
             has_waits=has_waits,
             no_requests=no_requests or Intervals.empty(),
+            training=training,
         )
         results.append(res)
         gaps.append(gap)
@@ -202,6 +234,7 @@ def _one_stage(
     *,
     has_waits: bool,
     no_requests: Intervals,
+    training: bool,
 ) -> tuple[StageResult, _Gaps]:
     lo, hi = window.start_ns, window.end_ns
     role, start, end = t.role[idx], t.start_ns[idx], t.end_ns[idx]
@@ -220,7 +253,10 @@ def _one_stage(
         (_CODE[Cause.UPSTREAM], pick(is_wait & ~dep & ~gradient)),
         (_CODE[Cause.DEPENDENCY], pick(dep)),
         (_CODE[Cause.DOWNSTREAM], pick((role == _SEND) | gradient)),
-        (_CODE[Cause.COMM], pick((role == _KERNEL_COMM) | (role == _COLLECTIVE))),
+        (_CODE[Cause.OPTIMIZER], pick(role == _OPTIMIZER)),
+        (_CODE[Cause.DP_SYNC if training else Cause.COMM], pick(role == _COLLECTIVE)),
+        (_CODE[Cause.COMM], pick(role == _KERNEL_COMM)),
+        (_CODE[Cause.MEMCPY], pick(role == _COPY)),
     ]
     fill, drain = positions
     seg = Segments.of(lo, hi, compute, *(iv for _, iv in levels), fill=fill, drain=drain, action=pick(t.action[idx]))
@@ -230,7 +266,8 @@ def _one_stage(
     # whole run, not the window's; except the rank's own time inside one of its compute actions (between the
     # operators of a forward, say), which is host even in a training step's warm-up or cool-down.
     own = (labels == _CODE[Cause.HOST]) & seg.covers("action")
-    idle = (labels != _BUSY) & (labels != _CODE[Cause.NO_REQUESTS]) & ~own
+    step_tail = (labels == _CODE[Cause.OPTIMIZER]) | (labels == _CODE[Cause.DP_SYNC])  # its own cause, not drain
+    idle = (labels != _BUSY) & (labels != _CODE[Cause.NO_REQUESTS]) & ~own & ~step_tail
     labels[idle & seg.covers("fill")] = _CODE[Cause.FILL]
     labels[idle & seg.covers("drain")] = _CODE[Cause.DRAIN]
     lengths = seg.length_ns

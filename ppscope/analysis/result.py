@@ -42,7 +42,10 @@ class Cause(StrEnum):
     UPSTREAM = "upstream"  # waiting in recv for a slower predecessor
     DEPENDENCY = "dependency"  # waiting for a micro-batch's own token to come round the ring
     DOWNSTREAM = "downstream"  # blocked in send until the successor takes the data
-    COMM = "comm"  # the transfer itself (recv transfer, NCCL kernel, copies)
+    COMM = "comm"  # the transfer between stages itself (recv transfer, NCCL kernel, peer copy, collective)
+    MEMCPY = "memcpy"  # a copy between host and device (or a memset) on the stage's own device
+    DP_SYNC = "dp_sync"  # training: a data-parallel collective (gradient reduce, parameter gather, loss broadcast)
+    OPTIMIZER = "optimizer"  # training: the optimizer step, gradient clipping, zeroing
     HOST = "host"  # no span covers it: scheduling or Python overhead
     UNKNOWN = "unknown"  # no span covers it and the source records no waits to tell host from waiting
     NO_REQUESTS = "no_requests"  # serve: no request in the system (all done, the next not yet arrived)
