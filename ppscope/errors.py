@@ -15,6 +15,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidSpanError",
     "InvalidSplitError",
+    "NoEvidenceError",
     "PPScopeError",
     "RunExistsError",
     "RunNotFoundError",
@@ -79,6 +80,13 @@ class UnsupportedInputError(PPScopeError):
     """An input whose format ppscope does not recognise or that lacks what is needed."""
 
     exit_code = 2
+
+
+class NoEvidenceError(PPScopeError):
+    """Advice refused because the evidence it needs is missing (a trace that shows no pipeline): the message
+    says what is missing and how to go on."""
+
+    exit_code = 4
 
 
 class EngineFailedError(PPScopeError):

@@ -7,11 +7,19 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from ppscope.balance.advise.advice import Interval, advise, paired_throughput_ratio, speedup_interval, stage_block_times
+from ppscope.balance.advise.advice import (
+    GIVEN_COSTS,
+    Interval,
+    advise,
+    paired_throughput_ratio,
+    speedup_interval,
+    stage_block_times,
+)
 from ppscope.balance.advise.problem import BalanceProblem
 from ppscope.balance.advise.rebalance import rebalance
 from ppscope.balance.costs import LayerCosts
 from ppscope.trace.model import RunMeta, SpanKind, Trace
+from ppscope.trace.notices import NoticeCode
 
 
 def _run(passes: int, stage_ms: tuple[float, float], head_ms: float, jitter: float, seed: int = 0) -> Trace:
@@ -160,6 +168,8 @@ def test_the_measured_ratio_and_its_interval_are_one_statistic() -> None:
 def test_the_keep_rule(
     current: list[int], proposed: list[int], speedup: float, interval: Interval | None, change: bool, why: str
 ) -> None:
-    advice = advise(current, proposed, speedup, interval, "costs given without a run")
+    advice = advise(current, proposed, speedup, interval, GIVEN_COSTS)
     assert advice.change is change and why in advice.reason
     assert advice.word == ("change" if change else "keep")
+    expected = None if interval is not None else NoticeCode.SAME_SPLIT if current == proposed else GIVEN_COSTS.code
+    assert (advice.no_interval and advice.no_interval.code) == expected

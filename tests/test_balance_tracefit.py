@@ -89,8 +89,20 @@ def test_synthetic_trace_calibrated_stage_times_match_the_known_ones(
 ) -> None:
     known = [40.0, 41.0, 39.5, 55.0]  # ms of busy time per stage: the last one is slow
     trace = _kineto_dir(tmp_path / "trace", known)
-    d = _advice(capsys, str(trace), "--model", "llama3-8b", "--current-split", "8,8,8,8", "--gpu", "h100-sxm")
+    d = _advice(
+        capsys,
+        str(trace),
+        "--model",
+        "llama3-8b",
+        "--current-split",
+        "8,8,8,8",
+        "--gpu",
+        "h100-sxm",
+        "--assume-pipeline",
+    )
     assert d["cost_source"] == "trace" and d["current_split"] == [8, 8, 8, 8]
+    assert d["assumed_pipeline"]["code"] == "no_pipeline_evidence"
+    assert d["no_interval"]["code"] == "single_trace"  # one figure a stage: the costs' spread is unknown
     assert d["measured_stage_ms"] == pytest.approx(known, rel=1e-3)
     assert d["stage_times_ms"]["current"] == pytest.approx(known, rel=0.05)
     assert d["calibration"]["calibrated_ms"] == pytest.approx(d["measured_stage_ms"], rel=0.05)
@@ -98,8 +110,8 @@ def test_synthetic_trace_calibrated_stage_times_match_the_known_ones(
     assert d["vllm_env"] == "VLLM_PP_LAYER_PARTITION=" + ",".join(map(str, d["proposed_split"]))
     assert any("vLLM's default rule" not in a and "ran the split 8,8,8,8 (given)" in a for a in d["assumptions"])
     # --current-split defaults to vLLM's rule, and the report says so.
-    d = _advice(capsys, str(trace), "--model", "llama3-8b")
-    assert d["current_split"] == [8, 8, 8, 8]
+    d = _advice(capsys, str(trace), "--model", "llama3-8b", "--stage-of-rank", "0:0,1:1,2:2,3:3")
+    assert d["current_split"] == [8, 8, 8, 8] and d["assumed_pipeline"] is None
     assert any("vLLM's default rule" in a for a in d["assumptions"])
     assert any("no --gpu given" in a for a in d["assumptions"])
 
@@ -108,10 +120,11 @@ def test_a_trace_whose_stages_differ_from_the_split_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     trace = _kineto_dir(tmp_path / "trace", [10.0, 10.0, 10.0, 12.0])
-    assert main(["rebalance", str(trace), "--model", "llama3-8b", "--current-split", "16,16"]) == 2
+    argv = ["rebalance", str(trace), "--model", "llama3-8b", "--current-split", "16,16", "--assume-pipeline"]
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert "has 2 stage(s) but the pipeline has 4" in err and err.count("\n") == 1
-    assert main(["rebalance", str(trace)]) == 2  # no split, no model: say what to give
+    assert main(["rebalance", str(trace), "--assume-pipeline"]) == 2  # no split, no model: say what to give
     err = capsys.readouterr().err
     assert "--model" in err and err.count("\n") == 1
 
@@ -121,7 +134,7 @@ def test_real_third_party_trace_calibrated_times_match_the_measured_ones(
     path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     trace = _need(path)
-    d = _advice(capsys, str(trace), "--model", "llama3-8b", "--current-split", "18,14")
+    d = _advice(capsys, str(trace), "--model", "llama3-8b", "--current-split", "18,14", "--assume-pipeline")
     measured = d["measured_stage_ms"]
     assert len(measured) == 2 and min(measured) > 0
     assert d["stage_times_ms"]["current"] == pytest.approx(measured, rel=0.05)
@@ -133,7 +146,22 @@ def test_real_third_party_trace_calibrated_times_match_the_measured_ones(
 
 def test_real_trace_text_report_names_the_assumptions(capsys: pytest.CaptureFixture[str]) -> None:
     trace = _need(MFU)
-    assert main(["rebalance", str(trace), "--model", "llama3-8b"]) == 0
+    assert main(["rebalance", str(trace), "--model", "llama3-8b", "--assume-pipeline"]) == 0
     out = capsys.readouterr().out
+    assert out.startswith("assumed a pipeline (--assume-pipeline), though its 2 ranks exchange no message")
     assert "calibrated on" in out and "measured ms" in out and "Assumptions:" in out
     assert "busy time" in out and "vLLM's default rule" in out and "one scale for every part" in out
+
+
+@pytest.mark.parametrize("path", [MFU, KINETO], ids=["nsys", "kineto"])
+@pytest.mark.parametrize("with_model", [True, False], ids=["model", "fit"])
+def test_a_trace_that_shows_no_pipeline_gets_no_split(
+    path: Path, with_model: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ranks that exchange no message may be independent jobs: no split, no paste line, exit 4, and how to go on."""
+    trace = _need(path)
+    model = ["--model", "llama3-70b"] if with_model else ["--current-split", "40,40"]
+    assert main(["rebalance", str(trace), *model, "--json"]) == 4
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert "exchange no message" in captured.err and "--assume-pipeline" in captured.err

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ppscope.analysis.intervals import running_max as running_max
     from ppscope.analysis.latency import request_latency as request_latency
     from ppscope.analysis.pipeline import message_latencies as message_latencies
+    from ppscope.analysis.pipeline import pipeline_evidence as pipeline_evidence
     from ppscope.analysis.placement import Placement as Placement
     from ppscope.analysis.placement import apply_placement as apply_placement
     from ppscope.analysis.placement import parse_stage_of_rank as parse_stage_of_rank
@@ -99,6 +100,7 @@ _WHERE = {
     "message_latencies": "pipeline",
     "parse_stage_of_rank": "placement",
     "parse_window_ms": "window",
+    "pipeline_evidence": "pipeline",
     "placement_from": "placement",
     "placement_of": "placement",
     "print_report": "report",

@@ -9,9 +9,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from ppscope.analysis.bubbles import ROLE_COLLECTIVE, ROLE_RECV, ROLE_SEND, ROLE_WAIT, span_roles
+from ppscope.analysis.bubbles import ROLE_COLLECTIVE, ROLE_COMPUTE, ROLE_RECV, ROLE_SEND, ROLE_WAIT, span_roles
 from ppscope.analysis.result import HopStats, StageResult
-from ppscope.trace.model import RunMeta, SpanKind
+from ppscope.trace.model import RunMeta, SpanKind, Trace
 from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "hop_stats",
     "measured_inflight",
     "message_latencies",
+    "pipeline_evidence",
     "stage_imbalance",
     "stage_of_ranks",
 ]
@@ -250,3 +251,23 @@ def measured_inflight(
     if ids.shape[0] == 0:
         return None, "no decode spans"
     return count_distinct(ids.astype(np.int64)), "distinct decode micro-batch ids"
+
+
+def pipeline_evidence(trace: Trace) -> Notice | None:
+    """What is missing for `trace` to show a pipeline, or None when nothing is: its ranks exchange no message
+    (no send, receive or receive-wait span: they may as well be independent jobs, or data-parallel replicas),
+    or it holds no compute to time a pass by. ppscope's own runs and one-rank traces always pass."""
+    spans = trace.spans
+    ranks = trace.ranks
+    if trace.meta.source == "ppscope" or len(ranks) < 2:
+        return None
+    role = span_roles(spans["kind"], spans["name"])
+    if not (role == ROLE_COMPUTE).any():
+        return Notice(NoticeCode.NO_PIPELINE_EVIDENCE, "it holds no compute span: there is no pass to time")
+    if not np.isin(role, [ROLE_SEND, ROLE_RECV, ROLE_WAIT]).any():
+        return Notice(
+            NoticeCode.NO_PIPELINE_EVIDENCE,
+            f"its {len(ranks)} ranks exchange no message (no send or receive between them): nothing shows they "
+            "are stages of one pipeline rather than independent jobs or data-parallel replicas",
+        )
+    return None

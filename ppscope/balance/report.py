@@ -14,7 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ppscope.balance.advise.advice import Advice, Interval, advise, speedup_interval
+from ppscope.balance.advise.advice import (
+    GIVEN_COSTS,
+    MODELLED_COSTS,
+    SINGLE_TRACE,
+    Advice,
+    Interval,
+    advise,
+    speedup_interval,
+    too_short,
+)
 from ppscope.balance.advise.problem import BalanceProblem, MemoryModel
 from ppscope.balance.advise.rebalance import Rebalance, rebalance
 from ppscope.balance.costs import LayerCosts, StageCosts, parse_ms_list
@@ -251,6 +260,8 @@ class RebalanceReport:
     model: ModelSection | None = None
     has_model: bool = False
     """Whether the report knew the model (KV sizes), given or the run's."""
+    assumed_pipeline: Notice | None = None
+    """What the trace lacked to show a pipeline, when the user said it is one (`--assume-pipeline`)."""
 
     def to_json(self) -> dict[str, Any]:
         """`ppscope rebalance --json` (keys documented in the README)."""
@@ -261,12 +272,14 @@ class RebalanceReport:
             "predicted_interval_how": None if iv is None else f"{iv.level:.0%} interval, {iv.how}",
             "advice": self.decision.word,
             "advice_reason": self.decision.reason,
+            "no_interval": None if self.decision.no_interval is None else self.decision.no_interval.to_json(),
             "costs": _costs_json(self.costs),
             "kv_bytes_per_token": None if self.kv_bytes_per_token is None else list(self.kv_bytes_per_token),
             "fit": None if self.fit is None else self._fit_json(self.fit),
             "cost_source": self.cost_source,
             "measured_stage_ms": None if self.measured_stage_ms is None else list(self.measured_stage_ms),
             "training": None if self.training is None else self.training.to_json(),
+            "assumed_pipeline": None if self.assumed_pipeline is None else self.assumed_pipeline.to_json(),
         }
         if self.model is None:
             out["insitu"] = None if self.insitu is None else _insitu_json(self.insitu)
@@ -433,19 +446,14 @@ def _kv_bytes(shape: ModelShape | None, split: Rebalance, dtype: str) -> tuple[i
 
 
 def _decide(
-    runs: Sequence[RunTimings], problem: BalanceProblem, split: Rebalance, no_interval: str = ""
+    runs: Sequence[RunTimings], problem: BalanceProblem, split: Rebalance, no_interval: Notice | None = None
 ) -> tuple[Interval | None, Advice]:
     """The interval of the predicted speedup from the runs' own variability, and keep or change."""
     cur, new = split.current.split, split.proposed.split
     interval = speedup_interval(runs, problem, cur, new) if runs and cur != new else None
     if problem.objective == "memory":
         return interval, Advice(change=cur != new, reason="objective memory: the split that holds the most KV cache")
-    short = (
-        "the run is too short to tell how it varies"
-        if len(runs) == 1
-        else "the runs are too short to tell how they vary"
-    )
-    why = no_interval or ("costs given without a run" if not runs else short)
+    why = no_interval or (GIVEN_COSTS if not runs else too_short(len(runs)))
     return interval, advise(cur, new, split.predicted_speedup, interval, why)
 
 
@@ -488,7 +496,7 @@ def rebalance_model(shape: ModelShape, request: RebalanceRequest, trace: TraceSt
         objective=request.objective,
     )
     split = rebalance(problem, got.current)
-    interval, decision = _decide([], problem, split, "costs modelled from the model and the GPU, not measured")
+    interval, decision = _decide([], problem, split, MODELLED_COSTS if trace is None else SINGLE_TRACE)
     warnings = _model_warnings(request, shape, gpu, list(split.current.split), got.calibration, dtype)
     return RebalanceReport(
         split=split,

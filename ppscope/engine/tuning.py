@@ -30,6 +30,7 @@ from ppscope.engine.machine_load import LoadSampler, busy_cores
 from ppscope.errors import InvalidConfigError, PPScopeError
 from ppscope.simulate.calibrate import Replay, hop_latency_us
 from ppscope.trace.model import Phase, Trace
+from ppscope.trace.notices import Notice, NoticeCode
 from ppscope.trace.schedules import Schedule
 from ppscope.trace.store import load_run
 
@@ -316,7 +317,7 @@ def tune(
             notes.append(f"the stages share {cores.text()}")
             interval = _bound_interval(before_trace, problem, split, proposed, cores, sharing)
     predicted = cores.speedup if cores is not None and cores.binds else advice.predicted_speedup
-    decision = advise(split, proposed, predicted, interval, "run 1 is too short to tell how it varies")
+    decision = advise(split, proposed, predicted, interval, _RUN_1_TOO_SHORT)
     if cores is not None and cores.binds:
         decision = dataclasses.replace(decision, reason=f"{decision.reason}; the stages share {cores.text()}")
     if proposed == split:
@@ -371,3 +372,6 @@ def tune(
         decision=decision,
         cores=cores,
     )
+
+
+_RUN_1_TOO_SHORT = Notice(NoticeCode.TOO_SHORT, "run 1 is too short to tell how it varies")

@@ -115,6 +115,9 @@ class NoticeCode(StrEnum):
     """Collectives but no point-to-point traffic: the trace does not look like a pipeline."""
     NO_P2P = "no_p2p"
     """No recv/send spans: idle time between computes is `unknown`."""
+    NO_PIPELINE_EVIDENCE = "no_pipeline_evidence"
+    """An imported trace shows no pipeline: its ranks exchange no message, or it holds no compute. Advice on
+    its split is refused unless the user says it is one (`rebalance --assume-pipeline`, `--stage-of-rank`)."""
     ONE_STAGE = "one_stage"
     """One stage only: there is no pipeline."""
     COMPUTE_OVERLAP = "compute_overlap"
@@ -148,6 +151,18 @@ class NoticeCode(StrEnum):
     """A stage's weights alone exceed the GPU's memory."""
     POORLY_EXPLAINED = "poorly_explained"
     """The calibrated cost model explains a stage poorly: most of its time is left to its fixed overhead."""
+
+    # ---- why a predicted speedup has no interval (ppscope.balance: `rebalance --json` `no_interval`)
+    GIVEN_COSTS = "given_costs"
+    """The costs were given by hand, with no run: nothing shows how they vary."""
+    MODELLED_COSTS = "modelled_costs"
+    """The costs were modelled from the model's shape and the GPU's datasheet, not measured."""
+    SINGLE_TRACE = "single_trace"
+    """The cost model was calibrated on one trace's busy time per stage: one figure a stage, no spread."""
+    TOO_SHORT = "too_short"
+    """The runs are too short to tell how their stage times vary (some block of them lacks a pass)."""
+    SAME_SPLIT = "same_split"
+    """The proposed split is the current one: there is no gain to put an interval on."""
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,15 @@ from ppscope.exports import public_names
 
 # public names: what other parts import (scripts/public_names.py)
 if TYPE_CHECKING:
+    from ppscope.balance.advise.advice import GIVEN_COSTS as GIVEN_COSTS
+    from ppscope.balance.advise.advice import MODELLED_COSTS as MODELLED_COSTS
+    from ppscope.balance.advise.advice import SINGLE_TRACE as SINGLE_TRACE
     from ppscope.balance.advise.advice import Advice as Advice
     from ppscope.balance.advise.advice import Interval as Interval
     from ppscope.balance.advise.advice import advise as advise
     from ppscope.balance.advise.advice import paired_throughput_ratio as paired_throughput_ratio
     from ppscope.balance.advise.advice import speedup_interval as speedup_interval
+    from ppscope.balance.advise.advice import too_short as too_short
     from ppscope.balance.advise.cores import SharedCores as SharedCores
     from ppscope.balance.advise.cores import run_usage as run_usage
     from ppscope.balance.advise.cores import shared_cores as shared_cores
@@ -25,9 +29,12 @@ if TYPE_CHECKING:
 _WHERE = {
     "Advice": "advice",
     "BalanceProblem": "problem",
+    "GIVEN_COSTS": "advice",
     "Interval": "advice",
+    "MODELLED_COSTS": "advice",
     "MemoryModel": "problem",
     "Rebalance": "rebalance",
+    "SINGLE_TRACE": "advice",
     "SharedCores": "cores",
     "advise": "advice",
     "balance": "rebalance",
@@ -37,6 +44,7 @@ _WHERE = {
     "run_usage": "cores",
     "shared_cores": "cores",
     "speedup_interval": "advice",
+    "too_short": "advice",
 }
 __all__ = sorted(_WHERE)
 __getattr__, __dir__ = public_names(__name__, _WHERE)

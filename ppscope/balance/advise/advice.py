@@ -30,10 +30,15 @@ from ppscope.balance.measured.timings import RunTimings, as_timings
 from ppscope.balance.measured.training import training_passes
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.model import SpanKind, Trace
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = [
+    "GIVEN_COSTS",
     "KEEP_BELOW_GAIN",
     "MIN_BLOCKS",
+    "MODELLED_COSTS",
+    "SAME_SPLIT",
+    "SINGLE_TRACE",
     "Advice",
     "BlockTimes",
     "Interval",
@@ -43,6 +48,7 @@ __all__ = [
     "paired_throughput_ratio",
     "speedup_interval",
     "stage_block_times",
+    "too_short",
 ]
 
 MIN_BLOCKS = 4
@@ -77,6 +83,8 @@ class Advice:
 
     change: bool
     reason: str
+    no_interval: Notice | None = None
+    """Why the predicted speedup has no interval, when it has none (a code of `NoticeCode`'s advice cases)."""
 
     @property
     def word(self) -> str:
@@ -84,19 +92,29 @@ class Advice:
 
 
 def advise(
-    current: Sequence[int], proposed: Sequence[int], speedup: float, interval: Interval | None, no_interval: str = ""
+    current: Sequence[int],
+    proposed: Sequence[int],
+    speedup: float,
+    interval: Interval | None,
+    no_interval: Notice | None = None,
 ) -> Advice:
     """Keep the current split when it is already the best, when the predicted gain is under 3%, or when the
     interval of the speedup reaches down to ×1 (the run's own variability could erase the gain). `no_interval`
     says why there is no interval, when there is none."""
     if list(current) == list(proposed):
-        return Advice(change=False, reason="the current split is already the best one the cost model finds")
+        return Advice(
+            change=False,
+            reason="the current split is already the best one the cost model finds",
+            no_interval=None if interval is not None else SAME_SPLIT,
+        )
+    why = None if interval is not None else no_interval
     gain = speedup - 1.0
     if gain < KEEP_BELOW_GAIN:
         return Advice(
             change=False,
             reason=f"the predicted gain {gain:+.1%} is under {KEEP_BELOW_GAIN:.0%}: runs of one split differ by "
             "about that",
+            no_interval=why,
         )
     if interval is not None and interval.low <= 1.0:
         return Advice(
@@ -104,8 +122,23 @@ def advise(
             reason=f"the {interval.level:.0%} interval of the speedup, {interval.text()}, reaches ×1: the run's own "
             "variability could erase the gain",
         )
-    sure = f"{interval.level:.0%} interval {interval.text()}" if interval is not None else f"no interval: {no_interval}"
-    return Advice(change=True, reason=f"predicted speedup ×{speedup:.3f} ({sure})")
+    sure = f"{interval.level:.0%} interval {interval.text()}" if interval is not None else f"no interval: {why}"
+    return Advice(change=True, reason=f"predicted speedup ×{speedup:.3f} ({sure})", no_interval=why)
+
+
+SAME_SPLIT = Notice(NoticeCode.SAME_SPLIT, "the proposed split is the current one: no gain to put an interval on")
+GIVEN_COSTS = Notice(NoticeCode.GIVEN_COSTS, "costs given without a run")
+MODELLED_COSTS = Notice(NoticeCode.MODELLED_COSTS, "costs modelled from the model and the GPU, not measured")
+SINGLE_TRACE = Notice(
+    NoticeCode.SINGLE_TRACE,
+    "the model is calibrated on one trace's busy time per stage: one figure a stage, so how it varies is unknown",
+)
+
+
+def too_short(runs: int) -> Notice:
+    """The runs are too short to tell how their stage times vary."""
+    what = "the run is too short to tell how it varies" if runs == 1 else "the runs are too short to tell how they vary"
+    return Notice(NoticeCode.TOO_SHORT, what)
 
 
 class Part(IntEnum):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,8 @@ if TYPE_CHECKING:
     from ppscope.balance.measured.timings import RunTimings
     from ppscope.balance.report import RebalanceReport, RebalanceRequest, TraceStages
     from ppscope.cli.argtypes import Subcommands
+    from ppscope.trace.model import Trace
+    from ppscope.trace.notices import Notice
 
 from ppscope.trace.actions import Phase
 
@@ -91,8 +94,21 @@ def register(sub: Subcommands) -> None:
         metavar="N",
         help="read a run directory's rank files in N processes, a rank at a time (default 1)",
     )
+    _add_evidence_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (keys documented in the README)")
     p.set_defaults(func=run)
+
+
+def _add_evidence_arguments(p: argparse.ArgumentParser) -> None:
+    """What a trace of another engine must show before a split is advised, and how the user says the rest."""
+    evidence = p.add_argument_group("a trace of another engine")
+    evidence.add_argument(
+        "--assume-pipeline",
+        action="store_true",
+        help="advise on a trace that does not show a pipeline (its ranks exchange no message), taking its ranks as "
+        "stages in the order `analyze` gives them; refused otherwise (exit 4)",
+    )
+    evidence.add_argument("--stage-of-rank", metavar="SPEC", help="which stage each rank runs, as for `analyze`")
 
 
 def _add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -113,17 +129,20 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.errors import InvalidConfigError
 
     request = _request(args)
+    assumed: list[Notice] = []
     if wants_model(args):
         if request.model is None:
             raise InvalidConfigError("the cost model needs --model")
         if len(args.runs) > 1:
             raise InvalidConfigError("give one trace of another engine to calibrate the model on, not several")
-        trace = _trace_stages(args.runs[-1]) if args.runs else None
+        trace = _trace_stages(_pipeline_trace(args.runs[-1], args, assumed), args.runs[-1]) if args.runs else None
         report = rebalance_model(request.model, request, trace)
     else:
-        runs = [_timings(r, args.workers) for r in args.runs]
+        runs = [_timings(r, args, assumed) for r in args.runs]
         where = args.runs[-1] if args.runs else "the run"
         report = rebalance_runs(runs, request, profile=_read_profile(args), where=where)
+    if assumed:
+        report = dataclasses.replace(report, assumed_pipeline=assumed[-1])
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -160,24 +179,47 @@ def _request(args: argparse.Namespace) -> RebalanceRequest:
     )
 
 
-def _timings(path: str, workers: int) -> RunTimings:
+def _timings(path: str, args: argparse.Namespace, assumed: list[Notice]) -> RunTimings:
     """What the costs read of a run: a run directory rank by rank (`run_timings`), anything else loaded whole."""
     from ppscope.balance.measured.timings import RunTimings, run_timings
     from ppscope.formats.detect import InputKind, detect
-    from ppscope.formats.sources import open_trace
 
     found = detect(path)
-    return run_timings(found.path, workers=workers) if found.kind == InputKind.RUN else RunTimings.of(open_trace(path))
+    if found.kind == InputKind.RUN:
+        return run_timings(found.path, workers=args.workers)
+    return RunTimings.of(_pipeline_trace(path, args, assumed))
 
 
-def _trace_stages(path: str) -> TraceStages:
+def _pipeline_trace(path: str, args: argparse.Namespace, assumed: list[Notice]) -> Trace:
+    """Another engine's trace, its ranks placed by --stage-of-rank when given. Refused (exit 4) when nothing in
+    it shows a pipeline, unless the user says it is one; what it lacked then goes into `assumed`."""
+    from ppscope.analysis.pipeline import pipeline_evidence
+    from ppscope.analysis.placement import apply_placement, parse_stage_of_rank, placement_of
+    from ppscope.errors import NoEvidenceError
+    from ppscope.formats.sources import open_trace
+
+    trace = open_trace(path)
+    if args.stage_of_rank:
+        placement = placement_of(trace, parse_stage_of_rank(args.stage_of_rank))
+        return trace if placement is None else apply_placement(trace, placement)
+    missing = pipeline_evidence(trace)
+    if missing is not None:
+        if not args.assume_pipeline:
+            raise NoEvidenceError(
+                f"{path}: no split advised: {missing.text}; pass --assume-pipeline to take its ranks as stages in "
+                "the order `ppscope analyze` gives them, or --stage-of-rank to say which stage each rank runs"
+            )
+        assumed.append(missing)
+    return trace
+
+
+def _trace_stages(trace: Trace, path: str) -> TraceStages:
     """Busy time of each stage of another engine's trace, as `ppscope analyze` measures it."""
     from ppscope.analysis import analyze
     from ppscope.balance.report import TraceStages
     from ppscope.errors import UnsupportedInputError
-    from ppscope.formats.sources import open_trace
 
-    result = analyze(open_trace(path))
+    result = analyze(trace)
     if result.window is None:
         raise UnsupportedInputError(f"{path} holds no span to time its stages by: nothing to calibrate the model on")
     return TraceStages(
@@ -205,6 +247,8 @@ def print_report(report: RebalanceReport, where: str) -> None:
     the lines to paste."""
     from ppscope.cli.model_costs import print_assumptions, print_model_lines
 
+    if report.assumed_pipeline is not None:
+        print(f"assumed a pipeline (--assume-pipeline), though {report.assumed_pipeline.text}")
     if report.model is not None:
         print_model_lines(report.model, where)
     _print_costs(report)
