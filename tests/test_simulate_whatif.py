@@ -1,11 +1,13 @@
 """What-ifs of a training job (`ppscope.simulate.whatif`): its step replayed in its own order with balanced
 costs and without its straggler, per (stage, replica), on jobs whose costs are known; the speedups against the
-replay called directly on costs built here; a reason where there is nothing to
+replay called directly on costs built here; `ppscope analyze` printing them; a reason where there is nothing to
 replay."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,8 @@ from replica_helpers import replica_job
 from training_jobs import one_f_one_b, training_job
 
 from ppscope.analysis.placement import parse_stage_of_rank, placement_of
+from ppscope.cli.main import main
+from ppscope.simulate.simulator import write_run
 from ppscope.simulate.training import replay_order
 from ppscope.simulate.whatif import balanced_costs, read_job, replay_job, straggler_costs, what_if
 from ppscope.trace.model import Trace
@@ -134,6 +138,38 @@ def test_a_step_cut_in_one_replica_is_left_out() -> None:
     gone = ((s["rank"] == 1) & (s["step"] == 2) & (s["phase"] == "B")).to_numpy()
     w, _ = what_if(dataclasses.replace(trace, spans=s[~gone]))
     assert w is not None and w.steps == [0, 1]
+
+
+def test_analyze_prints_and_reports_the_what_ifs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_run(training_job(4, 2, m=8, slow={(2, 1): 2.0}), tmp_path / "job")
+    assert main(["analyze", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    w = out["what_if"]
+    assert out["what_if_reason"] is None and set(w["balanced"]) == {"step_ms", "speedup"}
+    assert w["straggler"]["stage"] == 2 and w["straggler"]["replica"] == 1 and w["straggler"]["ranks"] == [5]
+    assert w["no_straggler"]["speedup"] > w["balanced"]["speedup"] > 1
+    assert w["no_straggler"]["step_ms"] == pytest.approx(_step_ns(4, 8, _costs(4, {})) / 1e6)
+    assert main(["analyze", str(run)]) == 0
+    text = capsys.readouterr().out
+    assert "what-if: the job's step (2 replica(s)" in text
+    assert "without the straggler (stage 2, replica 1, rank(s) 5, ×2.00 its stage's median)" in text
+    # one pipeline: no straggler, and why
+    one = write_run(training_job(3, 1, m=4), tmp_path / "one")
+    assert main(["analyze", str(one), "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["what_if"]
+    assert w["no_straggler"] is None and w["reasons"]["no_straggler"]["code"] == "one_replica"
+    assert w["balanced"]["speedup"] == pytest.approx(1.0)
+
+
+def test_analyze_of_an_inference_run_says_why_there_is_no_what_if(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = write_run(replica_job(2, 1), tmp_path / "inference")
+    assert main(["analyze", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["what_if"] is None and out["what_if_reason"]["code"] == "no_training_step"
+    assert main(["analyze", str(run)]) == 0
+    assert "what-if" not in capsys.readouterr().out  # not a training run: nothing to say
 
 
 def test_many_steps_replay_each_distinct_order_once() -> None:
