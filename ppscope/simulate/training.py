@@ -196,9 +196,9 @@ def training_actions(trace: Trace) -> pd.DataFrame:
     return out[cols].sort_values(["rank", "step", "start_ns"], kind="stable").reset_index(drop=True)
 
 
-def is_complete_step(step: pd.DataFrame, stages: int, mbs: Sequence[int]) -> bool:
-    """Every stage runs every micro-batch's forward and backward (B, or I and W) in this step."""
-    have = set(zip(step["stage"], step["phase"], step["mb"], strict=True))
+def is_complete_step(have: set[tuple[int, str, int]], stages: int, mbs: Sequence[int]) -> bool:
+    """Every stage runs every micro-batch's forward and backward (B, or I and W) in the step whose actions are
+    `have`, as (stage, type, micro-batch)."""
     for s in range(stages):
         for m in mbs:
             if (s, ActionType.FORWARD, m) not in have:
@@ -256,7 +256,8 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
     m = trace.meta.microbatches
     mbs = list(range(m)) if m > 0 else sorted(int(x) for x in acts["mb"].unique())
     by_step = {int(k): g for k, g in acts.groupby("step", sort=True)}
-    complete = [k for k, g in by_step.items() if is_complete_step(g, stages, mbs)]
+    passes = {k: set(zip(g["stage"], g["phase"], g["mb"], strict=True)) for k, g in by_step.items()}
+    complete = [k for k in by_step if is_complete_step(passes[k], stages, mbs)]
     cut = [k for k in by_step if k not in complete]
     notes = (
         [

@@ -33,7 +33,7 @@ from ppscope.simulate.training import (
     replay_order,
     training_actions,
 )
-from ppscope.trace.actions import PASSES, Action, ActionType
+from ppscope.trace.actions import PASSES, Action
 from ppscope.trace.model import COMPUTE_KINDS, Trace
 from ppscope.trace.notices import Notice, NoticeCode
 
@@ -79,12 +79,15 @@ def _complete_steps(acts: pd.DataFrame, trace: Trace) -> list[int]:
     stages = int(acts["stage"].max()) + 1
     m = trace.meta.microbatches
     mbs = list(range(m)) if m > 0 else sorted(int(x) for x in acts["mb"].unique())
-    replicas = set(acts["replica"].unique())
-    complete = []
-    for k, g in acts.groupby("step", sort=True):
-        by_rep = dict(iter(g.groupby("replica")))
-        if set(by_rep) == replicas and all(is_complete_step(r, stages, mbs) for r in by_rep.values()):
-            complete.append(int(k))
+    have: dict[tuple[int, int], set[tuple[int, str, int]]] = {}
+    columns = (acts[c].tolist() for c in ("step", "replica", "stage", "phase", "mb"))
+    for k, rep, stage, phase, mb in zip(*columns, strict=True):
+        have.setdefault((k, rep), set()).add((stage, phase, mb))
+    replicas = set(acts["replica"].unique().tolist())
+    by_step: dict[int, list[bool]] = {}
+    for (k, _), passes in have.items():
+        by_step.setdefault(k, []).append(is_complete_step(passes, stages, mbs))
+    complete = sorted(k for k, ok in by_step.items() if len(ok) == len(replicas) and all(ok))
     if len(complete) > MAX_STEPS:
         complete = [complete[int(i)] for i in np.linspace(0, len(complete) - 1, MAX_STEPS).round()]
     return complete
@@ -146,13 +149,20 @@ def read_job(
 
 
 def _orders(merged: pd.DataFrame, units: dict[Unit, list[int]]) -> dict[int, dict[int, dict[int, list[Action]]]]:
-    """Replica -> step -> lead rank -> its actions, in the order they started."""
-    out: dict[int, dict[int, dict[int, list[Action]]]] = {}
+    """Replica -> step -> lead rank -> its actions, in the order they started; equal orders are one object (most
+    steps run the same order: `replay_job` replays it once)."""
     merged = merged.sort_values(["replica", "step", "unit_stage", "start_ns"], kind="stable")
-    for (rep, k, u), g in merged.groupby(["replica", "step", "unit_stage"], sort=False):
-        lead = units[(int(u), int(rep))][0]
-        acts = [Action(int(a.stage), ActionType(a.phase), int(a.mb)) for a in g.itertuples()]
-        out.setdefault(int(rep), {}).setdefault(int(k), {})[lead] = acts
+    types = {str(t): t for t in PASSES}
+    rows: dict[tuple[int, int], dict[int, list[Action]]] = {}
+    columns = (merged[c].tolist() for c in ("replica", "step", "unit_stage", "stage", "phase", "mb"))
+    for rep, k, u, stage, phase, mb in zip(*columns, strict=True):
+        lead = units[(u, rep)][0]
+        rows.setdefault((rep, k), {}).setdefault(lead, []).append(Action(stage, types[phase], mb))
+    out: dict[int, dict[int, dict[int, list[Action]]]] = {}
+    shared: dict[tuple[int, tuple[tuple[int, tuple[Action, ...]], ...]], dict[int, list[Action]]] = {}
+    for (rep, k), order in rows.items():
+        key = (rep, tuple((r, tuple(acts)) for r, acts in sorted(order.items())))
+        out.setdefault(rep, {})[k] = shared.setdefault(key, order)
     return out
 
 
@@ -160,17 +170,16 @@ def replay_job(job: JobSteps, costs: Mapping[int, Mapping[tuple[int, str], float
     """The job's step replayed with `costs` (replica -> (stage, type) -> ns) in each replica's own order: the
     slowest replica's step, median over the job's steps, in ns. Raises InvalidConfigError when an order
     cannot run or a cost is missing."""
-    seen: dict[tuple[int, tuple[tuple[int, tuple[Action, ...]], ...]], int] = {}
+    replayed: dict[int, int] = {}  # id of an order (`_orders` shares equal ones) -> its step
     per_step = []
     for k in job.steps:
         worst = 0
         for rep, by_step in job.orders.items():
             order = by_step[k]
-            key = (rep, tuple((r, tuple(a)) for r, a in sorted(order.items())))
-            if key not in seen:  # most steps run the same order: replay it once
+            if id(order) not in replayed:
                 cost_ns = {sk: round(v) for sk, v in costs[rep].items()}
-                seen[key] = replay_order(order, cost_ns, job.hop_ns).window_ns
-            worst = max(worst, seen[key])
+                replayed[id(order)] = replay_order(order, cost_ns, job.hop_ns).window_ns
+            worst = max(worst, replayed[id(order)])
         per_step.append(worst)
     return float(np.median(per_step))
 
