@@ -84,7 +84,7 @@ def test_stages_page_shows_a_training_jobs_what_ifs(tmp_path: Path) -> None:
     at.run()
     at.sidebar.radio(key="section").set_value("Stages").run()
     assert not at.exception, at.exception
-    assert any(m.value.startswith("**What-if**") and "2 replica(s)" in m.value for m in at.markdown)
+    assert any(m.value.startswith("**What-if**") and "2 replicas" in m.value for m in at.markdown)
     table = next(d.value for d in at.dataframe if "what-if" in d.value.columns)
     rows = table.set_index("what-if")
     assert list(rows.index) == ["measured costs", "balanced", "no straggler"]

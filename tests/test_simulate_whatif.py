@@ -151,7 +151,7 @@ def test_analyze_prints_and_reports_the_what_ifs(tmp_path: Path, capsys: pytest.
     assert w["no_straggler"]["step_ms"] == pytest.approx(_step_ns(4, 8, _costs(4, {})) / 1e6)
     assert main(["analyze", str(run)]) == 0
     text = capsys.readouterr().out
-    assert "what-if: the job's step (2 replica(s)" in text
+    assert "what-if: the job's step (2 replicas, the slowest sets it)" in text
     assert "without the straggler (stage 2, replica 1, rank(s) 5, ×2.00 its stage's median)" in text
     # one pipeline: no straggler, and why
     one = write_run(training_job(3, 1, m=4), tmp_path / "one")

@@ -156,9 +156,10 @@ def what_if_lines(res: AnalysisResult) -> list[str]:
         why = res.what_if_reason
         return [] if why is None or why.code == NoticeCode.NO_TRAINING_STEP else [f"what-if: -   ({why})"]
     steps = ", ".join(map(str, w.steps)) if len(w.steps) < 6 else f"{w.steps[0]}-{w.steps[-1]}"
+    step = "the step" if w.replicas == 1 else f"the job's step ({w.replicas} replicas, the slowest sets it)"
     lines = [
-        f"what-if: the job's step ({w.replicas} replica(s), the slowest sets it) replayed in its own order "
-        f"{_ms(w.replay_step_ns)} ms with the measured costs (measured {_ms(w.measured_step_ns)} ms, steps {steps})"
+        f"what-if: {step} replayed in its own order: {_ms(w.replay_step_ns)} ms with the measured costs "
+        f"(measured {_ms(w.measured_step_ns)} ms, steps {steps})"
     ]
     cases = []
     if w.balanced is not None:
@@ -168,7 +169,7 @@ def what_if_lines(res: AnalysisResult) -> list[str]:
         vs = "" if st.vs_median is None else f", ×{st.vs_median:.2f} its stage's median"
         who = f"stage {st.stage}, replica {st.replica}, rank(s) {', '.join(map(str, st.ranks))}{vs}"
         cases.append(f"without the straggler ({who}) {_ms(w.no_straggler.step_ns)} ms ×{w.no_straggler.speedup:.3f}")
-    cases += [f"{case}: - ({why})" for case, why in w.reasons.items()]
+    cases += [f"{case.replace('_', ' ')}: - ({why})" for case, why in w.reasons.items()]
     lines.append("         " + ";   ".join(cases))
     return lines
 

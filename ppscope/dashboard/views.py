@@ -184,9 +184,10 @@ def _what_if(result: AnalysisResult) -> None:
         if why is not None and why.code != NoticeCode.NO_TRAINING_STEP:
             st.caption(f"What-if: not possible: {md(str(why))}")
         return
+    step = "the step" if w.replicas == 1 else f"the job's step ({w.replicas} replicas, the slowest sets it)"
     st.markdown(
-        f"**What-if**: the job's step ({w.replicas} replica(s), the slowest sets it) replayed in its own order with "
-        f"changed costs; with the measured ones {w.replay_step_ns / 1e6:,.3f} ms"
+        f"**What-if**: {step} "
+        f"replayed in its own order with changed costs; with the measured ones {w.replay_step_ns / 1e6:,.3f} ms"
         + ("" if w.measured_step_ns is None else f" (measured {w.measured_step_ns / 1e6:,.3f} ms)")
     )
     st.dataframe(what_if_rows(w), hide_index=True)
