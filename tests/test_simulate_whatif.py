@@ -125,7 +125,7 @@ def test_no_training_step_is_a_reason_not_a_figure() -> None:
     assert w is None and why is not None and why.code == NoticeCode.NO_TRAINING_STEP
     trace = training_job(2, 2, m=4, steps=1)
     s = trace.spans
-    cut = s[~((s["rank"] == 3) & (s["phase"] == "B") & (s["mb"] == 3)).to_numpy()]  # a step cut by the end
+    cut = s[~((s["rank"] >= 2) & (s["phase"] == "B") & (s["mb"] == 3)).to_numpy()]  # the step cut by the end
     w, why = what_if(dataclasses.replace(trace, spans=cut))
     assert w is None and why is not None and why.code == NoticeCode.NO_COMPLETE_STEP
     w, why = what_if(Trace.from_records([{"kind": "forward", "start_ns": 0, "end_ns": 5}]))
@@ -138,6 +138,15 @@ def test_a_step_cut_in_one_replica_is_left_out() -> None:
     gone = ((s["rank"] == 1) & (s["step"] == 2) & (s["phase"] == "B")).to_numpy()
     w, _ = what_if(dataclasses.replace(trace, spans=s[~gone]))
     assert w is not None and w.steps == [0, 1]
+
+
+def test_a_replica_missing_a_rank_is_left_out_and_named() -> None:
+    trace = training_job(2, 3, m=4, slow={(0, 1): 2.0})  # ranks stage-major: rank 5 is stage 1, replica 2
+    s = trace.spans
+    w, _ = what_if(dataclasses.replace(trace, spans=s[(s["rank"] != 5).to_numpy()]))  # its file lost
+    assert w is not None and w.left_out == [2] and w.replicas == 2 and w.steps == [0, 1, 2]
+    assert w.straggler is not None and (w.straggler.stage, w.straggler.replica) == (0, 1)
+    assert w.to_json()["left_out_replicas"] == [2]
 
 
 def test_analyze_prints_and_reports_the_what_ifs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

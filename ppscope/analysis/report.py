@@ -160,6 +160,7 @@ def what_if_lines(res: AnalysisResult) -> list[str]:
     lines = [
         f"what-if: {step} replayed in its own order: {_ms(w.replay_step_ns)} ms with the measured costs "
         f"(measured {_ms(w.measured_step_ns)} ms, steps {steps})"
+        + (f"; replica(s) {', '.join(map(str, w.left_out))} left out: no complete step" if w.left_out else "")
     ]
     cases = []
     if w.balanced is not None:

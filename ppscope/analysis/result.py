@@ -195,8 +195,12 @@ class WhatIf:
     that has one sets `AnalysisResult.what_if`."""
 
     replicas: int
+    """The replicas replayed."""
+    left_out: list[int] = field(default_factory=list)
+    """Replicas with no complete step (a rank's file missing, say): not replayed, so the job's step is the slowest
+    of the others'."""
     steps: list[int]
-    """The steps replayed: complete in every replica."""
+    """The steps replayed: complete in every replica replayed."""
     replay_step_ns: float
     """The job's step replayed with the measured costs (the slowest replica's), median over the steps."""
     measured_step_ns: float | None
@@ -212,6 +216,7 @@ class WhatIf:
     def to_json(self) -> dict[str, Any]:
         return {
             "replicas": self.replicas,
+            "left_out_replicas": list(self.left_out),
             "steps": list(self.steps),
             "replay_step_ms": self.replay_step_ns / 1e6,
             "measured_step_ms": None if self.measured_step_ns is None else self.measured_step_ns / 1e6,

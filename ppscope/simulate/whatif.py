@@ -59,7 +59,9 @@ class JobSteps:
     runs: dict[Unit, list[int]]
     """(stage, replica) -> the (virtual) stages whose actions it runs: one, or V of an interleaved schedule."""
     steps: list[int]
-    """The steps replayed: complete in every replica (at most `MAX_STEPS`, evenly spaced)."""
+    """The steps replayed: complete in every replica not left out (at most `MAX_STEPS`, evenly spaced)."""
+    left_out: list[int]
+    """Replicas with no complete step (a rank's file missing, say): not replayed."""
     hop_ns: int
     measured_step_ns: float | None
     """The job's own step, from its first compute to its last on any rank, median over `steps`."""
@@ -74,8 +76,10 @@ def _places(trace: Trace, placement: Placement | None) -> dict[int, Unit]:
     return {r: (s, 0) for r, s in stages.items()}
 
 
-def _complete_steps(acts: pd.DataFrame, trace: Trace) -> list[int]:
-    """The steps every replica runs in full: each stage every micro-batch's forward and backward."""
+def _complete_steps(acts: pd.DataFrame, trace: Trace) -> tuple[list[int], list[int]]:
+    """The steps to replay, and the replicas left out. A step is complete in a replica when each stage runs every
+    micro-batch's forward and backward; a replica with no complete step (a rank's file missing) is left out, and
+    the steps replayed are those complete in every other one."""
     stages = int(acts["stage"].max()) + 1
     m = trace.meta.microbatches
     mbs = list(range(m)) if m > 0 else sorted(int(x) for x in acts["mb"].unique())
@@ -83,14 +87,15 @@ def _complete_steps(acts: pd.DataFrame, trace: Trace) -> list[int]:
     columns = (acts[c].tolist() for c in ("step", "replica", "stage", "phase", "mb"))
     for k, rep, stage, phase, mb in zip(*columns, strict=True):
         have.setdefault((k, rep), set()).add((stage, phase, mb))
-    replicas = set(acts["replica"].unique().tolist())
-    by_step: dict[int, list[bool]] = {}
-    for (k, _), passes in have.items():
-        by_step.setdefault(k, []).append(is_complete_step(passes, stages, mbs))
-    complete = sorted(k for k, ok in by_step.items() if len(ok) == len(replicas) and all(ok))
-    if len(complete) > MAX_STEPS:
-        complete = [complete[int(i)] for i in np.linspace(0, len(complete) - 1, MAX_STEPS).round()]
-    return complete
+    complete: dict[int, set[int]] = {int(rep): set() for rep in acts["replica"].unique()}
+    for (k, rep), passes in have.items():
+        if is_complete_step(passes, stages, mbs):
+            complete[rep].add(k)
+    kept = [done for done in complete.values() if done]
+    steps = sorted(set.intersection(*kept)) if kept else []
+    if len(steps) > MAX_STEPS:
+        steps = [steps[int(i)] for i in np.linspace(0, len(steps) - 1, MAX_STEPS).round()]
+    return steps, sorted(rep for rep, done in complete.items() if not done)
 
 
 def _measured_step(trace: Trace, steps: list[int]) -> float | None:
@@ -117,14 +122,14 @@ def read_job(
     acts = acts.assign(
         replica=acts["rank"].map(lambda r: place[r][1]), unit_stage=acts["rank"].map(lambda r: place[r][0])
     )
-    steps = _complete_steps(acts, trace)
+    steps, left_out = _complete_steps(acts, trace)
     if not steps:
         why = "no step in which every stage of every replica runs every micro-batch's forward and backward"
         return None, Notice(NoticeCode.NO_COMPLETE_STEP, f"no training step to replay with changed costs: {why}")
     units: dict[Unit, list[int]] = {}
     for r, unit in sorted(place.items()):
         units.setdefault(unit, []).append(r)
-    acts = acts[acts["step"].isin(steps)]
+    acts = acts[acts["step"].isin(steps) & ~acts["replica"].isin(left_out)]
     key = ["replica", "unit_stage", "step", "stage", "mb", "phase"]
     merged = acts.groupby(key, as_index=False).agg(start_ns=("start_ns", "min"), busy_ns=("busy_ns", "max"))
     median = merged.groupby(["replica", "stage", "phase"])["busy_ns"].median()
@@ -142,6 +147,7 @@ def read_job(
         units={u: units[u] for u in runs},
         runs=runs,
         steps=steps,
+        left_out=left_out,
         hop_ns=measured_hop or 0,
         measured_step_ns=_measured_step(trace, steps),
     )
@@ -254,6 +260,7 @@ def what_if(
         return None, Notice(NoticeCode.REPLAY_FAILED, f"the step's own action order cannot be replayed: {exc}")
     return WhatIf(
         replicas=replicas,
+        left_out=job.left_out,
         steps=job.steps,
         replay_step_ns=base,
         measured_step_ns=job.measured_step_ns,
