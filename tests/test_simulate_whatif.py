@@ -16,6 +16,7 @@ from training_jobs import one_f_one_b, training_job
 
 from ppscope.analysis.placement import parse_stage_of_rank, placement_of
 from ppscope.cli.main import main
+from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import write_run
 from ppscope.simulate.training import replay_order
 from ppscope.simulate.whatif import balanced_costs, read_job, replay_job, straggler_costs, what_if
@@ -147,6 +148,18 @@ def test_a_replica_missing_a_rank_is_left_out_and_named() -> None:
     assert w is not None and w.left_out == [2] and w.replicas == 2 and w.steps == [0, 1, 2]
     assert w.straggler is not None and (w.straggler.stage, w.straggler.replica) == (0, 1)
     assert w.to_json()["left_out_replicas"] == [2]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev"])
+def test_real_captures_of_torchs_schedules_give_what_ifs(schedule: str) -> None:
+    trace = open_trace(Path(__file__).parent / "data" / "pipelining" / schedule)
+    w, why = what_if(trace)
+    assert why is None and w is not None and w.replicas == 1 and w.steps == [0, 1]
+    assert w.balanced is not None and w.balanced.step_ns > 0 and set(w.reasons) == {"no_straggler"}
+    job, _ = read_job(trace)
+    assert job is not None and sorted(job.units) == [(0, 0), (1, 0)]  # 2 ranks, whatever the stages per rank
+    chunks = 1 if schedule in ("gpipe", "1f1b") else 2
+    assert all(len(stages) == chunks for stages in job.runs.values())
 
 
 def test_analyze_prints_and_reports_the_what_ifs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
