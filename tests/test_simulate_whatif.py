@@ -183,6 +183,18 @@ def test_analyze_prints_and_reports_the_what_ifs(tmp_path: Path, capsys: pytest.
     assert w["balanced"]["speedup"] == pytest.approx(1.0)
 
 
+def test_analyze_json_of_a_slow_last_stage_matches_the_replay_of_balanced_costs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = write_run(training_job(4, 2, m=8, slow={(3, 0): 1.6, (3, 1): 1.6}), tmp_path / "job")
+    assert main(["analyze", str(run), "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["what_if"]
+    even = {(s, t): c * 4.6 / 4 for s in range(4) for t, c in (("F", F_NS), ("B", B_NS))}
+    expected = _step_ns(4, 8, _costs(4, {3: 1.6})) / _step_ns(4, 8, even)
+    assert w["balanced"]["speedup"] == pytest.approx(expected, rel=0.02)
+    assert w["straggler"]["stage"] == 3 and w["no_straggler"]["speedup"] == pytest.approx(1.0)
+
+
 def test_analyze_of_an_inference_run_says_why_there_is_no_what_if(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
