@@ -17,6 +17,7 @@ from ppscope.cli.main import main
 from ppscope.errors import InvalidConfigError
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import write_run
+from ppscope.simulate.whatif import what_if
 from ppscope.trace.notices import NoticeCode
 
 
@@ -119,7 +120,10 @@ def test_tp_that_does_not_divide_a_stage_is_refused(tmp_path: Path, capsys: pyte
 def test_one_replica_is_analysed_exactly_as_today(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plain = write_run(replica_job(4, 1, slow={(2, 0): 1.2}, say_replica=False), tmp_path / "plain")
     said = write_run(replica_job(4, 1, slow={(2, 0): 1.2}, say_replica=True), tmp_path / "said")
-    expected = analyze(open_trace(plain)).to_json()
+    result = analyze(open_trace(plain))
+    result.what_if_reason = what_if(open_trace(plain))[1]  # an inference run: no training step, and why
+    expected = result.to_json()
+    assert expected["what_if_reason"]["code"] == "no_training_step"
     outputs = []
     for run, extra in ((plain, []), (said, []), (plain, ["--stage-of-rank", "rank//1"])):
         assert main(["analyze", str(run), "--json", *extra]) == 0

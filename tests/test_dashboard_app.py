@@ -311,3 +311,6 @@ def test_stages_section_shows_a_training_runs_replay(tmp_path: Path) -> None:
     assert not at.exception, at.exception
     replay = next(m.value for m in at.markdown if m.value.startswith("**Replay**"))
     assert f"{step.bubble_ratio:.1%}" in replay.replace("\\", "") and "own action order" in replay
+    table = next(d.value for d in at.dataframe if "what-if" in d.value.columns).set_index("what-if")
+    assert list(table.index) == ["measured costs", "balanced", "no straggler"]  # one pipeline: no straggler, why
+    assert table.loc["balanced", "speedup"] > 1 and "one replica" in table.loc["no straggler", "changes"]

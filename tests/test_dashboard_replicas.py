@@ -70,3 +70,24 @@ def test_chromium_draws_one_lane_per_stage_of_many_replicas(tmp_path: Path) -> N
     assert len(rows) == 5, rows  # 4 stages + 1 straggler, of 64 ranks
     assert "rank 41 · stage 2: ▲ straggler, replica 9 +25.0%" in rows
     assert "16 data-parallel pipelines" in text
+
+
+def test_stages_page_shows_a_training_jobs_what_ifs(tmp_path: Path) -> None:
+    from training_jobs import training_job
+
+    from ppscope.simulate.whatif import what_if
+
+    trace = training_job(4, 2, m=8, slow={(1, 1): 2.0})  # rank 3 is stage 1, replica 1: 2× slower
+    w, _ = what_if(trace)
+    assert w is not None and w.no_straggler is not None and w.balanced is not None
+    at = _app(write_run(trace, tmp_path / "job"))
+    at.run()
+    at.sidebar.radio(key="section").set_value("Stages").run()
+    assert not at.exception, at.exception
+    assert any(m.value.startswith("**What-if**") and "2 replicas" in m.value for m in at.markdown)
+    table = next(d.value for d in at.dataframe if "what-if" in d.value.columns)
+    rows = table.set_index("what-if")
+    assert list(rows.index) == ["measured costs", "balanced", "no straggler"]
+    assert rows.loc["no straggler", "speedup"] == pytest.approx(w.no_straggler.speedup, abs=1e-4)
+    assert rows.loc["balanced", "speedup"] == pytest.approx(w.balanced.speedup, abs=1e-4)
+    assert "stage 1, replica 1 (rank(s) 3)" in rows.loc["no straggler", "changes"]

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ppscope.analysis.latency import request_latency as request_latency
     from ppscope.analysis.pipeline import message_latencies as message_latencies
     from ppscope.analysis.pipeline import pipeline_evidence as pipeline_evidence
+    from ppscope.analysis.pipeline import stage_of_ranks as stage_of_ranks
     from ppscope.analysis.placement import Placement as Placement
     from ppscope.analysis.placement import apply_placement as apply_placement
     from ppscope.analysis.placement import parse_stage_of_rank as parse_stage_of_rank
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
     from ppscope.analysis.result import Theory as Theory
     from ppscope.analysis.result import TheoryGap as TheoryGap
     from ppscope.analysis.result import TrainingReplay as TrainingReplay
+    from ppscope.analysis.result import WhatIf as WhatIf
+    from ppscope.analysis.result import WhatIfCase as WhatIfCase
+    from ppscope.analysis.result import WhatIfStraggler as WhatIfStraggler
     from ppscope.analysis.result import WindowInfo as WindowInfo
     from ppscope.analysis.sharded import analyze_run as analyze_run
     from ppscope.analysis.sharded_replicas import RunReplicas as RunReplicas
@@ -86,6 +90,9 @@ _WHERE = {
     "Theory": "result",
     "TheoryGap": "result",
     "TrainingReplay": "result",
+    "WhatIf": "result",
+    "WhatIfCase": "result",
+    "WhatIfStraggler": "result",
     "WindowInfo": "result",
     "analyze": "analyzer",
     "analyze_replicas": "replicas",
@@ -115,6 +122,7 @@ _WHERE = {
     "running_max": "intervals",
     "span_roles": "bubbles",
     "stage_lanes": "replica_report",
+    "stage_of_ranks": "pipeline",
     "stdout_console": "report",
     "theory_for": "theory",
     "write_html": "report",

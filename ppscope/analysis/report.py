@@ -18,9 +18,19 @@ from rich.table import Table
 
 from ppscope.analysis.result import CAUSES, AnalysisResult
 from ppscope.trace.model import Trace
+from ppscope.trace.notices import NoticeCode
 from ppscope.trace.outputs import atomic_file
 
-__all__ = ["DENOMINATOR", "fit_table", "html_report", "print_report", "render_text", "stdout_console", "write_html"]
+__all__ = [
+    "DENOMINATOR",
+    "fit_table",
+    "html_report",
+    "print_report",
+    "render_text",
+    "stdout_console",
+    "what_if_lines",
+    "write_html",
+]
 
 DENOMINATOR = "Σ bubble / (P × window): the share of the P stages' wall time spent idle"
 NOT_MEASURED = "–"
@@ -96,6 +106,7 @@ def summary_lines(res: AnalysisResult) -> list[str]:
         lines.append(replay_line(res))
         if res.replay.note:
             lines.append(f"        {res.replay.note}")
+    lines += what_if_lines(res)
     if res.bubble_ratio is not None and res.window is not None and res.stages:
         total = res.pp_size * res.window.length_ns
         shares = [f"{c} {_pct(sum(s.causes[c] for s in res.stages) / total)}" for c in _used_causes(res)]
@@ -135,6 +146,33 @@ def replay_line(res: AnalysisResult) -> str:
         f"each from its first compute to its last — the run's own action order replayed with its measured "
         f"per-action costs (median F/B/I/W per stage) and hop latency {hop}; host time between actions left out"
     )
+
+
+def what_if_lines(res: AnalysisResult) -> list[str]:
+    """The job's step replayed with changed costs: what an ideal split and replacing the straggler would buy;
+    nothing for a trace that is not a training one."""
+    w = res.what_if
+    if w is None:
+        why = res.what_if_reason
+        return [] if why is None or why.code == NoticeCode.NO_TRAINING_STEP else [f"what-if: -   ({why})"]
+    steps = ", ".join(map(str, w.steps)) if len(w.steps) < 6 else f"{w.steps[0]}-{w.steps[-1]}"
+    step = "the step" if w.replicas == 1 else f"the job's step ({w.replicas} replicas, the slowest sets it)"
+    lines = [
+        f"what-if: {step} replayed in its own order: {_ms(w.replay_step_ns)} ms with the measured costs "
+        f"(measured {_ms(w.measured_step_ns)} ms, steps {steps})"
+        + (f"; replica(s) {', '.join(map(str, w.left_out))} left out: no complete step" if w.left_out else "")
+    ]
+    cases = []
+    if w.balanced is not None:
+        cases.append(f"balanced stages {_ms(w.balanced.step_ns)} ms ×{w.balanced.speedup:.3f}")
+    if w.no_straggler is not None and w.straggler is not None:
+        st = w.straggler
+        vs = "" if st.vs_median is None else f", ×{st.vs_median:.2f} its stage's median"
+        who = f"stage {st.stage}, replica {st.replica}, rank(s) {', '.join(map(str, st.ranks))}{vs}"
+        cases.append(f"without the straggler ({who}) {_ms(w.no_straggler.step_ns)} ms ×{w.no_straggler.speedup:.3f}")
+    cases += [f"{case.replace('_', ' ')}: - ({why})" for case, why in w.reasons.items()]
+    lines.append("         " + ";   ".join(cases))
+    return lines
 
 
 def gap_sentence(res: AnalysisResult) -> str:

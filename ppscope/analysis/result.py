@@ -30,6 +30,9 @@ __all__ = [
     "Theory",
     "TheoryGap",
     "TrainingReplay",
+    "WhatIf",
+    "WhatIfCase",
+    "WhatIfStraggler",
     "WindowInfo",
 ]
 
@@ -150,6 +153,81 @@ class TrainingReplay:
 
 
 @dataclass(kw_only=True)
+class WhatIfCase:
+    """One what-if: the job's step replayed with changed costs."""
+
+    step_ns: float
+    """The job's replayed step (the slowest replica's), median over the replayed steps."""
+    speedup: float
+    """The replay of the measured costs ÷ this one: above 1 is faster."""
+
+    def to_json(self) -> dict[str, float]:
+        return {"step_ms": self.step_ns / 1e6, "speedup": self.speedup}
+
+
+@dataclass(kw_only=True)
+class WhatIfStraggler:
+    """The slowest (stage, replica) of a job of several replicas."""
+
+    stage: int
+    replica: int
+    ranks: list[int]
+    """Its ranks (several: tensor parallel)."""
+    time_per_mb_ns: float
+    """Its forward + backward cost per micro-batch (F + B, or F + I + W, of every stage it runs)."""
+    vs_median: float | None
+    """time_per_mb_ns ÷ the median of the other replicas of its stage; None when that median is 0."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "replica": self.replica,
+            "ranks": list(self.ranks),
+            "time_per_mb_ns": self.time_per_mb_ns,
+            "vs_median": self.vs_median,
+        }
+
+
+@dataclass(kw_only=True)
+class WhatIf:
+    """A training job's step replayed with changed costs (`ppscope.simulate.whatif`): how much would an ideal
+    layer split, or replacing the straggler, buy? Like the replay, the analyzer does not compute it; a caller
+    that has one sets `AnalysisResult.what_if`."""
+
+    replicas: int
+    """The replicas replayed."""
+    left_out: list[int] = field(default_factory=list)
+    """Replicas with no complete step (a rank's file missing, say): not replayed, so the job's step is the slowest
+    of the others'."""
+    steps: list[int]
+    """The steps replayed: complete in every replica replayed."""
+    replay_step_ns: float
+    """The job's step replayed with the measured costs (the slowest replica's), median over the steps."""
+    measured_step_ns: float | None
+    """The job's step as measured, from its first compute to its last on any rank, median over the same steps."""
+    balanced: WhatIfCase | None
+    """Every replica's forward and backward work per micro-batch spread evenly over its stages."""
+    no_straggler: WhatIfCase | None
+    """The straggler's costs set to the median of the other replicas of its stage; None with one replica."""
+    straggler: WhatIfStraggler | None
+    reasons: dict[str, Notice] = field(default_factory=dict)
+    """Case (`balanced`, `no_straggler`) -> why it is None."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "replicas": self.replicas,
+            "left_out_replicas": list(self.left_out),
+            "steps": list(self.steps),
+            "replay_step_ms": self.replay_step_ns / 1e6,
+            "measured_step_ms": None if self.measured_step_ns is None else self.measured_step_ns / 1e6,
+            "balanced": None if self.balanced is None else self.balanced.to_json(),
+            "no_straggler": None if self.no_straggler is None else self.no_straggler.to_json(),
+            "straggler": None if self.straggler is None else self.straggler.to_json(),
+            "reasons": {case: n.to_json() for case, n in self.reasons.items()},
+        }
+
+
+@dataclass(kw_only=True)
 class HopStats:
     """Traffic from one rank to another, from send/recv spans."""
 
@@ -237,6 +315,10 @@ class AnalysisResult:
     None if nothing."""
     replay: TrainingReplay | None = None
     """A training run's replay, when the caller made one (`ppscope analyze` does for training runs)."""
+    what_if: WhatIf | None = None
+    """The job's what-ifs (every replica's, where this result is one replica's), when the caller made them."""
+    what_if_reason: Notice | None = None
+    """Why `what_if` is None where the caller tried (an inference trace, no complete step)."""
 
     @property
     def pp_size(self) -> int:
@@ -293,6 +375,8 @@ class AnalysisResult:
             "latency": _latency_json(self.latency),
             "missing": None if self.missing is None else self.missing.to_json(),
             "replay": None if self.replay is None else self.replay.to_json(),
+            "what_if": None if self.what_if is None else self.what_if.to_json(),
+            "what_if_reason": None if self.what_if_reason is None else self.what_if_reason.to_json(),
             "warnings": [w.to_json() for w in self.warnings],
         }
 

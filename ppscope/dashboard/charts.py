@@ -20,6 +20,7 @@ from ppscope.trace.model import Metric
 if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult, RequestLatency
     from ppscope.analysis.replicas import ReplicaAnalysis, StageSpread
+    from ppscope.analysis.result import WhatIf
 
 __all__ = [
     "BASIS_NAMES",
@@ -34,6 +35,7 @@ __all__ = [
     "usage_figure",
     "usage_rows",
     "usage_tables",
+    "what_if_rows",
 ]
 
 _GPU_PANELS: tuple[tuple[str, str, float], ...] = (
@@ -333,3 +335,28 @@ def _deltas(rows: list[tuple[str, float | None, float | None]]) -> pd.DataFrame:
     out["B - A"] = bv - av
     out["B / A"] = (bv / av).where(av.abs() > 0)
     return out
+
+
+def what_if_rows(w: WhatIf) -> pd.DataFrame:
+    """One row per what-if of a training job: its replayed step, its speedup over the replay of the measured
+    costs, and what it changes (or why it is not there)."""
+    rows: list[dict[str, object]] = [
+        {"what-if": "measured costs", "step (ms)": _ms(w.replay_step_ns), "speedup": 1.0, "changes": "nothing"}
+    ]
+    if w.balanced is not None:
+        change = "each replica's forward and backward work spread evenly over its stages"
+        rows.append({"what-if": "balanced", **_case(w.balanced.step_ns, w.balanced.speedup), "changes": change})
+    if w.no_straggler is not None and w.straggler is not None:
+        st = w.straggler
+        ranks = ", ".join(map(str, st.ranks))
+        change = f"stage {st.stage}, replica {st.replica} (rank(s) {ranks}) at its stage's median"
+        rows.append(
+            {"what-if": "no straggler", **_case(w.no_straggler.step_ns, w.no_straggler.speedup), "changes": change}
+        )
+    for case, why in w.reasons.items():
+        rows.append({"what-if": case.replace("_", " "), "step (ms)": None, "speedup": None, "changes": str(why)})
+    return pd.DataFrame(rows)
+
+
+def _case(step_ns: float, speedup: float) -> dict[str, float | None]:
+    return {"step (ms)": _ms(step_ns), "speedup": round(speedup, 4)}

@@ -15,10 +15,12 @@ import streamlit as st
 from ppscope.analysis import CAUSES, figures
 from ppscope.analysis.replicas import rank_list
 from ppscope.analysis.report import replay_line
+from ppscope.dashboard.charts import what_if_rows
 from ppscope.dashboard.data import LiveTrace
 from ppscope.dashboard.safety import md
 from ppscope.errors import PPScopeError
 from ppscope.trace.model import Trace
+from ppscope.trace.notices import NoticeCode
 
 if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult
@@ -31,6 +33,7 @@ __all__ = ["analysis", "replica_summary", "replicas", "stage_page", "stages"]
 def _analyze(trace: Trace) -> tuple[AnalysisResult | None, str]:
     from ppscope.analysis import analyze
     from ppscope.simulate.training import is_training, replay_training
+    from ppscope.simulate.whatif import what_if
 
     try:
         result = analyze(trace)
@@ -38,6 +41,8 @@ def _analyze(trace: Trace) -> tuple[AnalysisResult | None, str]:
         return None, str(exc)
     if result.stages and is_training(trace):  # as `ppscope analyze` does
         result.replay, _ = replay_training(trace)
+    if result.stages:
+        result.what_if, result.what_if_reason = what_if(trace)
     return result, ""
 
 
@@ -53,14 +58,20 @@ def analysis(live: LiveTrace) -> tuple[AnalysisResult | None, str]:
 def _replicas(trace: Trace) -> tuple[ReplicaAnalysis | None, Placement | None]:
     from ppscope.analysis.placement import apply_placement, placement_of
     from ppscope.analysis.replicas import analyze_replicas
+    from ppscope.simulate.whatif import what_if
 
     try:
         placement = placement_of(trace)
         if placement is None or len(placement.replicas) < 2:
             return None, None
-        return analyze_replicas(apply_placement(trace, placement), placement, keep_gaps=True), placement
+        placed = apply_placement(trace, placement)
+        ra = analyze_replicas(placed, placement, keep_gaps=True)
     except PPScopeError:
         return None, None
+    shown = ra.results.get(ra.shown_replica)
+    if shown is not None and shown.stages:  # the job's what-ifs, every replica's, as `ppscope analyze` shows them
+        shown.what_if, shown.what_if_reason = what_if(placed, placement)
+    return ra, placement
 
 
 def replicas(live: LiveTrace) -> tuple[ReplicaAnalysis | None, Placement | None]:
@@ -159,9 +170,27 @@ def stage_page(ra: ReplicaAnalysis | None, result: AnalysisResult | None, proble
         st.markdown(f"**Replay**: {md(replay_line(result).removeprefix('replay: '))}")
         if result.replay.note:
             st.caption(md(result.replay.note))
+    _what_if(result)
     st.dataframe(_stage_table(result), hide_index=True)
     for warning in result.warnings:
         st.caption(f"⚠ {md(str(warning))}")
+
+
+def _what_if(result: AnalysisResult) -> None:
+    """The job's step replayed with changed costs: one row per what-if, its step and speedup."""
+    w = result.what_if
+    if w is None:
+        why = result.what_if_reason
+        if why is not None and why.code != NoticeCode.NO_TRAINING_STEP:
+            st.caption(f"What-if: not possible: {md(str(why))}")
+        return
+    step = "the step" if w.replicas == 1 else f"the job's step ({w.replicas} replicas, the slowest sets it)"
+    st.markdown(
+        f"**What-if**: {step} "
+        f"replayed in its own order with changed costs; with the measured ones {w.replay_step_ns / 1e6:,.3f} ms"
+        + ("" if w.measured_step_ns is None else f" (measured {w.measured_step_ns / 1e6:,.3f} ms)")
+    )
+    st.dataframe(what_if_rows(w), hide_index=True)
 
 
 def _stage_table(result: AnalysisResult) -> list[dict[str, object]]:

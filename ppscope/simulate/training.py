@@ -37,7 +37,9 @@ from ppscope.trace.model import COMPUTE_KINDS, RankInfo, RunMeta, SpanKind, Trac
 __all__ = [
     "MAX_STEPS",
     "ReplayedStep",
+    "is_complete_step",
     "is_training",
+    "measured_hop_ns",
     "replay_order",
     "replay_training",
     "training_actions",
@@ -194,9 +196,9 @@ def training_actions(trace: Trace) -> pd.DataFrame:
     return out[cols].sort_values(["rank", "step", "start_ns"], kind="stable").reset_index(drop=True)
 
 
-def _complete(step: pd.DataFrame, stages: int, mbs: Sequence[int]) -> bool:
-    """Every stage runs every micro-batch's forward and backward (B, or I and W) in this step."""
-    have = set(zip(step["stage"], step["phase"], step["mb"], strict=True))
+def is_complete_step(have: set[tuple[int, str, int]], stages: int, mbs: Sequence[int]) -> bool:
+    """Every stage runs every micro-batch's forward and backward (B, or I and W) in the step whose actions are
+    `have`, as (stage, type, micro-batch)."""
     for s in range(stages):
         for m in mbs:
             if (s, ActionType.FORWARD, m) not in have:
@@ -231,7 +233,8 @@ def _measured(trace: Trace, step: int) -> float | None:
     return idle / (len(ranks) * (hi - lo))
 
 
-def _hop(trace: Trace) -> int | None:
+def measured_hop_ns(trace: Trace) -> int | None:
+    """The median hop latency of the run's messages (`message_latencies`), or None when none pairs."""
     lat = message_latencies(trace.spans)
     return int(np.median(lat["latency_ns"].to_numpy())) if len(lat) else None
 
@@ -253,7 +256,8 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
     m = trace.meta.microbatches
     mbs = list(range(m)) if m > 0 else sorted(int(x) for x in acts["mb"].unique())
     by_step = {int(k): g for k, g in acts.groupby("step", sort=True)}
-    complete = [k for k, g in by_step.items() if _complete(g, stages, mbs)]
+    passes = {k: set(zip(g["stage"], g["phase"], g["mb"], strict=True)) for k, g in by_step.items()}
+    complete = [k for k in by_step if is_complete_step(passes[k], stages, mbs)]
     cut = [k for k in by_step if k not in complete]
     notes = (
         [
@@ -275,7 +279,7 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
     costs_ns: dict[int, dict[str, float]] = {}
     for (s, t), v in median.items():
         costs_ns.setdefault(int(s), {})[str(t)] = float(v)
-    measured_hop = _hop(trace) if hop_ns is None else hop_ns
+    measured_hop = measured_hop_ns(trace) if hop_ns is None else hop_ns
     hop = measured_hop if measured_hop is not None else 0
     if hop_ns is None and measured_hop is None:
         notes.append("hop latency taken as 0: the trace pairs no send with a receive that waited for it")

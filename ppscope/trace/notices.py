@@ -140,6 +140,19 @@ class NoticeCode(StrEnum):
     UNPLACED_MISSING = "unplaced_missing"
     """Ranks recorded nothing and have no (stage, replica): their replica is unknown."""
 
+    # ---- what-ifs of a training step (ppscope.simulate.whatif)
+    NO_TRAINING_STEP = "no_training_step"
+    """Not a training trace: no forward/backward actions with a micro-batch and a step (inference), so no step
+    to replay with changed costs."""
+    NO_COMPLETE_STEP = "no_complete_step"
+    """A training trace without a step that every stage of every replica runs in full (each cut by the trace's
+    start or end, or a rank missing): nothing to replay with changed costs."""
+    REPLAY_FAILED = "replay_failed"
+    """A step's own action order cannot be replayed (an action whose input no rank runs, ranks waiting for
+    each other)."""
+    ONE_REPLICA = "one_replica"
+    """One replica only: no other replica's stage to set the straggler to (`no_straggler` is null)."""
+
     # ---- advice (ppscope.balance, the CLI's cost model)
     OUT_OF_MEMORY = "out_of_memory"
     """A planned stage runs out of memory: its weights plus reserve exceed the usable memory."""

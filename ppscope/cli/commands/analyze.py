@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         result, unrecorded, said = ranked
     else:
         from ppscope.simulate.training import is_training, replay_training
+        from ppscope.simulate.whatif import what_if
 
         trace = open_trace(args.run)
         placement = placement_of(
@@ -111,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         unrecorded, said = trace.meta.unrecorded, trace.warnings
         if result.stages and is_training(trace):  # the run's own action order, replayed with its measured costs
             result.replay, _ = replay_training(trace)
+        if result.stages:  # and with changed costs
+            result.what_if, result.what_if_reason = what_if(trace, placement)
     if not result.stages and not unrecorded:
         why = "; ".join(map(str, said)) or "did the run record anything?"
         raise UnsupportedInputError(f"{args.run} holds no spans: nothing to analyse ({why})")
@@ -157,9 +160,11 @@ def _replicas(args: argparse.Namespace, trace: Trace, placement: Placement, conf
     pipeline holding the bottleneck is detailed as one pipeline is."""
     from ppscope.analysis.replicas import analyze_replicas, replica_trace
     from ppscope.analysis.report import write_html
+    from ppscope.simulate.whatif import what_if
 
     ra = analyze_replicas(trace, placement, config, keep_gaps=bool(args.html))
     result = _shown(args, ra)
+    result.what_if, result.what_if_reason = what_if(trace, placement)  # the job's, every replica's
     if args.html:
         sub = replica_trace(trace, placement, ra.shown_replica)
         path = write_html(result, args.html, sub, max_bars=args.max_bars, force=args.force)
