@@ -129,6 +129,7 @@ def test_a_training_run_advises_moving_layers_off_the_slow_stage(
     assert out["megatron_args"] == "--decoder-first-pipeline-num-layers 4 --decoder-last-pipeline-num-layers 4"
     assert out["megatron_layout"] == "--pipeline-model-parallel-layout 'Et*4|t*4,L'"
     assert str(out["torchtitan_toml"]).startswith('module_fqns_per_model_part = [["tok_embeddings", "layers.0"')
+    assert out["job"] == "training" and out["vllm_env"] is None and out["sglang_env"] is None  # serving engines'
     training = out["training"]
     assert isinstance(training, dict) and training["passes"] == "forward+backward"
     assert main(["rebalance", str(run)]) == 0
@@ -136,6 +137,7 @@ def test_a_training_run_advises_moving_layers_off_the_slow_stage(
     assert "each layer's cost is its forward + backward per micro-batch" in text
     assert "recording hook's forward and backward spans" in text
     assert "--pipeline-model-parallel-layout 'Et*4|t*4,L'" in text and "module_fqns_per_model_part" in text
+    assert "ready to paste (a training job):" in text and "VLLM_PP_LAYER_PARTITION" not in text
 
 
 def test_a_kineto_trace_takes_its_split_from_the_command_line(

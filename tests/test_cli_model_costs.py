@@ -62,7 +62,20 @@ def test_text_report_names_the_source_and_the_assumptions(capsys: pytest.Capture
     assert main(["rebalance", "--model", "llama3-70b", "--stages", "4", "--gpu", "h100"]) == 0
     out = capsys.readouterr().out
     assert "modelled from llama3-70b on h100-sxm, no run" in out and "memory-bound" in out
-    assert "VLLM_PP_LAYER_PARTITION=" in out and "Assumptions:" in out and "NVIDIA H100" in out
+    assert "Assumptions:" in out and "NVIDIA H100" in out
+    assert "KEEP" in out and "VLLM_PP_LAYER_PARTITION=" not in out  # +0.7%: no paste line for a split not advised
+
+
+def test_paste_lines_fit_the_job(capsys: pytest.CaptureFixture[str]) -> None:
+    """The cost model times serving passes: vLLM and SGLang lines, not Megatron's or torchtitan's."""
+    argv = ["rebalance", "--model", "llama3-8b", "--stages", "4", "--gpu", "h100", "--current-split", "12,8,6,6"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "ready to paste (a serving job):" in out and "VLLM_PP_LAYER_PARTITION=" in out
+    assert "Megatron" not in out and "torchtitan" not in out
+    assert main([*argv, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["job"] == "serving" and d["vllm_env"] and d["megatron_layout"] is None and d["deepspeed"] is None
 
 
 @pytest.mark.parametrize(

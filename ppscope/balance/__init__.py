@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ppscope.balance.report import RebalanceReport as RebalanceReport
     from ppscope.balance.report import RebalanceRequest as RebalanceRequest
     from ppscope.balance.report import TraceStages as TraceStages
+    from ppscope.balance.report import job_kind as job_kind
     from ppscope.balance.report import rebalance_model as rebalance_model
     from ppscope.balance.report import rebalance_runs as rebalance_runs
     from ppscope.balance.split import format_split as format_split
@@ -34,6 +35,7 @@ _WHERE = {
     "StageCosts": "costs",
     "TraceStages": "report",
     "format_split": "split",
+    "job_kind": "report",
     "parse_counts": "split",
     "parse_ms_list": "costs",
     "parse_split": "split",

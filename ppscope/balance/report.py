@@ -25,7 +25,7 @@ from ppscope.balance.advise.advice import (
     too_short,
 )
 from ppscope.balance.advise.problem import BalanceProblem, MemoryModel
-from ppscope.balance.advise.rebalance import Rebalance, rebalance
+from ppscope.balance.advise.rebalance import JobKind, Rebalance, rebalance
 from ppscope.balance.costs import LayerCosts, StageCosts, parse_ms_list
 from ppscope.balance.measured.choose import RunCosts, run_costs
 from ppscope.balance.measured.fit import CostFit
@@ -55,6 +55,7 @@ __all__ = [
     "RebalanceReport",
     "RebalanceRequest",
     "TraceStages",
+    "job_kind",
     "rebalance_model",
     "rebalance_runs",
 ]
@@ -192,6 +193,8 @@ class TraceStages:
     window_ms: float
     window_how: str
     """How the window was chosen, in words."""
+    job: JobKind = JobKind.UNKNOWN
+    """What the traced job is (`job_kind` of its timings)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -355,6 +358,7 @@ def rebalance_runs(
         objective=request.objective,
     )
     split = rebalance(problem, current, chunks=training.chunks if training else 1)
+    split = dataclasses.replace(split, job=job_kind(runs[-1]) if runs else JobKind.UNKNOWN)
     interval, decision = _decide(runs, problem, split)
     return RebalanceReport(
         split=split,
@@ -413,6 +417,16 @@ def _with_training_split(
         meta = dataclasses.replace(meta, split=split, split_source="--current-split")
         runs = [*runs[:-1], dataclasses.replace(last, meta=meta)]
     return runs, TrainingCosts(source=meta.source, split_source=meta.split_source or None, chunks=meta.chunks)
+
+
+def job_kind(run: RunTimings) -> JobKind:
+    """What a run's split is for: training when it runs backward passes, serving when it is ppscope's engine or
+    its spans are decode or prefill passes, else unknown (an imported trace of bare kernels)."""
+    if run.training:
+        return JobKind.TRAINING
+    if run.meta.source == "ppscope" or run.phases & {Phase.DECODE, Phase.PREFILL}:
+        return JobKind.SERVING
+    return JobKind.UNKNOWN
 
 
 def _check_given_layers(given: GivenCosts, split: list[int]) -> None:
@@ -496,6 +510,7 @@ def rebalance_model(shape: ModelShape, request: RebalanceRequest, trace: TraceSt
         objective=request.objective,
     )
     split = rebalance(problem, got.current)
+    split = dataclasses.replace(split, job=JobKind.SERVING if trace is None else trace.job)
     interval, decision = _decide([], problem, split, MODELLED_COSTS if trace is None else SINGLE_TRACE)
     warnings = _model_warnings(request, shape, gpu, list(split.current.split), got.calibration, dtype)
     return RebalanceReport(

@@ -176,10 +176,14 @@ def show_advice(got: RebalanceReport | None, problem: str) -> Rebalance | None:
     st.plotly_chart(charts.split_figure(cur.stage_ms, new.stage_ms), key="split", config={"displaylogo": False})
     lines = advice.lines
     if decision.change:
-        st.markdown("**Ready to paste**")
-        st.code(f"{lines['vllm_env']}\n{lines['sglang_env']}\n{lines['ppscope_run']}", language="bash")
-        st.caption(f"Megatron-LM: {lines['megatron_args'] or '(one stage: no flags needed)'}")
-        st.caption(f"torchtitan: {lines['torchtitan_args']}")
+        st.markdown(f"**Ready to paste** ({advice.job} job)")
+        shell = [lines[k] for k in ("vllm_env", "sglang_env", "ppscope_run") if k in lines]
+        if shell:
+            st.code("\n".join(shell), language="bash")
+        if "megatron_args" in lines:
+            st.caption(f"Megatron-LM: {lines['megatron_args'] or '(one stage: no flags needed)'}")
+        if "torchtitan_args" in lines:
+            st.caption(f"torchtitan: {lines['torchtitan_args']}")
     return advice
 
 

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from ppscope.balance.advise.cores import shared_cores as shared_cores
     from ppscope.balance.advise.problem import BalanceProblem as BalanceProblem
     from ppscope.balance.advise.problem import MemoryModel as MemoryModel
+    from ppscope.balance.advise.rebalance import DEEPSPEED_NOTE as DEEPSPEED_NOTE
+    from ppscope.balance.advise.rebalance import JobKind as JobKind
     from ppscope.balance.advise.rebalance import Rebalance as Rebalance
     from ppscope.balance.advise.rebalance import balance as balance
     from ppscope.balance.advise.rebalance import engine_lines as engine_lines
@@ -29,8 +31,10 @@ if TYPE_CHECKING:
 _WHERE = {
     "Advice": "advice",
     "BalanceProblem": "problem",
+    "DEEPSPEED_NOTE": "rebalance",
     "GIVEN_COSTS": "advice",
     "Interval": "advice",
+    "JobKind": "rebalance",
     "MODELLED_COSTS": "advice",
     "MemoryModel": "problem",
     "Rebalance": "rebalance",

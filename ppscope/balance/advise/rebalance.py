@@ -33,8 +33,11 @@ from ppscope.balance.advise.problem import BalanceProblem
 from ppscope.balance.advise.search import CostModel, evenest, max_kv, min_time
 from ppscope.balance.split import format_split, stage_layer_ranges, validate_split, vllm_default_split
 from ppscope.errors import InvalidConfigError
+from ppscope.trace.actions import StrEnum
 
 __all__ = [
+    "DEEPSPEED_NOTE",
+    "JobKind",
     "Rebalance",
     "SplitEval",
     "balance",
@@ -122,6 +125,31 @@ def evaluate(problem: BalanceProblem, split: Sequence[int]) -> SplitEval:
     )
 
 
+class JobKind(StrEnum):
+    """What the split is for, which decides the engines whose paste lines fit it."""
+
+    SERVING = "serving"  # inference: vLLM, SGLang (and ppscope's engine)
+    TRAINING = "training"  # a training schedule, backward passes: Megatron-LM, torchtitan
+    DEEPSPEED = "deepspeed"  # DeepSpeed's pipeline engine, which takes no layer counts per stage
+    UNKNOWN = "unknown"  # nothing says: the lines of both, and the report says so
+
+
+SERVING_LINES = ("vllm_env", "sglang_env", "ppscope_run")
+TRAINING_LINES = ("megatron_args", "megatron_layout", "torchtitan_toml", "torchtitan_args")
+_LINES_OF = {
+    JobKind.SERVING: SERVING_LINES,
+    JobKind.TRAINING: TRAINING_LINES,
+    JobKind.DEEPSPEED: (),
+    JobKind.UNKNOWN: SERVING_LINES + TRAINING_LINES,
+}
+DEEPSPEED_NOTE = (
+    "DeepSpeed's PipelineModule takes no layer counts per stage (partition_method is 'uniform', 'parameters' or "
+    "'type:REGEX'): 'parameters' comes closest, since it counts the embedding's and the LM head's weights and so "
+    "gives the first and last stages fewer layers; or subclass the model so that the stages' layers are the "
+    "advised counts"
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Rebalance:
     """Advice: the current split, the proposed one, and what the cost model predicts for both."""
@@ -131,6 +159,8 @@ class Rebalance:
     objective: str
     chunks: int = 1
     """Virtual stages per rank (V): with more than one, the splits are per virtual stage, in stage order."""
+    job: JobKind = JobKind.UNKNOWN
+    """What the split is for: the paste lines are those of its engines (`lines`)."""
 
     @property
     def predicted_speedup(self) -> float:
@@ -139,8 +169,9 @@ class Rebalance:
 
     @property
     def lines(self) -> dict[str, str]:
-        """The proposed split as each engine takes it (`engine_lines`), by its JSON key."""
-        return engine_lines(self.proposed.split, sum(self.current.split), chunks=self.chunks)
+        """The proposed split as each engine of the job's kind takes it (`engine_lines`), by its JSON key."""
+        every = engine_lines(self.proposed.split, sum(self.current.split), chunks=self.chunks)
+        return {k: v for k, v in every.items() if k in _LINES_OF[self.job]}
 
     def to_dict(self) -> dict[str, Any]:
         """The advice as JSON-ready data (keys documented in the README)."""
@@ -155,7 +186,10 @@ class Rebalance:
             "predicted_speedup": self.predicted_speedup,
             "kv_tokens": {k: None if v.kv_tokens is None else list(v.kv_tokens) for k, v in both.items()},
             "kv_capacity_tokens": {k: v.kv_capacity for k, v in both.items()},
+            "job": str(self.job),
+            **dict.fromkeys(SERVING_LINES + TRAINING_LINES),
             **self.lines,
+            "deepspeed": DEEPSPEED_NOTE if self.job == JobKind.DEEPSPEED else None,
         }
 
 

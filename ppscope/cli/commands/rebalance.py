@@ -216,7 +216,8 @@ def _pipeline_trace(path: str, args: argparse.Namespace, assumed: list[Notice]) 
 def _trace_stages(trace: Trace, path: str) -> TraceStages:
     """Busy time of each stage of another engine's trace, as `ppscope analyze` measures it."""
     from ppscope.analysis import analyze
-    from ppscope.balance.report import TraceStages
+    from ppscope.balance.measured.timings import RunTimings
+    from ppscope.balance.report import TraceStages, job_kind
     from ppscope.errors import UnsupportedInputError
 
     result = analyze(trace)
@@ -227,6 +228,7 @@ def _trace_stages(trace: Trace, path: str) -> TraceStages:
         stage_ranks=tuple(tuple(s.ranks) for s in result.stages),
         window_ms=result.window.length_ns / 1e6,
         window_how=result.window.how,
+        job=job_kind(RunTimings.of(trace)),
     )
 
 
@@ -331,6 +333,9 @@ def _print_table(report: RebalanceReport) -> None:
 
 def _print_verdict(report: RebalanceReport) -> None:
     """The predicted gain and its interval, keep or change, KV capacity, and the lines to paste."""
+    from ppscope.balance.advise.rebalance import DEEPSPEED_NOTE
+    from ppscope.balance.split import format_split
+
     now, new, iv = report.split.current, report.split.proposed, report.interval
     print(
         f"slowest stage: {now.bottleneck} at {now.max_ms:.3f} ms now, {new.bottleneck} at {new.max_ms:.3f} ms "
@@ -348,14 +353,28 @@ def _print_verdict(report: RebalanceReport) -> None:
     elif not report.has_model and report.training is None:  # a training run keeps no KV cache
         print("KV capacity: give --model and --gpu-mem-gib")
     if keep:
-        print(f"the proposed split, not advised: {lines['vllm_env']}")
+        print(f"the proposed split, not advised: {format_split(new.split)}")
         return
-    print("ready to paste:")
-    print(f"  {lines['vllm_env']}")
-    print(f"  {lines['sglang_env']}")
-    megatron = lines["megatron_args"]
-    print(f"  Megatron: {megatron}" if megatron else "  Megatron: (one stage: no flags needed)")
-    print(f"  Megatron: {lines['megatron_layout']}")
-    print(f"  torchtitan ([parallelism] in the job's .toml): {lines['torchtitan_toml']}")
-    print(f"  torchtitan: {lines['torchtitan_args']}")
-    print(f"  {lines['ppscope_run']}")
+    print("ready to paste" + _JOB_NOTE[report.split.job] + ":")
+    for key, label in _LINE_LABELS.items():
+        if key in lines:
+            print(f"  {label}{lines[key] or '(one stage: no flags needed)'}")
+    if report.split.job == "deepspeed":
+        print(f"  {DEEPSPEED_NOTE}")
+
+
+_JOB_NOTE = {  # by JobKind
+    "serving": " (a serving job)",
+    "training": " (a training job)",
+    "deepspeed": " (a DeepSpeed training job)",
+    "unknown": " (nothing says whether the job serves or trains: the lines of both)",
+}
+_LINE_LABELS = {
+    "vllm_env": "",
+    "sglang_env": "",
+    "megatron_args": "Megatron: ",
+    "megatron_layout": "Megatron: ",
+    "torchtitan_toml": "torchtitan ([parallelism] in the job's .toml): ",
+    "torchtitan_args": "torchtitan: ",
+    "ppscope_run": "",
+}
