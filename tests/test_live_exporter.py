@@ -105,7 +105,7 @@ def test_watch_serves_the_analyzers_values_then_stops_on_ctrl_c(simulated: Path)
     finally:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 130, err  # interrupted, as every command
     assert "the run has ended (finished); serving its last values for 60 s" in out
     assert err.strip() == "ppscope watch: stopped", err
 
@@ -126,6 +126,7 @@ def test_watch_serves_the_analyzers_values_then_stops_on_ctrl_c(simulated: Path)
     assert got["ppscope_bottleneck_stage"][()] == expect.bottleneck_stage
     assert got["ppscope_balance_gain"][()] == pytest.approx(expect.balance_gain)
     assert got["ppscope_run_status"][(("status", "finished"),)] == 1.0
+    assert got["ppscope_read_errors_total"][()] == 0.0  # there from the start
     assert got["ppscope_run_info"][(("run_id", "run"), ("schedule", "serve"), ("source", "simulator"))] == 1.0
     finished = trace.requests["finish_ns"].to_numpy()
     tokens = trace.requests["output_len"].to_numpy()[finished > end - WINDOW_S * 1e9].sum()

@@ -208,7 +208,10 @@ class Totals:
 
     def __init__(self, bounds_s: tuple[float, ...] = HOP_LATENCY_BUCKETS_S) -> None:
         self.bounds_s = bounds_s
-        self._counters: dict[str, Values] = {s.name: {} for s in SPECS if s.kind == "counter"}
+        # a counter without labels exists from the start, at 0: "no read error yet" is a value, not a gap
+        self._counters: dict[str, Values] = {
+            s.name: {} if s.labels else {(): 0.0} for s in SPECS if s.kind == "counter"
+        }
         self._counts: dict[Labels, np.ndarray] = {}
         self._sums: dict[Labels, float] = {}
 

@@ -90,10 +90,10 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return board.process.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: 130, as every command that is interrupted
         board.stop()
         print("ppscope dashboard: stopped", file=sys.stderr)
-        return 0
+        return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
 

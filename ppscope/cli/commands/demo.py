@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"dashboard: {board.url}  (both runs are listed there; Ctrl-C to stop)", flush=True)
     try:
         return board.process.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: 130, as every command that is interrupted
         board.stop()
-        return 0
+        print("ppscope demo: stopped", file=sys.stderr)
+        return 130

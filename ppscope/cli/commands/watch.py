@@ -115,9 +115,9 @@ def run(args: argparse.Namespace) -> int:
         time.sleep(args.linger)
         print("ppscope watch: stopped", flush=True)
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: 130, as every command that is interrupted
         print("ppscope watch: stopped", file=sys.stderr)
-        return 0
+        return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
         exporter.close()
