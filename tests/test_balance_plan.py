@@ -65,7 +65,7 @@ def test_a_stage_that_runs_out_of_memory_is_named_with_the_fixing_split() -> Non
     [
         ("llama3-8b", 8, 80, False, 1, 1),  # fits on one GPU
         ("llama3-70b", 8, 40, False, 8, 1),  # fits in a node with TP
-        ("llama3-405b", 16, 80, False, 8, 2),  # TP = GPUs per node x PP across nodes
+        ("llama3.1-405b", 16, 80, False, 8, 2),  # TP = GPUs per node x PP across nodes
         ("llama3-8b", 8, 80, True, 8, 1),  # latency-sensitive: widest TP, smallest PP
     ],
 )
@@ -79,7 +79,7 @@ def test_layout_rules(model: str, gpus: int, mem: float, latency: bool, tp: int,
 
 
 def test_too_big_says_what_to_do() -> None:
-    cfg = PlanConfig(model=ModelShape.from_name("llama3-405b"), cluster=Cluster(gpus=4, gpu_mem_gib=40))
+    cfg = PlanConfig(model=ModelShape.from_name("llama3.1-405b"), cluster=Cluster(gpus=4, gpu_mem_gib=40))
     with pytest.raises(InvalidConfigError, match="does not fit on 4 GPU"):
         plan(cfg)
     with pytest.raises(InvalidConfigError, match="needs 8 GPUs but --gpus is 4"):

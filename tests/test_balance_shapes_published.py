@@ -19,7 +19,9 @@ CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
 def test_each_published_preset_is_its_config(name: str) -> None:
     read = ModelShape.from_hf_config(CONFIGS / f"{name}.json")
     assert read.name == name  # a file not called config.json is named by its stem
-    assert dataclasses.replace(read, name=name) == PUBLISHED[name] == ModelShape.from_name(name)
+    cited = PUBLISHED[name].config_source
+    assert f"tests/data/configs/{name}.json" in cited  # each preset cites the config.json it was read from
+    assert dataclasses.replace(read, name=name, config_source=cited) == PUBLISHED[name] == ModelShape.from_name(name)
 
 
 def test_published_shapes_are_not_the_engines() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ppscope.balance.costs import parse_ms_list
-from ppscope.balance.modelled.shapes import PRESETS, ModelShape, canonical_dtype
+from ppscope.balance.modelled.shapes import PRESETS, RENAMED, ModelShape, canonical_dtype
 from ppscope.balance.split import parse_counts
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.schedules import Schedule
@@ -160,6 +160,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))  # fp16 and float16 are one dtype
+        # an old preset name builds the preset it was renamed to, and the run records the new name
+        object.__setattr__(self, "name", RENAMED.get(self.name, self.name))
         _one_of("model.dtype", self.dtype, DTYPES)
         _at_least("model.layers", self.layers, 1)
         for name in ("embed_cost_ms", "head_cost_ms"):

@@ -96,6 +96,10 @@ class NoticeCode(StrEnum):
     CPU_COUNTERS = "cpu_counters"
     """A rank recorded CPU counters, not its GPU's."""
 
+    # ---- models and presets (ppscope.balance.modelled)
+    RENAMED_PRESET = "renamed_preset"
+    """A model preset was asked for by its old name; the preset it was renamed to is used."""
+
     # ---- the analysis (ppscope.analysis)
     NO_SPANS = "no_spans"
     """The trace holds no spans: nothing to analyse."""

@@ -20,6 +20,7 @@ from typing import Any
 
 from ppscope.balance.modelled.archs import MLA, MoE, Unrepresentable, arch_fields
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = [
     "DTYPE_BYTES",
@@ -27,12 +28,14 @@ __all__ = [
     "MLA",
     "PRESETS",
     "PUBLISHED",
+    "RENAMED",
     "MoE",
     "ModelShape",
     "RopeScaling",
     "all_presets",
     "canonical_dtype",
     "dtype_bytes",
+    "renamed_note",
 ]
 
 DTYPE_BYTES: dict[str, int] = {
@@ -125,6 +128,8 @@ class ModelShape:
     """Mixture-of-experts MLPs; None: every MLP is dense."""
     mla: MLA | None = None
     """Multi-head latent attention; None: grouped-query attention."""
+    config_source: str = ""
+    """Where a preset's numbers come from (the checkpoint's config.json); empty for a shape read from a file."""
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "max_seq_len"):
@@ -228,17 +233,18 @@ class ModelShape:
 
     @classmethod
     def from_name(cls, name: str) -> ModelShape:
-        """A preset by name: one the engine builds (`PRESETS`) or a published shape it only plans for."""
+        """A preset by name: one the engine builds (`PRESETS`) or a published shape it only plans for; an old
+        name (`RENAMED`) gives the preset it was renamed to (`renamed_note` says so)."""
         presets = all_presets()
         try:
-            return presets[name]
+            return presets[RENAMED.get(name, name)]
         except KeyError:
             raise InvalidConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(presets)}") from None
 
     @classmethod
     def from_spec(cls, text: str) -> ModelShape:
         """What `--model` takes: a preset's name, or a `config.json` or the model directory holding it."""
-        if text in all_presets() or not (text.endswith(".json") or Path(text).is_dir()):
+        if text in all_presets() or text in RENAMED or not (text.endswith(".json") or Path(text).is_dir()):
             return cls.from_name(text)
         return cls.from_hf_config(text)
 
@@ -358,7 +364,15 @@ PRESETS: dict[str, ModelShape] = {
     m.name: m
     for m in (
         ModelShape(
-            name="tiny", layers=8, hidden=256, heads=8, kv_heads=4, intermediate=1280, vocab=12288, max_seq_len=512
+            name="tiny",
+            layers=8,
+            hidden=256,
+            heads=8,
+            kv_heads=4,
+            intermediate=1280,
+            vocab=12288,
+            max_seq_len=512,
+            config_source="ppscope's own test shape (no checkpoint)",
         ),
         ModelShape(
             name="llama3-8b",
@@ -370,6 +384,7 @@ PRESETS: dict[str, ModelShape] = {
             vocab=128256,
             max_seq_len=8192,
             rope_theta=500000.0,
+            config_source="meta-llama/Meta-Llama-3-8B config.json",
         ),
         ModelShape(
             name="llama3-70b",
@@ -381,21 +396,39 @@ PRESETS: dict[str, ModelShape] = {
             vocab=128256,
             max_seq_len=8192,
             rope_theta=500000.0,
+            config_source="meta-llama/Meta-Llama-3-70B config.json",
         ),
         ModelShape(
-            name="llama3-405b",
+            name="llama3.1-405b",
             layers=126,
             hidden=16384,
             heads=128,
             kv_heads=8,
             intermediate=53248,
             vocab=128256,
-            max_seq_len=8192,
+            max_seq_len=131072,
             rope_theta=500000.0,
+            rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192),
+            config_source="meta-llama/Llama-3.1-405B-Instruct config.json (tests/data/configs/llama3.1-405b.json)",
         ),
     )
 }
 """Llama-style shapes the engine builds (and plans for)."""
+
+RENAMED: dict[str, str] = {"llama3-405b": "llama3.1-405b"}
+"""Old preset names and the presets they now give: there is no Llama 3 405B, the 405B is Llama 3.1."""
+
+
+def renamed_note(name: str) -> Notice | None:
+    """The note a command prints when `name` is an old preset name; None for any other."""
+    if name not in RENAMED:
+        return None
+    text = (
+        f"{name} is the old name of the preset {RENAMED[name]}: the 405B model is Llama 3.1 (131,072 tokens of "
+        f"context with llama3 RoPE scaling), not Llama 3; use --model {RENAMED[name]}"
+    )
+    return Notice(NoticeCode.RENAMED_PRESET, text)
+
 
 # Published shapes the engine does not build (biases, head norms, experts, latent attention): the planner, the
 # rebalancer and the cost model use them. Each is read from the model's published config.json, kept in
@@ -415,6 +448,7 @@ PUBLISHED: dict[str, ModelShape] = {
             rope_theta=1e6,
             norm_eps=1e-6,
             qkv_bias=True,
+            config_source="Qwen/Qwen2.5-7B-Instruct config.json (tests/data/configs/qwen2.5-7b.json)",
         ),
         ModelShape(
             name="qwen2.5-32b",
@@ -428,6 +462,7 @@ PUBLISHED: dict[str, ModelShape] = {
             rope_theta=1e6,
             norm_eps=1e-6,
             qkv_bias=True,
+            config_source="Qwen/Qwen2.5-32B-Instruct config.json (tests/data/configs/qwen2.5-32b.json)",
         ),
         ModelShape(
             name="qwen2.5-72b",
@@ -441,6 +476,7 @@ PUBLISHED: dict[str, ModelShape] = {
             rope_theta=1e6,
             norm_eps=1e-6,
             qkv_bias=True,
+            config_source="Qwen/Qwen2.5-72B-Instruct config.json (tests/data/configs/qwen2.5-72b.json)",
         ),
         ModelShape(
             name="qwen3-8b",
@@ -454,6 +490,7 @@ PUBLISHED: dict[str, ModelShape] = {
             rope_theta=1e6,
             norm_eps=1e-6,
             qk_norm=True,
+            config_source="Qwen/Qwen3-8B config.json (tests/data/configs/qwen3-8b.json)",
         ),
         ModelShape(
             name="qwen3-32b",
@@ -468,6 +505,20 @@ PUBLISHED: dict[str, ModelShape] = {
             norm_eps=1e-6,
             qk_norm=True,
             head_size=128,
+            config_source="Qwen/Qwen3-32B config.json (tests/data/configs/qwen3-32b.json)",
+        ),
+        ModelShape(
+            name="mixtral-8x7b",
+            layers=32,
+            hidden=4096,
+            heads=32,
+            kv_heads=8,
+            intermediate=14336,
+            vocab=32000,
+            max_seq_len=32768,
+            rope_theta=1e6,
+            moe=MoE(experts=8, per_token=2, intermediate=14336),
+            config_source="mistralai/Mixtral-8x7B-Instruct-v0.1 config.json (tests/data/configs/mixtral-8x7b.json)",
         ),
         ModelShape(
             name="mixtral-8x22b",
@@ -480,6 +531,7 @@ PUBLISHED: dict[str, ModelShape] = {
             max_seq_len=65536,
             rope_theta=1e6,
             moe=MoE(experts=8, per_token=2, intermediate=16384),
+            config_source="mistralai/Mixtral-8x22B-Instruct-v0.1 config.json (tests/data/configs/mixtral-8x22b.json)",
         ),
         ModelShape(
             name="deepseek-v3",
@@ -493,6 +545,7 @@ PUBLISHED: dict[str, ModelShape] = {
             norm_eps=1e-6,
             moe=MoE(experts=256, per_token=8, intermediate=2048, shared=1, dense_layers=3),
             mla=MLA(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536),
+            config_source="deepseek-ai/DeepSeek-V3 config.json (tests/data/configs/deepseek-v3.json)",
         ),
     )
 }
