@@ -111,9 +111,12 @@ def test_memory_limits_apply_to_modelled_costs(capsys: pytest.CaptureFixture[str
     argv = ["rebalance", "--model", "llama3-70b", "--stages", "4", "--gpu", "a100-80gb", "--gpu-mem-gib", "80"]
     d = _json(capsys, *argv)
     assert d["kv_capacity_tokens"]["proposed"] > 0 and d["warnings"] == []
-    d = _json(capsys, "rebalance", "--model", "llama3-405b", "--stages", "2", "--gpu", "l4")
+    d = _json(capsys, "rebalance", "--model", "llama3.1-405b", "--stages", "2", "--gpu", "l4")
     assert {w["code"] for w in d["warnings"]} == {"weights_exceed_gpu"}
-    assert "exceed a l4's 24 GB" in d["warnings"][0]["text"]  # says which GPU, and its memory
+    assert "exceed the 22.5 GiB the driver reports on a l4" in d["warnings"][0]["text"]  # which GPU, its memory
+    old = _json(capsys, "rebalance", "--model", "llama3-405b", "--stages", "2", "--gpu", "l4")
+    assert [w["code"] for w in old["warnings"]][:1] == ["renamed_preset"]  # the old name works, with a note
+    assert old["stage_times_ms"] == d["stage_times_ms"]
 
 
 def test_plan_prints_each_stages_decode_step_from_the_same_model(capsys: pytest.CaptureFixture[str]) -> None:
@@ -123,12 +126,12 @@ def test_plan_prints_each_stages_decode_step_from_the_same_model(capsys: pytest.
     assert steps["gpu"] == "h100-sxm" and len(steps["stage_ms"]) == 4
     r = _json(capsys, "rebalance", "--model", "llama3-70b", "--stages", "4", "--gpu", "h100-sxm", "--batch", "1")
     assert steps["stage_ms"] == pytest.approx(r["stage_times_ms"]["current"])  # one cost model for both
-    assert d["usable_bytes_per_gpu"] == int(80 * 2**30 * 0.9)  # the H100's 80 GB from the table
+    assert d["usable_bytes_per_gpu"] == int(81_559 * 2**20 * 0.9)  # the H100's 81,559 MiB the driver reports
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "decode step on h100-sxm" in out and "micro-batch steps/s" in out
     d = _json(capsys, "plan", "--model", "qwen3-32b", "--gpus", "2", "--gpu", "mi300x")
-    assert d["usable_bytes_per_gpu"] == int(192 * 2**30 * 0.9) and d["step_times"]["stage_ms"]
+    assert d["usable_bytes_per_gpu"] == int(205_822_885_888 * 0.9) and d["step_times"]["stage_ms"]  # rocm-smi
 
 
 def test_model_advice_says_it_is_not_a_training_runs(capsys: pytest.CaptureFixture[str]) -> None:

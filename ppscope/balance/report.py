@@ -36,7 +36,7 @@ from ppscope.balance.measured.training import TRAIN_PASSES, is_training
 from ppscope.balance.modelled.gpus import DEFAULT_GPU, GPU, GPUS, gpu_named
 from ppscope.balance.modelled.plan import stage_memory_model
 from ppscope.balance.modelled.roofline import ModelCosts, Workload, model_costs
-from ppscope.balance.modelled.shapes import ModelShape, dtype_bytes
+from ppscope.balance.modelled.shapes import ModelShape, dtype_bytes, renamed_note
 from ppscope.balance.modelled.tracefit import Calibration, calibrate
 from ppscope.balance.split import (
     format_split,
@@ -135,6 +135,8 @@ class RebalanceRequest:
     objective: str = "throughput"
     model: ModelShape | None = None
     """The model, for weight and KV sizes, and the cost model's shape; default: the run's."""
+    model_name: str = ""
+    """What `model` was asked for by (a preset's name, old or new, or a config path): an old name adds a note."""
     gpu_mem_gib: str | None = None
     """GPU memory per stage, GiB, for KV capacity and memory limits."""
     gpu_memory_utilization: float = 0.9
@@ -149,6 +151,8 @@ class RebalanceRequest:
     """The cost model's pass: sequences per micro-batch."""
     context: int = 2048
     """The cost model's pass: tokens per sequence."""
+    peak: bool = False
+    """Time the model at the datasheet's peaks instead of the shares kernels were measured to reach."""
 
     def per_stage(self, text: str, what: str, stages: int) -> list[float]:
         """One value for every stage, or one per stage, from an option's text."""
@@ -497,6 +501,8 @@ def rebalance_model(shape: ModelShape, request: RebalanceRequest, trace: TraceSt
         )
     dtype = request.dtype or "bf16"
     gpu = gpu_named(request.gpu or DEFAULT_GPU)
+    if request.peak or trace is not None:
+        gpu = gpu.at_peak()  # a trace's calibration measures what the achieved shares would have guessed
     work = Workload(
         phase=request.phase or Phase.DECODE, batch=request.batch, context=request.context, dtype=dtype, tp=request.tp
     )
@@ -584,8 +590,10 @@ def _trace_assumptions(request: RebalanceRequest, trace: TraceStages, ran: list[
         f"its passes are {request.phase or Phase.DECODE} passes, shaped as below; the model's shape is calibrated with "
         "one scale for every part (the smallest measured ÷ modelled ratio over stages) plus a fixed overhead per "
         "stage (the rest of its time), which stays with the stage whatever layers it holds",
-        f"the shape is timed on a {gpu}"
-        + ("" if request.gpu else " (no --gpu given: after calibration only the shape matters)"),
+        f"the shape is timed on a {gpu} at its datasheet peaks"
+        + ("" if request.gpu else " (no --gpu given: after calibration only the shape matters)")
+        + ": the calibration on the trace replaces the achieved-efficiency factors of the GPU table, its scale "
+        "being what this engine reaches of those peaks",
     )
 
 
@@ -598,7 +606,8 @@ def _model_warnings(
     dtype: str,
 ) -> list[Notice]:
     """Stages whose weights exceed the GPU (with --gpu), and stages the calibrated model explains poorly."""
-    out = _weights_warnings(shape, gpu, split, dtype, request.tp) if request.gpu else []
+    out = [n] if (n := renamed_note(request.model_name)) is not None else []
+    out += _weights_warnings(shape, gpu, split, dtype, request.tp) if request.gpu else []
     if calibration is not None:
         out += [
             Notice(
@@ -618,11 +627,12 @@ def _weights_warnings(shape: ModelShape, gpu: GPU, split: list[int], dtype: str,
     for s, (i, j) in enumerate(stage_layer_ranges(split)):
         params = sum(shape.layer_params_at(k) for k in range(i, j))
         params += (shape.embed_params if s == 0 else 0) + (shape.head_params if s == last else 0)
-        gb = params * dtype_bytes(dtype) / tp / 1e9
-        if gb > gpu.memory_gb:
+        gib = params * dtype_bytes(dtype) / tp / 2**30
+        if gib > gpu.memory_gib:
             text = (
-                f"stage {s}'s weights ({gb:.0f} GB per GPU in {dtype}) exceed a {gpu.name}'s {gpu.memory_gb:g} GB: "
-                "use more stages, a larger --tp or --dtype fp8 (ppscope plan sizes memory)"
+                f"stage {s}'s weights ({gib:.0f} GiB per GPU in {dtype}) exceed the {gpu.memory_gib:.1f} GiB the "
+                f"driver reports on a {gpu.name}: use more stages, a larger --tp or --dtype fp8 (ppscope plan sizes "
+                "memory)"
             )
             out.append(Notice(NoticeCode.WEIGHTS_EXCEED_GPU, text))
     return out

@@ -1,8 +1,9 @@
 """The cost model on the command line: its options, and the lines it adds to `rebalance` and `plan`.
 
 `ppscope rebalance --model M --stages P --gpu G` times every part of the model from its shape and the GPU's
-datasheet, and `ppscope rebalance TRACE --model M` (an nsys or Kineto trace, which records no split) calibrates
-the same costs on the trace's stage busy times first: both are `ppscope.balance.report.rebalance_model`.
+datasheet (at the shares of its peaks kernels were measured to reach, or at the peaks with --peak), and
+`ppscope rebalance TRACE --model M` (an nsys or Kineto trace, which records no split) calibrates the same costs
+on the trace's stage busy times first: both are `ppscope.balance.report.rebalance_model`.
 `ppscope plan --gpu G` prints the modelled step time of each stage. This module prints only the lines the cost
 model adds.
 """
@@ -43,6 +44,12 @@ def add_workload_arguments(group: Options, *, default_gpu_note: str) -> None:
         default=2048,
         help="the modelled pass: tokens per sequence, in the KV cache (decode) or the prompt (prefill) (2048)",
     )
+    group.add_argument(
+        "--peak",
+        action="store_true",
+        help="time at the datasheet's peaks, not the shares of them kernels were measured to reach on the GPU's "
+        "family (the default; printed with their sources in the assumptions)",
+    )
 
 
 def wants_model(args: argparse.Namespace) -> bool:
@@ -75,7 +82,7 @@ def print_model_lines(model: ModelSection, where: str) -> None:
     kinds = [first] if first.ms == last.ms else [first, last]
     for part, name in zip(kinds, ("layer 0", f"layer {len(m.layers) - 1}"), strict=False):
         print(
-            f"  modelled {name}: {part.weight_bytes / 1e9:.3f} GB weights + {part.kv_bytes / 1e9:.3f} GB KV, "
+            f"  modelled {name}: {part.weight_bytes / 2**30:.3f} GiB weights + {part.kv_bytes / 2**30:.3f} GiB KV, "
             f"{part.flops / 1e12:.3f} TFLOP -> {part.ms:.3f} ms ({part.bound}-bound"
             + (f", {part.comm_ms:.3f} ms all-reduce" if part.comm_ms else "")
             + ")"
@@ -108,4 +115,7 @@ def print_step_times(steps: StepTimes, fix_split: Sequence[int] | None) -> None:
             else ""
         )
     )
-    print(f"  (the cost model: {steps.costs.assumptions()[0]})")
+    from ppscope.balance.modelled.roofline import rate_lines
+
+    rates = rate_lines(steps.costs.gpu, w.dtype)
+    print(f"  (the cost model: {rates[1]}; {rates[2]})")

@@ -48,7 +48,9 @@ class Cluster:
     gpus: int
     gpus_per_node: int = 8
     gpu_mem_gib: float = 80.0
-    """Memory of one GPU, GiB."""
+    """Memory of one GPU, GiB: the capacity the driver reports, not the datasheet's GB."""
+    gpu_mem_source: str = "given"
+    """Where `gpu_mem_gib` comes from, for the assumptions."""
     gpu_memory_utilization: float = 0.9
     """Share of a GPU's memory the engine may use (vLLM's --gpu-memory-utilization)."""
 
@@ -469,8 +471,8 @@ def _warnings(cfg: PlanConfig, stages: tuple[StagePlan, ...]) -> list[Notice]:
 def _assumptions(cfg: PlanConfig, layout: ParallelLayout) -> tuple[str, ...]:
     c = cfg.cluster
     return (
-        f"usable memory per GPU = {c.gpu_mem_gib:g} GiB x {c.gpu_memory_utilization:g} "
-        f"= {c.usable_bytes / GIB:.1f} GiB",
+        f"usable memory per GPU = {c.gpu_mem_gib:.2f} GiB ({c.gpu_mem_source}) x {c.gpu_memory_utilization:g} "
+        f"= {c.usable_bytes / GIB:.2f} GiB",
         f"weights in {cfg.dtype} ({dtype_bytes(cfg.dtype)} B/param), KV cache in {cfg.kv_dtype or cfg.dtype}",
         f"tensor parallelism divides every weight and the KV heads by TP={layout.tp} "
         "(KV heads are replicated when TP exceeds them)",

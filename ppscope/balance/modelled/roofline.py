@@ -4,7 +4,10 @@ For one pass of a micro-batch (B sequences; C tokens of context each, in the KV 
 the prompt for a prefill), each part (every decoder layer, the embedding, the LM head, sampling) costs, on one
 GPU of a stage's tensor-parallel group of T:
 
-    time = max(bytes it moves ÷ memory bandwidth, FLOPs ÷ the dtype's dense peak) + its collectives
+    time = max(bytes it moves ÷ achieved memory bandwidth, FLOPs ÷ achieved dense FLOP/s) + its collectives
+
+Achieved = the datasheet's peak × the share kernels were measured to reach on the GPU's family
+(`ppscope.balance.modelled.gpus.Achieved`); `GPU.at_peak()` times everything at the datasheet's peaks.
 
 - Bytes: the weights it reads (÷ T); for a MoE layer, the experts the batch's tokens reach (expected distinct
   experts of B·k draws, routing taken as uniform); the KV cache, B·C tokens read in decode and written in
@@ -12,20 +15,23 @@ GPU of a stage's tensor-parallel group of T:
   embedding gathers; the fp32 logits the head writes and sampling reads (one row per sequence: vLLM computes
   logits only where a token is sampled).
 - FLOPs: 2 per parameter a token goes through (a MoE token: the router, its k experts and any shared ones),
-  plus attention over its context, causal in prefill; ÷ T.
-- Collectives (T > 1): two ring all-reduces per layer (after attention and after the MLP) and one after the
-  embedding, of tokens x hidden in BF16, taking 2(T-1)/T x bytes ÷ the link's one-way bandwidth plus
+  plus attention over its context, causal in prefill; ÷ T. Latent attention runs absorbed in decode (keys
+  kv_lora_rank + rope wide, values kv_lora_rank), expanded in prefill.
+- Collectives (T > 1): two all-reduces per layer (after attention and after the MLP) and one after the
+  embedding, of tokens x hidden in BF16, taking 2(T-1)/T x bytes ÷ the one-way bandwidth a GPU has to its
+  T - 1 peers (through a switch, all of its port; in a mesh such as MI300X's, one link per peer) plus
   `ALLREDUCE_LATENCY_S` each; the head's logits are gathered to one GPU.
 
 Decode of small batches is bound by memory (bytes ÷ bandwidth), prefill by compute (FLOPs ÷ peak): the max
 picks whichever bound binds. `ModelCosts.layer_costs()` is the `LayerCosts` the rebalancer takes. It knows
-nothing about kernels' efficiency (every part is timed at the datasheet peak, which scales all parts alike),
+kernels' efficiency only as one share per GPU family and resource (not per kernel or shape), nothing about
 the hop between stages (the same at every stage boundary), fused or overlapped kernels, CUDA graphs, the
 engine's scheduler, speculative decoding (DeepSeek-V3's MTP layer is left out) or what a real router does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +51,7 @@ __all__ = [
     "Workload",
     "expected_experts",
     "model_costs",
+    "rate_lines",
 ]
 
 PHASES = (Phase.DECODE, Phase.PREFILL)
@@ -151,13 +158,12 @@ class ModelCosts:
         """Every assumption the figures rest on, in words."""
         g, w, m = self.gpu, self.workload, self.shape
         out = [
-            f"{g.name}: {g.memory_tb_s:g} TB/s memory bandwidth, {g.peak_flops(w.dtype) / 1e12:g} TFLOPS dense at "
-            f"{w.dtype}{'' if g.fp8_tflops or w.dtype != 'fp8' else ' (no FP8 tensor cores: the BF16 peak)'}, "
-            f"from the {g.source}; datasheet peaks, which real kernels reach only in part (every part alike)",
+            *rate_lines(g, w.dtype),
             f"{w.phase}: {w.batch} sequence(s) per micro-batch, {w.context} tokens of "
             + ("context each in the KV cache" if w.phase == Phase.DECODE else "prompt each, causal attention"),
             f"weights and KV cache in {w.dtype}; activations cross GPUs in BF16; logits in fp32",
-            "time of a part = max(bytes moved ÷ bandwidth, FLOPs ÷ peak) + its collectives; kernels neither "
+            "time of a part = max(bytes moved ÷ achieved bandwidth, FLOPs ÷ achieved FLOP/s) + its collectives; "
+            "kernels neither "
             "fuse nor overlap, and the hop between stages (the same at every boundary) is left out",
             "the LM head computes logits for one token per sequence (where a token is sampled); sampling reads "
             "them once",
@@ -166,8 +172,10 @@ class ModelCosts:
             out.append(
                 f"TP={w.tp} divides weights, FLOPs and KV heads (KV heads replicated when TP exceeds them"
                 + ("; the latent KV cache is whole on every GPU" if m.mla else "")
-                + f"); two ring all-reduces per layer and one after the embedding over {g.link} "
-                f"({g.link_gb_s:g} GB/s each way), plus {ALLREDUCE_LATENCY_S * 1e6:g} µs each (assumed)"
+                + f"); two all-reduces per layer and one after the embedding over {g.link}: "
+                f"{g.peer_bandwidth(w.tp - 1) / 1e9:g} GB/s each way to the other {w.tp - 1} GPU(s)"
+                + (f" ({min(w.tp - 1, g.peer_links)} link(s) of the mesh)" if g.topology == "mesh" else "")
+                + f", plus {ALLREDUCE_LATENCY_S * 1e6:g} µs each (assumed)"
             )
         if m.moe is not None:
             out.append(
@@ -180,7 +188,14 @@ class ModelCosts:
         if m.mla is not None:
             out.append(
                 f"latent attention: {m.mla.kv_lora_rank} + {m.mla.qk_rope_head_dim} cached values per token per "
-                "layer; attention FLOPs counted on the expanded heads"
+                "layer; "
+                + (
+                    f"decode runs it absorbed (as vLLM and SGLang do): each head's keys are "
+                    f"{m.mla.kv_lora_rank + m.mla.qk_rope_head_dim} wide and its values {m.mla.kv_lora_rank}"
+                    if w.phase == Phase.DECODE
+                    else f"prefill expands it into per-head keys of "
+                    f"{m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim} and values of {m.mla.v_head_dim}"
+                )
             )
         if m.sliding_window:
             out.append(f"every layer attends to its last {m.sliding_window} tokens (sliding window)")
@@ -190,7 +205,7 @@ class ModelCosts:
         w = self.workload
         return {
             "model": self.shape.name,
-            "gpu": {**self.gpu.__dict__},
+            "gpu": dataclasses.asdict(self.gpu),
             "phase": w.phase,
             "batch": w.batch,
             "context": w.context,
@@ -202,6 +217,24 @@ class ModelCosts:
             "sample": self.sample.to_dict(),
             "assumptions": self.assumptions(),
         }
+
+
+def rate_lines(gpu: GPU, dtype: str) -> list[str]:
+    """The rates the model times parts at, each with where it comes from: the datasheet's peak × the share
+    kernels were measured to reach on the GPU's family, or the peak alone where nothing was measured."""
+    a = gpu.achieved
+    peak = gpu.peak_flops(dtype) / 1e12
+    widened = "" if gpu.fp8_tflops or dtype != "fp8" else " (no FP8 tensor cores: the BF16 peak)"
+    return [
+        f"{gpu.name} ({gpu.family}), from the {gpu.source}",
+        f"memory: {gpu.memory_tb_s:g} TB/s × {a.memory:g} achieved = {gpu.bandwidth / 1e12:.3g} TB/s "
+        f"({a.memory_source})",
+        f"tensor compute at {dtype}: {peak:g} TFLOPS dense{widened} × {a.compute:g} achieved = "
+        f"{gpu.achieved_flops(dtype) / 1e12:.4g} TFLOPS ({a.compute_source})",
+        f"interconnect: {gpu.link_gb_s:g} GB/s each way per "
+        + ("peer link" if gpu.topology == "mesh" else "GPU")
+        + f" × {a.link:g} achieved ({a.link_source})",
+    ]
 
 
 def expected_experts(experts: int, per_token: int, tokens: int) -> float:
@@ -246,16 +279,17 @@ def _part(
         flops=flops,
         comm_bytes=comm_bytes,
         memory_ms=moved / gpu.bandwidth * 1e3,
-        compute_ms=flops / gpu.peak_flops(w.dtype) * 1e3,
+        compute_ms=flops / gpu.achieved_flops(w.dtype) * 1e3,
         comm_ms=comm_ms,
     )
 
 
 def _allreduce_ms(gpu: GPU, tp: int, nbytes: float) -> float:
-    """One ring all-reduce of `nbytes` per GPU across `tp` GPUs: 2(T-1)/T of it crosses each link."""
+    """One all-reduce of `nbytes` per GPU across `tp` GPUs: 2(T-1)/T of it leaves each GPU, over the bandwidth
+    it has to its T - 1 peers (a switch port's whole bandwidth; in a mesh, one link per peer)."""
     if tp == 1:
         return 0.0
-    return (ALLREDUCE_LATENCY_S + 2 * (tp - 1) / tp * nbytes / gpu.link_bandwidth) * 1e3
+    return (ALLREDUCE_LATENCY_S + 2 * (tp - 1) / tp * nbytes / gpu.peer_bandwidth(tp - 1)) * 1e3
 
 
 def _attended(w: Workload, window: int) -> float:
@@ -269,9 +303,15 @@ def _attended(w: Workload, window: int) -> float:
     return window * (window + 1) / 2 + (c - window) * window
 
 
-def _head_widths(shape: ModelShape) -> tuple[int, int]:
-    """Per-head widths of the query·key product and of the values."""
+def _head_widths(shape: ModelShape, phase: str) -> tuple[int, int]:
+    """Per-head widths of the query·key product and of the values. Latent attention in decode runs absorbed,
+    as vLLM and SGLang run it: the key projection is folded into the query and the value projection into the
+    output, so every head attends over the cached latent and rotary key (kv_lora_rank + rope wide) and reads
+    the latent as its values; the folded projections cost what the layer's parameters already count. Prefill
+    expands the latent into per-head keys and values (nope + rope, v_head_dim)."""
     if (m := shape.mla) is not None:
+        if phase == Phase.DECODE:
+            return m.kv_lora_rank + m.qk_rope_head_dim, m.kv_lora_rank
         return m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
     return shape.head_dim, shape.head_dim
 
@@ -285,7 +325,7 @@ def _layer(shape: ModelShape, layer: int, gpu: GPU, w: Workload) -> PartCost:
     kv = w.batch * w.context * shape.kv_bytes_per_token_per_layer_per_gpu(w.dtype, tp)
     if w.phase == Phase.DECODE and shape.sliding_window:
         kv = w.batch * min(w.context, shape.sliding_window) * shape.kv_bytes_per_token_per_layer_per_gpu(w.dtype, tp)
-    qk, v = _head_widths(shape)
+    qk, v = _head_widths(shape, w.phase)
     attention = 2 * w.batch * shape.heads * (qk + v) * _attended(w, shape.sliding_window)
     message = tokens * shape.hidden * ACTIVATION_BYTES
     return _part(
@@ -314,7 +354,9 @@ def _embed(shape: ModelShape, gpu: GPU, w: Workload) -> PartCost:
 def _head(shape: ModelShape, gpu: GPU, w: Workload) -> PartCost:
     """Final norm and LM head for one token per sequence; each GPU's slice of the vocabulary is gathered."""
     logits = w.batch * shape.vocab * LOGIT_BYTES
-    gather = ((ALLREDUCE_LATENCY_S + (w.tp - 1) / w.tp * logits / gpu.link_bandwidth) * 1e3) if w.tp > 1 else 0.0
+    gather = (
+        (ALLREDUCE_LATENCY_S + (w.tp - 1) / w.tp * logits / gpu.peer_bandwidth(w.tp - 1)) * 1e3 if w.tp > 1 else 0.0
+    )
     return _part(
         gpu,
         w,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import TYPE_CHECKING
 
@@ -61,29 +62,35 @@ def _add_gpu_arguments(p: argparse.ArgumentParser) -> None:
     add_workload_arguments(group, default_gpu_note="; sets --gpu-mem-gib too")
 
 
-def _gpu_mem_gib(args: argparse.Namespace) -> float:
-    """--gpu-mem-gib, else --gpu's memory (its datasheet GB, which HBM sizes in binary units), else 80."""
+def _gpu_mem_gib(args: argparse.Namespace) -> tuple[float, str]:
+    """--gpu-mem-gib, else the capacity the driver reports for --gpu (GiB, not the datasheet's GB), else 80; and
+    where it comes from."""
     from ppscope.balance.modelled.gpus import gpu_named
 
     if args.gpu_mem_gib is not None:
-        return float(args.gpu_mem_gib)
-    return gpu_named(args.gpu).memory_gb if args.gpu else 80.0
+        return float(args.gpu_mem_gib), "--gpu-mem-gib"
+    if not args.gpu:
+        return 80.0, "the default; give --gpu or --gpu-mem-gib"
+    gpu = gpu_named(args.gpu)
+    return gpu.memory_gib, f"{gpu.memory_gib_source}; the datasheet's {gpu.memory_gb:g} GB"
 
 
 def run(args: argparse.Namespace) -> int:
     from ppscope.balance.modelled.gpus import gpu_named
     from ppscope.balance.modelled.plan import Cluster, PlanConfig, plan, step_times
-    from ppscope.balance.modelled.shapes import ModelShape
+    from ppscope.balance.modelled.shapes import ModelShape, renamed_note
     from ppscope.balance.split import parse_split
 
     model = ModelShape.from_spec(args.model)
+    mem_gib, mem_source = _gpu_mem_gib(args)
     split = tuple(parse_split(args.split, model.layers, args.pp or None)) if args.split else ()
     cfg = PlanConfig(
         model=model,
         cluster=Cluster(
             gpus=args.gpus,
             gpus_per_node=args.gpus_per_node,
-            gpu_mem_gib=_gpu_mem_gib(args),
+            gpu_mem_gib=mem_gib,
+            gpu_mem_source=mem_source,
             gpu_memory_utilization=args.gpu_memory_utilization,
         ),
         dtype=args.dtype,
@@ -98,7 +105,12 @@ def run(args: argparse.Namespace) -> int:
         split=split,
     )
     capacity = plan(cfg)
-    steps = step_times(capacity, gpu_named(args.gpu), batch=args.batch, context=args.context) if args.gpu else None
+    if (note := renamed_note(args.model)) is not None:
+        capacity = dataclasses.replace(capacity, warnings=(note, *capacity.warnings))
+    steps = None
+    if args.gpu:
+        gpu = gpu_named(args.gpu).at_peak() if args.peak else gpu_named(args.gpu)
+        steps = step_times(capacity, gpu, batch=args.batch, context=args.context)
     if args.json:
         print(json.dumps(capacity.to_dict() | ({"step_times": steps.to_json()} if steps else {}), indent=2))
     else:

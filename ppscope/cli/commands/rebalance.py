@@ -167,6 +167,7 @@ def _request(args: argparse.Namespace) -> RebalanceRequest:
         speeds=args.speeds,
         objective=args.objective,
         model=ModelShape.from_spec(args.model) if args.model else None,
+        model_name=args.model or "",
         gpu_mem_gib=args.gpu_mem_gib,
         gpu_memory_utilization=args.gpu_memory_utilization,
         dtype=args.dtype,
@@ -176,6 +177,7 @@ def _request(args: argparse.Namespace) -> RebalanceRequest:
         gpu=args.gpu,
         batch=args.batch,
         context=args.context,
+        peak=args.peak,
     )
 
 
