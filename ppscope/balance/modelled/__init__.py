@@ -21,11 +21,14 @@ if TYPE_CHECKING:
     from ppscope.balance.modelled.roofline import ModelCosts as ModelCosts
     from ppscope.balance.modelled.roofline import Workload as Workload
     from ppscope.balance.modelled.roofline import model_costs as model_costs
+    from ppscope.balance.modelled.roofline import rate_lines as rate_lines
     from ppscope.balance.modelled.shapes import PRESETS as PRESETS
+    from ppscope.balance.modelled.shapes import RENAMED as RENAMED
     from ppscope.balance.modelled.shapes import ModelShape as ModelShape
     from ppscope.balance.modelled.shapes import RopeScaling as RopeScaling
     from ppscope.balance.modelled.shapes import canonical_dtype as canonical_dtype
     from ppscope.balance.modelled.shapes import dtype_bytes as dtype_bytes
+    from ppscope.balance.modelled.shapes import renamed_note as renamed_note
     from ppscope.balance.modelled.tracefit import Calibration as Calibration
     from ppscope.balance.modelled.tracefit import calibrate as calibrate
 
@@ -40,6 +43,7 @@ _WHERE = {
     "ModelShape": "shapes",
     "PRESETS": "shapes",
     "PlanConfig": "plan",
+    "RENAMED": "shapes",
     "RopeScaling": "shapes",
     "StagePlan": "plan",
     "StepTimes": "plan",
@@ -49,6 +53,8 @@ _WHERE = {
     "dtype_bytes": "shapes",
     "gpu_named": "gpus",
     "model_costs": "roofline",
+    "rate_lines": "roofline",
+    "renamed_note": "shapes",
     "stage_memory_model": "plan",
     "step_times": "plan",
 }
