@@ -30,8 +30,8 @@ def register(sub: Subcommands) -> None:
     p.add_argument(
         "--model",
         required=True,
-        help="a preset (llama3-8b/70b/405b, qwen2.5-7b/32b/72b, qwen3-8b/32b, "
-        "mixtral-8x22b, deepseek-v3, tiny) or a config.json",
+        help="a preset (llama3-8b/70b, llama3.1-405b, qwen2.5-7b/32b/72b, qwen3-8b/32b, "
+        "mixtral-8x7b/8x22b, deepseek-v3, tiny) or a config.json",
     )
     p.add_argument("--gpus", type=int, required=True, help="GPUs available in all")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
