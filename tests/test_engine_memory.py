@@ -45,7 +45,7 @@ def test_run_that_does_not_fit_is_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(InvalidConfigError) as err:
         check_memory(prep, [0, 1], 2, 100 << 20, "this host", processes=True)
     text = str(err.value)
-    assert "tiny in float32 needs about" in text and "this host has 0.1 GB free" in text and "\n" not in text
+    assert "tiny in float32 needs about" in text and "this host has 0.1 GiB free" in text and "\n" not in text
     assert "ppscope plan --model tiny" in text
     synthetic = prepare(EngineConfig(pipeline=PipelineConfig(stages=2), model=ModelConfig(name="synthetic")), 2)
     check_memory(synthetic, [0, 1], 2, 1, "GPU 0", processes=False)  # sleeps: nothing to hold

@@ -209,7 +209,7 @@ def test_memory_refusal_names_what_sizes_the_cache() -> None:
     many = prepare(
         EngineConfig(pipeline=PipelineConfig(stages=64), model=ModelConfig(**{**SYNTHETIC, "layers": 64})), 64
     )
-    with pytest.raises(InvalidConfigError, match=r"64 synthetic ranks need about 26.8 GB .* use fewer --stages"):
+    with pytest.raises(InvalidConfigError, match=r"64 synthetic ranks need about 25.0 GiB .* use fewer --stages"):
         check_memory(many, list(range(64)), 64, 8 << 30, "this host", processes=True)
 
 

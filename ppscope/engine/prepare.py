@@ -38,6 +38,7 @@ __all__ = [
     "torch_dtype",
 ]
 
+_GIB = 1 << 30
 PROCESS_BYTES = 400 << 20
 """What a rank's process takes besides its model: the interpreter, torch and the recorder (a synthetic rank
 starts at about 215 MB resident, the soak benchmark measures), with room to spare."""
@@ -285,17 +286,17 @@ def check_memory(
     who = f"{len(ranks)} ranks" if len(ranks) > 1 else f"rank {ranks[0]}"
     if m.synthetic:  # its layers allocate nothing: only the processes count
         raise InvalidConfigError(
-            f"{len(ranks)} synthetic ranks need about {need / 1e9:.1f} GB ({PROCESS_BYTES >> 20} MB per process) "
-            f"and {where} has {available / 1e9:.1f} GB free: use fewer --stages"
+            f"{len(ranks)} synthetic ranks need about {need / _GIB:.1f} GiB ({PROCESS_BYTES >> 20} MiB per process) "
+            f"and {where} has {available / _GIB:.1f} GiB free: use fewer --stages"
         )
     if schedule == Schedule.SERVE:
         seqs = f"{prep.cache_slots} sequences = --max-inflight x --max-batch"
     else:  # every request of the batch keeps its cache until the batch is done
         seqs = f"{prep.cache_slots} sequences = every request of a {schedule} batch"
     raise InvalidConfigError(
-        f"{prep.shape.name} in {m.dtype} needs about {need / 1e9:.1f} GB for {who} ({weights / 1e9:.1f} GB of "
-        f"weights, {kv / 1e9:.1f} GB of KV cache for {seqs}, {prep.max_len} positions each) and {where} has "
-        f"{available / 1e9:.1f} GB free: use a smaller --dtype, fewer sequences or positions, more --stages on "
+        f"{prep.shape.name} in {m.dtype} needs about {need / _GIB:.1f} GiB for {who} ({weights / _GIB:.1f} GiB of "
+        f"weights, {kv / _GIB:.1f} GiB of KV cache for {seqs}, {prep.max_len} positions each) and {where} has "
+        f"{available / _GIB:.1f} GiB free: use a smaller --dtype, fewer sequences or positions, more --stages on "
         f"more devices, or size it without running it: ppscope plan --model "
         f"{m.name if m.name in PRESETS else 'DIR/config.json'}"
     )

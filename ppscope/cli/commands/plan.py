@@ -165,7 +165,7 @@ def _print(capacity: CapacityPlan, steps: StepTimes | None) -> None:
     total = sum(weights) * layout.tp
     print(
         f"weights per GPU, layers + extra: {', '.join(_gib(w) for w in weights)} GiB "
-        f"(the pipeline's {layout.tp * layout.pp} GPU(s) hold {_gib(total)} GiB = {total / 1e9:.1f} GB)"
+        f"(the pipeline's {layout.tp * layout.pp} GPU(s) hold {_gib(total)} GiB)"
     )
     print(
         f"first stage extra (embedding): {_gib(stages[0].extra_bytes)} GiB; "
