@@ -69,6 +69,17 @@ def test_launcher_refuses_before_creating_the_run(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+def test_run_by_the_old_preset_name_says_it_was_renamed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ppscope.cli.main import main
+
+    if host_available_bytes() is None:
+        pytest.skip("no /proc/meminfo here")
+    assert main(["run", "--model", "llama3-405b", "--stages", "2", "--out", str(tmp_path / "run")]) != 0
+    err = capsys.readouterr().err
+    assert "note: llama3-405b is the old name of the preset llama3.1-405b" in err
+    assert "llama3.1-405b in float32 needs about" in err  # refused by memory, as the new name would be
+
+
 def test_millions_of_generated_requests_are_refused_before_any_is_made(tmp_path: Path) -> None:
     from ppscope.engine.launch import run
 

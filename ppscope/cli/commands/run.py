@@ -74,6 +74,10 @@ def _run(args: argparse.Namespace) -> int:
     from ppscope.cli.engine_options import engine_config
 
     cfg = engine_config(args)
+    from ppscope.balance.modelled.shapes import renamed_note
+
+    if (note := renamed_note(str(getattr(args, "model", "") or ""))) is not None:
+        print(f"ppscope run: note: {note.text}", file=sys.stderr)  # the engine builds the renamed preset
     start = time.perf_counter()
     with _live_metrics(args, cfg) as cfg:
         run_dir = run(cfg)
