@@ -50,12 +50,9 @@ class Achieved:
                 raise InvalidConfigError(f"an achieved share must be in (0, 1], got {name}={getattr(self, name)}")
 
 
-PEAK = Achieved(
-    memory_source="datasheet peak (--peak)",
-    compute_source="datasheet peak (--peak)",
-    link_source="datasheet peak (--peak)",
-)
-"""Every part at the datasheet's peak: what `--peak` asks for."""
+_AT_PEAK = "datasheet peak, as asked (--peak, or a calibration on a trace, whose scale replaces the shares)"
+PEAK = Achieved(memory_source=_AT_PEAK, compute_source=_AT_PEAK, link_source=_AT_PEAK)
+"""Every part at the datasheet's peak: what `--peak` asks for, and what a calibration on a trace scales."""
 
 
 @dataclass(frozen=True, kw_only=True)
