@@ -135,3 +135,72 @@ def test_deepspeed_last_stage_blocked_in_receives_waits(capsys: pytest.CaptureFi
     last = next(s for s in res["stages"] if s["stage"] == 1)["causes"]
     assert last["upstream"] >= (recvs["end_ns"] - recvs["start_ns"]).sum() * 0.9
     assert last["upstream"] > last["host"]
+
+
+def _gpu_rank(rank: int, events: list[tuple[str, str, float, float, int]]) -> dict[str, Any]:
+    """A GPU rank's file from (category, name, ts, dur, correlation) rows: an operator with a correlation
+    launches the kernel of that correlation one µs after it starts; a `flow` row starts an autograd flow."""
+    out: list[dict[str, Any]] = []
+    for cat, name, ts, dur, corr in events:
+        row = {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": 7, "ts": ts, "dur": dur, "args": {}}
+        if cat == "flow":
+            out.append({"ph": "s", "cat": "fwdbwd", "name": "fwdbwd", "id": corr, "pid": 7, "tid": 7, "ts": ts})
+        elif cat == "kernel":
+            out.append(row | {"pid": 0, "tid": 7, "args": {"correlation": corr, "stream": 7}})
+        else:
+            out.append(row)
+            if corr:
+                out.append(
+                    row
+                    | {
+                        "cat": "cuda_runtime",
+                        "name": "cudaLaunchKernel",
+                        "ts": ts + 1,
+                        "dur": 1,
+                        "args": {"correlation": corr},
+                    }
+                )
+    return {
+        "schemaVersion": 1,
+        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2},
+        "baseTimeNanoseconds": 1_790_000_000_000_000_000,
+        "traceEvents": out,
+    }
+
+
+def test_nccl_kernels_of_a_receive_are_waits_without_action_ranges(tmp_path: Path) -> None:
+    """A GPU 1F1B without action ranges: the NCCL kernel a `c10d::recv_` launched is the next action's
+    wait for its input (`recv_wait` with the peer), not a transfer (`nccl`, cause comm)."""
+    stage0 = [
+        ("cpu_op", "aten::linear", 0, 30, 1),
+        ("flow", "", 10, 0, 1),
+        ("kernel", "gemm", 10, 30, 1),
+        ("cpu_op", "c10d::send", 40, 5, 2),
+        ("kernel", "ncclDevKernel_SendRecv", 45, 15, 2),
+        ("cpu_op", "c10d::recv_", 50, 5, 3),
+        ("kernel", "ncclDevKernel_SendRecv", 60, 140, 3),
+        ("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 210, 30, 4),
+        ("kernel", "gemm_bwd", 211, 40, 4),
+    ]
+    stage1 = [
+        ("cpu_op", "c10d::recv_", 0, 5, 1),
+        ("kernel", "ncclDevKernel_SendRecv", 5, 75, 1),
+        ("cpu_op", "aten::linear", 90, 30, 2),
+        ("flow", "", 95, 0, 2),
+        ("kernel", "gemm", 100, 30, 2),
+        ("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 130, 30, 3),
+        ("kernel", "gemm_bwd", 140, 30, 3),
+        ("cpu_op", "c10d::send", 170, 5, 4),
+        ("kernel", "ncclDevKernel_SendRecv", 175, 15, 4),
+    ]
+    folder = tmp_path / "gpu"
+    folder.mkdir()
+    for rank, rows in enumerate((stage0, stage1)):
+        (folder / f"rank-{rank}.json").write_text(json.dumps(_gpu_rank(rank, rows)))
+    spans = open_trace(folder).spans
+    waits = spans[spans["kind"] == "recv_wait"].sort_values("rank")
+    assert list(zip(waits["rank"], waits["peer"], waits["phase"], waits["mb"], strict=True)) == [
+        (0, 1, "B", 0),
+        (1, 0, "F", 0),
+    ]
+    assert list(waits["end_ns"] - waits["start_ns"]) == [140_000, 75_000]

@@ -48,6 +48,7 @@ __all__ = ["PipelineRank", "PipelineRead", "cpu_compute", "read_pipeline"]
 
 _LABELS = ["stage", "mb", "step", "chunk", "phase", "peer"]
 _RECEIVES = ("c10d::recv_", "c10d::recv_any_source_", "gloo:recv", "nccl:recv")
+_WAITING = (ActionType.FORWARD, ActionType.FULL_BACKWARD, ActionType.BACKWARD_INPUT)
 _SEND_RANGES = ("gloo:send", "nccl:send")
 
 
@@ -282,7 +283,8 @@ def _rank_spans(
     parts = [base, ranges]
     assumed = False
     if f.gpu:
-        parts = [_label_gpu(base, frame, remote), ranges]
+        posts = main_ops[main_ops["name"].isin(_RECEIVES)]
+        parts = [_inferred_gpu_waits(_label_gpu(base, frame, remote), frame, posts, remote), ranges]
     else:
         cpu = cpu_compute(ops, acts.main_tid)
         parts.append(_labelled(cpu, frame, first))
@@ -351,6 +353,33 @@ def _label_gpu(base: pd.DataFrame, acts: pd.DataFrame, remote: Links) -> pd.Data
     wait = idx[posted[peers >= 0]]
     out.iloc[wait, out.columns.get_loc("kind")] = str(SpanKind.RECV_WAIT)
     out.iloc[wait, out.columns.get_loc("peer")] = peers[peers >= 0]
+    return out
+
+
+def _inferred_gpu_waits(spans: pd.DataFrame, acts: pd.DataFrame, posts: pd.DataFrame, remote: Links) -> pd.DataFrame:
+    """Inferred actions post no RECV action: a communication kernel launched by a receive operator
+    (`c10d::recv_`, between actions) is the wait of the next compute action that takes its input from another
+    rank (`recv_wait`, with that action's labels and its peer)."""
+    if posts.empty or acts.empty or acts["ranged"].any():
+        return spans
+    nccl = np.flatnonzero(spans["kind"].to_numpy(object) == str(SpanKind.NCCL))
+    launch = spans["launch_ns"].to_numpy(np.int64)[nccl] if "launch_ns" in spans else np.zeros(0, np.int64)
+    inside = label_ops(pd.DataFrame({"start_ns": launch}), posts.reset_index(drop=True)) >= 0
+    waiting = acts[acts["type"].isin(_WAITING)].sort_values("start_ns")
+    starts = waiting["start_ns"].to_numpy(np.int64)
+    out = spans.copy()
+    for i, t in zip(nccl[inside], launch[inside], strict=True):
+        k = int(np.searchsorted(starts, t, side="left"))
+        if k >= len(waiting):
+            continue
+        a = waiting.iloc[k]
+        peer = remote.get((int(a["stage"]), ActionType(a["type"]).direction))
+        if peer is None:
+            continue
+        for c, v in (("kind", str(SpanKind.RECV_WAIT)), ("peer", peer), ("phase", a["type"])):
+            out.iloc[i, out.columns.get_loc(c)] = v
+        for c in ("stage", "mb", "step", "chunk"):
+            out.iloc[i, out.columns.get_loc(c)] = int(a[c])
     return out
 
 
