@@ -5,7 +5,8 @@ Run it under torchrun, one process per pipeline rank (gloo on CPUs, NCCL with on
     python -m torch.distributed.run --standalone --nproc-per-node 2 examples/pipelining_train.py \\
         --schedule interleaved-1f1b --microbatches 8 --profile traces/il --ppscope runs/il
 
-`--profile DIR` writes one PyTorch-profiler (Kineto) trace per rank, `DIR/rank-N.json.gz`;
+`--profile DIR` writes one PyTorch-profiler (Kineto) trace per rank, `DIR/rank-N.json.gz`, each step a
+`ProfilerStep#N` range (`--no-step-marks`: a plain `profile()` round the loop, never stepped, so none);
 `--ppscope DIR` records every action of the schedule with ppscope's recorder instead (a run directory,
 `ppscope.integrations.pipelining`). Both can be given at once; then the run directory also holds the
 profiler's cost. `ppscope analyze DIR` reads either, and `ppscope dashboard DIR` shows it.
@@ -103,6 +104,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (1)")
     p.add_argument("--profile", metavar="DIR", help="write a Kineto trace per rank, DIR/rank-N.json.gz")
+    p.add_argument(
+        "--no-step-marks",
+        action="store_true",
+        help="profile with a plain profile() round the loop and no prof.step(): no ProfilerStep#N ranges",
+    )
     p.add_argument("--ppscope", metavar="DIR", help="record the schedule's actions into a ppscope run directory")
     return p.parse_args(argv)
 
@@ -153,9 +159,10 @@ def build(
 
 
 @contextlib.contextmanager
-def profiled(out: str | None, rank: int, steps: int) -> Iterator[object]:
+def profiled(out: str | None, rank: int, steps: int, marks: bool = True) -> Iterator[object]:
     """The PyTorch profiler around the training loop (every step, each a `ProfilerStep#N` range), its trace
-    written to OUT/rank-N.json.gz."""
+    written to OUT/rank-N.json.gz. Without `marks`, a plain `profile()` round the loop that is never
+    stepped, as a user wraps a few steps: the trace has no `ProfilerStep#N` range (yields None)."""
     if not out:
         yield None
         return
@@ -164,6 +171,11 @@ def profiled(out: str | None, rank: int, steps: int) -> Iterator[object]:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     Path(out).mkdir(parents=True, exist_ok=True)
     path = str(Path(out) / f"rank-{rank}.json.gz")
+    if not marks:
+        with torch.profiler.profile(activities=activities) as plain:
+            yield None
+        plain.export_chrome_trace(path)
+        return
     with torch.profiler.profile(
         activities=activities,
         schedule=torch.profiler.schedule(wait=0, warmup=0, active=steps, repeat=1),
@@ -206,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     x, y = tokens[:, :-1], tokens[:, 1:]
     t0 = time.perf_counter()
     try:
-        with profiled(args.profile, rank, args.steps) as prof:
+        with profiled(args.profile, rank, args.steps, not args.no_step_marks) as prof:
             for step in range(args.steps):
                 optim.zero_grad()
                 holds_first = any(p.embed is not None for p in parts)

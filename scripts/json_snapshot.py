@@ -5,7 +5,8 @@ and compare two snapshots: a refactor shows, with it, that no figure moved.
     python scripts/json_snapshot.py compare OLD NEW  # exit 0 when every case gives the same JSON
 
 The cases: the real third-party traces in `../shared/data/` (skipped where that folder is absent), the real
-torch.distributed.pipelining captures in `tests/data/pipelining/`, and runs the simulator writes (deterministic,
+torch.distributed.pipelining captures in `tests/data/pipelining/` and `tests/data/pipelining-nosteps/`, the
+DeepSpeed pipeline capture in `tests/data/deepspeed-pipeline/`, and runs the simulator writes (deterministic,
 so the same on every machine). Paths are compared from the checkout's `tests/data` or `shared/data` on, so
 two checkouts compare. A warning is compared by its text alone: a warning that gained a code, or
 moved from a plain string to `{"code", "text"}`, compares equal; a reworded one does not.
@@ -26,6 +27,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 CAPTURES = ROOT / "tests" / "data" / "pipelining"
+NOSTEPS = ROOT / "tests" / "data" / "pipelining-nosteps"
+DEEPSPEED = ROOT / "tests" / "data" / "deepspeed-pipeline"
 
 SIMULATED = {
     "sim_gpipe": [
@@ -109,11 +112,18 @@ def _traces() -> dict[str, Path]:
         found["kineto_trace_filter"] = SHARED / "kineto" / "trace_filter"
     for job in sorted(p for p in CAPTURES.glob("*") if p.is_dir()):
         found["pipelining_" + job.name] = job
+    for job in sorted(p for p in NOSTEPS.glob("*") if p.is_dir()):
+        found["pipelining_nosteps_" + job.name] = job
+    if DEEPSPEED.is_dir():
+        found["deepspeed_pipeline"] = DEEPSPEED
     return found
 
 
 def _split_of(name: str) -> list[str]:
-    """The captures' split, which a Kineto trace does not record: 4 layers on 2 ranks, one or two stages each."""
+    """The captures' split, which a Kineto trace does not record: 4 layers on 2 ranks, one or two stages each;
+    DeepSpeed's capture: 3 blocks (and the embedding) on stage 0, 1 (and the head) on stage 1."""
+    if name == "deepspeed_pipeline":
+        return ["--current-split", "3,1"]
     if not name.startswith("pipelining_"):
         return []
     return ["--current-split", "2,2" if name.endswith(("gpipe", "1f1b")) and "interleaved" not in name else "1,1,1,1"]

@@ -205,6 +205,7 @@ def assemble(
     return AnalysisResult(
         source=meta.source,
         schedule=meta.schedule,
+        engine=_engine(meta),
         window=window,
         stages=results,
         bubble_ratio=sum(s.bubble_ns for s in results) / (p * window.length_ns),
@@ -344,6 +345,7 @@ def empty_result(
     return AnalysisResult(
         source=meta.source,
         schedule=meta.schedule,
+        engine=_engine(meta),
         window=window,
         stages=[],
         bubble_ratio=None,
@@ -359,3 +361,12 @@ def empty_result(
         inflight=None,
         warnings=warnings,
     )
+
+
+def _engine(meta: RunMeta) -> str | None:
+    """The pipeline engine the trace shows: what the Kineto reader recognised (`config.pipelining.engine`),
+    torch.distributed.pipelining for the recording hook's runs, else None."""
+    found = meta.config.get("pipelining")
+    if isinstance(found, dict) and found.get("engine"):
+        return str(found["engine"])
+    return "torch.pipelining" if meta.source == "pipelining" else None

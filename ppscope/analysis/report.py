@@ -93,7 +93,8 @@ def summary_lines(res: AnalysisResult) -> list[str]:
     """The headline facts, one per line (shared by the text and HTML reports)."""
     w = res.window
     lines = [f"incomplete: {res.missing}"] if res.missing else []
-    lines.append(f"source: {res.source}   schedule: {res.schedule or 'unknown'}   stages (P): {res.pp_size}")
+    engine = f"   engine: {res.engine}" if res.engine else ""
+    lines.append(f"source: {res.source}{engine}   schedule: {res.schedule or 'unknown'}   stages (P): {res.pp_size}")
     if w is not None:
         lines.append(f"window: {_ms(w.length_ns)} ms — {w.how}")
     lines.append(f"bubble ratio: {_pct(res.bubble_ratio)}   ({DENOMINATOR})")

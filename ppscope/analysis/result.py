@@ -309,6 +309,10 @@ class AnalysisResult:
     warnings: list[Notice] = field(default_factory=list)
     gaps: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
     """Idle intervals: stage, start_ns, end_ns, cause (adjacent same-cause pieces merged)."""
+    engine: str | None = None
+    """The pipeline engine recognised in the trace (`torch.pipelining`, `DeepSpeed`, `unknown` for a pipeline
+    whose engine could not be told); None where the source says none (ppscope's runs, imports without
+    pipelining actions)."""
     missing: Notice | None = None
     """What the trace lacks to describe the whole pipeline (`missing_ranks`: ranks without spans, or
     `missing_stages`: stages without spans), and so why imbalance, bottleneck and balance gain are not given;
@@ -336,6 +340,7 @@ class AnalysisResult:
         return {
             "source": self.source,
             "schedule": self.schedule,
+            "engine": self.engine,
             "pp_size": self.pp_size,
             "window_ns": w.length_ns if w else 0,
             "window": {"start_ns": w.start_ns, "end_ns": w.end_ns, "mode": w.mode, "how": w.how} if w else None,

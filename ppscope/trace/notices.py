@@ -82,6 +82,9 @@ class NoticeCode(StrEnum):
     """The pipelining schedule, placement, P, V and M read from the actions."""
     INFERRED_ACTIONS = "inferred_actions"
     """A rank has no action ranges: its actions were inferred from its operators."""
+    UNMARKED_STEPS = "unmarked_steps"
+    """Actions inferred from operators with no `ProfilerStep#N` ranges: their steps were told apart by the
+    optimizer's step, a collective after each step's last backward, or the first stage's pauses."""
     ASSUMED_WAITS = "assumed_waits"
     """Input waits without a matching `gloo:recv` range: the time before the action's first operator was
     taken as the wait."""

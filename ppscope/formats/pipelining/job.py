@@ -32,11 +32,13 @@ from ppscope.formats.pipelining.rank import (
     label_ops,
     may_hold_actions,
     order_of_step,
+    restep,
     send_rows,
     stages_in,
     top_level,
     waits,
 )
+from ppscope.formats.pipelining.steps import Engine, StepsFrom, engine_of, pause_boundaries
 from ppscope.formats.spancolumns import spans_frame_of
 from ppscope.trace.actions import PASSES, ActionType
 from ppscope.trace.model import SpanKind
@@ -45,6 +47,9 @@ from ppscope.trace.notices import Notice, NoticeCode
 __all__ = ["PipelineRank", "PipelineRead", "cpu_compute", "read_pipeline"]
 
 _LABELS = ["stage", "mb", "step", "chunk", "phase", "peer"]
+_RECEIVES = ("c10d::recv_", "c10d::recv_any_source_", "gloo:recv", "nccl:recv")
+_WAITING = (ActionType.FORWARD, ActionType.FULL_BACKWARD, ActionType.BACKWARD_INPUT)
+_SEND_RANGES = ("gloo:send", "nccl:send")
 
 
 @dataclass
@@ -73,6 +78,8 @@ class PipelineRead:
     chunks: int
     config: dict[str, Any] = field(default_factory=dict)
     warnings: list[Notice] = field(default_factory=list)
+    engine: Engine = Engine.TORCH
+    """The engine whose actions the files show."""
 
 
 def cpu_compute(ops: pd.DataFrame, main: object) -> pd.DataFrame:
@@ -107,13 +114,14 @@ def read_pipeline(
     acts = {r: find_actions(f.events, tops[r]) for r, f in files.items()}
     if all(a is None for a in acts.values()):
         return None
-    warnings: list[Notice] = []
     found = {r: a for r, a in acts.items() if a is not None}
-    for r, a in found.items():
-        if a.unknown:
-            shown = ", ".join(a.unknown[:3]) + (f" and {len(a.unknown) - 3} more" if len(a.unknown) > 3 else "")
-            text = f"{files[r].events.name}: unknown pipelining action(s) {shown}, read as plain ranges"
-            warnings.append(Notice(NoticeCode.UNKNOWN_ACTIONS, text))
+    warnings = _unknown(files, found)
+    steps_from = _unmarked_steps(found)
+    engine = engine_of(
+        any(not a.inferred for a in found.values()),
+        {r: files[r].events.annotations for r in found},
+        {r: tops[r][tops[r]["tid"] == a.main_tid] for r, a in found.items()},
+    )
     grouped = {r: placed[r][0] for r in files} if placed and all(r in placed for r in files) else None
     physical, held, how = _stages(files, found, p2p, grouped)
     warnings += how
@@ -140,25 +148,66 @@ def read_pipeline(
         spans[r], assumed = _rank_spans(f, tops[r], mine, held.get(r, [physical[r]]), peers)
         assumed_any |= assumed
         inferred_any |= mine is not None and mine.inferred
-    warnings += _guessed(inferred_any, assumed_any)
+    warnings += _guessed(inferred_any, assumed_any, engine, steps_from)
     config = {
+        "engine": str(engine),
         "placement": placement,
         "stages_of_rank": {str(r): list(h) for r, h in held.items()},
         "schedule_from": why,
+        **({"steps_from": str(steps_from)} if steps_from is not None else {}),
     }
-    return PipelineRead(spans, physical, schedule.value if schedule else "", m, v, config, warnings)
+    return PipelineRead(spans, physical, schedule.value if schedule else "", m, v, config, warnings, engine)
 
 
-def _guessed(inferred: bool, assumed: bool) -> list[Notice]:
-    """What reading the actions had to guess: actions inferred from operators, waits assumed."""
+def _unknown(files: Mapping[int, PipelineRank], found: Mapping[int, RankActions]) -> list[Notice]:
+    """A warning per file with `PP:` ranges this ppscope cannot read."""
+    said = []
+    for r, a in found.items():
+        if a.unknown:
+            shown = ", ".join(a.unknown[:3]) + (f" and {len(a.unknown) - 3} more" if len(a.unknown) > 3 else "")
+            text = f"{files[r].events.name}: unknown pipelining action(s) {shown}, read as plain ranges"
+            said.append(Notice(NoticeCode.UNKNOWN_ACTIONS, text))
+    return said
+
+
+def _unmarked_steps(found: Mapping[int, RankActions]) -> StepsFrom | None:
+    """What told the inferred actions' steps apart (None: no rank's actions were inferred). Where no rank
+    has a step mark, the steps are cut at the first stage's pauses (`pause_boundaries`), on every rank."""
+    inferred = {r: a for r, a in found.items() if a.inferred}
+    if not inferred:
+        return None
+    told = [a.steps_from for a in inferred.values() if a.steps_from not in (None, StepsFrom.NONE)]
+    if told:  # the first in the order they are tried, where ranks differ
+        return min((t for t in told if t is not None), key=list(StepsFrom).index)
+    bounds = pause_boundaries({r: a.frame for r, a in inferred.items()})
+    if not len(bounds):
+        return StepsFrom.NONE
+    for a in inferred.values():
+        a.frame, a.steps_from = restep(a.frame, bounds), StepsFrom.PAUSE
+    return StepsFrom.PAUSE
+
+
+_WRITES_NONE = {
+    Engine.TORCH: "no action ranges on some rank (Schedule1F1B writes none)",
+    Engine.DEEPSPEED: "no action ranges (DeepSpeed's pipeline engine writes none)",
+    Engine.UNKNOWN: "no action ranges on some rank, and no engine recognised",
+}
+
+
+def _guessed(inferred: bool, assumed: bool, engine: Engine, steps_from: StepsFrom | None) -> list[Notice]:
+    """What reading the actions had to guess: actions inferred from operators, their steps, waits assumed."""
     said = []
     if inferred:
+        within = "within each ProfilerStep" if steps_from is StepsFrom.PROFILER_STEP else "within each step"
         text = (
-            "no action ranges on some rank (Schedule1F1B writes none): its actions were inferred from the "
-            "operators, backward = the autograd engine's, forward = the other operators that record autograd "
-            "history; micro-batches numbered in order within each ProfilerStep"
+            f"{_WRITES_NONE[engine]}: its actions were inferred from the operators, backward = the autograd "
+            "engine's, forward = the other operators that record autograd history; micro-batches numbered in "
+            f"order {within}"
         )
         said.append(Notice(NoticeCode.INFERRED_ACTIONS, text))
+    if inferred and steps_from is not StepsFrom.PROFILER_STEP:
+        text = f"no ProfilerStep#N ranges: the steps were told apart by {steps_from}"
+        said.append(Notice(NoticeCode.UNMARKED_STEPS, text))
     if assumed:
         text = (
             "some input waits had no matching gloo:recv range: the time before the action's first operator "
@@ -234,14 +283,23 @@ def _rank_spans(
     parts = [base, ranges]
     assumed = False
     if f.gpu:
-        parts = [_label_gpu(base, frame, remote), ranges]
+        posts = main_ops[main_ops["name"].isin(_RECEIVES)]
+        parts = [_inferred_gpu_waits(_label_gpu(base, frame, remote), frame, posts, remote), ranges]
     else:
         cpu = cpu_compute(ops, acts.main_tid)
         parts.append(_labelled(cpu, frame, first))
-        recvs = f.events.annotations[f.events.annotations["name"] == "gloo:recv"]
-        rows, assumed = waits(frame, main_ops[~is_comm(main_ops["name"])], recvs, remote)
+        ann = f.events.annotations
+        recvs = ann[ann["name"] == "gloo:recv"]
+        held = pd.concat(
+            [
+                main_ops.loc[main_ops["name"].isin(_RECEIVES), ["start_ns", "end_ns"]],
+                ann.loc[(ann["name"].isin(_RECEIVES) & (ann["tid"] == acts.main_tid)), ["start_ns", "end_ns"]],
+            ]
+        )
+        rows, assumed = waits(frame, main_ops[~is_comm(main_ops["name"])], recvs, remote, held)
         parts.append(_rows(rows, SpanKind.RECV_WAIT, chunk_of))
-        parts.append(_rows(send_rows(frame, main_ops, remote_to), SpanKind.SEND, chunk_of))
+        backend = ann[ann["name"].isin(_SEND_RANGES) & (ann["tid"] == acts.main_tid)]
+        parts.append(_rows(send_rows(frame, main_ops, remote_to, backend), SpanKind.SEND, chunk_of))
     return pd.concat([p for p in parts if len(p)], ignore_index=True), assumed
 
 
@@ -295,6 +353,33 @@ def _label_gpu(base: pd.DataFrame, acts: pd.DataFrame, remote: Links) -> pd.Data
     wait = idx[posted[peers >= 0]]
     out.iloc[wait, out.columns.get_loc("kind")] = str(SpanKind.RECV_WAIT)
     out.iloc[wait, out.columns.get_loc("peer")] = peers[peers >= 0]
+    return out
+
+
+def _inferred_gpu_waits(spans: pd.DataFrame, acts: pd.DataFrame, posts: pd.DataFrame, remote: Links) -> pd.DataFrame:
+    """Inferred actions post no RECV action: a communication kernel launched by a receive operator
+    (`c10d::recv_`, between actions) is the wait of the next compute action that takes its input from another
+    rank (`recv_wait`, with that action's labels and its peer)."""
+    if posts.empty or acts.empty or acts["ranged"].any():
+        return spans
+    nccl = np.flatnonzero(spans["kind"].to_numpy(object) == str(SpanKind.NCCL))
+    launch = spans["launch_ns"].to_numpy(np.int64)[nccl] if "launch_ns" in spans else np.zeros(0, np.int64)
+    inside = label_ops(pd.DataFrame({"start_ns": launch}), posts.reset_index(drop=True)) >= 0
+    waiting = acts[acts["type"].isin(_WAITING)].sort_values("start_ns")
+    starts = waiting["start_ns"].to_numpy(np.int64)
+    out = spans.copy()
+    for i, t in zip(nccl[inside], launch[inside], strict=True):
+        k = int(np.searchsorted(starts, t, side="left"))
+        if k >= len(waiting):
+            continue
+        a = waiting.iloc[k]
+        peer = remote.get((int(a["stage"]), ActionType(a["type"]).direction))
+        if peer is None:
+            continue
+        for c, v in (("kind", str(SpanKind.RECV_WAIT)), ("peer", peer), ("phase", a["type"])):
+            out.iloc[i, out.columns.get_loc(c)] = v
+        for c in ("stage", "mb", "step", "chunk"):
+            out.iloc[i, out.columns.get_loc(c)] = int(a[c])
     return out
 
 

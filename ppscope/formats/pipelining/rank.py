@@ -5,7 +5,8 @@ Actions come from the schedule's own profiler ranges (`PP:2F0`, `Forward 3`, see
 writes none (Schedule1F1B) has them inferred from the operators: a run of top-level CPU operators between two
 communication operators is a backward when it is the autograd engine's (`autograd::engine::...`), a forward
 when it records autograd history (a `fwdbwd` flow starts in it), and other work otherwise (the optimizer,
-gradient scaling); micro-batches are numbered in order within each `ProfilerStep#N`.
+gradient scaling); micro-batches are numbered in order within each step, the steps told apart by
+`ProfilerStep#N`, else by the optimizer's step or a collective after each step's last backward (`steps`).
 
 Inference needs point-to-point traffic on the rank (a training trace without any is no pipeline).
 An F, B or I action whose input comes from another rank starts by waiting for it: from the action's start
@@ -29,15 +30,24 @@ import pandas as pd
 
 from ppscope.analysis.intervals import running_max
 from ppscope.formats.pipelining.actions import is_action_range, parse_action
+from ppscope.formats.pipelining.steps import StepsFrom, mark_boundaries, step_marks
 from ppscope.trace.actions import PASSES, Action, ActionType
 
-__all__ = ["Links", "RankActions", "RankEvents", "find_actions", "is_comm", "may_hold_actions", "top_level"]
+__all__ = [
+    "Links",
+    "RankActions",
+    "RankEvents",
+    "find_actions",
+    "is_comm",
+    "may_hold_actions",
+    "restep",
+    "top_level",
+]
 
 _COMM_PREFIXES = ("c10d::", "c10d_functional::", "_c10d_functional::", "gloo:", "nccl:", "record_param_comms")
 _AUTOGRAD = "autograd::engine::"
 _P2P_OPS = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
 _P2P_RANGES = ("gloo:send", "gloo:recv", "nccl:send", "nccl:recv")
-_STEP = "ProfilerStep#"
 _WAITING = (ActionType.FORWARD, ActionType.FULL_BACKWARD, ActionType.BACKWARD_INPUT)
 """The passes that take their input from another stage: activations (F) or gradients (B, I)."""
 Links = Mapping[tuple[int, ActionType | None], int]
@@ -99,6 +109,8 @@ class RankActions:
     """True when the actions were inferred from operators (no ranges in the trace)."""
     unknown: list[str] = field(default_factory=list)
     """`PP:` ranges this ppscope cannot read."""
+    steps_from: StepsFrom | None = None
+    """What told the inferred actions' steps apart; None for actions from ranges (counted per action)."""
 
 
 def is_comm(names: pd.Series) -> npt.NDArray[np.bool_]:
@@ -159,7 +171,8 @@ def find_actions(ev: RankEvents, ops: pd.DataFrame) -> RankActions | None:
     if ops.empty or not p2p or not ops["name"].str.startswith(_AUTOGRAD).any():  # no pipeline: no P2P, or no training
         return RankActions(_empty(), None, False, unknown) if unknown else None
     main = ops["tid"].mode().iloc[0]
-    return RankActions(_inferred(ev, ops[ops["tid"] == main]), main, True, unknown)
+    frame, how = _inferred(ev, ops[ops["tid"] == main])
+    return RankActions(frame, main, True, unknown, how)
 
 
 def _empty() -> pd.DataFrame:
@@ -199,10 +212,11 @@ def _from_ranges(known: pd.DataFrame, parsed: Mapping[str, Action | None], ops: 
     return frame
 
 
-def _inferred(ev: RankEvents, ops: pd.DataFrame) -> pd.DataFrame:
-    """Forward and backward runs of top-level operators (see the module's docstring). A forward run is cut
-    to its first and last operator that records history: gradient scaling, the optimizer and zero_grad run
-    between a step's last backward and the next step's first forward with no communication between them."""
+def _inferred(ev: RankEvents, ops: pd.DataFrame) -> tuple[pd.DataFrame, StepsFrom]:
+    """Forward and backward runs of top-level operators (see the module's docstring), and what told their
+    steps apart. A forward run is cut to its first and last operator that records history: gradient
+    scaling, the optimizer and zero_grad run between a step's last backward and the next step's first
+    forward with no communication between them."""
     comm = is_comm(ops["name"])
     bwd = ops["name"].str.startswith(_AUTOGRAD).to_numpy(bool)
     start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
@@ -211,9 +225,7 @@ def _inferred(ev: RankEvents, ops: pd.DataFrame) -> pd.DataFrame:
     cls = np.where(comm, _Run.COMM, np.where(bwd, _Run.AUTOGRAD, _Run.OTHER))
     run = np.concatenate(([0], np.cumsum(cls[1:] != cls[:-1]))) if len(cls) else np.zeros(0, np.int64)
     work_end = np.maximum.accumulate(np.where(comm, np.iinfo(np.int64).min, end)) if len(end) else end
-    steps = _steps(ev.annotations)
     rows: list[tuple[object, ...]] = []
-    counts: dict[tuple[int, str], int] = {}
     cuts = np.flatnonzero(np.diff(run)) + 1
     for idx in np.split(np.arange(len(run)), cuts):
         if not len(idx) or cls[idx[0]] == _Run.COMM:
@@ -224,15 +236,28 @@ def _inferred(ev: RankEvents, ops: pd.DataFrame) -> pd.DataFrame:
         kind = (ActionType.FULL_BACKWARD if cls[idx[0]] == _Run.AUTOGRAD else ActionType.FORWARD).value
         k0 = int(mine[0])
         s, e = int(start[k0]), int(end[mine].max())
-        step = _step_at(steps, s)
-        mb = counts.get((step, kind), 0)
-        counts[(step, kind)] = mb + 1
         wait_from = max(int(work_end[k0 - 1]), int(start[0])) if k0 > 0 else s
-        rows.append((-1, kind, mb, step, s, e, f"{kind}{mb} (inferred)", wait_from))
+        rows.append((-1, kind, s, e, wait_from))
+    frame = pd.DataFrame(rows, columns=["stage", "type", "start_ns", "end_ns", "wait_from"])
+    how, marks = step_marks(ev.annotations, ops)
+    bounds = marks if how is StepsFrom.PROFILER_STEP else mark_boundaries(frame, marks)
+    if how is not StepsFrom.PROFILER_STEP and not len(bounds):
+        how = StepsFrom.NONE
+    return restep(frame, bounds), how
+
+
+def restep(frame: pd.DataFrame, bounds: npt.NDArray[np.int64]) -> pd.DataFrame:
+    """Inferred actions (stage, type, start_ns, end_ns, wait_from, ...) in steps that begin at `bounds` (the
+    first at the trace's start), micro-batches numbered within each step, the metadata inference's runs
+    dropped (`_drop_warmup`)."""
+    frame = frame.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    frame["step"] = np.searchsorted(np.sort(bounds), frame["start_ns"].to_numpy(np.int64), side="right")
+    frame["mb"] = frame.groupby(["step", "type"]).cumcount()
+    frame["name"] = frame["type"] + frame["mb"].astype(str) + " (inferred)"
     cols = ["stage", "type", "mb", "step", "start_ns", "end_ns", "name", "wait_from"]
-    frame = _drop_warmup(pd.DataFrame(rows, columns=cols))
-    frame["ranged"] = False
-    return frame
+    out = _drop_warmup(frame[cols])
+    out["ranged"] = False
+    return out
 
 
 def _drop_warmup(frame: pd.DataFrame) -> pd.DataFrame:
@@ -259,15 +284,6 @@ def _drop_warmup(frame: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def _steps(ann: pd.DataFrame) -> npt.NDArray[np.int64]:
-    marks = ann[ann["name"].str.startswith(_STEP)].sort_values("start_ns")
-    return marks["start_ns"].to_numpy(np.int64)
-
-
-def _step_at(starts: npt.NDArray[np.int64], t: int) -> int:
-    return max(int(np.searchsorted(starts, t, side="right")) - 1, 0)
-
-
 def label_ops(ops: pd.DataFrame, acts: pd.DataFrame) -> npt.NDArray[np.int64]:
     """The row of `acts` (its index) containing each operator's start, -1 for none (actions of one thread
     do not overlap)."""
@@ -286,18 +302,23 @@ def waits(
     ops: pd.DataFrame,
     recvs: pd.DataFrame,
     remote: Links,
+    blocking: pd.DataFrame | None = None,
 ) -> tuple[list[tuple[object, ...]], bool]:
     """(recv_wait rows, assumed) for the compute actions whose input comes from another rank: `remote` maps
     (stage, direction) to the rank that sends that input. A row is (stage, mb, step, phase, start, end, peer, name).
+    An inferred action with no receive between its last preceding work and its first operator (other work,
+    loading data, ran after its receive) waited in the receive `blocking` holds (receive operators and
+    ranges, start_ns and end_ns) between the previous action's end and its first operator.
     `assumed`: some wait had no matching receive and took the whole time before the action's first operator."""
     rows: list[tuple[object, ...]] = []
     assumed = False
-    r_start, r_end = recvs["start_ns"].to_numpy(np.int64), recvs["end_ns"].to_numpy(np.int64)
-    order = np.argsort(r_start, kind="stable")
-    r_start, r_end = r_start[order], r_end[order]
+    r_start, r_end = _sorted_spans(recvs)
+    b_start, b_end = _sorted_spans(blocking) if blocking is not None else (r_start, r_end)
     o_start = np.sort(ops["start_ns"].to_numpy(np.int64))
     posted = _posted(acts, r_start, r_end)
+    prev_end = np.iinfo(np.int64).min
     for row in acts.itertuples(index=False):
+        after, prev_end = prev_end, max(prev_end, int(row.end_ns))
         if row.type not in _WAITING:
             continue
         direction = ActionType(row.type).direction
@@ -311,12 +332,24 @@ def waits(
         if done is None:
             lo, hi = np.searchsorted(r_start, [row.wait_from, first])
             done = int(r_end[lo:hi].max()) if hi > lo else None
+        if done is None and not row.ranged:
+            lo, hi = np.searchsorted(b_start, [after, first])
+            held = np.arange(lo, hi)[b_end[lo:hi] <= first]
+            if len(held):
+                a0, done = int(b_start[held].min()), int(b_end[held].max())
         if done is None:
             assumed, done = True, first
         stop = min(max(done, a0), first)
         if stop > a0:
             rows.append((int(row.stage), int(row.mb), int(row.step), row.type, a0, stop, peer, row.name))
     return rows, assumed
+
+
+def _sorted_spans(frame: pd.DataFrame) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(starts, ends) of the frame's spans, by start."""
+    start, end = frame["start_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64)
+    order = np.argsort(start, kind="stable")
+    return start[order], end[order]
 
 
 def _posted(acts: pd.DataFrame, r_start: npt.NDArray[np.int64], r_end: npt.NDArray[np.int64]) -> dict:
@@ -330,9 +363,14 @@ def _posted(acts: pd.DataFrame, r_start: npt.NDArray[np.int64], r_end: npt.NDArr
     return out
 
 
-def send_rows(acts: pd.DataFrame, ops: pd.DataFrame, remote_to: Links) -> list[tuple[object, ...]]:
+def send_rows(
+    acts: pd.DataFrame, ops: pd.DataFrame, remote_to: Links, backend: pd.DataFrame | None = None
+) -> list[tuple[object, ...]]:
     """`send` rows (stage, mb, step, phase, start, end, peer, name): each SEND_F / SEND_B action, or where a
-    schedule has none, each send operator, taken for the last compute action before it. `remote_to` maps
+    schedule has none, each send operator, taken for the last compute action before it, until the end of
+    the backend's send ranges it posted (`backend`: `gloo:send` ranges that start inside it, where a
+    blocking send waits for its receiver) or the rank's next operator, whichever comes first: a send that
+    does not block (torch's batched P2P) holds the rank no longer than its operator. `remote_to` maps
     (stage, direction) to the rank the stage sends to in that direction."""
     rows: list[tuple[object, ...]] = []
     sends = acts[acts["type"].isin([ActionType.SEND_F, ActionType.SEND_B])]
@@ -356,7 +394,8 @@ def send_rows(acts: pd.DataFrame, ops: pd.DataFrame, remote_to: Links) -> list[t
     compute = acts[acts["type"].isin(_WAITING)].sort_values("end_ns")
     c_end = compute["end_ns"].to_numpy(np.int64)
     posts = ops[ops["name"] == "c10d::send"]
-    for name, s, e in zip(posts["name"], posts["start_ns"], posts["end_ns"], strict=True):
+    ends = _held_until(posts, backend, ops) if backend is not None else posts["end_ns"].to_numpy(np.int64)
+    for name, s, e in zip(posts["name"], posts["start_ns"], ends, strict=True):
         k = int(np.searchsorted(c_end, s, side="right")) - 1
         if k < 0:
             continue
@@ -367,6 +406,21 @@ def send_rows(acts: pd.DataFrame, ops: pd.DataFrame, remote_to: Links) -> list[t
             send = ActionType.send(direction).value
             rows.append((int(a["stage"]), int(a["mb"]), int(a["step"]), send, int(s), int(e), peer, name))
     return rows
+
+
+def _held_until(posts: pd.DataFrame, backend: pd.DataFrame, ops: pd.DataFrame) -> npt.NDArray[np.int64]:
+    """Each operator's end, or later the end of the backend's ranges that start inside it, but not past the
+    start of the next of `ops` (the rank's top-level operators)."""
+    b_start, b_end = _sorted_spans(backend)
+    o_start = np.sort(ops["start_ns"].to_numpy(np.int64))
+    out = posts["end_ns"].to_numpy(np.int64).copy()
+    for i, (s, e) in enumerate(zip(posts["start_ns"].to_numpy(np.int64), out.copy(), strict=True)):
+        lo, hi = np.searchsorted(b_start, [s, e], side="left")
+        if hi > lo:
+            k = np.searchsorted(o_start, s, side="right")
+            nxt = int(o_start[k]) if k < len(o_start) else np.iinfo(np.int64).max
+            out[i] = max(e, min(int(b_end[lo:hi].max()), nxt))
+    return out
 
 
 def order_of_step(acts: pd.DataFrame, step: int = 0) -> list[Action]:
