@@ -186,3 +186,14 @@ def test_megatron_flags_count_a_ranks_layers_over_its_virtual_stages() -> None:
     )
     assert megatron_args([2, 3, 3, 2], chunks=2) is None  # rank 0's virtual stages differ: Megatron spreads evenly
     assert "equal virtual stages on each rank" in engine_lines([2, 3, 3, 2], 10, chunks=2)["megatron_args"]
+
+
+def test_a_deepspeed_job_gets_the_sentence_not_lines_it_cannot_take(capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepSpeed's PipelineModule takes no layer counts per stage: no vLLM, Megatron or torchtitan line."""
+    capture = Path(__file__).parent / "data" / "deepspeed-pipeline"
+    assert main(["rebalance", str(capture), "--current-split", "4,4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["job"] == "deepspeed" and "partition_method" in out["deepspeed"]
+    assert all(
+        out[k] is None for k in ("vllm_env", "sglang_env", "megatron_args", "megatron_layout", "torchtitan_toml")
+    )

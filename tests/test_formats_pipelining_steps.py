@@ -14,9 +14,10 @@ import pytest
 
 from ppscope.analysis import theory_for
 from ppscope.cli.main import main
-from ppscope.formats.pipelining.steps import Engine, StepsFrom
+from ppscope.formats.pipelining.steps import StepsFrom
 from ppscope.formats.sources import open_trace
 from ppscope.trace.notices import NoticeCode
+from ppscope.trace.schedules import Engine
 
 DATA = Path(__file__).resolve().parent / "data"
 NOSTEPS = DATA / "pipelining-nosteps"

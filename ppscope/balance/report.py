@@ -49,6 +49,7 @@ from ppscope.balance.split import (
 from ppscope.errors import InvalidConfigError, UnsupportedInputError
 from ppscope.trace.actions import Phase
 from ppscope.trace.notices import Notice, NoticeCode
+from ppscope.trace.schedules import Engine
 
 __all__ = [
     "GivenCosts",
@@ -424,8 +425,12 @@ def _with_training_split(
 
 
 def job_kind(run: RunTimings) -> JobKind:
-    """What a run's split is for: training when it runs backward passes, serving when it is ppscope's engine or
-    its spans are decode or prefill passes, else unknown (an imported trace of bare kernels)."""
+    """What a run's split is for: DeepSpeed's when its reader recognised that engine, training when it runs
+    backward passes, serving when it is ppscope's engine or its spans are decode or prefill passes, else
+    unknown (an imported trace of bare kernels)."""
+    engine = run.meta.config.get("pipelining", {}).get("engine") if isinstance(run.meta.config, dict) else None
+    if engine == Engine.DEEPSPEED:
+        return JobKind.DEEPSPEED
     if run.training:
         return JobKind.TRAINING
     if run.meta.source == "ppscope" or run.phases & {Phase.DECODE, Phase.PREFILL}:

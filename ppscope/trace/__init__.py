@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ppscope.trace.rankfile import text_column as text_column
     from ppscope.trace.recorder import KIND_COLORS as KIND_COLORS
     from ppscope.trace.recorder import Recorder as Recorder
+    from ppscope.trace.schedules import Engine as Engine
     from ppscope.trace.schedules import Schedule as Schedule
     from ppscope.trace.store import META_FILE as META_FILE
     from ppscope.trace.store import REQUESTS_FILE as REQUESTS_FILE
@@ -72,6 +73,7 @@ _WHERE = {
     "COMM_KINDS": "model",
     "COMPUTE_KINDS": "model",
     "ClockInfo": "model",
+    "Engine": "schedules",
     "KIND_COLORS": "recorder",
     "Lane": "model",
     "META_FILE": "store",

@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     from ppscope.trace.actions import StrEnum
 
-__all__ = ["Schedule"]
+__all__ = ["Engine", "Schedule"]
 
 
 class Schedule(StrEnum):
@@ -87,3 +87,17 @@ _CLASSES: dict[Schedule, str] = {
     Schedule.ZBV: "ScheduleZBVZeroBubble",
     Schedule.DUALPIPEV: "ScheduleDualPipeV",
 }
+
+
+class Engine(StrEnum):
+    """The pipeline engine whose actions a Kineto trace shows (`meta.config["pipelining"]["engine"]`): its
+    value, as the metadata and `analyze --json` write it."""
+
+    TORCH = "torch.pipelining"
+    """torch.distributed.pipelining: its action ranges, or receives posted while its sends are in flight
+    (its P2P operations go out in batches)."""
+    DEEPSPEED = "DeepSpeed"
+    """DeepSpeed's PipelineEngine: no action ranges, blocking sends and receives, and the loss broadcast to
+    every stage at the end of each step."""
+    UNKNOWN = "unknown"
+    """A pipeline whose actions were inferred from operators that match neither."""

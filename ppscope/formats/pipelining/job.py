@@ -38,11 +38,12 @@ from ppscope.formats.pipelining.rank import (
     top_level,
     waits,
 )
-from ppscope.formats.pipelining.steps import Engine, StepsFrom, engine_of, pause_boundaries
+from ppscope.formats.pipelining.steps import StepsFrom, engine_of, pause_boundaries
 from ppscope.formats.spancolumns import spans_frame_of
 from ppscope.trace.actions import PASSES, ActionType
 from ppscope.trace.model import SpanKind
 from ppscope.trace.notices import Notice, NoticeCode
+from ppscope.trace.schedules import Engine
 
 __all__ = ["PipelineRank", "PipelineRead", "cpu_compute", "read_pipeline"]
 

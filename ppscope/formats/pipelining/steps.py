@@ -21,6 +21,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from ppscope.trace.actions import ActionType
+from ppscope.trace.schedules import Engine
 
 __all__ = ["Engine", "StepsFrom", "engine_of", "mark_boundaries", "pause_boundaries", "step_marks"]
 
@@ -47,19 +48,6 @@ class StepsFrom(StrEnum):
     COLLECTIVE = "a collective after each step's last backward (a loss broadcast, a gradient all-reduce)"
     PAUSE = "the pause after each step's last backward on the first stage (no step marks in the trace)"
     NONE = "nothing: the trace is one step"
-
-
-class Engine(StrEnum):
-    """The pipeline engine whose actions a Kineto trace shows (`meta.config["pipelining"]["engine"]`)."""
-
-    TORCH = "torch.pipelining"
-    """torch.distributed.pipelining: its action ranges, or receives posted while its sends are in flight
-    (its P2P operations go out in batches)."""
-    DEEPSPEED = "DeepSpeed"
-    """DeepSpeed's PipelineEngine: no action ranges, blocking sends and receives, and the loss broadcast to
-    every stage at the end of each step."""
-    UNKNOWN = "unknown"
-    """A pipeline whose actions were inferred from operators that match neither."""
 
 
 def step_marks(ann: pd.DataFrame, ops: pd.DataFrame) -> tuple[StepsFrom, npt.NDArray[np.int64]]:
