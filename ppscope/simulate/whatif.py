@@ -34,7 +34,7 @@ from ppscope.simulate.training import (
     training_actions,
 )
 from ppscope.trace.actions import PASSES, Action
-from ppscope.trace.model import COMPUTE_KINDS, Trace
+from ppscope.trace.model import COMPUTE_KINDS, RunMeta, Trace
 from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = ["Costs", "JobSteps", "balanced_costs", "read_job", "replay_job", "straggler_costs", "what_if"]
@@ -117,8 +117,7 @@ def read_job(
     place = _places(trace, placement)
     acts = acts[acts["rank"].isin(list(place))]
     if acts.empty:
-        why = "no forward/backward actions with a micro-batch and a step (not a training trace)"
-        return None, Notice(NoticeCode.NO_TRAINING_STEP, f"no training step to replay with changed costs: {why}")
+        return None, NO_TRAINING_STEP
     acts = acts.assign(
         replica=acts["rank"].map(lambda r: place[r][1]), unit_stage=acts["rank"].map(lambda r: place[r][0])
     )
@@ -232,6 +231,25 @@ def straggler_costs(job: JobSteps, stage: int, replica: int) -> dict[int, Costs]
         if values:
             out[replica][(s, t)] = float(np.median(values))
     return out
+
+
+NO_TRAINING_STEP = Notice(
+    NoticeCode.NO_TRAINING_STEP,
+    "no training step to replay with changed costs: no forward/backward actions with a micro-batch and a step "
+    "(not a training trace)",
+)
+
+
+def unread_reason(meta: RunMeta) -> Notice:
+    """Why a run read rank by rank (`--workers`, `--ray`) has no what-if: ppscope's engine and its simulator run
+    inference, so such a run has no training step, as `what_if` of the whole trace would say; a training run's
+    what-ifs need every rank's actions at once."""
+    if meta.source in ("ppscope", "simulator"):
+        return NO_TRAINING_STEP
+    return Notice(
+        NoticeCode.WHOLE_TRACE_NEEDED,
+        "what-ifs replay the job's whole step: not made when the run is read rank by rank (--workers, --ray)",
+    )
 
 
 def what_if(

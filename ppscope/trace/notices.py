@@ -151,6 +151,9 @@ class NoticeCode(StrEnum):
     NO_TRAINING_STEP = "no_training_step"
     """Not a training trace: no forward/backward actions with a micro-batch and a step (inference), so no step
     to replay with changed costs."""
+    WHOLE_TRACE_NEEDED = "whole_trace_needed"
+    """A figure that needs every rank's spans at once (the what-ifs) was not made: the run was read rank by
+    rank (`--workers`, `--ray`)."""
     NO_COMPLETE_STEP = "no_complete_step"
     """A training trace without a step that every stage of every replica runs in full (each cut by the trace's
     start or end, or a rank missing): nothing to replay with changed costs."""

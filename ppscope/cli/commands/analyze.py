@@ -136,6 +136,7 @@ def _rank_by_rank(args: argparse.Namespace, config: AnalysisConfig) -> tuple[Ana
     from ppscope.analysis.sharded import analyze_run
     from ppscope.analysis.sharded_replicas import analyze_run_replicas
     from ppscope.errors import InvalidConfigError
+    from ppscope.simulate.whatif import unread_reason
     from ppscope.trace.notices import NoticeCode
     from ppscope.trace.store import is_run_dir, read_meta
 
@@ -149,10 +150,14 @@ def _rank_by_rank(args: argparse.Namespace, config: AnalysisConfig) -> tuple[Ana
     rule = parse_stage_of_rank(args.stage_of_rank) if args.stage_of_rank else None
     ra = analyze_run_replicas(args.run, rule, args.tp, config, workers=args.workers or 1, ray=args.ray)
     if ra is not None:
+        _shown(args, ra).what_if_reason = unread_reason(read_meta(args.run))
         return _print_replicas(args, ra)
     result = analyze_run(args.run, config, workers=args.workers or 1, ray=args.ray, gaps=False)  # no drawing
     said = [w for w in result.warnings if w.code != NoticeCode.NO_SPANS]  # the error says it
-    return result, read_meta(args.run).unrecorded, said
+    meta = read_meta(args.run)
+    if result.stages:
+        result.what_if_reason = unread_reason(meta)
+    return result, meta.unrecorded, said
 
 
 def _replicas(args: argparse.Namespace, trace: Trace, placement: Placement, config: AnalysisConfig) -> int:
