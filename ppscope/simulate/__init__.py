@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ppscope.simulate.simulator import write_run as write_run
     from ppscope.simulate.training import is_training as is_training
     from ppscope.simulate.training import replay_training as replay_training
+    from ppscope.simulate.whatif import unread_reason as unread_reason
     from ppscope.simulate.whatif import what_if as what_if
 
 _WHERE = {
@@ -33,6 +34,7 @@ _WHERE = {
     "replay_training": "training",
     "simulate": "simulator",
     "summarize": "simulator",
+    "unread_reason": "whatif",
     "what_if": "whatif",
     "write_run": "simulator",
 }
