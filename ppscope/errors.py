@@ -10,6 +10,7 @@ from pathlib import Path
 
 __all__ = [
     "CorruptFileError",
+    "DoesNotFitError",
     "EngineFailedError",
     "InterruptedRunError",
     "InvalidConfigError",
@@ -47,6 +48,13 @@ class InvalidConfigError(PPScopeError):
 
 class InvalidSplitError(InvalidConfigError):
     """A layer split (counts per stage) that does not cover the model's layers."""
+
+
+class DoesNotFitError(InvalidConfigError):
+    """Advice refused because the model does not fit: no split holds each stage's weights and KV cache in its
+    GPU's memory. Where the GPU is known, the message gives the fewest stages that fit, and their split."""
+
+    exit_code = 5
 
 
 class InvalidSpanError(PPScopeError):

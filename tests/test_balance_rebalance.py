@@ -16,7 +16,7 @@ from ppscope.balance.advise.rebalance import balance, engine_lines, evaluate, me
 from ppscope.balance.advise.search import CostModel
 from ppscope.balance.costs import LayerCosts, StageCosts
 from ppscope.balance.split import vllm_default_split
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import DoesNotFitError, InvalidConfigError
 
 
 def all_splits(layers: int, stages: int) -> list[list[int]]:
@@ -89,7 +89,7 @@ def problems(draw: st.DrawFn) -> BalanceProblem:
 def test_balance_equals_brute_force(problem: BalanceProblem) -> None:
     expected = brute_force(problem)
     if expected is None:
-        with pytest.raises(InvalidConfigError, match="fits the memory limits"):
+        with pytest.raises(DoesNotFitError, match="fits the memory limits"):
             balance(problem)
         return
     split = balance(problem)
@@ -179,7 +179,7 @@ def test_memory_limit_forces_layers_off_a_small_gpu() -> None:
 
 def test_nothing_fits_says_so() -> None:
     memory = MemoryModel(limit_bytes=(10, 10), layer_bytes=20, kv_bytes_per_token_per_layer=1)
-    with pytest.raises(InvalidConfigError, match="no split of 4 layers over 2 stages fits"):
+    with pytest.raises(DoesNotFitError, match="no split of 4 layers over 2 stages fits"):
         balance(BalanceProblem(costs=LayerCosts(layer_ms=(1.0,) * 4), stages=2, memory=memory))
 
 

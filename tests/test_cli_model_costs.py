@@ -4,6 +4,7 @@ figures on the command line, its JSON keys and its one-line refusals."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,7 @@ def test_published_models_take_every_option(capsys: pytest.CaptureFixture[str], 
 def test_deepseek_v3_moe_layers_cost_more_than_its_dense_ones_at_batch_16(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    d = _json(capsys, "rebalance", "--model", "deepseek-v3", "--stages", "4", "--gpu", "b200", "--dtype", "fp8")
+    d = _json(capsys, "rebalance", "--model", "deepseek-v3", "--stages", "8", "--gpu", "b200", "--dtype", "fp8")
     ms = d["costs"]["layer_ms"]
     assert ms[0] == ms[1] == ms[2] < ms[3] == ms[60]  # 3 dense, then MoE layers reading ~100 of 256 experts
     assert d["proposed_split"][0] > d["current_split"][0]  # the cheap dense layers go to the first stage
@@ -111,12 +112,30 @@ def test_memory_limits_apply_to_modelled_costs(capsys: pytest.CaptureFixture[str
     argv = ["rebalance", "--model", "llama3-70b", "--stages", "4", "--gpu", "a100-80gb", "--gpu-mem-gib", "80"]
     d = _json(capsys, *argv)
     assert d["kv_capacity_tokens"]["proposed"] > 0 and d["warnings"] == []
-    d = _json(capsys, "rebalance", "--model", "llama3.1-405b", "--stages", "2", "--gpu", "l4")
-    assert {w["code"] for w in d["warnings"]} == {"weights_exceed_gpu"}
-    assert "exceed the 22.5 GiB the driver reports on a l4" in d["warnings"][0]["text"]  # which GPU, its memory
-    old = _json(capsys, "rebalance", "--model", "llama3-405b", "--stages", "2", "--gpu", "l4")
+    d = _json(capsys, "rebalance", "--model", "llama3.1-405b", "--stages", "2", "--gpu", "h200", "--tp", "8")
+    old = _json(capsys, "rebalance", "--model", "llama3-405b", "--stages", "2", "--gpu", "h200", "--tp", "8")
     assert [w["code"] for w in old["warnings"]][:1] == ["renamed_preset"]  # the old name works, with a note
     assert old["stage_times_ms"] == d["stage_times_ms"]
+    assert any(a.startswith("memory checked: the split search kept each stage's") for a in d["assumptions"])
+
+
+def test_a_model_that_does_not_fit_gets_no_split_but_the_fewest_stages_that_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """671 B parameters do not fit on four 80 GB GPUs, even in the FP8 DeepSeek-V3 ships: no split, no paste
+    line, exit 5, and the fewest stages at this TP that hold it, with their split."""
+    assert main(["rebalance", "--model", "deepseek-v3", "--stages", "4", "--gpu", "h100-sxm", "--json"]) == 5
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    m = re.search(r"in fp8: .* The fewest stages that hold it at TP 1 are (\d+), split ([\d,]+)", captured.err)
+    assert m is not None, captured.err
+    stages, split = int(m.group(1)), [int(n) for n in m.group(2).split(",")]
+    assert len(split) == stages and sum(split) == 61
+    d = _json(capsys, "rebalance", "--model", "deepseek-v3", "--stages", str(stages), "--gpu", "h100-sxm")
+    assert d["proposed_split"] == split  # the advice at that size fits, as the refusal said
+    assert main(["rebalance", "--model", "deepseek-v3", "--stages", str(stages - 1), "--gpu", "h100-sxm"]) == 5
+    assert f"are {stages}, split {m.group(2)}" in capsys.readouterr().err  # one stage fewer: refused the same way
+    assert any("deepseek-v3's checkpoint ships them" in a for a in d["assumptions"])  # its own dtype, said
 
 
 def test_plan_prints_each_stages_decode_step_from_the_same_model(capsys: pytest.CaptureFixture[str]) -> None:

@@ -36,17 +36,16 @@ from ppscope.balance.measured.training import TRAIN_PASSES, is_training
 from ppscope.balance.modelled.gpus import DEFAULT_GPU, GPU, GPUS, gpu_named
 from ppscope.balance.modelled.plan import stage_memory_model
 from ppscope.balance.modelled.roofline import ModelCosts, Workload, model_costs
-from ppscope.balance.modelled.shapes import ModelShape, dtype_bytes, renamed_note
+from ppscope.balance.modelled.shapes import ModelShape, renamed_note
 from ppscope.balance.modelled.tracefit import Calibration, calibrate
 from ppscope.balance.split import (
     format_split,
     parse_counts,
     parse_split,
-    stage_layer_ranges,
     validate_split,
     vllm_default_split,
 )
-from ppscope.errors import InvalidConfigError, UnsupportedInputError
+from ppscope.errors import DoesNotFitError, InvalidConfigError, UnsupportedInputError
 from ppscope.trace.actions import Phase
 from ppscope.trace.notices import Notice, NoticeCode
 from ppscope.trace.schedules import Engine
@@ -504,7 +503,7 @@ def rebalance_model(shape: ModelShape, request: RebalanceRequest, trace: TraceSt
         raise InvalidConfigError(
             f"give --gpu NAME to time {shape.name} without a run (known GPUs: {', '.join(GPUS)}), or --layer-costs"
         )
-    dtype = request.dtype or "bf16"
+    dtype = request.dtype or shape.dtype
     gpu = gpu_named(request.gpu or DEFAULT_GPU)
     if request.peak or trace is not None:
         gpu = gpu.at_peak()  # a trace's calibration measures what the achieved shares would have guessed
@@ -513,15 +512,18 @@ def rebalance_model(shape: ModelShape, request: RebalanceRequest, trace: TraceSt
     )
     modelled = model_costs(shape, gpu, work)
     got = _from_trace(request, shape, modelled, trace) if trace else _without_run(request, shape, modelled)
+    held = request.memory(shape, got.stages, dtype) or _gpu_memory(shape, request, dtype, got.stages)
     problem = BalanceProblem(
-        costs=got.costs,
-        stages=got.stages,
-        stage_costs=got.stage_costs,
-        memory=request.memory(shape, got.stages, dtype),
-        objective=request.objective,
+        costs=got.costs, stages=got.stages, stage_costs=got.stage_costs, memory=held, objective=request.objective
     )
-    split = rebalance(problem, got.current)
+    try:
+        split = rebalance(problem, got.current)
+    except DoesNotFitError:
+        if request.gpu and not request.gpu_mem_gib:
+            raise _does_not_fit(shape, request, problem, dtype) from None
+        raise
     split = dataclasses.replace(split, job=JobKind.SERVING if trace is None else trace.job)
+    checked = _memory_note(request, held)
     interval, decision = _decide([], problem, split, MODELLED_COSTS if trace is None else SINGLE_TRACE)
     warnings = _model_warnings(request, shape, gpu, list(split.current.split), got.calibration, dtype)
     return RebalanceReport(
@@ -535,11 +537,91 @@ def rebalance_model(shape: ModelShape, request: RebalanceRequest, trace: TraceSt
         model=ModelSection(
             costs=modelled,
             calibration=got.calibration,
-            assumptions=(*got.assumptions, *modelled.assumptions()),
+            assumptions=(*got.assumptions, *_dtype_note(shape, request), checked, *modelled.assumptions()),
             warnings=tuple(warnings),
         ),
         has_model=True,
     )
+
+
+def _dtype_note(shape: ModelShape, request: RebalanceRequest) -> tuple[str, ...]:
+    """Where the dtype comes from, when the user gave none."""
+    if request.dtype:
+        return ()
+    return (f"weights in {shape.dtype}, as {shape.name}'s checkpoint ships them (--dtype for another)",)
+
+
+def _memory_note(request: RebalanceRequest, memory: MemoryModel | None) -> str:
+    """What was checked of memory, as an assumption."""
+    if memory is None:
+        return "memory was not checked: give --gpu or --gpu-mem-gib to check that each stage holds its weights and KV"
+    if request.gpu_mem_gib:
+        return "memory: the split search kept every stage within --gpu-mem-gib"
+    return (
+        f"memory checked: the split search kept each stage's weights and {_tokens_text(request)} of KV cache within "
+        f"the {_usable_text(request, memory)}"
+    )
+
+
+def _tokens_text(request: RebalanceRequest) -> str:
+    return f"{request.batch * request.context:,} tokens ({request.batch} × {request.context})"
+
+
+def _usable_text(request: RebalanceRequest, memory: MemoryModel) -> str:
+    gpu = gpu_named(request.gpu or DEFAULT_GPU)
+    return f"{memory.limit_bytes[0] / 2**30:.1f} GiB usable of a {gpu.name}'s {gpu.memory_gib:.1f} GiB"
+
+
+def _gpu_memory(shape: ModelShape, request: RebalanceRequest, dtype: str, stages: int) -> MemoryModel | None:
+    """Each stage's memory on the GPU given by --gpu (None without one), every stage to hold its weights and the
+    KV cache of the request's batch and context."""
+    if not request.gpu or stages < 1:  # no stage: BalanceProblem says so
+        return None
+    return stage_memory_model(
+        shape,
+        [gpu_named(request.gpu).memory_gib] * stages,
+        gpu_memory_utilization=request.gpu_memory_utilization,
+        dtype=dtype,
+        tp=request.tp,
+        reserve_gib=request.reserve_gib,
+        min_kv_tokens=max(request.min_kv_tokens, request.batch * request.context),
+    )
+
+
+def _does_not_fit(shape: ModelShape, request: RebalanceRequest, problem: BalanceProblem, dtype: str) -> DoesNotFitError:
+    """No split of the problem's stages holds the model on the GPU: what it needs, and the fewest stages that
+    hold it at this TP, with their split."""
+    memory = problem.memory
+    assert memory is not None
+    stages, gpu = problem.stages, gpu_named(request.gpu or DEFAULT_GPU)
+    weights = (memory.embed_bytes + memory.head_bytes + problem.costs.layers * memory.layer_bytes) / 2**30
+    fewest = _fewest_stages(shape, request, problem, dtype)
+    then = (
+        f"the fewest stages that hold it at TP {request.tp} are {fewest[0]}, split {format_split(fewest[1])} "
+        f"(ppscope rebalance --model {shape.name} --gpu {gpu.name} --stages {fewest[0]})"
+        if fewest is not None
+        else f"no number of stages holds it at TP {request.tp}: raise --tp"
+    )
+    return DoesNotFitError(
+        f"{shape.name} does not fit on {stages} × {gpu.name} at TP {request.tp} in {dtype}: its weights are "
+        f"{weights:.1f} GiB per TP rank, and no split over {stages} stages keeps each stage's share and "
+        f"{_tokens_text(request)} of KV cache within the {_usable_text(request, memory)}; no split advised. "
+        f"{then[0].upper()}{then[1:]}"
+    )
+
+
+def _fewest_stages(
+    shape: ModelShape, request: RebalanceRequest, problem: BalanceProblem, dtype: str
+) -> tuple[int, tuple[int, ...]] | None:
+    """The fewest stages, more than the problem's, with a split that holds every stage's weights and KV cache,
+    and the fastest such split; None when no number of stages does."""
+    for n in range(problem.stages + 1, problem.costs.layers + 1):
+        memory = _gpu_memory(shape, request, dtype, n)
+        try:
+            return n, rebalance(BalanceProblem(costs=problem.costs, stages=n, memory=memory)).proposed.split
+        except DoesNotFitError:
+            continue
+    return None
 
 
 def _without_run(request: RebalanceRequest, shape: ModelShape, modelled: ModelCosts) -> _Modelled:
@@ -612,7 +694,6 @@ def _model_warnings(
 ) -> list[Notice]:
     """Stages whose weights exceed the GPU (with --gpu), and stages the calibrated model explains poorly."""
     out = [n] if (n := renamed_note(request.model_name)) is not None else []
-    out += _weights_warnings(shape, gpu, split, dtype, request.tp) if request.gpu else []
     if calibration is not None:
         out += [
             Notice(
@@ -623,21 +704,4 @@ def _model_warnings(
             )
             for s in calibration.poorly_explained()
         ]
-    return out
-
-
-def _weights_warnings(shape: ModelShape, gpu: GPU, split: list[int], dtype: str, tp: int) -> list[Notice]:
-    """Stages whose weights alone exceed the GPU's memory."""
-    out, last = [], len(split) - 1
-    for s, (i, j) in enumerate(stage_layer_ranges(split)):
-        params = sum(shape.layer_params_at(k) for k in range(i, j))
-        params += (shape.embed_params if s == 0 else 0) + (shape.head_params if s == last else 0)
-        gib = params * dtype_bytes(dtype) / tp / 2**30
-        if gib > gpu.memory_gib:
-            text = (
-                f"stage {s}'s weights ({gib:.0f} GiB per GPU in {dtype}) exceed the {gpu.memory_gib:.1f} GiB the "
-                f"driver reports on a {gpu.name}: use more stages, a larger --tp or --dtype fp8 (ppscope plan sizes "
-                "memory)"
-            )
-            out.append(Notice(NoticeCode.WEIGHTS_EXCEED_GPU, text))
     return out

@@ -170,8 +170,6 @@ class NoticeCode(StrEnum):
     """A planned stage has almost no room for KV cache."""
     NO_SPLIT_FITS = "no_split_fits"
     """No split of the layers over the stages fits in memory."""
-    WEIGHTS_EXCEED_GPU = "weights_exceed_gpu"
-    """A stage's weights alone exceed the GPU's memory."""
     POORLY_EXPLAINED = "poorly_explained"
     """The calibrated cost model explains a stage poorly: most of its time is left to its fixed overhead."""
 

@@ -32,7 +32,7 @@ from typing import Any
 from ppscope.balance.advise.problem import BalanceProblem
 from ppscope.balance.advise.search import CostModel, evenest, max_kv, min_time
 from ppscope.balance.split import format_split, stage_layer_ranges, validate_split, vllm_default_split
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import DoesNotFitError
 from ppscope.trace.actions import StrEnum
 
 __all__ = [
@@ -78,7 +78,7 @@ class SplitEval:
         return self.kv_tokens is None or min(self.kv_tokens) >= 0
 
 
-def _no_fit_error(model: CostModel) -> InvalidConfigError:
+def _no_fit_error(model: CostModel) -> DoesNotFitError:
     mem = model.memory
     assert mem is not None
     need = [
@@ -86,7 +86,7 @@ def _no_fit_error(model: CostModel) -> InvalidConfigError:
         f"{mem.layer_bytes / 2**30:.2f} GiB"
         for s in range(model.stages)
     ]
-    return InvalidConfigError(
+    return DoesNotFitError(
         f"no split of {model.layers} layers over {model.stages} stages fits the memory limits "
         f"(with {mem.min_kv_tokens} KV tokens per stage; {'; '.join(need)}): use more stages, more memory per "
         "GPU, or a smaller dtype"

@@ -130,6 +130,9 @@ class ModelShape:
     """Multi-head latent attention; None: grouped-query attention."""
     config_source: str = ""
     """Where a preset's numbers come from (the checkpoint's config.json); empty for a shape read from a file."""
+    dtype: str = "bf16"
+    """The dtype its checkpoint ships its weights in (`fp8` for DeepSeek-V3's block-quantised weights): what the
+    cost model and the memory check take when no `--dtype` is given."""
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "max_seq_len"):
@@ -290,6 +293,7 @@ class ModelShape:
                 norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 rope_scaling=_rope_scaling(rope) if rope is not None else None,
+                dtype=_shipped_dtype(cfg),
                 **arch_fields(cfg),
             )
         except Unrepresentable as exc:
@@ -303,6 +307,16 @@ class ModelShape:
             raise UnsupportedInputError(
                 f"{p}: a field has a bad value ({exc}): give the checkpoint's own config.json"
             ) from None
+
+
+def _shipped_dtype(cfg: dict[str, Any]) -> str:
+    """The dtype a checkpoint's weights are stored in: fp8 where its `quantization_config` says so (DeepSeek-V3),
+    else its `torch_dtype` (`dtype` in transformers 5) when ppscope sizes it, else bf16."""
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "fp8":
+        return "fp8"
+    named = {"bfloat16": "bf16", "float16": "fp16"}.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or ""))
+    return named or "bf16"
 
 
 def _rope_fields(cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -546,6 +560,7 @@ PUBLISHED: dict[str, ModelShape] = {
             moe=MoE(experts=256, per_token=8, intermediate=2048, shared=1, dense_layers=3),
             mla=MLA(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536),
             config_source="deepseek-ai/DeepSeek-V3 config.json (tests/data/configs/deepseek-v3.json)",
+            dtype="fp8",  # quantization_config: quant_method fp8, e4m3 in 128 x 128 blocks
         ),
     )
 }

@@ -38,7 +38,9 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--gpu-mem-gib", type=float, help="memory of one GPU in GiB (default: --gpu's, else 80)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share the engine may use (0.9)")
     p.add_argument(
-        "--dtype", default="fp16", help="weights dtype: fp32, fp16, bf16, fp8 or float32, float16, bfloat16 (fp16)"
+        "--dtype",
+        help="weights dtype: fp32, fp16, bf16, fp8 or float32, float16, bfloat16 (default: the model's own, as its "
+        "checkpoint ships it: bf16 for most, fp8 for DeepSeek-V3)",
     )
     p.add_argument("--kv-dtype", default="", help="KV cache dtype (default: the weights dtype)")
     p.add_argument("--max-model-len", type=int, default=0, help="longest sequence in tokens (default: the model's)")
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             gpu_mem_source=mem_source,
             gpu_memory_utilization=args.gpu_memory_utilization,
         ),
-        dtype=args.dtype,
+        dtype=args.dtype or model.dtype,
         kv_dtype=args.kv_dtype,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
