@@ -20,7 +20,7 @@ from ppscope.dashboard.data import LiveTrace
 from ppscope.dashboard.safety import md
 from ppscope.errors import PPScopeError
 from ppscope.trace.model import Trace
-from ppscope.trace.notices import NoticeCode
+from ppscope.trace.notices import NoticeCode, missing_ranks
 
 if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult
@@ -91,7 +91,7 @@ def replica_summary(ra: ReplicaAnalysis) -> None:
     st.caption(f"(stage, replica) from {md(ra.placement)}")
     if ra.missing_ranks:
         st.warning(
-            f"Missing: rank(s) {md(rank_list(ra.missing_ranks))} recorded nothing (file missing or damaged); "
+            f"Missing: {md(str(missing_ranks(ra.missing_ranks, ra.world_size)))}; "
             f"incomplete replica(s): {md(rank_list(ra.incomplete_replicas) or 'none known')}"
         )
     rows = [
