@@ -214,7 +214,7 @@ def _tenths_summing(values: list[float], total: float) -> list[int]:
     return out
 
 
-_HOP_COLUMNS = {"recv_ns": "transfer ms", "bandwidth_gb_per_s": "GB/s", "latency_ns": "latency µs"}
+_HOP_COLUMNS = {"nbytes": "MB", "recv_ns": "transfer ms", "bandwidth_gb_per_s": "GB/s", "latency_ns": "latency µs"}
 
 
 def hop_table(res: AnalysisResult, width: int | None = None) -> Table:
@@ -225,7 +225,7 @@ def hop_table(res: AnalysisResult, width: int | None = None) -> Table:
         t.add_row(
             f"{h.src_rank}→{h.dst_rank}",
             str(h.messages),
-            f"{h.nbytes / 1e6:,.3f}",
+            NOT_MEASURED if h.nbytes is None else f"{h.nbytes / 1e6:,.3f}",
             _ms(h.send_ns),
             NOT_MEASURED if h.recv_ns is None else _ms(h.recv_ns),
             _ms(h.wait_ns),

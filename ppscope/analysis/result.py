@@ -234,7 +234,8 @@ class HopStats:
     src_rank: int
     dst_rank: int
     messages: int
-    nbytes: int
+    nbytes: int | None
+    """Bytes of the hop's messages whose size the trace records; None when none does (unknown, not 0)."""
     send_ns: int
     """Total time blocked in send on src."""
     recv_ns: int | None
