@@ -390,7 +390,7 @@ def rebalance_runs(
 def _require_every_rank(runs: Sequence[RunTimings]) -> None:
     """A stage without costs has no answer: name the ranks that recorded nothing, not a symptom of it."""
     for timed in runs:
-        timed.meta.require_every_rank(timed.spans["rank"].unique(), _EVERY_RANK)
+        timed.meta.require_every_rank(timed.ranks, _EVERY_RANK)
 
 
 def _check_model(shape: ModelShape | None, costs: LayerCosts, given: GivenCosts) -> None:
