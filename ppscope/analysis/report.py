@@ -99,10 +99,15 @@ def stage_table(res: AnalysisResult, width: int | None = None) -> Table:
     return t
 
 
+def incomplete_line(res: AnalysisResult) -> str:
+    """What the trace lacks (`AnalysisResult.missing`, in its one sentence) and what that withholds."""
+    return f"incomplete: {res.missing}; {_WITHHELD}" if res.missing else ""
+
+
 def summary_lines(res: AnalysisResult) -> list[str]:
     """The headline facts, one per line (shared by the text and HTML reports)."""
     w = res.window
-    lines = [f"incomplete: {res.missing}; {_WITHHELD}"] if res.missing else []
+    lines = [incomplete_line(res)] if res.missing else []
     engine = f"   engine: {res.engine}" if res.engine else ""
     lines.append(f"source: {res.source}{engine}   schedule: {res.schedule or 'unknown'}   stages (P): {res.pp_size}")
     if w is not None:

@@ -14,7 +14,7 @@ import streamlit as st
 
 from ppscope.analysis import CAUSES, figures
 from ppscope.analysis.replicas import rank_list
-from ppscope.analysis.report import replay_line
+from ppscope.analysis.report import incomplete_line, replay_line
 from ppscope.dashboard.charts import what_if_rows
 from ppscope.dashboard.data import LiveTrace
 from ppscope.dashboard.safety import md
@@ -140,6 +140,9 @@ def stage_page(ra: ReplicaAnalysis | None, result: AnalysisResult | None, proble
     if not result.stages:
         st.info("No stages to show: " + md("; ".join(map(str, result.warnings))))
         return
+    if result.missing is not None:  # said here, where its figures are missing, and not again in the header
+        line = incomplete_line(result)
+        st.warning(md(line[:1].upper() + line[1:]))
     w = result.window
     cols = st.columns(5)
     cols[0].metric("Bubble ratio", _pct(result.bubble_ratio), help="Σ bubble over stages / (P × window length)")
