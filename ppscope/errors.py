@@ -90,6 +90,11 @@ class UnsupportedInputError(PPScopeError):
     exit_code = 2
 
 
+class IncompleteRunError(UnsupportedInputError):
+    """A run lacks ranks that a command needs every one of; the message names them as every command does
+    (`ppscope.trace.notices.missing_ranks`)."""
+
+
 class NoEvidenceError(PPScopeError):
     """Advice refused because the evidence it needs is missing (a trace that shows no pipeline): the message
     says what is missing and how to go on."""

@@ -36,7 +36,8 @@ def test_missing_ranks_warned() -> None:
     res = analyze(Trace.from_records([_fwd(0, 0, 10), _fwd(2, 10, 20)], meta=meta))
     assert [s.stage for s in res.stages] == [0, 2]
     assert res.missing is not None and res.missing.code == NoticeCode.MISSING_RANKS
-    assert res.missing.text.startswith("rank(s) 1, 3 of 4 recorded no spans (P = 2 of 4)")  # names them
+    assert res.missing.text.startswith("ranks 1, 3 of 4 recorded nothing")  # names them
+    assert res.pp_size == 4 and res.unknown_stages == [1, 3] and res.bubble_ratio is None
     assert res.imbalance is None and res.balance_gain is None
 
 
@@ -74,7 +75,7 @@ def test_instantaneous_trace() -> None:
 
 def test_loader_warnings_are_kept() -> None:
     tr = Trace.from_records([_fwd(0, 0, 10)])
-    loaded = Notice(NoticeCode.MISSING_FILES, "rank 1 has no file")
+    loaded = Notice(NoticeCode.DAMAGED_FILE, "rank 1's file is damaged")
     tr.warnings.append(loaded)
     assert loaded in analyze(tr).warnings
 

@@ -22,16 +22,44 @@ def gpipe_run(tmp_path: Path) -> Path:
     return write_run(simulate(cfg), tmp_path / "sim")
 
 
-def test_a_missing_rank_file_leads_the_report_and_withholds_the_balance_figures(gpipe_run: Path) -> None:
+def test_a_missing_rank_file_leads_the_report_and_withholds_the_pipelines_figures(gpipe_run: Path) -> None:
     (gpipe_run / "rank-00002.sqlite").unlink()
     result = analyze(open_trace(gpipe_run))
-    assert result.pp_size == 3 and result.missing is not None and result.missing.code == NoticeCode.MISSING_RANKS
+    assert result.missing is not None and result.missing.code == NoticeCode.MISSING_RANKS
+    assert result.pp_size == 4 and result.theory.params["P"] == 4  # one P: the pipeline that ran
+    assert result.unknown_stages == [2] and [s.stage for s in result.stages] == [0, 1, 3]
+    assert result.bubble_ratio is None and result.theory_gap is None  # unknown, not an average of three
     assert result.imbalance is None and result.bottleneck_stage is None and result.balance_gain is None
-    assert result.theory.params["P"] == 4  # the formula is of the pipeline that ran, not of what is left
     text = render_text(result)
-    assert text.startswith("incomplete: rank(s) 2 of 4 recorded no spans")
-    assert "perfect balance would gain" not in text and "gap to theory" not in text
-    assert result.to_json()["missing"] == {"code": "missing_ranks", "text": result.missing.text}
+    assert text.startswith(f"incomplete: {result.missing}") and text.count("rank 2 of 4") == 2  # + the table's
+    assert "perfect balance would gain" not in text and "gap to theory: " not in text
+    assert "warning: rank 2" not in text  # the loader's notice is the same one, named once
+    out = result.to_json()
+    assert out["missing"] == {"code": "missing_ranks", "text": result.missing.text} and out["pp_size"] == 4
+    assert out["stages"][2] == {"stage": 2, **dict.fromkeys(["ranks", "busy_ns", "bubble_ns", "bubble_ratio"])} | {
+        "units": None,
+        "time_per_mb_ns": None,
+        "causes": None,
+    }
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["rebalance", "{run}"],
+        ["rebalance", "{run}", "--workers", "2"],
+        ["rebalance", "{run}", "--layer-costs", ",".join(["1"] * 8)],
+        ["simulate", "--from", "{run}", "--out", "{out}"],
+    ],
+)
+def test_every_command_names_the_missing_rank_in_the_same_words(
+    argv: list[str], gpipe_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (gpipe_run / "rank-00002.sqlite").unlink()
+    named = str(analyze(open_trace(gpipe_run)).missing)
+    assert main([a.format(run=gpipe_run, out=tmp_path / "replayed") for a in argv]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith(f"ppscope {argv[0]}: error: {named}: ") and "needs every stage" in err
 
 
 def test_a_complete_run_misses_nothing(gpipe_run: Path) -> None:

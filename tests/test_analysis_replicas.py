@@ -144,7 +144,7 @@ def test_missing_and_damaged_rank_files_name_their_replicas(tmp_path: Path, caps
     assert ra.results[2].missing is not None and len(ra.results[2].stages) == 3
     assert main(["analyze", str(run)]) == 0
     out = capsys.readouterr().out
-    assert "missing: rank(s) 2, 27 recorded nothing" in out and "incomplete replica(s): 2-3" in out
+    assert "missing: ranks 2, 27 of 32 recorded nothing" in out and "incomplete replica(s): 2-3" in out
     assert "rank 27's file is damaged" in out and "rank-00027.sqlite" in out
     assert main(["analyze", str(run), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

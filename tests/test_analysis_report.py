@@ -133,7 +133,7 @@ def test_an_empty_run_is_an_error_that_says_why(tmp_path: Path, capsys: pytest.C
     assert captured.out == ""
     assert captured.err.strip() == (
         f"ppscope analyze: error: {tmp_path / 'empty'} holds no spans: nothing to analyse "
-        "(rank(s) 0 have no file (rank-00000.sqlite); loaded the rest)"
+        "(rank 0 of 1 recorded nothing (no file, a damaged file, or no spans))"
     )
 
 

@@ -107,8 +107,8 @@ def test_a_missing_rank_file_is_named_and_the_rest_analyse(tmp_path: Path) -> No
     rank_file(run, 2).unlink()
     whole, sharded = analyze(load_run(run)), analyze_run(run)
     assert sharded.missing is not None and sharded.missing.code == NoticeCode.MISSING_RANKS
-    (files,) = [n.text for n in sharded.warnings if n.code == NoticeCode.MISSING_FILES]
-    assert files.startswith("rank(s) 2 have no file")  # names the rank
+    assert sharded.missing.text.startswith("rank 2 of 4 recorded nothing")  # names the rank, once
+    assert sharded.missing not in sharded.warnings and sharded.unknown_stages == [2]
     _same(whole, sharded)
 
 

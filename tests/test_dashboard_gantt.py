@@ -75,7 +75,7 @@ def test_hover_carries_stage_micro_batch_step_phase_duration_and_bytes() -> None
     fig = gantt_figure(_trace().spans, color_by="kind").figure
     send = next(t for t in fig.data if t.name == "send")
     name, stage, mb, step, phase, dur_us, nbytes = send.customdata[0]
-    assert (name, stage, mb, step, phase, nbytes) == ("send", 0, 0, -1, "", 64)
+    assert (name, stage, mb, step, phase, nbytes) == ("send", 0, 0, -1, "", "64")
     assert dur_us == pytest.approx(0.12)
     for field in ("stage", "mb", "step", "duration", "bytes"):
         assert field in send.hovertemplate

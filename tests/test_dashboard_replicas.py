@@ -45,7 +45,7 @@ def test_stages_page_has_one_row_per_stage_and_names_the_bottleneck(tmp_path: Pa
     assert any("8 data-parallel pipelines × 3 stages" in m.value for m in at.markdown)
     assert at.metric[0].value == "stage 1, replica 6, rank 14"
     assert len(at.dataframe[0].value) == 3
-    assert any("rank(s) 3 recorded nothing" in w.value and "replica(s): 3" in w.value for w in at.warning)
+    assert any("rank 3 of 24 recorded nothing" in w.value and "replica(s): 3" in w.value for w in at.warning)
 
 
 _ROWS_JS = """() => {

@@ -79,7 +79,7 @@ def test_run_command_json_and_no_record(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["analyze", str(out)]) == 0  # latency only, said in one warning, no missing-file alarm
     report = capsys.readouterr()
     said = report.out + report.err
-    assert "recorded with --no-record" in said and "have no file" not in said and "record anything" not in said
+    assert "recorded with --no-record" in said and "recorded nothing" not in said and "record anything" not in said
     # with the progress bar on, it goes to stderr: stdout stays one JSON document (`| jq` works)
     assert main([*args, "--requests", "2", "--json", "--out", str(tmp_path / "bar")]) == 0
     captured = capsys.readouterr()

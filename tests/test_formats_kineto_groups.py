@@ -106,7 +106,7 @@ def test_a_damaged_file_is_named_and_its_replica_incomplete(tmp_path: Path, caps
     path.write_text(path.read_text()[:300])  # cut short
     assert main(["analyze", str(folder)]) == 0
     out = capsys.readouterr().out
-    assert "missing: rank(s) 2 recorded nothing" in out and "incomplete replica(s): 2" in out
+    assert "missing: rank 2 of 6 recorded nothing" in out and "incomplete replica(s): 2" in out
     assert "left out a damaged file" in out and "rank2.pt.trace.json" in out
     assert "bottleneck: stage 1, replica 1, rank 4" in out
 

@@ -227,7 +227,7 @@ def test_a_truncated_rank_file_is_named_and_the_rest_analysed(
     (folder / "rank-1.json.gz").write_bytes(data[: len(data) // 2])
     assert main(["analyze", str(folder)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("incomplete: rank(s) 1 of 2 recorded no spans"), out
+    assert out.startswith("incomplete: rank 1 of 2 recorded nothing"), out
     assert "left out a damaged file" in out and "rank-1.json.gz" in out and "truncated" in out
     (folder / "rank-0.json.gz").unlink()  # nothing else to read: the damage is the error, in one line
     assert main(["analyze", str(folder)]) != 0

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ppscope.analysis.replicas import analyze_replicas as analyze_replicas
     from ppscope.analysis.replicas import rank_list as rank_list
     from ppscope.analysis.replicas import replica_trace as replica_trace
+    from ppscope.analysis.report import incomplete_line as incomplete_line
     from ppscope.analysis.report import print_report as print_report
     from ppscope.analysis.report import replay_line as replay_line
     from ppscope.analysis.report import stdout_console as stdout_console
@@ -102,6 +103,7 @@ _WHERE = {
     "decode_bubble": "theory",
     "dualpipev_bubble": "theory",
     "gpipe_bubble": "theory",
+    "incomplete_line": "report",
     "interleaved_bubble": "theory",
     "lane_ranks": "replica_report",
     "message_latencies": "pipeline",

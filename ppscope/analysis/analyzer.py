@@ -54,7 +54,7 @@ from ppscope.analysis.window import active_window, full_window, resolve_window, 
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.clock import causality_violations
 from ppscope.trace.model import Phase, RunMeta, SpanKind, Trace
-from ppscope.trace.notices import Notice, NoticeCode
+from ppscope.trace.notices import Notice, NoticeCode, missing_ranks
 from ppscope.trace.schedules import Schedule
 
 __all__ = ["AnalysisConfig", "analyze"]
@@ -189,18 +189,17 @@ def assemble(
     warnings: list[Notice],
 ) -> AnalysisResult:
     """The result from the stages' bubbles and the whole trace's facts, with `warnings` and what it adds."""
-    p = layout.p
-    missing = _missing(meta.world_size, meta.pp_size, layout.rank_stage, p)
+    missing = _missing(meta, layout)
+    unknown = _unknown_stages(meta.pp_size, layout)
+    p = layout.p + len(unknown)  # P: the run's stages, the ones that recorded nothing among them
     imbalance, basis, bottleneck, gain = stage_imbalance(results)
     if missing:  # the stages that are there cannot say which is slowest, nor what balance would gain
         imbalance, basis, bottleneck, gain = None, "incomplete", None, None
+        warnings = [w for w in warnings if w != missing]  # named once, as the result's `missing`
     if basis == "busy":
         text = "no `forward` spans on some stage: imbalance compares busy time per stage"
         warnings = [*warnings, Notice(NoticeCode.BUSY_IMBALANCE, text)]
-    stages_run = max(p, meta.pp_size) if missing else p  # the formula is of the pipeline that ran
-    theory = _theory(
-        meta.schedule, stages_run, meta.microbatches, meta.chunks, facts.inflight, facts.compute_mbs, window
-    )
+    theory = _theory(meta.schedule, p, meta.microbatches, meta.chunks, facts.inflight, facts.compute_mbs, window)
     throughput, basis_tp = _throughput(latency, tokens, window)
     return AnalysisResult(
         source=meta.source,
@@ -208,7 +207,7 @@ def assemble(
         engine=_engine(meta),
         window=window,
         stages=results,
-        bubble_ratio=sum(s.bubble_ns for s in results) / (p * window.length_ns),
+        bubble_ratio=None if missing else sum(s.bubble_ns for s in results) / (p * window.length_ns),
         imbalance=imbalance,
         imbalance_basis=basis,
         bottleneck_stage=bottleneck,
@@ -223,6 +222,7 @@ def assemble(
         warnings=warnings,
         gaps=gaps,
         missing=missing,
+        unknown_stages=unknown,
     )
 
 
@@ -249,22 +249,23 @@ def choose_window(config: AnalysisConfig, e: Extents) -> tuple[WindowInfo, list[
     return steady, said
 
 
-def _missing(world: int, pp: int, rank_stage: dict[int, int], p: int) -> Notice | None:
+def _missing(meta: RunMeta, layout: StageLayout) -> Notice | None:
     """What the trace lacks to describe the whole pipeline; None when nothing is missing."""
-    missing = sorted(set(range(world)) - set(rank_stage))
+    missing = meta.ranks_missing(layout.rank_stage)
     if missing:
-        return Notice(
-            NoticeCode.MISSING_RANKS,
-            f"rank(s) {', '.join(map(str, missing))} of {world} recorded no spans (P = {p} of {pp}): imbalance, "
-            "bottleneck and balance gain need every stage",
-        )
-    if pp > p:
-        return Notice(
-            NoticeCode.MISSING_STAGES,
-            f"the run has {pp} stages but only {p} recorded spans: imbalance, bottleneck and balance gain need "
-            "every stage",
-        )
+        return missing_ranks(missing, meta.world_size)
+    if meta.pp_size > layout.p:
+        text = f"the run has {meta.pp_size} stages but only {layout.p} recorded spans"
+        return Notice(NoticeCode.MISSING_STAGES, text)
     return None
+
+
+def _unknown_stages(pp: int, layout: StageLayout) -> list[int]:
+    """The run's stages that recorded nothing, by number: the lowest numbers the recorded stages leave free,
+    as many as the run has stages (`meta.pp_size`) beyond those."""
+    recorded = {s for s, _ in layout.stages}
+    free = (s for s in range(pp + len(recorded)) if s not in recorded)
+    return [next(free) for _ in range(max(0, pp - len(recorded)))]
 
 
 def _causality(spans: pd.DataFrame, meta: RunMeta) -> list[Notice]:

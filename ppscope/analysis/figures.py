@@ -50,7 +50,7 @@ def theory_vs_measured(result: AnalysisResult) -> go.Figure:
     if w is None or not result.stages or w.length_ns <= 0:
         return fig.update_layout(title="Theory vs measured (nothing measured)")
     total = result.pp_size * w.length_ns
-    for c in CAUSES:
+    for c in CAUSES if result.bubble_ratio is not None else ():  # unknown with a stage missing
         share = sum(s.causes[c] for s in result.stages) / total
         if share:
             fig.add_trace(go.Bar(x=["measured"], y=[100 * share], name=c, marker={"color": CAUSE_COLORS[c]}))

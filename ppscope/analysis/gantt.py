@@ -69,7 +69,7 @@ _MAX_LEGEND_MB = 32
 _HOVER = (
     "%{customdata[0]}<br>%{y}<br>stage %{customdata[1]} · mb %{customdata[2]} · step %{customdata[3]}"
     " · %{customdata[4]}<br>start %{base:,.1f} µs · duration %{customdata[5]:,.1f} µs"
-    "<br>%{customdata[6]:,} bytes<extra></extra>"
+    "<br>bytes %{customdata[6]}<extra></extra>"
 )
 _BINNED_HOVER = "%{y}<br>around %{x:,.1f} µs: busy %{z:.0%}, %{customdata:,} spans start here<extra></extra>"
 _GAP_HOVER = "idle: %{customdata[0]}<br>%{y}<br>start %{base:,.1f} µs · length %{x:,.1f} µs<extra></extra>"
@@ -194,7 +194,7 @@ def _add_spans(fig: go.Figure, spans: pd.DataFrame, origin_ns: int, color_by: st
     custom[:, 3] = spans["step"].to_numpy()
     custom[:, 4] = spans["phase"].to_numpy()
     custom[:, 5] = dur_us
-    custom[:, 6] = spans["nbytes"].to_numpy()
+    custom[:, 6] = _sizes(spans["nbytes"].to_numpy())
     labels = _labels(spans)
     mbs = spans["mb"].to_numpy()
     if color_by == "kind":
@@ -209,6 +209,15 @@ def _add_spans(fig: go.Figure, spans: pd.DataFrame, origin_ns: int, color_by: st
     for name, mask, color in groups:
         fig.add_trace(_bar(name, labels[mask], start_us[mask], dur_us[mask], custom[mask], color, _HOVER))
     return len(spans)
+
+
+def _sizes(nbytes: npt.NDArray[np.int64]) -> npt.NDArray[np.object_]:
+    """Each span's size as the hover reads it: `1,024`, or `–` where the trace records none (0 in the schema
+    is not a size)."""
+    out = np.full(len(nbytes), "–", dtype=object)
+    known = nbytes > 0
+    out[known] = [f"{int(n):,}" for n in nbytes[known]]
+    return out
 
 
 def _mb_color(mb: int) -> str:

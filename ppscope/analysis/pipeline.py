@@ -35,6 +35,7 @@ _COLLECTIVE_OPS = (
 )
 _NOT_TIMED = "no `recv` span: the transfer, if any, is inside the receive wait (wait ms)"
 _NOT_PAIRED = "no message was posted while its receiver waited for it (pairing needs micro-batch ids)"
+_NO_SIZES = "no message of the hop records its size: sizes are not in the trace"
 
 
 def count_distinct(values: npt.NDArray[np.int64]) -> int:
@@ -115,6 +116,7 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
     role_idx = np.select([is_send, is_recv], [0, 1], 2)
     dur = spans["end_ns"].to_numpy()[rows] - spans["start_ns"].to_numpy()[rows]
     nbytes = spans["nbytes"].to_numpy()[rows].astype(np.int64)
+    nbytes = np.where(nbytes > 0, nbytes, 0)  # 0 is "not recorded", and a negative size is none either
     # One integer key per (hop, role), from rank numbers shifted to start at 0.
     low = int(min(src.min(), dst.min()))
     width = int(max(src.max(), dst.max())) - low + 1
@@ -130,6 +132,7 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
     count = np.bincount(key, minlength=size).reshape(-1, 3)
     dur_sum = _sum_by_key(key, dur, size).reshape(-1, 3)
     byte_sum = _sum_by_key(key, nbytes, size).reshape(-1, 3)
+    sized = np.bincount(key[nbytes > 0], minlength=size).reshape(-1, 3)  # messages whose size is known
     latency = message_latencies(spans, role)
     median_ns = latency.groupby(["src", "dst"])["latency_ns"].median() if len(latency) else pd.Series(dtype=float)
     out = []
@@ -138,10 +141,13 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
         src_role = send if count[h, send] else (recv if count[h, recv] else wait)
         timed = bool(count[h, recv])
         transfer_ns = int(dur_sum[h, recv])
-        nb = int(byte_sum[h, src_role])
+        nb = _hop_bytes(byte_sum[h], sized[h], src_role)
         latency_ns = _int_or_none(median_ns.get((int(hops[0, h]), int(hops[1, h]))))
-        unmeasured = {} if timed else {"recv_ns": _NOT_TIMED, "bandwidth_gb_per_s": _NOT_TIMED}
-        if timed and not (transfer_ns > 0 and nb > 0):
+        unmeasured = {} if nb is not None else {"nbytes": _NO_SIZES}
+        unmeasured |= {} if timed else {"recv_ns": _NOT_TIMED, "bandwidth_gb_per_s": _NOT_TIMED}
+        if timed and nb is None:
+            unmeasured["bandwidth_gb_per_s"] = _NO_SIZES
+        elif timed and not (transfer_ns > 0 and nb):
             unmeasured["bandwidth_gb_per_s"] = "the timed transfers moved no bytes or took no time"
         if latency_ns is None:
             unmeasured["latency_ns"] = _NOT_PAIRED
@@ -154,12 +160,21 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
                 send_ns=int(dur_sum[h, send]),
                 recv_ns=transfer_ns if timed else None,
                 wait_ns=int(dur_sum[h, wait]),
-                bandwidth_gb_per_s=nb / transfer_ns if timed and transfer_ns > 0 and nb > 0 else None,
+                bandwidth_gb_per_s=nb / transfer_ns if timed and transfer_ns > 0 and nb else None,
                 latency_ns=latency_ns,
                 unmeasured=unmeasured,
             )
         )
     return out
+
+
+def _hop_bytes(byte_sum: npt.NDArray[np.int64], sized: npt.NDArray[np.int64], src_role: int) -> int | None:
+    """A hop's bytes: the sum over its messages as the sender's spans record them, else as another role's do;
+    None when no span of the hop records a size (0 is "not recorded" in the schema, never a size)."""
+    for role in (src_role, *(r for r in range(3) if r != src_role)):
+        if sized[role]:
+            return int(byte_sum[role])
+    return None
 
 
 def collectives_without_p2p(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) -> list[str]:

@@ -11,6 +11,7 @@ import pandas as pd
 from ppscope.analysis.bubbles import ROLE_COMPUTE, span_roles
 from ppscope.analysis.placement import Placement
 from ppscope.analysis.replicas import ReplicaAnalysis, rank_list
+from ppscope.trace.notices import missing_ranks
 
 __all__ = ["lane_ranks", "replica_json", "replica_lines", "stage_lanes"]
 
@@ -41,7 +42,7 @@ def replica_lines(ra: ReplicaAnalysis) -> list[str]:
     lines = [f"{n} data-parallel pipelines × {p} stages; (stage, replica) from {ra.placement}"]
     if ra.missing_ranks:
         lines.append(
-            f"missing: rank(s) {rank_list(ra.missing_ranks)} recorded nothing (file missing or damaged); "
+            f"missing: {missing_ranks(ra.missing_ranks, ra.world_size)}; "
             f"incomplete replica(s): {rank_list(ra.incomplete_replicas) or 'none known'}"
         )
     if ra.bottleneck is not None:

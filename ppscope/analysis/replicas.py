@@ -22,7 +22,7 @@ from ppscope.analysis.facts import busiest_rank
 from ppscope.analysis.placement import Placement
 from ppscope.analysis.result import AnalysisResult, StageResult
 from ppscope.trace.model import Trace, counters_frame, requests_frame
-from ppscope.trace.notices import Notice, NoticeCode
+from ppscope.trace.notices import Notice, NoticeCode, rank_list
 
 __all__ = [
     "OneReplica",
@@ -34,19 +34,6 @@ __all__ = [
     "rank_list",
     "replicas_of",
 ]
-
-
-def rank_list(ranks: list[int], most: int = 12) -> str:
-    """`0-3, 7, 9-11`: consecutive numbers as ranges, at most `most` pieces (then `... (n in all)`)."""
-    pieces: list[str] = []
-    for r in sorted(ranks):
-        if pieces and pieces[-1].split("-")[-1] == str(r - 1):
-            pieces[-1] = f"{pieces[-1].split('-')[0]}-{r}"
-        else:
-            pieces.append(str(r))
-    if len(pieces) > most:
-        return ", ".join(pieces[:most]) + f", ... ({len(ranks)} in all)"
-    return ", ".join(pieces)
 
 
 @dataclass(kw_only=True)
@@ -108,6 +95,8 @@ class ReplicaAnalysis:
     missing_ranks: list[int]
     incomplete_replicas: list[int]
     shown_replica: int
+    world_size: int = 0
+    """The job's ranks: those placed and those with no (stage, replica)."""
     """The replica whose pipeline the report details: the bottleneck's, else the first."""
     warnings: list[Notice] = field(default_factory=list)
     """The job's: its own, those of the checks on the placement, and each replica's (said once when every
@@ -338,6 +327,7 @@ def _aggregate(
         missing_ranks=missing_ranks,
         incomplete_replicas=incomplete,
         shown_replica=shown,
+        world_size=len(placement.place) + len(placement.unplaced),
     )
 
 

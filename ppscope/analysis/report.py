@@ -35,6 +35,8 @@ __all__ = [
 DENOMINATOR = "Σ bubble / (P × window): the share of the P stages' wall time spent idle"
 NOT_MEASURED = "–"
 """What a figure that was not measured reads (never 0); the table's caption says why."""
+_WITHHELD = "the bubble ratio, imbalance, bottleneck, balance gain and gap to theory need every stage"
+"""What an incomplete trace withholds (`AnalysisResult.missing`)."""
 
 
 def _ms(ns: float | None) -> str:
@@ -72,27 +74,40 @@ def stage_table(res: AnalysisResult, width: int | None = None) -> Table:
     t = Table(title="Stages × causes of idle time (ms)", title_justify="left")
     for col in ["stage", "ranks", "busy", "bubble", "bubble %", "time/mb", *causes]:
         t.add_column(col, justify="left" if col == "ranks" else "right", no_wrap=True)
-    for s in res.stages:
-        mark = " ◀" if s.stage == res.bottleneck_stage else ""
-        t.add_row(
-            f"{s.stage}{mark}",
+    rows = {
+        s.stage: [
+            f"{s.stage}{' ◀' if s.stage == res.bottleneck_stage else ''}",
             ",".join(map(str, s.ranks)),
             _ms(s.busy_ns),
             _ms(s.bubble_ns),
             _pct(s.bubble_ratio),
             _ms(s.time_per_mb_ns),
             *(_ms(s.causes[c]) for c in causes),
-        )
-    if width is None:
-        return t
-    smallest_first = sorted(causes, key=lambda c: sum(s.causes[c] for s in res.stages))
-    return fit_table(t, width, [*smallest_first, "ranks", "time/mb", "bubble"])
+        ]
+        for s in res.stages
+    }
+    rows.update({stage: [str(stage), *[NOT_MEASURED] * (5 + len(causes))] for stage in res.unknown_stages})
+    for stage in sorted(rows):
+        t.add_row(*rows[stage])
+    if width is not None:
+        smallest_first = sorted(causes, key=lambda c: sum(s.causes[c] for s in res.stages))
+        t = fit_table(t, width, [*smallest_first, "ranks", "time/mb", "bubble"])
+    if res.unknown_stages:
+        why = f"{NOT_MEASURED} stage {', '.join(map(str, res.unknown_stages))}: not measured, {res.missing}"
+        t.caption = "\n".join(filter(None, [why, str(t.caption or "")]))
+        t.caption_justify = "left"
+    return t
+
+
+def incomplete_line(res: AnalysisResult) -> str:
+    """What the trace lacks (`AnalysisResult.missing`, in its one sentence) and what that withholds."""
+    return f"incomplete: {res.missing}; {_WITHHELD}" if res.missing else ""
 
 
 def summary_lines(res: AnalysisResult) -> list[str]:
     """The headline facts, one per line (shared by the text and HTML reports)."""
     w = res.window
-    lines = [f"incomplete: {res.missing}"] if res.missing else []
+    lines = [incomplete_line(res)] if res.missing else []
     engine = f"   engine: {res.engine}" if res.engine else ""
     lines.append(f"source: {res.source}{engine}   schedule: {res.schedule or 'unknown'}   stages (P): {res.pp_size}")
     if w is not None:
@@ -204,7 +219,7 @@ def _tenths_summing(values: list[float], total: float) -> list[int]:
     return out
 
 
-_HOP_COLUMNS = {"recv_ns": "transfer ms", "bandwidth_gb_per_s": "GB/s", "latency_ns": "latency µs"}
+_HOP_COLUMNS = {"nbytes": "MB", "recv_ns": "transfer ms", "bandwidth_gb_per_s": "GB/s", "latency_ns": "latency µs"}
 
 
 def hop_table(res: AnalysisResult, width: int | None = None) -> Table:
@@ -215,7 +230,7 @@ def hop_table(res: AnalysisResult, width: int | None = None) -> Table:
         t.add_row(
             f"{h.src_rank}→{h.dst_rank}",
             str(h.messages),
-            f"{h.nbytes / 1e6:,.3f}",
+            NOT_MEASURED if h.nbytes is None else f"{h.nbytes / 1e6:,.3f}",
             _ms(h.send_ns),
             NOT_MEASURED if h.recv_ns is None else _ms(h.recv_ns),
             _ms(h.wait_ns),

@@ -234,7 +234,8 @@ class HopStats:
     src_rank: int
     dst_rank: int
     messages: int
-    nbytes: int
+    nbytes: int | None
+    """Bytes of the hop's messages whose size the trace records; None when none does (unknown, not 0)."""
     send_ns: int
     """Total time blocked in send on src."""
     recv_ns: int | None
@@ -315,8 +316,10 @@ class AnalysisResult:
     pipelining actions)."""
     missing: Notice | None = None
     """What the trace lacks to describe the whole pipeline (`missing_ranks`: ranks without spans, or
-    `missing_stages`: stages without spans), and so why imbalance, bottleneck and balance gain are not given;
-    None if nothing."""
+    `missing_stages`: stages without spans), and so why the bubble ratio, imbalance, bottleneck, balance gain
+    and gap to theory are not given; None if nothing."""
+    unknown_stages: list[int] = field(default_factory=list)
+    """Stages of the run that recorded nothing: counted in P, their figures unknown (not in `stages`)."""
     replay: TrainingReplay | None = None
     """A training run's replay, when the caller made one (`ppscope analyze` does for training runs)."""
     what_if: WhatIf | None = None
@@ -326,7 +329,8 @@ class AnalysisResult:
 
     @property
     def pp_size(self) -> int:
-        return len(self.stages)
+        """P: the stages analysed and those of the run that recorded nothing."""
+        return len(self.stages) + len(self.unknown_stages)
 
     def stage(self, stage: int) -> StageResult:
         for s in self.stages:
@@ -363,19 +367,7 @@ class AnalysisResult:
             "throughput_tokens_per_s": self.throughput_tokens_per_s,
             "throughput_basis": self.throughput_basis,
             "inflight": self.inflight,
-            "stages": [
-                {
-                    "stage": s.stage,
-                    "ranks": list(s.ranks),
-                    "busy_ns": s.busy_ns,
-                    "bubble_ns": s.bubble_ns,
-                    "bubble_ratio": s.bubble_ratio,
-                    "units": s.units,
-                    "time_per_mb_ns": s.time_per_mb_ns,
-                    "causes": dict(s.causes),
-                }
-                for s in self.stages
-            ],
+            "stages": self._stages_json(),
             "hops": [{**vars(h), "unmeasured": dict(h.unmeasured)} for h in self.hops],
             "latency": _latency_json(self.latency),
             "missing": None if self.missing is None else self.missing.to_json(),
@@ -384,6 +376,25 @@ class AnalysisResult:
             "what_if_reason": None if self.what_if_reason is None else self.what_if_reason.to_json(),
             "warnings": [w.to_json() for w in self.warnings],
         }
+
+    def _stages_json(self) -> list[dict[str, Any]]:
+        """Every stage of P in order: an unknown one with its figures null, not left out."""
+        known = {
+            s.stage: {
+                "stage": s.stage,
+                "ranks": list(s.ranks),
+                "busy_ns": s.busy_ns,
+                "bubble_ns": s.bubble_ns,
+                "bubble_ratio": s.bubble_ratio,
+                "units": s.units,
+                "time_per_mb_ns": s.time_per_mb_ns,
+                "causes": dict(s.causes),
+            }
+            for s in self.stages
+        }
+        unknown = dict.fromkeys(("ranks", "busy_ns", "bubble_ns", "bubble_ratio", "units", "time_per_mb_ns", "causes"))
+        known.update({stage: {"stage": stage, **unknown} for stage in self.unknown_stages})
+        return [known[stage] for stage in sorted(known)]
 
 
 def _latency_json(lat: RequestLatency | None) -> dict[str, Any] | None:

@@ -321,6 +321,9 @@ def _insitu_json(got: InSituCosts) -> dict[str, Any]:
     return {"phase": got.phase, "runs": got.runs, "passes": list(got.passes), "rest_ms": list(got.rest_ms)}
 
 
+_EVERY_RANK = "rebalancing needs every stage's costs (give the run with every rank's file)"
+
+
 def rebalance_runs(
     runs: Sequence[RunTimings],
     request: RebalanceRequest,
@@ -383,6 +386,12 @@ def rebalance_runs(
     )
 
 
+def _require_every_rank(runs: Sequence[RunTimings]) -> None:
+    """A stage without costs has no answer: name the ranks that recorded nothing, not a symptom of it."""
+    for timed in runs:
+        timed.meta.require_every_rank(timed.ranks, _EVERY_RANK)
+
+
 def _check_model(shape: ModelShape | None, costs: LayerCosts, given: GivenCosts) -> None:
     """The model whose memory is sized is the one whose layers are costed."""
     if shape is not None and shape.layers != costs.layers:
@@ -398,6 +407,7 @@ def _run_costs(
 ) -> RunCosts | None:
     """The runs' costs; None where they cannot be fitted but the costs were given by hand, which
     need only the run's split."""
+    _require_every_rank(runs)  # before the fallback below: given costs do not make up a missing stage
     try:
         return run_costs(runs, profile, choice=request.cost_choice, phase=request.phase, where=where, mix=request.mix)
     except UnsupportedInputError:

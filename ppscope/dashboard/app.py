@@ -23,6 +23,7 @@ from ppscope.dashboard.ranked import RANKS_IN_MEMORY, READ_SHARE, RankedRun
 from ppscope.dashboard.safety import Catalog, Entry, catalog_from_args, md
 from ppscope.errors import PPScopeError
 from ppscope.trace.model import RunMeta
+from ppscope.trace.notices import NoticeCode
 from ppscope.trace.store import rank_file_count
 
 __all__ = ["LANES", "RANKS_OPTION", "SECTIONS", "main"]
@@ -163,7 +164,8 @@ def _header(entry: Entry, live: LiveTrace) -> None:
         if live.error:
             st.warning(md(live.error))
         for warning in live.trace.warnings:
-            st.caption(f"⚠ {md(str(warning))}")
+            if warning.code != NoticeCode.MISSING_RANKS:  # the Stages page names them, with what they withhold
+                st.caption(f"⚠ {md(str(warning))}")
 
     status()
 

@@ -14,13 +14,13 @@ import streamlit as st
 
 from ppscope.analysis import CAUSES, figures
 from ppscope.analysis.replicas import rank_list
-from ppscope.analysis.report import replay_line
+from ppscope.analysis.report import incomplete_line, replay_line
 from ppscope.dashboard.charts import what_if_rows
 from ppscope.dashboard.data import LiveTrace
 from ppscope.dashboard.safety import md
 from ppscope.errors import PPScopeError
 from ppscope.trace.model import Trace
-from ppscope.trace.notices import NoticeCode
+from ppscope.trace.notices import NoticeCode, missing_ranks
 
 if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult
@@ -91,7 +91,7 @@ def replica_summary(ra: ReplicaAnalysis) -> None:
     st.caption(f"(stage, replica) from {md(ra.placement)}")
     if ra.missing_ranks:
         st.warning(
-            f"Missing: rank(s) {md(rank_list(ra.missing_ranks))} recorded nothing (file missing or damaged); "
+            f"Missing: {md(str(missing_ranks(ra.missing_ranks, ra.world_size)))}; "
             f"incomplete replica(s): {md(rank_list(ra.incomplete_replicas) or 'none known')}"
         )
     rows = [
@@ -140,6 +140,9 @@ def stage_page(ra: ReplicaAnalysis | None, result: AnalysisResult | None, proble
     if not result.stages:
         st.info("No stages to show: " + md("; ".join(map(str, result.warnings))))
         return
+    if result.missing is not None:  # said here, where its figures are missing, and not again in the header
+        line = incomplete_line(result)
+        st.warning(md(line[:1].upper() + line[1:]))
     w = result.window
     cols = st.columns(5)
     cols[0].metric("Bubble ratio", _pct(result.bubble_ratio), help="Σ bubble over stages / (P × window length)")

@@ -40,9 +40,10 @@ def replay_config(trace: Trace, *, phase: str = "all", costs: LayerCosts | None 
         raise UnsupportedInputError(
             f"the run's schedule is {meta.schedule or 'unknown'!r}: only gpipe, interleaved and serve runs replay"
         )
+    spans = trace.spans
+    meta.require_every_rank(spans["rank"].unique(), "a replay needs every stage's costs")
     if costs is None:
         costs = fit_layer_costs([trace], phase=phase).costs
-    spans = trace.spans
     recv = spans[spans["kind"] == SpanKind.RECV]
     latency_us = float((recv["end_ns"] - recv["start_ns"]).mean()) / 1e3 if len(recv) else 0.0
     if meta.source == "ppscope":  # the engine's `recv` spans time only a payload sent after its header, and

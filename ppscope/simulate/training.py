@@ -33,6 +33,7 @@ from ppscope.balance.measured.training import is_training
 from ppscope.errors import InvalidConfigError
 from ppscope.trace.actions import PASSES, Action, ActionType
 from ppscope.trace.model import COMPUTE_KINDS, RankInfo, RunMeta, SpanKind, Trace, spans_frame
+from ppscope.trace.notices import missing_ranks
 
 __all__ = [
     "MAX_STEPS",
@@ -248,6 +249,10 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
     median over those steps of each stage's F, B, I, W) and hop latency (`hop_ns`, default: measured, else 0).
     Returns the figures, and the replayed steps as a Trace (one after another, each starting when the previous
     one has ended on every rank); what cannot be replayed is a note, and no Trace."""
+    missing = trace.meta.ranks_missing(trace.spans["rank"].unique())
+    if missing:  # a step without a stage cannot be replayed: say which rank, not that the steps look cut
+        why = f"{missing_ranks(missing, trace.meta.world_size)}: a replay needs every stage's costs"
+        return TrainingReplay(bubble_ratio=None, note=why), None
     acts = training_actions(trace)
     if acts.empty:
         why = "no training actions in the trace (forward/backward spans, or Kineto action ranges, with a micro-batch)"

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from ppscope.trace.model import spans_frame as spans_frame
     from ppscope.trace.notices import Notice as Notice
     from ppscope.trace.notices import NoticeCode as NoticeCode
+    from ppscope.trace.notices import missing_ranks as missing_ranks
+    from ppscope.trace.notices import rank_list as rank_list
     from ppscope.trace.outputs import atomic_file as atomic_file
     from ppscope.trace.outputs import atomic_folder as atomic_folder
     from ppscope.trace.outputs import check_output as check_output
@@ -110,7 +112,9 @@ _WHERE = {
     "layer_indices": "layers",
     "layer_span_name": "layers",
     "load_run": "store",
+    "missing_ranks": "notices",
     "rank_file_count": "store",
+    "rank_list": "notices",
     "read_meta": "store",
     "read_p2p": "rankfile",
     "read_rank_counters": "counterfile",

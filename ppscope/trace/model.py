@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError, InvalidSpanError, SchemaVersionError
+from ppscope.errors import CorruptFileError, IncompleteRunError, InvalidSpanError, SchemaVersionError
 from ppscope.trace.actions import Phase
-from ppscope.trace.notices import Notice
+from ppscope.trace.notices import Notice, missing_ranks
 from ppscope.trace.schemaframe import schema_frame
 
 if sys.version_info >= (3, 11):
@@ -292,6 +292,23 @@ class RunMeta:
             if info.rank == rank:
                 return info
         return None
+
+    def ranks_missing(self, recorded: Iterable[int]) -> list[int]:
+        """The run's ranks that are not among `recorded`: the one rule of which ranks a trace should hold.
+
+        Ranks 0 … `world_size` − 1; but where the metadata names a rank past them (an import of some files of a
+        bigger job, numbered as the job numbers them: rank 1's file alone, two of 128 ranks), the ranks it
+        names, so that which file was given does not decide whether the trace is complete. `world_size` 0 (one
+        replica cut from a job) expects nothing."""
+        named = {i.rank for i in self.ranks}
+        expected = named if any(r >= self.world_size for r in named) else set(range(self.world_size))
+        return sorted(expected - {int(r) for r in recorded}) if self.world_size > 0 else []
+
+    def require_every_rank(self, recorded: Iterable[int], needs: str) -> None:
+        """Raise IncompleteRunError naming the missing ranks (`notices.missing_ranks`) and what `needs` them."""
+        missing = self.ranks_missing(recorded)
+        if missing:
+            raise IncompleteRunError(f"{missing_ranks(missing, self.world_size)}: {needs}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 if sys.version_info >= (3, 11):
@@ -24,7 +25,7 @@ else:  # pragma: no cover - Python 3.10
             return str(self.value)
 
 
-__all__ = ["Notice", "NoticeCode"]
+__all__ = ["Notice", "NoticeCode", "missing_ranks", "rank_list"]
 
 
 class NoticeCode(StrEnum):
@@ -34,7 +35,8 @@ class NoticeCode(StrEnum):
     NOT_RECORDED = "not_recorded"
     """The run was recorded with `--no-record`: no spans, only the requests' latency."""
     MISSING_FILES = "missing_files"
-    """Ranks of the run have no rank file; the others were loaded."""
+    """No longer said: a run's ranks without a file are `missing_ranks`, as every command names them. Kept so
+    that programs testing for it still load."""
     DAMAGED_FILE = "damaged_file"
     """A damaged file (a rank file, one of a job's Kineto files) was left out; the others were read."""
     RANK_FAILED = "rank_failed"
@@ -134,8 +136,8 @@ class NoticeCode(StrEnum):
     BUSY_IMBALANCE = "busy_imbalance"
     """No `forward` spans on some stage: imbalance compares busy time per stage."""
     MISSING_RANKS = "missing_ranks"
-    """Ranks of the run recorded no spans: imbalance, bottleneck and balance gain need every stage
-    (`AnalysisResult.missing`)."""
+    """Ranks of the run recorded nothing (no file, a damaged one, or no spans): built by `missing_ranks` alone,
+    in the same words wherever it is said (the loaders, `AnalysisResult.missing`, `rebalance`, `simulate`)."""
     MISSING_STAGES = "missing_stages"
     """Fewer stages recorded spans than the run has (`AnalysisResult.missing`)."""
 
@@ -198,3 +200,27 @@ class Notice:
 
     def to_json(self) -> dict[str, str]:
         return {"code": str(self.code), "text": self.text}
+
+
+def missing_ranks(ranks: Iterable[int], world_size: int) -> Notice:
+    """The one sentence naming ranks of a run that recorded nothing (`RunMeta.ranks_missing`): every command
+    says it in these words, and adds only what it cannot do without them."""
+    shown = sorted(ranks)
+    which = f"rank {shown[0]}" if len(shown) == 1 else f"ranks {rank_list(shown)}"
+    return Notice(
+        NoticeCode.MISSING_RANKS,
+        f"{which} of {world_size} recorded nothing (no file, a damaged file, or no spans)",
+    )
+
+
+def rank_list(ranks: list[int], most: int = 12) -> str:
+    """`0-3, 7, 9-11`: consecutive numbers as ranges, at most `most` pieces (then `... (n in all)`)."""
+    pieces: list[str] = []
+    for r in sorted(ranks):
+        if pieces and pieces[-1].split("-")[-1] == str(r - 1):
+            pieces[-1] = f"{pieces[-1].split('-')[0]}-{r}"
+        else:
+            pieces.append(str(r))
+    if len(pieces) > most:
+        return ", ".join(pieces[:most]) + f", ... ({len(ranks)} in all)"
+    return ", ".join(pieces)

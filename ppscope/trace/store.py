@@ -28,7 +28,7 @@ from ppscope.errors import CorruptFileError, InvalidConfigError, RunExistsError,
 from ppscope.failures import recorded_failures
 from ppscope.trace.counterfile import common_counters
 from ppscope.trace.model import COUNTER_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, RunMeta, Trace, counters_frame
-from ppscope.trace.notices import Notice, NoticeCode
+from ppscope.trace.notices import Notice, NoticeCode, missing_ranks
 from ppscope.trace.rankfile import (
     connect_ro,
     merge_values,
@@ -366,14 +366,12 @@ def run_files(
     meta = read_meta(path)
     files = {r: f for r, f in _rank_files(path).items() if r not in leave_out}
     said = []
-    missing = sorted(set(range(meta.world_size)) - set(files) - set(leave_out))
+    missing = meta.ranks_missing([*files, *leave_out])
     if meta.unrecorded:
         text = "recorded with --no-record: there are no spans, only the requests' latency"
         said.append(Notice(NoticeCode.NOT_RECORDED, text))
-    elif missing:
-        names = ", ".join(rank_file(path, r).name for r in missing)
-        text = f"rank(s) {', '.join(map(str, missing))} have no file ({names}); loaded the rest"
-        said.append(Notice(NoticeCode.MISSING_FILES, text))
+    elif missing:  # in the words the analysis and every command use (`missing_ranks`)
+        said.append(missing_ranks(missing, meta.world_size))
     return meta, files, said
 
 

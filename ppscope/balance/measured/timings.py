@@ -72,6 +72,8 @@ class RunTimings:
     """Whether any span is labelled `W` (weight gradients computed apart)."""
     top_stage: int
     """The highest stage of a span with a stage and a micro-batch (-1: none)."""
+    ranks: frozenset[int] = frozenset()
+    """The ranks that recorded spans of any kind (`RunMeta.ranks_missing` tells which did not)."""
 
     @classmethod
     def of(cls, trace: Trace) -> RunTimings:
@@ -111,6 +113,7 @@ class RunTimings:
             training=bool((kind == str(SpanKind.BACKWARD)).any() or (compute & phase.isin(BACKWARD_PHASES)).any()),
             weight_grads=bool((phase == ActionType.BACKWARD_WEIGHT).any()),
             top_stage=int(labelled.max()) if len(labelled) else -1,
+            ranks=frozenset(int(r) for r in spans["rank"].unique()),
         )
 
     @classmethod
@@ -130,6 +133,7 @@ class RunTimings:
             training=any(s.training for s in shares),
             weight_grads=any(s.weight_grads for s in shares),
             top_stage=max(s.top_stage for s in shares),
+            ranks=frozenset().union(*(s.ranks for s in shares)),
         )
 
     def kind(self, kind: str) -> pd.DataFrame:

@@ -220,11 +220,13 @@ def _trace_stages(trace: Trace, path: str) -> TraceStages:
     from ppscope.analysis import analyze
     from ppscope.balance.measured.timings import RunTimings
     from ppscope.balance.report import TraceStages, job_kind
-    from ppscope.errors import UnsupportedInputError
+    from ppscope.errors import IncompleteRunError, UnsupportedInputError
 
     result = analyze(trace)
     if result.window is None:
         raise UnsupportedInputError(f"{path} holds no span to time its stages by: nothing to calibrate the model on")
+    if result.missing is not None:
+        raise IncompleteRunError(f"{result.missing}: calibrating the model needs every stage's time")
     return TraceStages(
         stage_ms=tuple(s.busy_ns / 1e6 for s in result.stages),
         stage_ranks=tuple(tuple(s.ranks) for s in result.stages),

@@ -215,7 +215,7 @@ def load_kineto(files: list[Path]) -> Trace:
         source="kineto",
         status="finished",
         world_size=groups.world_size if groups else len(read) + damaged,  # a damaged file's rank is missing
-        pp_size=len({s for s, _ in groups.place.values()}) if groups else len(read),
+        pp_size=len({s for s, _ in groups.place.values()}) if groups else len(read) + damaged,  # a stage a file
         schedule=pipeline.schedule if pipeline else "",
         microbatches=pipeline.microbatches if pipeline else 0,
         chunks=pipeline.chunks if pipeline else 1,
