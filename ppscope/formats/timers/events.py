@@ -1,0 +1,139 @@
+"""A Chrome trace's events read as columns: the timed operations (`ph: "X"`) and the names of processes and
+threads (`ph: "M"`), streamed in batches by the Kineto reader's decoder.
+
+Each batch is one msgspec decode into structs of the few fields read (the name, process, thread, times and
+the `args` a timer writes); the columns grow a list per field, turned into numpy arrays once. This module
+knows the Chrome trace's shape, not what the names mean (`names.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from ppscope.formats.kineto.decode import group_key, iter_chrome_batches
+from ppscope.formats.kineto.times import NS_LIMIT
+
+__all__ = ["TimerColumns", "read_columns"]
+
+
+class _Args(msgspec.Struct, gc=False):
+    """The `args` a timer writes (each None where the event has none); `name` is a metadata event's."""
+
+    step: Any = None
+    mb_id: Any = None
+    model_chunk: Any = None
+    pp_rank: Any = None
+    tp_rank: Any = None
+    dp_rank: Any = None
+    name: Any = None
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: Any = None
+    name: Any = ""
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: _Args | None = None
+
+
+_DECODE = msgspec.json.Decoder(list[_Event])
+_NO_ARGS = _Args()
+
+
+def _one(item: Any) -> _Event | None:
+    """A plain decoded item as an event; None for one that is no event (not an object, odd `args`)."""
+    if not isinstance(item, dict):
+        return None
+    if not isinstance(item.get("args", {}), dict):
+        item = {**item, "args": None}
+    try:
+        return msgspec.convert(item, _Event)
+    except msgspec.ValidationError:
+        return None
+
+
+def _events(text: bytes) -> list[_Event]:
+    """A batch's events: msgspec's typed decode, else the plain decoder's an item at a time (a
+    JSONDecodeError where the text is cut inside an item)."""
+    try:
+        return _DECODE.decode(text)
+    except msgspec.DecodeError:
+        return [e for e in map(_one, json.loads(text)) if e is not None]
+
+
+@dataclass
+class TimerColumns:
+    """The timed events of one file as columns, and the names the metadata gives processes and threads."""
+
+    name: list[Any] = field(default_factory=list)
+    lane: list[tuple[Any, Any]] = field(default_factory=list)
+    """(pid, tid) of each event, as values that group."""
+    ts: list[Any] = field(default_factory=list)
+    dur: list[Any] = field(default_factory=list)
+    args: list[_Args] = field(default_factory=list)
+    thread_names: dict[tuple[Any, Any], str] = field(default_factory=dict)
+    process_names: dict[Any, str] = field(default_factory=dict)
+    top: dict[str, Any] = field(default_factory=dict)
+    """An object's keys other than `traceEvents`."""
+
+    def add(self, batch: list[_Event]) -> None:
+        timed = [e for e in batch if e.ph == "X"]
+        self.name += [e.name for e in timed]
+        self.lane += [(group_key(e.pid), group_key(e.tid)) for e in timed]
+        self.ts += [e.ts for e in timed]
+        self.dur += [e.dur for e in timed]
+        self.args += [e.args or _NO_ARGS for e in timed]
+        if len(timed) < len(batch):
+            for e in batch:
+                if e.ph == "M" and e.args is not None and isinstance(e.args.name, str):
+                    if e.name == "thread_name":
+                        self.thread_names[(group_key(e.pid), group_key(e.tid))] = e.args.name
+                    elif e.name == "process_name":
+                        self.process_names[group_key(e.pid)] = e.args.name
+
+    def times_ns(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """Start and end in ns (µs floats rounded to the ns), and which events have both as numbers."""
+        ts, dur = _floats(self.ts), _floats(self.dur)
+        ok = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < _US_LIMIT) & (dur < _US_LIMIT)
+        ts, dur = np.where(ok, ts, 0.0), np.where(ok, dur, 0.0)
+        start = np.rint(ts * 1000).astype(np.int64)
+        return start, start + np.rint(dur * 1000).astype(np.int64), ok
+
+    def arg(self, key: str) -> npt.NDArray[np.int64]:
+        """An integer `args` field of every event, -1 where it has none (or not an integer)."""
+        values = [getattr(a, key) for a in self.args]
+        try:
+            out = np.array([-1 if v is None else v for v in values], dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            out = np.array([v if type(v) is int and -(1 << 62) < v < 1 << 62 else -1 for v in values], np.int64)
+        return out
+
+
+_US_LIMIT = NS_LIMIT / 2000
+"""µs beyond which a time is damage: a start plus a duration in ns still fit int64."""
+
+
+def _floats(values: list[Any]) -> npt.NDArray[np.float64]:
+    """Numbers as floats, NaN for anything else (text, null, a list)."""
+    try:
+        return np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        ok = (int, float)
+        return np.array([float(v) if type(v) in ok else np.nan for v in values], dtype=np.float64)
+
+
+def read_columns(path: Path) -> TimerColumns:
+    """The file's events as columns (an object's other keys in `top`)."""
+    cols = TimerColumns()
+    for batch in iter_chrome_batches(path, cols.top, _events, _one):
+        cols.add(batch)
+    return cols
