@@ -8,14 +8,17 @@ knows the Chrome trace's shape, not what the names mean (`names.py`).
 
 from __future__ import annotations
 
+import gc
 import json
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
+import pandas as pd
 
 from ppscope.formats.kineto.decode import group_key, iter_chrome_batches
 from ppscope.formats.kineto.times import NS_LIMIT
@@ -46,6 +49,7 @@ class _Event(msgspec.Struct, gc=False):
 
 
 _DECODE = msgspec.json.Decoder(list[_Event])
+_FIELDS = attrgetter("name", "pid", "tid", "ts", "dur", "args")
 _NO_ARGS = _Args()
 
 
@@ -75,23 +79,27 @@ class TimerColumns:
     """The timed events of one file as columns, and the names the metadata gives processes and threads."""
 
     name: list[Any] = field(default_factory=list)
-    lane: list[tuple[Any, Any]] = field(default_factory=list)
-    """(pid, tid) of each event, as values that group."""
+    pid: list[Any] = field(default_factory=list)
+    tid: list[Any] = field(default_factory=list)
     ts: list[Any] = field(default_factory=list)
     dur: list[Any] = field(default_factory=list)
     args: list[_Args] = field(default_factory=list)
     thread_names: dict[tuple[Any, Any], str] = field(default_factory=dict)
+    """(pid, tid) -> name, each as a value that groups (`group_key`)."""
     process_names: dict[Any, str] = field(default_factory=dict)
     top: dict[str, Any] = field(default_factory=dict)
     """An object's keys other than `traceEvents`."""
 
     def add(self, batch: list[_Event]) -> None:
         timed = [e for e in batch if e.ph == "X"]
-        self.name += [e.name for e in timed]
-        self.lane += [(group_key(e.pid), group_key(e.tid)) for e in timed]
-        self.ts += [e.ts for e in timed]
-        self.dur += [e.dur for e in timed]
-        self.args += [e.args or _NO_ARGS for e in timed]
+        if timed:
+            name, pid, tid, ts, dur, args = zip(*map(_FIELDS, timed), strict=True)
+            self.name += name
+            self.pid += pid
+            self.tid += tid
+            self.ts += ts
+            self.dur += dur
+            self.args += args
         if len(timed) < len(batch):
             for e in batch:
                 if e.ph == "M" and e.args is not None and isinstance(e.args.name, str):
@@ -99,6 +107,18 @@ class TimerColumns:
                         self.thread_names[(group_key(e.pid), group_key(e.tid))] = e.args.name
                     elif e.name == "process_name":
                         self.process_names[group_key(e.pid)] = e.args.name
+
+    def lanes(self) -> tuple[list[tuple[Any, Any]], npt.NDArray[np.int64], list[int]]:
+        """The distinct (pid, tid) lanes, as values that group, in order of first event; each event's lane, and
+        each lane's first event."""
+        pid, pids = _factorized(self.pid)
+        tid, tids = _factorized(self.tid)
+        first, code = np.unique(pid * len(tids) + tid, return_index=True, return_inverse=True)[1:]
+        order = np.argsort(first)  # lanes in the order their first events came
+        rank = np.empty(len(order), np.int64)
+        rank[order] = np.arange(len(order))
+        lanes = [(pids[int(k) // len(tids)], tids[int(k) % len(tids)]) for k in (pid * len(tids) + tid)[first[order]]]
+        return lanes, rank[code.reshape(-1)], first[order].tolist()
 
     def times_ns(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
         """Start and end in ns (µs floats rounded to the ns), and which events have both as numbers."""
@@ -110,7 +130,10 @@ class TimerColumns:
 
     def arg(self, key: str) -> npt.NDArray[np.int64]:
         """An integer `args` field of every event, -1 where it has none (or not an integer)."""
-        values = [getattr(a, key) for a in self.args]
+        try:
+            values = list(map(attrgetter(key), self.args))
+        except AttributeError:  # `"args": null`
+            values = [None if a is None else getattr(a, key) for a in self.args]
         try:
             out = np.array([-1 if v is None else v for v in values], dtype=np.int64)
         except (TypeError, ValueError, OverflowError):
@@ -120,6 +143,16 @@ class TimerColumns:
 
 _US_LIMIT = NS_LIMIT / 2000
 """µs beyond which a time is damage: a start plus a duration in ns still fit int64."""
+
+
+def _factorized(values: list[Any]) -> tuple[npt.NDArray[np.int64], list[Any]]:
+    """Codes of `values` into their distinct values (as `group_key` makes them)."""
+    try:
+        codes, uniques = pd.factorize(np.array([*values, None], dtype=object)[:-1], use_na_sentinel=False)
+    except TypeError:  # a list or an object where a number belongs
+        keys = np.array([*map(group_key, values), None], dtype=object)[:-1]
+        codes, uniques = pd.factorize(keys, use_na_sentinel=False)
+    return codes.astype(np.int64), [group_key(u) for u in uniques]
 
 
 def _floats(values: list[Any]) -> npt.NDArray[np.float64]:
@@ -134,6 +167,12 @@ def _floats(values: list[Any]) -> npt.NDArray[np.float64]:
 def read_columns(path: Path) -> TimerColumns:
     """The file's events as columns (an object's other keys in `top`)."""
     cols = TimerColumns()
-    for batch in iter_chrome_batches(path, cols.top, _events, _one):
-        cols.add(batch)
+    paused = gc.isenabled()
+    gc.disable()  # the events make no cycles; the growing lists would be walked again and again (as Kineto's)
+    try:
+        for batch in iter_chrome_batches(path, cols.top, _events, _one):
+            cols.add(batch)
+    finally:
+        if paused:
+            gc.enable()
     return cols

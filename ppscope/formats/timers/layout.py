@@ -44,7 +44,7 @@ def _said(text: str, what: str) -> int | None:
 
 
 def _arg(args: Any, what: str) -> int | None:
-    value = getattr(args, f"{what}_rank")
+    value = getattr(args, f"{what}_rank", None)
     return value if type(value) is int and value >= 0 else None
 
 

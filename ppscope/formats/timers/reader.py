@@ -32,7 +32,7 @@ def load_timers(path: Path) -> Trace:
     ops = [op_of(n) for n in names]
     if not PIPELINE_NAMES.intersection(names):
         raise UnsupportedInputError(_not_a_pipeline(path, cols, names))
-    lanes, lane_code, first = _lanes(cols.lane)
+    lanes, lane_code, first = cols.lanes()
     layout = lane_layout(cols, lanes, first)
     warnings = list(layout.notices)
     start, end, ok = cols.times_ns()
@@ -54,15 +54,6 @@ def _codes(values: list[Any]) -> tuple[list[str], npt.NDArray[np.intp]]:
     """Event names as codes into their distinct values (as text)."""
     codes, uniques = pd.factorize(np.array(values, dtype=object), sort=False)
     return [str(u) for u in uniques], codes
-
-
-def _lanes(keys: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], npt.NDArray[np.int64], list[int]]:
-    """The distinct (pid, tid) lanes, each event's lane code, and each lane's first event."""
-    index: dict[tuple[Any, Any], int] = {}
-    code = np.fromiter((index.setdefault(k, len(index)) for k in keys), np.int64, len(keys))
-    first = np.full(len(index), len(keys), np.int64)
-    np.minimum.at(first, code, np.arange(len(keys)))
-    return list(index), code, first.tolist()
 
 
 def _columns(
