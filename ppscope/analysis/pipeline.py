@@ -192,37 +192,52 @@ def message_latencies(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = 
     as the pipeline feels it, including what no transfer span shows (a payload riding in its header, the
     receiver's wake-up). Empty when the trace has no such pairs (imported traces without micro-batch ids)."""
     role = span_roles(spans["kind"]) if roles is None else roles
-    cols = ["rank", "peer", "mb", "step", "start_ns", "end_ns"]
-    sends = spans.loc[(role == ROLE_SEND) & (spans["peer"].to_numpy() >= 0) & (spans["mb"].to_numpy() >= 0), cols]
-    waits = spans.loc[(role == ROLE_WAIT) & (spans["peer"].to_numpy() >= 0) & (spans["mb"].to_numpy() >= 0), cols]
-    if sends.empty or waits.empty:
+    col = {c: spans[c].to_numpy(np.int64) for c in ("rank", "peer", "mb", "step", "start_ns", "end_ns")}
+    known = (col["peer"] >= 0) & (col["mb"] >= 0)
+    at_send, at_wait = np.flatnonzero((role == ROLE_SEND) & known), np.flatnonzero((role == ROLE_WAIT) & known)
+    if not len(at_send) or not len(at_wait):
         return pd.DataFrame({"src": [], "dst": [], "latency_ns": []}, dtype=np.int64)
-    sends = sends.rename(columns={"rank": "src", "peer": "dst", "start_ns": "posted", "end_ns": "_"})
-    waits = waits.rename(columns={"rank": "dst", "peer": "src", "start_ns": "waiting", "end_ns": "woke"})
+    names = {"rank": "src", "peer": "dst", "mb": "mb", "step": "step", "start_ns": "posted"}
+    sends = {new: col[old][at_send] for old, new in names.items()}
+    names = {"rank": "dst", "peer": "src", "mb": "mb", "step": "step", "start_ns": "waiting", "end_ns": "woke"}
+    waits = {new: col[old][at_wait] for old, new in names.items()}
     # A receiver labels its wait with the message's step (the engine) or with the step it will compute, one
     # later for the tokens that close a step (the simulator): pair both ways, the window below keeps the true one.
-    pairs = pd.concat([_last_post_before_waking(waits, sends), _last_post_before_waking(waits, sends, step=1)])
-    pairs = pairs[pairs["waiting"] <= pairs["posted"]]
-    latency = (pairs["woke"] - pairs["posted"]).to_numpy(np.int64)
+    pairs = [_last_post_before_waking(waits, sends), _last_post_before_waking(waits, sends, step=1)]
+    pair = {c: np.concatenate([p[c] for p in pairs]) for c in ("src", "dst", "waiting", "woke", "posted")}
+    kept = pair["waiting"] <= pair["posted"]
     return pd.DataFrame(
-        {"src": pairs["src"].to_numpy(np.int64), "dst": pairs["dst"].to_numpy(np.int64), "latency_ns": latency}
+        {"src": pair["src"][kept], "dst": pair["dst"][kept], "latency_ns": (pair["woke"] - pair["posted"])[kept]}
     )
 
 
-def _last_post_before_waking(waits: pd.DataFrame, sends: pd.DataFrame, step: int = 0) -> pd.DataFrame:
+def _last_post_before_waking(
+    waits: dict[str, npt.NDArray[np.int64]], sends: dict[str, npt.NDArray[np.int64]], step: int = 0
+) -> dict[str, npt.NDArray[np.int64]]:
     """Each wait beside the last send of its key (hop, micro-batch, step + `step`) posted before it woke. A key
     can recur thousands of times in one trace (an imported one, or a serve run's many requests), so this is a
-    sorted as-of join, never the product of all sends and waits of a key."""
+    sorted as-of join, never the product of all sends and waits of a key: waits and sends sorted together by
+    key, then time (a wait before a send posted at the instant it woke: only earlier posts count), each wait
+    takes the last send before it when that send has its key."""
     keys = ["src", "dst", "mb", "step"]
-    right = sends[[*keys, "posted"]].astype(np.int64).assign(step=sends["step"].astype(np.int64) + step)
-    right = right.sort_values("posted")
-    right["row"] = np.arange(len(right))  # the post is taken back by row: a join that misses goes through float
-    left = waits[[*keys, "waiting", "woke"]].astype(np.int64)
-    pairs = pd.merge_asof(
-        left.sort_values("woke"), right, left_on="woke", right_on="posted", by=keys, allow_exact_matches=False
-    )
-    pairs = pairs[pairs["row"].notna()]
-    return pairs.assign(posted=right["posted"].to_numpy()[pairs["row"].to_numpy(np.int64)])
+    w = waits
+    s = {**sends, "step": sends["step"] + step}
+    key = {c: np.concatenate([w[c], s[c]]) for c in keys}
+    is_send = np.concatenate([np.zeros(len(w["woke"]), bool), np.ones(len(s["posted"]), bool)])
+    t = np.concatenate([w["woke"], s["posted"]])
+    order = np.lexsort((is_send, t, key["step"], key["mb"], key["dst"], key["src"]))
+    sent = is_send[order]
+    last = np.maximum.accumulate(np.where(sent, np.arange(len(order)), -1))  # the last send at or before
+    at = np.flatnonzero(~sent)
+    before = last[at]
+    found = before >= 0
+    at, before = at[found], before[found]
+    same = np.ones(len(at), bool)
+    for c in keys:
+        same &= key[c][order[at]] == key[c][order[before]]
+    wi, si = order[at[same]], order[before[same]] - len(w["woke"])
+    columns = {c: w[c][wi] for c in ("src", "dst", "waiting", "woke")}
+    return {**columns, "posted": s["posted"][si]}
 
 
 def _int_or_none(value: float | None) -> int | None:
