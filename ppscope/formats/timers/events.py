@@ -128,17 +128,20 @@ class TimerColumns:
         start = np.rint(ts * 1000).astype(np.int64)
         return start, start + np.rint(dur * 1000).astype(np.int64), ok
 
-    def arg(self, key: str) -> npt.NDArray[np.int64]:
-        """An integer `args` field of every event, -1 where it has none (or not an integer)."""
+    def ints(self, *keys: str) -> list[npt.NDArray[np.int64]]:
+        """Integer `args` fields of every event, one array per key, -1 where an event has none (or not an
+        integer). Timers write every field (-1 for none): then one conversion of C makes all of them."""
         try:
-            values = list(map(attrgetter(key), self.args))
-        except AttributeError:  # `"args": null`
-            values = [None if a is None else getattr(a, key) for a in self.args]
-        try:
-            out = np.array([-1 if v is None else v for v in values], dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            out = np.array([v if type(v) is int and -(1 << 62) < v < 1 << 62 else -1 for v in values], np.int64)
-        return out
+            rows = np.array(list(map(attrgetter(*keys), self.args)), dtype=np.int64).reshape(-1, len(keys))
+            if len(rows) == len(self.args):
+                return [rows[:, i] for i in range(len(keys))]
+        except (AttributeError, TypeError, ValueError, OverflowError):  # a field missing, null, text, huge
+            pass
+        return [self._ints(key) for key in keys]
+
+    def _ints(self, key: str) -> npt.NDArray[np.int64]:
+        values = [None if a is None else getattr(a, key) for a in self.args]
+        return np.array([v if type(v) is int and -(1 << 62) < v < 1 << 62 else -1 for v in values], np.int64)
 
 
 _US_LIMIT = NS_LIMIT / 2000

@@ -45,9 +45,8 @@ def load_timers(path: Path) -> Trace:
     op_code = name_code[idx]
     columns, stages, chunks = _columns(cols, layout, ops, names, op_code, idx, rank[idx])
     columns.update(start_ns=start[idx], end_ns=end[idx])
-    spans = spans_frame(columns)
-    meta = _meta(path, cols, layout, spans, stages, chunks)
-    return Trace(spans=spans, meta=meta, warnings=warnings).sorted()
+    meta = _meta(path, layout, columns, stages, chunks)
+    return Trace(spans=spans_frame(columns), meta=meta, warnings=warnings).sorted()
 
 
 def _codes(values: list[Any]) -> tuple[list[str], npt.NDArray[np.intp]]:
@@ -68,7 +67,7 @@ def _columns(
     """The span columns but times, and the physical stages P and model chunks V."""
     place = np.array([layout.place[r] for r in range(max(layout.place) + 1)] if layout.place else [], np.int64)
     pp, replica, tp = (place[rank, i] if len(place) else np.zeros(len(rank), np.int64) for i in range(3))
-    step, mb, chunk = (cols.arg(k)[idx] for k in ("step", "mb_id", "model_chunk"))
+    step, mb, chunk = (column[idx] for column in cols.ints("step", "mb_id", "model_chunk"))
     compute = np.array([o.kind in (SpanKind.FORWARD, SpanKind.BACKWARD) for o in ops], bool)[op_code]
     stages = int(pp.max()) + 1 if len(pp) else 0
     chunks = int(chunk[compute].max()) + 1 if compute.any() and chunk[compute].max() >= 0 else 1
@@ -118,9 +117,10 @@ def _peers(
     return np.where(inside, table[np.clip(stage, 0, table.shape[0] - 1), replica, tp], -1)
 
 
-def _meta(path: Path, cols: TimerColumns, layout: Layout, spans: pd.DataFrame, stages: int, chunks: int) -> RunMeta:
+def _meta(path: Path, layout: Layout, columns: dict[str, Any], stages: int, chunks: int) -> RunMeta:
     replica = (lambda rep: rep) if layout.replicas > 1 else (lambda rep: -1)  # one pipeline: no replica
     clock = ClockInfo(method="import")
+    forward, backward = (columns["kind"] == str(k) for k in (SpanKind.FORWARD, SpanKind.BACKWARD))
     ranks = [
         RankInfo(rank=r, stage=s, replica=replica(rep), device="cuda", clock=clock)
         for r, (s, rep, _) in sorted(layout.place.items())
@@ -131,8 +131,8 @@ def _meta(path: Path, cols: TimerColumns, layout: Layout, spans: pd.DataFrame, s
         status="finished",
         world_size=len(layout.place),
         pp_size=stages,
-        schedule=_schedule(spans, chunks),
-        microbatches=_microbatches(spans),
+        schedule=_schedule(columns, forward, backward, chunks),
+        microbatches=_microbatches(columns, forward),
         chunks=chunks,
         ranks=ranks,
         config={
@@ -143,24 +143,26 @@ def _meta(path: Path, cols: TimerColumns, layout: Layout, spans: pd.DataFrame, s
     )
 
 
-def _microbatches(spans: pd.DataFrame) -> int:
-    """M: the most micro-batches a step's forwards run on one rank."""
-    f = spans.loc[(spans["kind"] == str(SpanKind.FORWARD)) & (spans["mb"] >= 0), ["rank", "step", "chunk", "mb"]]
-    return int(f.drop_duplicates().groupby(["rank", "step", "chunk"]).size().max()) if len(f) else 0
+def _microbatches(columns: dict[str, Any], forward: npt.NDArray[np.bool_]) -> int:
+    """M: the most micro-batches a step's forwards run on one rank and model chunk."""
+    keys = ("rank", "step", "chunk", "mb")
+    rows = np.stack([np.asarray(columns[k], np.int64)[forward] for k in keys], axis=1)
+    rows = np.unique(rows[rows[:, 3] >= 0], axis=0)
+    return int(np.unique(rows[:, :3], axis=0, return_counts=True)[1].max()) if len(rows) else 0
 
 
-def _schedule(spans: pd.DataFrame, chunks: int) -> str:
+def _schedule(
+    columns: dict[str, Any], forward: npt.NDArray[np.bool_], backward: npt.NDArray[np.bool_], chunks: int
+) -> str:
     """`interleaved-1f1b` with several model chunks; else `1f1b` where some rank starts a backward before its
     step's last forward, `gpipe` where every rank runs all its forwards first."""
     if chunks > 1:
         return "interleaved-1f1b"
-    kind = spans["kind"]
-    passes = spans.loc[kind.isin([str(SpanKind.FORWARD), str(SpanKind.BACKWARD)]), ["rank", "step", "kind", "start_ns"]]
-    if passes.empty or not (passes["kind"] == str(SpanKind.BACKWARD)).any():
+    if not backward.any():
         return ""
-    by = passes.groupby(["rank", "step", "kind"])["start_ns"]
-    last_f = by.max().xs(str(SpanKind.FORWARD), level="kind")
-    first_b = by.min().xs(str(SpanKind.BACKWARD), level="kind")
+    passes = pd.DataFrame({c: np.asarray(columns[c], np.int64) for c in ("rank", "step", "start_ns")})
+    last_f = passes[forward].groupby(["rank", "step"])["start_ns"].max()
+    first_b = passes[backward].groupby(["rank", "step"])["start_ns"].min()
     both = pd.concat([last_f.rename("f"), first_b.rename("b")], axis=1).dropna()
     return "1f1b" if bool((both["b"] < both["f"]).any()) else "gpipe"
 
