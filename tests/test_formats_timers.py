@@ -196,3 +196,14 @@ def test_events_without_numeric_times_are_left_out_and_said(tmp_path: Path) -> N
     trace = load_timers(_write(tmp_path / "odd.json", ops))
     assert len(trace.spans) == 1
     assert any(w.code == NoticeCode.TIMER_EVENTS_LEFT_OUT for w in trace.warnings)
+
+
+def test_every_forward_before_the_first_backward_is_gpipe(tmp_path: Path) -> None:
+    ops = [
+        _x("forward-compute", 0, 0, 0.0, 1.0, mb_id=0, pp_rank=0),
+        _x("forward-compute", 0, 0, 1.5, 1.0, mb_id=1, pp_rank=0),
+        _x("backward-compute", 0, 0, 5.0, 2.0, mb_id=0, pp_rank=0),
+        _x("backward-compute", 0, 0, 7.5, 2.0, mb_id=1, pp_rank=0),
+    ]
+    trace = load_timers(_write(tmp_path / "gpipe.json", ops))
+    assert (trace.meta.schedule, trace.meta.microbatches) == ("gpipe", 2)

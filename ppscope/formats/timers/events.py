@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -131,10 +132,11 @@ class TimerColumns:
     def ints(self, *keys: str) -> list[npt.NDArray[np.int64]]:
         """Integer `args` fields of every event, one array per key, -1 where an event has none (or not an
         integer). Timers write every field (-1 for none): then one conversion of C makes all of them."""
+        n = len(self.args)
         try:
-            rows = np.array(list(map(attrgetter(*keys), self.args)), dtype=np.int64).reshape(-1, len(keys))
-            if len(rows) == len(self.args):
-                return [rows[:, i] for i in range(len(keys))]
+            values = chain.from_iterable(map(attrgetter(*keys), self.args)) if len(keys) > 1 else None
+            rows = np.fromiter(values or map(attrgetter(*keys), self.args), np.int64, n * len(keys))
+            return [rows[i :: len(keys)] for i in range(len(keys))]
         except (AttributeError, TypeError, ValueError, OverflowError):  # a field missing, null, text, huge
             pass
         return [self._ints(key) for key in keys]

@@ -42,11 +42,16 @@ def load_timers(path: Path) -> Trace:
         text = f"left out {int((~ok).sum())} timed event(s) without a numeric ts and dur ≥ 0"
         warnings.append(Notice(NoticeCode.TIMER_EVENTS_LEFT_OUT, text))
     idx = np.flatnonzero(keep)
+    idx = idx[np.lexsort((end[idx], rank[idx], start[idx]))]  # the canonical order, before any frame is made
     op_code = name_code[idx]
     columns, stages, chunks = _columns(cols, layout, ops, names, op_code, idx, rank[idx])
     columns.update(start_ns=start[idx], end_ns=end[idx])
-    meta = _meta(path, layout, columns, stages, chunks)
+    forward, backward = (np.array([o.kind is k for o in ops], bool)[op_code] for k in _PASSES)
+    meta = _meta(path, layout, columns, stages, chunks, (forward, backward))
     return Trace(spans=spans_frame(columns), meta=meta, warnings=warnings).sorted()
+
+
+_PASSES = (SpanKind.FORWARD, SpanKind.BACKWARD)
 
 
 def _codes(values: list[Any]) -> tuple[list[str], npt.NDArray[np.intp]]:
@@ -117,10 +122,17 @@ def _peers(
     return np.where(inside, table[np.clip(stage, 0, table.shape[0] - 1), replica, tp], -1)
 
 
-def _meta(path: Path, layout: Layout, columns: dict[str, Any], stages: int, chunks: int) -> RunMeta:
+def _meta(
+    path: Path,
+    layout: Layout,
+    columns: dict[str, Any],
+    stages: int,
+    chunks: int,
+    passes: tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]],
+) -> RunMeta:
     replica = (lambda rep: rep) if layout.replicas > 1 else (lambda rep: -1)  # one pipeline: no replica
     clock = ClockInfo(method="import")
-    forward, backward = (columns["kind"] == str(k) for k in (SpanKind.FORWARD, SpanKind.BACKWARD))
+    forward, backward = passes
     ranks = [
         RankInfo(rank=r, stage=s, replica=replica(rep), device="cuda", clock=clock)
         for r, (s, rep, _) in sorted(layout.place.items())
@@ -143,12 +155,27 @@ def _meta(path: Path, layout: Layout, columns: dict[str, Any], stages: int, chun
     )
 
 
+def _groups(*keys: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """The rows in order of `keys` (the first most significant), and where each group of equal keys starts."""
+    order = np.lexsort(keys[::-1])
+    if not len(order):
+        return order, np.zeros(0, np.intp)
+    new = np.zeros(len(order), bool)
+    new[0] = True
+    for k in keys:
+        new[1:] |= k[order][1:] != k[order][:-1]
+    return order, np.flatnonzero(new)
+
+
 def _microbatches(columns: dict[str, Any], forward: npt.NDArray[np.bool_]) -> int:
     """M: the most micro-batches a step's forwards run on one rank and model chunk."""
-    keys = ("rank", "step", "chunk", "mb")
-    rows = np.stack([np.asarray(columns[k], np.int64)[forward] for k in keys], axis=1)
-    rows = np.unique(rows[rows[:, 3] >= 0], axis=0)
-    return int(np.unique(rows[:, :3], axis=0, return_counts=True)[1].max()) if len(rows) else 0
+    rows = forward & (columns["mb"] >= 0)
+    rank, step, chunk, mb = (np.asarray(columns[k], np.int64)[rows] for k in ("rank", "step", "chunk", "mb"))
+    if not len(mb):
+        return 0
+    order, starts = _groups(rank, step, chunk, mb)  # one group per distinct micro-batch of a (rank, step, chunk)
+    _, per_pass = _groups(rank[order][starts], step[order][starts], chunk[order][starts])
+    return int(np.diff(np.r_[per_pass, len(starts)]).max())
 
 
 def _schedule(
@@ -160,11 +187,19 @@ def _schedule(
         return "interleaved-1f1b"
     if not backward.any():
         return ""
-    passes = pd.DataFrame({c: np.asarray(columns[c], np.int64) for c in ("rank", "step", "start_ns")})
-    last_f = passes[forward].groupby(["rank", "step"])["start_ns"].max()
-    first_b = passes[backward].groupby(["rank", "step"])["start_ns"].min()
-    both = pd.concat([last_f.rename("f"), first_b.rename("b")], axis=1).dropna()
-    return "1f1b" if bool((both["b"] < both["f"]).any()) else "gpipe"
+    rows = forward | backward
+    rank, step, start = (np.asarray(columns[k], np.int64)[rows] for k in ("rank", "step", "start_ns"))
+    is_b = backward[rows]
+    # each (rank, step)'s passes by start, the groups numbered from 1: 1F1B when a forward follows a backward
+    order = np.lexsort((start, step, rank))
+    group = np.cumsum(_new_pair(rank[order], step[order]))
+    b_seen = np.maximum.accumulate(np.where(is_b[order], group, 0))  # the last group a backward was seen in
+    return "1f1b" if bool(((b_seen == group) & ~is_b[order]).any()) else "gpipe"
+
+
+def _new_pair(rank: npt.NDArray[np.int64], step: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Where a (rank, step) begins, in rows sorted by it."""
+    return np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])]
 
 
 def _not_a_pipeline(path: Path, cols: TimerColumns, names: list[str]) -> str:
