@@ -62,7 +62,9 @@ def test_a_bare_array_and_a_timer_object_are_timer_traces_and_kineto_stays_kinet
     assert detect(obj).kind == InputKind.TIMERS
     assert detect(KINETO).kind == InputKind.KINETO
     plain = tmp_path / "kineto.json"  # a Kineto-shaped object without timer names still goes to the Kineto reader
-    plain.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]}))
+    plain.write_text(
+        json.dumps({"traceEvents": [{"ph": "X", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]})
+    )
     assert detect(plain).kind == InputKind.KINETO
     assert open_trace(KINETO).meta.source == "kineto"
 
