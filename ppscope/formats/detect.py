@@ -37,6 +37,7 @@ __all__ = [
     "Detected",
     "InputKind",
     "detect",
+    "is_primus_dump",
     "is_timer_trace",
     "json_head",
     "open_sqlite_ro",
@@ -54,6 +55,7 @@ class InputKind(StrEnum):
     NSYS = "nsys-sqlite"  # one `nsys export --type sqlite` file
     KINETO = "kineto"  # one or more Kineto JSON(.gz) files, one per rank
     TIMERS = "timers"  # one Chrome trace JSON(.gz) of pipeline operations timed by the job (Megatron-style timers)
+    PRIMUS = "primus"  # AMD Primus' pipeline dump: pp_rank_N.json files (and config.json)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ def detect(path: str | os.PathLike[str]) -> Detected:
         raise CorruptFileError(f"{p} is empty (0 bytes): give a trace the profiler finished writing")
     if kind == "sqlite":
         return Detected(InputKind.NSYS, p, [p])
+    if kind == "json" and is_primus_dump(p):
+        return Detected(InputKind.PRIMUS, p.parent, [p])
     if kind in ("gzip", "json"):
         return Detected(InputKind.TIMERS if is_timer_trace(p) else InputKind.KINETO, p, [p])
     raise UnsupportedInputError(
@@ -130,10 +134,22 @@ def is_timer_trace(path: Path) -> bool:
     return bool(_TIMER_NAME.search(head)) and not _KINETO_KEY.search(head)
 
 
+def is_primus_dump(path: Path) -> bool:
+    """One of AMD Primus' pipeline dumps (`pp_rank_N.json`): an object of iterations timing `fwd_start`, ..."""
+    head = json_head(path, 4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return head.startswith(b"{") and bool(_PRIMUS_KEY.search(head))
+
+
+_PRIMUS_KEY = re.compile(rb'"(?:fwd|bwd)_start"\s*:\s*\[')
+
+
 def _detect_dir(p: Path) -> Detected:
     if (p / _RUN_META).is_file() or any(p.glob("rank-*.sqlite")):
         return Detected(InputKind.RUN, p, [])
     files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
+    primus = [f for f in files if f.name.startswith("pp_rank_") and is_primus_dump(f)]
+    if primus:
+        return Detected(InputKind.PRIMUS, p, primus + [f for f in files if f.name == "config.json"])
     kineto = [f for f in files if sniff_file(f) in ("gzip", "json")]
     empty = [f for f in files if f.name.endswith(_TRACE_SUFFIXES) and f.stat().st_size == 0]
     if kineto or empty:  # an empty trace file is named by the reader, not taken for a folder without traces

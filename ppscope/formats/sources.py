@@ -28,6 +28,10 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
         from ppscope.formats.nsys.reader import load_nsys
 
         return load_nsys(found.path)
+    if found.kind == InputKind.PRIMUS:
+        from ppscope.formats.primus.reader import load_primus
+
+        return load_primus(found.files)
     if found.kind == InputKind.TIMERS:
         from ppscope.formats.timers.reader import load_timers
 

@@ -96,6 +96,9 @@ class NoticeCode(StrEnum):
     """Events of a timer trace on lanes that name no pipeline rank, where other lanes do, were left out."""
     TIMER_EVENTS_LEFT_OUT = "timer_events_left_out"
     """Timed events of a timer trace without a numeric start or duration (or a negative one) were left out."""
+    PRIMUS_MICROBATCHES_GUESSED = "primus_microbatches_guessed"
+    """A Primus pipeline dump without `*_minibatch` lists (an older Primus): each pass's micro-batches were
+    numbered in the order they ran."""
 
     # ---- the run's status and metadata (ppscope.analysis)
     RUN_RUNNING = "run_running"
