@@ -209,3 +209,14 @@ def test_every_forward_before_the_first_backward_is_gpipe(tmp_path: Path) -> Non
     ]
     trace = load_timers(_write(tmp_path / "gpipe.json", ops))
     assert (trace.meta.schedule, trace.meta.microbatches) == ("gpipe", 2)
+
+
+def test_a_replica_without_one_of_its_stages_still_reads(tmp_path: Path) -> None:
+    names = [(0, 1, 1), (1, 0, 2), (1, 1, 3)]  # (pid, PP rank, tid): replica 0 has no stage 0, rank 0
+    meta = [
+        {"ph": "M", "name": "thread_name", "pid": p, "tid": t, "args": {"name": f"PP rank {s}, TP rank 0, compute"}}
+        for p, s, t in names
+    ]
+    ops = [_x("forward-compute", p, t, 1.0 * t, 1.0, mb_id=0) for p, _, t in names]
+    trace = load_timers(_write(tmp_path / "gap.json", meta + ops))
+    assert sorted((i.rank, i.stage, i.replica) for i in trace.meta.ranks) == [(1, 0, 1), (2, 1, 0), (3, 1, 1)]

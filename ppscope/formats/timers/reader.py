@@ -70,8 +70,10 @@ def _columns(
     rank: npt.NDArray[np.int64],
 ) -> tuple[dict[str, Any], int, int]:
     """The span columns but times, and the physical stages P and model chunks V."""
-    place = np.array([layout.place[r] for r in range(max(layout.place) + 1)] if layout.place else [], np.int64)
-    pp, replica, tp = (place[rank, i] if len(place) else np.zeros(len(rank), np.int64) for i in range(3))
+    place = np.full((max(layout.place, default=-1) + 1, 3), -1, np.int64)  # rank -> (stage, replica, TP rank)
+    for r, where in layout.place.items():
+        place[r] = where
+    pp, replica, tp = (place[rank, i] for i in range(3))
     step, mb, chunk = (column[idx] for column in cols.ints("step", "mb_id", "model_chunk"))
     compute = np.array([o.kind in (SpanKind.FORWARD, SpanKind.BACKWARD) for o in ops], bool)[op_code]
     stages = int(pp.max()) + 1 if len(pp) else 0
