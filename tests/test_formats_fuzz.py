@@ -179,6 +179,47 @@ def test_kineto_with_wrong_types_and_missing_fields(kineto_doc: dict[str, Any], 
         check_input("kineto shapes", path, open_trace)
 
 
+# ---------------------------------------------------------------- Megatron-style timer traces
+
+TIMERS = Path(__file__).resolve().parent / "data" / "megatron-timers" / "last-stage-slow.json.gz"
+TIMER_ARGS = ["step", "mb_id", "model_chunk", "seq_id", "name", "pp_rank", "tp_rank", "dp_rank"]
+
+
+@settings(FUZZ, max_examples=examples(60))
+@given(data=st.data(), as_gzip=st.booleans())
+def test_damaged_timer_trace_bytes(data: st.DataObject, as_gzip: bool) -> None:
+    """Damage to a timer trace's gzip and to its bare array's text."""
+    raw = TIMERS.read_bytes() if as_gzip else gzip.decompress(TIMERS.read_bytes())
+    damaged = data.draw(mutated(raw))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / ("timeline.json.gz" if as_gzip else "timeline.json")
+        path.write_bytes(damaged)
+        check_input("timer bytes", path, open_trace)
+
+
+@settings(FUZZ, max_examples=examples(80))
+@given(data=st.data())
+def test_timer_trace_with_wrong_types_and_missing_fields(data: st.DataObject) -> None:
+    """A timer trace's events and their args with values of other types, or fields removed."""
+    events: list[Any] = json.loads(gzip.decompress(TIMERS.read_bytes()))
+    for _ in range(data.draw(st.integers(1, 6), label="edits")):
+        i = data.draw(st.integers(0, len(events) - 1), label="event")
+        events[i] = target = dict(events[i])
+        if data.draw(st.booleans(), label="in args") and isinstance(target.get("args"), dict):
+            target["args"] = target = dict(target["args"])
+            key = data.draw(st.sampled_from(TIMER_ARGS), label="key")
+        else:
+            key = data.draw(st.sampled_from(EVENT_KEYS), label="key")
+        if data.draw(st.booleans(), label="delete"):
+            target.pop(key, None)
+        else:
+            target[key] = data.draw(JSON_VALUES, label="value")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "timeline.json"
+        path.write_text(json.dumps(events))
+        check_input("timer shapes", path, open_trace)
+
+
 @needs_data
 @settings(FUZZ, max_examples=examples(30))
 @given(data=st.data())

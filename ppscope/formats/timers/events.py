@@ -72,7 +72,12 @@ def _events(text: bytes) -> list[_Event]:
     try:
         return _DECODE.decode(text)
     except msgspec.DecodeError:
-        return [e for e in map(_one, json.loads(text)) if e is not None]
+        pass
+    try:
+        items = json.loads(text.decode("utf-8"))
+    except UnicodeDecodeError as exc:  # the stream reads on a value at a time, and names the damage
+        raise json.JSONDecodeError(f"not UTF-8 ({exc.reason})", "", 0) from None
+    return [e for e in map(_one, items) if e is not None]
 
 
 @dataclass

@@ -8,6 +8,7 @@ without a forward or backward compute event is refused in one line: it is no tra
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,11 @@ _PASSES = (SpanKind.FORWARD, SpanKind.BACKWARD)
 
 def _codes(values: list[Any]) -> tuple[list[str], npt.NDArray[np.intp]]:
     """Event names as codes into their distinct values (as text)."""
-    codes, uniques = pd.factorize(np.array(values, dtype=object), sort=False)
+    try:
+        codes, uniques = pd.factorize(np.array([*values, None], dtype=object)[:-1], sort=False)
+    except TypeError:  # a list or an object where a name belongs: named by its text
+        text = [v if type(v) is str else json.dumps(v) for v in values]
+        codes, uniques = pd.factorize(np.array(text, dtype=object), sort=False)
     return [str(u) for u in uniques], codes
 
 
