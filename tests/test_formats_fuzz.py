@@ -220,6 +220,27 @@ def test_timer_trace_with_wrong_types_and_missing_fields(data: st.DataObject) ->
         check_input("timer shapes", path, open_trace)
 
 
+@settings(FUZZ, max_examples=examples(60))
+@given(data=st.data())
+def test_primus_dump_with_wrong_types_and_missing_fields(data: st.DataObject) -> None:
+    """A Primus pipeline dump whose iterations hold values of other types, or lack fields."""
+    it = {"total": 9.0, "fwd_start": [0.0, 2.0], "fwd_end": [1.0, 3.0], "bwd_start": [4.0, 6.0]}
+    it |= {"bwd_end": [5.5, 7.5], "fwd_minibatch": [0, 1], "bwd_minibatch": [0, 1], "fwd_chunk": [0, 0]}
+    dump: dict[str, Any] = {"1": dict(it), "2": dict(it)}
+    for _ in range(data.draw(st.integers(1, 4), label="edits")):
+        step = data.draw(st.sampled_from(["1", "2"]), label="iteration")
+        key = data.draw(st.sampled_from([*it, "wgrad_start", "wgrad_end"]), label="key")
+        if data.draw(st.booleans(), label="delete"):
+            dump[step].pop(key, None)
+        else:
+            dump[step][key] = data.draw(JSON_VALUES, label="value")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "pp_rank_0.json").write_text(json.dumps(dump))
+        (Path(tmp) / "pp_rank_1.json").write_text(json.dumps({"1": it, "2": it}))
+        (Path(tmp) / "config.json").write_text(json.dumps({"pp_size": 2, "num_mbs": 2}))
+        check_input("primus shapes", Path(tmp), open_trace)
+
+
 @needs_data
 @settings(FUZZ, max_examples=examples(30))
 @given(data=st.data())

@@ -50,8 +50,8 @@ def load_primus(files: list[Path]) -> Trace:
     config = _read_json(config_path) if config_path.is_file() else {}
     config = config if isinstance(config, dict) else {}
     dumps = {r: _read_json(f) for r, f in sorted(ranks.items())}
-    stages = int(config.get("pp_size") or max(ranks) + 1)
-    chunks = int(config.get("vp_size") or 1)
+    stages = max(_size(config, "pp_size", max(ranks) + 1), max(ranks) + 1)
+    chunks = _size(config, "vp_size", 1)
     offsets = _iteration_offsets(dumps)
     rows: dict[str, list[Any]] = {c: [] for c in ("rank", "stage", "kind", "mb", "step", "chunk", "phase")}
     times: list[tuple[float, float]] = []
@@ -63,14 +63,32 @@ def load_primus(files: list[Path]) -> Trace:
             step = _step(key)
             if step is None or not isinstance(it, dict):
                 continue
-            guessed |= _one_iteration(rows, times, it, (rank, step, offsets[step]), (stages, chunks))
+            try:
+                guessed |= _one_iteration(rows, times, it, (rank, step, offsets[step]), (stages, chunks))
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise CorruptFileError(
+                    f"{ranks[rank]}: iteration {key} holds a value that is no time or id ({exc}); "
+                    "not a Primus pipeline dump, or a damaged one"
+                ) from None
     if not times:
         raise UnsupportedInputError(f"{ranks[min(ranks)].parent}: the Primus dump holds no timed pass")
+    ms = np.array(times, np.float64)
+    if not (np.isfinite(ms).all() and (np.abs(ms) < 1e11).all() and (ms[:, 1] >= ms[:, 0]).all()):
+        raise CorruptFileError(
+            f"{ranks[min(ranks)].parent}: the Primus dump holds pass times that are not finite ms, or end before "
+            "they start; copy the dump again"
+        )
     return Trace(
         spans=_frame(rows, times),
         meta=_meta(ranks, config, (stages, chunks), rows, times),
         warnings=_notes(guessed),
     ).sorted()
+
+
+def _size(config: dict[str, Any], key: str, default: int) -> int:
+    """A positive size from `config.json`, `default` where it says none (or nonsense)."""
+    value = config.get(key)
+    return value if type(value) is int and 0 < value < 1 << 20 else default
 
 
 def _step(key: Any) -> int | None:
@@ -84,8 +102,9 @@ def _iteration_offsets(dumps: dict[int, Any]) -> dict[int, float]:
     for dump in dumps.values():
         for key, it in dump.items() if isinstance(dump, dict) else []:
             step = _step(key)
-            if step is not None and isinstance(it, dict) and isinstance(it.get("total"), (int, float)):
-                totals[step] = max(totals.get(step, 0.0), float(it["total"]))
+            total: Any = it.get("total") if isinstance(it, dict) else None
+            if step is not None and type(total) in (int, float) and abs(total) < 1e12:
+                totals[step] = max(totals.get(step, 0.0), float(total))
     steps = sorted({s for d in dumps.values() if isinstance(d, dict) for k in d if (s := _step(k)) is not None})
     offsets, at = {}, 0.0
     for s in steps:
@@ -106,20 +125,32 @@ def _one_iteration(
     stages, chunks = sizes
     guessed = False
     for prefix, kind, phase in _PASSES:
-        starts, ends = it.get(f"{prefix}_start") or [], it.get(f"{prefix}_end") or []
-        mbs, chunk_of = it.get(f"{prefix}_minibatch") or [], it.get(f"{prefix}_chunk") or []
+        starts, ends, mbs, chunk_of = (_list(it, f"{prefix}_{k}") for k in ("start", "end", "minibatch", "chunk"))
         guessed |= bool(starts) and len(mbs) < len(starts)
         for i, (a, b) in enumerate(zip(starts, ends, strict=False)):
-            chunk = int(chunk_of[i]) if i < len(chunk_of) else 0
+            chunk = _id(chunk_of[i]) if i < len(chunk_of) else 0
             rows["rank"].append(rank)
             rows["stage"].append(chunk * stages + rank if chunks > 1 else rank)
             rows["kind"].append(str(kind))
-            rows["mb"].append(int(mbs[i]) if i < len(mbs) else i)
+            rows["mb"].append(_id(mbs[i]) if i < len(mbs) else i)
             rows["step"].append(step)
             rows["chunk"].append(chunk)
             rows["phase"].append(phase if prefix != "bwd" or not it.get("wgrad_start") else "I")
             times.append((offset + float(a), offset + float(b)))
     return guessed
+
+
+def _list(it: dict[str, Any], key: str) -> list[Any]:
+    """A list the iteration holds under `key`; none where it holds something else."""
+    value = it.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _id(value: Any) -> int:
+    """A micro-batch or chunk id; ValueError for anything but a whole number in int32's range."""
+    if type(value) not in (int, float) or value != int(value) or not -(1 << 31) < value < 1 << 31:
+        raise ValueError(f"{value!r} is no id")
+    return int(value)
 
 
 def _frame(rows: dict[str, list[Any]], times: list[tuple[float, float]]) -> Any:
