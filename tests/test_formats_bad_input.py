@@ -49,6 +49,40 @@ def _truncated_gz(tmp: Path) -> Path:
     return p
 
 
+def _timer_events(n: int) -> list[dict[str, object]]:
+    meta = {"ph": "M", "name": "thread_name", "pid": 0, "tid": 0, "args": {"name": "PP rank 0, TP rank 0, compute"}}
+    step = {"step": 1, "mb_id": 0, "model_chunk": -1}
+    return [meta] + [
+        {"ph": "X", "name": "forward-compute", "pid": 0, "tid": 0, "ts": i * 2.0, "dur": 1.0, "args": step}
+        for i in range(n)
+    ]
+
+
+def _truncated_timers_gz(tmp: Path) -> Path:
+    p = tmp / "timeline.json.gz"
+    data = gzip.compress(json.dumps(_timer_events(2000)).encode())
+    p.write_bytes(data[: len(data) // 2])
+    return p
+
+
+def _timers_cut_inside(tmp: Path) -> Path:
+    p = tmp / "timeline.json"
+    p.write_text(json.dumps(_timer_events(50))[:-200])
+    return p
+
+
+def _array_without_pipeline(tmp: Path) -> Path:
+    p = tmp / "chrome.json"
+    p.write_text(json.dumps([{"ph": "X", "name": "step", "pid": 0, "tid": 0, "ts": 0, "dur": 5}]))
+    return p
+
+
+def _empty_array(tmp: Path) -> Path:
+    p = tmp / "empty.json"
+    p.write_text("[]")
+    return p
+
+
 def _empty_dir(tmp: Path) -> Path:
     d = tmp / "traces"
     d.mkdir()
@@ -70,6 +104,10 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
     "nsys without kernels": (_no_kernels, "without GPU kernels"),
     "json without traceEvents": (_json_without_events, "no traceEvents"),
     "truncated gz": (_truncated_gz, "truncated"),
+    "timer trace, truncated gz": (_truncated_timers_gz, "truncated"),
+    "timer trace, cut inside an event": (_timers_cut_inside, "not valid JSON"),
+    "chrome array without pipeline events": (_array_without_pipeline, "neither a Kineto trace nor one of pipeline"),
+    "empty chrome array": (_empty_array, "no timed events"),
     "directory without traces": (_empty_dir, "holds no traces"),
     "folder of runs (ppscope tune)": (_folder_of_runs, "a folder of runs (1-before, 2-after): give one of them"),
 }

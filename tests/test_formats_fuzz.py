@@ -179,6 +179,68 @@ def test_kineto_with_wrong_types_and_missing_fields(kineto_doc: dict[str, Any], 
         check_input("kineto shapes", path, open_trace)
 
 
+# ---------------------------------------------------------------- Megatron-style timer traces
+
+TIMERS = Path(__file__).resolve().parent / "data" / "megatron-timers" / "last-stage-slow.json.gz"
+TIMER_ARGS = ["step", "mb_id", "model_chunk", "seq_id", "name", "pp_rank", "tp_rank", "dp_rank"]
+
+
+@settings(FUZZ, max_examples=examples(60))
+@given(data=st.data(), as_gzip=st.booleans())
+def test_damaged_timer_trace_bytes(data: st.DataObject, as_gzip: bool) -> None:
+    """Damage to a timer trace's gzip and to its bare array's text."""
+    raw = TIMERS.read_bytes() if as_gzip else gzip.decompress(TIMERS.read_bytes())
+    damaged = data.draw(mutated(raw))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / ("timeline.json.gz" if as_gzip else "timeline.json")
+        path.write_bytes(damaged)
+        check_input("timer bytes", path, open_trace)
+
+
+@settings(FUZZ, max_examples=examples(80))
+@given(data=st.data())
+def test_timer_trace_with_wrong_types_and_missing_fields(data: st.DataObject) -> None:
+    """A timer trace's events and their args with values of other types, or fields removed."""
+    events: list[Any] = json.loads(gzip.decompress(TIMERS.read_bytes()))
+    for _ in range(data.draw(st.integers(1, 6), label="edits")):
+        i = data.draw(st.integers(0, len(events) - 1), label="event")
+        events[i] = target = dict(events[i])
+        if data.draw(st.booleans(), label="in args") and isinstance(target.get("args"), dict):
+            target["args"] = target = dict(target["args"])
+            key = data.draw(st.sampled_from(TIMER_ARGS), label="key")
+        else:
+            key = data.draw(st.sampled_from(EVENT_KEYS), label="key")
+        if data.draw(st.booleans(), label="delete"):
+            target.pop(key, None)
+        else:
+            target[key] = data.draw(JSON_VALUES, label="value")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "timeline.json"
+        path.write_text(json.dumps(events))
+        check_input("timer shapes", path, open_trace)
+
+
+@settings(FUZZ, max_examples=examples(60))
+@given(data=st.data())
+def test_primus_dump_with_wrong_types_and_missing_fields(data: st.DataObject) -> None:
+    """A Primus pipeline dump whose iterations hold values of other types, or lack fields."""
+    it = {"total": 9.0, "fwd_start": [0.0, 2.0], "fwd_end": [1.0, 3.0], "bwd_start": [4.0, 6.0]}
+    it |= {"bwd_end": [5.5, 7.5], "fwd_minibatch": [0, 1], "bwd_minibatch": [0, 1], "fwd_chunk": [0, 0]}
+    dump: dict[str, Any] = {"1": dict(it), "2": dict(it)}
+    for _ in range(data.draw(st.integers(1, 4), label="edits")):
+        step = data.draw(st.sampled_from(["1", "2"]), label="iteration")
+        key = data.draw(st.sampled_from([*it, "wgrad_start", "wgrad_end"]), label="key")
+        if data.draw(st.booleans(), label="delete"):
+            dump[step].pop(key, None)
+        else:
+            dump[step][key] = data.draw(JSON_VALUES, label="value")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "pp_rank_0.json").write_text(json.dumps(dump))
+        (Path(tmp) / "pp_rank_1.json").write_text(json.dumps({"1": it, "2": it}))
+        (Path(tmp) / "config.json").write_text(json.dumps({"pp_size": 2, "num_mbs": 2}))
+        check_input("primus shapes", Path(tmp), open_trace)
+
+
 @needs_data
 @settings(FUZZ, max_examples=examples(30))
 @given(data=st.data())

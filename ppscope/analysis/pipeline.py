@@ -133,8 +133,7 @@ def hop_stats(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = None) ->
     dur_sum = _sum_by_key(key, dur, size).reshape(-1, 3)
     byte_sum = _sum_by_key(key, nbytes, size).reshape(-1, 3)
     sized = np.bincount(key[nbytes > 0], minlength=size).reshape(-1, 3)  # messages whose size is known
-    latency = message_latencies(spans, role)
-    median_ns = latency.groupby(["src", "dst"])["latency_ns"].median() if len(latency) else pd.Series(dtype=float)
+    median_ns = _median_by_hop(message_latencies(spans, role))
     out = []
     for h in range(hops.shape[1]):
         send, recv, wait = 0, 1, 2
@@ -207,37 +206,67 @@ def message_latencies(spans: pd.DataFrame, roles: npt.NDArray[np.int8] | None = 
     as the pipeline feels it, including what no transfer span shows (a payload riding in its header, the
     receiver's wake-up). Empty when the trace has no such pairs (imported traces without micro-batch ids)."""
     role = span_roles(spans["kind"]) if roles is None else roles
-    cols = ["rank", "peer", "mb", "step", "start_ns", "end_ns"]
-    sends = spans.loc[(role == ROLE_SEND) & (spans["peer"].to_numpy() >= 0) & (spans["mb"].to_numpy() >= 0), cols]
-    waits = spans.loc[(role == ROLE_WAIT) & (spans["peer"].to_numpy() >= 0) & (spans["mb"].to_numpy() >= 0), cols]
-    if sends.empty or waits.empty:
+    col = {c: spans[c].to_numpy(np.int64) for c in ("rank", "peer", "mb", "step", "start_ns", "end_ns")}
+    known = (col["peer"] >= 0) & (col["mb"] >= 0)
+    at_send, at_wait = np.flatnonzero((role == ROLE_SEND) & known), np.flatnonzero((role == ROLE_WAIT) & known)
+    if not len(at_send) or not len(at_wait):
         return pd.DataFrame({"src": [], "dst": [], "latency_ns": []}, dtype=np.int64)
-    sends = sends.rename(columns={"rank": "src", "peer": "dst", "start_ns": "posted", "end_ns": "_"})
-    waits = waits.rename(columns={"rank": "dst", "peer": "src", "start_ns": "waiting", "end_ns": "woke"})
+    names = {"rank": "src", "peer": "dst", "mb": "mb", "step": "step", "start_ns": "posted"}
+    sends = {new: col[old][at_send] for old, new in names.items()}
+    names = {"rank": "dst", "peer": "src", "mb": "mb", "step": "step", "start_ns": "waiting", "end_ns": "woke"}
+    waits = {new: col[old][at_wait] for old, new in names.items()}
     # A receiver labels its wait with the message's step (the engine) or with the step it will compute, one
     # later for the tokens that close a step (the simulator): pair both ways, the window below keeps the true one.
-    pairs = pd.concat([_last_post_before_waking(waits, sends), _last_post_before_waking(waits, sends, step=1)])
-    pairs = pairs[pairs["waiting"] <= pairs["posted"]]
-    latency = (pairs["woke"] - pairs["posted"]).to_numpy(np.int64)
+    pairs = [_last_post_before_waking(waits, sends), _last_post_before_waking(waits, sends, step=1)]
+    pair = {c: np.concatenate([p[c] for p in pairs]) for c in ("src", "dst", "waiting", "woke", "posted")}
+    kept = pair["waiting"] <= pair["posted"]
     return pd.DataFrame(
-        {"src": pairs["src"].to_numpy(np.int64), "dst": pairs["dst"].to_numpy(np.int64), "latency_ns": latency}
+        {"src": pair["src"][kept], "dst": pair["dst"][kept], "latency_ns": (pair["woke"] - pair["posted"])[kept]}
     )
 
 
-def _last_post_before_waking(waits: pd.DataFrame, sends: pd.DataFrame, step: int = 0) -> pd.DataFrame:
+def _last_post_before_waking(
+    waits: dict[str, npt.NDArray[np.int64]], sends: dict[str, npt.NDArray[np.int64]], step: int = 0
+) -> dict[str, npt.NDArray[np.int64]]:
     """Each wait beside the last send of its key (hop, micro-batch, step + `step`) posted before it woke. A key
     can recur thousands of times in one trace (an imported one, or a serve run's many requests), so this is a
-    sorted as-of join, never the product of all sends and waits of a key."""
+    sorted as-of join, never the product of all sends and waits of a key: waits and sends sorted together by
+    key, then time (a wait before a send posted at the instant it woke: only earlier posts count), each wait
+    takes the last send before it when that send has its key."""
     keys = ["src", "dst", "mb", "step"]
-    right = sends[[*keys, "posted"]].astype(np.int64).assign(step=sends["step"].astype(np.int64) + step)
-    right = right.sort_values("posted")
-    right["row"] = np.arange(len(right))  # the post is taken back by row: a join that misses goes through float
-    left = waits[[*keys, "waiting", "woke"]].astype(np.int64)
-    pairs = pd.merge_asof(
-        left.sort_values("woke"), right, left_on="woke", right_on="posted", by=keys, allow_exact_matches=False
-    )
-    pairs = pairs[pairs["row"].notna()]
-    return pairs.assign(posted=right["posted"].to_numpy()[pairs["row"].to_numpy(np.int64)])
+    w = waits
+    s = {**sends, "step": sends["step"] + step}
+    key = {c: np.concatenate([w[c], s[c]]) for c in keys}
+    is_send = np.concatenate([np.zeros(len(w["woke"]), bool), np.ones(len(s["posted"]), bool)])
+    t = np.concatenate([w["woke"], s["posted"]])
+    order = np.lexsort((is_send, t, key["step"], key["mb"], key["dst"], key["src"]))
+    sent = is_send[order]
+    last = np.maximum.accumulate(np.where(sent, np.arange(len(order)), -1))  # the last send at or before
+    at = np.flatnonzero(~sent)
+    before = last[at]
+    found = before >= 0
+    at, before = at[found], before[found]
+    same = np.ones(len(at), bool)
+    for c in keys:
+        same &= key[c][order[at]] == key[c][order[before]]
+    wi, si = order[at[same]], order[before[same]] - len(w["woke"])
+    columns = {c: w[c][wi] for c in ("src", "dst", "waiting", "woke")}
+    return {**columns, "posted": s["posted"][si]}
+
+
+def _median_by_hop(latency: pd.DataFrame) -> dict[tuple[int, int], float]:
+    """The median latency of each (src, dst) hop (the mean of the middle two of an even count), by one sort
+    rather than a groupby: a pipeline's few hops cost a groupby's fixed overhead, paid once per replica."""
+    src, dst, ns = (latency[c].to_numpy(np.int64) for c in ("src", "dst", "latency_ns"))
+    order = np.lexsort((ns, dst, src))
+    src, dst, ns = src[order], dst[order], ns[order]
+    cuts = np.flatnonzero((src[1:] != src[:-1]) | (dst[1:] != dst[:-1])) + 1
+    out = {}
+    for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(ns)].tolist(), strict=True):
+        if hi > lo:
+            mid = (lo + hi - 1) / 2
+            out[(int(src[lo]), int(dst[lo]))] = (float(ns[int(np.floor(mid))]) + float(ns[int(np.ceil(mid))])) / 2
+    return out
 
 
 def _int_or_none(value: float | None) -> int | None:

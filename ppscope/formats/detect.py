@@ -1,5 +1,7 @@
 """Tell what a path holds by its content, never its extension: a ppscope run directory, an nsys SQLite
-export, a Kineto (PyTorch profiler) JSON or JSON.gz file, or a directory of per-rank Kineto files.
+export, a Kineto (PyTorch profiler) JSON or JSON.gz file, a directory of per-rank Kineto files, or a Chrome trace
+of pipeline operations timed by the training job itself (Megatron-style timers: a bare array of events, or an
+object whose first events are named `forward-compute`, `backward-recv`, ...).
 
 Detection reads a few bytes of each candidate file and never writes. It does not parse traces: the
 importers do that and name what is missing when a file is what it looks like but incomplete. An empty file
@@ -11,9 +13,11 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import sqlite3
 import sys
 import urllib.parse
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +31,18 @@ else:  # pragma: no cover - Python 3.10
         pass
 
 
-__all__ = ["GZIP_MAGIC", "SQLITE_MAGIC", "Detected", "InputKind", "detect", "open_sqlite_ro", "sniff_file"]
+__all__ = [
+    "GZIP_MAGIC",
+    "SQLITE_MAGIC",
+    "Detected",
+    "InputKind",
+    "detect",
+    "is_primus_dump",
+    "is_timer_trace",
+    "json_head",
+    "open_sqlite_ro",
+    "sniff_file",
+]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -39,6 +54,8 @@ class InputKind(StrEnum):
     RUN = "run"  # a ppscope run directory (meta.json + rank-*.sqlite)
     NSYS = "nsys-sqlite"  # one `nsys export --type sqlite` file
     KINETO = "kineto"  # one or more Kineto JSON(.gz) files, one per rank
+    TIMERS = "timers"  # one Chrome trace JSON(.gz) of pipeline operations timed by the job (Megatron-style timers)
+    PRIMUS = "primus"  # AMD Primus' pipeline dump: pp_rank_N.json files (and config.json)
 
 
 @dataclass(frozen=True)
@@ -78,18 +95,61 @@ def detect(path: str | os.PathLike[str]) -> Detected:
         raise CorruptFileError(f"{p} is empty (0 bytes): give a trace the profiler finished writing")
     if kind == "sqlite":
         return Detected(InputKind.NSYS, p, [p])
+    if kind == "json" and is_primus_dump(p):
+        return Detected(InputKind.PRIMUS, p.parent, [p])
     if kind in ("gzip", "json"):
-        return Detected(InputKind.KINETO, p, [p])
+        return Detected(InputKind.TIMERS if is_timer_trace(p) else InputKind.KINETO, p, [p])
     raise UnsupportedInputError(
         f"{p} is not a trace ppscope reads: it is not SQLite (nsys export), gzip or JSON (Kineto); "
         "give a run directory, an `nsys export --type sqlite` file or a PyTorch profiler trace"
     )
 
 
+_HEAD = 1 << 16
+"""Bytes of (inflated) JSON that tell a Chrome trace of pipeline timers from a Kineto trace."""
+_TIMER_NAME = re.compile(rb'"name"\s*:\s*"(?:forward|backward)-(?:compute|send|recv)')
+_KINETO_KEY = re.compile(rb'"(?:schemaVersion|deviceProperties|distributedInfo|baseTimeNanoseconds)"\s*:')
+
+
+def json_head(path: Path, size: int = _HEAD) -> bytes:
+    """The first `size` bytes of a JSON file's text, inflated when it is gzip (what of it the first bytes give);
+    b"" where it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(size)
+        if raw.startswith(GZIP_MAGIC):
+            return zlib.decompressobj(wbits=31).decompress(raw, size)
+    except (OSError, zlib.error):
+        return b""
+    return raw
+
+
+def is_timer_trace(path: Path) -> bool:
+    """A Chrome trace of pipeline operations rather than a Kineto trace: a bare JSON array (Kineto writes an
+    object), or an object whose first events carry Megatron's timer names and none of Kineto's own keys."""
+    head = json_head(path)
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if text.startswith(b"["):
+        return True
+    return bool(_TIMER_NAME.search(head)) and not _KINETO_KEY.search(head)
+
+
+def is_primus_dump(path: Path) -> bool:
+    """One of AMD Primus' pipeline dumps (`pp_rank_N.json`): an object of iterations timing `fwd_start`, ..."""
+    head = json_head(path, 4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return head.startswith(b"{") and bool(_PRIMUS_KEY.search(head))
+
+
+_PRIMUS_KEY = re.compile(rb'"(?:fwd|bwd)_start"\s*:\s*\[')
+
+
 def _detect_dir(p: Path) -> Detected:
     if (p / _RUN_META).is_file() or any(p.glob("rank-*.sqlite")):
         return Detected(InputKind.RUN, p, [])
     files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
+    primus = [f for f in files if f.name.startswith("pp_rank_") and is_primus_dump(f)]
+    if primus:
+        return Detected(InputKind.PRIMUS, p, primus + [f for f in files if f.name == "config.json"])
     kineto = [f for f in files if sniff_file(f) in ("gzip", "json")]
     empty = [f for f in files if f.name.endswith(_TRACE_SUFFIXES) and f.stat().st_size == 0]
     if kineto or empty:  # an empty trace file is named by the reader, not taken for a folder without traces

@@ -1,7 +1,8 @@
 """Open whatever the user points at as a Trace: a ppscope run directory, or an imported trace.
 
 The kind of input is decided by content, never by file extension (`ppscope.formats.detect`): an nsys
-SQLite export, a Kineto JSON/JSON.gz file, a directory of per-rank Kineto files, or a run directory.
+SQLite export, a Kineto JSON/JSON.gz file, a directory of per-rank Kineto files, a Chrome trace of pipeline
+operations timed by the job (Megatron-style timers), or a run directory.
 Every command that accepts a trace (`analyze`, `rebalance`, `export`, `dashboard`) goes through
 `open_trace`.
 """
@@ -27,6 +28,14 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
         from ppscope.formats.nsys.reader import load_nsys
 
         return load_nsys(found.path)
+    if found.kind == InputKind.PRIMUS:
+        from ppscope.formats.primus.reader import load_primus
+
+        return load_primus(found.files)
+    if found.kind == InputKind.TIMERS:
+        from ppscope.formats.timers.reader import load_timers
+
+        return load_timers(found.path)
     from ppscope.formats.kineto.reader import load_kineto
 
     return load_kineto(found.files)

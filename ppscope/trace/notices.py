@@ -91,6 +91,17 @@ class NoticeCode(StrEnum):
     """Input waits without a matching `gloo:recv` range: the time before the action's first operator was
     taken as the wait."""
 
+    TIMER_PLACEMENT = "timer_placement"
+    """Where a timer trace's stages, replicas and tensor-parallel ranks came from: its lane or process names,
+    the events' `args`, or its processes (one replica each)."""
+    TIMER_LANES_LEFT_OUT = "timer_lanes_left_out"
+    """Events of a timer trace on lanes that name no pipeline rank, where other lanes do, were left out."""
+    TIMER_EVENTS_LEFT_OUT = "timer_events_left_out"
+    """Timed events of a timer trace without a numeric start or duration (or a negative one) were left out."""
+    PRIMUS_MICROBATCHES_GUESSED = "primus_microbatches_guessed"
+    """A Primus pipeline dump without `*_minibatch` lists (an older Primus): each pass's micro-batches were
+    numbered in the order they ran."""
+
     # ---- the run's status and metadata (ppscope.analysis)
     RUN_RUNNING = "run_running"
     """The run is still being recorded (or ended without closing its recorder): a snapshot."""

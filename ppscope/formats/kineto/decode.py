@@ -37,7 +37,17 @@ except ImportError:  # a platform isal has no wheel for
     _zlib = zlib  # type: ignore[misc]
 _INFLATE_ERRORS = (OSError, EOFError, zlib.error, cast(type[Exception], _zlib.error))  # isal's stub has an instance
 
-__all__ = ["UNSET", "Args", "Event", "EventText", "ReadAhead", "group_key", "iter_event_batches", "iter_trace_events"]
+__all__ = [
+    "UNSET",
+    "Args",
+    "Event",
+    "EventText",
+    "ReadAhead",
+    "group_key",
+    "iter_chrome_batches",
+    "iter_event_batches",
+    "iter_trace_events",
+]
 
 _CHUNK = 1 << 20
 _DECODER = json.JSONDecoder(parse_float=str)  # keep float text: `ts` in epoch µs needs exact ns
@@ -377,18 +387,33 @@ def iter_event_batches(path: Path, top: dict[str, Any], source: ReadAhead | None
     return _batches(path, top, _events, event_of, source)
 
 
+def iter_chrome_batches(
+    path: Path, top: dict[str, Any], decode: Callable[[bytes], list[_T]], one: Callable[[Any], _T | None]
+) -> Iterator[list[_T]]:
+    """The events of any Chrome trace JSON, `traceEvents` of an object or a bare array, in batches each decoded
+    by `decode` (an item at a time by `one` where a batch's text does not decode); an object's other keys go
+    into `top`."""
+    return _batches(path, top, decode, one, bare=True)
+
+
 def _batches(
     path: Path,
     top: dict[str, Any],
     decode: Callable[[bytes], list[_T]],
     one: Callable[[Any], _T | None],
     source: ReadAhead | None = None,
+    bare: bool = False,
 ) -> Iterator[list[_T]]:
     """The items of `traceEvents` in batches, each decoded by `decode` (or, where a batch's text does not
-    decode, a value at a time by `one`, None for an item that is no event)."""
+    decode, a value at a time by `one`, None for an item that is no event); `bare`: a top-level array is
+    the list of events itself (Chrome's other form), not refused."""
     f = source or ReadAhead(path)
     try:
         s = _Stream(f, path)
+        if bare and s.peek() == "[":
+            yield from _items(s, decode, one)
+            f.finish()
+            return
         if s.peek() != "{":
             raise UnsupportedInputError(f"{path} is JSON but not a Kineto trace: it is not a JSON object")
         s.expect("{")
@@ -398,18 +423,7 @@ def _batches(
             s.expect(":")
             if key == "traceEvents" and s.peek() == "[":
                 seen = True
-                s.expect("[")
-                while s.peek() not in ("]", ""):
-                    batch = s.batch(decode)
-                    if batch is not None:
-                        yield batch
-                        continue
-                    event = one(s.value())
-                    if event is not None:
-                        yield [event]
-                    if s.peek() == ",":
-                        s.pos += 1
-                s.expect("]")
+                yield from _items(s, decode, one)
             else:
                 top[str(key)] = s.value()
             if s.peek() == ",":
@@ -420,6 +434,22 @@ def _batches(
         f.close()
     if not seen:
         raise UnsupportedInputError(f"{path} is JSON but not a Kineto trace: it has no traceEvents list")
+
+
+def _items(s: _Stream, decode: Callable[[bytes], list[_T]], one: Callable[[Any], _T | None]) -> Iterator[list[_T]]:
+    """The items of the array at the stream's position, in batches; the stream is left after its `]`."""
+    s.expect("[")
+    while s.peek() not in ("]", ""):
+        batch = s.batch(decode)
+        if batch is not None:
+            yield batch
+            continue
+        event = one(s.value())
+        if event is not None:
+            yield [event]
+        if s.peek() == ",":
+            s.pos += 1
+    s.expect("]")
 
 
 def group_key(value: Any) -> Any:
