@@ -65,4 +65,6 @@ def test_invariant_to_order_and_clock_shift(
     moved = _key(Trace(spans=shuffled, meta=meta), config)
     assert moved == base
     for s in base["stages"]:  # type: ignore[attr-defined]
+        if s["causes"] is None:  # a stage that recorded nothing: its figures are unknown, not zero
+            continue
         assert sum(s["causes"].values()) == s["bubble_ns"]

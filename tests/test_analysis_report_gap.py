@@ -74,7 +74,7 @@ def test_no_gap_without_a_formula_or_with_a_stage_missing() -> None:
     rows = [dict(rank=0, kind="forward", start_ns=0, end_ns=10)]
     assert analyze(Trace.from_records(rows)).theory_gap is None  # no schedule, no formula
     missing = Trace.from_records(rows, meta=RunMeta(schedule="gpipe", world_size=2, pp_size=2, microbatches=2))
-    assert analyze(missing).theory_gap is None and "gap to theory" not in render_text(analyze(missing))
+    assert analyze(missing).theory_gap is None and "gap to theory:" not in render_text(analyze(missing))
 
 
 def test_a_transfer_inside_the_receive_wait_reads_not_measured_with_the_reason() -> None:

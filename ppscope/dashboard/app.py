@@ -193,7 +193,8 @@ def ranked_page(entry: Entry, big: RankedRun, section: str, others: Sequence[Ent
         st.error(md(exc))
         return
     for warning in run.said:
-        st.caption(f"⚠ {md(str(warning))}")
+        if warning.code != NoticeCode.MISSING_RANKS:  # the Stages page names them, as for a run in memory
+            st.caption(f"⚠ {md(str(warning))}")
     ra = run.analysis
     if ra is None:  # the run changed on disk since it was looked at: no longer many pipelines
         st.error("This run is no longer a job of several pipelines: tick 'Load the whole run' to show it.")
