@@ -220,3 +220,29 @@ def test_a_replica_without_one_of_its_stages_still_reads(tmp_path: Path) -> None
     ops = [_x("forward-compute", p, t, 1.0 * t, 1.0, mb_id=0) for p, _, t in names]
     trace = load_timers(_write(tmp_path / "gap.json", meta + ops))
     assert sorted((i.rank, i.stage, i.replica) for i in trace.meta.ranks) == [(1, 0, 1), (2, 1, 0), (3, 1, 1)]
+
+
+def test_the_field_trace_reads_as_the_issue_asks_bottleneck_tail_and_what_ifs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """2 replicas x 4 stages, the last 1.6x slower: stage 3 is the bottleneck, the step's tail is dp_sync and
+    optimizer (not drain), and what_if.balanced is the replay of the balanced costs, called directly."""
+    from ppscope.simulate.whatif import balanced_costs, read_job, replay_job
+
+    path = DATA / "last-stage-slow.json.gz"
+    assert main(["analyze", str(path), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["bottleneck_stage"] == 3
+    tail = {c: sum(s["causes"][c] for s in d["stages"]) for c in ("dp_sync", "optimizer")}  # the detailed replica
+    assert tail["dp_sync"] > 0 and tail["optimizer"] > 0
+    trace = open_trace(path)
+    placement = placement_of(trace)
+    job, why = read_job(apply_placement(trace, placement) if placement else trace, placement)
+    assert job is not None, why
+    direct = replay_job(job, job.costs) / replay_job(job, balanced_costs(job.costs))
+    assert d["what_if"]["balanced"]["speedup"] == pytest.approx(direct, rel=0.02)
+
+    assert main(["analyze", str(DATA / "one-rank-slow.json.gz"), "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["what_if"]
+    assert w["straggler"]["stage"] == 1 and w["straggler"]["replica"] == 1 and w["straggler"]["ranks"]
+    assert w["no_straggler"]["speedup"] > w["balanced"]["speedup"]
