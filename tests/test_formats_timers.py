@@ -246,3 +246,13 @@ def test_the_field_trace_reads_as_the_issue_asks_bottleneck_tail_and_what_ifs(
     w = json.loads(capsys.readouterr().out)["what_if"]
     assert w["straggler"]["stage"] == 1 and w["straggler"]["replica"] == 1 and w["straggler"]["ranks"]
     assert w["no_straggler"]["speedup"] > w["balanced"]["speedup"]
+
+
+def test_the_replicas_of_a_stage_are_not_added_together_in_its_costs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each replica runs the stage's pass on the same step and micro-batch ids: a pass costs what one rank took
+    (their mean), not their sum, so the advice's stage times are the trace's 212 and 345 ms."""
+    argv = ["rebalance", str(DATA / "last-stage-slow.json.gz"), "--current-split", "8,8,8,8", "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["measured_stage_ms"] == pytest.approx([212.0, 212.0, 212.0, 345.0])
+    assert d["job"] == "training" and d["proposed_split"][-1] < 8

@@ -45,6 +45,9 @@ BACKWARD_PHASES = (*BACKWARDS, Phase.BACKWARD)
 _FORWARD = ActionType.FORWARD
 _EXTRAS = {str(SpanKind.EMBED): "embed_ns", str(SpanKind.HEAD): "head_ns", str(SpanKind.SAMPLE): "sample_ns"}
 PASS_KEYS = ["stage", "step", "mb"]
+_RANK_PASS_KEYS = ["rank", *PASS_KEYS]
+"""A pass is summed per rank: ranks that run one stage (data-parallel replicas, tensor-parallel ranks) each
+run the stage's pass on the same step and micro-batch ids, and their times are not added together."""
 PASS_SUMS = ["forward_ns", "backward_ns", *_EXTRAS.values()]
 _COLUMNS = ["rank", "stage", "kind", "phase", "compute", "start_ns", "ns", "layer"]
 
@@ -61,7 +64,8 @@ class RunTimings:
     passes: pd.DataFrame
     """Compute summed per (`stage`, `step`, `mb`) with a stage and a micro-batch, in the forward (`F`) and
     backward phases or of the embedding, head and sampling kinds: `PASS_SUMS` and the first `start_ns`;
-    not yet filtered to passes with both a forward and a backward (`training_passes` does that)."""
+    per rank (`rank` is a column), not yet averaged over the ranks of a stage nor filtered to passes with both a
+    forward and a backward (`training_passes` does both)."""
     phases: frozenset[str]
     """The phases of every span."""
     compute_phases: frozenset[str]
@@ -154,13 +158,13 @@ def as_timings(run: Trace | RunTimings) -> RunTimings:
 
 
 def partial_passes(spans: pd.DataFrame) -> pd.DataFrame:
-    """`RunTimings.passes` of these spans: sums per (stage, step, mb), index-sorted, one row per key."""
+    """`RunTimings.passes` of these spans: sums per (rank, stage, step, mb), index-sorted, one row per key."""
     rows = spans[spans["kind"].isin([str(k) for k in COMPUTE_KINDS]) & (spans["stage"] >= 0) & (spans["mb"] >= 0)]
     rows = rows[(rows["phase"] == _FORWARD) | rows["phase"].isin(BACKWARD_PHASES) | rows["kind"].isin(list(_EXTRAS))]
     ns = (rows["end_ns"] - rows["start_ns"]).to_numpy(np.int64)
     extra = rows["kind"].map(_EXTRAS)
     column = extra.where(extra.notna(), rows["phase"].map(lambda p: "forward_ns" if p == _FORWARD else "backward_ns"))
-    frame = pd.DataFrame({k: rows[k].to_numpy() for k in PASS_KEYS})
+    frame = pd.DataFrame({k: rows[k].to_numpy() for k in _RANK_PASS_KEYS})
     for name in PASS_SUMS:
         frame[name] = np.where((column == name).to_numpy(bool), ns, 0)
     frame["start_ns"] = rows["start_ns"].to_numpy(np.int64)
@@ -168,18 +172,18 @@ def partial_passes(spans: pd.DataFrame) -> pd.DataFrame:
 
 
 def merge_passes(parts: list[pd.DataFrame]) -> pd.DataFrame:
-    """Partial pass tables merged: sums added, the first start kept, per (stage, step, mb)."""
+    """Partial pass tables merged: sums added, the first start kept, per (rank, stage, step, mb)."""
     parts = [p for p in parts if len(p)]
     if len(parts) == 1:
         return parts[0]
     if not parts:
-        return _sum_passes(pd.DataFrame(columns=[*PASS_KEYS, *PASS_SUMS, "start_ns"]))
+        return _sum_passes(pd.DataFrame(columns=[*_RANK_PASS_KEYS, *PASS_SUMS, "start_ns"]))
     return _sum_passes(pd.concat(parts, ignore_index=True))
 
 
 def _sum_passes(frame: pd.DataFrame) -> pd.DataFrame:
     agg = {**dict.fromkeys(PASS_SUMS, "sum"), "start_ns": "min"}
-    out = frame.groupby(PASS_KEYS, sort=True).agg(agg).reset_index()
+    out = frame.groupby(_RANK_PASS_KEYS, sort=True).agg(agg).reset_index()
     return out.astype({c: "int64" for c in [*PASS_SUMS, "start_ns"]})
 
 

@@ -38,10 +38,15 @@ def training_passes(run: Trace | RunTimings) -> pd.DataFrame:
     """One row per pass that ran both its forward and its backward: `stage`, `step`, `mb`, `start_ns` (its
     first compute), `forward_ns` and `backward_ns` (the summed compute of its decoder part, forward and
     backward phases), and `embed_ns`, `head_ns`, `sample_ns` (its spans of those kinds: the hook's loss is a
-    `head` span). Compute without a stage or micro-batch (the optimizer, `zero_grad`) belongs to no pass."""
+    `head` span); each the mean over the ranks that ran the stage. Compute without a stage or micro-batch (the
+    optimizer, `zero_grad`) belongs to no pass."""
     table = run.passes if isinstance(run, RunTimings) else partial_passes(run.spans)
     if table.empty:
         return pd.DataFrame(columns=[*PASS_KEYS, "start_ns", *PASS_SUMS])
     both = (table["forward_ns"] > 0) & (table["backward_ns"] > 0)
-    table = table[both].sort_values("start_ns", kind="stable").reset_index(drop=True)
+    # the ranks of one stage (replicas, tensor-parallel ranks) each ran the pass: its time is their mean
+    agg = {**dict.fromkeys(PASS_SUMS, "mean"), "start_ns": "min"}
+    table = table[both].groupby(PASS_KEYS, sort=True).agg(agg).reset_index()
+    table = table.astype({c: "int64" for c in [*PASS_SUMS, "start_ns"]})
+    table = table.sort_values("start_ns", kind="stable").reset_index(drop=True)
     return table[[*PASS_KEYS, "start_ns", *PASS_SUMS]]
