@@ -3,7 +3,8 @@ and each rank's spans in ppscope's vocabulary.
 
 Per rank (`rank` finds the actions): the action ranges become `range` spans labelled with stage,
 micro-batch, step, chunk and the action type as phase; on a CPU trace the top-level operators that are not
-communication are the compute (`kernel` spans, labelled with the action they ran in), each input wait a
+communication are the compute (`kernel` spans, labelled with the action they ran in; one outside every action
+is the training loop's own work, a `host` span, as a recording hook sees it), each input wait a
 `recv_wait` span and each send a `send` span with its peer; on a GPU trace the kernels are the compute as
 before, labelled with the action that launched them, and a communication kernel launched by a RECV action
 is that action's `recv_wait`. Across ranks: which rank holds which stage (from the ranges; for single-stage
@@ -328,6 +329,9 @@ def _labelled(cpu: pd.DataFrame, acts: pd.DataFrame, first: int) -> pd.DataFrame
         out[c] = np.where(hit, take[c].to_numpy(np.int64), default)
     out["phase"] = np.where(hit, take["type"].to_numpy(object), "")
     out["peer"] = -1
+    # an operator outside every action is the training loop's own work (making a batch, logging the loss), not
+    # the pipeline's: host, as a recording hook, which times only the actions, sees it
+    out["kind"] = np.where(hit, str(SpanKind.KERNEL), str(SpanKind.HOST))
     return out
 
 
