@@ -5,6 +5,7 @@ named in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -141,16 +142,22 @@ def test_waits_inside_actions_are_recv_wait_and_operators_are_compute(tmp_path: 
     assert NoticeCode.IMPORT_CLOCKS in {w.code for w in result.warnings}
 
 
-def test_gaps_between_operators_inside_an_action_are_host_time(tmp_path: Path) -> None:
-    result = analyze(open_trace(_write(tmp_path / "t", gpipe_cpu())))
+def test_gaps_between_operators_inside_an_action_are_the_ranks_work_on_a_cpu(tmp_path: Path) -> None:
+    trace = open_trace(_write(tmp_path / "t", gpipe_cpu()))
+    result = analyze(trace)
     stage0, stage1 = result.stages
     # rank 0 computes 30+40+70+80+60 µs in its actions (its 20 µs operator outside them is the loop's, not the
-    # pipeline's); waits 190 µs; the rest of its 700 µs step is host or fill/drain
-    assert stage0.busy_ns == 280_000
-    # the idle time inside its own compute actions that no wait explains is the rank's own (host), even in the
-    # step's warm-up and cool-down: F0 [0,10) [40,50) [90,100), F1 [110,120) [190,200), B1 [400,410)
-    # [490,500), B0 [520,530) [590,600); rank 1: F0 [108,120) [180,200), F1 [210,220) [280,300), B1 and B0 10+10
-    assert (stage0.causes["host"], stage1.causes["host"]) == (90_000, 102_000)
+    # pipeline's); on a CPU the rank's thread is the device, so the gaps between the operators of an action that
+    # no wait explains are its work too: F0 [0,10) [40,50) [90,100), F1 [110,120) [190,200), B1 [400,410)
+    # [490,500), B0 [520,530) [590,600), 90 µs; rank 1: F0 [108,120) [180,200), F1 [210,220) [280,300), B1 and B0
+    # 10+10, 102 µs
+    assert stage0.busy_ns == 280_000 + 90_000
+    assert (stage0.causes["host"], stage1.causes["host"]) == (0, 0)
+    # on a GPU they are the host's: the device waits for the next launch
+    ranks = [dataclasses.replace(r, device="cuda") for r in trace.meta.ranks]
+    on_gpu = analyze(dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, ranks=ranks)))
+    assert (on_gpu.stages[0].causes["host"], on_gpu.stages[1].causes["host"]) == (90_000, 102_000)
+    assert on_gpu.stages[0].busy_ns == 280_000
     # the rest of the idle time (waits, and outside the actions) is the step's fill and drain: never `unknown`
     for s in (stage0, stage1):
         assert s.causes["fill"] + s.causes["drain"] + s.causes["host"] == s.bubble_ns and s.causes["unknown"] == 0

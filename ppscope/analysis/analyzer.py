@@ -25,6 +25,7 @@ from ppscope.analysis.facts import (
     Facts,
     StageLayout,
     compute_overlaps,
+    cpu_ranks,
     estimated_clocks,
     stage_times,
     uncertainties,
@@ -114,7 +115,8 @@ def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResul
     is_compute = role == ROLE_COMPUTE
     mb = spans["mb"].to_numpy(np.int64)
     inflight, _ = measured_inflight(mb.astype(np.int32), is_compute & (spans["phase"] == Phase.DECODE).to_numpy(), meta)
-    times = stage_times(spans, role, layout, ring_bound=inflight is not None and inflight < layout.p)
+    bound = inflight is not None and inflight < layout.p
+    times = stage_times(spans, role, layout, ring_bound=bound, cpu_ranks=cpu_ranks(meta))
     facts = Facts(
         extents=Extents.of(times, layout.p),
         any_compute=bool(is_compute.any()),

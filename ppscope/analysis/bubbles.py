@@ -4,7 +4,8 @@ Note (cause precedence): busy = union of compute spans (kinds in COMPUTE_KINDS).
 exactly one cause. Where the schedule itself leaves the stage idle it is `fill` or `drain`: before the stage's
 first compute and after its last, and when every step ends in a flush also at each step boundary and in each
 training step's warm-up and cool-down (`ppscope.analysis.steps`), except where the rank is inside one of its
-own compute actions (a pipelining F/B/I/W range) with nothing else to explain the gap: that is `host`.
+own compute actions (a pipelining F/B/I/W range) with nothing else to explain the gap: that is the rank's own
+time, busy on a CPU (its thread is the device) and `host` on a GPU.
 Elsewhere the first of these that covers the instant wins:
   1. a `recv` span (the engine timed the transfer itself)          -> comm
   2. a `recv_wait` span                                           -> dependency when it waits for a token to
@@ -106,7 +107,10 @@ class StageTimes:
     chunk: npt.NDArray[np.int64]
     action: npt.NDArray[np.bool_]
     """A range of the schedule's own around one compute action (a pipelining F, B, I or W): the rank's time
-    inside it that nothing else explains is its own (host), wherever in the step it lies."""
+    inside it that nothing else explains is its own, wherever in the step it lies: busy on a CPU (the rank's
+    thread is the device), host on a GPU (the device waits for the host)."""
+    on_cpu: npt.NDArray[np.bool_] | None = None
+    """The span's rank computes on a CPU (None: not known for any)."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +270,11 @@ def _one_stage(
     # whole run, not the window's; except the rank's own time inside one of its compute actions (between the
     # operators of a forward, say), which is host even in a training step's warm-up or cool-down.
     own = (labels == _CODE[Cause.HOST]) & seg.covers("action")
+    if t.on_cpu is not None and idx.shape[0] and t.on_cpu[idx].all():
+        # on a CPU the rank's thread is the device: its time inside its own compute action (the Python between
+        # the operators of a forward) is the stage at work, as a recording hook's forward span counts it
+        labels[own] = _BUSY
+        own[:] = False
     step_tail = (labels == _CODE[Cause.OPTIMIZER]) | (labels == _CODE[Cause.DP_SYNC])  # its own cause, not drain
     idle = (labels != _BUSY) & (labels != _CODE[Cause.NO_REQUESTS]) & ~own & ~step_tail
     labels[idle & seg.covers("fill")] = _CODE[Cause.FILL]

@@ -55,9 +55,15 @@ class StageLayout:
 
 
 def stage_times(
-    spans: pd.DataFrame, role: npt.NDArray[np.int8], layout: StageLayout, *, ring_bound: bool
+    spans: pd.DataFrame,
+    role: npt.NDArray[np.int8],
+    layout: StageLayout,
+    *,
+    ring_bound: bool,
+    cpu_ranks: frozenset[int] = frozenset(),
 ) -> StageTimes:
-    """The span arrays the bubbles need; `ring_bound`: fewer micro-batches in flight than stages."""
+    """The span arrays the bubbles need; `ring_bound`: fewer micro-batches in flight than stages; `cpu_ranks`:
+    the ranks whose device is a CPU (`cpu_ranks`)."""
     phase, kind = TextCodes.of(spans["phase"]), TextCodes.of(spans["kind"])
     decode, prefill = phase.among([Phase.DECODE]), phase.among([Phase.PREFILL])
     dependency = dependency_waits(role, spans["stage"].to_numpy(np.int64), prefill, decode, ring_bound=ring_bound)
@@ -75,7 +81,14 @@ def stage_times(
         forward=kind.among([SpanKind.FORWARD]),
         chunk=spans["chunk"].to_numpy(np.int64),
         action=kind.among([SpanKind.RANGE]) & phase.among(list(PASSES)),
+        on_cpu=np.isin(spans["rank"].to_numpy(np.int64), np.fromiter(cpu_ranks, np.int64, len(cpu_ranks))),
     )
+
+
+def cpu_ranks(meta: RunMeta) -> frozenset[int]:
+    """The ranks whose device is a CPU (`RankInfo.device` `cpu`): there the rank's thread is the device, and its
+    time inside one of its own compute actions is its work (`bubbles`)."""
+    return frozenset(i.rank for i in meta.ranks if i.device.startswith("cpu"))
 
 
 _NONE = np.iinfo(np.int64)

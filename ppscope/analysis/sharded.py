@@ -55,6 +55,7 @@ from ppscope.analysis.facts import (
     StageLayout,
     busiest_rank,
     compute_overlaps,
+    cpu_ranks,
     estimated_clocks,
     stage_times,
     uncertainties,
@@ -416,7 +417,8 @@ def _stage(
     into its ranks, with its senders' sends read from their files; `check`: their causality too)."""
     spans, _, _ = read_rank_spans(files, ranks, meta)
     role = span_roles(spans["kind"], spans["name"])
-    times = stage_times(spans, role, StageLayout.of(dict.fromkeys(ranks, stage)), ring_bound=ring_bound)
+    layout = StageLayout.of(dict.fromkeys(ranks, stage))
+    times = stage_times(spans, role, layout, ring_bound=ring_bound, cpu_ranks=cpu_ranks(meta))
     results, gaps = stage_bubbles(
         times, [(stage, ranks)], window, flush=flush, has_waits=has_waits, no_requests=quiet, waves=waves
     )

@@ -329,9 +329,11 @@ def _labelled(cpu: pd.DataFrame, acts: pd.DataFrame, first: int) -> pd.DataFrame
         out[c] = np.where(hit, take[c].to_numpy(np.int64), default)
     out["phase"] = np.where(hit, take["type"].to_numpy(object), "")
     out["peer"] = -1
-    # an operator outside every action is the training loop's own work (making a batch, logging the loss), not
-    # the pipeline's: host, as a recording hook, which times only the actions, sees it
-    out["kind"] = np.where(hit, str(SpanKind.KERNEL), str(SpanKind.HOST))
+    # an operator outside every compute action (F, B, I, W) is not the pipeline's compute: the training loop's
+    # own work (making a batch, logging the loss) or a communication action's bookkeeping (a send's buffer, a
+    # gradient reduction's): host, as a recording hook, which times only the passes, sees it
+    passes = np.isin(out["phase"].to_numpy(object), [str(t) for t in ActionType if t.is_compute])
+    out["kind"] = np.where(hit & passes, str(SpanKind.KERNEL), str(SpanKind.HOST))
     return out
 
 
