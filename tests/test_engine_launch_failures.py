@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from error_helpers import raises_code
 
 from ppscope.cli.main import main
 from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 from ppscope.engine.launch import CPP_LOG_LEVEL_ENV, _interrupt_deferred, _supervise, rank_environment, run
 from ppscope.engine.testing import FAIL_ENV
-from ppscope.errors import EngineFailedError
+from ppscope.errors import EngineFailedError, ErrorCode
 from ppscope.trace.store import read_meta
 
 pytestmark = pytest.mark.timeout(120)
@@ -203,8 +204,9 @@ def test_a_failed_middle_rank_is_named_among_its_peers_errors(tmp_path: Path, mo
         workload=WorkloadConfig(requests=3, max_new_tokens=3),
         output=OutputConfig(progress=False, out=tmp_path / "run"),
     )
-    with pytest.raises(EngineFailedError, match=r"^rank 1 failed: RuntimeError: injected failure after 1 passes; "):
+    with raises_code(EngineFailedError, ErrorCode.RANK_FAILED) as err:
         run(cfg)
+    assert str(err.value).startswith("rank 1 failed: RuntimeError: injected failure after 1 passes; ")  # the cause
     meta = read_meta(tmp_path / "run")
     assert meta.status == "failed" and meta.error.startswith("rank 1 failed: RuntimeError: injected failure")
 

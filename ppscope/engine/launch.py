@@ -27,7 +27,7 @@ from ppscope.engine.comm import silent_peer
 from ppscope.engine.config import EngineConfig
 from ppscope.engine.prepare import Prepared, check_memory, host_available_bytes, prepare
 from ppscope.engine.worker import default_run_dir, run_rank
-from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
+from ppscope.errors import EngineFailedError, ErrorCode, InterruptedRunError, PPScopeError
 from ppscope.failures import is_peer_failure, plain_error, rank_failure
 from ppscope.trace.store import check_new_run_dir, create_run, read_meta, write_meta
 
@@ -124,8 +124,12 @@ def _run_local(cfg: EngineConfig, on_progress: ProgressHook | None) -> Path:
             if created:
                 _mark(run_dir, "interrupted", str(exc) or "interrupted by the user")
         if not created:
-            raise InterruptedRunError("interrupted before the run started; nothing was recorded") from None
-        raise InterruptedRunError(f"interrupted; what was recorded up to then is in {run_dir}") from None
+            raise InterruptedRunError(
+                ErrorCode.INTERRUPTED, "interrupted before the run started; nothing was recorded"
+            ) from None
+        raise InterruptedRunError(
+            ErrorCode.INTERRUPTED, f"interrupted; what was recorded up to then is in {run_dir}"
+        ) from None
     except EngineFailedError as exc:
         _stop_all(procs)
         _mark(run_dir, "failed", str(exc))
@@ -263,11 +267,13 @@ def _run_inline(cfg: EngineConfig, prep: Prepared, run_dir: Path, on_progress: P
         return run_rank(cfg, 0, 1, run_dir=run_dir, progress=progress, prepared=prep)
     except KeyboardInterrupt:
         _mark(run_dir, "interrupted", "interrupted by the user")
-        raise InterruptedRunError(f"interrupted; what was recorded up to then is in {run_dir}") from None
+        raise InterruptedRunError(
+            ErrorCode.INTERRUPTED, f"interrupted; what was recorded up to then is in {run_dir}"
+        ) from None
     except Exception as exc:
         error = f"rank 0 failed: {type(exc).__name__}: {exc}; the trace up to then is in {run_dir}"
         _mark(run_dir, "failed", error)
-        raise EngineFailedError(error) from exc
+        raise EngineFailedError(ErrorCode.RANK_FAILED, error) from exc
     finally:
         if bar:
             bar.close()
@@ -356,13 +362,15 @@ def _failure(procs: list[Any], errors: dict[int, str], waited_on: dict[int, int]
         if errors:
             then = (own or list(errors))[0]
             cause += f"; rank {then} then failed: {errors[then]}"
-        return EngineFailedError(f"{cause}; {where}")
+        return EngineFailedError(ErrorCode.RANK_KILLED, f"{cause}; {where}")
     if not own:  # a rank still running, silent, from which a peer received nothing: it hangs
         for peer, rank in waited_on.items():
             if 0 <= rank < len(procs) and rank not in errors and procs[rank].exitcode is None:
-                return EngineFailedError(f"rank {rank} hangs (alive, silent): rank {peer}: {errors[peer]}; {where}")
+                return EngineFailedError(
+                    ErrorCode.RANK_HANGS, f"rank {rank} hangs (alive, silent): rank {peer}: {errors[peer]}; {where}"
+                )
     first = (own or list(errors))[0]
-    return EngineFailedError(f"rank {first} failed: {errors[first]}; {where}")
+    return EngineFailedError(ErrorCode.RANK_FAILED, f"rank {first} failed: {errors[first]}; {where}")
 
 
 def _stop_all(procs: list[Any], grace_s: float = 1.0) -> None:
@@ -470,7 +478,7 @@ def _run_torchrun(cfg: EngineConfig) -> Path:
     except PPScopeError:
         raise
     except Exception as exc:
-        raise EngineFailedError(rank_failure(rank, exc)) from exc
+        raise EngineFailedError(ErrorCode.RANK_FAILED, rank_failure(rank, exc)) from exc
 
 
 class _ProgressBar:
