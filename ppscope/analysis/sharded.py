@@ -65,6 +65,7 @@ from ppscope.analysis.result import AnalysisResult, HopStats, StageResult, Windo
 from ppscope.analysis.steps import Waves
 from ppscope.analysis.theory import flushes
 from ppscope.errors import CorruptFileError, ErrorCode, InvalidConfigError
+from ppscope.failures import RankError
 from ppscope.pool import ordered, processes
 from ppscope.trace.model import Phase, RunMeta, spans_frame
 from ppscope.trace.notices import Notice
@@ -86,7 +87,7 @@ class RankDigest:
 
     rank: int
     spans: int
-    error: str
+    error: RankError | None
     warnings: list[Notice]
     damaged: CorruptFileError | None
     """Why the rank file cannot be read (then it is left out, as `load_run` leaves it out); None when fine."""
@@ -178,7 +179,7 @@ class Sharded:
 
     def said(self, digests: list[RankDigest]) -> list[Notice]:
         """What the rank files say of themselves: failures their ranks recorded, damaged spans and files."""
-        out = failures_said({d.rank: d.error for d in digests if d.error}, self.meta.error)
+        out = failures_said({d.rank: d.error for d in digests if d.error is not None}, self.meta.error)
         for d in digests:
             out += d.warnings
         return out + [damaged_note(d.rank, d.damaged) for d in digests if d.damaged]
@@ -254,7 +255,7 @@ def _digest(files: dict[int, Path], meta: RunMeta, rank: int) -> RankDigest:
         spans, errors, warnings = read_rank_spans(files, [rank], meta)
     except CorruptFileError as exc:
         spans, errors, warnings, damaged = spans_frame(), {}, [], exc
-    error = errors.get(rank, "")
+    error = errors.get(rank)
     if spans.empty:
         none = np.empty(0, np.int64)
         empty = Extents(0, 0, none, none)

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ppscope.errors import CorruptFileError, ErrorCode, SchemaVersionError, brief
+from ppscope.failures import FailureCode, RankError
 from ppscope.trace.clock import offsets_at
 from ppscope.trace.model import (
     COUNTER_COLUMNS,
@@ -151,7 +152,8 @@ class RankFile:
     last_span: int = 0
     last_counter: int = 0
     counters: pd.DataFrame | None = None  # None: no new counter
-    error: str = ""  # the rank's own error, when it recorded one (info key `error`, under torchrun)
+    error: RankError | None = None  # the rank's own failure, when it recorded one (info keys `error` and
+    # `failure_code`, under torchrun)
 
 
 def _open_rank(path: Path, after_span: int, after_counter: int) -> RankFile | None:
@@ -167,7 +169,7 @@ def _open_rank(path: Path, after_span: int, after_counter: int) -> RankFile | No
             raise CorruptFileError(
                 ErrorCode.NOT_A_RANK_FILE, f"{path} is an SQLite file but not a ppscope rank file (no spans table)"
             )
-        error = ""
+        error = None
         if "info" in tables:
             _check_rank_schema(db, path)
             error = _recorded_error(db)
@@ -182,13 +184,14 @@ def _open_rank(path: Path, after_span: int, after_counter: int) -> RankFile | No
         raise
 
 
-def _recorded_error(db: sqlite3.Connection) -> str:
-    """The text of a rank's recorded error (info key `error`, a JSON string), at most 500 characters. Only a
+def _recorded_error(db: sqlite3.Connection) -> RankError | None:
+    """A rank's recorded failure: the text of its error (info key `error`, a JSON string), at most 500
+    characters, and its code (`failure_code`; None in files of older versions, which recorded none). Only a
     message: one that cannot be read is said so, and never stops the read of the spans."""
     try:
         rows = db.execute("SELECT value FROM info WHERE key = 'error'").fetchall()
         if not rows:
-            return ""
+            return None
         raw = rows[0][0]
         try:
             value = json.loads(raw)
@@ -196,8 +199,19 @@ def _recorded_error(db: sqlite3.Connection) -> str:
             value = raw
         text = " ".join(str(value).split())
     except (sqlite3.Error, ValueError, RecursionError):
-        return "(its recorded error cannot be read: the file is damaged)"
-    return text if len(text) <= 500 else text[:499] + "…"
+        return RankError("(its recorded error cannot be read: the file is damaged)")
+    text = text if len(text) <= 500 else text[:499] + "…"
+    return RankError(text, _recorded_code(db)) if text else None
+
+
+def _recorded_code(db: sqlite3.Connection) -> FailureCode | None:
+    """The code a rank recorded beside its error; None when there is none (an older file) or it is unknown."""
+    try:
+        rows = db.execute("SELECT value FROM info WHERE key = 'failure_code'").fetchall()
+        value = json.loads(rows[0][0]) if rows else None
+    except (sqlite3.Error, TypeError, ValueError, RecursionError):
+        return None
+    return FailureCode(value) if value in set(FailureCode) else None
 
 
 def _read_rank(rf: RankFile, table: Table, pos: int) -> None:

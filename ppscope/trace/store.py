@@ -17,7 +17,7 @@ import re
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from ppscope.errors import CorruptFileError, ErrorCode, InvalidConfigError, RunExistsError, RunNotFoundError
-from ppscope.failures import recorded_failures
+from ppscope.failures import RankError, recorded_failures
 from ppscope.trace.counterfile import common_counters
 from ppscope.trace.model import COUNTER_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, RunMeta, Trace, counters_frame
 from ppscope.trace.notices import Notice, NoticeCode, missing_ranks
@@ -357,7 +357,7 @@ def read_since(
     path = _check_run_dir(run_dir)
     since = since or Cursor()
     table, opened = read_ranks(files, since.spans, since.counters)
-    said += failures_said({rank: rf.error for rank, rf, _ in opened if rf.error}, meta.error)
+    said += failures_said({rank: rf.error for rank, rf, _ in opened if rf.error is not None}, meta.error)
     span_pos, counter_pos = dict(since.spans), dict(since.counters)
     for rank, rf, _ in opened:
         span_pos[rank], counter_pos[rank] = rf.last_span, rf.last_counter
@@ -397,7 +397,7 @@ def run_files(
 
 def read_rank_spans(
     files: dict[int, Path], ranks: Sequence[int], meta: RunMeta
-) -> tuple[pd.DataFrame, dict[int, str], list[Notice]]:
+) -> tuple[pd.DataFrame, dict[int, RankError], list[Notice]]:
     """The spans of `ranks` alone, on the common clock and sorted as `load_run` sorts them, with the errors
     those ranks recorded and the warnings of their damaged spans: a large run read a few ranks at a time.
     `files` and `meta` are `run_files`'s."""
@@ -407,11 +407,11 @@ def read_rank_spans(
 
 def read_rank_parts(
     files: dict[int, Path], ranks: Sequence[int], meta: RunMeta
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[int, str], list[Notice]]:
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[int, RankError], list[Notice]]:
     """`read_rank_spans` with the ranks' counters (beside the spans), as `load_run` holds them."""
     chosen = {r: files[r] for r in ranks if r in files}
     table, opened = read_ranks(chosen, {}, {})
-    errors = {rank: rf.error for rank, rf, _ in opened if rf.error}
+    errors = {rank: rf.error for rank, rf, _ in opened if rf.error is not None}
     values = merge_values(table, opened)
     parts = [rf.counters for _, rf, _ in opened if rf.counters is not None]
     del opened
@@ -469,8 +469,8 @@ def damaged_note(rank: int, why: str | CorruptFileError) -> Notice:
     return Notice(NoticeCode.DAMAGED_FILE, f"rank {rank}'s file is damaged, left out (loaded the rest): {why}")
 
 
-def failures_said(errors: dict[int, str], said: str = "") -> list[Notice]:
-    """The failures the ranks recorded (rank -> plain error), as `failures.recorded_failures` words them."""
+def failures_said(errors: Mapping[int, RankError], said: str = "") -> list[Notice]:
+    """The failures the ranks recorded (rank -> its error and code), as `failures.recorded_failures` words them."""
     return [Notice(NoticeCode.RANK_FAILED, line) for line in recorded_failures(errors, said)]
 
 
