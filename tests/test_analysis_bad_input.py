@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from error_helpers import raises_code
 
 from ppscope.analysis import AnalysisConfig, analyze, parse_window_ms
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.model import RunMeta, Trace
 from ppscope.trace.notices import Notice, NoticeCode
 
@@ -43,7 +44,7 @@ def test_missing_ranks_warned() -> None:
 
 def test_window_outside_trace_raises_clear_error() -> None:
     tr = Trace.from_records([_fwd(0, 0, 10**6)])
-    with pytest.raises(InvalidConfigError, match="outside the trace"):
+    with raises_code(InvalidConfigError, ErrorCode.WINDOW_OUTSIDE_TRACE):
         analyze(tr, AnalysisConfig(window_ms=(5.0, 6.0)))
     res = analyze(tr, AnalysisConfig(window_ms=(0.5, 6.0)))
     assert res.window is not None and res.window.length_ns == 5 * 10**5
@@ -57,7 +58,7 @@ def test_bad_window_text(text: str) -> None:
 
 
 def test_steady_and_window_together_refused() -> None:
-    with pytest.raises(InvalidConfigError, match="at most one"):
+    with raises_code(InvalidConfigError, ErrorCode.CONFLICTING_OPTIONS):
         AnalysisConfig(steady=True, window_ms=(0, 1))
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from error_helpers import raises_code
 from replica_helpers import replica_job
 
 from ppscope.analysis import analyze
@@ -14,7 +15,7 @@ from ppscope.analysis.placement import apply_placement, parse_stage_of_rank, pla
 from ppscope.analysis.replica_report import replica_lines
 from ppscope.analysis.replicas import analyze_replicas, rank_list
 from ppscope.cli.main import main
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import write_run
 from ppscope.simulate.whatif import what_if
@@ -162,7 +163,7 @@ def test_a_replica_that_is_not_an_integer_is_refused_by_name() -> None:
     from ppscope.errors import CorruptFileError
     from ppscope.trace.model import RunMeta
 
-    with pytest.raises(CorruptFileError, match="integer rank, stage, replica"):
+    with raises_code(CorruptFileError, ErrorCode.BAD_METADATA):
         RunMeta.from_dict({"ranks": [{"rank": 0, "stage": 0, "replica": "a"}]}, where="meta.json")
     meta = RunMeta.from_dict({"ranks": [{"rank": 3, "stage": 1, "replica": 2}]})
     assert meta.ranks[0].replica == 2 and RunMeta.from_dict({"ranks": [{"rank": 0}]}).ranks[0].replica == -1

@@ -11,6 +11,7 @@ import pytest
 from ppscope.analysis import CAUSES, analyze
 from ppscope.analysis.report import html_report, render_text
 from ppscope.cli.main import main
+from ppscope.errors import ErrorCode
 from ppscope.trace.model import SPAN_COLUMNS, RankInfo, RunMeta, Trace
 from ppscope.trace.store import REQUESTS_FILE, RankWriter, create_run
 
@@ -130,7 +131,7 @@ def test_an_empty_run_is_an_error_that_says_why(tmp_path: Path, capsys: pytest.C
     create_run(tmp_path / "empty", RunMeta(world_size=1))
     assert main(["analyze", str(tmp_path / "empty"), "--json"]) == 2
     captured = capsys.readouterr()
-    assert captured.out == ""
+    assert json.loads(captured.out)["error"]["code"] == ErrorCode.NO_SPANS  # no report, the error's code
     assert captured.err.strip() == (
         f"ppscope analyze: error: {tmp_path / 'empty'} holds no spans: nothing to analyse "
         "(rank 0 of 1 recorded nothing (no file, a damaged file, or no spans))"

@@ -11,12 +11,13 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from error_helpers import raises_code
 
 from ppscope.analysis import AnalysisConfig, AnalysisResult, analyze
 from ppscope.analysis.sharded import analyze_run
 from ppscope.balance.costs import LayerCosts
 from ppscope.cli.main import main
-from ppscope.errors import CorruptFileError, InvalidConfigError
+from ppscope.errors import CorruptFileError, ErrorCode, InvalidConfigError
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import CommModel, SimConfig, simulate, write_run
 from ppscope.trace.model import ClockInfo, RankInfo, Trace
@@ -130,7 +131,7 @@ def test_a_damaged_rank_file_is_left_out_and_named_as_load_run_does(tmp_path: Pa
 
 
 def test_workers_must_be_positive(tmp_path: Path) -> None:
-    with pytest.raises(InvalidConfigError, match="--workers must be >= 1"):
+    with raises_code(InvalidConfigError, ErrorCode.BAD_VALUE):
         analyze_run(_sim(tmp_path, **RUNS["one-stage"]), workers=0)
 
 

@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from error_helpers import raises_code
 
 from ppscope.balance.advise.rebalance import engine_lines
 from ppscope.balance.costs import LayerCosts
 from ppscope.cli.main import main
-from ppscope.errors import InvalidSplitError
+from ppscope.errors import ErrorCode, InvalidSplitError
 from ppscope.simulate.simulator import SimConfig, simulate, write_run
 
 COSTS = LayerCosts(layer_ms=(1.0,) * 7 + (3.0,), embed_ms=1.0, head_ms=3.0)
@@ -43,7 +44,7 @@ def test_given_costs_are_said_to_be_given(tmp_path: Path, capsys: pytest.Capture
 
 def test_a_paste_line_never_names_another_models_split() -> None:
     assert engine_lines([5, 3], 8)["vllm_env"] == "VLLM_PP_LAYER_PARTITION=5,3"
-    with pytest.raises(InvalidSplitError, match="sums to 4 but the model has 8 layers"):
+    with raises_code(InvalidSplitError, ErrorCode.SPLIT_DOES_NOT_COVER_LAYERS):
         engine_lines([3, 1], 8)
 
 

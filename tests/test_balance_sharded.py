@@ -14,13 +14,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from error_helpers import raises_code
 
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.measured import timings
 from ppscope.balance.measured.choose import run_costs
 from ppscope.balance.measured.timings import RunTimings, run_timings
 from ppscope.cli.main import main
-from ppscope.errors import CorruptFileError, InvalidConfigError
+from ppscope.errors import CorruptFileError, ErrorCode, InvalidConfigError
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import SimConfig, simulate, write_run
 from ppscope.trace.model import Trace, spans_frame
@@ -155,5 +156,5 @@ def test_a_damaged_rank_file_is_left_out_as_load_run_leaves_it(tmp_path: Path) -
         rank_file(run, r).write_bytes(b"")
     with pytest.raises(CorruptFileError):
         run_timings(run)
-    with pytest.raises(InvalidConfigError, match="--workers must be >= 1"):
+    with raises_code(InvalidConfigError, ErrorCode.BAD_VALUE):
         run_timings(run, workers=0)

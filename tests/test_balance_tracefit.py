@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
+from error_helpers import raises_code
 
 from ppscope.balance.advise.rebalance import rebalance
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.modelled.tracefit import calibrate
 from ppscope.cli.main import main
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MFU = DATA / "nsys" / "mfu_2gpu_after.sqlite"
@@ -48,9 +50,9 @@ def test_one_scale_and_a_remainder_per_stage_are_recovered() -> None:
 
 
 def test_a_stage_count_that_differs_from_the_split_is_refused() -> None:
-    with pytest.raises(InvalidConfigError, match="the trace has 3 stage"):
+    with raises_code(InvalidConfigError, ErrorCode.COUNT_MISMATCH):
         calibrate(LayerCosts(layer_ms=(1.0,) * 8), [4, 4], [1.0, 2.0, 3.0])
-    with pytest.raises(InvalidConfigError, match="no compute time"):
+    with raises_code(InvalidConfigError, ErrorCode.NO_COMPUTE):
         calibrate(LayerCosts(layer_ms=(1.0,) * 8), [4, 4], [1.0, 0.0])
 
 
@@ -163,5 +165,6 @@ def test_a_trace_that_shows_no_pipeline_gets_no_split(
     model = ["--model", "llama3-70b"] if with_model else ["--current-split", "40,40"]
     assert main(["rebalance", str(trace), *model, "--json"]) == 4
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.count("\n") == 1
+    assert json.loads(captured.out) == {"error": {"code": ErrorCode.NO_PIPELINE_EVIDENCE, "text": ANY}}  # no split
+    assert captured.err.count("\n") == 1
     assert "exchange no message" in captured.err and "--assume-pipeline" in captured.err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 import ppscope
 from ppscope.cli.main import COMMANDS, main
+from ppscope.errors import ErrorCode
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -46,6 +48,14 @@ def test_bad_input_is_one_line_without_traceback(name: str, tmp_path: Path) -> N
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"ppscope {name}: error:"), out.stderr
+
+
+def test_under_json_an_error_is_also_a_json_object_with_its_code(tmp_path: Path) -> None:
+    out = _run("analyze", str(tmp_path / "no-such-run"), "--json")
+    assert out.returncode == 2 and out.stderr.startswith("ppscope analyze: error: ")
+    error = json.loads(out.stdout)["error"]
+    assert error["code"] == ErrorCode.RUN_NOT_FOUND and out.stderr.strip().endswith(error["text"])
+    assert _run("analyze", str(tmp_path / "no-such-run")).stdout == ""  # without --json, stdout stays empty
 
 
 def test_a_mistyped_option_shows_the_usage_of_its_command(capsys: pytest.CaptureFixture[str]) -> None:

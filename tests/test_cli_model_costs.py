@@ -11,6 +11,7 @@ import pytest
 
 from ppscope.balance.modelled.gpus import GPUS
 from ppscope.cli.main import main
+from ppscope.errors import ErrorCode
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
 TODAYS_KEYS = ("current_split", "proposed_split", "stage_times_ms", "predicted_speedup", "vllm_env", "sglang_env")
@@ -126,7 +127,8 @@ def test_a_model_that_does_not_fit_gets_no_split_but_the_fewest_stages_that_fit(
     line, exit 5, and the fewest stages at this TP that hold it, with their split."""
     assert main(["rebalance", "--model", "deepseek-v3", "--stages", "4", "--gpu", "h100-sxm", "--json"]) == 5
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.count("\n") == 1
+    assert json.loads(captured.out)["error"]["code"] == ErrorCode.NO_SPLIT_FITS  # no split, the refusal's code
+    assert captured.err.count("\n") == 1
     m = re.search(r"in fp8: .* The fewest stages that hold it at TP 1 are (\d+), split ([\d,]+)", captured.err)
     assert m is not None, captured.err
     stages, split = int(m.group(1)), [int(n) for n in m.group(2).split(",")]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from error_helpers import raises_code
 
 pytest.importorskip("torch")
 
@@ -15,7 +16,7 @@ from ppscope.balance.measured.profile import PROFILE_FILE, read_profile
 from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 from ppscope.engine.profiler import profile_layers, write_profile
 from ppscope.engine.tuning import tune
-from ppscope.errors import CorruptFileError, InvalidConfigError
+from ppscope.errors import CorruptFileError, ErrorCode, InvalidConfigError
 
 QUIET = OutputConfig(progress=False, nvtx=False)
 
@@ -89,7 +90,7 @@ def test_a_synthetic_profile_sleeps_without_flushing_and_old_profiles_read_as_wa
 
 def test_unreadable_profile_is_a_named_error(tmp_path: Path) -> None:
     (tmp_path / PROFILE_FILE).write_text(json.dumps({"model": "x"}))
-    with pytest.raises(CorruptFileError, match="profile"):
+    with raises_code(CorruptFileError, ErrorCode.BAD_PROFILE):
         read_profile(tmp_path)
     assert read_profile(tmp_path / "nowhere") is None
 
@@ -131,7 +132,7 @@ def test_tune_with_a_balanced_split_does_not_rerun(tmp_path: Path) -> None:
 
 def test_tune_refuses_interleaved(tmp_path: Path) -> None:
     cfg = _synthetic({"schedule": "interleaved", "chunks": 2, "stages": 3})
-    with pytest.raises(InvalidConfigError, match="interleaved"):
+    with raises_code(InvalidConfigError, ErrorCode.UNSUPPORTED_SCHEDULE):
         tune(cfg, out_dir=tmp_path / "t")
 
 
@@ -228,7 +229,7 @@ def test_repeats_run_both_splits_pair_by_pair_in_abba_order(tmp_path: Path) -> N
     third, fourth = (r.throughput_tokens_per_s or 0.0 for r in result.reruns)
     assert pairs[1] == pytest.approx(third / fourth)
     assert [tuple(r["split"]) for r in result.to_dict()["reruns"]] == [(3, 1), (2, 2)]
-    with pytest.raises(InvalidConfigError, match="repeats"):
+    with raises_code(InvalidConfigError, ErrorCode.BAD_VALUE):
         tune(cfg, out_dir=tmp_path / "u", repeats=0)
 
 

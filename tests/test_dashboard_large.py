@@ -6,6 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from error_helpers import raises_code
+
+from ppscope.errors import ErrorCode
 
 pytest.importorskip("streamlit")
 from replica_helpers import replica_job
@@ -149,7 +152,7 @@ def test_the_limit_is_passed_to_the_app(tmp_path: Path) -> None:
     assert args == [f"{RANKS_OPTION}4", str(run)]
     assert _limit(args) == (4, [str(run)])
     assert _limit([str(run)]) == (256, [str(run)])
-    with pytest.raises(InvalidConfigError, match="--ranks-in-memory must be >= 0"):
+    with raises_code(InvalidConfigError, ErrorCode.BAD_VALUE):
         dashboard_command([run], ranks_in_memory=-1)
 
 

@@ -6,10 +6,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from error_helpers import raises_code
 from test_dashboard_runs import record_gpipe_run
 
 from ppscope.dashboard.safety import catalog_from_args
-from ppscope.errors import RunNotFoundError
+from ppscope.errors import ErrorCode, RunNotFoundError
 
 NSYS = Path(__file__).resolve().parents[2] / "shared" / "data" / "nsys" / "mock.sqlite"
 
@@ -39,7 +40,7 @@ def test_folder_is_rescanned_and_never_escaped(tmp_path: Path) -> None:
     assert [e.label for e in catalog.entries()] == ["runs/new"]
     assert catalog.pick("runs/new").path == (folder / "new").resolve()
     for label in ("runs/escape", "runs/../secret", str(secret), "runs/empty"):
-        with pytest.raises(RunNotFoundError, match="not among the traces"):
+        with raises_code(RunNotFoundError, ErrorCode.TRACE_NOT_SERVED):
             catalog.pick(label)
 
 
@@ -60,9 +61,9 @@ def test_deleted_folder_lists_nothing(tmp_path: Path) -> None:
 
 
 def test_missing_paths_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(RunNotFoundError, match="does not exist"):
+    with raises_code(RunNotFoundError, ErrorCode.RUN_NOT_FOUND):
         catalog_from_args([tmp_path / "nope"])
-    with pytest.raises(RunNotFoundError, match="no trace given"):
+    with raises_code(RunNotFoundError, ErrorCode.NO_TRACE_GIVEN):
         catalog_from_args([])
 
 

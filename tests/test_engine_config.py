@@ -9,6 +9,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+from error_helpers import raises_code
 
 from ppscope.cli.engine_options import OPTIONS, engine_config, in_flags
 from ppscope.cli.main import build_parser
@@ -22,7 +23,7 @@ from ppscope.engine.config import (
     RuntimeConfig,
     WorkloadConfig,
 )
-from ppscope.errors import InvalidConfigError, InvalidSplitError
+from ppscope.errors import ErrorCode, InvalidConfigError, InvalidSplitError
 
 
 def _given(tmp_path: Path) -> EngineConfig:
@@ -86,23 +87,26 @@ def test_an_older_run_s_flat_config_still_reads() -> None:
     cfg = EngineConfig.from_json(old)
     assert cfg.pipeline.split == (1, 1) and cfg.model.layer_cost_ms == (0.5, 1.0) and cfg.output.out == Path("runs/r1")
     assert cfg.pipeline.max_inflight == 2 and cfg.output.record is False
-    with pytest.raises(InvalidConfigError, match="unknown engine config key"):
+    with raises_code(InvalidConfigError, ErrorCode.UNKNOWN_CONFIG_KEY):
         EngineConfig.from_json({**old, "stage": 2})
 
 
 def test_a_refusal_names_the_field() -> None:
-    with pytest.raises(
-        InvalidConfigError, match=r"^pipeline\.microbatches must be >= 0 \(0 = one per stage\), got -1$"
-    ):
+    with raises_code(InvalidConfigError, ErrorCode.BAD_VALUE) as err:
         PipelineConfig(microbatches=-1)
-    with pytest.raises(InvalidConfigError, match=r"^unknown runtime\.backend 'mpi'; valid: auto, gloo, nccl$"):
+    assert "pipeline.microbatches" in str(err.value)
+    with raises_code(InvalidConfigError, ErrorCode.UNKNOWN_CHOICE) as err:
         RuntimeConfig(backend="mpi")
-    with pytest.raises(InvalidConfigError, match=r"^unknown model\.dtype 'int8'"):
+    assert "runtime.backend" in str(err.value)
+    with raises_code(InvalidConfigError, ErrorCode.UNKNOWN_CHOICE) as err:
         ModelConfig(dtype="int8")
-    with pytest.raises(InvalidConfigError, match=r"^output\.sample_interval_ms must be > 0"):
+    assert "model.dtype" in str(err.value)
+    with raises_code(InvalidConfigError, ErrorCode.BAD_VALUE) as err:
         OutputConfig(sample_interval_ms=0.0)
-    with pytest.raises(InvalidConfigError, match=r"unknown engine config field 'pipeline\.stage'"):
+    assert "output.sample_interval_ms" in str(err.value)
+    with raises_code(InvalidConfigError, ErrorCode.UNKNOWN_CONFIG_KEY) as err:
         EngineConfig.from_fields({"pipeline.stage": 2})
+    assert "pipeline.stage" in str(err.value)
 
 
 def test_derived_values_belong_to_their_section() -> None:
@@ -145,9 +149,9 @@ def test_text_is_parsed_once_into_typed_values() -> None:
     assert cfg.model.layer_cost_ms == (1.0, 2.5) and cfg.pipeline.split == (1, 1)
     assert cfg.workload.prompts == Path(__file__) and cfg.output.out == Path("runs/x")
     assert cfg.runtime.timeout_s == 9.0 and cfg.output.record is False
-    with pytest.raises(InvalidSplitError, match="split '2,x' is not a list of integers"):
+    with raises_code(InvalidSplitError, ErrorCode.SPLIT_NOT_INTEGERS):
         engine_config(build_parser().parse_args(["run", "--split", "2,x"]))
-    with pytest.raises(InvalidConfigError, match=r"^--split ' ' names no stage"):
+    with raises_code(InvalidConfigError, ErrorCode.SPLIT_NOT_INTEGERS):
         engine_config(build_parser().parse_args(["run", "--split", " "]))
     assert engine_config(build_parser().parse_args(["run", "--out", ""])).output.out is None  # the default directory
 
@@ -220,19 +224,19 @@ def test_a_run_s_meta_json_runs_it_again_into_a_new_directory(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(
-    ("text", "says"),
+    ("text", "code"),
     [
-        ("[pipline]\nstages = 2\n", r"unknown section \[pipline\]; valid: pipeline, model"),
-        ("[pipeline]\nstage = 2\n", r"\[pipeline\] has no field 'stage'; valid: stages, schedule"),
-        ("[pipeline\nstages = 2\n", r"is not TOML"),
-        ("[pipeline]\nstages = 0\n", r"stages must be >= 1"),
+        ("[pipline]\nstages = 2\n", ErrorCode.UNKNOWN_CONFIG_KEY),
+        ("[pipeline]\nstage = 2\n", ErrorCode.UNKNOWN_CONFIG_KEY),
+        ("[pipeline\nstages = 2\n", ErrorCode.CONFIG_FILE_UNREADABLE),
+        ("[pipeline]\nstages = 0\n", ErrorCode.BAD_VALUE),
     ],
 )
-def test_a_bad_config_file_is_one_line_that_names_what_is_wrong(tmp_path: Path, text: str, says: str) -> None:
-    with pytest.raises(InvalidConfigError, match=says):
+def test_a_bad_config_file_is_one_line_that_names_what_is_wrong(tmp_path: Path, text: str, code: ErrorCode) -> None:
+    with raises_code(InvalidConfigError, code):
         engine_config(build_parser().parse_args(["run", "--config", _toml(tmp_path, text)]))
 
 
 def test_a_missing_config_file_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(InvalidConfigError, match="cannot read the config file"):
+    with raises_code(InvalidConfigError, ErrorCode.CONFIG_FILE_UNREADABLE):
         EngineConfig.from_file(tmp_path / "none.toml")

@@ -16,18 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from error_helpers import raises_code
 
 from ppscope.cli.main import main
 from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 from ppscope.engine.launch import CPP_LOG_LEVEL_ENV, _interrupt_deferred, _supervise, rank_environment, run
 from ppscope.engine.testing import FAIL_ENV
-from ppscope.errors import EngineFailedError
+from ppscope.errors import EngineFailedError, ErrorCode
+from ppscope.failures import FailureCode, RankError
 from ppscope.trace.store import read_meta
 
 pytestmark = pytest.mark.timeout(120)
 
 FAST = ModelConfig(name="synthetic", layers=2, layer_cost_ms=(0.0,))
 QUIET = OutputConfig(progress=False)
+PEER, OWN = FailureCode.PEER, FailureCode.OWN
 PEER_ERROR = (
     "RuntimeError: rank 1: receive from rank 0 failed: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] "
     "Connection closed by peer [127.0.0.1]:14008. This is typically caused by a remote worker crashing. GLHF!"
@@ -162,9 +165,9 @@ def test_the_rank_whose_own_code_failed_is_blamed_not_the_peer_that_lost_it(tmp_
     msg = _supervised(
         procs,
         [
-            ("error", 1, PEER_ERROR, None),
-            ("error", 2, "TimeoutError: rank 2 received nothing from rank 1 for 60 s", 1),
-            ("error", 0, own, None),
+            ("error", 1, RankError(PEER_ERROR, PEER), None),
+            ("error", 2, RankError("TimeoutError: rank 2 received nothing from rank 1 for 60 s", PEER), 1),
+            ("error", 0, RankError(own, OWN), None),
         ],
         tmp_path,
     )
@@ -172,9 +175,9 @@ def test_the_rank_whose_own_code_failed_is_blamed_not_the_peer_that_lost_it(tmp_
 
 
 def test_a_killed_rank_is_blamed_before_the_errors_it_caused(tmp_path: Path) -> None:
-    msg = _supervised([_Proc(-signal.SIGKILL), _Proc(1)], [("error", 1, PEER_ERROR, None)], tmp_path)
+    msg = _supervised([_Proc(-signal.SIGKILL), _Proc(1)], [("error", 1, RankError(PEER_ERROR, PEER), None)], tmp_path)
     assert msg.startswith(f"rank 0 was killed by SIGKILL; rank 1 then failed: {PEER_ERROR}")
-    msg = _supervised([_Proc(7), _Proc(1)], [("error", 1, PEER_ERROR, None)], tmp_path)
+    msg = _supervised([_Proc(7), _Proc(1)], [("error", 1, RankError(PEER_ERROR, PEER), None)], tmp_path)
     assert msg.startswith("rank 0 exited with code 7 without reporting an error (killed? out of memory?); rank 1 then")
 
 
@@ -182,8 +185,13 @@ def test_only_peer_failures_name_the_first_to_report(tmp_path: Path) -> None:
     msg = _supervised(
         [_Proc(1), _Proc(1)],
         [
-            ("error", 1, PEER_ERROR, None),
-            ("error", 0, "RuntimeError: rank 0: send to rank 1 failed: Connection reset by peer", None),
+            ("error", 1, RankError(PEER_ERROR, PEER), None),
+            (
+                "error",
+                0,
+                RankError("RuntimeError: rank 0: send to rank 1 failed: Connection reset by peer", PEER),
+                None,
+            ),
         ],
         tmp_path,
     )
@@ -203,8 +211,9 @@ def test_a_failed_middle_rank_is_named_among_its_peers_errors(tmp_path: Path, mo
         workload=WorkloadConfig(requests=3, max_new_tokens=3),
         output=OutputConfig(progress=False, out=tmp_path / "run"),
     )
-    with pytest.raises(EngineFailedError, match=r"^rank 1 failed: RuntimeError: injected failure after 1 passes; "):
+    with raises_code(EngineFailedError, ErrorCode.RANK_FAILED) as err:
         run(cfg)
+    assert str(err.value).startswith("rank 1 failed: RuntimeError: injected failure after 1 passes; ")  # the cause
     meta = read_meta(tmp_path / "run")
     assert meta.status == "failed" and meta.error.startswith("rank 1 failed: RuntimeError: injected failure")
 
@@ -244,7 +253,9 @@ def test_a_silent_rank_others_heard_nothing_from_is_named_as_hanging(tmp_path: P
     predecessor loses the link when the successor goes: the frozen one is named, not the first to report."""
     timeout = "TimeoutError: rank 2 received nothing from rank 1 for 5 s (a peer failed or hangs)"
     msg = _supervised(
-        [_Proc(1), _Proc(None), _Proc(1)], [("error", 0, PEER_ERROR, None), ("error", 2, timeout, 1)], tmp_path
+        [_Proc(1), _Proc(None), _Proc(1)],
+        [("error", 0, RankError(PEER_ERROR, PEER), None), ("error", 2, RankError(timeout, PEER), 1)],
+        tmp_path,
     )
     assert msg.startswith(f"rank 1 hangs (alive, silent): rank 2: {timeout}"), msg
 
@@ -321,12 +332,36 @@ def test_a_backend_timeout_becomes_a_code_in_one_adapter() -> None:
     assert wait_failure(RuntimeError("Connection closed by peer [127.0.0.1]:5555")) is WaitFailure.BROKEN
 
 
+def test_a_rank_says_whose_failure_it_is_by_the_type_of_its_error() -> None:
+    """The failing rank decides, where it fails: its link breaking (the ring's own errors, torch.distributed's,
+    gloo's connection closed by its peer) is an echo, anything else its own; the code travels, not the text."""
+    import torch.distributed as dist
+
+    from ppscope.engine.comm import PeerLinkError, PeerTimeout, failure_code
+
+    assert failure_code(PeerTimeout("rank 2 received nothing from rank 1 for 5 s", peer=1)) is PEER
+    assert failure_code(PeerLinkError("rank 2: receive from rank 1 failed: x", peer=1)) is PEER
+    assert failure_code(dist.DistNetworkError("anything at all")) is PEER
+    assert failure_code(RuntimeError("Connection closed by peer [127.0.0.1]:5555")) is PEER  # gloo's, untyped
+    assert failure_code(RuntimeError("injected failure after 1 passes")) is OWN
+    assert failure_code(KeyError("a message that says: send to rank 3 timed out")) is OWN  # words, not the type
+    try:
+        try:
+            raise PeerTimeout("rank 2 received nothing from rank 1 for 5 s", peer=1)
+        except PeerTimeout as inner:
+            raise ValueError("stage 2 stopped") from inner
+    except ValueError as outer:
+        assert failure_code(outer) is PEER
+
+
 @pytest.mark.slow
 def test_a_message_that_only_reads_like_a_timeout_names_no_hang(tmp_path: Path) -> None:
     """Wording is for people: a rank is named as hanging only when a peer's report says it waited on it."""
     timeout = "TimeoutError: rank 2 received nothing from rank 1 for 5 s (a peer failed or hangs)"
     msg = _supervised(
-        [_Proc(1), _Proc(None), _Proc(1)], [("error", 0, PEER_ERROR, None), ("error", 2, timeout, None)], tmp_path
+        [_Proc(1), _Proc(None), _Proc(1)],
+        [("error", 0, RankError(PEER_ERROR, PEER), None), ("error", 2, RankError(timeout, PEER), None)],
+        tmp_path,
     )
     assert "hangs" not in msg.split(":")[0], msg
 

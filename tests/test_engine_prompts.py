@@ -6,10 +6,11 @@ import re
 from pathlib import Path
 
 import pytest
+from error_helpers import raises_code
 
 from ppscope.cli.main import main
 from ppscope.engine.requests import load_prompts
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 
 VOCAB = 100
 
@@ -107,7 +108,7 @@ def test_a_request_longer_than_the_model_names_its_line(tmp_path: Path) -> None:
 
 
 def test_a_directory_is_named_as_one(tmp_path: Path) -> None:
-    with pytest.raises(InvalidConfigError, match=r"cannot be read \(Is a directory\): give a JSONL file"):
+    with raises_code(InvalidConfigError, ErrorCode.BAD_PROMPTS):
         load_prompts(tmp_path, VOCAB, 8)
 
 

@@ -1,4 +1,5 @@
-"""A rank's failure in words, and what a run's readers say about the failures its ranks recorded."""
+"""A rank's failure in words, and what a run's readers say about the failures its ranks recorded: by the code
+each rank recorded, or by the text rule for rank files of older versions, which recorded none."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import sqlite3
 from pathlib import Path
 
 from ppscope.analysis import analyze
-from ppscope.failures import plain_error, rank_failure, recorded_failures
+from ppscope.failures import FailureCode, RankError, plain_error, rank_failure, recorded_failures
 from ppscope.trace.model import RunMeta
 from ppscope.trace.notices import Notice, NoticeCode
 from ppscope.trace.store import RankWriter, create_run, load_run, rank_file
 
 OWN = "RuntimeError: injected failure after 1 passes"
 ECHO = "RuntimeError: rank 2: receive from rank 1 failed: Connection closed by peer [127.0.0.1]:47258"
+PEER, SELF = FailureCode.PEER, FailureCode.OWN
 
 
 def test_a_rank_error_reads_without_the_library_source_location_advice_or_backtrace() -> None:
@@ -36,29 +38,42 @@ def test_a_rank_error_reads_without_the_library_source_location_advice_or_backtr
 
 
 def test_recorded_failures_name_the_cause_before_its_echoes() -> None:
-    assert recorded_failures({2: ECHO, 1: OWN}) == [
+    assert recorded_failures({2: RankError(ECHO, PEER), 1: RankError(OWN, SELF)}) == [
         f"rank 1 failed: {OWN}",
         "1 rank(s) then lost their link to a failed one",
     ]
     # the cause recorded nothing (killed): the echo, saying its rank once
-    assert recorded_failures({2: ECHO}) == [
+    assert recorded_failures({2: RankError(ECHO, PEER)}) == [
         "rank 2 failed: RuntimeError: receive from rank 1 failed: Connection closed by peer [127.0.0.1]:47258"
     ]
-    assert recorded_failures({0: OWN}, said=f"rank 0: {OWN}") == []  # the run's status says it already
-    assert recorded_failures({0: OWN, 3: OWN}, said=f"rank 0: {OWN}") == [f"rank 3 failed: {OWN}"]  # not rank 3's
+    own = RankError(OWN, SELF)
+    assert recorded_failures({0: own}, said=f"rank 0: {OWN}") == []  # the run's status says it already
+    assert recorded_failures({0: own, 3: own}, said=f"rank 0: {OWN}") == [f"rank 3 failed: {OWN}"]  # not rank 3's
     assert recorded_failures({}) == []
-    many = recorded_failures({r: ECHO.replace("rank 2", f"rank {r}") for r in range(6)})
+    many = recorded_failures({r: RankError(ECHO.replace("rank 2", f"rank {r}"), PEER) for r in range(6)})
     assert len(many) == 4 and many[0].startswith("rank 0 failed: ") and many[3] == "3 more rank(s) recorded a failure"
 
 
 def test_a_rank_saying_its_own_failure_names_itself_once_and_calls_a_broken_link_an_echo() -> None:
-    own = rank_failure(1, RuntimeError("injected failure after 1 passes"))
+    own = rank_failure(1, RuntimeError("injected failure after 1 passes"), SELF)
     assert own == "rank 1 failed: RuntimeError: injected failure after 1 passes"
-    echo = rank_failure(2, RuntimeError("rank 2: receive from rank 1 failed: Connection closed by peer [::1]:5"))
+    link = RuntimeError("rank 2: receive from rank 1 failed: Connection closed by peer [::1]:5")
+    echo = rank_failure(2, link, PEER)
     assert echo == (
         "rank 2 failed: RuntimeError: receive from rank 1 failed: Connection closed by peer [::1]:5 "
         "(most likely an echo: the rank that failed first names the cause)"
     )
+
+
+def test_the_recorded_code_decides_and_the_text_only_without_one() -> None:
+    """A code says whose failure it is whatever the words; a rank file of an older version recorded only the
+    words, and the text rule reads them."""
+    assert RankError(ECHO, SELF).peer is False and RankError(OWN, PEER).peer is True
+    assert recorded_failures({1: RankError(ECHO, SELF), 2: RankError(OWN, PEER)}) == [
+        f"rank 1 failed: {ECHO.replace(': rank 1: ', ': ')}",
+        "1 rank(s) then lost their link to a failed one",
+    ]
+    assert RankError(ECHO).peer is True and RankError(OWN).peer is False  # older files: by the text
 
 
 def test_an_error_whose_message_cannot_be_made_is_named_by_its_type() -> None:
@@ -81,15 +96,28 @@ def test_a_failure_a_rank_recorded_is_a_warning_of_the_run(tmp_path: Path) -> No
         error="rank 0: stopped by SIGTERM",
     )
     run = create_run(tmp_path / "run", meta)
-    for rank, error in ((0, None), (1, OWN), (2, ECHO)):
+    for rank, error, code in ((0, None, None), (1, OWN, SELF), (2, ECHO, PEER)):
         w = RankWriter(run, rank)
         if error:
             w.set_info("error", error)
+            w.set_info("failure_code", str(code))
         w.close()
     trace = load_run(run)
     failed = Notice(NoticeCode.RANK_FAILED, f"rank 1 failed: {OWN}")
     assert failed in trace.warnings
     assert failed in analyze(trace).warnings
+    echo = Notice(NoticeCode.RANK_FAILED, "1 rank(s) then lost their link to a failed one")
+    assert echo in trace.warnings
+
+
+def test_a_rank_file_of_an_older_version_without_a_code_is_read_by_its_text(tmp_path: Path) -> None:
+    run = create_run(tmp_path / "run", RunMeta(source="ppscope", world_size=2, status="interrupted"))
+    for rank, error in ((0, ECHO.replace("rank 2", "rank 0")), (1, OWN)):
+        w = RankWriter(run, rank)
+        w.set_info("error", error)  # as ppscope wrote it before ranks recorded a failure_code
+        w.close()
+    failed = [n.text for n in load_run(run).warnings if n.code == NoticeCode.RANK_FAILED]
+    assert failed == [f"rank 1 failed: {OWN}", "1 rank(s) then lost their link to a failed one"]
 
 
 def test_a_recorded_error_that_cannot_be_read_is_said_so_and_the_spans_still_load(tmp_path: Path) -> None:

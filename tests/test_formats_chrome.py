@@ -8,11 +8,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import pytest
+from error_helpers import raises_code
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_formats_helpers import MFU, make_run, need
 
+from ppscope.errors import ErrorCode
 from ppscope.formats.chrome.writer import export_chrome, match_flows
 from ppscope.formats.nesting import nests, stack_levels
 from ppscope.formats.nsys.reader import load_nsys
@@ -107,7 +108,7 @@ def test_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     out = tmp_path / "x.json"
     out.write_text("keep")
     trace = Trace.from_records([{"rank": 0, "kind": "forward", "start_ns": 0, "end_ns": 1}])
-    with pytest.raises(RunExistsError, match="--force"):
+    with raises_code(RunExistsError, ErrorCode.RUN_EXISTS):
         export_chrome(trace, out)
     assert out.read_text() == "keep"
     export_chrome(trace, out, force=True)

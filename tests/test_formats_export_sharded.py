@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from error_helpers import raises_code
 
 from ppscope.cli.main import main
-from ppscope.errors import CorruptFileError
+from ppscope.errors import CorruptFileError, ErrorCode
 from ppscope.formats import export_run, export_trace
 from ppscope.formats.chrome.ranks import ExportPlan, TraceRanks
 from ppscope.formats.chrome.writer import match_flows
@@ -133,7 +134,7 @@ def test_chrome_refuses_a_run_that_changed_between_its_reads(runs: dict[str, Pat
     plan = ExportPlan.of(source)
     (src, dst), (first, n) = next(iter(plan.links.items()))
     plan.links[src, dst] = (first, n + 1)
-    with pytest.raises(CorruptFileError, match="changed while it was exported"):
+    with raises_code(CorruptFileError, ErrorCode.RUN_CHANGED):
         plan.arrows(src, dst, source.sends(src, dst), source.receives(dst, src))
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+from error_helpers import raises_code
 from test_formats_helpers import make_run
 
-from ppscope.errors import RunExistsError
+from ppscope.errors import ErrorCode, RunExistsError
 from ppscope.formats.nvtxt import NVTXT_NOTE, export_nvtxt, nvtxt_message, read_nvtxt
 from ppscope.trace.store import load_run
 
@@ -36,13 +36,13 @@ def test_refuses_a_non_empty_directory_without_force(tmp_path: Path) -> None:
     out = tmp_path / "nvtxt"
     out.mkdir()
     (out / "rank-0.nvtxt").write_text("an earlier export")
-    with pytest.raises(RunExistsError, match="--force"):
+    with raises_code(RunExistsError, ErrorCode.RUN_EXISTS):
         export_nvtxt(trace, out)
     assert (out / "rank-0.nvtxt").read_text() == "an earlier export"
     export_nvtxt(trace, out, force=True)
     assert sorted(p.name for p in out.iterdir()) == ["rank-0.nvtxt", "rank-1.nvtxt", "rank-2.nvtxt"]
     (out / "mine.txt").write_text("keep")
-    with pytest.raises(RunExistsError, match="earlier export only"):
+    with raises_code(RunExistsError, ErrorCode.OUTPUT_HOLDS_OTHER_FILES):
         export_nvtxt(trace, out, force=True)
     assert (out / "mine.txt").read_text() == "keep" and len(list(out.iterdir())) == 4
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left

@@ -14,11 +14,12 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from error_helpers import raises_code
 
 from ppscope.analysis.placement import apply_placement, placement_of
 from ppscope.analysis.replicas import analyze_replicas
 from ppscope.cli.main import main
-from ppscope.errors import UnsupportedInputError
+from ppscope.errors import ErrorCode, UnsupportedInputError
 from ppscope.formats.detect import InputKind, detect
 from ppscope.formats.sources import open_trace
 from ppscope.formats.timers.reader import load_timers
@@ -144,7 +145,7 @@ def test_a_chrome_array_without_pipeline_events_is_refused_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = _write(tmp_path / "other.json", [{"ph": "X", "name": "load", "pid": 0, "tid": 0, "ts": 1.5, "dur": 3.0}])
-    with pytest.raises(UnsupportedInputError, match="neither a Kineto trace nor one of pipeline operations") as err:
+    with raises_code(UnsupportedInputError, ErrorCode.NOT_A_TRACE) as err:
         open_trace(path)
     assert "\n" not in str(err.value)
     assert main(["analyze", str(path)]) == 2

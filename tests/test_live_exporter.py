@@ -14,10 +14,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from error_helpers import raises_code
 
 from ppscope.analysis import CAUSES, AnalysisConfig, analyze
 from ppscope.cli.main import main
-from ppscope.errors import PPScopeError
+from ppscope.errors import ErrorCode, PPScopeError
 from ppscope.live.metrics import SPECS, HistogramValue, Snapshot
 from ppscope.trace.store import load_run
 
@@ -194,7 +195,7 @@ def test_without_prometheus_client_the_error_says_how_to_install_it(monkeypatch:
     load_client()
     for name in ("prometheus_client", "prometheus_client.core", "prometheus_client.utils"):
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(PPScopeError, match=r"pip install 'ppscope\[metrics\]'"):
+    with raises_code(PPScopeError, ErrorCode.NOT_INSTALLED):
         load_client()
 
 

@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from error_helpers import raises_code
 
 from ppscope.analysis import CAUSES, AnalysisConfig, analyze
 from ppscope.analysis.pipeline import message_latencies
 from ppscope.balance.costs import LayerCosts
-from ppscope.errors import InvalidConfigError, RunNotFoundError
+from ppscope.errors import ErrorCode, InvalidConfigError, RunNotFoundError
 from ppscope.live.follow import RunFollower
 from ppscope.live.metrics import (
     HOP_LATENCY_BUCKETS_S,
@@ -280,7 +281,7 @@ def test_while_running_the_window_ends_where_every_rank_has_reported(tmp_path: P
 
 
 def test_bad_window_and_a_vanished_run_are_named(tmp_path: Path) -> None:
-    with pytest.raises(InvalidConfigError, match="positive"):
+    with raises_code(InvalidConfigError, ErrorCode.BAD_VALUE):
         RunFollower(tmp_path, window_s=0)
     run = write_run(_known_trace(), tmp_path / "run")
     follower = RunFollower(run, window_s=1)

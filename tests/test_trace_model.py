@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from error_helpers import raises_code
 
-from ppscope.errors import CorruptFileError, InvalidSpanError, SchemaVersionError
+from ppscope.errors import CorruptFileError, ErrorCode, InvalidSpanError, SchemaVersionError
 from ppscope.trace.model import (
     SCHEMA_VERSION,
     SPAN_COLUMNS,
@@ -53,17 +54,17 @@ def test_from_records_fills_defaults_and_lanes() -> None:
 
 
 def test_from_records_rejects_unknown_field() -> None:
-    with pytest.raises(InvalidSpanError, match="unknown span field"):
+    with raises_code(InvalidSpanError, ErrorCode.UNKNOWN_SPAN_FIELD):
         Trace.from_records([{"kind": "forward", "start": 1}])
 
 
 def test_end_before_start_is_rejected() -> None:
-    with pytest.raises(InvalidSpanError, match="end before they start"):
+    with raises_code(InvalidSpanError, ErrorCode.SPAN_REVERSED):
         Trace.from_records([{"kind": "forward", "start_ns": 10, "end_ns": 9}])
 
 
 def test_missing_column_is_an_error() -> None:
-    with pytest.raises(CorruptFileError, match="lacks the column"):
+    with raises_code(CorruptFileError, ErrorCode.MISSING_COLUMNS):
         spans_frame(pd.DataFrame({"rank": [0]}))
 
 
@@ -89,7 +90,7 @@ def test_meta_json_round_trip() -> None:
 
 def test_meta_from_newer_schema_is_refused() -> None:
     text = json.dumps({"schema_version": SCHEMA_VERSION + 1})
-    with pytest.raises(SchemaVersionError, match="upgrade ppscope"):
+    with raises_code(SchemaVersionError, ErrorCode.SCHEMA_TOO_NEW):
         RunMeta.from_json(text, where="meta.json")
 
 

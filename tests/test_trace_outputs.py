@@ -10,10 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from error_helpers import raises_code
 from test_formats_helpers import fingerprint, make_run
 
 from ppscope.cli.main import main
-from ppscope.errors import InvalidConfigError, RunExistsError
+from ppscope.errors import ErrorCode, InvalidConfigError, RunExistsError
 from ppscope.formats.sources import open_trace
 from ppscope.trace.outputs import atomic_file, atomic_folder, check_output
 from ppscope.trace.store import enclosing_run, holds_run, load_run
@@ -221,15 +222,15 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
 
 def test_the_check_refuses_what_the_write_would_refuse(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("")
-    with pytest.raises(RunExistsError, match="is a folder"):
+    with raises_code(RunExistsError, ErrorCode.OUTPUT_WRONG_KIND):
         check_output(tmp_path)
-    with pytest.raises(InvalidConfigError, match="is a file, not a folder"):
+    with raises_code(InvalidConfigError, ErrorCode.OUTPUT_NOT_WRITABLE):
         check_output(tmp_path / "f" / "x.json")
-    with pytest.raises(InvalidConfigError, match="empty"):
+    with raises_code(InvalidConfigError, ErrorCode.OUTPUT_PATH_EMPTY):
         check_output("")
     link = tmp_path / "link.json"
     link.symlink_to(tmp_path / "gone.json")  # a dangling link is an existing name too
-    with pytest.raises(RunExistsError, match="--force"):
+    with raises_code(RunExistsError, ErrorCode.RUN_EXISTS):
         check_output(link)
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from error_helpers import raises_code
 
-from ppscope.errors import InvalidSpanError
+from ppscope.errors import ErrorCode, InvalidSpanError
 from ppscope.trace.model import RunMeta, SpanKind
 from ppscope.trace.recorder import KIND_COLORS, Recorder
 from ppscope.trace.store import RankWriter, create_run, load_run, read_rank_info
@@ -118,13 +119,13 @@ def test_disabled_recorder_records_nothing(tmp_path: Path, monkeypatch: pytest.M
 
 def test_record_rejects_end_before_start() -> None:
     rec = Recorder(nvtx=False)
-    with pytest.raises(InvalidSpanError, match="ends before it starts"):
+    with raises_code(InvalidSpanError, ErrorCode.SPAN_REVERSED):
         rec.record("forward", 10, 5)
 
 
 def test_unknown_kind_is_rejected() -> None:
     rec = Recorder(nvtx=False)
-    with pytest.raises(InvalidSpanError, match="valid kinds"):
+    with raises_code(InvalidSpanError, ErrorCode.UNKNOWN_SPAN_KIND):
         rec.span("fwd")
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from error_helpers import raises_code
 
 import ppscope.trace.rankfile as rankfile
 import ppscope.trace.store as store
-from ppscope.errors import CorruptFileError
+from ppscope.errors import CorruptFileError, ErrorCode
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, spans_frame
 from ppscope.trace.notices import NoticeCode
 from ppscope.trace.store import RankWriter, RunTail, create_run, load_run, rank_file, read_meta, read_since
@@ -138,8 +139,9 @@ def test_a_cell_of_the_wrong_type_names_the_file(run: Path, column: str, value: 
     assert re.search(r"rank 1's file is damaged.*rank-00001\.sqlite.*wrong type", damaged)  # names file and why
     for rank in trace.ranks:  # with only one file left, its damage is the error
         rank_file(run, rank).unlink()
-    with pytest.raises(CorruptFileError, match=r"rank-00001\.sqlite.*wrong type"):
+    with raises_code(CorruptFileError, ErrorCode.DAMAGED_FILE) as err:
         load_run(run)
+    assert "rank-00001.sqlite" in str(err.value)  # the file that is damaged
 
 
 @pytest.mark.parametrize(("column", "value"), [("start_ns", "2.5"), ("tokens", "3.0"), ("rank", str(2**40))])
@@ -178,8 +180,9 @@ def test_rank_info_is_read_without_writing(tmp_path: Path) -> None:
     db.execute("UPDATE info SET value = 'not json' WHERE key = 'spans_written'")
     db.commit()
     db.close()
-    with pytest.raises(CorruptFileError, match=r"rank-00000\.sqlite.*not JSON"):
+    with raises_code(CorruptFileError, ErrorCode.DAMAGED_FILE) as err:
         store.read_rank_info(run)
+    assert "rank-00000.sqlite" in str(err.value)
 
 
 def test_times_that_would_wrap_on_the_common_clock_are_left_out(tmp_path: Path) -> None:
@@ -221,5 +224,6 @@ def test_one_ranks_counters_read_alone_are_its_rows_of_the_whole_load(tmp_path: 
         pd.testing.assert_frame_equal(alone, expected)
         assert alone["ts_ns"].is_monotonic_increasing and len(alone) == 5
     rank_file(run, 1).write_bytes(b"not a database at all, just text")
-    with pytest.raises(CorruptFileError, match=r"rank-00001\.sqlite is not an SQLite file"):
+    with raises_code(CorruptFileError, ErrorCode.NOT_SQLITE) as err:
         read_rank_counters(rank_file(run, 1), meta)
+    assert "rank-00001.sqlite" in str(err.value)

@@ -52,7 +52,7 @@ from ppscope.analysis.result import (
 )
 from ppscope.analysis.theory import flushes, gap_parts, theory_for
 from ppscope.analysis.window import active_window, full_window, resolve_window, steady_window
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.clock import causality_violations
 from ppscope.trace.model import Phase, RunMeta, SpanKind, Trace
 from ppscope.trace.notices import Notice, NoticeCode, missing_ranks
@@ -92,9 +92,11 @@ class AnalysisConfig:
 
     def __post_init__(self) -> None:
         if self.steady + self.active + (self.window_ms is not None) > 1:
-            raise InvalidConfigError("give at most one of --steady, --active and --window start_ms:end_ms")
+            raise InvalidConfigError(
+                ErrorCode.CONFLICTING_OPTIONS, "give at most one of --steady, --active and --window start_ms:end_ms"
+            )
         if self.window_ms is not None and not (0 <= self.window_ms[0] < self.window_ms[1]):
-            raise InvalidConfigError(f"window {self.window_ms} needs 0 <= start_ms < end_ms")
+            raise InvalidConfigError(ErrorCode.BAD_WINDOW, f"window {self.window_ms} needs 0 <= start_ms < end_ms")
 
 
 def analyze(trace: Trace, config: AnalysisConfig | None = None) -> AnalysisResult:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from ppscope.errors import InvalidConfigError, WorkerFailedError, brief
+from ppscope.errors import ErrorCode, InvalidConfigError, WorkerFailedError, brief
 
 __all__ = ["RayPool"]
 
@@ -27,7 +27,9 @@ class RayPool:
         try:
             import ray
         except ImportError:
-            raise InvalidConfigError(f"--ray needs Ray, which is not installed: {_INSTALL}") from None
+            raise InvalidConfigError(
+                ErrorCode.NOT_INSTALLED, f"--ray needs Ray, which is not installed: {_INSTALL}"
+            ) from None
         self._ray = ray
         self._started = False
         self._address = address
@@ -43,8 +45,9 @@ class RayPool:
                     ray.init(address=self._address, log_to_driver=False, configure_logging=False)
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 raise InvalidConfigError(
+                    ErrorCode.CLUSTER_UNREACHABLE,
                     f"--ray {self._address}: could not join the Ray cluster ({brief(exc)}); give the head's "
-                    "address (ray://HOST:10001 or HOST:6379), or `local` to start one here"
+                    "address (ray://HOST:10001 or HOST:6379), or `local` to start one here",
                 ) from None
             self._started = True
         return self
@@ -80,5 +83,8 @@ def _settle(outer: Future[Any], inner: Future[Any], ray: Any, args: tuple[Any, .
         ranks = sorted(args[0]) if args and isinstance(args[0], dict) else []  # a task's first argument: its files
         what = f"rank(s) {', '.join(map(str, ranks))}" if ranks else "its ranks"
         outer.set_exception(
-            WorkerFailedError(f"the Ray worker reading {what} died twice ({brief(exc)}); the other ranks were fine")
+            WorkerFailedError(
+                ErrorCode.WORKER_DIED,
+                f"the Ray worker reading {what} died twice ({brief(exc)}); the other ranks were fine",
+            )
         )

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.model import RankInfo, RunMeta, Trace
 
 __all__ = ["Placement", "StageRule", "apply_placement", "parse_stage_of_rank", "placement_from", "placement_of"]
@@ -47,26 +47,33 @@ def parse_stage_of_rank(text: str) -> StageRule:
     if spec.startswith("rank"):
         m = _RULE.match(spec)
         if not m or (m.group(1) is None and m.group(2) is None):
-            raise InvalidConfigError(f"--stage-of-rank {text!r} is not a rule: {form}")
+            raise InvalidConfigError(ErrorCode.BAD_PLACEMENT, f"--stage-of-rank {text!r} is not a rule: {form}")
         div, mod = int(m.group(1) or 1), int(m.group(2) or 0)
         if div < 1 or (m.group(2) is not None and mod < 1):
-            raise InvalidConfigError(f"--stage-of-rank {text!r} divides by 0: N and M must be >= 1")
+            raise InvalidConfigError(
+                ErrorCode.BAD_PLACEMENT, f"--stage-of-rank {text!r} divides by 0: N and M must be >= 1"
+            )
         return StageRule(text=text, div=div, mod=mod)
     table: dict[int, int] = {}
     for part in filter(None, spec.split(",")):
         m = _RANGE.match(part)
         if not m:
-            raise InvalidConfigError(f"--stage-of-rank {text!r}: {part!r} is not RANKS:STAGE; {form}")
+            raise InvalidConfigError(
+                ErrorCode.BAD_PLACEMENT, f"--stage-of-rank {text!r}: {part!r} is not RANKS:STAGE; {form}"
+            )
         lo, hi, stage = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3))
         if hi < lo or hi >= _MAX_RANK:
-            raise InvalidConfigError(f"--stage-of-rank {text!r}: range {part!r} needs first <= last < {_MAX_RANK}")
+            raise InvalidConfigError(
+                ErrorCode.BAD_PLACEMENT, f"--stage-of-rank {text!r}: range {part!r} needs first <= last < {_MAX_RANK}"
+            )
         for r in range(lo, hi + 1):
             if table.setdefault(r, stage) != stage:
                 raise InvalidConfigError(
-                    f"--stage-of-rank {text!r}: rank {r} is given two stages ({table[r]}, {stage})"
+                    ErrorCode.BAD_PLACEMENT,
+                    f"--stage-of-rank {text!r}: rank {r} is given two stages ({table[r]}, {stage})",
                 )
     if not table:
-        raise InvalidConfigError(f"--stage-of-rank is empty: {form}")
+        raise InvalidConfigError(ErrorCode.BAD_PLACEMENT, f"--stage-of-rank is empty: {form}")
     return StageRule(text=text, table=tuple(sorted(table.items())))
 
 
@@ -111,8 +118,9 @@ def _from_rule(ranks: Iterable[int], rule: StageRule, tp: int) -> tuple[dict[int
     for s, members in by_stage.items():
         if len(members) % tp:
             raise InvalidConfigError(
+                ErrorCode.BAD_PLACEMENT,
                 f"--stage-of-rank {rule.text!r} gives stage {s} {len(members)} rank(s), not a multiple of --tp {tp}: "
-                "check the rule and --tp"
+                "check the rule and --tp",
             )
         place.update({r: (s, i // tp) for i, r in enumerate(members)})
     return place, unplaced
@@ -133,11 +141,13 @@ def placement_from(
     metadata, when some rank has a replica.
     """
     if tp < 1:
-        raise InvalidConfigError(f"--tp must be >= 1, got {tp}")
+        raise InvalidConfigError(ErrorCode.BAD_VALUE, f"--tp must be >= 1, got {tp}")
     if rule is not None:
         place, unplaced = _from_rule(_job_ranks(meta, recorded), rule, tp)
         if not place:
-            raise InvalidConfigError(f"--stage-of-rank {rule.text!r} names none of the trace's ranks")
+            raise InvalidConfigError(
+                ErrorCode.BAD_PLACEMENT, f"--stage-of-rank {rule.text!r} names none of the trace's ranks"
+            )
         source = f"--stage-of-rank {rule.text}" + (f" --tp {tp}" if tp > 1 else "")
         return Placement(place=place, source=source, unplaced=tuple(unplaced))
     infos = [i for i in meta.ranks if i.replica >= 0]
@@ -146,7 +156,8 @@ def placement_from(
     bad = [i.rank for i in infos if i.stage < 0]
     if bad:
         raise InvalidConfigError(
-            f"the metadata gives rank {bad[0]} a replica but no stage: give every rank its stage, or --stage-of-rank"
+            ErrorCode.BAD_PLACEMENT,
+            f"the metadata gives rank {bad[0]} a replica but no stage: give every rank its stage, or --stage-of-rank",
         )
     place = {i.rank: (i.stage, i.replica) for i in infos}
     rest = tuple(r for r in _job_ranks(meta, recorded) if r not in place)

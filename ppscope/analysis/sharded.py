@@ -65,7 +65,8 @@ from ppscope.analysis.pipeline import collective_labels, comm_names, measured_in
 from ppscope.analysis.result import AnalysisResult, HopStats, StageResult, WindowInfo
 from ppscope.analysis.steps import Waves
 from ppscope.analysis.theory import flushes
-from ppscope.errors import CorruptFileError, InvalidConfigError
+from ppscope.errors import CorruptFileError, ErrorCode, InvalidConfigError
+from ppscope.failures import RankError
 from ppscope.pool import ordered, processes
 from ppscope.trace.model import Phase, RunMeta, spans_frame
 from ppscope.trace.notices import Notice
@@ -87,10 +88,10 @@ class RankDigest:
 
     rank: int
     spans: int
-    error: str
+    error: RankError | None
     warnings: list[Notice]
-    damaged: str
-    """Why the rank file cannot be read (then it is left out, as `load_run` leaves it out); empty when fine."""
+    damaged: CorruptFileError | None
+    """Why the rank file cannot be read (then it is left out, as `load_run` leaves it out); None when fine."""
     stage: int
     """The rank's lowest non-negative span stage, -1 when none has one."""
     extents: Extents
@@ -157,7 +158,7 @@ class Sharded:
         cls, files: dict[int, Path], meta: RunMeta, config: AnalysisConfig | None, *, workers: int, ray: str | None
     ) -> Iterator[Sharded]:
         if workers < 1:
-            raise InvalidConfigError(f"--workers must be >= 1, got {workers}")
+            raise InvalidConfigError(ErrorCode.BAD_VALUE, f"--workers must be >= 1, got {workers}")
         with _pool(workers, ray) as pool:
             yield cls(pool, max(workers, getattr(pool, "slots", 1)), files, meta, config or AnalysisConfig())
 
@@ -167,7 +168,7 @@ class Sharded:
         digests, wholes = _fold(ordered(self.pool, _digest, jobs, self.width), group_of)
         damaged = {d.rank: d.damaged for d in digests if d.damaged}
         if damaged and len(damaged) == len(digests):  # nothing else to read: as `load_run`, say the last
-            raise CorruptFileError(damaged[max(damaged)])
+            raise damaged[max(damaged)]
         return digests, wholes
 
     def _reading(self, ranks: list[int], meta: RunMeta) -> tuple[dict[int, Path], RunMeta]:
@@ -179,7 +180,7 @@ class Sharded:
 
     def said(self, digests: list[RankDigest]) -> list[Notice]:
         """What the rank files say of themselves: failures their ranks recorded, damaged spans and files."""
-        out = failures_said({d.rank: d.error for d in digests if d.error}, self.meta.error)
+        out = failures_said({d.rank: d.error for d in digests if d.error is not None}, self.meta.error)
         for d in digests:
             out += d.warnings
         return out + [damaged_note(d.rank, d.damaged) for d in digests if d.damaged]
@@ -250,13 +251,12 @@ class Sharded:
 
 def _digest(files: dict[int, Path], meta: RunMeta, rank: int) -> RankDigest:
     """Pass 1: one rank file reduced to what the whole trace needs of it."""
+    damaged: CorruptFileError | None = None
     try:
         spans, errors, warnings = read_rank_spans(files, [rank], meta)
     except CorruptFileError as exc:
-        spans, errors, warnings, damaged = spans_frame(), {}, [], str(exc)
-    else:
-        damaged = ""
-    error = errors.get(rank, "")
+        spans, errors, warnings, damaged = spans_frame(), {}, [], exc
+    error = errors.get(rank)
     if spans.empty:
         none = np.empty(0, np.int64)
         empty = Extents(0, 0, none, none)
@@ -292,7 +292,7 @@ def _digest(files: dict[int, Path], meta: RunMeta, rank: int) -> RankDigest:
         spans=len(spans),
         error=error,
         warnings=warnings,
-        damaged="",
+        damaged=None,
         stage=int(stage[stage >= 0].min()) if (stage >= 0).any() else -1,
         extents=Extents.of(times, 1),
         waves=Waves.of(compute_spans(times), flush=True),

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ppscope.analysis.result import Theory, TheoryGap
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.schedules import Schedule
 
 __all__ = [
@@ -58,7 +58,9 @@ class PassCosts:
 
     def __post_init__(self) -> None:
         if min(self.f, self.i, self.w) < 0 or self.f + self.i + self.w <= 0:
-            raise InvalidConfigError(f"pass costs must be >= 0 and not all 0, got F={self.f} I={self.i} W={self.w}")
+            raise InvalidConfigError(
+                ErrorCode.BAD_VALUE, f"pass costs must be >= 0 and not all 0, got F={self.f} I={self.i} W={self.w}"
+            )
 
     @property
     def b(self) -> float:
@@ -72,7 +74,7 @@ class PassCosts:
 
 def _check(p: int, m: int, v: int = 1) -> None:
     if p < 1 or m < 1 or v < 1:
-        raise InvalidConfigError(f"theory needs P >= 1, M >= 1, V >= 1; got P={p}, M={m}, V={v}")
+        raise InvalidConfigError(ErrorCode.BAD_VALUE, f"theory needs P >= 1, M >= 1, V >= 1; got P={p}, M={m}, V={v}")
 
 
 def _ratio(bubble: float, work: float) -> float:

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppscope.analysis.result import WindowInfo
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = ["active_window", "full_window", "parse_window_ms", "resolve_window", "steady_window"]
@@ -28,10 +28,11 @@ def parse_window_ms(text: str) -> tuple[float, float]:
         start_ms, end_ms = float(parts[0]), float(parts[1])
     except ValueError:
         raise InvalidConfigError(
-            f"window {text!r} is not start_ms:end_ms (milliseconds from the trace's first span, e.g. 10:250)"
+            ErrorCode.BAD_WINDOW,
+            f"window {text!r} is not start_ms:end_ms (milliseconds from the trace's first span, e.g. 10:250)",
         ) from None
     if not (np.isfinite(start_ms) and np.isfinite(end_ms)) or end_ms <= start_ms or start_ms < 0:
-        raise InvalidConfigError(f"window {text!r} needs 0 <= start_ms < end_ms")
+        raise InvalidConfigError(ErrorCode.BAD_WINDOW, f"window {text!r} needs 0 <= start_ms < end_ms")
     return start_ms, end_ms
 
 
@@ -81,8 +82,9 @@ def resolve_window(full: WindowInfo, window_ms: tuple[float, float] | None) -> t
     length_ms = full.length_ns / 1e6
     if start_ns >= full.end_ns:
         raise InvalidConfigError(
+            ErrorCode.WINDOW_OUTSIDE_TRACE,
             f"window {window_ms[0]:g}:{window_ms[1]:g} ms lies outside the trace, which lasts {length_ms:.3f} ms "
-            f"from its first span: pick start_ms below {length_ms:.3f}"
+            f"from its first span: pick start_ms below {length_ms:.3f}",
         )
     said = []
     if end_ns > full.end_ns:

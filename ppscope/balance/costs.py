@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 
 __all__ = ["LayerCosts", "StageCosts", "parse_ms_list"]
 
@@ -23,9 +23,11 @@ def _check_cost(name: str, value: float) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise InvalidConfigError(f"{name} must be a number of milliseconds, got {value!r}") from None
+        raise InvalidConfigError(
+            ErrorCode.BAD_VALUE, f"{name} must be a number of milliseconds, got {value!r}"
+        ) from None
     if not math.isfinite(v) or v < 0:
-        raise InvalidConfigError(f"{name} must be a finite number >= 0 ms, got {value!r}")
+        raise InvalidConfigError(ErrorCode.BAD_VALUE, f"{name} must be a finite number >= 0 ms, got {value!r}")
     return v
 
 
@@ -33,14 +35,20 @@ def parse_ms_list(text: str, what: str) -> list[float]:
     """`1.0,1.2,0.9` into numbers, each finite and >= 0; `what` names the option in errors."""
     parts = [p.strip() for p in str(text).split(",")]
     if not str(text).strip() or any(not p for p in parts):
-        raise InvalidConfigError(f"{what} {text!r} is empty or has an empty entry: give comma-separated numbers")
+        raise InvalidConfigError(
+            ErrorCode.BAD_VALUE, f"{what} {text!r} is empty or has an empty entry: give comma-separated numbers"
+        )
     try:
         values = [float(p) for p in parts]
     except ValueError:
-        raise InvalidConfigError(f"{what} {text!r} is not a comma-separated list of numbers") from None
+        raise InvalidConfigError(
+            ErrorCode.BAD_VALUE, f"{what} {text!r} is not a comma-separated list of numbers"
+        ) from None
     for i, v in enumerate(values):
         if not math.isfinite(v) or v < 0:
-            raise InvalidConfigError(f"{what}: entry {i} is {parts[i]}; every entry must be a finite number >= 0")
+            raise InvalidConfigError(
+                ErrorCode.BAD_VALUE, f"{what}: entry {i} is {parts[i]}; every entry must be a finite number >= 0"
+            )
     return values
 
 
@@ -59,7 +67,9 @@ class LayerCosts:
 
     def __post_init__(self) -> None:
         if not self.layer_ms:
-            raise InvalidConfigError("layer costs are empty: give one cost in ms per decoder layer")
+            raise InvalidConfigError(
+                ErrorCode.MISSING_OPTION, "layer costs are empty: give one cost in ms per decoder layer"
+            )
         object.__setattr__(
             self, "layer_ms", tuple(_check_cost(f"layer {i} cost", c) for i, c in enumerate(self.layer_ms))
         )
@@ -69,7 +79,7 @@ class LayerCosts:
     @classmethod
     def uniform(cls, layers: int, layer_ms: float, **extras: float) -> LayerCosts:
         if layers < 1:
-            raise InvalidConfigError(f"the model needs at least 1 layer, got {layers}")
+            raise InvalidConfigError(ErrorCode.BAD_VALUE, f"the model needs at least 1 layer, got {layers}")
         return cls(layer_ms=(float(layer_ms),) * layers, **extras)
 
     @property
@@ -85,13 +95,17 @@ class LayerCosts:
 def _per_stage(name: str, value: float | Sequence[float], stages: int, *, positive: bool = False) -> list[float]:
     values = [value] * stages if isinstance(value, (int, float)) else list(value)
     if len(values) != stages:
-        raise InvalidConfigError(f"{name} has {len(values)} value(s) but the pipeline has {stages} stages")
+        raise InvalidConfigError(
+            ErrorCode.COUNT_MISMATCH, f"{name} has {len(values)} value(s) but the pipeline has {stages} stages"
+        )
     out = []
     for i, v in enumerate(values):
         f = float(v)
         if not math.isfinite(f) or f < 0 or (positive and f <= 0):
             bound = "> 0" if positive else ">= 0"
-            raise InvalidConfigError(f"{name} of stage {i} must be a finite number {bound}, got {v!r}")
+            raise InvalidConfigError(
+                ErrorCode.BAD_VALUE, f"{name} of stage {i} must be a finite number {bound}, got {v!r}"
+            )
         out.append(f)
     return out
 

@@ -45,7 +45,7 @@ from ppscope.balance.split import (
     validate_split,
     vllm_default_split,
 )
-from ppscope.errors import DoesNotFitError, InvalidConfigError, UnsupportedInputError
+from ppscope.errors import DoesNotFitError, ErrorCode, InvalidConfigError, UnsupportedInputError
 from ppscope.trace.actions import Phase
 from ppscope.trace.notices import Notice, NoticeCode
 from ppscope.trace.schedules import Engine
@@ -89,20 +89,24 @@ class GivenCosts:
         """These costs, on top of `fitted` ones where a part is not given; `missing` says what to give when
         neither gives the layers."""
         if self.layer_ms and (self.layers or self.each_layer_ms is not None):
-            raise InvalidConfigError("give either --layer-costs or --layers with --layer-cost-ms, not both")
+            raise InvalidConfigError(
+                ErrorCode.CONFLICTING_OPTIONS, "give either --layer-costs or --layers with --layer-cost-ms, not both"
+            )
         if self.layer_ms:
             layer_ms = tuple(parse_ms_list(self.layer_ms, "--layer-costs"))
         elif self.layers or self.each_layer_ms is not None:
             if not self.layers or self.each_layer_ms is None:
                 raise InvalidConfigError(
-                    "--layers and --layer-cost-ms go together: e.g. --layers 32 --layer-cost-ms 1.5"
+                    ErrorCode.MISSING_OPTION,
+                    "--layers and --layer-cost-ms go together: e.g. --layers 32 --layer-cost-ms 1.5",
                 )
             layer_ms = LayerCosts.uniform(self.layers, self.each_layer_ms).layer_ms
         elif fitted is not None:
             layer_ms = fitted.layer_ms
         else:
             raise InvalidConfigError(
-                missing or "give a RUN to fit costs from, or --layer-costs MS,MS,... (one per layer)"
+                ErrorCode.MISSING_OPTION,
+                missing or "give a RUN to fit costs from, or --layer-costs MS,MS,... (one per layer)",
             )
         base = fitted or LayerCosts(layer_ms=layer_ms)
         return LayerCosts(
@@ -159,7 +163,8 @@ class RebalanceRequest:
         values = parse_ms_list(text, what)
         if len(values) not in (1, stages):
             raise InvalidConfigError(
-                f"{what} gives {len(values)} values for {stages} stages: give one, or one per stage"
+                ErrorCode.COUNT_MISMATCH,
+                f"{what} gives {len(values)} values for {stages} stages: give one, or one per stage",
             )
         return values * stages if len(values) == 1 else values
 
@@ -175,7 +180,9 @@ class RebalanceRequest:
         if not self.gpu_mem_gib:
             return None
         if shape is None:
-            raise InvalidConfigError("--gpu-mem-gib needs --model (a preset or config.json) to size weights and KV")
+            raise InvalidConfigError(
+                ErrorCode.MISSING_OPTION, "--gpu-mem-gib needs --model (a preset or config.json) to size weights and KV"
+            )
         return stage_memory_model(
             shape,
             self.per_stage(self.gpu_mem_gib, "--gpu-mem-gib", stages),
@@ -324,6 +331,15 @@ def _insitu_json(got: InSituCosts) -> dict[str, Any]:
 _EVERY_RANK = "rebalancing needs every stage's costs (give the run with every rank's file)"
 
 
+def _run_stages(stages: int | None, current: list[int]) -> int:
+    """The run's stage count, which `--stages`, when given, must equal."""
+    if stages is not None and stages != len(current):
+        raise InvalidConfigError(
+            ErrorCode.COUNT_MISMATCH, f"--stages {stages} differs from the run's {len(current)} stages"
+        )
+    return len(current)
+
+
 def rebalance_runs(
     runs: Sequence[RunTimings],
     request: RebalanceRequest,
@@ -344,14 +360,12 @@ def rebalance_runs(
             _check_given_layers(request.given, current)
         got = _run_costs(runs, request, profile, where)
         if current is not None:
-            if stages is not None and stages != len(current):
-                raise InvalidConfigError(f"--stages {stages} differs from the run's {len(current)} stages")
-            stages = len(current)
+            stages = _run_stages(stages, current)
     fit = got.fit if got is not None else None
     base = got.costs if got is not None and got.source in ("profile", "insitu") else (fit.costs if fit else None)
     costs = request.given.resolve(base)
     if stages is None:
-        raise InvalidConfigError("give --stages P with --layer-costs")
+        raise InvalidConfigError(ErrorCode.MISSING_OPTION, "give --stages P with --layer-costs")
     if request.current_split:
         current = parse_split(request.current_split, costs.layers, stages)
     dtype = request.dtype or (str(meta.config.get("dtype") or "") if meta else "") or "fp16"
@@ -396,9 +410,10 @@ def _check_model(shape: ModelShape | None, costs: LayerCosts, given: GivenCosts)
     """The model whose memory is sized is the one whose layers are costed."""
     if shape is not None and shape.layers != costs.layers:
         raise InvalidConfigError(
+            ErrorCode.COUNT_MISMATCH,
             f"--model {shape.name} has {shape.layers} layers but "
             f"{given.option if given.any else 'the costs'} cover {costs.layers}: give one cost per layer of the "
-            "model whose split you want"
+            "model whose split you want",
         )
 
 
@@ -452,8 +467,9 @@ def _check_given_layers(given: GivenCosts, split: list[int]) -> None:
     layers = given.resolve().layers
     if layers != sum(split):
         raise InvalidConfigError(
+            ErrorCode.COUNT_MISMATCH,
             f"{given.option} gives {layers} layer cost(s) but the run has {sum(split)} layers "
-            f"(split {','.join(map(str, split))}): give one cost per layer of the run's model"
+            f"(split {','.join(map(str, split))}): give one cost per layer of the run's model",
         )
 
 
@@ -508,10 +524,13 @@ def rebalance_model(shape: ModelShape, request: RebalanceRequest, trace: TraceSt
     """The advice from the cost model: every part of `shape` timed from the GPU's datasheet, with no run, or
     calibrated on the stage times of another engine's `trace`."""
     if request.phase == "all":
-        raise InvalidConfigError("the cost model times one phase: give --phase decode or --phase prefill")
+        raise InvalidConfigError(
+            ErrorCode.CONFLICTING_OPTIONS, "the cost model times one phase: give --phase decode or --phase prefill"
+        )
     if trace is None and not request.gpu:
         raise InvalidConfigError(
-            f"give --gpu NAME to time {shape.name} without a run (known GPUs: {', '.join(GPUS)}), or --layer-costs"
+            ErrorCode.MISSING_OPTION,
+            f"give --gpu NAME to time {shape.name} without a run (known GPUs: {', '.join(GPUS)}), or --layer-costs",
         )
     dtype = request.dtype or shape.dtype
     gpu = gpu_named(request.gpu or DEFAULT_GPU)
@@ -613,10 +632,11 @@ def _does_not_fit(shape: ModelShape, request: RebalanceRequest, problem: Balance
         else f"no number of stages holds it at TP {request.tp}: raise --tp"
     )
     return DoesNotFitError(
+        ErrorCode.NO_SPLIT_FITS,
         f"{shape.name} does not fit on {stages} × {gpu.name} at TP {request.tp} in {dtype}: its weights are "
         f"{weights:.1f} GiB per TP rank, and no split over {stages} stages keeps each stage's share and "
         f"{_tokens_text(request)} of KV cache within the {_usable_text(request, memory)}; no split advised. "
-        f"{then[0].upper()}{then[1:]}"
+        f"{then[0].upper()}{then[1:]}",
     )
 
 
@@ -637,7 +657,9 @@ def _fewest_stages(
 def _without_run(request: RebalanceRequest, shape: ModelShape, modelled: ModelCosts) -> _Modelled:
     """The modelled costs as they are, with the request's per-stage terms."""
     if request.stages is None:
-        raise InvalidConfigError(f"give --stages P: how many pipeline stages to split {shape.name}'s layers over")
+        raise InvalidConfigError(
+            ErrorCode.MISSING_OPTION, f"give --stages P: how many pipeline stages to split {shape.name}'s layers over"
+        )
     stages = request.stages
     return _Modelled(
         costs=modelled.layer_costs(),
@@ -652,10 +674,13 @@ def _from_trace(request: RebalanceRequest, shape: ModelShape, modelled: ModelCos
     measured = list(trace.stage_ms)
     stages = len(measured)
     if request.stages is not None and request.stages != stages:
-        raise InvalidConfigError(f"--stages {request.stages} differs from the trace's {stages} stages")
+        raise InvalidConfigError(
+            ErrorCode.COUNT_MISMATCH, f"--stages {request.stages} differs from the trace's {stages} stages"
+        )
     if request.overhead_ms != "0" or request.speeds != "1":
         raise InvalidConfigError(
-            "--overhead-ms and --speeds are set by the calibration on the trace: leave them out with a trace"
+            ErrorCode.CONFLICTING_OPTIONS,
+            "--overhead-ms and --speeds are set by the calibration on the trace: leave them out with a trace",
         )
     if request.current_split:
         ran = parse_split(request.current_split, shape.layers, stages)

@@ -11,7 +11,7 @@ import itertools
 import os
 from collections.abc import Mapping, Sequence
 
-from ppscope.errors import InvalidSplitError
+from ppscope.errors import ErrorCode, InvalidSplitError
 
 __all__ = [
     "ENV_VAR",
@@ -40,14 +40,16 @@ def parse_counts(text: str, example: str = "5,4,4,3") -> list[int]:
     parts = [p.strip() for p in text.strip().split(",")]
     if not text.strip() or any(not p for p in parts):
         raise InvalidSplitError(
+            ErrorCode.SPLIT_NOT_INTEGERS,
             f"split {text!r} is empty or has an empty entry: give comma-separated layer counts per stage, e.g. "
-            f"{example}"
+            f"{example}",
         )
     try:
         return [int(p) for p in parts]
     except ValueError:
         raise InvalidSplitError(
-            f"split {text!r} is not a list of integers: give comma-separated layer counts per stage, e.g. 5,4,4,3"
+            ErrorCode.SPLIT_NOT_INTEGERS,
+            f"split {text!r} is not a list of integers: give comma-separated layer counts per stage, e.g. 5,4,4,3",
         ) from None
 
 
@@ -65,27 +67,31 @@ def validate_split(split: Sequence[int], layers: int, stages: int | None = None)
     if stages is not None and len(split) != stages:
         hint = format_split(vllm_default_split(layers, stages)) if 1 <= stages <= layers else ""
         raise InvalidSplitError(
+            ErrorCode.SPLIT_STAGE_COUNT,
             f"split {text} has {len(split)} stage(s) but the pipeline has {stages}: give one layer count per stage"
-            + (f", e.g. {hint}" if hint else "")
+            + (f", e.g. {hint}" if hint else ""),
         )
     small = [i for i, n in enumerate(split) if n < 1]
     if small:
         raise InvalidSplitError(
+            ErrorCode.SPLIT_EMPTY_STAGE,
             f"split {text} gives stage(s) {', '.join(map(str, small))} fewer than 1 layer: every stage needs at "
-            "least one layer (use fewer stages if the model is that small)"
+            "least one layer (use fewer stages if the model is that small)",
         )
     total = sum(split)
     if total != layers:
         bounds = boundaries_as_counts(split, layers)
         if bounds is not None:
             raise InvalidSplitError(
+                ErrorCode.SPLIT_LOOKS_LIKE_BOUNDS,
                 f"split {text} looks like stage boundaries (where each stage ends), but a split is layer counts "
-                f"per stage, as in VLLM_PP_LAYER_PARTITION: give {format_split(bounds)}"
+                f"per stage, as in VLLM_PP_LAYER_PARTITION: give {format_split(bounds)}",
             )
         diff = layers - total
         raise InvalidSplitError(
+            ErrorCode.SPLIT_DOES_NOT_COVER_LAYERS,
             f"split {text} sums to {total} but the model has {layers} layers: "
-            f"{'add' if diff > 0 else 'remove'} {abs(diff)} layer(s) so the counts sum to {layers}"
+            f"{'add' if diff > 0 else 'remove'} {abs(diff)} layer(s) so the counts sum to {layers}",
         )
 
 
@@ -103,11 +109,12 @@ def vllm_default_split(layers: int, stages: int) -> list[int]:
     """vLLM's default partition: floor(L/P) per stage, the remainder added one each from the
     second-to-last stage backwards (the last stage keeps the floor because it also holds the LM head)."""
     if stages < 1:
-        raise InvalidSplitError(f"the pipeline needs at least 1 stage, got {stages}")
+        raise InvalidSplitError(ErrorCode.BAD_VALUE, f"the pipeline needs at least 1 stage, got {stages}")
     if layers < stages:
         raise InvalidSplitError(
+            ErrorCode.TOO_FEW_LAYERS,
             f"{layers} layer(s) cannot be split over {stages} stages (each needs at least one): use at most "
-            f"{layers} stage(s)"
+            f"{layers} stage(s)",
         )
     split = [layers // stages] * stages
     for i in range(2, layers % stages + 2):
@@ -143,5 +150,5 @@ def resolve_split(
         try:
             return parse_split(env_text, layers, stages), SOURCE_ENV
         except InvalidSplitError as exc:
-            raise InvalidSplitError(f"{ENV_VAR}: {exc}") from None
+            raise InvalidSplitError(exc.code, f"{ENV_VAR}: {exc}") from None
     return vllm_default_split(layers, stages), SOURCE_DEFAULT

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppscope.balance.costs import parse_ms_list
 from ppscope.balance.split import parse_counts
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.schedules import Schedule
 
 if TYPE_CHECKING:
@@ -47,7 +47,9 @@ def split_option(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
     if not text.strip():
-        raise InvalidConfigError(f"--split {text!r} names no stage: give layer counts per stage, e.g. 1,7")
+        raise InvalidConfigError(
+            ErrorCode.SPLIT_NOT_INTEGERS, f"--split {text!r} names no stage: give layer counts per stage, e.g. 1,7"
+        )
     return tuple(parse_counts(text))
 
 
@@ -291,7 +293,7 @@ def engine_config(args: argparse.Namespace, **given: object) -> EngineConfig:
     try:
         return EngineConfig.from_fields(values)
     except InvalidConfigError as exc:
-        raise type(exc)(in_flags(str(exc))) from None
+        raise type(exc)(exc.code, in_flags(str(exc))) from None
 
 
 def in_flags(message: str) -> str:

@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from ppscope.cli.commands.dashboard import is_loopback
-from ppscope.errors import InvalidConfigError, PPScopeError
+from ppscope.errors import ErrorCode, InvalidConfigError, PPScopeError
 from ppscope.live.follow import RunFollower, follow
 from ppscope.live.metrics import SPECS, Snapshot
 from ppscope.trace.store import META_FILE
@@ -37,7 +37,8 @@ def load_client() -> ModuleType:
         import prometheus_client.utils
     except ImportError:
         raise PPScopeError(
-            "serving metrics needs prometheus_client, which is not installed: pip install 'ppscope[metrics]'"
+            ErrorCode.NOT_INSTALLED,
+            "serving metrics needs prometheus_client, which is not installed: pip install 'ppscope[metrics]'",
         ) from None
     return prometheus_client
 
@@ -47,7 +48,9 @@ class Exporter:
 
     def __init__(self, host: str, port: int) -> None:
         if not 0 <= port < 65536:
-            raise InvalidConfigError(f"the metrics port must be between 0 (any free one) and 65535, got {port}")
+            raise InvalidConfigError(
+                ErrorCode.BAD_VALUE, f"the metrics port must be between 0 (any free one) and 65535, got {port}"
+            )
         client = load_client()
         self._snapshot = Snapshot()
         registry = client.CollectorRegistry(auto_describe=False)
@@ -56,7 +59,7 @@ class Exporter:
             self._server, self._thread = client.start_http_server(port, addr=host, registry=registry)
         except (OSError, OverflowError, UnicodeError) as exc:
             why = getattr(exc, "strerror", None) or str(exc)
-            raise InvalidConfigError(f"cannot serve metrics on {host}:{port}: {why}") from None
+            raise InvalidConfigError(ErrorCode.CANNOT_LISTEN, f"cannot serve metrics on {host}:{port}: {why}") from None
         self.host = host
         self.port = int(self._server.server_port)
         shown = f"[{host}]" if ":" in host else host

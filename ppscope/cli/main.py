@@ -1,4 +1,5 @@
-"""The `ppscope` command: parse, call one library function, print. Named errors become one line.
+"""The `ppscope` command: parse, call one library function, print. Named errors become one line (and, under
+`--json`, also one JSON object on stdout with the error's code: `{"error": {"code": ..., "text": ...}}`).
 
 Each subcommand lives in `ppscope/cli/commands/<name>.py` with `register(subparsers)`; command modules import
 their heavy dependencies (pandas, torch, streamlit) inside the command, so `ppscope --help` stays fast.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = args.func(args)
     except PPScopeError as exc:
         print(f"ppscope {args.command}: error: {exc}", file=sys.stderr)
+        if getattr(args, "json", False) is True:  # a program reading --json learns which case it is by its code
+            print(json.dumps({"error": exc.to_json()}))
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"ppscope {args.command}: interrupted", file=sys.stderr)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ppscope.errors import RunNotFoundError
+from ppscope.errors import ErrorCode, RunNotFoundError
 from ppscope.trace.store import is_run_dir
 
 __all__ = ["MAX_ENTRIES", "Catalog", "Entry", "catalog_from_args", "md"]
@@ -53,7 +53,9 @@ class Catalog:
         for entry in self.entries() if entries is None else entries:
             if entry.label == label:
                 return entry
-        raise RunNotFoundError(f"{label!r} is not among the traces this dashboard was started on")
+        raise RunNotFoundError(
+            ErrorCode.TRACE_NOT_SERVED, f"{label!r} is not among the traces this dashboard was started on"
+        )
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~:$])")
@@ -68,13 +70,19 @@ def md(text: object) -> str:
 def catalog_from_args(paths: Sequence[str | os.PathLike[str]]) -> Catalog:
     """Sort the command-line paths into single traces and folders of runs. Each must exist."""
     if not paths:
-        raise RunNotFoundError("no trace given: pass a run directory, an nsys .sqlite, a Kineto trace or a folder")
+        raise RunNotFoundError(
+            ErrorCode.NO_TRACE_GIVEN,
+            "no trace given: pass a run directory, an nsys .sqlite, a Kineto trace or a folder",
+        )
     singles: list[Entry] = []
     folders: list[Path] = []
     for raw in paths:
         given = Path(raw)
         if not given.exists():
-            raise RunNotFoundError(f"{given} does not exist: give a run directory, a trace file or a folder of runs")
+            raise RunNotFoundError(
+                ErrorCode.RUN_NOT_FOUND,
+                f"{given} does not exist: give a run directory, a trace file or a folder of runs",
+            )
         path = given.resolve()
         if path.is_dir() and not is_run_dir(path) and not _is_trace(path):
             folders.append(path)

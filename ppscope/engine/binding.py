@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 
 __all__ = ["agree_backend", "decide_backend", "device_for", "gpu_ordinal", "gpu_uuid", "rendezvous", "run_store"]
 
@@ -45,7 +45,9 @@ def device_for(backend: str, local_rank: int, device: str = "auto") -> torch.dev
     ordinal = gpu_ordinal(local_rank) if device == "cuda" or (backend == "nccl" and device == "auto") else None
     if ordinal is None:
         if device == "cuda":
-            raise InvalidConfigError(f"--device cuda: local rank {local_rank} sees no GPU; use --device cpu")
+            raise InvalidConfigError(
+                ErrorCode.NO_GPU, f"--device cuda: local rank {local_rank} sees no GPU; use --device cpu"
+            )
         return torch.device("cpu")
     torch.cuda.set_device(ordinal)
     return torch.device("cuda", ordinal)
@@ -69,14 +71,16 @@ def decide_backend(requested: str, gpus: list[str]) -> str:
         return "gloo"
     if missing:
         raise InvalidConfigError(
+            ErrorCode.NO_GPU,
             f"--backend nccl needs a GPU for every rank, and rank {missing[0]} sees none "
-            f"({len(missing)} of {len(gpus)} ranks without one); use --backend gloo"
+            f"({len(missing)} of {len(gpus)} ranks without one); use --backend gloo",
         )
     assert shared is not None
     a, b, uuid = shared
     raise InvalidConfigError(
+        ErrorCode.NO_GPU,
         f"--backend nccl needs a GPU per rank, and ranks {a} and {b} would share GPU {uuid}: show each node's "
-        "processes as many GPUs as it runs ranks, or each process one of its own; or use --backend gloo"
+        "processes as many GPUs as it runs ranks, or each process one of its own; or use --backend gloo",
     )
 
 
@@ -91,12 +95,13 @@ def agree_backend(store: Any, rank: int, world: int, requested: str, uuid: str) 
         try:
             decided = decide_backend(requested, gpus)
         except InvalidConfigError as exc:
-            decided = _ERROR + str(exc)
+            decided = f"{_ERROR}{exc.code}:{exc}"  # the code travels with the message to the other ranks
         store.set(_BACKEND_KEY, decided)
     else:
         decided = _text(store.get(_BACKEND_KEY))
     if decided.startswith(_ERROR):
-        raise InvalidConfigError(decided[len(_ERROR) :])
+        code, message = decided[len(_ERROR) :].split(":", 1)
+        raise InvalidConfigError(ErrorCode(code), message)
     return decided
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from ppscope.engine.model import Batch, to_device
 from ppscope.engine.recvstream import ReceiveStream
+from ppscope.failures import FailureCode
 from ppscope.trace.model import Phase, SpanKind
 from ppscope.trace.recorder import Recorder
 
@@ -31,9 +33,11 @@ __all__ = [
     "STOP",
     "TOKENS",
     "Message",
+    "PeerLinkError",
     "PeerTimeout",
     "Ring",
     "WaitFailure",
+    "failure_code",
     "silent_peer",
     "wait_failure",
 ]
@@ -69,16 +73,51 @@ class PeerTimeout(TimeoutError):
         self.peer = peer
 
 
+class PeerLinkError(RuntimeError):
+    """A send to or receive from `peer` failed: the link broke under this rank (the peer's process died, its
+    socket closed), so the failure is most likely that peer's."""
+
+    def __init__(self, message: str, *, peer: int) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from, or while handling, once each."""
+    seen: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and all(cur is not s for s in seen):
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return seen
+
+
 def silent_peer(exc: BaseException) -> int | None:
     """The peer a rank timed out waiting for, if `exc` is (or was raised from) a PeerTimeout."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, PeerTimeout):
-            return cur.peer
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return None
+    return next((cur.peer for cur in _chain(exc) if isinstance(cur, PeerTimeout)), None)
+
+
+_DIST_ERRORS: tuple[type[BaseException], ...] = tuple(
+    getattr(dist, name) for name in ("DistNetworkError", "DistBackendError", "DistStoreError") if hasattr(dist, name)
+)
+"""torch.distributed's errors of a broken process group, its store or its network."""
+_LINK_BROKEN = re.compile(r"by peer|broken pipe|timed out|remote process", re.IGNORECASE)
+"""gloo's words for a connection that broke or a wait that timed out, in a plain RuntimeError."""
+
+
+def failure_code(exc: BaseException) -> FailureCode:
+    """Whose failure a rank's error is, decided by the failing rank for its rank file and the launcher: PEER when
+    its link or process group broke under it (a PeerTimeout, the ring's own error for a send or receive that
+    failed (PeerLinkError), or a torch.distributed DistNetworkError, DistBackendError or DistStoreError anywhere
+    in its chain), else OWN. Beside `wait_failure`, the one other place that reads a
+    library's text: gloo raises a connection closed or reset by its peer as a plain RuntimeError, whose words are
+    its only sign, so they are read here, once, and everything downstream goes by the code."""
+    for cur in _chain(exc):
+        if isinstance(cur, (PeerTimeout, PeerLinkError, *_DIST_ERRORS)):
+            return FailureCode.PEER
+        if type(cur) is RuntimeError and _LINK_BROKEN.search(str(cur)):
+            return FailureCode.PEER
+    return FailureCode.OWN
 
 
 class WaitFailure(enum.Enum):
@@ -227,7 +266,9 @@ class Ring:
             self._local.append(msg)
             return
         if self.error is not None:
-            raise RuntimeError(f"rank {self.rank}: send to rank {self.next} failed: {self.error}")
+            raise PeerLinkError(
+                f"rank {self.rank}: send to rank {self.next} failed: {self.error}", peer=self.next
+            ) from self.error
         # Post the sends here (they return at once) so no thread hop sits on the critical path; the reaper
         # thread waits for their completion, keeping the tensors alive until then.
         start = self.rec.now_ns()
@@ -327,7 +368,7 @@ class Ring:
                 return None
             waiter, self._waiter = self._waiter, None
             if waiter.error is not None:
-                raise self._failed(waiter.error)
+                raise self._failed(waiter.error) from waiter.error
         msg, shape, dtype = self._parse(buf)
         self._posted.popleft()
         self._spare.append(buf)
@@ -404,8 +445,8 @@ class Ring:
             peer=self.prev,
         )
 
-    def _failed(self, exc: BaseException) -> RuntimeError:
-        return RuntimeError(f"rank {self.rank}: receive from rank {self.prev} failed: {exc}")
+    def _failed(self, exc: BaseException) -> PeerLinkError:
+        return PeerLinkError(f"rank {self.rank}: receive from rank {self.prev} failed: {exc}", peer=self.prev)
 
     # ------------------------------------------------------------ wire format
 

@@ -24,7 +24,7 @@ from typing import Any
 from ppscope.balance.costs import parse_ms_list
 from ppscope.balance.modelled.shapes import PRESETS, RENAMED, ModelShape, canonical_dtype
 from ppscope.balance.split import parse_counts
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.schedules import Schedule
 
 if sys.version_info >= (3, 11):
@@ -62,17 +62,17 @@ LAYER_SPANS_EVERY = 8
 
 def _finite(name: str, value: float) -> None:
     if not math.isfinite(value):
-        raise InvalidConfigError(f"{name} must be a finite number, got {value}")
+        raise InvalidConfigError(ErrorCode.BAD_VALUE, f"{name} must be a finite number, got {value}")
 
 
 def _at_least(name: str, value: int, low: int, note: str = "") -> None:
     if value < low:
-        raise InvalidConfigError(f"{name} must be >= {low}{note}, got {value}")
+        raise InvalidConfigError(ErrorCode.BAD_VALUE, f"{name} must be >= {low}{note}, got {value}")
 
 
 def _one_of(name: str, value: str, valid: tuple[str, ...]) -> None:
     if value not in valid:
-        raise InvalidConfigError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
+        raise InvalidConfigError(ErrorCode.UNKNOWN_CHOICE, f"unknown {name} {value!r}; valid: {', '.join(valid)}")
 
 
 def _refuse_unused(section: str, values: Any, ignored: Mapping[str, str]) -> None:
@@ -81,7 +81,9 @@ def _refuse_unused(section: str, values: Any, ignored: Mapping[str, str]) -> Non
     defaults = {f.name: f.default for f in dataclasses.fields(values)}
     for name, why in ignored.items():
         if why and getattr(values, name) != defaults[name]:
-            raise InvalidConfigError(f"{section}.{name} has no effect here ({why}): drop it")
+            raise InvalidConfigError(
+                ErrorCode.CONFLICTING_OPTIONS, f"{section}.{name} has no effect here ({why}): drop it"
+            )
 
 
 def _ms_text(values: tuple[float, ...]) -> str:
@@ -112,13 +114,16 @@ class PipelineConfig:
         _one_of("pipeline.schedule", self.schedule, Schedule.of_inference())
         if self.chunks < 1 or (self.chunks > 1 and self.schedule != Schedule.INTERLEAVED):
             raise InvalidConfigError(
-                f"pipeline.chunks {self.chunks} needs pipeline.schedule interleaved (and chunks >= 1)"
+                ErrorCode.CONFLICTING_OPTIONS,
+                f"pipeline.chunks {self.chunks} needs pipeline.schedule interleaved (and chunks >= 1)",
             )
         for name in ("microbatches", "max_inflight"):
             _at_least(f"pipeline.{name}", getattr(self, name), 0, " (0 = one per stage)")
         _at_least("pipeline.max_batch", self.max_batch, 1)
         if self.split is not None and (not self.split or not all(type(n) is int for n in self.split)):
-            raise InvalidConfigError(f"pipeline.split {self.split} must hold one layer count per (virtual) stage")
+            raise InvalidConfigError(
+                ErrorCode.COUNT_MISMATCH, f"pipeline.split {self.split} must hold one layer count per (virtual) stage"
+            )
         serve = self.schedule == Schedule.SERVE
         _refuse_unused(
             "pipeline",
@@ -168,8 +173,9 @@ class ModelConfig:
             _finite(f"model.{name}", getattr(self, name))
         if self.name != SYNTHETIC and self.name not in PRESETS and not Path(self.name).is_dir():
             raise InvalidConfigError(
+                ErrorCode.BAD_MODEL,
                 f"model.name {self.name!r} is neither a preset ({', '.join(PRESETS)}), `synthetic`, nor a directory "
-                "holding a Hugging Face checkpoint (config.json + *.safetensors)"
+                "holding a Hugging Face checkpoint (config.json + *.safetensors)",
             )
         if not self.synthetic and self.name not in PRESETS:
             self.shape()  # a checkpoint the engine would compute differently from transformers fails here
@@ -184,14 +190,16 @@ class ModelConfig:
         n = len(self.layer_cost_ms)
         if n not in (1, self.layers):
             raise InvalidConfigError(
-                f"model.layer_cost_ms gives {n} values for {self.layers} layers: give one value, or one per layer"
+                ErrorCode.COUNT_MISMATCH,
+                f"model.layer_cost_ms gives {n} values for {self.layers} layers: give one value, or one per layer",
             )
         if not all(math.isfinite(v) and v >= 0 for v in self.layer_cost_ms):
             raise InvalidConfigError(
-                f"model.layer_cost_ms {_ms_text(self.layer_cost_ms)} has a negative or non-finite cost: give ms >= 0"
+                ErrorCode.BAD_VALUE,
+                f"model.layer_cost_ms {_ms_text(self.layer_cost_ms)} has a negative or non-finite cost: give ms >= 0",
             )
         if self.embed_cost_ms < 0 or self.head_cost_ms < 0:
-            raise InvalidConfigError("model.embed_cost_ms and model.head_cost_ms must be >= 0")
+            raise InvalidConfigError(ErrorCode.BAD_VALUE, "model.embed_cost_ms and model.head_cost_ms must be >= 0")
 
     @property
     def synthetic(self) -> bool:
@@ -241,18 +249,23 @@ class WorkloadConfig:
             _finite(f"workload.{name}", getattr(self, name))
         for name in ("rate", "temperature"):
             if getattr(self, name) < 0:
-                raise InvalidConfigError(f"workload.{name} must be >= 0, got {getattr(self, name)}")
+                raise InvalidConfigError(
+                    ErrorCode.BAD_VALUE, f"workload.{name} must be >= 0, got {getattr(self, name)}"
+                )
         if not 0 < self.top_p <= 1:
-            raise InvalidConfigError(f"workload.top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidConfigError(ErrorCode.BAD_VALUE, f"workload.top_p must be in (0, 1], got {self.top_p}")
         if 0 < self.rate < MIN_RATE:
             raise InvalidConfigError(
-                f"workload.rate {self.rate} req/s is too slow to schedule: give 0 (all at once) or >= {MIN_RATE}"
+                ErrorCode.BAD_VALUE,
+                f"workload.rate {self.rate} req/s is too slow to schedule: give 0 (all at once) or >= {MIN_RATE}",
             )
         if not 0 <= self.seed < 2**63:
-            raise InvalidConfigError(f"workload.seed must be in [0, 2**63), got {self.seed}")
+            raise InvalidConfigError(ErrorCode.BAD_VALUE, f"workload.seed must be in [0, 2**63), got {self.seed}")
         if self.prompts is not None and not self.prompts.is_file():
             what = "is a directory" if self.prompts.is_dir() else "does not exist"
-            raise InvalidConfigError(f"workload.prompts {self.prompts} {what}: give a JSONL file of prompt_ids")
+            raise InvalidConfigError(
+                ErrorCode.BAD_PROMPTS, f"workload.prompts {self.prompts} {what}: give a JSONL file of prompt_ids"
+            )
         if self.prompts is not None:
             gives = "workload.prompts gives the"
             _refuse_unused("workload", self, {"requests": f"{gives} requests", "prompt_len": f"{gives} prompts"})
@@ -280,7 +293,9 @@ class OutputConfig:
         _at_least("output.layer_spans", self.layer_spans, 0, " (0 = never)")
         _finite("output.sample_interval_ms", self.sample_interval_ms)
         if self.sample_interval_ms <= 0:
-            raise InvalidConfigError(f"output.sample_interval_ms must be > 0, got {self.sample_interval_ms}")
+            raise InvalidConfigError(
+                ErrorCode.BAD_VALUE, f"output.sample_interval_ms must be > 0, got {self.sample_interval_ms}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -300,13 +315,15 @@ class RuntimeConfig:
         _one_of("runtime.device", self.device, DEVICES)
         if self.backend == "nccl" and self.device == "cpu":
             raise InvalidConfigError(
+                ErrorCode.CONFLICTING_OPTIONS,
                 "--backend nccl carries tensors between GPUs: use --device cuda or auto with it, "
-                "or --backend gloo for ranks on the CPU"
+                "or --backend gloo for ranks on the CPU",
             )
         _finite("runtime.timeout_s", self.timeout_s)
         if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
             raise InvalidConfigError(
-                f"runtime.timeout_s must be > 0 and <= {MAX_TIMEOUT_S:.0f} seconds, got {self.timeout_s}"
+                ErrorCode.BAD_VALUE,
+                f"runtime.timeout_s must be > 0 and <= {MAX_TIMEOUT_S:.0f} seconds, got {self.timeout_s}",
             )
 
 
@@ -326,7 +343,7 @@ class BenchConfig:
             value = getattr(self, name)
             _finite(f"bench.{name}", value)
             if value < 0:
-                raise InvalidConfigError(f"bench.{name} must be >= 0, got {value}")
+                raise InvalidConfigError(ErrorCode.BAD_VALUE, f"bench.{name} must be >= 0, got {value}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -351,11 +368,15 @@ class EngineConfig:
         if schedule != Schedule.SERVE:
             _refuse_unused("workload", self.workload, {"rate": f"{schedule} takes every request at once"})
         if self.bench.record_alternate_ms > 0 and not self.output.record:
-            raise InvalidConfigError("bench.record_alternate_ms must be 0 with recording off: it pauses the recording")
+            raise InvalidConfigError(
+                ErrorCode.CONFLICTING_OPTIONS,
+                "bench.record_alternate_ms must be 0 with recording off: it pauses the recording",
+            )
         if self.bench.layer_spans_alternate_ms > 0 and not (self.output.record and self.output.layer_spans):
             raise InvalidConfigError(
+                ErrorCode.CONFLICTING_OPTIONS,
                 "bench.layer_spans_alternate_ms needs recording on and output.layer_spans > 0: it pauses the layer "
-                "spans"
+                "spans",
             )
 
     def to_json(self) -> dict[str, Any]:
@@ -368,7 +389,9 @@ class EngineConfig:
         """The config of a flat form (`to_json`'s, or an older run's, whose split and layer costs were text)."""
         unknown = sorted(set(data) - set(FLAT_KEYS))
         if unknown:
-            raise InvalidConfigError(f"unknown engine config key(s): {', '.join(unknown)}")
+            raise InvalidConfigError(
+                ErrorCode.UNKNOWN_CONFIG_KEY, f"unknown engine config key(s): {', '.join(unknown)}"
+            )
         return cls.from_fields({".".join(FLAT_KEYS[key]): _from_json(key, value) for key, value in data.items()})
 
     @classmethod
@@ -384,7 +407,7 @@ class EngineConfig:
         for path, value in values.items():
             section, _, name = path.partition(".")
             if section not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[section])}:
-                raise InvalidConfigError(f"unknown engine config field {path!r}")
+                raise InvalidConfigError(ErrorCode.UNKNOWN_CONFIG_KEY, f"unknown engine config field {path!r}")
             given[section][name] = value
         return cls(**{name: SECTIONS[name](**kw) for name, kw in given.items()})
 
@@ -432,22 +455,30 @@ def config_fields(path: str | Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidConfigError(f"cannot read the config file {path}: {exc}") from None
+        raise InvalidConfigError(
+            ErrorCode.CONFIG_FILE_UNREADABLE, f"cannot read the config file {path}: {exc}"
+        ) from None
     if path.suffix == ".json" or text.lstrip().startswith("{"):
         return _json_fields(path, text)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InvalidConfigError(f"{path} is not TOML ({exc}): give [section] tables of `key = value`") from None
+        raise InvalidConfigError(
+            ErrorCode.CONFIG_FILE_UNREADABLE, f"{path} is not TOML ({exc}): give [section] tables of `key = value`"
+        ) from None
     fields: dict[str, Any] = {}
     for section, table in data.items():
         if section not in SECTIONS or not isinstance(table, dict):
-            raise InvalidConfigError(f"{path}: unknown section [{section}]; valid: {', '.join(SECTIONS)}")
+            raise InvalidConfigError(
+                ErrorCode.UNKNOWN_CONFIG_KEY, f"{path}: unknown section [{section}]; valid: {', '.join(SECTIONS)}"
+            )
         for name, value in table.items():
             key = _FLAT_KEY_OF.get((section, name))
             if key is None:
                 known = ", ".join(f.name for f in dataclasses.fields(SECTIONS[section]))
-                raise InvalidConfigError(f"{path}: [{section}] has no field {name!r}; valid: {known}")
+                raise InvalidConfigError(
+                    ErrorCode.UNKNOWN_CONFIG_KEY, f"{path}: [{section}] has no field {name!r}; valid: {known}"
+                )
             fields[f"{section}.{name}"] = _from_json(key, value)
     return fields
 
@@ -457,14 +488,19 @@ def _json_fields(path: Path, text: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidConfigError(f"{path} is not JSON ({exc})") from None
+        raise InvalidConfigError(ErrorCode.CONFIG_FILE_UNREADABLE, f"{path} is not JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise InvalidConfigError(f"{path} holds no config: give a TOML file, a run's meta.json or a flat JSON object")
+        raise InvalidConfigError(
+            ErrorCode.CONFIG_FILE_UNREADABLE,
+            f"{path} holds no config: give a TOML file, a run's meta.json or a flat JSON object",
+        )
     if "config" in data:  # a run's metadata: re-run what it ran, into a new directory
         data = {k: v for k, v in dict(data["config"] or {}).items() if k != "out"}
     unknown = sorted(set(data) - set(FLAT_KEYS))
     if unknown:
-        raise InvalidConfigError(f"{path}: unknown engine config key(s): {', '.join(unknown)}")
+        raise InvalidConfigError(
+            ErrorCode.UNKNOWN_CONFIG_KEY, f"{path}: unknown engine config key(s): {', '.join(unknown)}"
+        )
     return {".".join(FLAT_KEYS[key]): _from_json(key, value) for key, value in data.items()}
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from ppscope.balance.modelled.shapes import ModelShape
 from ppscope.engine.model import DecoderLayer, Embedding, Head
-from ppscope.errors import CorruptFileError, UnsupportedInputError
+from ppscope.errors import CorruptFileError, ErrorCode, UnsupportedInputError
 
 __all__ = ["FLOAT_BITS", "INDEX", "CheckpointSource", "check_checkpoint", "needed_tensors", "read_header"]
 
@@ -62,7 +62,10 @@ class CheckpointSource:
     def _from_files(self) -> dict[str, Path]:
         files = sorted(self.dir.glob("*.safetensors"))
         if not files:
-            raise UnsupportedInputError(f"{self.dir} holds no *.safetensors files: give a Hugging Face checkpoint")
+            raise UnsupportedInputError(
+                ErrorCode.CHECKPOINT_INCOMPLETE,
+                f"{self.dir} holds no *.safetensors files: give a Hugging Face checkpoint",
+            )
         where: dict[str, Path] = {}
         for f in files:
             with safe_open(str(f), framework="pt") as st:
@@ -77,7 +80,9 @@ class CheckpointSource:
         for name, _ in module.named_parameters():
             key = (rename or {}).get(name, prefix + name)
             if key not in self._where:
-                raise UnsupportedInputError(f"{self.dir}: tensor {key} is missing from the checkpoint")
+                raise UnsupportedInputError(
+                    ErrorCode.CHECKPOINT_INCOMPLETE, f"{self.dir}: tensor {key} is missing from the checkpoint"
+                )
             by_file.setdefault(self._where[key], []).append((name, key))
         for path, names in by_file.items():
             with safe_open(str(path), framework="pt") as st:
@@ -117,12 +122,15 @@ def _read_index(index: Path) -> dict[str, Path]:
         weight_map = json.loads(index.read_text())["weight_map"]
         where = {str(k): directory / str(v) for k, v in weight_map.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UnsupportedInputError(f"{index} is not a safetensors index (no weight_map: {exc})") from None
+        raise UnsupportedInputError(
+            ErrorCode.CHECKPOINT_MISMATCH, f"{index} is not a safetensors index (no weight_map: {exc})"
+        ) from None
     missing = sorted({p.name for p in where.values() if not p.is_file()})
     if missing:
         raise UnsupportedInputError(
+            ErrorCode.CHECKPOINT_INCOMPLETE,
             f"{index} lists {len(missing)} shard(s) that are not in {directory}, e.g. {missing[0]}: "
-            "download the whole checkpoint"
+            "download the whole checkpoint",
         )
     return where
 
@@ -146,7 +154,9 @@ def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     length, then JSON): no tensor data is read. Anything the loader would refuse raises CorruptFileError."""
 
     def damaged(what: str) -> CorruptFileError:
-        return CorruptFileError(f"{path} {what}: it is damaged or not a safetensors file; download it again")
+        return CorruptFileError(
+            ErrorCode.DAMAGED_FILE, f"{path} {what}: it is damaged or not a safetensors file; download it again"
+        )
 
     try:
         size = path.stat().st_size
@@ -158,7 +168,7 @@ def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
                 raise damaged(f"starts with a header length of {length} bytes but holds {size - 8} after it")
             raw = f.read(length)
     except OSError as exc:
-        raise CorruptFileError(f"{path} cannot be read: {exc.strerror or exc}") from None
+        raise CorruptFileError(ErrorCode.UNREADABLE_FILE, f"{path} cannot be read: {exc.strerror or exc}") from None
     try:
         header = json.loads(raw)
     except ValueError:  # UnicodeDecodeError too
@@ -208,7 +218,9 @@ def check_checkpoint(directory: str | Path, shape: ModelShape) -> None:
     else:
         files = sorted(d.glob("*.safetensors"))
         if not files:
-            raise UnsupportedInputError(f"{d} holds no *.safetensors files: give a Hugging Face checkpoint")
+            raise UnsupportedInputError(
+                ErrorCode.CHECKPOINT_INCOMPLETE, f"{d} holds no *.safetensors files: give a Hugging Face checkpoint"
+            )
         headers = {f: read_header(f) for f in files}
         where = {name: f for f, tensors in headers.items() for name in tensors}
         lacking = f"{d}: no *.safetensors file holds tensor"
@@ -216,8 +228,9 @@ def check_checkpoint(directory: str | Path, shape: ModelShape) -> None:
     unlisted = [k for k in need if k not in where]
     if unlisted:
         raise UnsupportedInputError(
+            ErrorCode.CHECKPOINT_INCOMPLETE,
             f"{lacking} {unlisted[0]} ({len(unlisted)} needed tensor(s) missing), which a {shape.layers}-layer "
-            "model needs: the checkpoint is incomplete or config.json does not match it"
+            "model needs: the checkpoint is incomplete or config.json does not match it",
         )
     if not headers:  # through the index: only the shards that hold a needed tensor
         headers = {f: read_header(f) for f in sorted(set(where[k] for k in need))}
@@ -225,17 +238,20 @@ def check_checkpoint(directory: str | Path, shape: ModelShape) -> None:
         file = where[key]
         if key not in headers[file]:
             raise UnsupportedInputError(
+                ErrorCode.CHECKPOINT_MISMATCH,
                 f"{file} holds no tensor {key}, which {INDEX} places there: the index does not match its shards; "
-                "download the checkpoint again"
+                "download the checkpoint again",
             )
         dtype, dims = headers[file][key]
         if dims != want:
             raise UnsupportedInputError(
+                ErrorCode.CHECKPOINT_MISMATCH,
                 f"{file}: tensor {key} has shape {list(dims)} but config.json implies {list(want)}: the weights "
-                "do not match config.json"
+                "do not match config.json",
             )
         if dtype not in FLOAT_BITS:
             raise UnsupportedInputError(
+                ErrorCode.UNSUPPORTED_CHECKPOINT,
                 f"{file}: tensor {key} is {dtype}, not a floating-point type: the engine reads "
-                f"{', '.join(FLOAT_BITS)} weights (not quantized ones)"
+                f"{', '.join(FLOAT_BITS)} weights (not quantized ones)",
             )

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from ppscope.balance.modelled.shapes import PRESETS
-from ppscope.engine.comm import silent_peer
+from ppscope.engine.comm import failure_code, silent_peer
 from ppscope.engine.config import EngineConfig
 from ppscope.engine.prepare import Prepared, check_memory, host_available_bytes, prepare
 from ppscope.engine.worker import default_run_dir, run_rank
-from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
-from ppscope.failures import is_peer_failure, plain_error, rank_failure
+from ppscope.errors import EngineFailedError, ErrorCode, InterruptedRunError, PPScopeError
+from ppscope.failures import RankError, plain_error, rank_failure
 from ppscope.trace.store import check_new_run_dir, create_run, read_meta, write_meta
 
 CPP_LOG_LEVEL_ENV = "TORCH_CPP_LOG_LEVEL"
@@ -124,8 +124,12 @@ def _run_local(cfg: EngineConfig, on_progress: ProgressHook | None) -> Path:
             if created:
                 _mark(run_dir, "interrupted", str(exc) or "interrupted by the user")
         if not created:
-            raise InterruptedRunError("interrupted before the run started; nothing was recorded") from None
-        raise InterruptedRunError(f"interrupted; what was recorded up to then is in {run_dir}") from None
+            raise InterruptedRunError(
+                ErrorCode.INTERRUPTED, "interrupted before the run started; nothing was recorded"
+            ) from None
+        raise InterruptedRunError(
+            ErrorCode.INTERRUPTED, f"interrupted; what was recorded up to then is in {run_dir}"
+        ) from None
     except EngineFailedError as exc:
         _stop_all(procs)
         _mark(run_dir, "failed", str(exc))
@@ -263,11 +267,13 @@ def _run_inline(cfg: EngineConfig, prep: Prepared, run_dir: Path, on_progress: P
         return run_rank(cfg, 0, 1, run_dir=run_dir, progress=progress, prepared=prep)
     except KeyboardInterrupt:
         _mark(run_dir, "interrupted", "interrupted by the user")
-        raise InterruptedRunError(f"interrupted; what was recorded up to then is in {run_dir}") from None
+        raise InterruptedRunError(
+            ErrorCode.INTERRUPTED, f"interrupted; what was recorded up to then is in {run_dir}"
+        ) from None
     except Exception as exc:
         error = f"rank 0 failed: {type(exc).__name__}: {exc}; the trace up to then is in {run_dir}"
         _mark(run_dir, "failed", error)
-        raise EngineFailedError(error) from exc
+        raise EngineFailedError(ErrorCode.RANK_FAILED, error) from exc
     finally:
         if bar:
             bar.close()
@@ -277,7 +283,7 @@ def _supervise(
     cfg: EngineConfig, procs: list[Any], events: Any, run_dir: Path, total: int, on_progress: ProgressHook | None
 ) -> None:
     done: set[int] = set()
-    errors: dict[int, str] = {}
+    errors: dict[int, RankError] = {}
     waited_on: dict[int, int] = {}  # rank -> the peer it timed out waiting for
     blame_at: float | None = None  # once a rank failed: when to stop waiting for the others' reports
     bar = _ProgressBar(total) if cfg.output.progress and on_progress is None else None
@@ -335,7 +341,9 @@ def _interrupt_all(procs: list[Any], grace_s: float) -> None:
     _stop_all(procs)
 
 
-def _failure(procs: list[Any], errors: dict[int, str], waited_on: dict[int, int], run_dir: Path) -> EngineFailedError:
+def _failure(
+    procs: list[Any], errors: dict[int, RankError], waited_on: dict[int, int], run_dir: Path
+) -> EngineFailedError:
     """The failure to report: its root cause, not its echoes. When one rank fails its peers fail too, and their
     errors often arrive first (a failing rank tears its process group down before it reports), so a rank killed
     by a signal comes first, then one that failed in its own code, then one that exited without a word, and a
@@ -344,7 +352,7 @@ def _failure(procs: list[Any], errors: dict[int, str], waited_on: dict[int, int]
     where = f"the trace up to then is in {run_dir}"
     silent = {r: p.exitcode for r, p in enumerate(procs) if r not in errors and p.exitcode not in (None, 0)}
     killed = [r for r, code in silent.items() if code < 0]
-    own = [r for r, detail in errors.items() if not is_peer_failure(detail)]
+    own = [r for r, error in errors.items() if not error.peer]
     if killed or (silent and not own):
         rank = (killed or list(silent))[0]
         code = silent[rank]
@@ -355,14 +363,17 @@ def _failure(procs: list[Any], errors: dict[int, str], waited_on: dict[int, int]
             cause = f"rank {rank} exited with code {code} without reporting an error (killed? out of memory?)"
         if errors:
             then = (own or list(errors))[0]
-            cause += f"; rank {then} then failed: {errors[then]}"
-        return EngineFailedError(f"{cause}; {where}")
+            cause += f"; rank {then} then failed: {errors[then].text}"
+        return EngineFailedError(ErrorCode.RANK_KILLED, f"{cause}; {where}")
     if not own:  # a rank still running, silent, from which a peer received nothing: it hangs
         for peer, rank in waited_on.items():
             if 0 <= rank < len(procs) and rank not in errors and procs[rank].exitcode is None:
-                return EngineFailedError(f"rank {rank} hangs (alive, silent): rank {peer}: {errors[peer]}; {where}")
+                return EngineFailedError(
+                    ErrorCode.RANK_HANGS,
+                    f"rank {rank} hangs (alive, silent): rank {peer}: {errors[peer].text}; {where}",
+                )
     first = (own or list(errors))[0]
-    return EngineFailedError(f"rank {first} failed: {errors[first]}; {where}")
+    return EngineFailedError(ErrorCode.RANK_FAILED, f"rank {first} failed: {errors[first].text}; {where}")
 
 
 def _stop_all(procs: list[Any], grace_s: float = 1.0) -> None:
@@ -439,7 +450,7 @@ def _child(
         if isinstance(exc, KeyboardInterrupt):
             events.put(("interrupted", rank))
         else:
-            events.put(("error", rank, plain_error(exc), silent_peer(exc)))
+            events.put(("error", rank, RankError(plain_error(exc), failure_code(exc)), silent_peer(exc)))
         events.close()
         events.join_thread()
         os._exit(1)
@@ -470,7 +481,7 @@ def _run_torchrun(cfg: EngineConfig) -> Path:
     except PPScopeError:
         raise
     except Exception as exc:
-        raise EngineFailedError(rank_failure(rank, exc)) from exc
+        raise EngineFailedError(ErrorCode.RANK_FAILED, rank_failure(rank, exc, failure_code(exc))) from exc
 
 
 class _ProgressBar:

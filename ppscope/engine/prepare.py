@@ -22,7 +22,7 @@ from ppscope.balance.split import resolve_split, stage_layer_ranges
 from ppscope.engine.config import EngineConfig, PipelineConfig
 from ppscope.engine.model import LayerSource, RandomSource, SyntheticSource
 from ppscope.engine.requests import Request, generate_requests, load_prompts, poisson_arrivals_ns
-from ppscope.errors import InvalidConfigError, InvalidSplitError
+from ppscope.errors import ErrorCode, InvalidConfigError, InvalidSplitError
 from ppscope.trace.model import RunMeta
 from ppscope.trace.schedules import Schedule
 
@@ -128,13 +128,18 @@ def resolve_backend(requested: str, world: int, device: str = "auto") -> str:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     bound = gpus == 1 and "LOCAL_WORLD_SIZE" in os.environ
     if device == "cuda" and gpus == 0:
-        raise InvalidConfigError("--device cuda needs an NVIDIA GPU and none is visible: use --device cpu")
+        raise InvalidConfigError(
+            ErrorCode.NO_GPU, "--device cuda needs an NVIDIA GPU and none is visible: use --device cpu"
+        )
     if requested == "nccl" and gpus == 0:
-        raise InvalidConfigError("--backend nccl needs NVIDIA GPUs and none is visible: use --backend gloo (CPU)")
+        raise InvalidConfigError(
+            ErrorCode.NO_GPU, "--backend nccl needs NVIDIA GPUs and none is visible: use --backend gloo (CPU)"
+        )
     if requested == "nccl" and local > gpus and not bound:
         raise InvalidConfigError(
+            ErrorCode.NO_GPU,
             f"--backend nccl needs a GPU per rank: {local} ranks on this node, {gpus} GPU(s) visible; "
-            "use fewer --stages per node, or --backend gloo --device cuda to share the GPUs"
+            "use fewer --stages per node, or --backend gloo --device cuda to share the GPUs",
         )
     if requested == "auto":
         return "nccl" if device != "cpu" and gpus >= 1 and (local <= gpus or bound) else "gloo"
@@ -165,9 +170,10 @@ def _check_synthetic_waits(cfg: EngineConfig, split: Sequence[int]) -> None:
     wait_s = max(sum(stage_ms[: stages - 1]), sum(stage_ms[1:stages])) / 1e3
     if wait_s >= timeout_s:
         raise InvalidConfigError(
+            ErrorCode.TIMEOUT_TOO_SHORT,
             f"with these synthetic costs a rank waits {wait_s:.1f} s for its first message (the stages before it "
             f"in the ring take that long) but --timeout is {timeout_s:g} s: raise --timeout above {wait_s:.1f} "
-            "or lower the costs"
+            "or lower the costs",
         )
 
 
@@ -181,13 +187,15 @@ def _split(pipe: PipelineConfig, layers: int) -> tuple[list[int], str]:
             raise
         if pipe.split is None and layers < pipe.virtual_stages:
             raise InvalidSplitError(
+                ErrorCode.TOO_FEW_LAYERS,
                 f"{layers} layer(s) cannot be split over {pipe.stages} stages x {pipe.chunks} chunks "
-                f"(each virtual stage needs at least one): use at most {max(layers // pipe.stages, 1)} chunks"
+                f"(each virtual stage needs at least one): use at most {max(layers // pipe.stages, 1)} chunks",
             ) from None
         raise InvalidSplitError(
+            exc.code,
             f"{exc} (with --chunks {pipe.chunks} the split gives one count per virtual stage: "
             f"{pipe.stages} stages x {pipe.chunks} chunks = {pipe.virtual_stages} entries, "
-            "ordered rank 0..P-1 for chunk 0, then for chunk 1, ...)"
+            "ordered rank 0..P-1 for chunk 0, then for chunk 1, ...)",
         ) from None
 
 
@@ -196,8 +204,9 @@ def prepare(cfg: EngineConfig, world: int) -> Prepared:
     pipe = cfg.pipeline
     if world != pipe.stages:
         raise InvalidConfigError(
+            ErrorCode.WORLD_SIZE_MISMATCH,
             f"--stages {pipe.stages} but {world} ranks were started: "
-            "under torchrun give --stages equal to the world size"
+            "under torchrun give --stages equal to the world size",
         )
     shape = cfg.model.shape()
     split, source = _split(pipe, shape.layers)
@@ -243,8 +252,9 @@ def batching(cfg: EngineConfig, shape: ModelShape) -> Batching:
         longest_prompt, max_len = work.prompt_len, work.prompt_len + work.max_new_tokens
         if max_len > shape.max_seq_len:  # (a prompts file names its line)
             raise InvalidConfigError(
+                ErrorCode.SEQUENCE_TOO_LONG,
                 f"each request needs {work.prompt_len} prompt + {work.max_new_tokens} new = {max_len} positions but "
-                f"model {shape.name} holds {shape.max_seq_len}: lower --prompt-len or --max-new-tokens"
+                f"model {shape.name} holds {shape.max_seq_len}: lower --prompt-len or --max-new-tokens",
             )
     inflight = min(pipe.inflight, len(requests))
     if pipe.schedule == Schedule.SERVE:
@@ -286,17 +296,19 @@ def check_memory(
     who = f"{len(ranks)} ranks" if len(ranks) > 1 else f"rank {ranks[0]}"
     if m.synthetic:  # its layers allocate nothing: only the processes count
         raise InvalidConfigError(
+            ErrorCode.NOT_ENOUGH_MEMORY,
             f"{len(ranks)} synthetic ranks need about {need / _GIB:.1f} GiB ({PROCESS_BYTES >> 20} MiB per process) "
-            f"and {where} has {available / _GIB:.1f} GiB free: use fewer --stages"
+            f"and {where} has {available / _GIB:.1f} GiB free: use fewer --stages",
         )
     if schedule == Schedule.SERVE:
         seqs = f"{prep.cache_slots} sequences = --max-inflight x --max-batch"
     else:  # every request of the batch keeps its cache until the batch is done
         seqs = f"{prep.cache_slots} sequences = every request of a {schedule} batch"
     raise InvalidConfigError(
+        ErrorCode.NOT_ENOUGH_MEMORY,
         f"{prep.shape.name} in {m.dtype} needs about {need / _GIB:.1f} GiB for {who} ({weights / _GIB:.1f} GiB of "
         f"weights, {kv / _GIB:.1f} GiB of KV cache for {seqs}, {prep.max_len} positions each) and {where} has "
         f"{available / _GIB:.1f} GiB free: use a smaller --dtype, fewer sequences or positions, more --stages on "
         f"more devices, or size it without running it: ppscope plan --model "
-        f"{m.name if m.name in PRESETS else 'DIR/config.json'}"
+        f"{m.name if m.name in PRESETS else 'DIR/config.json'}",
     )

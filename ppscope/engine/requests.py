@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.store import REQUESTS_FILE
 
 __all__ = [
@@ -105,19 +105,23 @@ def load_prompts(path: str | Path, vocab: int, default_new_tokens: int, max_len:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        raise InvalidConfigError(f"--prompts {path} cannot be read ({exc.strerror}): give a JSONL file") from None
+        raise InvalidConfigError(
+            ErrorCode.BAD_PROMPTS, f"--prompts {path} cannot be read ({exc.strerror}): give a JSONL file"
+        ) from None
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         lineno = data.count(b"\n", 0, exc.start) + 1
         utf16 = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise InvalidConfigError(f"{path}:{lineno}: not UTF-8 text{utf16}: save the file as UTF-8") from None
+        raise InvalidConfigError(
+            ErrorCode.BAD_PROMPTS, f"{path}:{lineno}: not UTF-8 text{utf16}: save the file as UTF-8"
+        ) from None
     out: list[Request] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if line.strip():
             out.append(_parse_prompt(line, f"{path}:{lineno}", len(out), vocab, default_new_tokens, max_len))
     if not out:
-        raise InvalidConfigError(f"{path} holds no requests")
+        raise InvalidConfigError(ErrorCode.BAD_PROMPTS, f"{path} holds no requests")
     return out
 
 
@@ -126,44 +130,56 @@ def _parse_prompt(line: str, where: str, rid: int, vocab: int, default_new_token
         obj = json.loads(line, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise InvalidConfigError(
+            ErrorCode.BAD_PROMPTS,
             f'{where}: not JSON ({exc.msg} at column {exc.colno}): expected {{"prompt_ids": [ints], '
-            f'"max_new_tokens": n}}, found {line.strip()[:80]}'
+            f'"max_new_tokens": n}}, found {line.strip()[:80]}',
         ) from None
     except (ValueError, RecursionError) as exc:  # a repeated key, an integer of thousands of digits, deep nesting
-        raise InvalidConfigError(f"{where}: cannot read this line: {exc}") from None
+        raise InvalidConfigError(ErrorCode.BAD_PROMPTS, f"{where}: cannot read this line: {exc}") from None
     if not isinstance(obj, dict):
-        raise InvalidConfigError(f'{where}: expected a JSON object {{"prompt_ids": [ints], ...}}, found {_show(obj)}')
+        raise InvalidConfigError(
+            ErrorCode.BAD_PROMPTS, f'{where}: expected a JSON object {{"prompt_ids": [ints], ...}}, found {_show(obj)}'
+        )
     unknown = [k for k in obj if k not in PROMPT_KEYS]
     if unknown:
         raise InvalidConfigError(
-            f'{where}: unknown key "{unknown[0]}"; valid keys: "prompt_ids", "max_new_tokens" (optional)'
+            ErrorCode.BAD_PROMPTS,
+            f'{where}: unknown key "{unknown[0]}"; valid keys: "prompt_ids", "max_new_tokens" (optional)',
         )
     if "prompt_ids" not in obj:
-        raise InvalidConfigError(f'{where}: no "prompt_ids": give the prompt as a list of integer token ids')
+        raise InvalidConfigError(
+            ErrorCode.BAD_PROMPTS, f'{where}: no "prompt_ids": give the prompt as a list of integer token ids'
+        )
     ids = obj["prompt_ids"]
     if not isinstance(ids, list) or not ids:
         raise InvalidConfigError(
-            f'{where}: "prompt_ids" must be a non-empty list of integer token ids, found {_show(ids)}'
+            ErrorCode.BAD_PROMPTS,
+            f'{where}: "prompt_ids" must be a non-empty list of integer token ids, found {_show(ids)}',
         )
     for i, t in enumerate(ids):
         if type(t) is not int:  # bool is an int to Python, 1.0 and "1" are not token ids in JSON
-            raise InvalidConfigError(f'{where}: "prompt_ids"[{i}] is {_show(t)}: token ids are JSON integers')
+            raise InvalidConfigError(
+                ErrorCode.BAD_PROMPTS, f'{where}: "prompt_ids"[{i}] is {_show(t)}: token ids are JSON integers'
+            )
         if not 0 <= t < vocab:
             raise InvalidConfigError(
+                ErrorCode.BAD_PROMPTS,
                 f'{where}: "prompt_ids"[{i}] is {t}: token ids of this model are in [0, {vocab}) '
-                "(tokenize with the model's tokenizer)"
+                "(tokenize with the model's tokenizer)",
             )
     new = obj.get("max_new_tokens", default_new_tokens)
     if type(new) is not int or new < 1:
         raise InvalidConfigError(
+            ErrorCode.BAD_PROMPTS,
             f'{where}: "max_new_tokens" is {_show(new)}: give an integer >= 1, '
-            f"or leave it out for --max-new-tokens ({default_new_tokens})"
+            f"or leave it out for --max-new-tokens ({default_new_tokens})",
         )
     if max_len is not None and len(ids) + new > max_len:
         named = '"max_new_tokens"' if "max_new_tokens" in obj else "--max-new-tokens"
         raise InvalidConfigError(
+            ErrorCode.SEQUENCE_TOO_LONG,
             f"{where}: {len(ids)} prompt ids + {new} new tokens ({named}) = {len(ids) + new} positions, but the "
-            f"model holds {max_len}: shorten the prompt or lower {named}"
+            f"model holds {max_len}: shorten the prompt or lower {named}",
         )
     return Request(rid, ids, new)
 

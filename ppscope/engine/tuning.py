@@ -27,7 +27,7 @@ from ppscope.balance.costs import LayerCosts
 from ppscope.balance.measured.fit import fit_layer_costs, r_squared_text
 from ppscope.balance.measured.insitu import insitu_costs
 from ppscope.engine.machine_load import LoadSampler, busy_cores
-from ppscope.errors import InvalidConfigError, PPScopeError
+from ppscope.errors import ErrorCode, InvalidConfigError, PPScopeError
 from ppscope.simulate.calibrate import Replay, hop_latency_us
 from ppscope.trace.model import Phase, Trace
 from ppscope.trace.notices import Notice, NoticeCode
@@ -271,17 +271,23 @@ def tune(
     from ppscope.engine.launch import run
 
     if cost_source not in COST_SOURCES:
-        raise InvalidConfigError(f"unknown cost source {cost_source!r}; valid: {', '.join(COST_SOURCES)}")
+        raise InvalidConfigError(
+            ErrorCode.UNKNOWN_CHOICE, f"unknown cost source {cost_source!r}; valid: {', '.join(COST_SOURCES)}"
+        )
     if repeats < 1:
-        raise InvalidConfigError(f"--repeats must be at least 1, not {repeats}")
+        raise InvalidConfigError(ErrorCode.BAD_VALUE, f"--repeats must be at least 1, not {repeats}")
     if cost_source == "insitu" and not (cfg.output.record and cfg.output.layer_spans):
         raise InvalidConfigError(
+            ErrorCode.CONFLICTING_OPTIONS,
             "--costs insitu needs run 1's layer spans: record (drop --no-record) with --layer-spans K > 0, or give "
-            "--costs profile"
+            "--costs profile",
         )
     pipe = cfg.pipeline
     if pipe.chunks != 1:
-        raise InvalidConfigError("tune balances one chunk per rank: use --schedule gpipe or serve, not interleaved")
+        raise InvalidConfigError(
+            ErrorCode.UNSUPPORTED_SCHEDULE,
+            "tune balances one chunk per rank: use --schedule gpipe or serve, not interleaved",
+        )
     step = on_step or (lambda _msg: None)
     out = Path(out_dir)
     step(f"run 1: {cfg.model.name} on {pipe.stages} stages, {pipe.schedule} schedule, split as given")

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ppscope.engine.binding import agree_backend, device_for, gpu_uuid, rendezvous, run_store
 from ppscope.engine.clock_sync import ClockSync, system_clock
-from ppscope.engine.comm import Ring
+from ppscope.engine.comm import Ring, failure_code
 from ppscope.engine.config import EngineConfig
 from ppscope.engine.gputime import DeviceSpans
 from ppscope.engine.model import calibrate_sleep
@@ -35,7 +35,7 @@ from ppscope.engine.stage import build_stage
 from ppscope.engine.testing import HostEvent, HostStream, device_timed, failure_after, host_headers, ping_pong
 from ppscope.engine.testing import clock as test_clock
 from ppscope.engine.usage import CounterSampler, find_gpu
-from ppscope.errors import EngineFailedError, InterruptedRunError, PPScopeError
+from ppscope.errors import EngineFailedError, ErrorCode, InterruptedRunError, PPScopeError
 from ppscope.failures import plain_error, rank_failure
 from ppscope.simulate.schedule import ServePolicy
 from ppscope.trace.model import ClockInfo, RankInfo
@@ -147,9 +147,11 @@ def _run(
             raise
         where = f"the trace up to then is in {run_dir} (`ppscope analyze {shlex.quote(str(run_dir))}` names the cause)"
         if not stopped:
-            raise EngineFailedError(f"{rank_failure(rank, exc)}; {where}") from exc
+            raise EngineFailedError(
+                ErrorCode.RANK_FAILED, f"{rank_failure(rank, exc, failure_code(exc))}; {where}"
+            ) from exc
         # torchrun stops every rank (SIGTERM) when one fails: the failure is in that rank's own line and file
-        raise InterruptedRunError(f"rank {rank} {why}; {where}") from None
+        raise InterruptedRunError(ErrorCode.INTERRUPTED, f"rank {rank} {why}; {where}") from None
 
 
 def _run_pipeline(
@@ -263,6 +265,7 @@ def _run_pipeline(
     except Exception as exc:  # a failure; a KeyboardInterrupt (Ctrl-C, torchrun's SIGTERM) only stopped the rank
         if keep_failure:
             failure["error"] = plain_error(exc)
+            failure["failure_code"] = str(failure_code(exc))  # whose failure: readers go by it, not by the text
         raise
     finally:
         if frozen:

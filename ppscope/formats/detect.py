@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ppscope.errors import CorruptFileError, RunNotFoundError, UnsupportedInputError, brief
+from ppscope.errors import CorruptFileError, ErrorCode, RunNotFoundError, UnsupportedInputError, brief
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -72,7 +72,7 @@ def sniff_file(path: Path) -> str:
         with open(path, "rb") as f:
             head = f.read(4096)
     except OSError as exc:
-        raise CorruptFileError(f"{path}: cannot be read ({exc})") from None
+        raise CorruptFileError(ErrorCode.UNREADABLE_FILE, f"{path}: cannot be read ({exc})") from None
     if head.startswith(SQLITE_MAGIC):
         return "sqlite"
     if head.startswith(GZIP_MAGIC):
@@ -87,12 +87,16 @@ def detect(path: str | os.PathLike[str]) -> Detected:
     """What `path` holds. Raises a one-line error naming the path when it is nothing ppscope reads."""
     p = Path(path)
     if not p.exists():
-        raise RunNotFoundError(f"{p} does not exist: give a run directory, an nsys .sqlite or a Kineto trace")
+        raise RunNotFoundError(
+            ErrorCode.RUN_NOT_FOUND, f"{p} does not exist: give a run directory, an nsys .sqlite or a Kineto trace"
+        )
     if p.is_dir():
         return _detect_dir(p)
     kind = sniff_file(p)
     if not kind and p.stat().st_size == 0:
-        raise CorruptFileError(f"{p} is empty (0 bytes): give a trace the profiler finished writing")
+        raise CorruptFileError(
+            ErrorCode.EMPTY_FILE, f"{p} is empty (0 bytes): give a trace the profiler finished writing"
+        )
     if kind == "sqlite":
         return Detected(InputKind.NSYS, p, [p])
     if kind == "json" and is_primus_dump(p):
@@ -100,8 +104,9 @@ def detect(path: str | os.PathLike[str]) -> Detected:
     if kind in ("gzip", "json"):
         return Detected(InputKind.TIMERS if is_timer_trace(p) else InputKind.KINETO, p, [p])
     raise UnsupportedInputError(
+        ErrorCode.NOT_A_TRACE,
         f"{p} is not a trace ppscope reads: it is not SQLite (nsys export), gzip or JSON (Kineto); "
-        "give a run directory, an `nsys export --type sqlite` file or a PyTorch profiler trace"
+        "give a run directory, an `nsys export --type sqlite` file or a PyTorch profiler trace",
     )
 
 
@@ -158,14 +163,17 @@ def _detect_dir(p: Path) -> Detected:
     if len(nsys) == 1:
         return Detected(InputKind.NSYS, nsys[0], nsys)
     if not any(p.iterdir()):
-        raise RunNotFoundError(f"{p} is empty: it holds no run and no trace files")
+        raise RunNotFoundError(ErrorCode.RUN_EMPTY, f"{p} is empty: it holds no run and no trace files")
     runs = sorted(d.name for d in p.iterdir() if d.is_dir() and (d / _RUN_META).is_file())
     if runs:  # e.g. the folder of `ppscope tune` or `ppscope demo`, which holds a run before and one after
         listed = ", ".join(runs[:4]) + (f" and {len(runs) - 4} more" if len(runs) > 4 else "")
-        raise UnsupportedInputError(f"{p} is a folder of runs ({listed}): give one of them, e.g. {p / runs[0]}")
+        raise UnsupportedInputError(
+            ErrorCode.FOLDER_OF_RUNS, f"{p} is a folder of runs ({listed}): give one of them, e.g. {p / runs[0]}"
+        )
     raise UnsupportedInputError(
+        ErrorCode.NO_TRACES,
         f"{p} holds no traces: no {_RUN_META} (ppscope run), no Kineto JSON/JSON.gz files"
-        + (f", and {len(nsys)} SQLite files (give one nsys export at a time)" if nsys else ", no nsys .sqlite")
+        + (f", and {len(nsys)} SQLite files (give one nsys export at a time)" if nsys else ", no nsys .sqlite"),
     )
 
 
@@ -173,7 +181,7 @@ def open_sqlite_ro(path: Path) -> sqlite3.Connection:
     """Open an SQLite file read-only (immutable: no journal, no lock files), or say why not."""
     if sniff_file(path) != "sqlite":
         raise UnsupportedInputError(
-            f"{path} is not an SQLite file, so not an nsys export (`nsys export --type sqlite`)"
+            ErrorCode.NOT_A_TRACE, f"{path} is not an SQLite file, so not an nsys export (`nsys export --type sqlite`)"
         )
     uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro&immutable=1"
     try:
@@ -181,5 +189,7 @@ def open_sqlite_ro(path: Path) -> sqlite3.Connection:
         db.execute("PRAGMA query_only=1")
         db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
     except (sqlite3.Error, UnicodeDecodeError) as exc:
-        raise CorruptFileError(f"{path}: cannot be opened as SQLite ({brief(exc)}); the file is damaged") from None
+        raise CorruptFileError(
+            ErrorCode.NOT_SQLITE, f"{path}: cannot be opened as SQLite ({brief(exc)}); the file is damaged"
+        ) from None
     return db

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 
 if TYPE_CHECKING:
     from ppscope.trace.model import Trace
@@ -34,7 +34,9 @@ def export_trace(trace: Trace, fmt: str, out: str | Path, *, force: bool = False
 
         export_nvtxt(trace, out, force=force)
         return out
-    raise InvalidConfigError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORT_FORMATS)}")
+    raise InvalidConfigError(
+        ErrorCode.UNKNOWN_CHOICE, f"unknown export format {fmt!r}; valid: {', '.join(EXPORT_FORMATS)}"
+    )
 
 
 def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, force: bool = False) -> Path:
@@ -60,4 +62,6 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, force: bool = 
 
         export_nvtxt_run(run_dir, out, force=force)
         return out
-    raise InvalidConfigError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORT_FORMATS)}")
+    raise InvalidConfigError(
+        ErrorCode.UNKNOWN_CHOICE, f"unknown export format {fmt!r}; valid: {', '.join(EXPORT_FORMATS)}"
+    )

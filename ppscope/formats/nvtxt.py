@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from ppscope import __version__
-from ppscope.errors import CorruptFileError
+from ppscope.errors import CorruptFileError, ErrorCode
 from ppscope.formats.nsys.writer import ppscope_message
 from ppscope.trace.model import SpanKind, Trace
 from ppscope.trace.outputs import atomic_folder
@@ -53,14 +53,14 @@ def export_nvtxt_run(run_dir: str | Path, out: str | Path, *, force: bool = Fals
     needs only its own spans. A damaged rank file is left out and named on stderr, as `load_run` does."""
     meta, files, notes = run_files(run_dir)
     written: list[Path] = []
-    damaged: dict[int, str] = {}
+    damaged: dict[int, CorruptFileError] = {}
     with atomic_folder(Path(out), force=force, replaceable=NVTXT_FILES) as tmp:
         for rank, spans, _ in each_rank(files, meta, damaged, notes):
             if len(spans):
                 (tmp / f"rank-{rank}.nvtxt").write_text(_rank_text(spans, meta.run_id, rank))
                 written.append(Path(out) / f"rank-{rank}.nvtxt")
         if damaged and len(damaged) == len(files):
-            raise CorruptFileError(next(iter(damaged.values())))
+            raise next(iter(damaged.values()))
     for note in notes + [damaged_note(r, why) for r, why in sorted(damaged.items())]:
         print(f"ppscope export: note: {note}", file=sys.stderr)
     return written
@@ -118,5 +118,7 @@ def read_nvtxt(path: str | Path) -> list[tuple[int, int, int, str]]:
         elif m := _MARK.match(line):
             out.append((thread, int(m.group(1)), int(m.group(1)), m.group(2).replace('\\"', '"')))
         else:
-            raise CorruptFileError(f"{path}:{lineno}: not an NVTXT line ppscope writes: {line[:60]!r}")
+            raise CorruptFileError(
+                ErrorCode.DAMAGED_FILE, f"{path}:{lineno}: not an NVTXT line ppscope writes: {line[:60]!r}"
+            )
     return out

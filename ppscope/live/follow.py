@@ -25,7 +25,7 @@ import pandas as pd
 
 from ppscope.analysis.analyzer import AnalysisConfig, analyze
 from ppscope.analysis.bubbles import ROLE_COMPUTE, span_roles
-from ppscope.errors import InvalidConfigError, PPScopeError, RunNotFoundError
+from ppscope.errors import ErrorCode, InvalidConfigError, PPScopeError, RunNotFoundError
 from ppscope.live.metrics import (
     Snapshot,
     Totals,
@@ -47,7 +47,9 @@ class RunFollower:
 
     def __init__(self, run_dir: str | os.PathLike[str], *, window_s: float) -> None:
         if not (math.isfinite(window_s) and window_s > 0):
-            raise InvalidConfigError(f"the window must be a positive number of seconds, got {window_s}")
+            raise InvalidConfigError(
+                ErrorCode.BAD_VALUE, f"the window must be a positive number of seconds, got {window_s}"
+            )
         self.run_dir = Path(run_dir)
         self.window_ns = max(1, round(window_s * 1e9))
         self._reset()

@@ -20,7 +20,7 @@ import pandas as pd
 from ppscope.analysis.pipeline import message_latencies
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.measured.fit import fit_layer_costs
-from ppscope.errors import UnsupportedInputError
+from ppscope.errors import ErrorCode, UnsupportedInputError
 from ppscope.simulate.simulator import CommModel, SimConfig, simulate
 from ppscope.trace.model import SpanKind, Trace
 from ppscope.trace.schedules import Schedule
@@ -38,7 +38,8 @@ def replay_config(trace: Trace, *, phase: str = "all", costs: LayerCosts | None 
     meta = trace.meta
     if meta.schedule not in Schedule.of_inference():
         raise UnsupportedInputError(
-            f"the run's schedule is {meta.schedule or 'unknown'!r}: only gpipe, interleaved and serve runs replay"
+            ErrorCode.UNSUPPORTED_SCHEDULE,
+            f"the run's schedule is {meta.schedule or 'unknown'!r}: only gpipe, interleaved and serve runs replay",
         )
     spans = trace.spans
     meta.require_every_rank(spans["rank"].unique(), "a replay needs every stage's costs")
@@ -96,7 +97,9 @@ def makespan_ns(trace: Trace) -> int:
         return int(req["finish_ns"].max()) - first
     comp = trace.spans[trace.spans["lane"] == "compute"]
     if comp.empty:
-        raise UnsupportedInputError("the trace has no compute spans and no finished requests: nothing to time")
+        raise UnsupportedInputError(
+            ErrorCode.NO_SPANS, "the trace has no compute spans and no finished requests: nothing to time"
+        )
     return int(comp["end_ns"].max() - comp["start_ns"].min())
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.actions import Action, ActionType
 from ppscope.trace.schedules import Schedule
 
@@ -95,16 +95,19 @@ class ServePolicy:
     def __post_init__(self) -> None:
         if self.max_inflight < 1 or self.max_batch < 1:
             raise InvalidConfigError(
-                f"serve needs max_inflight >= 1 and max_batch >= 1, got {self.max_inflight} and {self.max_batch}"
+                ErrorCode.BAD_VALUE,
+                f"serve needs max_inflight >= 1 and max_batch >= 1, got {self.max_inflight} and {self.max_batch}",
             )
         if self.admission != "fifo":
-            raise InvalidConfigError(f"unknown admission policy {self.admission!r}; valid: fifo")
+            raise InvalidConfigError(
+                ErrorCode.UNKNOWN_CHOICE, f"unknown admission policy {self.admission!r}; valid: fifo"
+            )
 
 
 def _check_sizes(ranks: int, microbatches: int, chunks: int, steps: int) -> None:
     for name, value in (("stages", ranks), ("micro-batches", microbatches), ("chunks", chunks), ("steps", steps)):
         if value < 1:
-            raise InvalidConfigError(f"a schedule needs at least 1 of {name}, got {value}")
+            raise InvalidConfigError(ErrorCode.BAD_VALUE, f"a schedule needs at least 1 of {name}, got {value}")
 
 
 def gpipe(ranks: int, microbatches: int, steps: int = 1) -> Plan:
@@ -156,7 +159,8 @@ def make_schedule(name: str, ranks: int, microbatches: int, chunks: int = 1, ste
     if name == Schedule.GPIPE:
         if chunks != 1:
             raise InvalidConfigError(
-                f"gpipe runs one chunk per rank, got --chunks {chunks}: use --schedule interleaved"
+                ErrorCode.CONFLICTING_OPTIONS,
+                f"gpipe runs one chunk per rank, got --chunks {chunks}: use --schedule interleaved",
             )
         return gpipe(ranks, microbatches, steps)
     if name == Schedule.INTERLEAVED:
@@ -164,7 +168,7 @@ def make_schedule(name: str, ranks: int, microbatches: int, chunks: int = 1, ste
     if name == Schedule.SERVE:
         return serve(ranks, microbatches, steps)
     valid = ", ".join(Schedule.of_inference())
-    raise InvalidConfigError(f"unknown schedule {str(name)!r}; valid schedules: {valid}")
+    raise InvalidConfigError(ErrorCode.UNKNOWN_CHOICE, f"unknown schedule {str(name)!r}; valid schedules: {valid}")
 
 
 def dependencies(schedule: Plan, action: Action) -> list[Action]:
@@ -216,7 +220,9 @@ def unit_grid(schedule: Plan) -> list[list[Action | None]]:
                 for r in range(schedule.ranks)
                 if pos[r] < len(schedule.actions[r])
             )
-            raise InvalidConfigError(f"schedule {schedule.name} deadlocks: nothing can run ({stuck})")
+            raise InvalidConfigError(
+                ErrorCode.SCHEDULE_DEADLOCK, f"schedule {schedule.name} deadlocks: nothing can run ({stuck})"
+            )
         t += 1
     width = max((len(row) for row in grid), default=0)
     for row in grid:
@@ -238,20 +244,25 @@ def check_schedule(schedule: Plan) -> None:
     on the rank that holds that stage, and never runs a micro-batch on stage s+1 before stage s."""
     if len(schedule.actions) != schedule.ranks:
         raise InvalidConfigError(
-            f"schedule {schedule.name} has {len(schedule.actions)} rank lists for {schedule.ranks} ranks"
+            ErrorCode.BAD_SCHEDULE,
+            f"schedule {schedule.name} has {len(schedule.actions)} rank lists for {schedule.ranks} ranks",
         )
     seen: set[tuple[int, int, int]] = set()
     for r, acts in enumerate(schedule.actions):
         for a in acts:
             if schedule.rank_of(a.stage) != r:
-                raise InvalidConfigError(f"schedule {schedule.name}: action {a} placed on rank {r}")
+                raise InvalidConfigError(
+                    ErrorCode.BAD_SCHEDULE, f"schedule {schedule.name}: action {a} placed on rank {r}"
+                )
             key = (a.stage, a.mb, a.step)
             if key in seen:
-                raise InvalidConfigError(f"schedule {schedule.name}: action {a} appears twice")
+                raise InvalidConfigError(ErrorCode.BAD_SCHEDULE, f"schedule {schedule.name}: action {a} appears twice")
             seen.add(key)
     expected = schedule.virtual_stages * schedule.microbatches * schedule.steps
     if len(seen) != expected:
-        raise InvalidConfigError(f"schedule {schedule.name} has {len(seen)} distinct actions, expected {expected}")
+        raise InvalidConfigError(
+            ErrorCode.BAD_SCHEDULE, f"schedule {schedule.name} has {len(seen)} distinct actions, expected {expected}"
+        )
     finish: dict[Action, int] = {}
     for row in unit_grid(schedule):
         for t, cell in enumerate(row):
@@ -260,4 +271,6 @@ def check_schedule(schedule: Plan) -> None:
     for act, end in finish.items():
         for dep in dependencies(schedule, act):
             if finish[dep] > end - 1:
-                raise InvalidConfigError(f"schedule {schedule.name}: {act} runs before {dep} has finished")
+                raise InvalidConfigError(
+                    ErrorCode.BAD_SCHEDULE, f"schedule {schedule.name}: {act} runs before {dep} has finished"
+                )

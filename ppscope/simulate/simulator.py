@@ -26,7 +26,7 @@ import numpy as np
 from ppscope.analysis import analyze
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.split import stage_layer_ranges, validate_split, vllm_default_split
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.simulate.schedule import dependencies, make_schedule
 from ppscope.trace.actions import Action
 from ppscope.trace.model import SPAN_COLUMNS, Phase, RankInfo, RunMeta, SpanKind, Trace, requests_frame
@@ -54,7 +54,9 @@ class CommModel:
         for name in ("latency_us", "bandwidth_gb_per_s", "activation_bytes", "token_bytes"):
             value = getattr(self, name)
             if not np.isfinite(value) or value < 0:
-                raise InvalidConfigError(f"comm model: {name} must be a finite number >= 0, got {value!r}")
+                raise InvalidConfigError(
+                    ErrorCode.BAD_VALUE, f"comm model: {name} must be a finite number >= 0, got {value!r}"
+                )
 
     def transfer_ns(self, nbytes: int) -> int:
         wire = nbytes / self.bandwidth_gb_per_s if self.bandwidth_gb_per_s > 0 else 0.0  # ns: bytes ÷ (GB/s)
@@ -88,21 +90,28 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         if self.stages < 1 or self.microbatches < 1 or self.chunks < 1 or self.steps < 1:
-            raise InvalidConfigError("--stages, --microbatches, --chunks and --steps must each be >= 1")
+            raise InvalidConfigError(
+                ErrorCode.BAD_VALUE, "--stages, --microbatches, --chunks and --steps must each be >= 1"
+            )
         if self.schedule != Schedule.INTERLEAVED and self.chunks != 1:
-            raise InvalidConfigError(f"--chunks {self.chunks} needs --schedule interleaved")
+            raise InvalidConfigError(
+                ErrorCode.CONFLICTING_OPTIONS, f"--chunks {self.chunks} needs --schedule interleaved"
+            )
         virtual = self.stages * self.chunks
         if self.costs.layers < virtual:
             raise InvalidConfigError(
+                ErrorCode.TOO_FEW_LAYERS,
                 f"{self.costs.layers} layers cannot fill {virtual} virtual stages ({self.stages} ranks x "
-                f"{self.chunks} chunks): use fewer stages or chunks"
+                f"{self.chunks} chunks): use fewer stages or chunks",
             )
         if self.split:
             validate_split(self.split, self.costs.layers, virtual)
         if self.speed and (len(self.speed) != self.stages or min(self.speed) <= 0):
-            raise InvalidConfigError(f"speed needs {self.stages} values > 0, got {list(self.speed)}")
+            raise InvalidConfigError(
+                ErrorCode.COUNT_MISMATCH, f"speed needs {self.stages} values > 0, got {list(self.speed)}"
+            )
         if not np.isfinite(self.overhead_ms) or self.overhead_ms < 0 or not self.prefill_factor > 0:
-            raise InvalidConfigError("overhead must be >= 0 ms and the prefill factor > 0")
+            raise InvalidConfigError(ErrorCode.BAD_VALUE, "overhead must be >= 0 ms and the prefill factor > 0")
 
     @property
     def resolved_split(self) -> tuple[int, ...]:
@@ -184,7 +193,9 @@ def simulate(cfg: SimConfig) -> Trace:
                 pos[r] += 1
                 progressed = True
         if not progressed:
-            raise InvalidConfigError(f"schedule {plan.name} deadlocks in the simulator (a schedule bug)")
+            raise InvalidConfigError(
+                ErrorCode.SCHEDULE_DEADLOCK, f"schedule {plan.name} deadlocks in the simulator (a schedule bug)"
+            )
     meta = _meta(cfg, plan.virtual_stages)
     trace = Trace.from_records(rows, meta=meta).sorted()
     trace.requests = requests_frame(

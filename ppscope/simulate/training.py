@@ -30,7 +30,7 @@ import pandas as pd
 from ppscope.analysis.pipeline import message_latencies
 from ppscope.analysis.result import TrainingReplay
 from ppscope.balance.measured.training import is_training
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.actions import PASSES, Action, ActionType
 from ppscope.trace.model import COMPUTE_KINDS, RankInfo, RunMeta, SpanKind, Trace, spans_frame
 from ppscope.trace.notices import missing_ranks
@@ -107,29 +107,36 @@ def replay_order(
     line, when the order cannot run (an action whose input is in no rank's order, a stage on two ranks, two
     ranks waiting for each other)."""
     if hop_ns < 0:
-        raise InvalidConfigError(f"the hop latency must be >= 0 ns, got {hop_ns}")
+        raise InvalidConfigError(ErrorCode.BAD_VALUE, f"the hop latency must be >= 0 ns, got {hop_ns}")
     rank_of: dict[int, int] = {}
     present: set[Action] = set()
     for r, acts in order.items():
         for a in acts:
             if a.type not in PASSES or a.stage < 0 or a.mb < 0:
-                raise InvalidConfigError(f"rank {r}: {a} is no compute action (F, B, I or W of a stage on a mb)")
+                raise InvalidConfigError(
+                    ErrorCode.BAD_SCHEDULE, f"rank {r}: {a} is no compute action (F, B, I or W of a stage on a mb)"
+                )
             if rank_of.setdefault(a.stage, r) != r:
-                raise InvalidConfigError(f"stage {a.stage} runs on ranks {rank_of[a.stage]} and {r}: one rank each")
+                raise InvalidConfigError(
+                    ErrorCode.BAD_SCHEDULE, f"stage {a.stage} runs on ranks {rank_of[a.stage]} and {r}: one rank each"
+                )
             if a in present:
-                raise InvalidConfigError(f"rank {r} runs {a} twice in one step")
+                raise InvalidConfigError(ErrorCode.BAD_SCHEDULE, f"rank {r} runs {a} twice in one step")
             present.add(a)
             if (a.stage, a.type) not in cost_ns or cost_ns[(a.stage, a.type)] < 0:
-                raise InvalidConfigError(f"no cost (>= 0 ns) for action type {a.type} of stage {a.stage}")
+                raise InvalidConfigError(
+                    ErrorCode.MISSING_OPTION, f"no cost (>= 0 ns) for action type {a.type} of stage {a.stage}"
+                )
     if not present:
-        raise InvalidConfigError("the step has no compute actions to replay")
+        raise InvalidConfigError(ErrorCode.NO_COMPUTE, "the step has no compute actions to replay")
     last = max(rank_of)
     deps = {a: _dependencies(a, present, last) for a in present}
     for a, ds in deps.items():
         for d in ds:
             if d not in present:
                 raise InvalidConfigError(
-                    f"{a} needs {d}, which no rank runs in this step (a step cut short, or a rank missing)"
+                    ErrorCode.BAD_SCHEDULE,
+                    f"{a} needs {d}, which no rank runs in this step (a step cut short, or a rank missing)",
                 )
     end: dict[Action, int] = {}
     free = dict.fromkeys(order, 0)
@@ -158,12 +165,14 @@ def replay_order(
             f"rank {r} at {a} (needs {' and '.join(str(d) for d in deps[a] if d not in end)})"
             for r, a in sorted(stuck.items())
         )
-        raise InvalidConfigError(f"the ranks' orders cannot run together: {waits}")
+        raise InvalidConfigError(ErrorCode.SCHEDULE_DEADLOCK, f"the ranks' orders cannot run together: {waits}")
     busy = {r: sum(t.end_ns - t.start_ns for t in timed if t.rank == r) for r in order}
     start_ns = min(t.start_ns for t in timed)
     end_ns = max(t.end_ns for t in timed)
     if end_ns <= start_ns:
-        raise InvalidConfigError("every action of the step costs 0 ns: there is no window to take a ratio over")
+        raise InvalidConfigError(
+            ErrorCode.NO_COMPUTE, "every action of the step costs 0 ns: there is no window to take a ratio over"
+        )
     return ReplayedStep(timed, busy, start_ns, end_ns)
 
 

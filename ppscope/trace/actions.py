@@ -19,7 +19,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -153,13 +153,16 @@ class Action:
         if paired:
             parts = tuple(cls.parse(p) for p in paired.group(1).split(";") if p.strip())
             if not parts or not all(p.type in PASSES for p in parts):
-                raise InvalidConfigError(f"action {text!r}: an OVERLAP_F_B pairs compute actions (F, B, I, W)")
+                raise InvalidConfigError(
+                    ErrorCode.BAD_ACTION, f"action {text!r}: an OVERLAP_F_B pairs compute actions (F, B, I, W)"
+                )
             return cls(-1, ActionType.OVERLAP_F_B, parts=parts)
         m = _ONE.fullmatch(body)
         if m is None:
             raise InvalidConfigError(
+                ErrorCode.BAD_ACTION,
                 f"action {text!r} is not of the form <stage><type><mb>[@<step>], e.g. 2F0 "
-                f"(types: {', '.join(t.value for t in ActionType)})"
+                f"(types: {', '.join(t.value for t in ActionType)})",
             )
         stage, kind, mb, step = m.groups()
         return cls(int(stage) if stage else -1, ActionType(kind), int(mb) if mb else -1, int(step or 0))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError
+from ppscope.errors import CorruptFileError, ErrorCode
 from ppscope.trace.model import COUNTER_COLUMNS, RunMeta, counters_frame
 from ppscope.trace.notices import Notice, NoticeCode
 from ppscope.trace.rankfile import UNSHIFTABLE, connect_ro, query, to_common, unshiftable
@@ -49,7 +49,9 @@ def read_rank_counters(path: Path, meta: RunMeta) -> pd.DataFrame:
         if not tables:
             return counters_frame()
         if "counters" not in tables:
-            raise CorruptFileError(f"{path} is an SQLite file but not a ppscope rank file (no counters table)")
+            raise CorruptFileError(
+                ErrorCode.NOT_A_RANK_FILE, f"{path} is an SQLite file but not a ppscope rank file (no counters table)"
+            )
         rows = query(db, path, f"SELECT {', '.join(_COLS)} FROM counters ORDER BY id")
     finally:
         db.close()
@@ -59,5 +61,5 @@ def read_rank_counters(path: Path, meta: RunMeta) -> pd.DataFrame:
         frame = counters_frame(pd.DataFrame(rows, columns=_COLS))
     except (ValueError, TypeError, OverflowError) as exc:  # SQLite stores any type in any column
         why = f"a counter holds a value of the wrong type ({exc})"
-        raise CorruptFileError(f"{path}: {why}; the file is damaged") from None
+        raise CorruptFileError(ErrorCode.DAMAGED_FILE, f"{path}: {why}; the file is damaged") from None
     return common_counters(frame, meta)[0]

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError, IncompleteRunError, InvalidSpanError, SchemaVersionError
+from ppscope.errors import CorruptFileError, ErrorCode, IncompleteRunError, InvalidSpanError, SchemaVersionError
 from ppscope.trace.actions import Phase
 from ppscope.trace.notices import Notice, missing_ranks
 from ppscope.trace.schemaframe import schema_frame
@@ -178,8 +178,9 @@ def spans_frame(data: Mapping[str, Any] | pd.DataFrame | None = None, *, validat
         if bad.any():
             row = df[bad].iloc[0]
             raise InvalidSpanError(
+                ErrorCode.SPAN_REVERSED,
                 f"{int(bad.sum())} span(s) end before they start, e.g. {row['kind']} on rank {row['rank']}: "
-                f"start_ns={row['start_ns']} end_ns={row['end_ns']}"
+                f"start_ns={row['start_ns']} end_ns={row['end_ns']}",
             )
     return df
 
@@ -308,7 +309,7 @@ class RunMeta:
         """Raise IncompleteRunError naming the missing ranks (`notices.missing_ranks`) and what `needs` them."""
         missing = self.ranks_missing(recorded)
         if missing:
-            raise IncompleteRunError(f"{missing_ranks(missing, self.world_size)}: {needs}")
+            raise IncompleteRunError(ErrorCode.MISSING_RANKS, f"{missing_ranks(missing, self.world_size)}: {needs}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -319,14 +320,19 @@ class RunMeta:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "metadata") -> RunMeta:
         if not isinstance(data, Mapping):
-            raise CorruptFileError(f"{where}: expected a JSON object, found {type(data).__name__}")
+            raise CorruptFileError(
+                ErrorCode.BAD_METADATA, f"{where}: expected a JSON object, found {type(data).__name__}"
+            )
         version = data.get("schema_version", SCHEMA_VERSION)
         if not isinstance(version, int):
-            raise CorruptFileError(f"{where}: schema_version must be an integer, found {version!r}")
+            raise CorruptFileError(
+                ErrorCode.BAD_METADATA, f"{where}: schema_version must be an integer, found {version!r}"
+            )
         if version > SCHEMA_VERSION:
             raise SchemaVersionError(
+                ErrorCode.SCHEMA_TOO_NEW,
                 f"{where} was written with trace schema {version}, newer than this ppscope's {SCHEMA_VERSION}: "
-                "upgrade ppscope (pip install -U ppscope) to read it"
+                "upgrade ppscope (pip install -U ppscope) to read it",
             )
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
@@ -334,7 +340,7 @@ class RunMeta:
             ranks = [_rank_info(r) for r in kwargs.pop("ranks", [])]
             meta = cls(**kwargs, ranks=ranks)
         except (TypeError, ValueError, AttributeError) as exc:
-            raise CorruptFileError(f"{where}: malformed metadata ({exc})") from None
+            raise CorruptFileError(ErrorCode.BAD_METADATA, f"{where}: malformed metadata ({exc})") from None
         _check_types(meta, where)
         return meta
 
@@ -343,7 +349,7 @@ class RunMeta:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise CorruptFileError(f"{where} is not valid JSON ({exc})") from None
+            raise CorruptFileError(ErrorCode.NOT_JSON, f"{where} is not valid JSON ({exc})") from None
         return cls.from_dict(data, where=where)
 
 
@@ -385,36 +391,53 @@ def _check_types(meta: RunMeta, where: str) -> None:
     for name, typ in _FIELD_TYPES.items():
         value = getattr(meta, name)
         if not isinstance(value, typ) or (isinstance(value, bool) and typ is int):
-            raise CorruptFileError(f"{where}: field {name!r} has the wrong type ({type(value).__name__})")
+            raise CorruptFileError(
+                ErrorCode.BAD_METADATA, f"{where}: field {name!r} has the wrong type ({type(value).__name__})"
+            )
     wide = [n for n, t in _FIELD_TYPES.items() if t is int and not -(1 << 63) <= getattr(meta, n) < 1 << 63]
     wide += [n for n in ("world_size", "pp_size") if not 0 <= getattr(meta, n) < 1 << 31]
     if wide:
-        raise CorruptFileError(f"{where}: field {wide[0]!r} is out of range ({getattr(meta, wide[0])})")
+        raise CorruptFileError(
+            ErrorCode.BAD_METADATA, f"{where}: field {wide[0]!r} is out of range ({getattr(meta, wide[0])})"
+        )
     if not all(isinstance(n, int) for n in meta.split):
-        raise CorruptFileError(f"{where}: split must be a list of integers, found {meta.split!r}")
+        raise CorruptFileError(
+            ErrorCode.BAD_METADATA, f"{where}: split must be a list of integers, found {meta.split!r}"
+        )
     for info in meta.ranks:
         values = (info.rank, info.stage, info.replica, info.pid, info.clock.offset_ns, info.clock.uncertainty_ns)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             raise CorruptFileError(
+                ErrorCode.BAD_METADATA,
                 f"{where}: rank entries need integer rank, stage, replica, pid, clock.offset_ns and "
-                "clock.uncertainty_ns"
+                "clock.uncertainty_ns",
             )
         if not all(isinstance(v, str) for v in (info.host, info.device, info.clock.method, info.counters)):
-            raise CorruptFileError(f"{where}: rank entries need text host, device, counters and clock.method")
+            raise CorruptFileError(
+                ErrorCode.BAD_METADATA, f"{where}: rank entries need text host, device, counters and clock.method"
+            )
         limits = ((info.rank, 1 << 31), (info.stage, 1 << 31), (info.replica, 1 << 31), (info.clock.offset_ns, 1 << 62))
         if not all(-limit < v < limit for v, limit in (*limits, (info.clock.uncertainty_ns, 1 << 62))):
-            raise CorruptFileError(f"{where}: rank {info.rank}: rank, stage or clock offset out of range")
+            raise CorruptFileError(
+                ErrorCode.BAD_METADATA, f"{where}: rank {info.rank}: rank, stage or clock offset out of range"
+            )
         _check_numbers(info, where)
 
 
 def _check_numbers(info: RankInfo, where: str) -> None:
     at, drift, mhz = info.clock.at_ns, info.clock.drift_ppm, info.sm_clock_mhz
     if not isinstance(mhz, (int, float)) or isinstance(mhz, bool) or not 0 <= mhz < 1e6:
-        raise CorruptFileError(f"{where}: rank {info.rank}: sm_clock_mhz must be a number from 0 to 1e6")
+        raise CorruptFileError(
+            ErrorCode.BAD_METADATA, f"{where}: rank {info.rank}: sm_clock_mhz must be a number from 0 to 1e6"
+        )
     if not isinstance(at, int) or isinstance(at, bool) or not -(1 << 62) < at < 1 << 62:
-        raise CorruptFileError(f"{where}: rank {info.rank}: clock.at_ns must be an integer in range")
+        raise CorruptFileError(
+            ErrorCode.BAD_METADATA, f"{where}: rank {info.rank}: clock.at_ns must be an integer in range"
+        )
     if not isinstance(drift, (int, float)) or isinstance(drift, bool) or not -1e5 < drift < 1e5:
-        raise CorruptFileError(f"{where}: rank {info.rank}: clock.drift_ppm must be a number under 1e5 in size")
+        raise CorruptFileError(
+            ErrorCode.BAD_METADATA, f"{where}: rank {info.rank}: clock.drift_ppm must be a number under 1e5 in size"
+        )
 
 
 @dataclass
@@ -500,7 +523,9 @@ def _span_row(row: Sequence[Any] | Mapping[str, Any]) -> tuple[Any, ...]:
         return tuple(row)
     unknown = set(row) - set(SPAN_COLUMNS)
     if unknown:
-        raise InvalidSpanError(f"unknown span field(s) {sorted(unknown)}; valid: {list(SPAN_COLUMNS)}")
+        raise InvalidSpanError(
+            ErrorCode.UNKNOWN_SPAN_FIELD, f"unknown span field(s) {sorted(unknown)}; valid: {list(SPAN_COLUMNS)}"
+        )
     merged = {**_SPAN_DEFAULTS, **row}
     if not merged["lane"]:
         merged["lane"] = lane_of(str(merged["kind"]))

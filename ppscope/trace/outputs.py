@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
-from ppscope.errors import InvalidConfigError, RunExistsError
+from ppscope.errors import ErrorCode, InvalidConfigError, RunExistsError
 from ppscope.trace.store import check_new_run_dir, check_outside_runs
 
 __all__ = ["OutputKind", "atomic_file", "atomic_folder", "check_output"]
@@ -53,11 +53,12 @@ def check_output(
     always names a file."""
     if isinstance(path, str) and path == "-":
         raise InvalidConfigError(
+            ErrorCode.OUTPUT_NOT_WRITABLE,
             f"{option} -: ppscope writes no results to standard output (it carries the report); give a path "
-            "(./- for one named '-')"
+            "(./- for one named '-')",
         )
     if not str(path).strip():
-        raise InvalidConfigError(f"{option} is empty: give a path")
+        raise InvalidConfigError(ErrorCode.OUTPUT_PATH_EMPTY, f"{option} is empty: give a path")
     out = Path(path)
     _check_outside_inputs(out, option, inputs)
     if kind == "run":  # a new run directory: `check_new_run_dir` refuses one inside a run, and a run itself
@@ -80,7 +81,10 @@ def _check_outside_inputs(out: Path, option: str, inputs: Sequence[PathLike]) ->
     for given in inputs:
         source = Path(given).resolve()
         if target == source or source in target.parents:
-            raise InvalidConfigError(f"{option} {out} would write into the input {given}: give a path outside it")
+            raise InvalidConfigError(
+                ErrorCode.OUTPUT_INTO_INPUT,
+                f"{option} {out} would write into the input {given}: give a path outside it",
+            )
 
 
 def _check_run_place(out: Path, option: str, *, new: bool) -> None:
@@ -89,49 +93,63 @@ def _check_run_place(out: Path, option: str, *, new: bool) -> None:
     if new:
         check_new_run_dir(out)
     elif out.exists() and not out.is_dir():
-        raise RunExistsError(f"{out} exists and is not a folder: choose another {option}")
+        raise RunExistsError(ErrorCode.OUTPUT_WRONG_KIND, f"{out} exists and is not a folder: choose another {option}")
 
 
 def _check_folder(out: Path, option: str) -> None:
     """The folder an output goes into must exist and be writable: ppscope creates no folders but runs'."""
     folder = out.parent
     if not folder.exists():
-        raise InvalidConfigError(f"{option}: cannot write {out}: folder {folder} does not exist: create it first")
+        raise InvalidConfigError(
+            ErrorCode.OUTPUT_NOT_WRITABLE,
+            f"{option}: cannot write {out}: folder {folder} does not exist: create it first",
+        )
     if not folder.is_dir():
-        raise InvalidConfigError(f"{option}: cannot write {out}: {folder} is a file, not a folder")
+        raise InvalidConfigError(
+            ErrorCode.OUTPUT_NOT_WRITABLE, f"{option}: cannot write {out}: {folder} is a file, not a folder"
+        )
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise InvalidConfigError(f"{option}: cannot write {out}: folder {folder} is not writable")
+        raise InvalidConfigError(
+            ErrorCode.OUTPUT_NOT_WRITABLE, f"{option}: cannot write {out}: folder {folder} is not writable"
+        )
 
 
 def _check_file(out: Path, option: str, force: bool) -> None:
     if out.is_dir():
-        raise RunExistsError(f"{out} is a folder: give a file name for {option}")
+        raise RunExistsError(ErrorCode.OUTPUT_WRONG_KIND, f"{out} is a folder: give a file name for {option}")
     if (out.exists() or out.is_symlink()) and not force:
         raise _exists(out, option)
 
 
 def _exists(out: Path, option: str) -> RunExistsError:
-    return RunExistsError(f"{out} already exists: choose another {option} or pass --force to replace it")
+    return RunExistsError(
+        ErrorCode.RUN_EXISTS, f"{out} already exists: choose another {option} or pass --force to replace it"
+    )
 
 
 def _check_folder_output(out: Path, option: str, force: bool, replaceable: str) -> None:
     if out.exists() and not out.is_dir():
-        raise RunExistsError(f"{out} is a file: {option} names a folder here (one file per rank)")
+        raise RunExistsError(
+            ErrorCode.OUTPUT_WRONG_KIND, f"{out} is a file: {option} names a folder here (one file per rank)"
+        )
     if not out.is_dir() or not any(out.iterdir()):
         return
     if not force:
-        raise RunExistsError(f"{out} already holds files: choose another {option} or pass --force to replace it")
+        raise RunExistsError(
+            ErrorCode.RUN_EXISTS, f"{out} already holds files: choose another {option} or pass --force to replace it"
+        )
     others = sorted(p.name for p in out.iterdir() if not (p.is_file() and p.match(replaceable)))
     if others:
         raise RunExistsError(
+            ErrorCode.OUTPUT_HOLDS_OTHER_FILES,
             f"{out} holds {others[0]}{f' and {len(others) - 1} more' if len(others) > 1 else ''}, not only "
-            f"{replaceable} files: --force replaces an earlier export only; choose another {option}"
+            f"{replaceable} files: --force replaces an earlier export only; choose another {option}",
         )
 
 
 def _cannot_write(option: str, out: Path, exc: OSError) -> InvalidConfigError:
     reason = exc.strerror or str(exc)
-    return InvalidConfigError(f"{option}: cannot write {out}: {reason}")
+    return InvalidConfigError(ErrorCode.OUTPUT_NOT_WRITABLE, f"{option}: cannot write {out}: {reason}")
 
 
 def _temp_name(out: Path) -> Path:

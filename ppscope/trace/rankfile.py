@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError, SchemaVersionError, brief
+from ppscope.errors import CorruptFileError, ErrorCode, SchemaVersionError, brief
+from ppscope.failures import FailureCode, RankError
 from ppscope.trace.clock import offsets_at
 from ppscope.trace.model import (
     COUNTER_COLUMNS,
@@ -62,17 +63,19 @@ def connect_ro(path: Path) -> sqlite3.Connection:
         with open(path, "rb") as f:
             head = f.read(len(_SQLITE_MAGIC))
     except OSError as exc:
-        raise CorruptFileError(f"{path}: cannot be read ({exc})") from None
+        raise CorruptFileError(ErrorCode.UNREADABLE_FILE, f"{path}: cannot be read ({exc})") from None
     wal = path.with_name(path.name + "-wal")
     if head != _SQLITE_MAGIC and not (not head and wal.exists()):
-        raise CorruptFileError(f"{path} is not an SQLite file (truncated or overwritten); remove it to load the rest")
+        raise CorruptFileError(
+            ErrorCode.NOT_SQLITE, f"{path} is not an SQLite file (truncated or overwritten); remove it to load the rest"
+        )
     uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
     try:
         db = sqlite3.connect(uri, uri=True, check_same_thread=False)
         db.execute("PRAGMA query_only=1")
         return db
     except sqlite3.Error as exc:
-        raise CorruptFileError(f"{path}: cannot be opened as SQLite ({brief(exc)})") from None
+        raise CorruptFileError(ErrorCode.NOT_SQLITE, f"{path}: cannot be opened as SQLite ({brief(exc)})") from None
 
 
 def query(db: sqlite3.Connection, path: Path, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -80,7 +83,7 @@ def query(db: sqlite3.Connection, path: Path, sql: str, args: Sequence[Any] = ()
         return db.execute(sql, args).fetchall()
     except (sqlite3.Error, UnicodeDecodeError) as exc:  # text cells that are not UTF-8 fail as they are fetched
         raise CorruptFileError(
-            f"{path}: unreadable ({brief(exc)}); the file is damaged or not a ppscope rank file"
+            ErrorCode.DAMAGED_FILE, f"{path}: unreadable ({brief(exc)}); the file is damaged or not a ppscope rank file"
         ) from None
 
 
@@ -90,12 +93,14 @@ def _check_rank_schema(db: sqlite3.Connection, path: Path) -> None:
         version = int(json.loads(rows[0][0])) if rows else SCHEMA_VERSION
     except (ValueError, TypeError, OverflowError, RecursionError):  # not JSON, not a number, a blob, too deep
         raise CorruptFileError(
-            f"{path}: its schema_version {rows[0][0]!r:.40} is not a number; the file is damaged"
+            ErrorCode.DAMAGED_FILE,
+            f"{path}: its schema_version {rows[0][0]!r:.40} is not a number; the file is damaged",
         ) from None
     if version > SCHEMA_VERSION:
         raise SchemaVersionError(
+            ErrorCode.SCHEMA_TOO_NEW,
             f"{path} was written with trace schema {version}, newer than this ppscope's {SCHEMA_VERSION}: "
-            "upgrade ppscope to read it"
+            "upgrade ppscope to read it",
         )
 
 
@@ -147,7 +152,8 @@ class RankFile:
     last_span: int = 0
     last_counter: int = 0
     counters: pd.DataFrame | None = None  # None: no new counter
-    error: str = ""  # the rank's own error, when it recorded one (info key `error`, under torchrun)
+    error: RankError | None = None  # the rank's own failure, when it recorded one (info keys `error` and
+    # `failure_code`, under torchrun)
 
 
 def _open_rank(path: Path, after_span: int, after_counter: int) -> RankFile | None:
@@ -160,8 +166,10 @@ def _open_rank(path: Path, after_span: int, after_counter: int) -> RankFile | No
             if not tables:
                 db.close()
                 return None
-            raise CorruptFileError(f"{path} is an SQLite file but not a ppscope rank file (no spans table)")
-        error = ""
+            raise CorruptFileError(
+                ErrorCode.NOT_A_RANK_FILE, f"{path} is an SQLite file but not a ppscope rank file (no spans table)"
+            )
+        error = None
         if "info" in tables:
             _check_rank_schema(db, path)
             error = _recorded_error(db)
@@ -176,13 +184,14 @@ def _open_rank(path: Path, after_span: int, after_counter: int) -> RankFile | No
         raise
 
 
-def _recorded_error(db: sqlite3.Connection) -> str:
-    """The text of a rank's recorded error (info key `error`, a JSON string), at most 500 characters. Only a
+def _recorded_error(db: sqlite3.Connection) -> RankError | None:
+    """A rank's recorded failure: the text of its error (info key `error`, a JSON string), at most 500
+    characters, and its code (`failure_code`; None in files of older versions, which recorded none). Only a
     message: one that cannot be read is said so, and never stops the read of the spans."""
     try:
         rows = db.execute("SELECT value FROM info WHERE key = 'error'").fetchall()
         if not rows:
-            return ""
+            return None
         raw = rows[0][0]
         try:
             value = json.loads(raw)
@@ -190,8 +199,19 @@ def _recorded_error(db: sqlite3.Connection) -> str:
             value = raw
         text = " ".join(str(value).split())
     except (sqlite3.Error, ValueError, RecursionError):
-        return "(its recorded error cannot be read: the file is damaged)"
-    return text if len(text) <= 500 else text[:499] + "…"
+        return RankError("(its recorded error cannot be read: the file is damaged)")
+    text = text if len(text) <= 500 else text[:499] + "…"
+    return RankError(text, _recorded_code(db)) if text else None
+
+
+def _recorded_code(db: sqlite3.Connection) -> FailureCode | None:
+    """The code a rank recorded beside its error; None when there is none (an older file) or it is unknown."""
+    try:
+        rows = db.execute("SELECT value FROM info WHERE key = 'failure_code'").fetchall()
+        value = json.loads(rows[0][0]) if rows else None
+    except (sqlite3.Error, TypeError, ValueError, RecursionError):
+        return None
+    return FailureCode(value) if value in set(FailureCode) else None
 
 
 def _read_rank(rf: RankFile, table: Table, pos: int) -> None:
@@ -211,7 +231,7 @@ def _read_rank(rf: RankFile, table: Table, pos: int) -> None:
         if rows:
             rf.counters = counters_frame(pd.DataFrame([r[1:] for r in rows], columns=_COUNTER_COLS))
     except (ValueError, TypeError, OverflowError) as exc:
-        raise CorruptFileError(_wrong_type(rf.path, exc)) from None
+        raise CorruptFileError(ErrorCode.DAMAGED_FILE, _wrong_type(rf.path, exc)) from None
     rf.last_counter = int(rows[-1][0]) if rows else rf.after_counter
 
 
@@ -229,7 +249,8 @@ def _read_chunks(rf: RankFile, table: Table, pos: int) -> bool:
             return False
         except sqlite3.Error as exc:
             raise CorruptFileError(
-                f"{path}: unreadable ({brief(exc)}); the file is damaged or not a ppscope rank file"
+                ErrorCode.DAMAGED_FILE,
+                f"{path}: unreadable ({brief(exc)}); the file is damaged or not a ppscope rank file",
             ) from None
         n, last_id, top = row[:3]
         if not n:  # a gap in the row ids (rows deleted): jump to the next one
@@ -263,11 +284,13 @@ def _read_rows(rf: RankFile, table: Table, pos: int) -> None:
         rf.db, rf.path, f"SELECT id, {', '.join(_SPAN_COLS)} FROM spans WHERE id > ? ORDER BY id", (rf.after_span,)
     )
     if len(rows) != rf.n_spans:
-        raise CorruptFileError(f"{rf.path}: counted {rf.n_spans} spans but read {len(rows)}; the file is damaged")
+        raise CorruptFileError(
+            ErrorCode.DAMAGED_FILE, f"{rf.path}: counted {rf.n_spans} spans but read {len(rows)}; the file is damaged"
+        )
     try:
         spans = spans_frame(pd.DataFrame(rows, columns=["id", *_SPAN_COLS]).drop(columns="id"), validate=False)
     except (ValueError, TypeError, OverflowError) as exc:  # SQLite stores any type in any column
-        raise CorruptFileError(_wrong_type(rf.path, exc)) from None
+        raise CorruptFileError(ErrorCode.DAMAGED_FILE, _wrong_type(rf.path, exc)) from None
     for c in _INT_COLS:
         table.ints[c][pos : pos + len(rows)] = spans[c].to_numpy()
     for c in _TEXT_COLS:
@@ -407,7 +430,7 @@ def read_p2p(path: Path, kinds: Sequence[str], peers: Sequence[int], meta: RunMe
         frame = pd.DataFrame(rows if cols is None else cols, columns=_P2P_COLS)
         frame = frame.astype({c: SPAN_COLUMNS[c] for c in _P2P_COLS})
     except (ValueError, TypeError, OverflowError) as exc:  # SQLite stores any type in any column
-        raise CorruptFileError(_wrong_type(path, exc)) from None
+        raise CorruptFileError(ErrorCode.DAMAGED_FILE, _wrong_type(path, exc)) from None
     rank = frame["rank"].to_numpy(np.int64)
     start, end = (frame[c].to_numpy(np.int64, copy=True) for c in ("start_ns", "end_ns"))  # moved in place
     keep = ~((end < start) | unshiftable(rank, meta, start, end))

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ppscope.errors import InvalidSpanError
+from ppscope.errors import ErrorCode, InvalidSpanError
 from ppscope.trace.model import SPAN_COLUMNS, SpanKind, lane_of
 
 if TYPE_CHECKING:
@@ -208,7 +208,9 @@ class Recorder:
         if not self.enabled:
             return _NULL_SPAN
         if kind not in _KINDS:
-            raise InvalidSpanError(f"unknown span kind {kind!r}; valid kinds: {sorted(_KINDS)}")
+            raise InvalidSpanError(
+                ErrorCode.UNKNOWN_SPAN_KIND, f"unknown span kind {kind!r}; valid kinds: {sorted(_KINDS)}"
+            )
         if stage is None:
             stage = self.stage
         attr = None
@@ -243,11 +245,14 @@ class Recorder:
         if not (self.enabled or (begun_recording and self._built[0])):
             return
         if kind not in _KINDS:
-            raise InvalidSpanError(f"unknown span kind {kind!r}; valid kinds: {sorted(_KINDS)}")
+            raise InvalidSpanError(
+                ErrorCode.UNKNOWN_SPAN_KIND, f"unknown span kind {kind!r}; valid kinds: {sorted(_KINDS)}"
+            )
         if end_ns < start_ns:
             raise InvalidSpanError(
+                ErrorCode.SPAN_REVERSED,
                 f"{kind} span on rank {self.rank} ends before it starts "
-                f"(start_ns={start_ns}, end_ns={end_ns}): pass the times in order"
+                f"(start_ns={start_ns}, end_ns={end_ns}): pass the times in order",
             )
         st = self.stage if stage is None else stage
         head = (self.rank, st, lane or _LANES[kind], kind, name or kind, mb, step, chunk, phase)

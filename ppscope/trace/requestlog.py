@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError
+from ppscope.errors import CorruptFileError, ErrorCode
 from ppscope.trace.model import REQUEST_COLUMNS, requests_frame
 
 __all__ = ["read_requests_after"]
@@ -33,10 +33,14 @@ def read_requests_after(req_path: Path, offset: int) -> tuple[pd.DataFrame, int]
             obj = json.loads(line)
             row = {c: int(obj.get(c, -1) if obj.get(c) is not None else -1) for c in REQUEST_COLUMNS}
         except (json.JSONDecodeError, TypeError, ValueError, AttributeError, OverflowError):
-            raise CorruptFileError(f"{req_path}: line {lineno} after byte {offset} is not a request record") from None
+            raise CorruptFileError(
+                ErrorCode.DAMAGED_FILE, f"{req_path}: line {lineno} after byte {offset} is not a request record"
+            ) from None
         wide = [c for c, v in row.items() if not _REQUEST_BOUNDS[c][0] <= v <= _REQUEST_BOUNDS[c][1]]
         if wide:
-            raise CorruptFileError(f"{req_path}: line {lineno} after byte {offset}: {wide[0]} is out of range")
+            raise CorruptFileError(
+                ErrorCode.DAMAGED_FILE, f"{req_path}: line {lineno} after byte {offset}: {wide[0]} is out of range"
+            )
         rows.append(row)
     frame = requests_frame(pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))) if rows else requests_frame()
     return frame, offset + end

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError
+from ppscope.errors import CorruptFileError, ErrorCode
 
 __all__ = ["schema_frame"]
 
@@ -29,7 +29,7 @@ def schema_frame(columns: Mapping[str, Any], data: Mapping[str, Any] | pd.DataFr
         return empty.copy(deep=False)
     missing = [c for c in columns if c not in data]
     if missing:
-        raise CorruptFileError(f"trace data lacks the column(s) {', '.join(missing)}")
+        raise CorruptFileError(ErrorCode.MISSING_COLUMNS, f"trace data lacks the column(s) {', '.join(missing)}")
     if not isinstance(data, pd.DataFrame) and all(isinstance(data[c], np.ndarray) for c in columns):
         return pd.DataFrame({c: _column(data[c], t) for c, t in columns.items()}, copy=False)
     df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(dict(data))

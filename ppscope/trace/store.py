@@ -17,15 +17,15 @@ import re
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from ppscope.errors import CorruptFileError, InvalidConfigError, RunExistsError, RunNotFoundError
-from ppscope.failures import recorded_failures
+from ppscope.errors import CorruptFileError, ErrorCode, InvalidConfigError, RunExistsError, RunNotFoundError
+from ppscope.failures import RankError, recorded_failures
 from ppscope.trace.counterfile import common_counters
 from ppscope.trace.model import COUNTER_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, RunMeta, Trace, counters_frame
 from ppscope.trace.notices import Notice, NoticeCode, missing_ranks
@@ -116,7 +116,8 @@ def create_run(run_dir: str | os.PathLike[str], meta: RunMeta) -> Path:
         write_meta(path, meta, exclusive=True)  # two runs started at once with one --out: one of them gets it
     except FileExistsError:
         raise RunExistsError(
-            f"{path} was just taken by another run; ppscope never overwrites a run: choose another --out"
+            ErrorCode.RUN_EXISTS,
+            f"{path} was just taken by another run; ppscope never overwrites a run: choose another --out",
         ) from None
     except OSError as exc:
         if made:
@@ -125,7 +126,9 @@ def create_run(run_dir: str | os.PathLike[str], meta: RunMeta) -> Path:
         reason = exc.strerror or str(exc)
         if exc.filename is not None and Path(exc.filename) != path:
             reason += f" ({exc.filename})"
-        raise InvalidConfigError(f"cannot create run directory {path}: {reason}; choose another --out") from None
+        raise InvalidConfigError(
+            ErrorCode.OUTPUT_NOT_WRITABLE, f"cannot create run directory {path}: {reason}; choose another --out"
+        ) from None
     return path
 
 
@@ -134,9 +137,11 @@ def check_new_run_dir(run_dir: str | os.PathLike[str]) -> None:
     inside another run."""
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
-        raise RunExistsError(f"{path} exists and is not a directory: choose another --out")
+        raise RunExistsError(ErrorCode.OUTPUT_WRONG_KIND, f"{path} exists and is not a directory: choose another --out")
     if path.is_dir() and any(path.iterdir()):
-        raise RunExistsError(f"{path} already holds files; ppscope never overwrites a run: choose another --out")
+        raise RunExistsError(
+            ErrorCode.RUN_EXISTS, f"{path} already holds files; ppscope never overwrites a run: choose another --out"
+        )
     run = enclosing_run(path.parent)  # not `path`: a run started at once with this one may be filling it
     if run is not None:
         raise _inside_run(f"--out {path}", run, same=False)
@@ -185,9 +190,13 @@ class RankWriter:
     def __init__(self, run_dir: str | os.PathLike[str], rank: int) -> None:
         self.path = rank_file(run_dir, rank)
         if self.path.exists():
-            raise RunExistsError(f"{self.path} already exists; ppscope never overwrites a rank's spans")
+            raise RunExistsError(
+                ErrorCode.RUN_EXISTS, f"{self.path} already exists; ppscope never overwrites a rank's spans"
+            )
         if not Path(run_dir).is_dir():
-            raise RunNotFoundError(f"{run_dir} is not a run directory: create it with create_run() first")
+            raise RunNotFoundError(
+                ErrorCode.NOT_A_RUN, f"{run_dir} is not a run directory: create it with create_run() first"
+            )
         # The flush thread is the only user after construction, so the thread check is off on purpose.
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -269,7 +278,9 @@ def check_outside_runs(path: str | os.PathLike[str], what: str) -> None:
 
 def _inside_run(what: str, run: Path, *, same: bool) -> InvalidConfigError:
     where = "the run" if same else "inside the run"
-    return InvalidConfigError(f"{what} is {where} {run}: ppscope never writes into a run; give a path outside it")
+    return InvalidConfigError(
+        ErrorCode.OUTPUT_INTO_INPUT, f"{what} is {where} {run}: ppscope never writes into a run; give a path outside it"
+    )
 
 
 def enclosing_run(path: str | os.PathLike[str]) -> Path | None:
@@ -285,20 +296,29 @@ def read_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
     try:
         text = meta_path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise CorruptFileError(f"{meta_path}: cannot be read ({exc})") from None
+        raise CorruptFileError(ErrorCode.UNREADABLE_FILE, f"{meta_path}: cannot be read ({exc})") from None
     return RunMeta.from_json(text, where=str(meta_path))
 
 
 def _check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
     path = Path(run_dir)
     if not path.exists():
-        raise RunNotFoundError(f"{path} does not exist: give the directory that `ppscope run` wrote")
+        raise RunNotFoundError(
+            ErrorCode.RUN_NOT_FOUND, f"{path} does not exist: give the directory that `ppscope run` wrote"
+        )
     if not path.is_dir():
-        raise RunNotFoundError(f"{path} is not a run directory (a run is a directory with meta.json)")
+        raise RunNotFoundError(
+            ErrorCode.NOT_A_RUN, f"{path} is not a run directory (a run is a directory with meta.json)"
+        )
     if not any(path.iterdir()):
-        raise RunNotFoundError(f"{path} is empty: it holds no run (expected meta.json and rank-*.sqlite)")
+        raise RunNotFoundError(
+            ErrorCode.RUN_EMPTY, f"{path} is empty: it holds no run (expected meta.json and rank-*.sqlite)"
+        )
     if not (path / META_FILE).is_file():
-        raise RunNotFoundError(f"{path} has no {META_FILE}: it is not a ppscope run, or the run died before it started")
+        raise RunNotFoundError(
+            ErrorCode.NOT_A_RUN,
+            f"{path} has no {META_FILE}: it is not a ppscope run, or the run died before it started",
+        )
     return path
 
 
@@ -337,7 +357,7 @@ def read_since(
     path = _check_run_dir(run_dir)
     since = since or Cursor()
     table, opened = read_ranks(files, since.spans, since.counters)
-    said += failures_said({rank: rf.error for rank, rf, _ in opened if rf.error}, meta.error)
+    said += failures_said({rank: rf.error for rank, rf, _ in opened if rf.error is not None}, meta.error)
     span_pos, counter_pos = dict(since.spans), dict(since.counters)
     for rank, rf, _ in opened:
         span_pos[rank], counter_pos[rank] = rf.last_span, rf.last_counter
@@ -377,7 +397,7 @@ def run_files(
 
 def read_rank_spans(
     files: dict[int, Path], ranks: Sequence[int], meta: RunMeta
-) -> tuple[pd.DataFrame, dict[int, str], list[Notice]]:
+) -> tuple[pd.DataFrame, dict[int, RankError], list[Notice]]:
     """The spans of `ranks` alone, on the common clock and sorted as `load_run` sorts them, with the errors
     those ranks recorded and the warnings of their damaged spans: a large run read a few ranks at a time.
     `files` and `meta` are `run_files`'s."""
@@ -387,11 +407,11 @@ def read_rank_spans(
 
 def read_rank_parts(
     files: dict[int, Path], ranks: Sequence[int], meta: RunMeta
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[int, str], list[Notice]]:
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[int, RankError], list[Notice]]:
     """`read_rank_spans` with the ranks' counters (beside the spans), as `load_run` holds them."""
     chosen = {r: files[r] for r in ranks if r in files}
     table, opened = read_ranks(chosen, {}, {})
-    errors = {rank: rf.error for rank, rf, _ in opened if rf.error}
+    errors = {rank: rf.error for rank, rf, _ in opened if rf.error is not None}
     values = merge_values(table, opened)
     parts = [rf.counters for _, rf, _ in opened if rf.counters is not None]
     del opened
@@ -401,7 +421,7 @@ def read_rank_parts(
 
 
 def each_rank(
-    files: dict[int, Path], meta: RunMeta, damaged: dict[int, str], notes: list[Notice] | None = None
+    files: dict[int, Path], meta: RunMeta, damaged: dict[int, CorruptFileError], notes: list[Notice] | None = None
 ) -> Iterator[tuple[int, pd.DataFrame, pd.DataFrame]]:
     """Each rank's spans and counters read alone (`read_rank_parts`), in rank order; a damaged rank file is left
     out and its error put in `damaged` (by rank), for the caller to name as `load_run` does (`damaged_note`).
@@ -411,7 +431,7 @@ def each_rank(
         try:
             spans, counters, _, said = read_rank_parts(files, [rank], meta)
         except CorruptFileError as exc:
-            damaged[rank] = str(exc)
+            damaged[rank] = exc
             continue
         if notes is not None:
             notes.extend(n for n in said if n not in notes)
@@ -425,7 +445,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> Trace:
     of a many-rank job does not hide the others; when no other rank file can be read, its CorruptFileError is
     raised. (Each damaged file found costs one more read of the others.)
     """
-    damaged: dict[int, str] = {}
+    damaged: dict[int, CorruptFileError] = {}
     while True:
         try:
             trace, _ = read_since(run_dir, leave_out=tuple(damaged))
@@ -433,28 +453,28 @@ def load_run(run_dir: str | os.PathLike[str]) -> Trace:
             rank = _damaged_rank(Path(run_dir), exc, damaged)
             if rank is None:
                 raise
-            damaged[rank] = str(exc)
+            damaged[rank] = exc
             continue
         if not damaged:
             return trace
         if not len(trace.spans) and not (set(_rank_files(Path(run_dir))) - set(damaged)):
-            raise CorruptFileError(next(iter(damaged.values())))
+            raise next(iter(damaged.values()))
         for rank, why in sorted(damaged.items()):
             trace.warnings.append(damaged_note(rank, why))
         return trace
 
 
-def damaged_note(rank: int, why: str) -> Notice:
+def damaged_note(rank: int, why: str | CorruptFileError) -> Notice:
     """What is said of a damaged rank file left out of a run's analysis."""
     return Notice(NoticeCode.DAMAGED_FILE, f"rank {rank}'s file is damaged, left out (loaded the rest): {why}")
 
 
-def failures_said(errors: dict[int, str], said: str = "") -> list[Notice]:
-    """The failures the ranks recorded (rank -> plain error), as `failures.recorded_failures` words them."""
+def failures_said(errors: Mapping[int, RankError], said: str = "") -> list[Notice]:
+    """The failures the ranks recorded (rank -> its error and code), as `failures.recorded_failures` words them."""
     return [Notice(NoticeCode.RANK_FAILED, line) for line in recorded_failures(errors, said)]
 
 
-def _damaged_rank(path: Path, exc: CorruptFileError, known: dict[int, str]) -> int | None:
+def _damaged_rank(path: Path, exc: CorruptFileError, known: dict[int, CorruptFileError]) -> int | None:
     """The rank whose file a CorruptFileError is about (`exc.path`), when other rank files remain to be read;
     else None."""
     files = {r: f for r, f in _rank_files(path).items() if r not in known}
@@ -480,7 +500,7 @@ def read_rank_info(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]
             out[rank] = {str(k): json.loads(v) for k, v in rows}
         except (TypeError, ValueError):
             raise CorruptFileError(
-                f"{file}: its info table holds a value that is not JSON; the file is damaged"
+                ErrorCode.DAMAGED_FILE, f"{file}: its info table holds a value that is not JSON; the file is damaged"
             ) from None
     return out
 

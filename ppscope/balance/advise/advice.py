@@ -28,7 +28,7 @@ from ppscope.balance.advise.rebalance import evaluate
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.measured.timings import RunTimings, as_timings
 from ppscope.balance.measured.training import training_passes
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.model import SpanKind, Trace
 from ppscope.trace.notices import Notice, NoticeCode
 
@@ -327,7 +327,9 @@ def _speedup(
     costs = problem.costs
     scale = np.repeat(factor[Part.LAYERS], measured)  # each layer's factor, that of the stage that ran it
     if len(scale) != costs.layers:
-        raise InvalidConfigError(f"the split {list(measured)} holds {len(scale)} layers, the costs {costs.layers}")
+        raise InvalidConfigError(
+            ErrorCode.COUNT_MISMATCH, f"the split {list(measured)} holds {len(scale)} layers, the costs {costs.layers}"
+        )
     scaled = LayerCosts(
         layer_ms=tuple(float(x) for x in np.asarray(costs.layer_ms) * scale),
         embed_ms=costs.embed_ms * float(factor[Part.EMBED, 0]),

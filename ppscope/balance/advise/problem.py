@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ppscope.balance.costs import LayerCosts, StageCosts
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 
 __all__ = ["OBJECTIVES", "UNLIMITED_TOKENS", "BalanceProblem", "MemoryModel"]
 
@@ -41,11 +41,17 @@ class MemoryModel:
         object.__setattr__(self, "limit_bytes", tuple(int(b) for b in self.limit_bytes))
         for name in ("layer_bytes", "kv_bytes_per_token_per_layer", "embed_bytes", "head_bytes", "reserve_bytes"):
             if getattr(self, name) < 0:
-                raise InvalidConfigError(f"memory model: {name} must be >= 0, got {getattr(self, name)}")
+                raise InvalidConfigError(
+                    ErrorCode.BAD_VALUE, f"memory model: {name} must be >= 0, got {getattr(self, name)}"
+                )
         if any(b < 0 for b in self.limit_bytes):
-            raise InvalidConfigError(f"memory model: stage limits must be >= 0 bytes, got {self.limit_bytes}")
+            raise InvalidConfigError(
+                ErrorCode.BAD_VALUE, f"memory model: stage limits must be >= 0 bytes, got {self.limit_bytes}"
+            )
         if self.min_kv_tokens < 0:
-            raise InvalidConfigError(f"memory model: min_kv_tokens must be >= 0, got {self.min_kv_tokens}")
+            raise InvalidConfigError(
+                ErrorCode.BAD_VALUE, f"memory model: min_kv_tokens must be >= 0, got {self.min_kv_tokens}"
+            )
 
     def free_bytes(self, stage: int, stages: int) -> int:
         """What stage `stage` has for its decoder layers and their KV cache."""
@@ -82,20 +88,25 @@ class BalanceProblem:
 
     def __post_init__(self) -> None:
         if self.stages < 1:
-            raise InvalidConfigError(f"the pipeline needs at least 1 stage, got {self.stages}")
+            raise InvalidConfigError(ErrorCode.BAD_VALUE, f"the pipeline needs at least 1 stage, got {self.stages}")
         if self.costs.layers < self.stages:
             raise InvalidConfigError(
+                ErrorCode.TOO_FEW_LAYERS,
                 f"{self.costs.layers} layer cost(s) cannot fill {self.stages} stages (each needs at least one "
-                f"layer): give one cost per decoder layer or use at most {self.costs.layers} stages"
+                f"layer): give one cost per decoder layer or use at most {self.costs.layers} stages",
             )
         if self.objective not in OBJECTIVES:
-            raise InvalidConfigError(f"unknown objective {self.objective!r}; valid: {', '.join(OBJECTIVES)}")
+            raise InvalidConfigError(
+                ErrorCode.UNKNOWN_CHOICE, f"unknown objective {self.objective!r}; valid: {', '.join(OBJECTIVES)}"
+            )
         if self.objective == "memory" and self.memory is None:
             raise InvalidConfigError(
-                "objective `memory` maximises KV capacity, which needs a memory model (--model and --gpu-mem-gib)"
+                ErrorCode.MISSING_OPTION,
+                "objective `memory` maximises KV capacity, which needs a memory model (--model and --gpu-mem-gib)",
             )
         if self.memory is not None and len(self.memory.limit_bytes) != self.stages:
             raise InvalidConfigError(
-                f"memory model has {len(self.memory.limit_bytes)} stage limit(s) but the pipeline has {self.stages}"
+                ErrorCode.COUNT_MISMATCH,
+                f"memory model has {len(self.memory.limit_bytes)} stage limit(s) but the pipeline has {self.stages}",
             )
         self.stage_costs.resolve(self.stages)  # validates lengths and values now, not mid-search

@@ -32,7 +32,7 @@ from typing import Any
 from ppscope.balance.advise.problem import BalanceProblem
 from ppscope.balance.advise.search import CostModel, evenest, max_kv, min_time
 from ppscope.balance.split import format_split, stage_layer_ranges, validate_split, vllm_default_split
-from ppscope.errors import DoesNotFitError
+from ppscope.errors import DoesNotFitError, ErrorCode
 from ppscope.trace.actions import StrEnum
 
 __all__ = [
@@ -87,9 +87,10 @@ def _no_fit_error(model: CostModel) -> DoesNotFitError:
         for s in range(model.stages)
     ]
     return DoesNotFitError(
+        ErrorCode.NO_SPLIT_FITS,
         f"no split of {model.layers} layers over {model.stages} stages fits the memory limits "
         f"(with {mem.min_kv_tokens} KV tokens per stage; {'; '.join(need)}): use more stages, more memory per "
-        "GPU, or a smaller dtype"
+        "GPU, or a smaller dtype",
     )
 
 

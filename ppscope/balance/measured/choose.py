@@ -18,7 +18,7 @@ from ppscope.balance.measured.insitu import InSituCosts, has_layer_spans, insitu
 from ppscope.balance.measured.profile import PROFILE_FILE, LayerProfile
 from ppscope.balance.measured.timings import RunTimings, as_timings
 from ppscope.balance.measured.training import TRAIN_PASSES, is_training
-from ppscope.errors import InvalidConfigError, UnsupportedInputError
+from ppscope.errors import ErrorCode, InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import Phase, Trace
 
 __all__ = ["COST_CHOICES", "RunCosts", "mixed_runs", "run_costs"]
@@ -68,15 +68,18 @@ def run_costs(
     notes: tuple[str, ...] = ()
     traces = [as_timings(r) for r in runs]
     if choice not in COST_CHOICES:
-        raise InvalidConfigError(f"unknown cost source {choice!r}; valid: {', '.join(COST_CHOICES)}")
+        raise InvalidConfigError(
+            ErrorCode.UNKNOWN_CHOICE, f"unknown cost source {choice!r}; valid: {', '.join(COST_CHOICES)}"
+        )
     if not traces:
-        raise InvalidConfigError("give at least one run to take costs from")
+        raise InvalidConfigError(ErrorCode.MISSING_OPTION, "give at least one run to take costs from")
     _check_rebalanceable(traces[-1])
     mixed = mixed_runs(traces)
     if mixed and not mix:
         raise InvalidConfigError(
+            ErrorCode.MIXED_RUNS,
             f"the runs differ in {mixed}: one cost model cannot describe them. Fit one kind of run at a time, or "
-            "give --mix to fit them together anyway"
+            "give --mix to fit them together anyway",
         )
     if mixed:
         notes += (f"fitted across runs that differ in {mixed} (--mix)",)
@@ -130,20 +133,23 @@ def _check_rebalanceable(trace: RunTimings) -> None:
     training = is_training(trace)
     if not trace.meta.split and training:
         raise UnsupportedInputError(
+            ErrorCode.NO_LAYER_SPLIT,
             "the training run does not say how its layers are split across its (virtual) stages: give "
             "--current-split N,N,... (layer counts per stage, in stage order), or record the run with "
-            "record_pipeline(schedule, run_dir, split=[...]) or with stage modules whose `layers` it can count"
+            "record_pipeline(schedule, run_dir, split=[...]) or with stage modules whose `layers` it can count",
         )
     if not trace.meta.split:
         raise UnsupportedInputError(
+            ErrorCode.NO_LAYER_SPLIT,
             "the trace does not say how its layers are split across stages (ppscope runs record it; nsys and "
             "Kineto imports cannot), so layer costs cannot be fitted from it. Give the model to calibrate on it: "
             "`ppscope rebalance TRACE --model PRESET|config.json [--current-split N,N,..]`, or the costs yourself: "
-            "`ppscope rebalance --layer-costs MS,MS,... --stages P`"
+            "`ppscope rebalance --layer-costs MS,MS,... --stages P`",
         )
     if trace.meta.chunks > 1 and not training:
         raise InvalidConfigError(
-            "rebalancing interleaved runs (chunks > 1) is not supported: rebalance a gpipe or serve run"
+            ErrorCode.UNSUPPORTED_SCHEDULE,
+            "rebalancing interleaved runs (chunks > 1) is not supported: rebalance a gpipe or serve run",
         )
 
 
@@ -157,15 +163,20 @@ def _profile_costs(
     if profile is None:
         if choice == "profile":
             raise UnsupportedInputError(
-                f"{where} has no {PROFILE_FILE}: profile the model with `ppscope tune`, or use --costs fit"
+                ErrorCode.NO_PROFILE,
+                f"{where} has no {PROFILE_FILE}: profile the model with `ppscope tune`, or use --costs fit",
             )
         return None, ()
     if phase == "all":
-        raise UnsupportedInputError("a profile has a prefill and a decode phase, not `all`: give --phase decode")
+        raise UnsupportedInputError(
+            ErrorCode.PHASE_NOT_AVAILABLE, "a profile has a prefill and a decode phase, not `all`: give --phase decode"
+        )
     costs = profile.phase(phase or Phase.DECODE).costs()
     if costs.layers == layers:
         return costs, ()
     mismatch = f"{where}'s {PROFILE_FILE} times {costs.layers} layers, the run has {layers}"
     if choice == "profile":
-        raise UnsupportedInputError(f"{mismatch}: it profiles another model; use --costs fit")
+        raise UnsupportedInputError(
+            ErrorCode.PROFILE_MISMATCH, f"{mismatch}: it profiles another model; use --costs fit"
+        )
     return None, (f"{mismatch}: costs fitted from its spans instead",)

@@ -15,7 +15,7 @@ from ppscope.balance.costs import LayerCosts
 from ppscope.balance.measured.timings import RunTimings, as_timings
 from ppscope.balance.measured.training import TRAIN_PASSES, training_passes
 from ppscope.balance.split import stage_layer_ranges
-from ppscope.errors import InvalidConfigError, UnsupportedInputError
+from ppscope.errors import ErrorCode, InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import Phase, SpanKind, Trace
 
 __all__ = ["CostFit", "StageObservation", "fit_layer_costs", "observe_stages", "r_squared_text"]
@@ -83,7 +83,7 @@ def _pick_phase(phases: frozenset[str], phase: str | None) -> str:
     """`phase` when given, else decode when the spans have decode passes, else all."""
     if phase:
         if phase not in (Phase.PREFILL, Phase.DECODE, _ALL):
-            raise InvalidConfigError(f"unknown phase {phase!r}; valid: prefill, decode, all")
+            raise InvalidConfigError(ErrorCode.UNKNOWN_CHOICE, f"unknown phase {phase!r}; valid: prefill, decode, all")
         return phase
     return Phase.DECODE if Phase.DECODE in phases else _ALL
 
@@ -104,8 +104,9 @@ def observe_stages(trace: Trace | RunTimings, *, run: int = 0, phase: str | None
     meta = timings.meta
     if not meta.split:
         raise UnsupportedInputError(
+            ErrorCode.NO_LAYER_SPLIT,
             "the trace records no layer split (meta.split), so stage times cannot be turned into layer costs: "
-            "rebalance from --layer-costs instead"
+            "rebalance from --layer-costs instead",
         )
     if timings.training:
         return _observe_training(timings, run, phase)
@@ -124,8 +125,9 @@ def observe_stages(trace: Trace | RunTimings, *, run: int = 0, phase: str | None
         forward_ms, passes = _per_pass_ms(spans, SpanKind.FORWARD, stage)
         if forward_ms is None:
             raise UnsupportedInputError(
+                ErrorCode.TOO_FEW_SAMPLES,
                 f"stage {stage} has no forward spans{'' if chosen == _ALL else f' in phase {chosen}'}: "
-                "cannot fit its layer costs (try --phase all, or a longer run)"
+                "cannot fit its layer costs (try --phase all, or a longer run)",
             )
         out.append(
             StageObservation(
@@ -147,15 +149,17 @@ def _observe_training(trace: RunTimings, run: int, phase: str | None) -> list[St
     """Mean forward and backward per micro-batch pass of each (virtual) stage of a training run."""
     if phase not in (None, _ALL, TRAIN_PASSES):
         raise InvalidConfigError(
-            f"--phase {phase} is for inference runs: a training run's passes are forward + backward (omit --phase)"
+            ErrorCode.CONFLICTING_OPTIONS,
+            f"--phase {phase} is for inference runs: a training run's passes are forward + backward (omit --phase)",
         )
     split = trace.meta.split
     passes = training_passes(trace)
     trained = trace.top_stage + 1
     if trained != len(split):
         raise UnsupportedInputError(
+            ErrorCode.COUNT_MISMATCH,
             f"the split {','.join(map(str, split))} gives {len(split)} stages but the run trains {trained} "
-            "(virtual) stages: give one layer count per (virtual) stage, in stage order"
+            "(virtual) stages: give one layer count per (virtual) stage, in stage order",
         )
     last = len(split) - 1
     out = []
@@ -163,8 +167,9 @@ def _observe_training(trace: RunTimings, run: int, phase: str | None) -> list[St
         mine = passes[passes["stage"] == stage]
         if mine.empty:
             raise UnsupportedInputError(
+                ErrorCode.TOO_FEW_SAMPLES,
                 f"stage {stage} has no micro-batch with both a forward and a backward: cannot fit its layer costs "
-                "(record at least one whole training step)"
+                "(record at least one whole training step)",
             )
 
         def ms(column: str, mine: pd.DataFrame = mine) -> float:
@@ -202,19 +207,22 @@ def fit_layer_costs(traces: Sequence[Trace | RunTimings], *, phase: str | None =
     gives each stage's time ÷ its layer count, and runs with different splits resolve more.
     """
     if not traces:
-        raise InvalidConfigError("give at least one run to fit costs from")
+        raise InvalidConfigError(ErrorCode.MISSING_OPTION, "give at least one run to fit costs from")
     obs: list[StageObservation] = []
     chosen = ""
     for i, run in enumerate(traces):
         trace = as_timings(run)
         got = observe_stages(trace, run=i, phase=phase)
         if obs and sum(o.layers for o in got) != sum(o.layers for o in obs if o.run == 0):
-            raise UnsupportedInputError(f"run {i} has a different number of layers than run 0: fit one model at once")
+            raise UnsupportedInputError(
+                ErrorCode.MIXED_RUNS, f"run {i} has a different number of layers than run 0: fit one model at once"
+            )
         obs += got
         chosen = chosen or (TRAIN_PASSES if got[0].backward_ms is not None else _pick_phase(trace.phases, phase))
     if len({o.backward_ms is None for o in obs}) > 1:
         raise UnsupportedInputError(
-            "some runs train (forward + backward) and some do not: fit training and inference runs separately"
+            ErrorCode.MIXED_RUNS,
+            "some runs train (forward + backward) and some do not: fit training and inference runs separately",
         )
     layers = sum(o.layers for o in obs if o.run == 0)
     last_stage = {o.run: o.stage for o in obs}  # the last observation of a run is its last stage
@@ -241,8 +249,9 @@ def fit_layer_costs(traces: Sequence[Trace | RunTimings], *, phase: str | None =
         )
     if np.linalg.matrix_rank(a) < a.shape[1]:
         raise UnsupportedInputError(
+            ErrorCode.COSTS_NOT_SEPARABLE,
             "the runs cannot separate the embedding/LM-head cost from the layer cost (they record no embed/head "
-            "spans and every stage is a first or last one): add a run with another split or with more stages"
+            "spans and every stage is a first or last one): add a run with another split or with more stages",
         )
     coef, *_ = np.linalg.lstsq(a, t, rcond=None)
     ss_res = float(((t - a @ coef) ** 2).sum())

@@ -20,7 +20,7 @@ from ppscope.balance.costs import LayerCosts
 from ppscope.balance.measured.timings import RunTimings, as_timings
 from ppscope.balance.measured.training import BACKWARD_PHASES, TRAIN_PASSES
 from ppscope.balance.split import stage_layer_ranges
-from ppscope.errors import InvalidConfigError, UnsupportedInputError
+from ppscope.errors import ErrorCode, InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import Phase, SpanKind, Trace
 
 __all__ = ["InSituCosts", "has_layer_spans", "insitu_costs"]
@@ -75,40 +75,31 @@ def insitu_costs(runs: Sequence[Trace | RunTimings], *, phase: str | None = None
     sampled passes of `phase` (default `decode` when the runs have decode passes, else `all`), and the
     embedding's, head's and sampling's medians over their spans in the same passes."""
     if not runs:
-        raise InvalidConfigError("give at least one run to take in-situ layer costs from")
+        raise InvalidConfigError(ErrorCode.MISSING_OPTION, "give at least one run to take in-situ layer costs from")
     traces = [as_timings(r) for r in runs]
     if phase is not None and phase not in _PHASES:
-        raise InvalidConfigError(f"unknown phase {phase!r}; valid: {', '.join(_PHASES)}")
+        raise InvalidConfigError(ErrorCode.UNKNOWN_CHOICE, f"unknown phase {phase!r}; valid: {', '.join(_PHASES)}")
     layers = sum(traces[-1].meta.split)
     if not layers:
-        raise UnsupportedInputError("the run records no layer split (meta.split): in-situ layer costs need one")
+        raise UnsupportedInputError(
+            ErrorCode.NO_LAYER_SPLIT, "the run records no layer split (meta.split): in-situ layer costs need one"
+        )
     spans = _together(traces)
     laid = spans[spans["kind"] == SpanKind.LAYER]
     if laid.empty:
         raise UnsupportedInputError(
+            ErrorCode.NO_LAYER_SPANS,
             "the run has no `layer` spans (recorded with --layer-spans 0, by an older ppscope, or not by the "
-            "engine): use --costs fit (its stage spans) or --costs profile"
+            "engine): use --costs fit (its stage spans) or --costs profile",
         )
     if laid["phase"].isin(BACKWARD_PHASES).any():
         return _training(traces, spans, laid, layers)
     if traces[-1].meta.chunks > 1:
-        raise UnsupportedInputError("in-situ costs of interleaved runs (chunks > 1) are not supported")
-    chosen = phase or (Phase.DECODE if (laid["phase"] == Phase.DECODE).any() else "all")
-    laid = _phase_rows(laid, chosen)
-    index = laid["layer"].to_numpy()
-    ms = laid["ns"].to_numpy() / 1e6
-    medians, passes = [], []
-    for i in range(layers):
-        mine = ms[index == i]
-        passes.append(int(mine.size))
-        medians.append(float(np.median(mine)) if mine.size else float("nan"))
-    missing = [i for i, n in enumerate(passes) if n == 0]
-    if missing:
-        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
         raise UnsupportedInputError(
-            f"no {'' if chosen == 'all' else chosen + ' '}`layer` span of layer(s) {shown} in the run: it sampled "
-            "too few passes; run longer or with a smaller --layer-spans K (or give --phase all)"
+            ErrorCode.UNSUPPORTED_SCHEDULE, "in-situ costs of interleaved runs (chunks > 1) are not supported"
         )
+    chosen = phase or (Phase.DECODE if (laid["phase"] == Phase.DECODE).any() else "all")
+    medians, passes = _layer_medians(_phase_rows(laid, chosen), layers, chosen)
     last = _phase_rows(_together(traces[-1:]), chosen)
     split = traces[-1].meta.split
     ends = _phase_rows(spans, chosen)
@@ -130,6 +121,27 @@ def insitu_costs(runs: Sequence[Trace | RunTimings], *, phase: str | None = None
     )
 
 
+def _layer_medians(laid: pd.DataFrame, layers: int, chosen: str) -> tuple[list[float], list[int]]:
+    """Each layer's median in ms over its `layer` spans of phase `chosen`, and how many there were; every layer
+    needs one."""
+    index = laid["layer"].to_numpy()
+    ms = laid["ns"].to_numpy() / 1e6
+    medians, passes = [], []
+    for i in range(layers):
+        mine = ms[index == i]
+        passes.append(int(mine.size))
+        medians.append(float(np.median(mine)) if mine.size else float("nan"))
+    missing = [i for i, n in enumerate(passes) if n == 0]
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        raise UnsupportedInputError(
+            ErrorCode.TOO_FEW_SAMPLES,
+            f"no {'' if chosen == 'all' else chosen + ' '}`layer` span of layer(s) {shown} in the run: it sampled "
+            "too few passes; run longer or with a smaller --layer-spans K (or give --phase all)",
+        )
+    return medians, passes
+
+
 def _training(traces: Sequence[RunTimings], spans: pd.DataFrame, laid: pd.DataFrame, layers: int) -> InSituCosts:
     """A training run's layer spans (the pipelining hook's): each layer's forward median plus its backward
     median (B, or I where the backward is split); the first stage's pass outside its layers as the embedding,
@@ -137,8 +149,9 @@ def _training(traces: Sequence[RunTimings], spans: pd.DataFrame, laid: pd.DataFr
     on their own (W) fall in no layer's span, so a run with W actions is left to the fit of whole passes."""
     if any(t.weight_grads for t in traces):
         raise UnsupportedInputError(
+            ErrorCode.UNSUPPORTED_SCHEDULE,
             "the run computes weight gradients apart (W actions), which no layer span holds: its costs come "
-            "from whole passes (--costs fit)"
+            "from whole passes (--costs fit)",
         )
     index = laid["layer"].to_numpy()
     ms = laid["ns"].to_numpy() / 1e6
@@ -155,13 +168,15 @@ def _training(traces: Sequence[RunTimings], spans: pd.DataFrame, laid: pd.DataFr
     if missing:
         shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
         raise UnsupportedInputError(
+            ErrorCode.TOO_FEW_SAMPLES,
             f"no forward and backward `layer` spans of layer(s) {shown}: too few sampled micro-batches; train "
-            "longer or record with a smaller layer_spans"
+            "longer or record with a smaller layer_spans",
         )
     if min(passes) < MIN_TRAINING_PASSES:
         raise UnsupportedInputError(
+            ErrorCode.TOO_FEW_SAMPLES,
             f"only {min(passes)} sampled micro-batch(es) per layer, too few for a median a stall cannot move (at "
-            f"least {MIN_TRAINING_PASSES}); train longer or record with a smaller layer_spans"
+            f"least {MIN_TRAINING_PASSES}); train longer or record with a smaller layer_spans",
         )
     split = traces[-1].meta.split
     last = _together(traces[-1:])

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ppscope.balance.costs import LayerCosts
-from ppscope.errors import CorruptFileError, InvalidConfigError
+from ppscope.errors import CorruptFileError, ErrorCode, InvalidConfigError
 from ppscope.trace.actions import Phase
 
 __all__ = ["PHASES", "PROFILE_FILE", "LayerProfile", "PhaseCosts", "read_profile"]
@@ -66,7 +66,7 @@ class LayerProfile:
 
     def phase(self, name: str) -> PhaseCosts:
         if name not in PHASES:
-            raise InvalidConfigError(f"unknown phase {name!r}; valid: {', '.join(PHASES)}")
+            raise InvalidConfigError(ErrorCode.UNKNOWN_CHOICE, f"unknown phase {name!r}; valid: {', '.join(PHASES)}")
         return self.decode if name == Phase.DECODE else self.prefill
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,7 +90,7 @@ class LayerProfile:
             for p in PHASES:
                 profile.phase(p).costs()  # validates every cost
         except (KeyError, TypeError, ValueError, AttributeError, InvalidConfigError) as exc:
-            raise CorruptFileError(f"{where}: not a ppscope layer profile ({exc})") from None
+            raise CorruptFileError(ErrorCode.BAD_PROFILE, f"{where}: not a ppscope layer profile ({exc})") from None
         return profile
 
 
@@ -102,5 +102,5 @@ def read_profile(run_dir: str | os.PathLike[str]) -> LayerProfile | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptFileError(f"{path}: cannot be read as JSON ({exc})") from None
+        raise CorruptFileError(ErrorCode.NOT_JSON, f"{path}: cannot be read as JSON ({exc})") from None
     return LayerProfile.from_dict(data, where=str(path))

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError, InvalidConfigError
+from ppscope.errors import CorruptFileError, ErrorCode, InvalidConfigError
 from ppscope.pool import ordered, processes
 from ppscope.trace.actions import BACKWARDS, ActionType
 from ppscope.trace.layers import layer_indices
@@ -192,19 +192,19 @@ def run_timings(run_dir: str | Path, *, workers: int = 1) -> RunTimings:
     memory holds one rank's spans per worker and the merged table, never the run's spans. A damaged rank file
     is left out, as `load_run` leaves it out; with no rank left, its error is raised."""
     if workers < 1:
-        raise InvalidConfigError(f"--workers must be >= 1, got {workers}")
+        raise InvalidConfigError(ErrorCode.BAD_VALUE, f"--workers must be >= 1, got {workers}")
     meta, files, _ = run_files(run_dir)
     jobs = [({r: files[r]}, _rank_meta(meta, r), r) for r in sorted(files)]
     shares: list[RunTimings] = []
-    damaged: list[str] = []
+    damaged: list[CorruptFileError] = []
     with processes(workers) as pool:
         for share in ordered(pool, _rank_share, jobs, workers):
-            if isinstance(share, str):
+            if isinstance(share, CorruptFileError):
                 damaged.append(share)
             else:
                 shares.append(share)
     if damaged and not shares:  # nothing else to read: the error, as `load_run` raises it
-        raise CorruptFileError(damaged[0])
+        raise damaged[0]
     return RunTimings.merged(shares, meta)
 
 
@@ -213,10 +213,10 @@ def _rank_meta(meta: RunMeta, rank: int) -> RunMeta:
     return dataclasses.replace(meta, ranks=[i for i in meta.ranks if i.rank == rank])
 
 
-def _rank_share(files: dict[int, Path], meta: RunMeta, rank: int) -> RunTimings | str:
+def _rank_share(files: dict[int, Path], meta: RunMeta, rank: int) -> RunTimings | CorruptFileError:
     """One rank file's share, or why the file cannot be read."""
     try:
         spans, _, _ = read_rank_spans(files, [rank], meta)
     except CorruptFileError as exc:
-        return str(exc)
+        return exc
     return RunTimings.of_spans(spans, meta)

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 
 __all__ = ["DEFAULT_GPU", "GPU", "GPUS", "NO_MEASUREMENT", "PEAK", "Achieved", "gpu_named"]
 
@@ -47,7 +47,9 @@ class Achieved:
     def __post_init__(self) -> None:
         for name in ("memory", "compute", "link"):
             if not 0 < getattr(self, name) <= 1:
-                raise InvalidConfigError(f"an achieved share must be in (0, 1], got {name}={getattr(self, name)}")
+                raise InvalidConfigError(
+                    ErrorCode.BAD_VALUE, f"an achieved share must be in (0, 1], got {name}={getattr(self, name)}"
+                )
 
 
 _AT_PEAK = "datasheet peak, as asked (--peak, or a calibration on a trace, whose scale replaces the shares)"
@@ -92,7 +94,9 @@ class GPU:
 
     def __post_init__(self) -> None:
         if self.topology not in ("switch", "mesh"):
-            raise InvalidConfigError(f"GPU {self.name}: topology is switch or mesh, not {self.topology!r}")
+            raise InvalidConfigError(
+                ErrorCode.BAD_VALUE, f"GPU {self.name}: topology is switch or mesh, not {self.topology!r}"
+            )
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for weights of `dtype`: FP8 where the chip has it (else the BF16 peak: FP8 weights
@@ -103,7 +107,8 @@ class GPU:
         if kind in ("fp16", "float16", "bf16", "bfloat16"):
             return self.bf16_tflops * 1e12
         raise InvalidConfigError(
-            f"the GPU table has BF16 and FP8 peaks, not {dtype}: give --dtype bf16, fp16 or fp8 with --gpu"
+            ErrorCode.UNKNOWN_CHOICE,
+            f"the GPU table has BF16 and FP8 peaks, not {dtype}: give --dtype bf16, fp16 or fp8 with --gpu",
         )
 
     def achieved_flops(self, dtype: str) -> float:
@@ -379,5 +384,6 @@ def gpu_named(name: str) -> GPU:
     if key in GPUS:
         return GPUS[key]
     raise InvalidConfigError(
-        f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)} (datasheet figures in ppscope/balance/modelled/gpus.py)"
+        ErrorCode.UNKNOWN_CHOICE,
+        f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)} (datasheet figures in ppscope/balance/modelled/gpus.py)",
     )

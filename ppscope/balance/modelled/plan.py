@@ -19,7 +19,7 @@ from ppscope.balance.modelled.gpus import GPU
 from ppscope.balance.modelled.roofline import ModelCosts, Workload, model_costs
 from ppscope.balance.modelled.shapes import ModelShape, dtype_bytes
 from ppscope.balance.split import format_split, validate_split, vllm_default_split
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.actions import Phase
 from ppscope.trace.notices import Notice, NoticeCode
 
@@ -57,12 +57,14 @@ class Cluster:
     def __post_init__(self) -> None:
         if self.gpus < 1 or self.gpus_per_node < 1:
             raise InvalidConfigError(
-                f"need at least 1 GPU and 1 GPU per node, got {self.gpus} and {self.gpus_per_node}"
+                ErrorCode.BAD_VALUE, f"need at least 1 GPU and 1 GPU per node, got {self.gpus} and {self.gpus_per_node}"
             )
         if not self.gpu_mem_gib > 0:
-            raise InvalidConfigError(f"--gpu-mem-gib must be > 0, got {self.gpu_mem_gib}")
+            raise InvalidConfigError(ErrorCode.BAD_VALUE, f"--gpu-mem-gib must be > 0, got {self.gpu_mem_gib}")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise InvalidConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            raise InvalidConfigError(
+                ErrorCode.BAD_VALUE, f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
 
     @property
     def usable_bytes(self) -> int:
@@ -100,10 +102,11 @@ class PlanConfig:
         dtype_bytes(self.kv_dtype or self.dtype)
         if self.max_model_len < 0 or self.max_num_seqs < 1 or self.reserve_gib < 0 or self.min_sequences < 0:
             raise InvalidConfigError(
-                "--max-model-len, --max-num-seqs, --reserve-gib and --min-sequences must be >= 0 (max-num-seqs >= 1)"
+                ErrorCode.BAD_VALUE,
+                "--max-model-len, --max-num-seqs, --reserve-gib and --min-sequences must be >= 0 (max-num-seqs >= 1)",
             )
         if self.tp < 0 or self.pp < 0:
-            raise InvalidConfigError(f"--tp and --pp must be >= 1, got tp={self.tp} pp={self.pp}")
+            raise InvalidConfigError(ErrorCode.BAD_VALUE, f"--tp and --pp must be >= 1, got tp={self.tp} pp={self.pp}")
 
     @property
     def seq_len(self) -> int:
@@ -307,7 +310,9 @@ def stage_memory_model(
 ) -> MemoryModel:
     """The rebalancer's memory model of a pipeline with one GPU memory size per stage (heterogeneous GPUs)."""
     if not gpu_mem_gib:
-        raise InvalidConfigError("give the memory of the stages' GPUs (--gpu-mem-gib), one value or one per stage")
+        raise InvalidConfigError(
+            ErrorCode.MISSING_OPTION, "give the memory of the stages' GPUs (--gpu-mem-gib), one value or one per stage"
+        )
     clusters = [Cluster(gpus=1, gpu_mem_gib=g, gpu_memory_utilization=gpu_memory_utilization) for g in gpu_mem_gib]
     cfg = PlanConfig(
         model=model,
@@ -396,9 +401,10 @@ def _recommend(cfg: PlanConfig) -> ParallelLayout:
             if _fits(cfg, tp, pp):
                 return layout(tp, pp, f"the model needs more than a node: TP = GPUs per node ({tp}) x PP = {pp}")
     raise InvalidConfigError(
+        ErrorCode.NOT_ENOUGH_MEMORY,
         f"{cfg.model.name} in {cfg.dtype} does not fit on {c.gpus} GPU(s) of {c.gpu_mem_gib:g} GiB at "
         f"{c.gpu_memory_utilization:g} utilisation with {cfg.min_sequences} sequence(s) of {cfg.seq_len} tokens: "
-        "add GPUs, use a smaller dtype (--dtype fp8) or a shorter --max-model-len"
+        "add GPUs, use a smaller dtype (--dtype fp8) or a shorter --max-model-len",
     )
 
 
@@ -409,13 +415,16 @@ def plan(cfg: PlanConfig) -> CapacityPlan:
     if cfg.tp or cfg.pp or cfg.split:
         tp, pp = cfg.tp or 1, cfg.pp or (len(cfg.split) if cfg.split else 1)
         if tp * pp > c.gpus:
-            raise InvalidConfigError(f"TP {tp} x PP {pp} needs {tp * pp} GPUs but --gpus is {c.gpus}")
+            raise InvalidConfigError(
+                ErrorCode.WORLD_SIZE_MISMATCH, f"TP {tp} x PP {pp} needs {tp * pp} GPUs but --gpus is {c.gpus}"
+            )
         if pp > cfg.model.layers:
-            raise InvalidConfigError(f"PP {pp} exceeds the model's {cfg.model.layers} layers")
+            raise InvalidConfigError(ErrorCode.TOO_FEW_LAYERS, f"PP {pp} exceeds the model's {cfg.model.layers} layers")
         if cfg.model.heads % tp:
             valid = ", ".join(str(t) for t in range(1, cfg.model.heads + 1) if cfg.model.heads % t == 0 and t <= 64)
             raise InvalidConfigError(
-                f"TP {tp} does not divide the model's {cfg.model.heads} attention heads; valid: {valid}"
+                ErrorCode.HEADS_NOT_DIVISIBLE,
+                f"TP {tp} does not divide the model's {cfg.model.heads} attention heads; valid: {valid}",
             )
         layout = ParallelLayout(tp=tp, pp=pp, replicas=c.gpus // (tp * pp), reason="as given")
     else:

@@ -38,7 +38,7 @@ from typing import Any
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.modelled.gpus import GPU
 from ppscope.balance.modelled.shapes import ModelShape, dtype_bytes
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.actions import Phase
 
 __all__ = [
@@ -81,10 +81,12 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
-            raise InvalidConfigError(f"the cost model has phases {', '.join(PHASES)}, not {self.phase!r}")
+            raise InvalidConfigError(
+                ErrorCode.UNKNOWN_CHOICE, f"the cost model has phases {', '.join(PHASES)}, not {self.phase!r}"
+            )
         for name in ("batch", "context", "tp"):
             if getattr(self, name) < 1:
-                raise InvalidConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
+                raise InvalidConfigError(ErrorCode.BAD_VALUE, f"--{name} must be >= 1, got {getattr(self, name)}")
         dtype_bytes(self.dtype)
 
     @property
@@ -247,7 +249,9 @@ def model_costs(shape: ModelShape, gpu: GPU, workload: Workload) -> ModelCosts:
     """The roofline cost of every part of `shape` on `gpu` for `workload` (see the module docstring)."""
     w = workload
     if shape.heads % w.tp:
-        raise InvalidConfigError(f"--tp {w.tp} does not divide {shape.name}'s {shape.heads} attention heads")
+        raise InvalidConfigError(
+            ErrorCode.HEADS_NOT_DIVISIBLE, f"--tp {w.tp} does not divide {shape.name}'s {shape.heads} attention heads"
+        )
     gpu.peak_flops(w.dtype)  # refuses a dtype without a peak before anything is computed
     return ModelCosts(
         shape=shape,

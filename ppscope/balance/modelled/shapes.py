@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ppscope.balance.modelled.archs import MLA, MoE, Unrepresentable, arch_fields
-from ppscope.errors import InvalidConfigError, UnsupportedInputError
+from ppscope.errors import ErrorCode, InvalidConfigError, UnsupportedInputError
 from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = [
@@ -92,6 +92,23 @@ class RopeScaling:
         raise ValueError(f"rope_scaling type {kind!r} (the engine computes default, linear and llama3)")
 
 
+def _read_config(p: Path) -> dict[str, Any]:
+    """A `config.json` as its JSON object."""
+    try:
+        cfg = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise UnsupportedInputError(
+            ErrorCode.BAD_MODEL_CONFIG, f"{p} does not exist: give a model directory with config.json"
+        ) from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UnsupportedInputError(ErrorCode.BAD_MODEL_CONFIG, f"{p} is not a readable JSON config ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise UnsupportedInputError(
+            ErrorCode.BAD_MODEL_CONFIG, f"{p} is not a model config: it holds JSON but not an object"
+        )
+    return cfg
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelShape:
     """Shape of a Llama-style decoder (embedding, L x [attention + SwiGLU MLP], final norm, LM head)."""
@@ -137,20 +154,27 @@ class ModelShape:
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "max_seq_len"):
             if getattr(self, f) < 1:
-                raise InvalidConfigError(f"model {self.name!r}: {f} must be >= 1, got {getattr(self, f)}")
+                raise InvalidConfigError(
+                    ErrorCode.BAD_MODEL, f"model {self.name!r}: {f} must be >= 1, got {getattr(self, f)}"
+                )
         if self.head_size < 0 or self.sliding_window < 0:
-            raise InvalidConfigError(f"model {self.name!r}: head_size and sliding_window must be >= 0")
+            raise InvalidConfigError(
+                ErrorCode.BAD_MODEL, f"model {self.name!r}: head_size and sliding_window must be >= 0"
+            )
         if self.moe is not None and not 1 <= self.moe.per_token <= self.moe.experts:
             raise InvalidConfigError(
-                f"model {self.name!r}: {self.moe.per_token} experts per token of {self.moe.experts} experts"
+                ErrorCode.BAD_MODEL,
+                f"model {self.name!r}: {self.moe.per_token} experts per token of {self.moe.experts} experts",
             )
         if self.head_size == 0 and self.hidden % self.heads:
             raise InvalidConfigError(
-                f"model {self.name!r}: hidden {self.hidden} is not a multiple of heads {self.heads}"
+                ErrorCode.BAD_MODEL,
+                f"model {self.name!r}: hidden {self.hidden} is not a multiple of heads {self.heads}",
             )
         if self.heads % self.kv_heads:
             raise InvalidConfigError(
-                f"model {self.name!r}: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}"
+                ErrorCode.BAD_MODEL,
+                f"model {self.name!r}: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}",
             )
 
     @property
@@ -242,7 +266,9 @@ class ModelShape:
         try:
             return presets[RENAMED.get(name, name)]
         except KeyError:
-            raise InvalidConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(presets)}") from None
+            raise InvalidConfigError(
+                ErrorCode.UNKNOWN_CHOICE, f"unknown model preset {name!r}; valid presets: {', '.join(presets)}"
+            ) from None
 
     @classmethod
     def from_spec(cls, text: str) -> ModelShape:
@@ -263,18 +289,12 @@ class ModelShape:
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
-        try:
-            cfg = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise UnsupportedInputError(f"{p} does not exist: give a model directory with config.json") from None
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise UnsupportedInputError(f"{p} is not a readable JSON config ({exc})") from None
-        if not isinstance(cfg, dict):
-            raise UnsupportedInputError(f"{p} is not a model config: it holds JSON but not an object")
+        cfg = _read_config(p)
         if exact and (problem := _inexact(cfg)):
             raise UnsupportedInputError(
+                ErrorCode.UNSUPPORTED_CHECKPOINT,
                 f"{p}: the engine cannot run this checkpoint exactly: {problem}. It runs Llama-format models "
-                "(LlamaForCausalLM); a preset or --model synthetic shows the same pipeline"
+                "(LlamaForCausalLM); a preset or --model synthetic shows the same pipeline",
             )
         kind = str(cfg.get("model_type") or "llama")
         try:
@@ -297,15 +317,17 @@ class ModelShape:
                 **arch_fields(cfg),
             )
         except Unrepresentable as exc:
-            raise UnsupportedInputError(f"{p}: cannot be represented: {exc}") from None
+            raise UnsupportedInputError(ErrorCode.BAD_MODEL_CONFIG, f"{p}: cannot be represented: {exc}") from None
         except KeyError as exc:
             raise UnsupportedInputError(
+                ErrorCode.BAD_MODEL_CONFIG,
                 f"{p}: config.json lacks the field {exc}, which a {kind} model needs: give the checkpoint's own "
-                "config.json, unedited"
+                "config.json, unedited",
             ) from None
         except (TypeError, ValueError) as exc:
             raise UnsupportedInputError(
-                f"{p}: a field has a bad value ({exc}): give the checkpoint's own config.json"
+                ErrorCode.BAD_MODEL_CONFIG,
+                f"{p}: a field has a bad value ({exc}): give the checkpoint's own config.json",
             ) from None
 
 
@@ -367,7 +389,9 @@ def dtype_bytes(dtype: str) -> int:
     try:
         return DTYPE_BYTES[dtype.strip().lower()]
     except KeyError:
-        raise InvalidConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}") from None
+        raise InvalidConfigError(
+            ErrorCode.UNKNOWN_CHOICE, f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}"
+        ) from None
 
 
 # `tiny` runs comfortably on a laptop CPU and, like real models, has an LM head that costs about two decoder

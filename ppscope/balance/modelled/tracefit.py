@@ -29,7 +29,7 @@ from ppscope.balance.advise.problem import BalanceProblem
 from ppscope.balance.advise.rebalance import evaluate
 from ppscope.balance.costs import LayerCosts, StageCosts
 from ppscope.balance.split import format_split
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 
 __all__ = ["POOR_FIT", "Calibration", "calibrate"]
 
@@ -89,19 +89,21 @@ def calibrate(costs: LayerCosts, split: Sequence[int], measured_ms: Sequence[flo
     (see the module docstring)."""
     if len(measured_ms) != len(split):
         raise InvalidConfigError(
+            ErrorCode.COUNT_MISMATCH,
             f"the trace has {len(measured_ms)} stage(s) but the split {format_split(split)} has {len(split)}: give "
-            f"--current-split with one layer count per stage of the trace"
+            f"--current-split with one layer count per stage of the trace",
         )
     measured = tuple(float(m) for m in measured_ms)
     idle = [s for s, m in enumerate(measured) if not (math.isfinite(m) and m > 0)]
     if idle:
         raise InvalidConfigError(
+            ErrorCode.NO_COMPUTE,
             f"stage(s) {', '.join(map(str, idle))} of the trace have no compute time to calibrate on: trace a "
-            "window in which every stage runs"
+            "window in which every stage runs",
         )
     modelled = evaluate(BalanceProblem(costs=costs, stages=len(split)), split).stage_ms
     if min(modelled) <= 0:
-        raise InvalidConfigError("the model gives a stage no cost: check --model and the split")
+        raise InvalidConfigError(ErrorCode.NO_COMPUTE, "the model gives a stage no cost: check --model and the split")
     scale = min(m / t for m, t in zip(measured, modelled, strict=True))
     scaled = LayerCosts(
         layer_ms=tuple(c * scale for c in costs.layer_ms),

@@ -79,18 +79,20 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.analysis import AnalysisConfig, analyze, parse_window_ms
     from ppscope.analysis.placement import apply_placement, parse_stage_of_rank, placement_of
     from ppscope.analysis.report import print_report, stdout_console, write_html
-    from ppscope.errors import InvalidConfigError, UnsupportedInputError
+    from ppscope.errors import ErrorCode, InvalidConfigError, UnsupportedInputError
     from ppscope.formats.sources import open_trace
     from ppscope.trace.outputs import check_output
 
     if args.max_bars < 1:
-        raise InvalidConfigError(f"--max-bars must be >= 1, got {args.max_bars}")
+        raise InvalidConfigError(ErrorCode.BAD_VALUE, f"--max-bars must be >= 1, got {args.max_bars}")
     window_ms = parse_window_ms(args.window) if args.window else None
     config = AnalysisConfig(steady=args.steady, active=args.active, window_ms=window_ms)
     if args.html:  # before the analysis: a refused --html costs nothing
         check_output(args.html, option="--html", inputs=[args.run], force=args.force)
     if args.tp != 1 and not args.stage_of_rank:
-        raise InvalidConfigError("--tp needs --stage-of-rank (the metadata's ranks already say their replica)")
+        raise InvalidConfigError(
+            ErrorCode.CONFLICTING_OPTIONS, "--tp needs --stage-of-rank (the metadata's ranks already say their replica)"
+        )
     if args.workers is not None or args.ray is not None:
         ranked = _rank_by_rank(args, config)
         if isinstance(ranked, int):
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
             result.what_if, result.what_if_reason = what_if(trace, placement)
     if not result.stages and not unrecorded:
         why = "; ".join(map(str, said)) or "did the run record anything?"
-        raise UnsupportedInputError(f"{args.run} holds no spans: nothing to analyse ({why})")
+        raise UnsupportedInputError(ErrorCode.NO_SPANS, f"{args.run} holds no spans: nothing to analyse ({why})")
     if args.html:
         path = write_html(result, args.html, trace, max_bars=args.max_bars, force=args.force)
         if not args.json:
@@ -135,17 +137,21 @@ def _rank_by_rank(args: argparse.Namespace, config: AnalysisConfig) -> tuple[Ana
     from ppscope.analysis.placement import parse_stage_of_rank
     from ppscope.analysis.sharded import analyze_run
     from ppscope.analysis.sharded_replicas import analyze_run_replicas
-    from ppscope.errors import InvalidConfigError
+    from ppscope.errors import ErrorCode, InvalidConfigError
     from ppscope.simulate.whatif import unread_reason
     from ppscope.trace.notices import NoticeCode
     from ppscope.trace.store import is_run_dir, read_meta
 
     how = "--ray" if args.ray is not None else "--workers"
     if args.html:
-        raise InvalidConfigError(f"--html draws every span, so it needs the whole trace in memory: leave out {how}")
+        raise InvalidConfigError(
+            ErrorCode.CONFLICTING_OPTIONS,
+            f"--html draws every span, so it needs the whole trace in memory: leave out {how}",
+        )
     if not is_run_dir(args.run):
         raise InvalidConfigError(
-            f"{how} reads a ppscope run directory rank by rank, and {args.run} is not one: leave out {how}"
+            ErrorCode.CONFLICTING_OPTIONS,
+            f"{how} reads a ppscope run directory rank by rank, and {args.run} is not one: leave out {how}",
         )
     rule = parse_stage_of_rank(args.stage_of_rank) if args.stage_of_rank else None
     ra = analyze_run_replicas(args.run, rule, args.tp, config, workers=args.workers or 1, ray=args.ray)
@@ -180,12 +186,14 @@ def _replicas(args: argparse.Namespace, trace: Trace, placement: Placement, conf
 
 def _shown(args: argparse.Namespace, ra: ReplicaAnalysis) -> AnalysisResult:
     """The result of the replica the report details; a one-line error when no replica recorded anything."""
-    from ppscope.errors import UnsupportedInputError
+    from ppscope.errors import ErrorCode, UnsupportedInputError
 
     result = ra.results.get(ra.shown_replica)
     if result is None or not result.stages:
         why = "; ".join(map(str, ra.warnings)) or "did the run record anything?"
-        raise UnsupportedInputError(f"{args.run} holds no spans of any replica: nothing to analyse ({why})")
+        raise UnsupportedInputError(
+            ErrorCode.NO_SPANS, f"{args.run} holds no spans of any replica: nothing to analyse ({why})"
+        )
     return result
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ppscope.errors import InvalidConfigError, PPScopeError, RunNotFoundError
+from ppscope.errors import ErrorCode, InvalidConfigError, PPScopeError, RunNotFoundError
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -105,14 +105,20 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def find_app() -> Path:
     """Where the dashboard's Streamlit script is; a clear error when Streamlit or the app is not installed."""
     if importlib.util.find_spec("streamlit") is None:
-        raise PPScopeError("the dashboard needs Streamlit, which is not installed: pip install 'ppscope[dashboard]'")
+        raise PPScopeError(
+            ErrorCode.NOT_INSTALLED,
+            "the dashboard needs Streamlit, which is not installed: pip install 'ppscope[dashboard]'",
+        )
     spec = importlib.util.find_spec("ppscope.dashboard")
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for location in locations:
         app = Path(location) / "app.py"
         if app.is_file() and (Path(location) / "views.py").is_file():
             return app
-    raise PPScopeError("the ppscope dashboard app is not installed: reinstall with pip install 'ppscope[dashboard]'")
+    raise PPScopeError(
+        ErrorCode.NOT_INSTALLED,
+        "the ppscope dashboard app is not installed: reinstall with pip install 'ppscope[dashboard]'",
+    )
 
 
 def dashboard_command(
@@ -126,9 +132,9 @@ def dashboard_command(
     `ranks_in_memory`: the most rank files of a run of many pipelines that the dashboard loads whole."""
     _check_paths(paths)
     if not 0 < port < 65536:
-        raise InvalidConfigError(f"--port must be between 1 and 65535, got {port}")
+        raise InvalidConfigError(ErrorCode.BAD_VALUE, f"--port must be between 1 and 65535, got {port}")
     if ranks_in_memory is not None and ranks_in_memory < 0:
-        raise InvalidConfigError(f"--ranks-in-memory must be >= 0, got {ranks_in_memory}")
+        raise InvalidConfigError(ErrorCode.BAD_VALUE, f"--ranks-in-memory must be >= 0, got {ranks_in_memory}")
     limit = [] if ranks_in_memory is None else [f"--ranks-in-memory={ranks_in_memory}"]  # app.RANKS_OPTION
     return [
         sys.executable,
@@ -204,10 +210,16 @@ def start_dashboard(
 
 def _check_paths(paths: Sequence[str | os.PathLike[str]]) -> None:
     if not paths:
-        raise RunNotFoundError("no trace given: pass a run directory, an nsys .sqlite, a Kineto trace or a folder")
+        raise RunNotFoundError(
+            ErrorCode.NO_TRACE_GIVEN,
+            "no trace given: pass a run directory, an nsys .sqlite, a Kineto trace or a folder",
+        )
     for path in paths:
         if not Path(path).exists():
-            raise RunNotFoundError(f"{path} does not exist: give a run directory, a trace file or a folder of runs")
+            raise RunNotFoundError(
+                ErrorCode.RUN_NOT_FOUND,
+                f"{path} does not exist: give a run directory, a trace file or a folder of runs",
+            )
 
 
 def _wait_until_up(board: Dashboard, host: str, port: int, wait_s: float) -> None:
@@ -219,14 +231,17 @@ def _wait_until_up(board: Dashboard, host: str, port: int, wait_s: float) -> Non
         code = board.process.poll()
         if code is not None:
             raise PPScopeError(
-                f"the dashboard server exited with status {code} before it answered (its output says why)"
+                ErrorCode.DASHBOARD_FAILED,
+                f"the dashboard server exited with status {code} before it answered (its output says why)",
             )
         with contextlib.suppress(OSError, urllib.error.URLError), urllib.request.urlopen(health, timeout=2) as resp:
             if resp.status == 200:
                 return
         time.sleep(0.2)
     board.stop()
-    raise PPScopeError(f"the dashboard server did not answer at {board.url} within {wait_s:.0f} s")
+    raise PPScopeError(
+        ErrorCode.DASHBOARD_FAILED, f"the dashboard server did not answer at {board.url} within {wait_s:.0f} s"
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -256,19 +271,24 @@ def _choose_port(host: str, port: int | None) -> int:
             s.bind((host, 0))  # also tells a bad --host from busy ports
         except (OSError, OverflowError) as exc:
             why = getattr(exc, "strerror", None) or str(exc)
-            raise InvalidConfigError(f"cannot listen on {host!r}: {why}; give an address of this machine") from None
+            raise InvalidConfigError(
+                ErrorCode.CANNOT_LISTEN, f"cannot listen on {host!r}: {why}; give an address of this machine"
+            ) from None
         any_port = int(s.getsockname()[1])
     if port == 0:
         return any_port
     if port is not None:
         if not 0 < port < 65536:
-            raise InvalidConfigError(f"--port must be between 1 and 65535, got {port}")
+            raise InvalidConfigError(ErrorCode.BAD_VALUE, f"--port must be between 1 and 65535, got {port}")
         if not _port_free(host, port):
-            raise InvalidConfigError(f"port {port} on {host} is in use: pick another --port, or --port 0 for any")
+            raise InvalidConfigError(
+                ErrorCode.PORT_IN_USE, f"port {port} on {host} is in use: pick another --port, or --port 0 for any"
+            )
         return port
     for candidate in range(DEFAULT_PORT, DEFAULT_PORT + _PORT_TRIES):
         if _port_free(host, candidate):
             return candidate
     raise InvalidConfigError(
-        f"ports {DEFAULT_PORT}-{DEFAULT_PORT + _PORT_TRIES - 1} on {host} are all in use: give --port N or --port 0"
+        ErrorCode.PORT_IN_USE,
+        f"ports {DEFAULT_PORT}-{DEFAULT_PORT + _PORT_TRIES - 1} on {host} are all in use: give --port N or --port 0",
     )

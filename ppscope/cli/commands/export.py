@@ -38,7 +38,7 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppscope.errors import InvalidConfigError
+    from ppscope.errors import ErrorCode, InvalidConfigError
     from ppscope.formats import export_run, export_trace
     from ppscope.formats.detect import InputKind, detect
     from ppscope.formats.nvtxt import NVTXT_FILES
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     found = detect(args.input)  # cheap: names a missing or unreadable input before anything else
     if args.format is None:
-        raise InvalidConfigError(f"give --format, one of {', '.join(FORMATS)}")
+        raise InvalidConfigError(ErrorCode.MISSING_OPTION, f"give --format, one of {', '.join(FORMATS)}")
     src = Path(args.input)
     given = args.out if args.out is not None else src.name.split(".")[0] + _DEFAULT_SUFFIX[args.format]
     out = check_output(  # before reading: a refused --out costs nothing

@@ -126,15 +126,17 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ppscope.balance.report import rebalance_model, rebalance_runs
     from ppscope.cli.model_costs import wants_model
-    from ppscope.errors import InvalidConfigError
+    from ppscope.errors import ErrorCode, InvalidConfigError
 
     request = _request(args)
     assumed: list[Notice] = []
     if wants_model(args):
         if request.model is None:
-            raise InvalidConfigError("the cost model needs --model")
+            raise InvalidConfigError(ErrorCode.MISSING_OPTION, "the cost model needs --model")
         if len(args.runs) > 1:
-            raise InvalidConfigError("give one trace of another engine to calibrate the model on, not several")
+            raise InvalidConfigError(
+                ErrorCode.CONFLICTING_OPTIONS, "give one trace of another engine to calibrate the model on, not several"
+            )
         trace = _trace_stages(_pipeline_trace(args.runs[-1], args, assumed), args.runs[-1]) if args.runs else None
         report = rebalance_model(request.model, request, trace)
     else:
@@ -197,7 +199,7 @@ def _pipeline_trace(path: str, args: argparse.Namespace, assumed: list[Notice]) 
     it shows a pipeline, unless the user says it is one; what it lacked then goes into `assumed`."""
     from ppscope.analysis.pipeline import pipeline_evidence
     from ppscope.analysis.placement import apply_placement, parse_stage_of_rank, placement_of
-    from ppscope.errors import NoEvidenceError
+    from ppscope.errors import ErrorCode, NoEvidenceError
     from ppscope.formats.sources import open_trace
 
     trace = open_trace(path)
@@ -208,8 +210,9 @@ def _pipeline_trace(path: str, args: argparse.Namespace, assumed: list[Notice]) 
     if missing is not None:
         if not args.assume_pipeline:
             raise NoEvidenceError(
+                ErrorCode.NO_PIPELINE_EVIDENCE,
                 f"{path}: no split advised: {missing.text}; pass --assume-pipeline to take its ranks as stages in "
-                "the order `ppscope analyze` gives them, or --stage-of-rank to say which stage each rank runs"
+                "the order `ppscope analyze` gives them, or --stage-of-rank to say which stage each rank runs",
             )
         assumed.append(missing)
     return trace
@@ -220,13 +223,17 @@ def _trace_stages(trace: Trace, path: str) -> TraceStages:
     from ppscope.analysis import analyze
     from ppscope.balance.measured.timings import RunTimings
     from ppscope.balance.report import TraceStages, job_kind
-    from ppscope.errors import IncompleteRunError, UnsupportedInputError
+    from ppscope.errors import ErrorCode, IncompleteRunError, UnsupportedInputError
 
     result = analyze(trace)
     if result.window is None:
-        raise UnsupportedInputError(f"{path} holds no span to time its stages by: nothing to calibrate the model on")
+        raise UnsupportedInputError(
+            ErrorCode.NO_SPANS, f"{path} holds no span to time its stages by: nothing to calibrate the model on"
+        )
     if result.missing is not None:
-        raise IncompleteRunError(f"{result.missing}: calibrating the model needs every stage's time")
+        raise IncompleteRunError(
+            ErrorCode.MISSING_RANKS, f"{result.missing}: calibrating the model needs every stage's time"
+        )
     return TraceStages(
         stage_ms=tuple(s.busy_ns / 1e6 for s in result.stages),
         stage_ranks=tuple(tuple(s.ranks) for s in result.stages),

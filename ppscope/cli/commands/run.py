@@ -112,13 +112,14 @@ def _live_metrics(args: argparse.Namespace, cfg: EngineConfig) -> Iterator[Engin
     from ppscope.cli.exporter import BackgroundWatch, Exporter, is_loopback
     from ppscope.engine.launch import under_torchrun
     from ppscope.engine.worker import default_run_dir
-    from ppscope.errors import InvalidConfigError
+    from ppscope.errors import ErrorCode, InvalidConfigError
 
     check_seconds(args.metrics_window, "--prometheus-window")
     if under_torchrun():
         raise InvalidConfigError(
+            ErrorCode.CONFLICTING_OPTIONS,
             "--prometheus-port serves a run started here; under torchrun, serve the run with `ppscope watch RUN "
-            "--prometheus-port PORT` on a machine that sees its run directory"
+            "--prometheus-port PORT` on a machine that sees its run directory",
         )
     out = cfg.output.out or default_run_dir()
     cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, out=out))

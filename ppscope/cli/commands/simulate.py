@@ -64,7 +64,7 @@ def register(sub: Subcommands) -> None:
 def _replay(args: argparse.Namespace) -> tuple[Replay, Prediction]:
     """The replay of --from RUN and its prediction with --split (the run's own split without)."""
     from ppscope.balance.split import parse_split
-    from ppscope.errors import InvalidConfigError
+    from ppscope.errors import ErrorCode, InvalidConfigError
     from ppscope.formats.sources import open_trace
     from ppscope.simulate.calibrate import Replay
 
@@ -80,8 +80,9 @@ def _replay(args: argparse.Namespace) -> tuple[Replay, Prediction]:
     given = [o for o, v in taken if v is not None]
     if given:
         raise InvalidConfigError(
+            ErrorCode.CONFLICTING_OPTIONS,
             f"--from RUN replays the run's own schedule, sizes and costs: drop {', '.join(given)} (or simulate "
-            "without --from)"
+            "without --from)",
         )
     replay = Replay.of(open_trace(args.from_run))
     cfg = replay.config
@@ -138,11 +139,13 @@ def run(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> SimConfig:
     from ppscope.balance.costs import parse_ms_list
     from ppscope.balance.split import parse_split
-    from ppscope.errors import InvalidConfigError
+    from ppscope.errors import ErrorCode, InvalidConfigError
     from ppscope.simulate.simulator import CommModel, SimConfig
 
     if args.stages is None or args.microbatches is None:
-        raise InvalidConfigError("give --stages P and --microbatches M (or --from RUN to replay a run)")
+        raise InvalidConfigError(
+            ErrorCode.MISSING_OPTION, "give --stages P and --microbatches M (or --from RUN to replay a run)"
+        )
     costs = given_costs(args).resolve(
         missing="give the costs: --layer-costs MS,MS,... (one per layer) or --layers N --layer-cost-ms MS"
     )

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ppscope.errors import InvalidConfigError
+from ppscope.errors import ErrorCode, InvalidConfigError
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -81,7 +81,8 @@ def add_metrics_arguments(p: Options, *, host_flag: str, window_flag: str, requi
 def check_seconds(value: float, flag: str, *, zero: bool = False) -> None:
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
         raise InvalidConfigError(
-            f"{flag} must be a {'non-negative' if zero else 'positive'} number of seconds, got {value}"
+            ErrorCode.BAD_VALUE,
+            f"{flag} must be a {'non-negative' if zero else 'positive'} number of seconds, got {value}",
         )
 
 

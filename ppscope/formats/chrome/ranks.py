@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError
+from ppscope.errors import CorruptFileError, ErrorCode
 from ppscope.formats.nesting import stack_levels
 from ppscope.trace.model import RunMeta, SpanKind, Trace
 from ppscope.trace.rankfile import read_p2p, start_order
@@ -91,7 +91,7 @@ class RunRanks:
 
     def __init__(self, run_dir: str | Path) -> None:
         self.meta, self.files, self.notes = run_files(run_dir)
-        self.damaged: dict[int, str] = {}
+        self.damaged: dict[int, CorruptFileError] = {}
 
     def each(self) -> Iterator[tuple[int, pd.DataFrame, pd.DataFrame]]:
         files = {r: f for r, f in self.files.items() if r not in self.damaged}
@@ -202,7 +202,8 @@ class ExportPlan:
         pairs = link_pairs(sends, receives)
         if len(pairs) != n:
             raise CorruptFileError(
+                ErrorCode.RUN_CHANGED,
                 f"the sends from rank {src} to rank {dst} paired {len(pairs)} arrows, {n} on the first read: "
-                "the run changed while it was exported; export it once it has finished"
+                "the run changed while it was exported; export it once it has finished",
             )
         return [(first + i + 1, s, r) for i, (s, r) in enumerate(pairs)]

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError
 from ppscope.formats.chrome.ranks import (
     RECV_KINDS,
     ExportPlan,
@@ -59,7 +58,7 @@ def export_chrome_run(run_dir: str | Path, out: str | Path, *, force: bool = Fal
     source = RunRanks(run_dir)
     plan = ExportPlan.of(source)
     if source.damaged and len(source.damaged) == len(source.files):
-        raise CorruptFileError(next(iter(source.damaged.values())))
+        raise next(iter(source.damaged.values()))
     for note in source.notes + [damaged_note(r, why) for r, why in sorted(source.damaged.items())]:
         print(f"ppscope export: note: {note}", file=sys.stderr)
     return _write(source, plan, Path(out), force)

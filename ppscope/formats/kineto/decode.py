@@ -27,7 +27,7 @@ from typing import IO, Any, TypeVar, cast
 
 import msgspec
 
-from ppscope.errors import CorruptFileError, UnsupportedInputError
+from ppscope.errors import CorruptFileError, ErrorCode, UnsupportedInputError
 from ppscope.formats.detect import GZIP_MAGIC
 from ppscope.formats.kineto.times import float_ns
 
@@ -196,7 +196,9 @@ class ReadAhead:
     def _get(self, block: bool) -> bytes:
         item = self.pieces.get(block)
         if isinstance(item, _Damaged):
-            raise CorruptFileError(f"{self.path}: truncated or damaged ({item}); copy the trace again")
+            raise CorruptFileError(
+                ErrorCode.DAMAGED_FILE, f"{self.path}: truncated or damaged ({item}); copy the trace again"
+            )
         return item
 
     def finish(self) -> None:
@@ -303,7 +305,9 @@ class _Stream:
     def expect(self, char: str) -> None:
         if self.peek() != char:
             found = self.peek() or "end of file"
-            raise CorruptFileError(f"{self.path}: not valid JSON (expected {char!r}, found {found!r})")
+            raise CorruptFileError(
+                ErrorCode.NOT_JSON, f"{self.path}: not valid JSON (expected {char!r}, found {found!r})"
+            )
         self.pos += 1
 
     def batch(self, decode: Callable[[bytes], list[_T]]) -> list[_T] | None:
@@ -325,7 +329,9 @@ class _Stream:
                 failed, end = max(failed, end), self._cut(end)
                 continue
             except _Damaged as exc:
-                raise CorruptFileError(f"{self.path}: truncated or damaged ({exc}); copy the trace again") from None
+                raise CorruptFileError(
+                    ErrorCode.DAMAGED_FILE, f"{self.path}: truncated or damaged ({exc}); copy the trace again"
+                ) from None
             self.pos = end + 2
             return items
         self.odd_until = max(self.odd_until, failed)  # the items up to a cut that did not decode: one at a time
@@ -363,8 +369,12 @@ class _Stream:
                 if self._more():
                     continue
                 if isinstance(exc, UnicodeDecodeError):
-                    raise CorruptFileError(f"{self.path}: truncated or damaged ({exc}); copy the trace again") from None
-                raise CorruptFileError(f"{self.path}: not valid JSON or truncated ({exc.msg})") from None
+                    raise CorruptFileError(
+                        ErrorCode.DAMAGED_FILE, f"{self.path}: truncated or damaged ({exc}); copy the trace again"
+                    ) from None
+                raise CorruptFileError(
+                    ErrorCode.NOT_JSON, f"{self.path}: not valid JSON or truncated ({exc.msg})"
+                ) from None
             # A number may continue beyond the window, or in the next chunk: make sure it ended before them.
             if end == len(text) and not whole:
                 window *= 4
@@ -415,7 +425,9 @@ def _batches(
             f.finish()
             return
         if s.peek() != "{":
-            raise UnsupportedInputError(f"{path} is JSON but not a Kineto trace: it is not a JSON object")
+            raise UnsupportedInputError(
+                ErrorCode.NOT_A_TRACE, f"{path} is JSON but not a Kineto trace: it is not a JSON object"
+            )
         s.expect("{")
         seen = False
         while s.peek() not in ("}", ""):
@@ -433,7 +445,9 @@ def _batches(
     finally:
         f.close()
     if not seen:
-        raise UnsupportedInputError(f"{path} is JSON but not a Kineto trace: it has no traceEvents list")
+        raise UnsupportedInputError(
+            ErrorCode.NOT_A_TRACE, f"{path} is JSON but not a Kineto trace: it has no traceEvents list"
+        )
 
 
 def _items(s: _Stream, decode: Callable[[bytes], list[_T]], one: Callable[[Any], _T | None]) -> Iterator[list[_T]]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ppscope.errors import CorruptFileError, UnsupportedInputError
+from ppscope.errors import CorruptFileError, ErrorCode, UnsupportedInputError
 from ppscope.formats.detect import GZIP_MAGIC
 from ppscope.trace.notices import Notice, NoticeCode
 
@@ -47,7 +47,8 @@ def refuse_empty(path: Path) -> None:
         size = path.stat().st_size
         if size == 0:
             raise CorruptFileError(
-                f"{path} is empty (0 bytes): the profiler did not write it; remove it to analyse the other ranks"
+                ErrorCode.EMPTY_FILE,
+                f"{path} is empty (0 bytes): the profiler did not write it; remove it to analyse the other ranks",
             )
         with open(path, "rb") as f:
             gz = f.read(2) == GZIP_MAGIC
@@ -56,7 +57,8 @@ def refuse_empty(path: Path) -> None:
                 head = f.read(64)
             if not head.strip():
                 raise CorruptFileError(
-                    f"{path} is empty (a gzip stream of nothing); remove it to analyse the other ranks"
+                    ErrorCode.EMPTY_FILE,
+                    f"{path} is empty (a gzip stream of nothing); remove it to analyse the other ranks",
                 )
     except (OSError, EOFError, zlib.error):
         return  # damaged rather than empty: the reader names that
@@ -84,8 +86,9 @@ def _same_world(files: Mapping[int, JobFacts]) -> tuple[list[int], list[Notice]]
     odd = sorted(f.name for r, f in files.items() if sizes[r] not in (None, common))
     if n == n2:
         raise UnsupportedInputError(
+            ErrorCode.NOT_ONE_JOB,
             f"{', '.join(sorted(f.name for f in files.values()))} are not one job's ranks: their "
-            "distributedInfo.world_size differ; give one job's files"
+            "distributedInfo.world_size differ; give one job's files",
         )
     text = (
         f"left out {', '.join(odd)}: from another job (distributedInfo.world_size other than the {common} of the rest)"
@@ -105,8 +108,9 @@ def _overlapping(files: Mapping[int, JobFacts]) -> tuple[list[int], list[Notice]
         return list(files), []
     if len(alone) == len(files):
         raise UnsupportedInputError(
+            ErrorCode.NOT_ONE_JOB,
             f"{', '.join(sorted(f.name for f in files.values()))} do not overlap in time: they are not one "
-            "job's ranks (or their clocks disagree by more than the trace lasts); give one job's files"
+            "job's ranks (or their clocks disagree by more than the trace lasts); give one job's files",
         )
     names = ", ".join(sorted(files[r].name for r in alone))
     text = f"left out {names}: its events overlap no other rank's in time, so it is from another job"

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError, UnsupportedInputError
+from ppscope.errors import CorruptFileError, ErrorCode, UnsupportedInputError
 from ppscope.formats.kineto.columns import Columns
 from ppscope.formats.kineto.decode import ReadAhead, iter_event_batches
 from ppscope.formats.kineto.decode import iter_trace_events as iter_trace_events
@@ -131,14 +131,16 @@ def _shift(path: Path, base: Any) -> int:
     except ValueError:  # more digits than Python converts
         shift = NS_LIMIT
     if not -NS_LIMIT < shift < NS_LIMIT:
-        raise CorruptFileError(f"{path}: baseTimeNanoseconds {base!r} is out of range; the trace is damaged")
+        raise CorruptFileError(
+            ErrorCode.DAMAGED_FILE, f"{path}: baseTimeNanoseconds {base!r} is out of range; the trace is damaged"
+        )
     return shift
 
 
 def load_kineto(files: list[Path]) -> Trace:
     """The Kineto trace files (one per rank) as one Trace, ranks ordered into stages."""
     if not files:
-        raise UnsupportedInputError("no Kineto trace files given")
+        raise UnsupportedInputError(ErrorCode.NO_TRACES, "no Kineto trace files given")
     read: dict[int, _File] = {}
     warnings: list[Notice] = []
     skipped: list[str] = []
@@ -164,11 +166,15 @@ def load_kineto(files: list[Path]) -> Trace:
         rank, notes = _rank_of(path, data.top, i)
         warnings += notes
         if rank in read:
-            raise UnsupportedInputError(f"{path}: rank {rank} appears in two files; give one file per rank")
+            raise UnsupportedInputError(
+                ErrorCode.DUPLICATE_RANK, f"{path}: rank {rank} appears in two files; give one file per rank"
+            )
         read[rank] = data
     if not read:
         folder = Path(files[0]).parent
-        raise UnsupportedInputError(f"{folder} holds no traces: none of its JSON files has a traceEvents list")
+        raise UnsupportedInputError(
+            ErrorCode.NO_TRACES, f"{folder} holds no traces: none of its JSON files has a traceEvents list"
+        )
     if skipped:
         text = f"skipped {len(skipped)} JSON file(s) without traceEvents: {', '.join(skipped[:5])}"
         warnings.append(Notice(NoticeCode.SKIPPED_FILES, text))
@@ -281,8 +287,9 @@ def _refuse_own_export(path: Path, top: dict[str, Any]) -> None:
     other = top.get("otherData")
     if isinstance(other, dict) and "ppscope_run_id" in other:
         raise UnsupportedInputError(
+            ErrorCode.NOT_A_TRACE,
             f"{path} is ppscope's Chrome/Perfetto export of run {other['ppscope_run_id']}, a view that ppscope "
-            "does not read back: analyse the run directory it was exported from"
+            "does not read back: analyse the run directory it was exported from",
         )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ppscope.errors import CorruptFileError
+from ppscope.errors import CorruptFileError, ErrorCode
 
 __all__ = ["NS_LIMIT", "float_ns", "ns_column", "to_ns"]
 
@@ -55,7 +55,9 @@ def _ns_exact(value: Any, path: Path, what: str) -> int:
     if not us.is_finite():
         return 0
     if us.copy_abs() >= _US_LIMIT:  # compared first: 1e999999999 must not become a billion-digit int
-        raise CorruptFileError(f"{path}: {what} {value!r} µs is out of range; the trace is damaged")
+        raise CorruptFileError(
+            ErrorCode.DAMAGED_FILE, f"{path}: {what} {value!r} µs is out of range; the trace is damaged"
+        )
     return int((us * 1000).to_integral_value())
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError, PPScopeError, UnsupportedInputError
+from ppscope.errors import CorruptFileError, ErrorCode, PPScopeError, UnsupportedInputError
 from ppscope.formats.nsys.gpu import GPU_KINDS, TABLE_BITS, GpuWork, gpu_work
 from ppscope.formats.nsys.tables import (
     KERNEL,
@@ -69,7 +69,8 @@ def _load(db: NsysDb) -> Trace:
     if not (db.has("StringIds") and (db.has(KERNEL) or db.has(NVTX) or db.has("META_DATA_EXPORT"))):
         hint = " (it looks like a ppscope rank file: give its run directory)" if db.has("spans") else ""
         raise UnsupportedInputError(
-            f"{db.path} is an SQLite file but not an nsys export: it has no StringIds / {KERNEL} / {NVTX} tables{hint}"
+            ErrorCode.NOT_A_TRACE,
+            f"{db.path} is an SQLite file but not an nsys export: it has no StringIds / {KERNEL} / {NVTX} tables{hint}",
         )
     info = dict(db.query("SELECT name, value FROM META_DATA_EXPORT")) if db.has("META_DATA_EXPORT") else {}
     strings = read_strings(db)
@@ -78,8 +79,9 @@ def _load(db: NsysDb) -> Trace:
     ppscope_rows = nvtx[nvtx["ppscope"]] if len(nvtx) else nvtx
     if db.count(KERNEL) == 0 and not len(ppscope_rows):
         raise UnsupportedInputError(
+            ErrorCode.NO_KERNELS,
             f"{db.path} is an nsys export without GPU kernels ({KERNEL} is missing or empty) and without "
-            "ppscope NVTX ranges: record with `nsys profile --trace=cuda,nvtx` and export again"
+            "ppscope NVTX ranges: record with `nsys profile --trace=cuda,nvtx` and export again",
         )
     if own_export:
         return _own_export(db, info, ppscope_rows)
@@ -92,7 +94,9 @@ def _own_export(db: NsysDb, info: dict[str, str], rows: pd.DataFrame) -> Trace:
         meta = RunMeta.from_json(info["PPSCOPE_RUN_META"], where=f"{db.path} (PPSCOPE_RUN_META)")
         rank_of_pid = {int(k): int(v) for k, v in json.loads(info.get("PPSCOPE_RANK_PIDS", "{}")).items()}
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:
-        raise CorruptFileError(f"{db.path}: damaged ppscope metadata rows in META_DATA_EXPORT ({exc})") from None
+        raise CorruptFileError(
+            ErrorCode.DAMAGED_FILE, f"{db.path}: damaged ppscope metadata rows in META_DATA_EXPORT ({exc})"
+        ) from None
     spans = ppscope_fields(rows)
     if len(spans):
         spans["rank"] = spans["pid"].map(rank_of_pid).fillna(-1).astype(np.int64)

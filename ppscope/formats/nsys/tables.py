@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ppscope.errors import CorruptFileError, brief
+from ppscope.errors import CorruptFileError, ErrorCode, brief
 from ppscope.formats.detect import open_sqlite_ro
 from ppscope.trace.model import SPAN_COLUMNS, SpanKind, lane_of
 
@@ -80,7 +80,9 @@ class NsysDb:
         try:
             return self.db.execute(sql, args).fetchall()
         except (sqlite3.Error, UnicodeDecodeError) as exc:  # text cells that are not UTF-8 fail as they are fetched
-            raise CorruptFileError(f"{self.path}: unreadable nsys export ({brief(exc)})") from None
+            raise CorruptFileError(
+                ErrorCode.DAMAGED_FILE, f"{self.path}: unreadable nsys export ({brief(exc)})"
+            ) from None
 
     def has(self, table: str) -> bool:
         return table in self.columns
@@ -108,7 +110,8 @@ def read_strings(db: NsysDb) -> np.ndarray:
     ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
     if int(ids.max()) > max(1 << 24, 64 * len(rows)):  # a window cut from a bigger export leaves gaps, not this
         raise CorruptFileError(
-            f"{db.path}: StringIds ids reach {int(ids.max())} for {len(rows)} strings; the file is damaged"
+            ErrorCode.DAMAGED_FILE,
+            f"{db.path}: StringIds ids reach {int(ids.max())} for {len(rows)} strings; the file is damaged",
         )
     out = np.full(int(ids.max()) + 1, "", dtype=object)
     out[ids] = [_text(r[1]) for r in rows]
@@ -143,7 +146,8 @@ def _check_ints(db: NsysDb, table: str, df: pd.DataFrame, columns: list[str]) ->
     bad = [c for c in columns if df[c].dtype.kind not in "iu"]
     if bad:
         raise CorruptFileError(
-            f"{db.path}: {table}.{bad[0]} holds non-integer values where nsys writes integers; the file is damaged"
+            ErrorCode.DAMAGED_FILE,
+            f"{db.path}: {table}.{bad[0]} holds non-integer values where nsys writes integers; the file is damaged",
         )
 
 
@@ -216,7 +220,9 @@ def row_columns(
     try:
         arr = np.array(rows, dtype=np.int64).reshape(len(rows), len(columns))
     except (TypeError, ValueError, OverflowError):
-        raise CorruptFileError(f"{db.path}: {table} holds non-integer values where nsys writes integers") from None
+        raise CorruptFileError(
+            ErrorCode.DAMAGED_FILE, f"{db.path}: {table} holds non-integer values where nsys writes integers"
+        ) from None
     return {alias: arr[:, i] for i, alias in enumerate(columns)}
 
 

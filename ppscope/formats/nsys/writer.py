@@ -86,14 +86,14 @@ def export_nsys_run(run_dir: str | Path, out: str | Path, *, force: bool = False
     and rows. A damaged rank file is left out and named on stderr, as `load_run` does."""
     meta, files, notes = run_files(run_dir)
     parts: list[tuple[int, int, int, int]] = []
-    damaged: dict[int, str] = {}
+    damaged: dict[int, CorruptFileError] = {}
     for rank, spans, _ in each_rank(files, meta, damaged, notes):
         if len(spans):
             stages = spans.loc[spans["stage"] >= 0, "stage"]
             first = int(stages.min()) if len(stages) else -1
             parts.append((rank, first, int(spans["start_ns"].min()), int(spans["end_ns"].max())))
     if damaged and not parts:
-        raise CorruptFileError(next(iter(damaged.values())))
+        raise next(iter(damaged.values()))
     for note in notes + [damaged_note(r, why) for r, why in sorted(damaged.items())]:
         print(f"ppscope export: note: {note}", file=sys.stderr)
     ends = pd.DataFrame(parts, columns=["rank", "stage", "start_ns", "end_ns"], dtype="int64")

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ppscope.errors import CorruptFileError, UnsupportedInputError
+from ppscope.errors import CorruptFileError, ErrorCode, UnsupportedInputError
 from ppscope.trace.actions import ActionType
 from ppscope.trace.model import ClockInfo, RankInfo, RunMeta, SpanKind, Trace, spans_frame
 from ppscope.trace.notices import Notice, NoticeCode
@@ -38,14 +38,16 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptFileError(f"{path}: not readable JSON ({exc}); copy the dump again") from None
+        raise CorruptFileError(ErrorCode.NOT_JSON, f"{path}: not readable JSON ({exc}); copy the dump again") from None
 
 
 def load_primus(files: list[Path]) -> Trace:
     """The dump's rank files (and its `config.json`, when among them or beside them) as one Trace."""
     ranks = {int(m.group(1)): f for f in files if (m := RANK_FILE.match(f.name))}
     if not ranks:
-        raise UnsupportedInputError(f"{files[0]}: no pp_rank_N.json file: not a Primus pipeline dump")
+        raise UnsupportedInputError(
+            ErrorCode.NOT_A_TRACE, f"{files[0]}: no pp_rank_N.json file: not a Primus pipeline dump"
+        )
     config_path = next((f for f in files if f.name == CONFIG_NAME), ranks[min(ranks)].parent / CONFIG_NAME)
     config = _read_json(config_path) if config_path.is_file() else {}
     config = config if isinstance(config, dict) else {}
@@ -58,7 +60,9 @@ def load_primus(files: list[Path]) -> Trace:
     guessed = False
     for rank, dump in dumps.items():
         if not isinstance(dump, dict):
-            raise CorruptFileError(f"{ranks[rank]}: not an object of iterations; not a Primus pipeline dump")
+            raise CorruptFileError(
+                ErrorCode.DAMAGED_FILE, f"{ranks[rank]}: not an object of iterations; not a Primus pipeline dump"
+            )
         for key, it in dump.items():
             step = _step(key)
             if step is None or not isinstance(it, dict):
@@ -67,16 +71,20 @@ def load_primus(files: list[Path]) -> Trace:
                 guessed |= _one_iteration(rows, times, it, (rank, step, offsets[step]), (stages, chunks))
             except (TypeError, ValueError, OverflowError) as exc:
                 raise CorruptFileError(
+                    ErrorCode.DAMAGED_FILE,
                     f"{ranks[rank]}: iteration {key} holds a value that is no time or id ({exc}); "
-                    "not a Primus pipeline dump, or a damaged one"
+                    "not a Primus pipeline dump, or a damaged one",
                 ) from None
     if not times:
-        raise UnsupportedInputError(f"{ranks[min(ranks)].parent}: the Primus dump holds no timed pass")
+        raise UnsupportedInputError(
+            ErrorCode.NO_SPANS, f"{ranks[min(ranks)].parent}: the Primus dump holds no timed pass"
+        )
     ms = np.array(times, np.float64)
     if not (np.isfinite(ms).all() and (np.abs(ms) < 1e11).all() and (ms[:, 1] >= ms[:, 0]).all()):
         raise CorruptFileError(
+            ErrorCode.DAMAGED_FILE,
             f"{ranks[min(ranks)].parent}: the Primus dump holds pass times that are not finite ms, or end before "
-            "they start; copy the dump again"
+            "they start; copy the dump again",
         )
     return Trace(
         spans=_frame(rows, times),

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from ppscope.errors import UnsupportedInputError
+from ppscope.errors import ErrorCode, UnsupportedInputError
 from ppscope.formats.timers.events import TimerColumns, read_columns
 from ppscope.formats.timers.layout import Layout, lane_layout
 from ppscope.formats.timers.names import PIPELINE_NAMES, TimerOp, op_of
@@ -32,7 +32,7 @@ def load_timers(path: Path) -> Trace:
     names, name_code = _codes(cols.name)
     ops = [op_of(n) for n in names]
     if not PIPELINE_NAMES.intersection(names):
-        raise UnsupportedInputError(_not_a_pipeline(path, cols, names))
+        raise UnsupportedInputError(ErrorCode.NOT_A_TRACE, _not_a_pipeline(path, cols, names))
     lanes, lane_code, first = cols.lanes()
     layout = lane_layout(cols, lanes, first)
     warnings = list(layout.notices)
