@@ -188,7 +188,7 @@ class ErrorCode(StrEnum):
     NO_TRACES = "no_traces"
     """A folder, or a list of files, that holds no trace."""
     FOLDER_OF_RUNS = "folder_of_runs"
-    """A folder of runs given where one run is read."""
+    """A folder of runs, or of folders of trace files, given where one is read."""
     NOT_ONE_JOB = "not_one_job"
     """Trace files that are not one job's ranks."""
     DUPLICATE_RANK = "duplicate_rank"

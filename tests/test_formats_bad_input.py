@@ -90,6 +90,16 @@ def _empty_dir(tmp: Path) -> Path:
     return d
 
 
+def _folder_of_trace_folders(tmp: Path) -> Path:
+    """Two captures side by side, each a folder holding one rank's Kineto file."""
+    d = tmp / "trace_diff"
+    for name in ("control", "test"):
+        (d / name).mkdir(parents=True)
+        with gzip.open(d / name / "rank-0.json.gz", "wt") as f:
+            json.dump({"traceEvents": []}, f)
+    return d
+
+
 def _folder_of_runs(tmp: Path) -> Path:
     d = tmp / "tuned"
     for name in ("1-before", "2-after"):
@@ -110,6 +120,7 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
     "empty chrome array": (_empty_array, "no timed events"),
     "directory without traces": (_empty_dir, "holds no traces"),
     "folder of runs (ppscope tune)": (_folder_of_runs, "a folder of runs (1-before, 2-after): give one of them"),
+    "folder of trace folders": (_folder_of_trace_folders, "its subfolders control, test do: give one of them"),
 }
 
 

@@ -220,7 +220,8 @@ _FORMULAS: dict[Schedule, tuple[_Build, bool]] = {
         lambda p, m, v, c: (
             "DualPipeV (P-1)(F&B+B-3W) of 2M(F+B)",
             dualpipev_bubble(p, m, c),
-            f"with F&B = F+B (no overlap gain; the README gives no step length) ({_costs_note(c)})",
+            "with F&B = F+B (no overlap gain; DeepSeek's DualPipe README, github.com/deepseek-ai/DualPipe, gives no "
+            f"step length) ({_costs_note(c)})",
         ),
         False,
     ),

@@ -170,11 +170,29 @@ def _detect_dir(p: Path) -> Detected:
         raise UnsupportedInputError(
             ErrorCode.FOLDER_OF_RUNS, f"{p} is a folder of runs ({listed}): give one of them, e.g. {p / runs[0]}"
         )
+    held = _folders_of_traces(p)
+    if held:  # e.g. two captures side by side (control/ and test/), each a folder of rank files
+        listed = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+        raise UnsupportedInputError(
+            ErrorCode.FOLDER_OF_RUNS,
+            f"{p} holds no traces itself, but its subfolders {listed} do: give one of them, e.g. {p / held[0]}",
+        )
     raise UnsupportedInputError(
         ErrorCode.NO_TRACES,
         f"{p} holds no traces: no {_RUN_META} (ppscope run), no Kineto JSON/JSON.gz files"
         + (f", and {len(nsys)} SQLite files (give one nsys export at a time)" if nsys else ", no nsys .sqlite"),
     )
+
+
+def _folders_of_traces(p: Path) -> list[str]:
+    """The subfolders of `p` that hold trace files themselves (Kineto JSON, gzip or SQLite): a look at their
+    first bytes, one level down, never deeper."""
+    held = []
+    for d in sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith(".")):
+        files = (f for f in d.iterdir() if f.is_file() and not f.name.startswith("."))
+        if any(sniff_file(f) in ("gzip", "json", "sqlite") for f in files):
+            held.append(d.name)
+    return held
 
 
 def open_sqlite_ro(path: Path) -> sqlite3.Connection:
