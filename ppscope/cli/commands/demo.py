@@ -29,7 +29,7 @@ HELP = "Run, find the bottleneck, rebalance, re-run and show the measured gain, 
 EXAMPLE = "ppscope demo --no-dashboard"
 EMULATED = "llama3-8b"
 """The model the demo emulates where there are fewer than 2 GPUs."""
-DECIDE_WITHIN_S = 100.0
+DECIDE_WITHIN_S = 130.0
 """Seconds the pairs of runs may take to decide, after run 1 (the demo then takes about 2-3 minutes)."""
 MOST_PAIRS = 5
 TINY_LIMITS = (
