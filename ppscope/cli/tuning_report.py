@@ -27,12 +27,13 @@ def _split(split: tuple[int, ...] | list[int]) -> str:
     return ",".join(map(str, split))
 
 
-def _interval(interval: Interval | None, none: str = "") -> str:
-    """` (95% interval ×a–×b)`; a point interval says that it is one, and why."""
+def _interval(interval: Interval | None, point_why: str = "") -> str:
+    """` (95% interval ×a–×b)`; an interval of no width says that it is one, and why (`point_why`)."""
     if interval is None:
-        return f" ({none})" if none else ""
+        return ""
     if interval.high - interval.low < POINT:
-        return f" (the same in every resample of run 1's times: {interval.how or 'the bound does not depend on them'})"
+        why = point_why or "run 1's times varied too little to move it"
+        return f" (the same in every resample of run 1's times: {why})"
     return f" ({interval.level:.0%} interval {interval.text()})"
 
 
@@ -88,8 +89,10 @@ def _verdict(result: TuneResult) -> str:
 def _gain_lines(result: TuneResult) -> list[str]:
     """Predicted against measured, in sentences."""
     basis = "the stages sharing cores" if result.cores is not None and result.cores.binds else "the slowest stage"
+    shared = "the shared cores bound both splits alike however the stage times vary"
+    point = shared if result.cores is not None and result.cores.binds else ""
     lines = [
-        f"predicted speedup ×{result.predicted_speedup:.3f}{_interval(result.predicted_interval)}, from "
+        f"predicted speedup ×{result.predicted_speedup:.3f}{_interval(result.predicted_interval, point)}, from "
         f"{basis} with the costs measured in run 1"
     ]
     sim, measured, pairs = result.simulated, result.measured_speedup, result.pair_speedups

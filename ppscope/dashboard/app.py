@@ -110,6 +110,7 @@ def main(argv: Sequence[str]) -> None:
         _wait_for_runs(catalog)
         return
     labels = [e.label for e in entries]
+    _open_from_link(labels)
     label = st.sidebar.selectbox("Trace", labels, key="trace")
     entry = catalog.pick(label, entries)
     section = st.sidebar.radio("Section", SECTIONS, key="section")
@@ -140,6 +141,21 @@ def main(argv: Sequence[str]) -> None:
         compare.page(compare.live_side(live, entry.label), others, lambda e: compare_side(e, limit))
     else:
         jobpages.requests(live)
+
+
+LINK_KEYS = ("section", "trace", "compare_with")
+"""What a link may open (`?section=Compare&trace=A&compare_with=B`): the sidebar's section and trace, and
+Compare's B. `ppscope demo` opens on the comparison of its two splits so."""
+
+
+def _open_from_link(labels: Sequence[str]) -> None:
+    """Start the page where the link says, once: only a section or a trace this dashboard offers is taken (a
+    link never names a path), and what the user picks afterwards stays."""
+    valid = {"section": SECTIONS, "trace": labels, "compare_with": labels}
+    for key in LINK_KEYS:
+        value = st.query_params.get(key)
+        if value in valid[key] and key not in st.session_state:
+            st.session_state[key] = value
 
 
 def _wait_for_runs(catalog: Catalog) -> None:

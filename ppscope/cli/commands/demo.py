@@ -130,6 +130,25 @@ def demo_json(result: TuneResult) -> dict[str, object]:
     return {**{k: full[k] for k in keys}, "tune": full}
 
 
+def dashboard_link(url: str, out: Path, result: TuneResult) -> str:
+    """The dashboard opened on what the demo found: Compare of run 1 (A) and run 2 (B) where the advised split
+    ran, else run 1's Timeline (labels as the dashboard lists a folder's runs: `folder/run`)."""
+    from urllib.parse import urlencode
+
+    def label(run_dir: Path) -> str:
+        return f"{out.name}/{run_dir.name}"
+
+    if result.after is None:
+        query = {"section": "Timeline", "trace": label(result.before.run_dir)}
+    else:
+        query = {
+            "section": "Compare",
+            "trace": label(result.before.run_dir),
+            "compare_with": label(result.after.run_dir),
+        }
+    return f"{url}/?{urlencode(query)}"
+
+
 def run(args: argparse.Namespace) -> int:
     from ppscope.cli.engine_options import engine_config, split_option
     from ppscope.cli.tuning_report import print_tune
@@ -138,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
     split = split_option(args.split)
     given, said = _setup(args)
-    stages = args.stages or len(split or ()) or default_stages("emulate" in given)
+    stages = args.stages or len(split or ()) or default_stages(bool(given["emulate"]))
     # what the demo has no option for is as `ppscope run` has it by default
     cfg = engine_config(args, stages=stages, **given)
     out = check_output(str(cfg.output.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")), kind="runs")
@@ -157,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         decide_within_s=DECIDE_WITHIN_S,
     )
-    if said:
+    if said and args.json:  # the text has said it already, before run 1
         result = dataclasses.replace(result, notes=[*said, *result.notes])
     if args.json:
         print(json.dumps(demo_json(result), indent=2))
@@ -168,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.cli.commands.dashboard import start_dashboard
 
     board = start_dashboard([str(out)], port=args.port, quiet=True)
-    print(f"dashboard: {board.url}  (both runs are listed there; Ctrl-C to stop)", flush=True)
+    print(f"dashboard: {dashboard_link(board.url, out, result)}  (every run is listed there; Ctrl-C to stop)")
     try:
         return board.process.wait()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: 130, as every command that is interrupted
