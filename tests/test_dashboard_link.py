@@ -3,10 +3,12 @@ on the comparison of its two splits; a name the dashboard does not offer is igno
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
-from test_dashboard_runs import record_gpipe_run
+from test_dashboard_app import _decode
+from test_dashboard_runs import record_gpipe_run, span_count
 
 TIMEOUT_S = 60
 
@@ -42,3 +44,18 @@ def test_a_link_naming_what_is_not_offered_opens_the_default_page(tmp_path: Path
     assert not at.exception, at.exception
     assert at.sidebar.radio(key="section").value == "Timeline"
     assert at.sidebar.selectbox(key="trace").value == "demo-1/1-before"
+
+
+def test_the_timeline_opens_on_a_few_steps_with_each_span_drawn_under_the_whole_run(tmp_path: Path) -> None:
+    # 12 steps of 2 micro-batches: more than a few steps, so the first view is the newest few, each span a bar,
+    # with the whole run as a heatmap strip above it
+    run = record_gpipe_run(tmp_path / "demo-1" / "1-before", p=2, m=2, steps=12)
+    at = _app(tmp_path / "demo-1")
+    assert not at.exception, at.exception
+    assert at.radio(key="window_mode").value == "A few steps"
+    overview, window = (json.loads(c.proto.spec) for c in at.get("plotly_chart"))
+    assert [t["type"] for t in overview["data"] if t.get("type") == "heatmap"]
+    bars = [t for t in window["data"] if t.get("type") == "bar" and (t.get("meta") or {}).get("role") == "spans"]
+    drawn = sum(len(_decode(t["base"])) for t in bars)
+    assert 0 < drawn < span_count(2, 2) * 12 and "one bar each" in at.caption[-1].value
+    assert run.is_dir()
