@@ -48,7 +48,9 @@ def test_stage_breakdown_and_theory() -> None:
     th = theory_vs_measured(res)
     measured = sum(d.y[0] for d in th.data if d.x[0] == "measured")
     assert measured == pytest.approx(100 * res.bubble_ratio)
-    assert any("GPipe" in d.x[0] for d in th.data)
+    theory = next(d for d in th.data if d.x[0] == "theory")
+    assert "GPipe" in theory.name and th.layout.xaxis.tickangle == 0  # no rotated label to cut
+    assert "(" not in th.layout.title.text  # the title fits: the definition is the y axis's
 
 
 def test_empty_trace_figures() -> None:
