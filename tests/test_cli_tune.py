@@ -17,6 +17,7 @@ from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, Pipel
 from ppscope.engine.profiler import profile_layers, write_profile
 from ppscope.engine.tuning import tune
 from ppscope.errors import CorruptFileError, ErrorCode, InvalidConfigError
+from ppscope.trace.store import DEMO_FILE
 
 QUIET = OutputConfig(progress=False, nvtx=False)
 
@@ -262,7 +263,8 @@ def test_the_demo_runs_the_whole_loop_on_the_tiny_model(tmp_path: Path) -> None:
     text = done.stdout
     assert "costs: each layer timed inside run 1, the median of" in text and "limits: the tiny model" in text
     assert "predicted speedup ×" in text
-    runs = sorted(p.name for p in out.iterdir())
+    runs = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert (out / DEMO_FILE).is_file()  # what the dashboard's Compare leads with
     # One verdict, whatever the machine's load decides: on keep (the stages share cores with busy neighbours),
     # nothing more runs and there is nothing to paste; on change, the demo runs each split twice (ABBA) and
     # prints the lines to paste.

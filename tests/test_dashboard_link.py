@@ -10,6 +10,10 @@ from streamlit.testing.v1 import AppTest
 from test_dashboard_app import _decode
 from test_dashboard_runs import record_gpipe_run, span_count
 
+from ppscope.cli.commands.demo import _headline_toml
+from ppscope.dashboard.compare import demo_headline
+from ppscope.trace.store import DEMO_FILE
+
 TIMEOUT_S = 60
 
 
@@ -59,3 +63,23 @@ def test_the_timeline_opens_on_a_few_steps_with_each_span_drawn_under_the_whole_
     drawn = sum(len(_decode(t["base"])) for t in bars)
     assert 0 < drawn < span_count(2, 2) * 12 and "one bar each" in at.caption[-1].value
     assert run.is_dir()
+
+
+def test_compare_of_two_demo_runs_leads_with_the_predicted_and_measured_speedup(tmp_path: Path) -> None:
+    folder = tmp_path / "demo-1"
+    for name in ("1-before", "2-after"):
+        record_gpipe_run(folder / name, p=2, m=2)
+    answer = {
+        "predicted_speedup": 1.158,
+        "measured_speedup": 1.161,
+        "measured_interval": [1.13, 1.19],
+        "advice": "change",
+    }
+    (folder / DEMO_FILE).write_text(_headline_toml(answer))
+    at = _app(folder, section="Compare", trace="demo-1/1-before", compare_with="demo-1/2-after")
+    assert not at.exception, at.exception
+    said = "The demo predicted ×1.158 for the advised split and measured ×1.161 (95% interval ×1.130–×1.190)"
+    assert any(said in m.value for m in at.markdown)
+    assert demo_headline(tmp_path) == ""  # no demo there
+    (folder / DEMO_FILE).write_text(_headline_toml({**answer, "measured_speedup": None, "advice": "keep"}))
+    assert demo_headline(folder).endswith("advised keeping the given one: the advised split was not run.")

@@ -7,6 +7,7 @@ them) can be opened, picked from a list. Loading and tailing live in `ppscope.da
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -144,7 +145,8 @@ def main(argv: Sequence[str]) -> None:
     elif section == "Rebalance":
         advice.page(live)
     elif section == "Compare":
-        compare.page(compare.live_side(live, entry.label), others, lambda e: compare_side(e, limit))
+        side = dataclasses.replace(compare.live_side(live, entry.label), folder=entry.path.parent)
+        compare.page(side, others, lambda e: compare_side(e, limit), compare.demo_headline(entry.path.parent))
     else:
         jobpages.requests(live)
 

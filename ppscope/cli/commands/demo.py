@@ -130,6 +130,12 @@ def demo_json(result: TuneResult) -> dict[str, object]:
     return {**{k: full[k] for k in keys}, "tune": full}
 
 
+def _headline_toml(answer: dict[str, object]) -> str:
+    """The figures the dashboard leads with, as TOML (numbers, a list of two, a word; a null is left out)."""
+    keys = ("predicted_speedup", "measured_speedup", "measured_interval", "advice")
+    return "".join(f"{k} = {json.dumps(answer[k])}\n" for k in keys if answer.get(k) is not None)
+
+
 def dashboard_link(url: str, out: Path, result: TuneResult) -> str:
     """The dashboard opened on what the demo found: Compare of run 1 (A) and run 2 (B) where the advised split
     ran, else run 1's Timeline (labels as the dashboard lists a folder's runs: `folder/run`)."""
@@ -154,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     from ppscope.cli.tuning_report import print_tune
     from ppscope.engine.tuning import tune
     from ppscope.trace.outputs import check_output
+    from ppscope.trace.store import DEMO_FILE
 
     split = split_option(args.split)
     given, said = _setup(args)
@@ -178,8 +185,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if said and args.json:  # the text has said it already, before run 1
         result = dataclasses.replace(result, notes=[*said, *result.notes])
+    answer = demo_json(result)
+    (out / DEMO_FILE).write_text(_headline_toml(answer), encoding="utf-8")  # the dashboard's Compare leads with it
     if args.json:
-        print(json.dumps(demo_json(result), indent=2))
+        print(json.dumps(answer, indent=2))
     else:
         print_tune(result)
     if not args.dashboard:
