@@ -29,8 +29,8 @@ def test_gantt_shades_the_analyzers_gaps_under_the_bars() -> None:
     assert fig.layout.xaxis.type == "linear" and not view.aggregated
     gap_traces = [d for d in fig.data if (d.meta or {}).get("role") == "gap"]
     assert gap_traces and fig.data[: len(gap_traces)] == tuple(gap_traces)  # shading is drawn first, under bars
-    shaded_us = sum(float(np.sum(d.x)) for d in gap_traces)
-    assert shaded_us == pytest.approx(sum(s.bubble_ns for s in res.stages) / 1e3)
+    shaded_ms = sum(float(np.sum(d.x)) for d in gap_traces)
+    assert shaded_ms == pytest.approx(sum(s.bubble_ns for s in res.stages) / 1e6)
 
 
 def test_stage_breakdown_and_theory() -> None:
