@@ -287,7 +287,7 @@ class AnalysisResult:
 
     source: str
     emulated: str = ""
-    """How the engine emulated GPU stages (`emulated llama3-8b on h100-sxm (roofline), ×27 slower`); "" when its
+    """How the engine emulated GPU stages (`emulated llama3-8b on h100-sxm (roofline), ×15 slower`); "" when its
     times are the compute's own."""
     schedule: str
     window: WindowInfo | None

@@ -374,7 +374,7 @@ class EmulateConfig:
         return bool(self.model)
 
     def text(self) -> str:
-        """`emulated llama3-8b on h100-sxm (roofline), ×27 slower`; "" when not emulating."""
+        """`emulated llama3-8b on h100-sxm (roofline), ×15 slower`; "" when not emulating."""
         return emulation_text(self.model, self.gpu, self.scale) if self.on else ""
 
 
