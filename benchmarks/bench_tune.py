@@ -7,17 +7,12 @@ layer profile of a real model against the pipeline it is meant to predict.
    cold caches, and back to back for comparison) ÷ what the run measured, stage by stage.
 3. A gpipe run of the synthetic engine replayed by the simulator (`replay_config`): simulated throughput ÷
    measured, the reference being the run itself.
-4. `ppscope demo` itself, five times as a new user runs it (the tiny model, in-situ costs), one of them beside a
-   busy loop on one core: measured gain ÷ predicted gain per run, and whether an advised split ever measured
-   slower than the given one beyond its interval.
+`ppscope demo` itself is `benchmarks/bench_demo.py`.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -39,7 +34,6 @@ def main() -> list[Figure]:
         result = tune(cfg, out_dir=Path(tmp) / "tune", cost_source="profile")
         profiled = profile_vs_run(Path(tmp))
         replayed = replay_vs_run(Path(tmp))
-        demos = demo_runs(Path(tmp))
     assert result.after is not None
     measured = result.measured_speedup or 0.0
     split = ",".join(map(str, result.after.split))
@@ -85,87 +79,7 @@ def main() -> list[Figure]:
         *simulated,
         *profiled,
         replayed,
-        *demos,
     ]
-
-
-DEMO_RUNS = 5
-BUSY_RUN = 3
-"""Which of the demo runs has a busy loop on one core beside it (0-based)."""
-
-
-def demo_runs(tmp: Path, runs: int = DEMO_RUNS, busy: int = BUSY_RUN) -> list[Figure]:
-    """`ppscope demo --no-dashboard --json` `runs` times, run `busy` beside a process spinning on one core."""
-    figures, shares, slower = [], [], 0
-    for i in range(runs):
-        spinner = _busy_loop() if i == busy else None
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "ppscope", "demo", "--no-dashboard", "--json", "--out", str(tmp / f"demo-{i}")],
-                capture_output=True,
-                text=True,
-                timeout=1200,
-            )
-        finally:
-            if spinner is not None:
-                spinner.kill()
-                spinner.wait()
-        if done.returncode != 0:
-            figures.append(Figure(f"demo run {i + 1}", f"failed: {done.stderr.strip().splitlines()[-1:]}"))
-            continue
-        d = json.loads(done.stdout)
-        share, low_high = d["realised_share_of_predicted_gain"], d["measured_interval"]
-        split = "→".join(",".join(map(str, s["split"])) for s in (d["tune"]["before"], d["tune"]["after"]) if s)
-        change = d["advice"] == "change"
-        below = change and low_high is not None and low_high[1] < 1.0
-        slower += below
-        if change and share is not None:
-            shares.append(share)
-        cores = d["tune"]["cores"]
-        beside = "" if cores is None else f", {cores['busy_beside']:.1f} of {cores['cores']} cores busy beside it"
-        figures.append(
-            Figure(
-                f"demo run {i + 1}{' (a busy loop on one core beside it)' if i == busy else ''}: {split}, "
-                f"{d['cost_source']} costs{beside}, advice {d['advice']}, slowest stage "
-                f"×{d['tune']['slowest_stage_speedup']:.3f}; measured speedup {_interval(low_high)} (ratio: "
-                "measured gain ÷ predicted gain)"
-                + ("; the advised split measured slower beyond its interval" if below else ""),
-                d["measured_speedup"],
-                "x",
-                f"the predicted speedup {_interval(d['predicted_interval'])}",
-                d["predicted_speedup"],
-                ratio=float("nan") if share is None else share,
-                target=">= 0.8" if change else "",
-                met=share is not None and share >= 0.8 if change else None,
-            )
-        )
-    met = sum(s >= 0.8 for s in shares)
-    return [
-        *figures,
-        Figure(
-            "demo: runs that advised a change and measured >= 0.8 of the predicted gain (the others advised "
-            "keeping the split)",
-            f"{met} of {len(shares)}",
-            target="all",
-            met=met == len(shares),
-        ),
-        Figure(
-            "demo: advised splits measured slower than the given one beyond their interval",
-            slower,
-            target="0",
-            met=slower == 0,
-        ),
-    ]
-
-
-def _interval(pair: list[float] | None) -> str:
-    return "(no interval)" if pair is None else f"(95% {pair[0]:.3f}-{pair[1]:.3f})"
-
-
-def _busy_loop() -> subprocess.Popen[bytes]:
-    """A process spinning on one core (core 0 where the OS lets it choose), as other work on the machine."""
-    code = "import os\nif hasattr(os, 'sched_setaffinity'): os.sched_setaffinity(0, {0})\nwhile True: pass"
-    return subprocess.Popen([sys.executable, "-c", code])
 
 
 def profile_vs_run(tmp: Path, stages: int = 2, device: str | None = None) -> list[Figure]:

@@ -29,8 +29,8 @@ def test_gantt_shades_the_analyzers_gaps_under_the_bars() -> None:
     assert fig.layout.xaxis.type == "linear" and not view.aggregated
     gap_traces = [d for d in fig.data if (d.meta or {}).get("role") == "gap"]
     assert gap_traces and fig.data[: len(gap_traces)] == tuple(gap_traces)  # shading is drawn first, under bars
-    shaded_us = sum(float(np.sum(d.x)) for d in gap_traces)
-    assert shaded_us == pytest.approx(sum(s.bubble_ns for s in res.stages) / 1e3)
+    shaded_ms = sum(float(np.sum(d.x)) for d in gap_traces)
+    assert shaded_ms == pytest.approx(sum(s.bubble_ns for s in res.stages) / 1e6)
 
 
 def test_stage_breakdown_and_theory() -> None:
@@ -48,7 +48,9 @@ def test_stage_breakdown_and_theory() -> None:
     th = theory_vs_measured(res)
     measured = sum(d.y[0] for d in th.data if d.x[0] == "measured")
     assert measured == pytest.approx(100 * res.bubble_ratio)
-    assert any("GPipe" in d.x[0] for d in th.data)
+    theory = next(d for d in th.data if d.x[0] == "theory")
+    assert "GPipe" in theory.name and th.layout.xaxis.tickangle == 0  # no rotated label to cut
+    assert "(" not in th.layout.title.text  # the title fits: the definition is the y axis's
 
 
 def test_empty_trace_figures() -> None:

@@ -32,7 +32,7 @@ def test_stages_sharing_too_few_cores_are_bound_by_their_total_work() -> None:
     assert got.speedup == pytest.approx(1.0) and got.slowest_stage_speedup == pytest.approx(6.4 / 5.7)
     assert got.interval is not None
     assert got.interval.low == pytest.approx(1.0) and got.interval.high == pytest.approx(1.0)
-    assert "1.0 busy beside the run" in got.text() and "through the bound" in got.interval.how
+    assert "used 1.0 of this machine's 2 cores" in got.text() and "through the bound" in got.interval.how
     # part way: 2 x 2/2.1 cores let 4,4 run at its slowest stage and bound 5,3 by the total work
     part = shared_cores(NOW, NEW, cores=2, busy_beside=0.1)
     assert part.binds and part.speedup == pytest.approx(6.4 / (11.2 / (4 / 2.1)))
@@ -73,7 +73,7 @@ def test_work_the_stage_times_miss_tightens_the_bound() -> None:
     free = 2 * 2 / 2.15
     assert got.free == pytest.approx(free) and got.binds and got.extra_ms == pytest.approx(0.96)
     assert got.speedup == pytest.approx(1.0)  # both splits wait on the CPU: 12.16 ms over 1.86 cores a beat
-    assert "and 0.96 ms a beat outside their spans" in got.text()
+    assert "spent 0.96 ms per step outside the timed work" in got.text()
     assert beat_ms(NOW, 1.85, 0.96) == pytest.approx((11.2 + 0.96) / 1.85)
 
 
@@ -86,7 +86,7 @@ def test_a_serve_loop_with_as_many_micro_batches_as_stages_is_bound_by_its_round
     assert (
         got.binds and got.speedup == pytest.approx(6.4 / 6.1) and got.slowest_stage_speedup == pytest.approx(6.4 / 5.7)
     )
-    assert "with 2 micro-batch(es) in flight round 1.00 ms of hops" in got.text()
+    assert "each token also waits 1.00 ms for the hops between stages" in got.text()
     assert not shared_cores(NOW, NEW, cores=4, busy_beside=0.0, loop_ms=1.0, inflight=4).binds  # room to spare
 
 
@@ -160,7 +160,7 @@ def test_tune_on_cpus_bounds_the_prediction_by_the_cores_busy_beside(
     assert result.cores.free == pytest.approx(0.8) and result.cores.busy_beside == 3.0
     assert result.advice.predicted_speedup > 1.5  # 1,7 leaves the last stage far the slowest
     assert result.predicted_speedup == pytest.approx(1.0, abs=0.05) and result.decision is not None
-    assert not result.decision.change and "the stages share 2 core(s) with 3.0 busy beside" in result.decision.reason
+    assert not result.decision.change and "3.0 of this machine's 2 cores" in result.decision.reason
     data = result.to_dict()
     assert data["slowest_stage_speedup"] == result.advice.predicted_speedup and data["cores"]["cores"] == 2
     assert data["predicted_speedup"] == result.predicted_speedup

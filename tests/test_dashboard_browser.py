@@ -135,3 +135,31 @@ def test_live_run_refreshes_until_it_finishes(tmp_path: Path) -> None:
         )  # finished: the timer stops
         assert "status finished" in page.inner_text("body")
         page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
+
+
+# Per plot on the page: whether it holds a heatmap, and its span bars in the figure and drawn as SVG paths.
+_PLOTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => ({
+  heatmap: (gd.data || []).some(t => t.type === 'heatmap'),
+  spans: (gd.data || []).filter(t => t.type === 'bar' && (t.meta || {}).role === 'spans')
+    .reduce((acc, t) => acc + (t.base || []).length, 0),
+  drawn: gd.querySelectorAll('g.barlayer g.point path').length,
+}))"""
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_timeline_s_first_view_of_a_demo_run_draws_each_span(tmp_path: Path) -> None:
+    # a demo's run holds many steps: the first view is its newest few, each span a bar, under the whole run's
+    # heatmap strip, not the heatmap alone
+    run = record_gpipe_run(tmp_path / "demo-1" / "1-before", p=2, m=2, steps=12)
+    with dashboard_page(run) as page:
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 2", timeout=60_000)
+        page.wait_for_function(
+            _ALL_BARS_DRAWN.replace("querySelector('.js-plotly-plot')", "querySelectorAll('.js-plotly-plot')[1]"),
+            timeout=60_000,
+        )
+        overview, window = page.evaluate(_PLOTS_JS)[:2]
+        text = page.inner_text("body")
+    assert overview["heatmap"] and not window["heatmap"]
+    assert 0 < window["spans"] < span_count(2, 2) * 12 and window["drawn"] >= window["spans"]
+    assert "one bar each" in text and "the newest few steps" in text

@@ -33,17 +33,19 @@ def _trace(rows: list[tuple[int, str, str, int, int, int]] = SPANS) -> Trace:
 
 
 def _bars(fig: object, role: str = "spans") -> list[tuple[str, float, float]]:
+    """(row, start, width) of each bar in µs: the axis is in ms, the spans here last fractions of a µs."""
     out = []
     for t in fig.data:  # type: ignore[attr-defined]
         if (t.meta or {}).get("role") == role:
-            out += list(zip(t.y, np.asarray(t.base, float), np.asarray(t.x, float), strict=True))
+            base, width = (np.round(np.asarray(v, float) * 1e3, 6) for v in (t.base, t.x))
+            out += list(zip(t.y, base, width, strict=True))
     return sorted(out, key=lambda b: (b[1], b[0]))
 
 
 def test_every_span_is_one_bar_with_its_start_width_and_row() -> None:
     view = gantt_figure(_trace().spans)
     assert not view.aggregated and view.bars == 5 and view.spans_in_window == 5
-    # x is µs since the first span; widths are durations in µs, to the nanosecond
+    # x is ms since the first span; widths are durations, to the nanosecond (here in µs)
     assert _bars(view.figure) == [
         ("rank 0 · compute", 0.0, 0.5),
         ("rank 1 · recv", 0.0, 0.62),
@@ -74,9 +76,9 @@ def test_colour_modes_group_bars_by_micro_batch_or_kind() -> None:
 def test_hover_carries_stage_micro_batch_step_phase_duration_and_bytes() -> None:
     fig = gantt_figure(_trace().spans, color_by="kind").figure
     send = next(t for t in fig.data if t.name == "send")
-    name, stage, mb, step, phase, dur_us, nbytes = send.customdata[0]
+    name, stage, mb, step, phase, dur_ms, nbytes = send.customdata[0]
     assert (name, stage, mb, step, phase, nbytes) == ("send", 0, 0, -1, "", "64")
-    assert dur_us == pytest.approx(0.12)
+    assert dur_ms == pytest.approx(0.12e-3)
     for field in ("stage", "mb", "step", "duration", "bytes"):
         assert field in send.hovertemplate
 
@@ -85,7 +87,7 @@ def test_window_keeps_only_overlapping_spans_on_the_same_axis() -> None:
     view = gantt_figure(_trace().spans, window_ns=(1_560, 1_610), origin_ns=1_000)
     assert {row for row, _, _ in _bars(view.figure)} == {"rank 0 · send", "rank 0 · compute", "rank 1 · recv"}
     assert view.spans_in_window == 3
-    assert list(view.figure.layout.xaxis.range) == [0.56, 0.61]
+    assert list(view.figure.layout.xaxis.range) == pytest.approx([0.56e-3, 0.61e-3])
 
 
 def test_gaps_are_shaded_on_the_compute_rows_of_their_stage() -> None:
@@ -132,8 +134,8 @@ def test_large_windows_are_aggregated_into_busy_share_bins() -> None:
     assert trace.type == "heatmap" and trace.meta["role"] == "binned"
     share = np.asarray(trace.z, float)
     assert share.shape == (1, AGGREGATE_BINS) and view.bars == AGGREGATE_BINS
-    # busy time is conserved: Σ share × bin width = Σ span durations (250 ns each, in µs)
-    assert float(np.nansum(share) * trace.dx) == pytest.approx(n * 0.25, rel=1e-6)
+    # busy time is conserved: Σ share × bin width = Σ span durations (250 ns each, in ms)
+    assert float(np.nansum(share) * trace.dx) == pytest.approx(n * 0.25e-3, rel=1e-6)
     assert float(np.asarray(trace.customdata).sum()) == n  # every span starts in exactly one bin
     assert trace.x0 == pytest.approx(trace.dx / 2)
     assert "aggregated" in view.note and "20,000 spans" in view.note

@@ -46,7 +46,7 @@ def test_the_config_travels_whole_as_a_pickle_and_as_its_flat_form(tmp_path: Pat
     assert EngineConfig.from_json(flat) == cfg
     assert flat["split"] == [1, 3] and flat["layer_cost_ms"] == [1.0, 2.0, 3.0, 4.5] and flat["model"] == "synthetic"
     assert flat["out"] == str(tmp_path / "run") and flat["timeout_s"] == 30.0 and flat["record"] is True
-    assert set(flat) == set(FLAT_KEYS) and len(flat) == 32 and flat["device"] == "auto"
+    assert set(flat) == set(FLAT_KEYS) and len(flat) == 35 and flat["device"] == "auto"
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.pipeline.stages = 3  # type: ignore[misc]
 

@@ -80,7 +80,6 @@ LONG_FUNCTIONS = {
     "ppscope/balance/measured/fit.py::fit_layer_costs": "the least-squares system of every run's stages, built "
     "and solved in one place so that its rank and residuals are read off the same matrix",
     "ppscope/engine/tuning.py::tune": "the run, rebalance, re-run loop, its steps in the order they happen",
-    "ppscope/cli/tuning_report.py::print_tune": "one table of measured against predicted, row by row",
     "ppscope/engine/worker.py::_run_pipeline": "one rank's main: the process group, the stage, the schedule "
     "loop and the recorder's life, in the order a rank goes through them",
     "ppscope/formats/kineto/reader.py::load_kineto": "the job's files read in a pipeline of threads (inflate, "

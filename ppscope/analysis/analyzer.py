@@ -207,6 +207,7 @@ def assemble(
     throughput, basis_tp = _throughput(latency, tokens, window)
     return AnalysisResult(
         source=meta.source,
+        emulated=str(meta.model.get("emulated", "")),
         schedule=meta.schedule,
         engine=_engine(meta),
         window=window,
@@ -349,6 +350,7 @@ def empty_result(
 ) -> AnalysisResult:
     return AnalysisResult(
         source=meta.source,
+        emulated=str(meta.model.get("emulated", "")),
         schedule=meta.schedule,
         engine=_engine(meta),
         window=window,

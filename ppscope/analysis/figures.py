@@ -56,12 +56,21 @@ def theory_vs_measured(result: AnalysisResult) -> go.Figure:
             fig.add_trace(go.Bar(x=["measured"], y=[100 * share], name=c, marker={"color": CAUSE_COLORS[c]}))
     th = result.theory
     if th.bubble_ratio is not None:
+        # the formula is long: it goes in the legend and the hover, never a rotated tick label that is cut
         fig.add_trace(
-            go.Bar(x=[f"theory: {th.formula}"], y=[100 * th.bubble_ratio], name="theory", marker={"color": "#555"})
+            go.Bar(
+                x=["theory"],
+                y=[100 * th.bubble_ratio],
+                name=f"theory: {th.formula}",
+                hovertext=[th.formula],
+                marker={"color": "#555"},
+            )
         )
     fig.update_layout(
-        title="Bubble ratio: theory vs measured (Σ bubble / (P × window))",
+        title={"text": "Bubble ratio: theory vs measured", "automargin": True},
         barmode="stack",
-        yaxis_title="% of wall time",
+        yaxis_title="% of P × window idle",
+        legend={"orientation": "h", "yanchor": "top", "y": -0.15},
     )
+    fig.update_xaxes(automargin=True, tickangle=0)
     return fig

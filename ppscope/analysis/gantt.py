@@ -3,7 +3,7 @@
 The dashboard and the HTML report both draw it from here.
 
 It draws one horizontal bar per span (`go.Bar(base=start, x=duration, orientation="h")`)
-on a linear µs axis: `plotly.express.timeline` would turn numbers into dates and round widths to whole
+on a linear ms axis: `plotly.express.timeline` would turn numbers into dates and round widths to whole
 milliseconds, so sub-millisecond spans would vanish. When a window holds more spans than a browser draws
 quickly, each row is aggregated into time bins coloured by how busy the row is in each, and the result
 says so (`GanttView.note`). Idle gaps come from the analyzer and are shaded by cause on the compute rows.
@@ -68,11 +68,11 @@ _LANE_ORDER = {str(Lane.COMPUTE): 0, str(Lane.LAYERS): 1, str(Lane.RECV): 2, str
 _MAX_LEGEND_MB = 32
 _HOVER = (
     "%{customdata[0]}<br>%{y}<br>stage %{customdata[1]} · mb %{customdata[2]} · step %{customdata[3]}"
-    " · %{customdata[4]}<br>start %{base:,.1f} µs · duration %{customdata[5]:,.1f} µs"
+    " · %{customdata[4]}<br>start %{base:,.3f} ms · duration %{customdata[5]:,.3f} ms"
     "<br>bytes %{customdata[6]}<extra></extra>"
 )
-_BINNED_HOVER = "%{y}<br>around %{x:,.1f} µs: busy %{z:.0%}, %{customdata:,} spans start here<extra></extra>"
-_GAP_HOVER = "idle: %{customdata[0]}<br>%{y}<br>start %{base:,.1f} µs · length %{x:,.1f} µs<extra></extra>"
+_BINNED_HOVER = "%{y}<br>around %{x:,.3f} ms: busy %{z:.0%}, %{customdata:,} spans start here<extra></extra>"
+_GAP_HOVER = "idle: %{customdata[0]}<br>%{y}<br>start %{base:,.3f} ms · length %{x:,.3f} ms<extra></extra>"
 
 
 def kind_color(kind: str) -> str:
@@ -123,7 +123,7 @@ def gantt_figure(
 ) -> GanttView:
     """The pipeline Gantt of `spans` (SPAN_COLUMNS) within `window_ns` (all when None).
 
-    x is µs since `origin_ns` (default: the first span's start). gaps: idle intervals (stage, start_ns,
+    x is ms since `origin_ns` (default: the first span's start). gaps: idle intervals (stage, start_ns,
     end_ns, cause) shaded on the compute rows of `stage_ranks[stage]`. Marks (zero-length) are not drawn.
     """
     if color_by not in COLOR_MODES:
@@ -185,15 +185,15 @@ def _labels(spans: pd.DataFrame) -> npt.NDArray[np.object_]:
 def _add_spans(fig: go.Figure, spans: pd.DataFrame, origin_ns: int, color_by: str) -> int:
     if not len(spans):
         return 0
-    start_us = (spans["start_ns"].to_numpy(np.int64) - origin_ns) / 1e3
-    dur_us = (spans["end_ns"].to_numpy(np.int64) - spans["start_ns"].to_numpy(np.int64)) / 1e3
+    start_ms = (spans["start_ns"].to_numpy(np.int64) - origin_ns) / 1e6
+    dur_ms = (spans["end_ns"].to_numpy(np.int64) - spans["start_ns"].to_numpy(np.int64)) / 1e6
     custom = np.empty((len(spans), 7), dtype=object)
     custom[:, 0] = spans["name"].to_numpy()
     custom[:, 1] = spans["stage"].to_numpy()
     custom[:, 2] = spans["mb"].to_numpy()
     custom[:, 3] = spans["step"].to_numpy()
     custom[:, 4] = spans["phase"].to_numpy()
-    custom[:, 5] = dur_us
+    custom[:, 5] = dur_ms
     custom[:, 6] = _sizes(spans["nbytes"].to_numpy())
     labels = _labels(spans)
     mbs = spans["mb"].to_numpy()
@@ -204,10 +204,10 @@ def _add_spans(fig: go.Figure, spans: pd.DataFrame, origin_ns: int, color_by: st
         groups = [(f"mb {m}" if m >= 0 else "no mb", mbs == m, _mb_color(int(m))) for m in np.unique(mbs)]
     else:  # too many micro-batches for a legend: one trace, colour per bar
         colors = np.array([_mb_color(int(m)) for m in mbs], dtype=object)
-        fig.add_trace(_bar("spans", labels, start_us, dur_us, custom, colors, _HOVER, showlegend=False))
+        fig.add_trace(_bar("spans", labels, start_ms, dur_ms, custom, colors, _HOVER, showlegend=False))
         return len(spans)
     for name, mask, color in groups:
-        fig.add_trace(_bar(name, labels[mask], start_us[mask], dur_us[mask], custom[mask], color, _HOVER))
+        fig.add_trace(_bar(name, labels[mask], start_ms[mask], dur_ms[mask], custom[mask], color, _HOVER))
     return len(spans)
 
 
@@ -227,8 +227,8 @@ def _mb_color(mb: int) -> str:
 def _bar(
     name: str,
     y: npt.NDArray[np.object_],
-    base_us: npt.NDArray[np.float64],
-    width_us: npt.NDArray[np.float64],
+    base_ms: npt.NDArray[np.float64],
+    width_ms: npt.NDArray[np.float64],
     custom: npt.NDArray[np.object_],
     color: str | npt.NDArray[np.object_],
     hover: str,
@@ -241,8 +241,8 @@ def _bar(
     return go.Bar(
         name=name,
         y=y,
-        base=base_us,
-        x=width_us,
+        base=base_ms,
+        x=width_ms,
         orientation="h",
         customdata=custom,
         hovertemplate=hover,
@@ -285,8 +285,8 @@ def _add_binned(fig: go.Figure, spans: pd.DataFrame, origin_ns: int, lo_ns: int,
             name="busy share",
             z=share,
             y=list(names),
-            x0=(lo_ns - origin_ns + width_ns / 2) / 1e3,
-            dx=width_ns / 1e3,
+            x0=(lo_ns - origin_ns + width_ns / 2) / 1e6,
+            dx=width_ns / 1e6,
             customdata=starting,
             hovertemplate=_BINNED_HOVER,
             colorscale="Blues",
@@ -372,8 +372,8 @@ def _add_gaps(
             _bar(
                 f"idle: {cause}",
                 np.array(rows, dtype=object),
-                (s - origin_ns) / 1e3,
-                (e - s) / 1e3,
+                (s - origin_ns) / 1e6,
+                (e - s) / 1e6,
                 custom,
                 CAUSE_COLORS[cause],
                 _GAP_HOVER,
@@ -387,14 +387,14 @@ def _add_gaps(
 
 def _layout(fig: go.Figure, rows: list[str], origin_ns: int, window_ns: tuple[int, int] | None, title: str) -> None:
     xaxis: dict[str, object] = {
-        "title": "time since run start (µs)",
+        "title": "time since run start (ms)",
         "type": "linear",
         "zeroline": False,
-        "exponentformat": "none",  # 500,000 µs, not 0.5M µs
+        "exponentformat": "none",  # 1,500 ms, not 1.5k ms
         "separatethousands": True,
     }
     if window_ns is not None:
-        xaxis["range"] = [(window_ns[0] - origin_ns) / 1e3, (window_ns[1] - origin_ns) / 1e3]
+        xaxis["range"] = [(window_ns[0] - origin_ns) / 1e6, (window_ns[1] - origin_ns) / 1e6]
     fig.update_layout(
         title=title or None,
         barmode="overlay",

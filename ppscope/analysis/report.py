@@ -108,6 +108,8 @@ def summary_lines(res: AnalysisResult) -> list[str]:
     """The headline facts, one per line (shared by the text and HTML reports)."""
     w = res.window
     lines = [incomplete_line(res)] if res.missing else []
+    if res.emulated:
+        lines.append(f"engine: {res.emulated}: every time below is a wait the cost model set, not compute")
     engine = f"   engine: {res.engine}" if res.engine else ""
     lines.append(f"source: {res.source}{engine}   schedule: {res.schedule or 'unknown'}   stages (P): {res.pp_size}")
     if w is not None:

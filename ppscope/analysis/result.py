@@ -286,6 +286,9 @@ class AnalysisResult:
     """Everything `ppscope analyze` reports about one trace."""
 
     source: str
+    emulated: str = ""
+    """How the engine emulated GPU stages (`emulated llama3-8b on h100-sxm (roofline), ×15 slower`); "" when its
+    times are the compute's own."""
     schedule: str
     window: WindowInfo | None
     stages: list[StageResult]
@@ -343,6 +346,7 @@ class AnalysisResult:
         w = self.window
         return {
             "source": self.source,
+            "emulated": self.emulated or None,
             "schedule": self.schedule,
             "engine": self.engine,
             "pp_size": self.pp_size,

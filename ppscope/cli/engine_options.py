@@ -211,6 +211,25 @@ OPTIONS: tuple[Option, ...] = (
         default="5",
         parse=_layer_costs,
     ),
+    Option(
+        "--emulate",
+        "emulate.model",
+        "model",
+        "emulate GPU stages: every part of this model preset (e.g. llama3-8b) waits the time the cost model "
+        "gives it on --gpu, scaled; sets the synthetic model (default: no emulation)",
+        default="",
+    ),
+    Option(
+        "--gpu", "emulate.gpu", "model", "with --emulate: the GPU it is timed on (default h100-sxm)", default="h100-sxm"
+    ),
+    Option(
+        "--emulate-scale",
+        "emulate.scale",
+        "model",
+        "with --emulate: factor on every modelled time (default 0: chosen so a stage's step takes about 30 ms)",
+        float,
+        0.0,
+    ),
     Option("--embed-cost-ms", "model.embed_cost_ms", "model", "synthetic: ms of the embedding", float, 0.0),
     Option("--head-cost-ms", "model.head_cost_ms", "model", "synthetic: ms of the final norm + LM head", float, 0.0),
     Option(

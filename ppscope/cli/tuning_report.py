@@ -1,4 +1,5 @@
-"""Print a `TuneResult` for people: the two runs side by side, predicted vs measured gain, paste-ready lines."""
+"""Print a `TuneResult` for people: one verdict, the runs side by side, predicted vs measured gain, and the lines
+to paste only where the advice is to change. Tables fit an 80-column terminal."""
 
 from __future__ import annotations
 
@@ -6,103 +7,136 @@ from rich.console import Console
 from rich.table import Table
 
 from ppscope.balance.advise.advice import Interval
-from ppscope.engine.tuning import TuneResult
+from ppscope.balance.advise.rebalance import Rebalance
+from ppscope.engine.tuning import RunSummary, TuneResult
 
 __all__ = ["NOISE", "print_tune"]
 
 NOISE = 0.02
 """Throughput of two runs of the same split differs by a few percent (docs/ARCHITECTURE.md, "Notes behind design
 choices"); a predicted gain below this is not one that a single pair of runs can show."""
+POINT = 1e-4
+"""An interval narrower than this is a point."""
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "—" if value is None else f"{value:{spec}}{suffix}"
 
 
-def _within(interval: Interval | None) -> str:
-    return "" if interval is None else f"; {interval.level:.0%} interval {interval.text()}"
+def _split(split: tuple[int, ...] | list[int]) -> str:
+    return ",".join(map(str, split))
+
+
+def _interval(interval: Interval | None, point_why: str = "") -> str:
+    """` (95% interval ×a–×b)`; an interval of no width says that it is one, and why (`point_why`)."""
+    if interval is None:
+        return ""
+    if interval.high - interval.low < POINT:
+        why = point_why or "run 1's times varied too little to move it"
+        return f" (the same in every resample of run 1's times: {why})"
+    return f" ({interval.level:.0%} interval {interval.text()})"
+
+
+def _table(result: TuneResult) -> Table:
+    """Run 1 beside run 2 where the advised split ran; run 1 alone beside the advised split's prediction where
+    it did not."""
+    advice, before, after = result.advice, result.before, result.after
+    table = Table(title="Run 1 and the advised split", title_justify="left")
+    table.add_column("")
+    table.add_column("run 1 (as given)", justify="right")
+    table.add_column("run 2 (advised)" if after else "advised (not run)", justify="right")
+
+    def measured(run: RunSummary | None, value: float | None, spec: str, suffix: str = "") -> str:
+        return "not run" if run is None else _fmt(value, spec, suffix)
+
+    def pct(run: RunSummary | None) -> float | None:
+        return None if run is None or run.bubble_ratio is None else 100 * run.bubble_ratio
+
+    rows = [
+        ("split", _split(before.split), _split(advice.proposed.split)),
+        ("predicted slowest stage", _stage_ms(advice, current=True), _stage_ms(advice, current=False)),
+        (
+            "measured slowest stage",
+            _fmt(before.bottleneck_stage, "d"),
+            measured(after, after.bottleneck_stage if after else None, "d"),
+        ),
+        ("measured bubble ratio", _fmt(pct(before), ".1f", "%"), measured(after, pct(after), ".1f", "%")),
+        (
+            "measured throughput",
+            _fmt(before.throughput_tokens_per_s, ".1f", " tok/s"),
+            measured(after, after.throughput_tokens_per_s if after else None, ".1f", " tok/s"),
+        ),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _stage_ms(advice: Rebalance, *, current: bool) -> str:
+    plan = advice.current if current else advice.proposed
+    return f"{plan.max_ms:.2f} ms (stage {plan.bottleneck})"
+
+
+def _verdict(result: TuneResult) -> str:
+    decision = result.decision
+    if decision is None:
+        return ""
+    if decision.change:
+        return f"advice: CHANGE to {_split(result.advice.proposed.split)}: {decision.reason}"
+    return f"advice: KEEP {_split(result.before.split)}: {decision.reason}"
+
+
+def _gain_lines(result: TuneResult) -> list[str]:
+    """Predicted against measured, in sentences."""
+    basis = "the stages sharing cores" if result.cores is not None and result.cores.binds else "the slowest stage"
+    shared = "the shared cores bound both splits alike however the stage times vary"
+    point = shared if result.cores is not None and result.cores.binds else ""
+    lines = [
+        f"predicted speedup ×{result.predicted_speedup:.3f}{_interval(result.predicted_interval, point)}, from "
+        f"{basis} with the costs measured in run 1"
+    ]
+    sim, measured, pairs = result.simulated, result.measured_speedup, result.pair_speedups
+    if sim:
+        lines.append(
+            f"simulated speedup ×{sim.speedup:.3f}: both splits replayed with run 1's hops ({sim.hop_latency_us:.0f} "
+            f"µs) and gaps between passes ({sim.overhead_ms:.3f} ms)"
+        )
+    if result.after is None:
+        return lines
+    each = ", ".join(f"×{p:.3f}" for p in pairs)
+    lines.append(
+        f"measured speedup ×{_fmt(measured, '.3f')}{_interval(result.measured_interval)}: the median of "
+        f"{len(pairs)} pair(s) of runs in ABBA order ({each})"
+    )
+    if result.measurement:
+        lines.append(f"measurement: {result.measurement}")
+    if max(result.predicted_speedup, sim.speedup if sim else 0.0) < 1.0 + NOISE:
+        lines.append(f"a predicted gain under {NOISE:.0%} is within run-to-run noise, and so is the measured change")
+    elif measured is not None and result.realised is not None:
+        lines.append(
+            f"share of the predicted gain realised: {result.realised:.2f} (measured gain {measured - 1:+.1%} ÷ "
+            f"predicted gain {result.predicted_speedup - 1:+.1%}; 1.00: the advice delivered what it promised)"
+        )
+    return lines
 
 
 def print_tune(result: TuneResult, console: Console | None = None) -> None:
     out = console or Console()
-    advice = result.advice
-    table = Table(title="Before and after rebalancing", title_justify="left")
-    table.add_column("")
-    table.add_column("run 1 (as given)", justify="right")
-    table.add_column("run 2 (advised)", justify="right")
-    before, after = result.before, result.after
-    rows: list[tuple[str, str, str]] = [
-        ("split", ",".join(map(str, before.split)), ",".join(map(str, after.split)) if after else "(same)"),
-        (
-            "predicted slowest stage",
-            f"{advice.current.max_ms:.3f} ms (stage {advice.current.bottleneck})",
-            f"{advice.proposed.max_ms:.3f} ms (stage {advice.proposed.bottleneck})",
-        ),
-        (
-            "measured bottleneck stage",
-            _fmt(before.bottleneck_stage, "d"),
-            _fmt(after.bottleneck_stage if after else None, "d"),
-        ),
-        (
-            "measured bubble ratio",
-            _fmt(before.bubble_ratio and 100 * before.bubble_ratio, ".1f", "%"),
-            _fmt(after.bubble_ratio and 100 * after.bubble_ratio if after else None, ".1f", "%"),
-        ),
-        (
-            "measured throughput",
-            _fmt(before.throughput_tokens_per_s, ".1f", " tok/s"),
-            _fmt(after.throughput_tokens_per_s if after else None, ".1f", " tok/s"),
-        ),
-        ("run directory", str(before.run_dir), str(after.run_dir) if after else ""),
-    ]
-    for row in rows:
-        table.add_row(*row)
-    out.print(table)
+    if result.emulated:
+        out.print(f"engine: {result.emulated}: times are waits the cost model set, not compute", soft_wrap=True)
+    out.print(_table(result))
     for note in result.notes:
         out.print(f"note: {note}")
-    measured, sim = result.measured_speedup, result.simulated
-    basis = "shared cores" if result.cores is not None and result.cores.binds else "slowest stage"
-    out.print(
-        f"predicted speedup ×{result.predicted_speedup:.3f} ({basis}{_within(result.predicted_interval)})"
-        + (f"   simulated ×{sim.speedup:.3f}" if sim else "")
-        + f"   measured ×{_fmt(measured, '.3f')}"
-        + (f" ({_within(result.measured_interval).removeprefix('; ')})" if result.measured_interval else ""),
-        soft_wrap=True,
-    )
-    if result.decision is not None:
-        word = "change to the advised split" if result.decision.change else "KEEP the given split"
-        out.print(f"advice: {word}: {result.decision.reason}", soft_wrap=True)
-    if result.after is None:
-        pass
-    elif max(result.predicted_speedup, sim.speedup if sim else 0.0) < 1.0 + NOISE:
-        out.print(
-            f"measured gain ÷ predicted gain: – (a predicted gain under {NOISE:.0%} is within run-to-run noise: so "
-            "is the measured change)"
-        )
-    elif measured is not None:
-        against = f"{_fmt(result.realised, '.2f')} against the slowest stage"
-        if sim:
-            against += f", {_fmt(result.realised_simulated, '.2f')} against the simulation"
-        out.print(
-            f"measured gain ÷ predicted gain (gain = speedup − 1; 1.00: the advice delivered what it promised): "
-            f"{against}"
-        )
-    if sim:
-        out.print(
-            "simulated: both splits through the simulator with run 1's schedule and in-flight micro-batches, "
-            f"its hop latency ({sim.hop_latency_us:.0f} µs) and host gaps ({sim.overhead_ms:.3f} ms per pass): "
-            "the slowest stage alone misses the hops a micro-batch waits for once the stages are balanced"
-        )
-    pairs = result.pair_speedups
-    if len(pairs) > 1:
-        runs = ", ".join(str(r.run_dir.name) for r in result.reruns)
-        out.print(
-            f"measured: the median of {len(pairs)} pairs of runs in ABBA order, pair by pair "
-            f"{' '.join(f'×{p:.3f}' for p in pairs)} (runs 1 and 2 above; also {runs})"
-        )
-    stage_ms = ", ".join(f"{t:.3f}" for t in advice.proposed.stage_ms)
-    out.print(f"advised split, predicted stage times (ms): {stage_ms}")
-    from ppscope.balance.advise.rebalance import engine_lines
-
-    for line in engine_lines(advice.proposed.split, sum(advice.current.split)).values():
-        out.print(f"  {line}", highlight=False, soft_wrap=True)
+    for line in _gain_lines(result):
+        out.print(line)
+    verdict = _verdict(result)
+    if verdict:
+        out.print(verdict)
+    lines = result.lines
+    if lines:
+        stage_ms = ", ".join(f"{t:.2f}" for t in result.advice.proposed.stage_ms)
+        out.print(f"to run {_split(result.advice.proposed.split)} (predicted stage times {stage_ms} ms):")
+        for line in lines.values():
+            out.print(f"  {line}", highlight=False, soft_wrap=True)
+    runs = [result.before, *([result.after] if result.after else []), *result.reruns]
+    out.print(f"runs: {', '.join(str(r.run_dir) for r in runs)}", soft_wrap=True)

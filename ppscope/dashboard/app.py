@@ -7,11 +7,13 @@ them) can be opened, picked from a list. Loading and tailing live in `ppscope.da
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -22,7 +24,7 @@ from ppscope.dashboard.data import LiveTrace
 from ppscope.dashboard.ranked import RANKS_IN_MEMORY, READ_SHARE, RankedRun
 from ppscope.dashboard.safety import Catalog, Entry, catalog_from_args, md
 from ppscope.errors import PPScopeError
-from ppscope.trace.model import RunMeta
+from ppscope.trace.model import RunMeta, SpanKind
 from ppscope.trace.notices import NoticeCode
 from ppscope.trace.store import rank_file_count
 
@@ -32,6 +34,11 @@ __all__ = ["LANES", "RANKS_OPTION", "SECTIONS", "main"]
 # the lanes of one rank picked from a list. (A comment: a bare string here would be printed on every page.)
 LANES = ("One per stage", "One rank")
 SECTIONS = ("Timeline", "Stages", "GPU usage", "Rebalance", "Compare", "Requests")
+WINDOW_MODES = ("A few steps", "Whole run", "Last …", "Range")
+"""The Timeline's first view is a few steps with each span drawn: a micro-batch can be followed, a bubble seen."""
+FEW_ROUNDS = 4
+"""A few steps: each micro-batch in flight going round the pipeline this many times."""
+OVERVIEW_HEIGHT_PX = 220
 # How often the timeline of a run being written re-reads what arrived. (No bare strings at module level:
 # Streamlit's "magic" would print them on the page.)
 REFRESH_S = 1.0
@@ -110,6 +117,7 @@ def main(argv: Sequence[str]) -> None:
         _wait_for_runs(catalog)
         return
     labels = [e.label for e in entries]
+    _open_from_link(labels)
     label = st.sidebar.selectbox("Trace", labels, key="trace")
     entry = catalog.pick(label, entries)
     section = st.sidebar.radio("Section", SECTIONS, key="section")
@@ -137,9 +145,25 @@ def main(argv: Sequence[str]) -> None:
     elif section == "Rebalance":
         advice.page(live)
     elif section == "Compare":
-        compare.page(compare.live_side(live, entry.label), others, lambda e: compare_side(e, limit))
+        side = dataclasses.replace(compare.live_side(live, entry.label), folder=entry.path.parent)
+        compare.page(side, others, lambda e: compare_side(e, limit), compare.demo_headline(entry.path.parent))
     else:
         jobpages.requests(live)
+
+
+LINK_KEYS = ("section", "trace", "compare_with")
+"""What a link may open (`?section=Compare&trace=A&compare_with=B`): the sidebar's section and trace, and
+Compare's B. `ppscope demo` opens on the comparison of its two splits so."""
+
+
+def _open_from_link(labels: Sequence[str]) -> None:
+    """Start the page where the link says, once: only a section or a trace this dashboard offers is taken (a
+    link never names a path), and what the user picks afterwards stays."""
+    valid = {"section": SECTIONS, "trace": labels, "compare_with": labels}
+    for key in LINK_KEYS:
+        value = st.query_params.get(key)
+        if value in valid[key] and key not in st.session_state:
+            st.session_state[key] = value
 
 
 def _wait_for_runs(catalog: Catalog) -> None:
@@ -245,7 +269,7 @@ def _controls() -> _Look:
     c1, c2, c3 = st.columns([2, 2, 3])
     color_by = c1.radio("Colour bars by", gantt.COLOR_MODES, horizontal=True, key="color_by")
     shade = c2.checkbox("Shade idle gaps by cause", value=True, key="shade")
-    mode = c3.radio("Time window", ("Whole run", "Last …", "Range"), horizontal=True, key="window_mode")
+    mode = c3.radio("Time window", WINDOW_MODES, horizontal=True, key="window_mode")
     last_ms = st.number_input("Last (ms)", min_value=0.1, value=100.0, key="last_ms") if mode == "Last …" else 0.0
     return _Look(str(color_by), bool(shade), str(mode), float(last_ms))
 
@@ -282,7 +306,10 @@ def timeline(live: LiveTrace) -> None:
                 gaps, stage_ranks = result.gaps, {s.stage: s.ranks for s in result.stages}
             else:
                 st.caption(f"Idle gaps are not shaded: {md(problem)}")
-        note = _gantt(spans, look, origin, end, gaps, stage_ranks)
+        few = _few_steps(spans, trace.meta.microbatches) if look.mode == WINDOW_MODES[0] else None
+        if few is not None:
+            _overview(spans, origin)
+        note = _gantt(spans, look, origin, end, gaps, stage_ranks, few)
         st.caption(note + (f" Live: refreshing every {REFRESH_S:g} s." if live.live else ""))
 
     draw()
@@ -322,18 +349,41 @@ def _gantt(
     end: int,
     gaps: pd.DataFrame | None,
     stage_ranks: Mapping[int, Sequence[int]] | None,
+    few: tuple[int, int] | None = None,
 ) -> str:
-    """Draw the Gantt chart of `spans` on the run's time axis; its note."""
+    """Draw the Gantt chart of `spans` on the run's time axis; its note. `few`: the window of a few steps."""
     view = gantt.gantt_figure(
         spans,
         color_by=look.color_by,
         gaps=gaps,
         stage_ranks=stage_ranks,
-        window_ns=_window(look.mode, origin, end, look.last_ms),
+        window_ns=few or _window(look.mode, origin, end, look.last_ms),
         origin_ns=origin,
     )
     st.plotly_chart(view.figure, key="gantt", config={"displaylogo": False})
     return view.note
+
+
+def _few_steps(spans: pd.DataFrame, inflight: int) -> tuple[int, int] | None:
+    """The newest few steps: from the start of the first stage's `FEW_ROUNDS` × `inflight`-th newest forward
+    pass (each micro-batch going round that many times) to the last span; None when that is the whole run."""
+    forward = spans[spans["kind"].to_numpy() == str(SpanKind.FORWARD)]
+    if not len(forward):
+        return None
+    first = forward[forward["stage"].to_numpy() == forward["stage"].min()]
+    passes = FEW_ROUNDS * max(inflight, 1)
+    if len(first) <= passes:
+        return None
+    starts = np.sort(first["start_ns"].to_numpy(np.int64))
+    return int(starts[-passes]), int(spans["end_ns"].max())
+
+
+def _overview(spans: pd.DataFrame, origin: int) -> None:
+    """The whole run as a strip above the window: each row's busy share in time bins."""
+    view = gantt.gantt_figure(spans, max_bars=0, origin_ns=origin, title="The whole run")
+    view.figure.update_layout(height=OVERVIEW_HEIGHT_PX)
+    st.plotly_chart(view.figure, key="overview", config={"displaylogo": False})
+    st.caption("Below, the newest few steps, each span drawn: pick another window with Whole run, Last … or Range.")
 
 
 def _window(mode: str, origin_ns: int, end_ns: int, last_ms: float) -> tuple[int, int] | None:

@@ -8,8 +8,10 @@ Streamlit calls only; the tables come from `ppscope.dashboard.charts`.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -22,12 +24,18 @@ from ppscope.dashboard.data import LiveTrace
 from ppscope.dashboard.ranked import RankedRun
 from ppscope.dashboard.safety import Entry, md
 from ppscope.errors import PPScopeError
+from ppscope.trace.store import DEMO_FILE
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 if TYPE_CHECKING:
     from ppscope.analysis import AnalysisResult
     from ppscope.analysis.replicas import ReplicaAnalysis
 
-__all__ = ["MAX_BARS", "Side", "live_side", "page", "ranked_side"]
+__all__ = ["MAX_BARS", "Side", "demo_headline", "live_side", "page", "ranked_side"]
 
 MAX_BARS = 3000
 """Each stage view draws at most this many bars; beyond, the Gantt aggregates them."""
@@ -52,6 +60,8 @@ class Side:
     drawn: str
     """What the stage view draws, and how it was read."""
     warning: str = ""
+    folder: Path | None = None
+    """The folder its run lies in (None: not known)."""
 
 
 def live_side(live: LiveTrace, label: str) -> Side:
@@ -83,9 +93,29 @@ def ranked_side(big: RankedRun, label: str) -> Side:
     return Side(label, result, problem, ra, lanes, run.first_ns, run.last_ns, drawn + live)
 
 
-def page(a: Side, others: Sequence[Entry], opener: Callable[[Entry], Side]) -> None:
+def demo_headline(folder: Path) -> str:
+    """The predicted and measured speedup of the demo whose runs `folder` holds, in one line ("" without one).
+    Only numbers and a fixed word are taken from the file: nothing in it reaches the page as text."""
+    try:
+        found = tomllib.loads((folder / DEMO_FILE).read_text(encoding="utf-8"))
+        predicted, measured = float(found["predicted_speedup"]), found.get("measured_speedup")
+        change = found["advice"] == "change"
+        low_high = found.get("measured_interval")
+    except (OSError, ValueError, KeyError, TypeError, tomllib.TOMLDecodeError):
+        return ""
+    line = f"The demo predicted ×{predicted:.3f} for the advised split"
+    if measured is None:
+        return f"{line} and advised keeping the given one: the advised split was not run."
+    line += f" and measured ×{float(measured):.3f}"
+    if isinstance(low_high, list) and len(low_high) == 2:
+        line += f" (95% interval ×{float(low_high[0]):.3f}–×{float(low_high[1]):.3f})"
+    return f"{line}; advice: {'change' if change else 'keep'}."
+
+
+def page(a: Side, others: Sequence[Entry], opener: Callable[[Entry], Side], headline: str = "") -> None:
     """A (the sidebar's run) against B, picked among `others` and opened by `opener`: the jobs' figures, the
-    detailed pipelines' headline figures, the stages' spread when both are jobs, and the two stage views."""
+    detailed pipelines' headline figures, the stages' spread when both are jobs, and the two stage views.
+    `headline`: what the demo whose runs A is among found (`demo_headline`), shown above when B is one too."""
     st.markdown("### Compare two runs")
     if not others:
         st.info(
@@ -94,7 +124,10 @@ def page(a: Side, others: Sequence[Entry], opener: Callable[[Entry], Side]) -> N
         )
         return
     label = st.selectbox("Compare with (B)", [e.label for e in others], key="compare_with")
-    b = opener(next(e for e in others if e.label == label))
+    b_entry = next(e for e in others if e.label == label)
+    if headline and a.folder is not None and b_entry.path.parent == a.folder:
+        st.markdown(f"**{headline}**")
+    b = opener(b_entry)
     if b.warning:
         st.warning(md(b.warning))
     if a.result is None or b.result is None:

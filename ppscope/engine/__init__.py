@@ -16,12 +16,14 @@ if TYPE_CHECKING:
     from ppscope.engine.launch import under_torchrun as under_torchrun
     from ppscope.engine.profiler import profile_layers as profile_layers
     from ppscope.engine.profiler import write_profile as write_profile
+    from ppscope.engine.tuning import RunSummary as RunSummary
     from ppscope.engine.tuning import TuneResult as TuneResult
     from ppscope.engine.tuning import tune as tune
     from ppscope.engine.worker import default_run_dir as default_run_dir
 
 _WHERE = {
     "EngineConfig": "config",
+    "RunSummary": "tuning",
     "TuneResult": "tuning",
     "config_fields": "config",
     "default_run_dir": "worker",

@@ -1,8 +1,9 @@
 """The engine's configuration: what one run needs, in typed sections, validated as it is made.
 
 `EngineConfig` is made of `pipeline` (how the model is laid over the ranks), `model`, `workload` (the
-requests and how tokens are drawn), `output` (what is recorded, where), `runtime` (backend, timeout) and
-`bench`, knobs only benchmarks set. Values are typed (a split is a tuple of ints, layer costs a tuple of ms):
+requests and how tokens are drawn), `output` (what is recorded, where), `runtime` (backend, timeout),
+`bench`, knobs only benchmarks set, and `emulate` (the synthetic model's waits made from a real model on a real
+GPU, which sets the model section). Values are typed (a split is a tuple of ints, layer costs a tuple of ms):
 text is parsed once, at the edge (`ppscope.cli.engine_options`). Each section checks its own fields when it
 is made, `EngineConfig` what spans sections; a refusal names the field (`pipeline.microbatches must be >= 0`),
 which the CLI words as its flag. `to_json`/`from_json` give the flat form kept as meta.json's `config` and
@@ -22,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from ppscope.balance.costs import parse_ms_list
+from ppscope.balance.modelled.gpus import DEFAULT_GPU, gpu_named
 from ppscope.balance.modelled.shapes import PRESETS, RENAMED, ModelShape, canonical_dtype
 from ppscope.balance.split import parse_counts
+from ppscope.engine.emulate import emulation, emulation_text
 from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.trace.schedules import Schedule
 
@@ -39,6 +42,7 @@ __all__ = [
     "FLAT_KEYS",
     "SECTIONS",
     "BenchConfig",
+    "EmulateConfig",
     "EngineConfig",
     "ModelConfig",
     "OutputConfig",
@@ -347,6 +351,34 @@ class BenchConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EmulateConfig:
+    """Emulated GPU stages: the synthetic model waits, part by part, the time the cost model gives a real model
+    on a real GPU, scaled (`ppscope.engine.emulate`)."""
+
+    model: str = ""
+    """The model preset whose decode pass is emulated (a name, e.g. llama3-8b; "" = no emulation)."""
+    gpu: str = DEFAULT_GPU
+    """The GPU it is timed on (a name of the GPU table)."""
+    scale: float = 0.0
+    """Every modelled time is multiplied by this (a factor; 0 = chosen so a stage's step takes about 30 ms)."""
+
+    def __post_init__(self) -> None:
+        _finite("emulate.scale", self.scale)
+        if self.model:
+            gpu_named(self.gpu)  # an unknown GPU is refused here, with the valid names
+        else:
+            _refuse_unused("emulate", self, dict.fromkeys(("gpu", "scale"), "emulate.model is not set"))
+
+    @property
+    def on(self) -> bool:
+        return bool(self.model)
+
+    def text(self) -> str:
+        """`emulated llama3-8b on h100-sxm (roofline), ×15 slower`; "" when not emulating."""
+        return emulation_text(self.model, self.gpu, self.scale) if self.on else ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """Everything one run of the engine needs; every rank gets the same."""
 
@@ -362,8 +394,12 @@ class EngineConfig:
     """Backend and timeout."""
     bench: BenchConfig = field(default_factory=BenchConfig)
     """Benchmarks only."""
+    emulate: EmulateConfig = field(default_factory=EmulateConfig)
+    """Emulated GPU stages: which model on which GPU the synthetic model's waits stand for."""
 
     def __post_init__(self) -> None:
+        if self.emulate.on:
+            self._emulate()
         schedule = self.pipeline.schedule
         if schedule != Schedule.SERVE:
             _refuse_unused("workload", self.workload, {"rate": f"{schedule} takes every request at once"})
@@ -378,6 +414,35 @@ class EngineConfig:
                 "bench.layer_spans_alternate_ms needs recording on and output.layer_spans > 0: it pauses the layer "
                 "spans",
             )
+
+    def _emulate(self) -> None:
+        """Set the model section to the emulation's synthetic model, and the chosen scale: a model section given
+        beside it (other than the one it sets, as a run's meta.json holds) would be ignored, so it is refused."""
+        w = self.workload
+        made = emulation(
+            self.emulate.model,
+            self.emulate.gpu,
+            stages=self.pipeline.stages,
+            batch=self.pipeline.max_batch,
+            context=w.prompt_len + w.max_new_tokens // 2,  # the mean context of the decode passes
+            scale=self.emulate.scale,
+        )
+        model = ModelConfig(
+            name=SYNTHETIC,
+            dtype=self.model.dtype,
+            layers=len(made.layer_ms),
+            layer_cost_ms=made.layer_ms,
+            embed_cost_ms=made.embed_ms,
+            head_cost_ms=made.head_ms,
+        )
+        if self.model not in (ModelConfig(dtype=self.model.dtype), model):
+            raise InvalidConfigError(
+                ErrorCode.CONFLICTING_OPTIONS,
+                f"model.name {self.model.name!r} has no effect with emulate.model {self.emulate.model}: the emulation "
+                "sets the synthetic model's layers and costs; drop model.name (or emulate.model)",
+            )
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "emulate", dataclasses.replace(self.emulate, scale=made.scale))
 
     def to_json(self) -> dict[str, Any]:
         """The flat form (meta.json's `config`, what a spawned rank is sent): one key per field, as before the
@@ -419,15 +484,19 @@ SECTIONS: dict[str, type[Any]] = {
     "output": OutputConfig,
     "runtime": RuntimeConfig,
     "bench": BenchConfig,
+    "emulate": EmulateConfig,
 }
 """Section name -> its dataclass, in EngineConfig's order."""
 assert list(SECTIONS) == [f.name for f in dataclasses.fields(EngineConfig)], "SECTIONS lists EngineConfig's fields"
 FLAT_KEYS: dict[str, tuple[str, str]] = {
-    ("model" if (section, f.name) == ("model", "name") else f.name): (section, f.name)
+    ("model" if (section, f.name) == ("model", "name") else f"emulate_{f.name}" if section == "emulate" else f.name): (
+        section,
+        f.name,
+    )
     for section, kind in SECTIONS.items()
     for f in dataclasses.fields(kind)
 }
-"""Key of the flat form -> (section, field)."""
+"""Key of the flat form -> (section, field); the emulate section's keys are prefixed (`emulate_model`)."""
 assert len(FLAT_KEYS) == sum(len(dataclasses.fields(kind)) for kind in SECTIONS.values()), "flat keys collide"
 
 

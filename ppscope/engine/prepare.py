@@ -90,6 +90,8 @@ class Prepared:
         model = {**self.shape.to_dict(), "name": self.shape.name, "synthetic": m.synthetic, "source": m.name}
         if m.synthetic:
             model.update(layer_cost_ms=m.layer_costs_ms(), embed_cost_ms=m.embed_cost_ms, head_cost_ms=m.head_cost_ms)
+        if self.cfg.emulate.on:  # every reader of the run says its timings are emulated, and from what
+            model.update(emulated=self.cfg.emulate.text())
         # the flat form, keys as readers take them (requests, max_inflight, record, dtype), with what the run did:
         config = self.cfg.to_json()
         config["max_inflight"] = self.inflight if pipe.schedule == Schedule.SERVE else pipe.max_inflight

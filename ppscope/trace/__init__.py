@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ppscope.trace.recorder import Recorder as Recorder
     from ppscope.trace.schedules import Engine as Engine
     from ppscope.trace.schedules import Schedule as Schedule
+    from ppscope.trace.store import DEMO_FILE as DEMO_FILE
     from ppscope.trace.store import META_FILE as META_FILE
     from ppscope.trace.store import REQUESTS_FILE as REQUESTS_FILE
     from ppscope.trace.store import RankWriter as RankWriter
@@ -75,6 +76,7 @@ _WHERE = {
     "COMM_KINDS": "model",
     "COMPUTE_KINDS": "model",
     "ClockInfo": "model",
+    "DEMO_FILE": "store",
     "Engine": "schedules",
     "KIND_COLORS": "recorder",
     "Lane": "model",

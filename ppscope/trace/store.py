@@ -39,6 +39,7 @@ from ppscope.trace.rankfile import (
 from ppscope.trace.requestlog import read_requests_after
 
 __all__ = [
+    "DEMO_FILE",
     "META_FILE",
     "REQUESTS_FILE",
     "Cursor",
@@ -67,6 +68,9 @@ __all__ = [
 
 META_FILE = "meta.json"
 REQUESTS_FILE = "requests.jsonl"
+DEMO_FILE = "demo.toml"
+"""What `ppscope demo` found (`predicted_speedup`, `measured_speedup`, `measured_interval`, `advice`), beside its
+run directories in the demo's folder: TOML, since a JSON file would make the folder read as a Kineto trace."""
 _RANK_RE = re.compile(r"^rank-(\d{5,})\.sqlite$")
 
 _SPAN_COLS = list(SPAN_COLUMNS)

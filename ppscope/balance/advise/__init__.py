@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ppscope.balance.advise.advice import SINGLE_TRACE as SINGLE_TRACE
     from ppscope.balance.advise.advice import Advice as Advice
     from ppscope.balance.advise.advice import Interval as Interval
+    from ppscope.balance.advise.advice import Part as Part
     from ppscope.balance.advise.advice import advise as advise
     from ppscope.balance.advise.advice import paired_throughput_ratio as paired_throughput_ratio
     from ppscope.balance.advise.advice import speedup_interval as speedup_interval
@@ -37,6 +38,7 @@ _WHERE = {
     "JobKind": "rebalance",
     "MODELLED_COSTS": "advice",
     "MemoryModel": "problem",
+    "Part": "advice",
     "Rebalance": "rebalance",
     "SINGLE_TRACE": "advice",
     "SharedCores": "cores",

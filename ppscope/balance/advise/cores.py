@@ -127,13 +127,18 @@ class SharedCores:
         return self.speedup < self.slowest_stage_speedup - 1e-9
 
     def text(self) -> str:
-        outside = f" and {self.extra_ms:.2f} ms a beat outside their spans" if self.extra_ms > 0.005 else ""
+        """One sentence in the user's terms: what other work took, what the stages had, what that leaves."""
+        why = (
+            f"Other programs used {self.busy_beside:.1f} of this machine's {self.cores} cores during run 1, so the "
+            f"stages shared {self.free:.1f} cores"
+        )
+        if self.extra_ms > 0.005:
+            why += f" and spent {self.extra_ms:.2f} ms per step outside the timed work"
         if self.inflight:
-            outside += f", with {self.inflight} micro-batch(es) in flight round {self.loop_ms:.2f} ms of hops"
+            why += f"; each token also waits {self.loop_ms:.2f} ms for the hops between stages"
         return (
-            f"{self.cores} core(s) with {self.busy_beside:.1f} busy beside the run: {self.free:.2f} for the "
-            f"stages, whose total work{outside} then bounds the gain (×{self.speedup:.3f} instead of the slowest "
-            f"stage's ×{self.slowest_stage_speedup:.3f})"
+            f"{why}: here the advised split can gain at most ×{self.speedup:.3f}; with a core (or GPU) per stage it "
+            f"would gain ×{self.slowest_stage_speedup:.3f}."
         )
 
 

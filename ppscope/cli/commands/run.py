@@ -95,7 +95,8 @@ def _run(args: argparse.Namespace) -> int:
             f"{_rate(summary['tokens_per_s'])} from first arrival to last finish (as `ppscope analyze` reports "
             f"it); {summary['wall_s']:.2f} s in all with start-up, {_rate(summary['tokens_per_s_incl_startup'])}\n"
             f"{_shape_line(summary)}\n"
-            f"next: ppscope analyze {shlex.quote(str(summary['run_dir']))}"
+            + (f"engine: {cfg.emulate.text()}\n" if cfg.emulate.on else "")
+            + f"next: ppscope analyze {shlex.quote(str(summary['run_dir']))}"
         )
     return 0
 

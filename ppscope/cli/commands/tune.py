@@ -36,7 +36,9 @@ def register(sub: Subcommands) -> None:
     p.set_defaults(func=run)
 
 
-def add_tune_arguments(p: argparse.ArgumentParser, repeats: int = 1) -> None:
+def add_tune_arguments(
+    p: argparse.ArgumentParser, repeats: int = 1, repeats_help: str = "runs of each split, pair by pair in ABBA order"
+) -> None:
     p.add_argument(
         "--costs",
         default="insitu",
@@ -54,8 +56,7 @@ def add_tune_arguments(p: argparse.ArgumentParser, repeats: int = 1) -> None:
         "--repeats",
         type=int,
         default=repeats,
-        help=f"runs of each split, pair by pair in ABBA order; the measured gain is the median pair's "
-        f"(default {repeats})",
+        help=f"{repeats_help}; the measured gain is the median pair's (default {repeats})",
     )
 
 
