@@ -39,7 +39,7 @@ def test_missing_ranks_warned() -> None:
     assert res.missing is not None and res.missing.code == NoticeCode.MISSING_RANKS
     assert res.missing.text.startswith("ranks 1, 3 of 4 recorded nothing")  # names them
     assert res.pp_size == 4 and res.unknown_stages == [1, 3] and res.bubble_ratio is None
-    assert res.imbalance is None and res.balance_gain is None
+    assert res.imbalance is None and res.balance_speedup is None
 
 
 def test_window_outside_trace_raises_clear_error() -> None:

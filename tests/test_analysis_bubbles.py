@@ -38,7 +38,7 @@ def test_gpipe_fill_drain_exact() -> None:
         assert s.time_per_mb_ns == t
     assert res.bubble_ratio == (p - 1) / (m + p - 1)
     assert res.theory.bubble_ratio == res.bubble_ratio
-    assert res.imbalance == 0.0 and res.balance_gain == 1.0
+    assert res.imbalance == 0.0 and res.balance_speedup == 1.0
 
 
 def test_every_cause_with_precedence() -> None:

@@ -101,7 +101,7 @@ def test_interleaved_matches_formula(tmp_path: Path) -> None:
 def test_slow_stage_is_the_bottleneck(tmp_path: Path) -> None:
     # Stage 2 takes 100 ms per micro-batch, the others 50: imbalance 1 - 62.5/100, gain 100/62.5.
     def ok(r: AnalysisResult) -> bool:
-        return r.balance_gain == pytest.approx(1.6, rel=0.1) and r.imbalance == pytest.approx(0.375, abs=0.05)
+        return r.balance_speedup == pytest.approx(1.6, rel=0.1) and r.imbalance == pytest.approx(0.375, abs=0.05)
 
     gpipe, slow_third = (
         {"schedule": "gpipe", "microbatches": 4},
@@ -109,5 +109,5 @@ def test_slow_stage_is_the_bottleneck(tmp_path: Path) -> None:
     )
     res = _until(tmp_path, ok, pipeline=gpipe, model=slow_third, requests=4)
     assert res.bottleneck_stage == 2
-    assert res.balance_gain == pytest.approx(1.6, rel=0.1)
+    assert res.balance_speedup == pytest.approx(1.6, rel=0.1)
     assert res.imbalance == pytest.approx(0.375, abs=0.05)

@@ -29,10 +29,10 @@ def test_a_missing_rank_file_leads_the_report_and_withholds_the_pipelines_figure
     assert result.pp_size == 4 and result.theory.params["P"] == 4  # one P: the pipeline that ran
     assert result.unknown_stages == [2] and [s.stage for s in result.stages] == [0, 1, 3]
     assert result.bubble_ratio is None and result.theory_gap is None  # unknown, not an average of three
-    assert result.imbalance is None and result.bottleneck_stage is None and result.balance_gain is None
+    assert result.imbalance is None and result.bottleneck_stage is None and result.balance_speedup is None
     text = render_text(result)
     assert text.startswith(f"incomplete: {result.missing}") and text.count("rank 2 of 4") == 2  # + the table's
-    assert "perfect balance would gain" not in text and "gap to theory: " not in text
+    assert "perfect balance would speed" not in text and "gap to theory: " not in text
     assert "warning: rank 2" not in text  # the loader's notice is the same one, named once
     out = result.to_json()
     assert out["missing"] == {"code": "missing_ranks", "text": result.missing.text} and out["pp_size"] == 4
@@ -64,7 +64,7 @@ def test_every_command_names_the_missing_rank_in_the_same_words(
 
 def test_a_complete_run_misses_nothing(gpipe_run: Path) -> None:
     result = analyze(open_trace(gpipe_run))
-    assert result.missing is None and result.balance_gain is not None
+    assert result.missing is None and result.balance_speedup is not None
     assert not render_text(result).startswith("incomplete")
 
 

@@ -21,7 +21,7 @@ TOP_KEYS = {
     "bubble_ratio",
     "imbalance",
     "bottleneck_stage",
-    "balance_gain",
+    "balance_speedup",
     "theory",
     "throughput_tokens_per_s",
     "window_ns",

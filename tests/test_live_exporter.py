@@ -125,7 +125,7 @@ def test_watch_serves_the_analyzers_values_then_stops_on_ctrl_c(simulated: Path)
             assert got["ppscope_stage_window_idle_seconds"][key] == pytest.approx(stage.causes[cause] / 1e9)
             assert got["ppscope_stage_idle_seconds_total"][key] == pytest.approx(stage.causes[cause] / 1e9)
     assert got["ppscope_bottleneck_stage"][()] == expect.bottleneck_stage
-    assert got["ppscope_balance_gain"][()] == pytest.approx(expect.balance_gain)
+    assert got["ppscope_balance_speedup"][()] == pytest.approx(expect.balance_speedup)
     assert got["ppscope_run_status"][(("status", "finished"),)] == 1.0
     assert got["ppscope_read_errors_total"][()] == 0.0  # there from the start
     assert got["ppscope_run_info"][(("run_id", "run"), ("schedule", "serve"), ("source", "simulator"))] == 1.0

@@ -97,18 +97,18 @@ def test_the_window_gauges_of_a_known_trace() -> None:
     assert g["ppscope_tokens_per_second"] == {(): 50.0}
     assert g["ppscope_bottleneck_stage"] == {(): 1.0}
     assert g["ppscope_stage_bottleneck"] == {("0",): 0.0, ("1",): 1.0}
-    assert g["ppscope_balance_gain"] == {(): pytest.approx(14 / 12)}
+    assert g["ppscope_balance_speedup"] == {(): pytest.approx(14 / 12)}
     assert g["ppscope_imbalance"] == {(): pytest.approx(1 - 12 / 14)}
 
 
 def test_unknown_values_are_left_out_not_zero() -> None:
     result = analyze(_known_trace())
-    result = dataclasses.replace(result, bottleneck_stage=None, balance_gain=None, imbalance=None)
+    result = dataclasses.replace(result, bottleneck_stage=None, balance_speedup=None, imbalance=None)
     g = window_gauges(result, tokens_per_s=None)
     for name in (
         "ppscope_bottleneck_stage",
         "ppscope_stage_bottleneck",
-        "ppscope_balance_gain",
+        "ppscope_balance_speedup",
         "ppscope_imbalance",
         "ppscope_tokens_per_second",
     ):
@@ -320,6 +320,6 @@ def test_the_grafana_dashboard_asks_only_for_metrics_that_are_served() -> None:
         "ppscope_hop_latency_seconds_bucket",
         "ppscope_tokens_per_second",
         "ppscope_bottleneck_stage",
-        "ppscope_balance_gain",
+        "ppscope_balance_speedup",
     ):
         assert name in asked, f"the dashboard shows no {name}"

@@ -76,7 +76,7 @@ def stage_of_ranks(spans: pd.DataFrame, meta: RunMeta) -> tuple[dict[int, int], 
 
 
 def stage_imbalance(stages: list[StageResult]) -> tuple[float | None, str, int | None, float | None]:
-    """(imbalance, basis, bottleneck stage, balance gain) from per-micro-batch stage times.
+    """(imbalance, basis, bottleneck stage, balance speedup) from per-micro-batch stage times.
 
     t_s is the stage's busy time per micro-batch pass; when some stage has no `forward` spans (imports), the
     busy times themselves are compared (basis `busy`), which is the same ratio when every stage processes

@@ -35,7 +35,7 @@ __all__ = [
 DENOMINATOR = "Σ bubble / (P × window): the share of the P stages' wall time spent idle"
 NOT_MEASURED = "–"
 """What a figure that was not measured reads (never 0); the table's caption says why."""
-_WITHHELD = "the bubble ratio, imbalance, bottleneck, balance gain and gap to theory need every stage"
+_WITHHELD = "the bubble ratio, imbalance, bottleneck, balance speedup and gap to theory need every stage"
 """What an incomplete trace withholds (`AnalysisResult.missing`)."""
 
 
@@ -142,7 +142,7 @@ def summary_lines(res: AnalysisResult) -> list[str]:
         basis = "busy time per micro-batch" if res.imbalance_basis == "time_per_mb" else "busy time"
         lines.append(
             f"bottleneck: stage {res.bottleneck_stage}   imbalance: {_pct(res.imbalance)} (1 - mean/max of {basis})"
-            f"   perfect balance would gain ×{res.balance_gain:.3f} throughput"
+            f"   perfect balance would speed throughput up ×{res.balance_speedup:.3f}"
         )
     if res.throughput_tokens_per_s is not None:
         lines.append(f"throughput: {res.throughput_tokens_per_s:,.1f} tokens/s ({res.throughput_basis})")

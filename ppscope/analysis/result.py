@@ -299,7 +299,7 @@ class AnalysisResult:
     imbalance_basis: str
     """`time_per_mb` or `busy` (when spans carry no micro-batch ids)."""
     bottleneck_stage: int | None
-    balance_gain: float | None
+    balance_speedup: float | None
     """max(t_s) / mean(t_s): the throughput factor perfect balance would give."""
     theory: Theory
     theory_gap: TheoryGap | None = None
@@ -319,7 +319,7 @@ class AnalysisResult:
     pipelining actions)."""
     missing: Notice | None = None
     """What the trace lacks to describe the whole pipeline (`missing_ranks`: ranks without spans, or
-    `missing_stages`: stages without spans), and so why the bubble ratio, imbalance, bottleneck, balance gain
+    `missing_stages`: stages without spans), and so why the bubble ratio, imbalance, bottleneck, balance speedup
     and gap to theory are not given; None if nothing."""
     unknown_stages: list[int] = field(default_factory=list)
     """Stages of the run that recorded nothing: counted in P, their figures unknown (not in `stages`)."""
@@ -357,7 +357,7 @@ class AnalysisResult:
             "imbalance": self.imbalance,
             "imbalance_basis": self.imbalance_basis,
             "bottleneck_stage": self.bottleneck_stage,
-            "balance_gain": self.balance_gain,
+            "balance_speedup": self.balance_speedup,
             "theory": {
                 "formula": self.theory.formula,
                 "bubble_ratio": self.theory.bubble_ratio,

@@ -199,7 +199,7 @@ def compare_table(a: AnalysisResult, b: AnalysisResult) -> pd.DataFrame:
     rows: list[tuple[str, float | None, float | None]] = [
         ("bubble ratio", a.bubble_ratio, b.bubble_ratio),
         ("imbalance", a.imbalance, b.imbalance),
-        ("balance gain (max/mean)", a.balance_gain, b.balance_gain),
+        ("balance speedup (max/mean)", a.balance_speedup, b.balance_speedup),
         ("throughput (tokens/s)", a.throughput_tokens_per_s, b.throughput_tokens_per_s),
         ("window (ms)", _ms(a.window.length_ns if a.window else None), _ms(b.window.length_ns if b.window else None)),
         ("slowest stage time per micro-batch (ms)", _slowest_ms(a), _slowest_ms(b)),

@@ -148,8 +148,8 @@ def stage_page(ra: ReplicaAnalysis | None, result: AnalysisResult | None, proble
     cols[0].metric("Bubble ratio", _pct(result.bubble_ratio), help="Σ bubble over stages / (P × window length)")
     cols[1].metric("Imbalance", _pct(result.imbalance), help=f"1 - mean/max of stage time ({result.imbalance_basis})")
     cols[2].metric("Bottleneck", "—" if result.bottleneck_stage is None else f"stage {result.bottleneck_stage}")
-    gain = result.balance_gain
-    cols[3].metric("Balance gain", "—" if gain is None else f"×{gain:.2f}", help="max/mean stage time")
+    speedup = result.balance_speedup
+    cols[3].metric("Balance speedup", "—" if speedup is None else f"×{speedup:.2f}", help="max/mean stage time")
     tp = result.throughput_tokens_per_s
     cols[4].metric("Throughput", "—" if tp is None else _si(tp) + " tok/s", help=result.throughput_basis)
     if w is not None:

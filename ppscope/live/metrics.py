@@ -76,7 +76,7 @@ SPECS: tuple[MetricSpec, ...] = (
     _g("ppscope_tokens_per_second", (), f"Output tokens per second{_W}"),
     _g("ppscope_bottleneck_stage", (), f"The stage with the longest time per micro-batch{_W}"),
     _g("ppscope_stage_bottleneck", ("stage",), f"1 for the bottleneck stage{_W}, 0 for the others"),
-    _g("ppscope_balance_gain", (), f"Throughput factor a perfect balance of the same work would give{_W}"),
+    _g("ppscope_balance_speedup", (), f"Throughput factor a perfect balance of the same work would give{_W}"),
     _g("ppscope_imbalance", (), f"1 - mean/max of the stages' time per micro-batch{_W}"),
     _c("ppscope_stage_busy_seconds_total", ("stage",), "Seconds the stage computed, since start"),
     _c("ppscope_stage_idle_seconds_total", ("stage", "cause"), "Seconds the stage was idle, by cause, since start"),
@@ -145,8 +145,8 @@ def window_gauges(result: AnalysisResult, tokens_per_s: float | None) -> dict[st
     if result.bottleneck_stage is not None:
         out["ppscope_bottleneck_stage"] = {(): float(result.bottleneck_stage)}
         out["ppscope_stage_bottleneck"] = {(k,): float(s.stage == result.bottleneck_stage) for k, s in stages}
-    if result.balance_gain is not None:
-        out["ppscope_balance_gain"] = {(): result.balance_gain}
+    if result.balance_speedup is not None:
+        out["ppscope_balance_speedup"] = {(): result.balance_speedup}
     if result.imbalance is not None:
         out["ppscope_imbalance"] = {(): result.imbalance}
     return out

@@ -28,7 +28,7 @@ _DESCRIPTION = (
     f"{HELP}. Every --interval seconds it reads what the run wrote since (as the dashboard does), analyses its last "
     "--window seconds, and serves at http://HOST:PORT/metrics, in Prometheus' text format: bubble and busy ratio "
     "per stage, idle seconds by cause, hop latency histograms per link, tokens/s, the bottleneck stage and the "
-    "predicted balance gain (every metric is listed in the README, under `ppscope watch`). It stops when the run "
+    "predicted balance speedup (every metric is listed in the README, under `ppscope watch`). It stops when the run "
     "ends, or on Ctrl-C."
 )
 
