@@ -130,7 +130,7 @@ def main() -> list[Figure]:
         ),
         Figure(
             "soak: tokens generated a second",
-            float(str(summary.get("tokens_per_s", 0))),
+            float(str(summary.get("throughput_tokens_per_s", 0))),
             "tokens/s",
             "the arrivals' rate",
             RATE * TOKENS,

@@ -174,8 +174,8 @@ def test_the_run_leads_with_the_throughput_analyze_reports(tmp_path: Path, capsy
     summary = json.loads(capsys.readouterr().out)
     assert main(["analyze", str(tmp_path / "a"), "--json"]) == 0
     analysed = json.loads(capsys.readouterr().out)
-    assert summary["tokens_per_s"] == pytest.approx(analysed["throughput_tokens_per_s"])
-    assert summary["tokens_per_s_incl_startup"] < summary["tokens_per_s"]
+    assert summary["throughput_tokens_per_s"] == pytest.approx(analysed["throughput_tokens_per_s"])
+    assert summary["throughput_tokens_per_s_incl_startup"] < summary["throughput_tokens_per_s"]
     assert main([*args, "--requests", "3", "--out", str(tmp_path / "b")]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert "tokens/s from first arrival to last finish (as `ppscope analyze` reports it); " in first

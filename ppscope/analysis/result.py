@@ -412,7 +412,7 @@ def _latency_json(lat: RequestLatency | None) -> dict[str, Any] | None:
         "requests": lat.requests,
         "finished": lat.finished,
         "output_tokens": lat.output_tokens,
-        "tokens_per_s": lat.tokens_per_s,
+        "throughput_tokens_per_s": lat.tokens_per_s,
         "ttft_ms": stats(lat.ttft),
         "tpot_ms": stats(lat.tpot),
         "e2e_ms": stats(lat.e2e),

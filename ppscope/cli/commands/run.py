@@ -90,10 +90,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     elif summary:
+        rate, with_startup = summary["throughput_tokens_per_s"], summary["throughput_tokens_per_s_incl_startup"]
         print(
             f"run {summary['run_dir']}: {summary['requests']} requests, {summary['tokens']} tokens: "
-            f"{_rate(summary['tokens_per_s'])} from first arrival to last finish (as `ppscope analyze` reports "
-            f"it); {summary['wall_s']:.2f} s in all with start-up, {_rate(summary['tokens_per_s_incl_startup'])}\n"
+            f"{_rate(rate)} from first arrival to last finish (as `ppscope analyze` reports "
+            f"it); {summary['wall_s']:.2f} s in all with start-up, {_rate(with_startup)}\n"
             f"{_shape_line(summary)}\n"
             + (f"engine: {cfg.emulate.text()}\n" if cfg.emulate.on else "")
             + f"next: ppscope analyze {shlex.quote(str(summary['run_dir']))}"
@@ -160,8 +161,8 @@ class _Summary(TypedDict, total=False):
     requests: int
     tokens: int
     wall_s: float
-    tokens_per_s: float | None
-    tokens_per_s_incl_startup: float | None
+    throughput_tokens_per_s: float | None
+    throughput_tokens_per_s_incl_startup: float | None
     profile: str
     """With --profile-layers: the profile.json written."""
 
@@ -205,8 +206,8 @@ def _summary(run_dir: Path, wall_s: float, asked: int) -> _Summary:
         "requests": len(reqs),
         "tokens": tokens,
         "wall_s": wall_s,
-        "tokens_per_s": latency.tokens_per_s if latency is not None else None,
-        "tokens_per_s_incl_startup": tokens / wall_s if wall_s > 0 else None,
+        "throughput_tokens_per_s": latency.tokens_per_s if latency is not None else None,
+        "throughput_tokens_per_s_incl_startup": tokens / wall_s if wall_s > 0 else None,
     }
 
 
