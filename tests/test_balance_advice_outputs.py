@@ -96,3 +96,22 @@ def test_rebalance_says_keep_or_change_with_the_interval(tmp_path: Path, capsys:
     assert "advice: KEEP the current split: the predicted gain +2.4% is under 3%" in text
     assert "ready to paste" not in text and "VLLM_PP_LAYER_PARTITION=" not in text
     assert "the proposed split, not advised: " in text
+
+
+def test_the_table_says_which_statistic_each_column_of_ms_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ "ms now" is predicted from the costs, "measured ms" the run's mean pass: the table says so, and the
+    per-layer average printed is the mean over layers of the costs the split was found for (as the dashboard's)."""
+    from ppscope.balance.measured.timings import RunTimings
+    from ppscope.balance.report import RebalanceRequest, rebalance_runs
+    from ppscope.trace.store import load_run
+
+    run = _run(tmp_path / "r")
+    assert main(["rebalance", str(run)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "predicted ms: a pass of each stage, from costs fitted to each stage's mean pass" in out
+    assert "measured ms: the last run's mean pass of each stage, all its parts" in out
+    assert "ms per layer under the uniform fit of each stage's mean pass" in out
+    report = rebalance_runs([RunTimings.of(load_run(run))], RebalanceRequest())
+    assert report.mean_layer_ms == pytest.approx(sum(report.costs.layer_ms) / 8)

@@ -307,6 +307,24 @@ class RebalanceReport:
             }
         return out
 
+    @property
+    def mean_layer_ms(self) -> float:
+        """The mean over layers of the cost each layer was given: the per-layer average the CLI and the
+        dashboard both print."""
+        return sum(self.costs.layer_ms) / self.costs.layers
+
+    @property
+    def stage_ms_statistic(self) -> str:
+        """What the predicted stage times are, statistic included (docs/GLOSSARY.md)."""
+        return _STAGE_MS_STATISTIC.get(self.cost_source, "a pass of each stage, from the costs")
+
+    @property
+    def measured_ms_statistic(self) -> str:
+        """What `measured_stage_ms` is: a run's mean pass, or a trace's busy time over its window."""
+        if self.cost_source == "trace":
+            return "each stage's busy time over the trace's window, as `ppscope analyze` measures it"
+        return "the last run's mean pass of each stage, all its parts"
+
     def _fit_json(self, fit: CostFit) -> dict[str, Any]:
         return {
             "phase": fit.phase,
@@ -318,6 +336,16 @@ class RebalanceReport:
             "extras_measured": fit.extras_measured,
             "notes": [*self.fit_notes, *fit.notes],
         }
+
+
+_STAGE_MS_STATISTIC = {
+    "insitu": "a pass of each stage, from each layer's median over its sampled passes",
+    "profile": "a pass of each stage, from the per-layer profile's medians",
+    "fit": "a pass of each stage, from costs fitted to each stage's mean pass",
+    "given": "a pass of each stage, from the costs given",
+    "model": "a pass of each stage, from the cost model",
+    "trace": "each stage's busy time over the trace's window, from the calibrated cost model",
+}
 
 
 def _costs_json(c: LayerCosts) -> dict[str, Any]:

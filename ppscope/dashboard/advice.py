@@ -54,23 +54,24 @@ def _cost_source(report: RebalanceReport) -> str:
     """Where the costs came from, in a sentence or two for the page."""
     from ppscope.balance.measured.fit import r_squared_text
 
-    costs, fit, profile = report.costs, report.fit, report.profile
+    fit, profile = report.fit, report.profile
     if report.insitu is not None:
         sampled = report.insitu.passes
         return (
             f"Costs timed layer by layer inside this run ({report.phase} passes, the median of {min(sampled)}-"
-            f"{max(sampled)} sampled passes per layer): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on "
-            "average."
+            f"{max(sampled)} sampled passes per layer): {report.mean_layer_ms:.3f} ms per layer, the mean over "
+            "layers."
         )
     if profile is not None:
         return (
             f"Costs from the run's per-layer profile (profile.json, {report.phase} pass, timed with {profile.how} "
-            f"on {profile.device}): {sum(costs.layer_ms) / costs.layers:.3f} ms per layer on average."
+            f"on {profile.device}): {report.mean_layer_ms:.3f} ms per layer, the mean over layers."
         )
     assert fit is not None  # costs not from a profile are fitted
     passes = "all passes" if fit.phase == "all" else f"the {fit.phase} passes"
     return (
-        f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer on average, "
+        f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer under the uniform fit "
+        "of each stage's mean pass, "
         f"{r_squared_text(fit.r_squared)}. " + " ".join(f"Note: {md(n)}." for n in (*report.fit_notes, *fit.notes))
     )
 

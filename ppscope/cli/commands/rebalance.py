@@ -290,10 +290,14 @@ def _print_costs(report: RebalanceReport) -> None:
         got = report.insitu
         print(
             f"costs: timed layer by layer inside the run ({got.phase} passes, median of {min(got.passes)}-"
-            f"{max(got.passes)} sampled passes per layer); the fit from its stage spans is for comparison"
+            f"{max(got.passes)} sampled passes per layer): {report.mean_layer_ms:.3f} ms per layer, the mean over "
+            "layers; the fit from its stage spans is for comparison"
         )
     if source == "profile":
-        print("costs: the run's per-layer profile (profile.json); the fit from its stage spans is for comparison")
+        print(
+            f"costs: the run's per-layer profile (profile.json): {report.mean_layer_ms:.3f} ms per layer, the mean "
+            "over layers; the fit from its stage spans is for comparison"
+        )
     if source == "given":
         print(
             "costs: the layer costs given on the command line"
@@ -302,7 +306,7 @@ def _print_costs(report: RebalanceReport) -> None:
     if fit is not None:
         print(
             f"costs fitted from {report.fit_runs} run(s), {fit.phase} passes: {fit.uniform_layer_ms:.3f} ms per "
-            f"layer on average, {r_squared_text(fit.r_squared)} (uniform model, RMS error "
+            f"layer under the uniform fit of each stage's mean pass, {r_squared_text(fit.r_squared)} (RMS error "
             f"{fit.rms_residual_ms:.3f} ms), per-layer RMS error {fit.layer_rms_residual_ms:.3f} ms"
         )
         for note in (*report.fit_notes, *fit.notes):
@@ -321,14 +325,16 @@ def _print_table(report: RebalanceReport) -> None:
 
     now, new = report.split.current, report.split.proposed
     virtual = report.training is not None and report.training.chunks > 1
-    cols = ["virtual stage" if virtual else "stage", "layers now", "ms now", "layers new", "ms new"]
+    cols = ["virtual stage" if virtual else "stage", "layers now", "predicted ms now", "layers new", "predicted ms new"]
     measured = report.measured_stage_ms
     show_measured = measured is not None and len(measured) == len(now.split)
+    caption = f"predicted ms: {report.stage_ms_statistic}"
     if show_measured:
-        cols.insert(3, "measured ms")  # what the last run's spans show, next to the model's "ms now"
+        cols.insert(3, "measured ms now")  # what the last run's spans show, next to the predicted "ms now"
+        caption += f"; measured ms: {report.measured_ms_statistic}"
     if now.kv_tokens is not None:
         cols += ["KV tokens now", "KV tokens new"]
-    table = Table(title=f"objective: {report.split.objective}")
+    table = Table(title=f"objective: {report.split.objective}", caption=caption, caption_justify="left")
     for col in cols:
         table.add_column(col, justify="right")
     for s in range(len(new.split)):
