@@ -105,7 +105,7 @@ class ReplicaAnalysis:
     """Each replica's warnings that `warnings` does not already say as they are: those not every replica says."""
 
     def to_json(self) -> dict[str, Any]:
-        stages = [dataclasses.asdict(s) for s in self.stages]
+        stages = [{_STAGE_KEYS.get(k, k): v for k, v in dataclasses.asdict(s).items()} for s in self.stages]
         return {
             "placement": self.placement,
             "count": len(self.replicas),
@@ -400,3 +400,11 @@ def _busiest_rank(sub: Trace, stage: StageResult, res: AnalysisResult) -> int:
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
     lo, hi = (res.window.start_ns, res.window.end_ns) if res.window is not None else (int(start.min()), int(end.max()))
     return busiest_rank(spans["rank"].to_numpy(np.int64), start, end, compute, stage.ranks, lo, hi)
+
+
+_STAGE_KEYS = {  # a stage's fields as `--json` names them: one name per quantity (docs/GLOSSARY.md)
+    "slowdown": "vs_median",
+    "bubble_median": "bubble_ratio_median",
+    "bubble_worst": "bubble_ratio_worst",
+    "bubble_worst_replica": "bubble_ratio_worst_replica",
+}
