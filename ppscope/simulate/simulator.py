@@ -283,7 +283,7 @@ def summarize(cfg: SimConfig, trace: Trace) -> dict[str, Any]:
     passes = cfg.microbatches * cfg.steps
     return {
         "schedule": cfg.schedule,
-        "stages": cfg.stages,
+        "pp_size": cfg.stages,
         "microbatches": cfg.microbatches,
         "chunks": cfg.chunks,
         "steps": cfg.steps,

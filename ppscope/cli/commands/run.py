@@ -152,7 +152,7 @@ class _Summary(TypedDict, total=False):
 
     run_dir: str
     status: str
-    stages: int
+    pp_size: int
     schedule: str
     split: list[int]
     split_source: str
@@ -174,7 +174,7 @@ def _shape_line(summary: _Summary) -> str:
     source = _SOURCES.get(summary["split_source"], summary["split_source"])
     n, asked = summary["microbatches"], summary["microbatches_asked"]
     what = "in flight" if summary["schedule"] == Schedule.SERVE else "per step"
-    stages = f"{summary['stages']} stage{'s' * (summary['stages'] != 1)}"
+    stages = f"{summary['pp_size']} stage{'s' * (summary['pp_size'] != 1)}"
     line = f"{summary['schedule']} on {stages}, split {split} ({source}), {n} micro-batch{'es' * (n != 1)} {what}"
     if n < asked:
         line += f" (asked for {asked}; one per request at most)"
@@ -197,7 +197,7 @@ def _summary(run_dir: Path, wall_s: float, asked: int) -> _Summary:
     return {
         "run_dir": str(run_dir),
         "status": meta.status,
-        "stages": meta.pp_size,
+        "pp_size": meta.pp_size,
         "schedule": meta.schedule,
         "split": meta.split,
         "split_source": meta.split_source,
