@@ -202,6 +202,30 @@ def test_every_key_in_the_glossary_is_still_written(outputs: dict[str, list[obje
             )
 
 
+def _ns_values(value: object, maps: set[str], prefix: str = "", under_ns: bool = False) -> Iterator[object]:
+    """Every value under a key ending `_ns`, a map's values included; a map's own keys are data, not units
+    (`hops[].unmeasured` maps `recv_ns` to why it is null)."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            data = prefix in maps
+            path = f"{prefix}.*" if data else f"{prefix}.{key}" if prefix else str(key)
+            yield from _ns_values(inner, maps, path, under_ns or (not data and str(key).endswith("_ns")))
+    elif isinstance(value, list):
+        for inner in value:
+            yield from _ns_values(inner, maps, f"{prefix}[]", under_ns)
+    elif under_ns:
+        yield value
+
+
+def test_a_time_in_ns_is_whole_ns(outputs: dict[str, list[object]]) -> None:
+    """The glossary's rule: `_ns` keys hold integers (a median or busy ÷ passes is rounded)."""
+    documented = glossary()
+    for section, printed in outputs.items():
+        maps = _maps(documented.get(section, set()))
+        values = [v for out in printed for v in _ns_values(out, maps)]
+        assert all(v is None or type(v) is int for v in values), (section, {type(v) for v in values})
+
+
 def test_the_glossary_gives_every_row_a_unit() -> None:
     units = {"ns", "ms", "s", "µs", "B", "GiB", "GB", "tokens", "tokens/s", "ratio 0–1", "factor ×", "count", "–"}
     units |= {"GB/s", "TB/s", "TFLOPS", "FLOP", "signed share", "1/s", "layers", "points"}

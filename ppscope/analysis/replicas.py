@@ -20,7 +20,7 @@ from ppscope.analysis.analyzer import AnalysisConfig, analyze
 from ppscope.analysis.bubbles import ROLE_COMPUTE, span_roles
 from ppscope.analysis.facts import busiest_rank
 from ppscope.analysis.placement import Placement
-from ppscope.analysis.result import AnalysisResult, StageResult
+from ppscope.analysis.result import AnalysisResult, StageResult, json_ns
 from ppscope.trace.model import Trace, counters_frame, requests_frame
 from ppscope.trace.notices import Notice, NoticeCode, rank_list
 
@@ -105,7 +105,10 @@ class ReplicaAnalysis:
     """Each replica's warnings that `warnings` does not already say as they are: those not every replica says."""
 
     def to_json(self) -> dict[str, Any]:
-        stages = [{_STAGE_KEYS.get(k, k): v for k, v in dataclasses.asdict(s).items()} for s in self.stages]
+        stages = [
+            {_STAGE_KEYS.get(k, k): json_ns(v) if k.endswith("_ns") else v for k, v in dataclasses.asdict(s).items()}
+            for s in self.stages
+        ]
         return {
             "placement": self.placement,
             "count": len(self.replicas),
@@ -118,7 +121,7 @@ class ReplicaAnalysis:
             "bottleneck": None
             if self.bottleneck is None
             else dict(zip(("stage", "replica", "rank"), self.bottleneck, strict=True)),
-            "bottleneck_ns": self.bottleneck_ns,
+            "bottleneck_ns": json_ns(self.bottleneck_ns),
             "bottleneck_vs_median": self.bottleneck_slowdown,
             "stages": stages,
             "replicas": [dataclasses.asdict(r) for r in self.replicas],

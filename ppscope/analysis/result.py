@@ -34,6 +34,7 @@ __all__ = [
     "WhatIfCase",
     "WhatIfStraggler",
     "WindowInfo",
+    "json_ns",
 ]
 
 
@@ -145,7 +146,7 @@ class TrainingReplay:
             "bubble_ratio": self.bubble_ratio,
             "measured_step_bubble_ratio": self.measured_step_ratio,
             "steps": list(self.steps),
-            "costs_ns": {str(s): dict(c) for s, c in self.costs_ns.items()},
+            "costs_ns": {str(s): {a: json_ns(ns) for a, ns in c.items()} for s, c in self.costs_ns.items()},
             "hop_latency_ns": self.hop_ns,
             "hop_measured": self.hop_measured,
             "note": self.note,
@@ -183,7 +184,7 @@ class WhatIfStraggler:
             "stage": self.stage,
             "replica": self.replica,
             "ranks": list(self.ranks),
-            "time_per_mb_ns": self.time_per_mb_ns,
+            "time_per_mb_ns": json_ns(self.time_per_mb_ns),
             "vs_median": self.vs_median,
         }
 
@@ -391,7 +392,7 @@ class AnalysisResult:
                 "bubble_ns": s.bubble_ns,
                 "bubble_ratio": s.bubble_ratio,
                 "units": s.units,
-                "time_per_mb_ns": s.time_per_mb_ns,
+                "time_per_mb_ns": json_ns(s.time_per_mb_ns),
                 "causes": dict(s.causes),
             }
             for s in self.stages
@@ -399,6 +400,12 @@ class AnalysisResult:
         unknown = dict.fromkeys(("ranks", "busy_ns", "bubble_ns", "bubble_ratio", "units", "time_per_mb_ns", "causes"))
         known.update({stage: {"stage": stage, **unknown} for stage in self.unknown_stages})
         return [known[stage] for stage in sorted(known)]
+
+
+def json_ns(ns: float | None) -> int | None:
+    """A time in ns as `--json` gives it: whole ns (docs/GLOSSARY.md), where medians and busy ÷ passes are
+    floats."""
+    return None if ns is None else round(ns)
 
 
 def _latency_json(lat: RequestLatency | None) -> dict[str, Any] | None:
