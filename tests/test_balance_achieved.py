@@ -70,12 +70,12 @@ def test_memory_is_the_drivers_gib_for_planning_and_the_datasheets_gb_for_displa
 
 
 def test_corrected_datasheet_figures() -> None:
-    assert GPUS["b200"].memory_tb_s == 7.7  # the HGX B200 column per GPU, not the DGX's 64 TB/s ÷ 8
-    assert (GPUS["h20"].memory_tb_s, GPUS["h20"].bf16_tflops, GPUS["h20"].fp8_tflops) == (4.0, 148, 296)
-    assert (GPUS["h100-nvl"].memory_tb_s, GPUS["h100-nvl"].bf16_tflops) == (3.9, 1671 / 2)
-    assert (GPUS["h200-nvl"].memory_tb_s, GPUS["h200-nvl"].fp8_tflops) == (4.8, 3341 / 2)
+    assert GPUS["b200"].memory_tb_per_s == 7.7  # the HGX B200 column per GPU, not the DGX's 64 TB/s ÷ 8
+    assert (GPUS["h20"].memory_tb_per_s, GPUS["h20"].bf16_tflops, GPUS["h20"].fp8_tflops) == (4.0, 148, 296)
+    assert (GPUS["h100-nvl"].memory_tb_per_s, GPUS["h100-nvl"].bf16_tflops) == (3.9, 1671 / 2)
+    assert (GPUS["h200-nvl"].memory_tb_per_s, GPUS["h200-nvl"].fp8_tflops) == (4.8, 3341 / 2)
     mi = GPUS["mi300x"]
-    assert (mi.topology, mi.peer_links, mi.link_gb_s) == ("mesh", 7, 64)  # 128 GB/s bidirectional per link
+    assert (mi.topology, mi.peer_links, mi.link_gb_per_s) == ("mesh", 7, 64)  # 128 GB/s bidirectional per link
     assert [mi.peer_bandwidth(p) for p in (1, 3, 7, 9)] == [64e9, 192e9, 448e9, 448e9]
     assert (
         GPUS["h100-sxm"].peer_bandwidth(1) == GPUS["h100-sxm"].peer_bandwidth(7) == 450e9

@@ -71,20 +71,20 @@ class GPU:
     """Memory the driver reports, GiB (nvidia-smi's MiB ÷ 1024): what the planner budgets."""
     memory_gib_source: str
     """Where `memory_gib` comes from."""
-    memory_tb_s: float
+    memory_tb_per_s: float
     """Memory bandwidth, TB/s (10^12 bytes per second)."""
     bf16_tflops: float
     """Dense BF16/FP16 tensor peak, TFLOPS (10^12 FLOP per second)."""
     fp8_tflops: float | None
     """Dense FP8 tensor peak, TFLOPS; None where the chip has no FP8 tensor cores."""
-    link_gb_s: float
+    link_gb_per_s: float
     """Interconnect bandwidth in each direction, GB/s (half the bidirectional figure datasheets print): per GPU
     through a switch, per peer link in a mesh."""
     link: str
-    """Which interconnect `link_gb_s` is."""
+    """Which interconnect `link_gb_per_s` is."""
     topology: str = "switch"
-    """`switch`: every peer gets `link_gb_s` (NVSwitch, or one PCIe slot's share); `mesh`: one link of
-    `link_gb_s` to each of `peer_links` peers (AMD Infinity Fabric), so a collective among T GPUs uses T - 1."""
+    """`switch`: every peer gets `link_gb_per_s` (NVSwitch, or one PCIe slot's share); `mesh`: one link of
+    `link_gb_per_s` to each of `peer_links` peers (AMD Infinity Fabric), so a collective among T GPUs uses T - 1."""
     peer_links: int = 1
     """Direct links to other GPUs (mesh only)."""
     source: str
@@ -118,14 +118,14 @@ class GPU:
     @property
     def bandwidth(self) -> float:
         """Memory bandwidth kernels reach, bytes per second: the datasheet's × the family's memory share."""
-        return self.memory_tb_s * 1e12 * self.achieved.memory
+        return self.memory_tb_per_s * 1e12 * self.achieved.memory
 
     def peer_bandwidth(self, peers: int) -> float:
         """Bytes per second each way one GPU can send to `peers` others at once: the switch port's whole
         bandwidth, or in a mesh one link per peer (a pipeline hop or a TP=2 all-reduce: one link), × the
         family's link share."""
         links = 1 if self.topology == "switch" else max(1, min(peers, self.peer_links))
-        return self.link_gb_s * 1e9 * links * self.achieved.link
+        return self.link_gb_per_s * 1e9 * links * self.achieved.link
 
     @property
     def link_bandwidth(self) -> float:
@@ -184,10 +184,10 @@ GPUS: dict[str, GPU] = {
             memory_gb=80,
             memory_mib=81_559,
             smi="NVIDIA H100 80GB HBM3",
-            memory_tb_s=3.35,
+            memory_tb_per_s=3.35,
             bf16_tflops=989.5,
             fp8_tflops=1979,
-            link_gb_s=450,
+            link_gb_per_s=450,
             link=_NVLINK4,
             source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 1,979 and FP8 3,958 TFLOPS with "
             "sparsity (dense: half), 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s",
@@ -199,10 +199,10 @@ GPUS: dict[str, GPU] = {
             memory_gb=80,
             memory_mib=81_559,
             smi="NVIDIA H100 PCIe",
-            memory_tb_s=2.0,
+            memory_tb_per_s=2.0,
             bf16_tflops=756.5,
             fp8_tflops=1513,
-            link_gb_s=64,
+            link_gb_per_s=64,
             link=_PCIE5 + " (an NVLink bridge joins pairs at 600 GB/s; not assumed)",
             source="NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe: BF16 1,513 and FP8 3,026 TFLOPS with "
             "sparsity (dense: half), 80 GB HBM2e at 2 TB/s, PCIe Gen5 128 GB/s",
@@ -214,10 +214,10 @@ GPUS: dict[str, GPU] = {
             memory_gb=94,
             memory_mib=95_830,
             smi="NVIDIA H100 NVL",
-            memory_tb_s=3.9,
+            memory_tb_per_s=3.9,
             bf16_tflops=835.5,
             fp8_tflops=1670.5,
-            link_gb_s=64,
+            link_gb_per_s=64,
             link=_PCIE5 + " (an NVLink bridge joins pairs at 600 GB/s; not assumed)",
             source="NVIDIA H100 Tensor Core GPU datasheet, H100 NVL: BF16 1,671 and FP8 3,341 TFLOPS with "
             "sparsity (dense: half), 94 GB HBM3 at 3.9 TB/s, NVLink bridge 600 GB/s, PCIe Gen5 128 GB/s",
@@ -229,10 +229,10 @@ GPUS: dict[str, GPU] = {
             memory_gb=141,
             memory_mib=143_771,
             smi="NVIDIA H200",
-            memory_tb_s=4.8,
+            memory_tb_per_s=4.8,
             bf16_tflops=989.5,
             fp8_tflops=1979,
-            link_gb_s=450,
+            link_gb_per_s=450,
             link=_NVLINK4,
             source="NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 1,979 and FP8 3,958 TFLOPS with "
             "sparsity (dense: half), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s",
@@ -244,10 +244,10 @@ GPUS: dict[str, GPU] = {
             memory_gb=141,
             memory_mib=143_771,
             smi="NVIDIA H200 NVL",
-            memory_tb_s=4.8,
+            memory_tb_per_s=4.8,
             bf16_tflops=835.5,
             fp8_tflops=1670.5,
-            link_gb_s=64,
+            link_gb_per_s=64,
             link=_PCIE5 + " (2- or 4-way NVLink bridges at 900 GB/s; not assumed)",
             source="NVIDIA H200 Tensor Core GPU datasheet, H200 NVL: BF16 1,671 and FP8 3,341 TFLOPS with "
             "sparsity (dense: half), 141 GB HBM3e at 4.8 TB/s, NVLink bridge 900 GB/s, PCIe Gen5 128 GB/s",
@@ -259,10 +259,10 @@ GPUS: dict[str, GPU] = {
             memory_gb=96,
             memory_mib=97_871,
             smi="NVIDIA H20",
-            memory_tb_s=4.0,
+            memory_tb_per_s=4.0,
             bf16_tflops=148,
             fp8_tflops=296,
-            link_gb_s=450,
+            link_gb_per_s=450,
             link=_NVLINK4,
             source="NVIDIA H20 product brief as distributed to partners (no public datasheet): BF16 148 and FP8 "
             "296 TFLOPS dense, 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s",
@@ -274,10 +274,10 @@ GPUS: dict[str, GPU] = {
             memory_gb=40,
             memory_mib=40_960,
             smi="NVIDIA A100-SXM4-40GB",
-            memory_tb_s=1.555,
+            memory_tb_per_s=1.555,
             bf16_tflops=312,
             fp8_tflops=None,
-            link_gb_s=300,
+            link_gb_per_s=300,
             link="NVLink 3: 600 GB/s bidirectional per GPU through NVSwitch",
             source="NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM: BF16 312 TFLOPS dense (624 with "
             "sparsity), no FP8, 40 GB HBM2 at 1,555 GB/s, NVLink 600 GB/s",
@@ -289,10 +289,10 @@ GPUS: dict[str, GPU] = {
             memory_gb=80,
             memory_mib=81_920,
             smi="NVIDIA A100-SXM4-80GB",
-            memory_tb_s=2.039,
+            memory_tb_per_s=2.039,
             bf16_tflops=312,
             fp8_tflops=None,
-            link_gb_s=300,
+            link_gb_per_s=300,
             link="NVLink 3: 600 GB/s bidirectional per GPU through NVSwitch",
             source="NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: BF16 312 TFLOPS dense (624 with "
             "sparsity), no FP8, 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s",
@@ -304,10 +304,10 @@ GPUS: dict[str, GPU] = {
             memory_gb=48,
             memory_mib=46_068,
             smi="NVIDIA L40S",
-            memory_tb_s=0.864,
+            memory_tb_per_s=0.864,
             bf16_tflops=362.05,
             fp8_tflops=733,
-            link_gb_s=32,
+            link_gb_per_s=32,
             link=_PCIE4,
             source="NVIDIA L40S datasheet: BF16 362.05 and FP8 733 TFLOPS dense (733 and 1,466 with sparsity), "
             "48 GB GDDR6 at 864 GB/s, PCIe Gen4 x16 64 GB/s",
@@ -319,10 +319,10 @@ GPUS: dict[str, GPU] = {
             memory_gb=24,
             memory_mib=23_034,
             smi="NVIDIA L4",
-            memory_tb_s=0.3,
+            memory_tb_per_s=0.3,
             bf16_tflops=121,
             fp8_tflops=242.5,
-            link_gb_s=32,
+            link_gb_per_s=32,
             link=_PCIE4,
             source="NVIDIA L4 Tensor Core GPU datasheet: BF16 242 and FP8 485 TFLOPS with sparsity (dense: "
             "half), 24 GB GDDR6 at 300 GB/s, PCIe Gen4 x16 64 GB/s",
@@ -334,10 +334,10 @@ GPUS: dict[str, GPU] = {
             memory_gb=180,
             memory_mib=183_359,
             smi="NVIDIA B200",
-            memory_tb_s=7.7,
+            memory_tb_per_s=7.7,
             bf16_tflops=2250,
             fp8_tflops=4500,
-            link_gb_s=900,
+            link_gb_per_s=900,
             link="NVLink 5: 1.8 TB/s bidirectional per GPU through NVSwitch",
             source="NVIDIA Blackwell datasheet, HGX B200 column, per GPU (the 8-GPU board's figures ÷ 8): BF16 36 "
             "and FP8 72 PFLOPS with sparsity → 2.25 and 4.5 PFLOPS dense, 1.44 TB HBM3e → 180 GB; 7.7 TB/s "
@@ -350,10 +350,10 @@ GPUS: dict[str, GPU] = {
             memory_gb=192,
             memory_gib=205_822_885_888 / GIB,
             memory_gib_source="rocm-smi --showmeminfo vram on an AMD Instinct MI300X: 205,822,885,888 B",
-            memory_tb_s=5.3,
+            memory_tb_per_s=5.3,
             bf16_tflops=1307.4,
             fp8_tflops=2614.9,
-            link_gb_s=64,
+            link_gb_per_s=64,
             link="AMD Infinity Fabric: a full mesh, one xGMI link of 128 GB/s bidirectional to each of 7 peers "
             "(896 GB/s in all)",
             topology="mesh",

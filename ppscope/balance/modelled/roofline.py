@@ -229,11 +229,11 @@ def rate_lines(gpu: GPU, dtype: str) -> list[str]:
     widened = "" if gpu.fp8_tflops or dtype != "fp8" else " (no FP8 tensor cores: the BF16 peak)"
     return [
         f"{gpu.name} ({gpu.family}), from the {gpu.source}",
-        f"memory: {gpu.memory_tb_s:g} TB/s × {a.memory:g} achieved = {gpu.bandwidth / 1e12:.3g} TB/s "
+        f"memory: {gpu.memory_tb_per_s:g} TB/s × {a.memory:g} achieved = {gpu.bandwidth / 1e12:.3g} TB/s "
         f"({a.memory_source})",
         f"tensor compute at {dtype}: {peak:g} TFLOPS dense{widened} × {a.compute:g} achieved = "
         f"{gpu.achieved_flops(dtype) / 1e12:.4g} TFLOPS ({a.compute_source})",
-        f"interconnect: {gpu.link_gb_s:g} GB/s each way per "
+        f"interconnect: {gpu.link_gb_per_s:g} GB/s each way per "
         + ("peer link" if gpu.topology == "mesh" else "GPU")
         + f" × {a.link:g} achieved ({a.link_source})",
     ]
