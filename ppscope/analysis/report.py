@@ -69,9 +69,14 @@ def fit_table(table: Table, width: int, drop_order: Sequence[str]) -> Table:
     return table
 
 
+# each table's title says which statistic its figures are (docs/GLOSSARY.md)
+_STAGE_TITLE = "Stages × causes of idle time (ms, sums over the window; time/mb: busy ÷ passes, a mean per micro-batch)"
+_HOP_TITLE = "Per-hop communication (MB and ms: sums over the window; latency µs: the median over messages)"
+
+
 def stage_table(res: AnalysisResult, width: int | None = None) -> Table:
     causes = _used_causes(res)
-    t = Table(title="Stages × causes of idle time (ms)", title_justify="left")
+    t = Table(title=_STAGE_TITLE, title_justify="left")
     for col in ["stage", "ranks", "busy", "bubble", "bubble %", "time/mb", *causes]:
         t.add_column(col, justify="left" if col == "ranks" else "right", no_wrap=True)
     rows = {
@@ -225,7 +230,7 @@ _HOP_COLUMNS = {"nbytes": "MB", "recv_ns": "transfer ms", "bandwidth_gb_per_s": 
 
 
 def hop_table(res: AnalysisResult, width: int | None = None) -> Table:
-    t = Table(title="Per-hop communication", title_justify="left")
+    t = Table(title=_HOP_TITLE, title_justify="left")
     for col in ["hop", "messages", "MB", "send ms", "transfer ms", "wait ms", "GB/s", "latency µs"]:
         t.add_column(col, justify="right", no_wrap=True)
     for h in res.hops:
