@@ -197,7 +197,7 @@ class CapacityPlan:
             "usable_bytes_per_gpu": cfg.cluster.usable_bytes,
             "reserve_bytes_per_gpu": int(cfg.reserve_gib * GIB),
             "tp": self.layout.tp,
-            "pp": self.layout.pp,
+            "pp_size": self.layout.pp,
             "replicas": self.layout.replicas,
             "reason": self.layout.reason,
             "split": list(self.split),
