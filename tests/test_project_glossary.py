@@ -103,6 +103,10 @@ def _tune_result(tmp: Path) -> TuneResult:
         measured_interval=interval,
         decision=Advice(change=True, reason="the gain is real"),
         cores=cores,
+        measurement="decided after 3 pairs",
+        decided=True,
+        busy_cores_beside=0.5,
+        emulated="emulated llama3-8b on h100-sxm",
     )
 
 
