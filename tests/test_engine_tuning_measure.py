@@ -110,4 +110,7 @@ def test_change_prints_the_runs_and_the_lines_to_paste_on_80_columns() -> None:
     assert text.startswith("engine: emulated llama3-8b on h100-sxm (roofline), ×27 slower")
     table = text[text.index("Run 1 and the advised split") : text.index("predicted speedup")]
     assert max(len(line) for line in table.splitlines()) <= 80 and "run 2 (advised)" in table
-    assert changed.to_dict()["lines"]["vllm_env"] == "VLLM_PP_LAYER_PARTITION=5,3"
+    lines = changed.to_dict()["lines"]
+    assert lines["vllm_env"] == "VLLM_PP_LAYER_PARTITION=5,3"
+    assert set(lines) == {"vllm_env", "sglang_env", "ppscope_run"}  # a serving job: no Megatron, no torchtitan
+    assert "Megatron" not in text and "module_fqns_per_model_part" not in text

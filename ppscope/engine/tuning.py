@@ -26,7 +26,7 @@ from ppscope.analysis import AnalysisResult, analyze
 from ppscope.balance.advise.advice import Advice, Interval, Part, advise, paired_throughput_ratio, speedup_interval
 from ppscope.balance.advise.cores import SharedCores, run_usage, shared_cores
 from ppscope.balance.advise.problem import BalanceProblem
-from ppscope.balance.advise.rebalance import Rebalance, engine_lines, rebalance
+from ppscope.balance.advise.rebalance import JobKind, Rebalance, rebalance
 from ppscope.balance.costs import LayerCosts, StageCosts
 from ppscope.balance.measured.fit import fit_layer_costs, r_squared_text
 from ppscope.balance.measured.insitu import insitu_costs
@@ -146,10 +146,11 @@ class TuneResult:
 
     @property
     def lines(self) -> dict[str, str]:
-        """What to paste to run the advised split in each engine; none unless the advice is to change."""
+        """What to paste to run the advised split in each serving engine (the runs are ppscope's engine serving
+        requests: vLLM's, SGLang's and its own lines, `JobKind.SERVING`); none unless the advice is to change."""
         if self.decision is None or not self.decision.change:
             return {}
-        return engine_lines(self.advice.proposed.split, sum(self.advice.current.split))
+        return dataclasses.replace(self.advice, job=JobKind.SERVING).lines
 
     @property
     def realised(self) -> float | None:
