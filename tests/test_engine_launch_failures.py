@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import queue
+import random
 import signal
 import subprocess
 import sys
@@ -77,6 +78,31 @@ def test_ctrl_c_while_the_ranks_start_is_one_line_and_marks_the_run(tmp_path: Pa
     )
     meta = read_meta(out)
     assert meta.status == "interrupted" and meta.error == "interrupted by the user"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # 50 runs of 2 to 5 s each
+def test_ctrl_c_at_50_random_moments_never_leaves_a_run_running(tmp_path: Path) -> None:
+    """Ctrl-C anywhere in a run's life, from the moment its directory exists to its end: the run is marked
+    interrupted (exit 130) or, when the run ended first, finished; never left `running`."""
+    rng = random.Random(50)
+    args = ["--stages", "2", "--requests", "2", "--max-new-tokens", "4", "--no-progress"]
+    seen: dict[str, int] = {}
+    for i in range(50):
+        out = tmp_path / f"run-{i}"
+        with _launched([*args, "--out", str(out)]) as proc:
+            deadline = time.monotonic() + 60
+            while not (out / "meta.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 3.0))  # a run of this size lasts 2 to 4 s from here
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        status = read_meta(out).status
+        # a run that ended first is finished; its process may be stopped by the signal on its way out (-2)
+        assert (status, proc.returncode) in {("interrupted", 130), ("finished", 0), ("finished", -2)}, (i, err)
+        seen[status] = seen.get(status, 0) + 1
+    assert seen.get("interrupted", 0) > 0  # the moments reached into the run, not only past its end
 
 
 @pytest.mark.slow
