@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 
 from ppscope.analysis import AnalysisConfig, AnalysisResult, analyze
 from ppscope.analysis.sharded import analyze_run
@@ -144,17 +144,18 @@ def test_the_command_gives_the_same_json_with_workers(tmp_path: Path, capsys: py
 
 
 @pytest.mark.parametrize(
-    ("extra", "said"),
-    [(["--html", "r.html"], "needs the whole trace in memory"), ([], "is not one: leave out --workers")],
+    ("extra", "code"),
+    [(["--html", "r.html"], ErrorCode.CONFLICTING_OPTIONS), ([], ErrorCode.CONFLICTING_OPTIONS)],
+    ids=["html", "not-a-run"],
 )
 def test_the_command_refuses_workers_where_they_cannot_serve(
-    extra: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    extra: list[str], code: ErrorCode, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     target = _sim(tmp_path, **RUNS["one-stage"]) if extra else _write(tmp_path / "k", gpipe_cpu())
     html = [*extra[:1], str(tmp_path / extra[1])] if extra else []
-    assert main(["analyze", str(target), "--workers", "2", *html]) == 2
-    err = capsys.readouterr().err
-    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    failed = cli_error(capsys, ["analyze", str(target), "--workers", "2", *html])
+    assert failed.exit_code == 2 and failed.code == code and "--workers" in failed.text
+    assert "Traceback" not in failed.err and failed.err.count("\n") == 1
 
 
 def test_gaps_can_be_left_out_and_nothing_else_changes(tmp_path: Path) -> None:
