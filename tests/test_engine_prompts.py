@@ -6,9 +6,8 @@ import re
 from pathlib import Path
 
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 
-from ppscope.cli.main import main
 from ppscope.engine.requests import load_prompts
 from ppscope.errors import ErrorCode, InvalidConfigError
 
@@ -116,8 +115,8 @@ def test_run_refuses_a_bad_prompts_file_in_one_line(tmp_path: Path, capsys: pyte
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_ids": [1, 2], "max_tokens": 2}\n')
     args = ["--model", "synthetic", "--layers", "2", "--layer-cost-ms", "0", "--stages", "1", "--no-progress"]
-    code = main(["run", *args, "--prompts", str(prompts), "--out", str(tmp_path / "run")])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith(f'ppscope run: error: {prompts}:1: unknown key "max_tokens"')
+    failed = cli_error(capsys, ["run", *args, "--prompts", str(prompts), "--out", str(tmp_path / "run")])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.BAD_PROMPTS
+    assert failed.err.count("\n") == 1 and "Traceback" not in failed.err
+    assert failed.text.startswith(f"{prompts}:1:") and '"max_tokens"' in failed.text  # the file, line and key
     assert not (tmp_path / "run").exists()
