@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 
-from ppscope.cli.main import main
 from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 from ppscope.engine.launch import CPP_LOG_LEVEL_ENV, _interrupt_deferred, _supervise, rank_environment, run
 from ppscope.engine.testing import FAIL_ENV
@@ -221,29 +220,10 @@ def test_a_failed_middle_rank_is_named_among_its_peers_errors(tmp_path: Path, mo
 def test_out_that_cannot_be_made_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "afile.txt").write_text("x")
     out = tmp_path / "afile.txt" / "sub"
-    assert (
-        main(
-            [
-                "run",
-                "--model",
-                "synthetic",
-                "--layers",
-                "2",
-                "--layer-cost-ms",
-                "0",
-                "--requests",
-                "1",
-                "--max-new-tokens",
-                "1",
-                "--no-progress",
-                "--out",
-                str(out),
-            ]
-        )
-        == 2
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"ppscope run: error: cannot create run directory {out}: Not a directory; choose another --out"]
+    argv = ["run", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "0", "--requests", "1"]
+    failed = cli_error(capsys, [*argv, "--max-new-tokens", "1", "--no-progress", "--out", str(out)])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.OUTPUT_NOT_WRITABLE and failed.err.count("\n") == 1
+    assert str(out) in failed.text and "--out" in failed.text  # the path, and the option that fixes it
     assert (tmp_path / "afile.txt").read_text() == "x" and json.dumps(sorted(os.listdir(tmp_path))) == '["afile.txt"]'
 
 
