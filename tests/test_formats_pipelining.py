@@ -204,7 +204,7 @@ def test_a_file_of_another_job_is_left_out_with_a_warning(tmp_path: Path) -> Non
     trace = open_trace(folder)
     assert trace.ranks == [0, 1]
     (other,) = [n.text for n in trace.warnings if n.code == NoticeCode.OTHER_JOB]
-    assert other.startswith("left out rank-5.json.gz")  # names the file
+    assert "rank-5.json.gz" in other  # names the file
 
 
 def test_files_that_do_not_overlap_in_time_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
