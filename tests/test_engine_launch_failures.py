@@ -62,18 +62,18 @@ def test_ctrl_c_while_the_ranks_start_is_one_line_and_marks_the_run(tmp_path: Pa
     """Ctrl-C from a terminal (SIGINT to the whole process group) once the run directory exists, while the fork
     server imports the engine and the ranks start: one line, exit 130, and the run is marked interrupted."""
     out = tmp_path / "run"
-    args = ["--stages", "2", "--requests", "50", "--max-new-tokens", "50", "--no-progress", "--out", str(out)]
+    args = ["--stages", "2", "--requests", "50", "--max-new-tokens", "50", "--no-progress", "--json", "--out", str(out)]
     with _launched(args) as proc:
         deadline = time.monotonic() + 60
         while not (out / "meta.json").exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(after_s)
         os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        printed, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err.strip().splitlines() == [f"ppscope run: error: interrupted; what was recorded up to then is in {out}"], (
-        err
-    )
+    assert len(err.strip().splitlines()) == 1, err
+    error = json.loads(printed)["error"]
+    assert error["code"] == ErrorCode.INTERRUPTED and str(out) in error["text"], error  # where the record is
     meta = read_meta(out)
     assert meta.status == "interrupted" and meta.error == "interrupted by the user"
 
