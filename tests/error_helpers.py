@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -51,11 +52,11 @@ def cli_error(capsys: pytest.CaptureFixture[str], argv: Sequence[str]) -> CliErr
     raised: list[PPScopeError] = []
     parse_args = cli.parse_args
 
-    def parse_and_watch(parser: object, args_in: Sequence[str] | None) -> object:
-        args = parse_args(parser, args_in)  # type: ignore[arg-type]
+    def parse_and_watch(parser: argparse.ArgumentParser, args_in: Sequence[str] | None) -> argparse.Namespace:
+        args = parse_args(parser, args_in)
         func = args.func
 
-        def watched(ns: object) -> object:
+        def watched(ns: argparse.Namespace) -> object:
             try:
                 return func(ns)
             except PPScopeError as exc:
