@@ -229,6 +229,9 @@ class ErrorCode(StrEnum):
     # ---- the engine and workers (EngineFailedError, InterruptedRunError, WorkerFailedError)
     RANK_FAILED = "rank_failed"
     """A rank of the engine failed; the message names it and its error."""
+    RANK_LOST_PEER = "rank_lost_peer"
+    """A rank reporting its own failure (under torchrun, each does) whose link to a peer broke under it: most
+    likely an echo of another rank's failure, which that rank reports as RANK_FAILED."""
     RANK_KILLED = "rank_killed"
     """A rank was killed by a signal, or exited without reporting an error."""
     RANK_HANGS = "rank_hangs"

@@ -37,7 +37,7 @@ def test_missing_ranks_warned() -> None:
     res = analyze(Trace.from_records([_fwd(0, 0, 10), _fwd(2, 10, 20)], meta=meta))
     assert [s.stage for s in res.stages] == [0, 2]
     assert res.missing is not None and res.missing.code == NoticeCode.MISSING_RANKS
-    assert res.missing.text.startswith("ranks 1, 3 of 4 recorded nothing")  # names them
+    assert "1, 3 " in res.missing.text and "4" in res.missing.text  # names them, of how many
     assert res.pp_size == 4 and res.unknown_stages == [1, 3] and res.bubble_ratio is None
     assert res.imbalance is None and res.balance_speedup is None
 
@@ -88,11 +88,11 @@ def test_failed_run_is_said() -> None:
     assert failed.endswith("(rank 1 failed: boom)")  # the cause, as the run recorded it
 
 
-@pytest.mark.parametrize(("source", "said"), [("ppscope", "still being recorded"), ("pipelining", "without closing")])
-def test_a_run_still_marked_running_is_said_a_snapshot(source: str, said: str) -> None:
+@pytest.mark.parametrize(("source", "names"), [("ppscope", ()), ("pipelining", ("record_pipeline",))])
+def test_a_run_still_marked_running_is_said_a_snapshot(source: str, names: tuple[str, ...]) -> None:
     res = analyze(Trace.from_records([_fwd(0, 0, 10)], meta=RunMeta(status="running", source=source)))
     (running,) = [n.text for n in res.warnings if n.code == NoticeCode.RUN_RUNNING]
-    assert said in running  # what "running" means for this source
+    assert all(name in running for name in names)  # a job that never closed its recorder: the call that does
     # a trace made in memory or imported says nothing of a status it never had
     quiet = analyze(Trace.from_records([_fwd(0, 0, 10)], meta=RunMeta(status="running", source="unknown")))
     assert NoticeCode.RUN_RUNNING not in _codes(quiet.warnings)

@@ -58,7 +58,7 @@ def test_a_damaged_rank_file_is_left_out_and_named_as_without_ray(cluster: None,
     remote = analyze_run(run, ray="local")
     _same(analyze_run(run), remote)
     (damaged,) = [n.text for n in remote.warnings if n.code == NoticeCode.DAMAGED_FILE]
-    assert damaged.startswith("rank 1's file is damaged") and "rank-00001.sqlite" in damaged  # names it
+    assert "rank 1" in damaged and "rank-00001.sqlite" in damaged  # names it
 
 
 def test_the_command_with_ray(cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from error_helpers import cli_error
 
 from ppscope.analysis import analyze
 from ppscope.analysis.report import render_text
 from ppscope.balance.costs import LayerCosts
 from ppscope.cli.main import main
+from ppscope.errors import ErrorCode
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.simulator import SimConfig, simulate, write_run
 from ppscope.trace.notices import NoticeCode
@@ -57,9 +59,10 @@ def test_every_command_names_the_missing_rank_in_the_same_words(
 ) -> None:
     (gpipe_run / "rank-00002.sqlite").unlink()
     named = str(analyze(open_trace(gpipe_run)).missing)
-    assert main([a.format(run=gpipe_run, out=tmp_path / "replayed") for a in argv]) == 2
-    (err,) = capsys.readouterr().err.strip().splitlines()
-    assert err.startswith(f"ppscope {argv[0]}: error: {named}: ") and "needs every stage" in err
+    failed = cli_error(capsys, [a.format(run=gpipe_run, out=tmp_path / "replayed") for a in argv])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.MISSING_RANKS
+    (err,) = failed.err.strip().splitlines()
+    assert err.startswith(f"ppscope {argv[0]}: error: {named}: ")  # the words analyze names them in
 
 
 def test_a_complete_run_misses_nothing(gpipe_run: Path) -> None:
@@ -74,15 +77,14 @@ def test_ppscopes_own_chrome_export_is_named_not_analysed_as_empty(
     out = tmp_path / "sim.json"
     assert main(["export", str(gpipe_run), "--format", "chrome", "--out", str(out)]) == 0
     capsys.readouterr()
-    assert main(["analyze", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("ppscope analyze: error: ") and "Chrome/Perfetto export of run sim" in err
-    assert "analyse the run directory it was exported from" in err
+    failed = cli_error(capsys, ["analyze", str(out)])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.NOT_A_TRACE  # not NO_SPANS: not read as empty
+    assert failed.err.count("\n") == 1 and "sim" in failed.text.replace(str(out), "")  # the run it came from
 
 
 def test_a_trace_with_no_spans_exits_non_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 0, "args": {}}]}))
-    assert main(["analyze", str(empty)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "holds no spans: nothing to analyse" in err[0]
+    failed = cli_error(capsys, ["analyze", str(empty)])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.NO_SPANS
+    assert failed.err.count("\n") == 1 and str(empty) in failed.text

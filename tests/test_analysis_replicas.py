@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 from replica_helpers import replica_job
 
 from ppscope.analysis import analyze
@@ -86,20 +86,20 @@ def test_tensor_parallel_ranks_of_one_replica_form_one_stage() -> None:
 
 
 @pytest.mark.parametrize(
-    ("spec", "says"),
-    [
-        ("rank//0", "divides by 0"),
-        ("rank*2", "is not a rule"),
-        ("0-3:0,3-5:1", "rank 3 is given two stages (0, 1)"),
-        ("5-2:0", "needs first <= last"),
-        ("zero:1", "is not RANKS:STAGE"),
-        (",", "is empty"),
+    ("spec", "names"),
+    [  # what the message names: the rule, the rank given two stages, the range
+        ("rank//0", ("'rank//0'",)),
+        ("rank*2", ("'rank*2'",)),
+        ("0-3:0,3-5:1", ("rank 3", "(0, 1)")),
+        ("5-2:0", ("'5-2:0'",)),
+        ("zero:1", ("'zero:1'",)),
+        (",", ("--stage-of-rank",)),
     ],
 )
-def test_stage_of_rank_errors_are_one_line(spec: str, says: str) -> None:
-    with pytest.raises(InvalidConfigError) as err:
+def test_stage_of_rank_errors_are_one_line(spec: str, names: tuple[str, ...]) -> None:
+    with raises_code(InvalidConfigError, ErrorCode.BAD_PLACEMENT) as err:
         parse_stage_of_rank(spec)
-    assert says in str(err.value) and "\n" not in str(err.value)
+    assert all(name in str(err.value) for name in names) and "\n" not in str(err.value)
 
 
 def test_stage_of_rank_rules() -> None:
@@ -111,11 +111,11 @@ def test_stage_of_rank_rules() -> None:
 
 def test_tp_that_does_not_divide_a_stage_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = write_run(replica_job(2, 3, say_replica=False), tmp_path / "job")
-    assert main(["analyze", str(run), "--stage-of-rank", "rank//3", "--tp", "2"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "gives stage 0 3 rank(s), not a multiple of --tp 2" in err[0]
-    assert main(["analyze", str(run), "--tp", "2"]) == 2
-    assert "--tp needs --stage-of-rank" in capsys.readouterr().err
+    failed = cli_error(capsys, ["analyze", str(run), "--stage-of-rank", "rank//3", "--tp", "2"])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.BAD_PLACEMENT and failed.err.count("\n") == 1
+    assert "stage 0" in failed.text and "--tp 2" in failed.text  # the stage, and the degree it does not divide
+    failed = cli_error(capsys, ["analyze", str(run), "--tp", "2"])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.CONFLICTING_OPTIONS and "--stage-of-rank" in failed.text
 
 
 def test_one_replica_is_analysed_exactly_as_today(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

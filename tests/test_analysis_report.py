@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from error_helpers import cli_error
 
 from ppscope.analysis import CAUSES, analyze
 from ppscope.analysis.report import html_report, render_text
@@ -118,24 +119,20 @@ def test_html_is_self_contained(run_dir: Path, tmp_path: Path, capsys: pytest.Ca
 
 
 def test_cli_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["analyze", str(run_dir), "--window", "500:600"]) == 2
-    err = capsys.readouterr().err
-    assert "outside the trace" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert main(["analyze", str(run_dir), "--window", "abc"]) == 2
-    assert main(["analyze", str(tmp_path / "nope")]) == 2
-    assert main(["analyze", str(run_dir), "--html", str(tmp_path / "no" / "dir" / "r.html")]) == 2
-    assert "cannot write" in capsys.readouterr().err
+    failed = cli_error(capsys, ["analyze", str(run_dir), "--window", "500:600"])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.WINDOW_OUTSIDE_TRACE
+    assert "Traceback" not in failed.err and failed.err.count("\n") == 1
+    assert cli_error(capsys, ["analyze", str(run_dir), "--window", "abc"])[:2] == (2, ErrorCode.BAD_WINDOW)
+    assert cli_error(capsys, ["analyze", str(tmp_path / "nope")])[:2] == (2, ErrorCode.RUN_NOT_FOUND)
+    failed = cli_error(capsys, ["analyze", str(run_dir), "--html", str(tmp_path / "no" / "dir" / "r.html")])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.OUTPUT_NOT_WRITABLE
 
 
 def test_an_empty_run_is_an_error_that_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     create_run(tmp_path / "empty", RunMeta(world_size=1))
-    assert main(["analyze", str(tmp_path / "empty"), "--json"]) == 2
-    captured = capsys.readouterr()
-    assert json.loads(captured.out)["error"]["code"] == ErrorCode.NO_SPANS  # no report, the error's code
-    assert captured.err.strip() == (
-        f"ppscope analyze: error: {tmp_path / 'empty'} holds no spans: nothing to analyse "
-        "(rank 0 of 1 recorded nothing (no file, a damaged file, or no spans))"
-    )
+    failed = cli_error(capsys, ["analyze", str(tmp_path / "empty")])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.NO_SPANS  # no report, the error's code
+    assert failed.err.count("\n") == 1 and str(tmp_path / "empty") in failed.text and "rank 0" in failed.text
 
 
 def test_a_run_stopped_before_any_request_finished_reports_none_of_those_asked(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 
 from ppscope.analysis import AnalysisConfig, AnalysisResult, analyze
 from ppscope.analysis.sharded import analyze_run
@@ -108,7 +108,7 @@ def test_a_missing_rank_file_is_named_and_the_rest_analyse(tmp_path: Path) -> No
     rank_file(run, 2).unlink()
     whole, sharded = analyze(load_run(run)), analyze_run(run)
     assert sharded.missing is not None and sharded.missing.code == NoticeCode.MISSING_RANKS
-    assert sharded.missing.text.startswith("rank 2 of 4 recorded nothing")  # names the rank, once
+    assert "rank 2 " in sharded.missing.text and sharded.missing == whole.missing  # names the rank, once
     assert sharded.missing not in sharded.warnings and sharded.unknown_stages == [2]
     _same(whole, sharded)
 
@@ -119,7 +119,7 @@ def test_a_damaged_rank_file_is_left_out_and_named_as_load_run_does(tmp_path: Pa
     whole, sharded = analyze(load_run(run)), analyze_run(run, workers=2)
     assert sharded.missing is not None and sharded.missing.code == NoticeCode.MISSING_RANKS
     (damaged,) = [n.text for n in sharded.warnings if n.code == NoticeCode.DAMAGED_FILE]
-    assert damaged.startswith("rank 1's file is damaged")  # names the rank
+    assert "rank 1" in damaged  # names the rank
     _same(whole, sharded)
     for r in (0, 2, 3):  # nothing left to read: the error, as load_run raises it
         rank_file(run, r).write_bytes(b"")
@@ -144,17 +144,18 @@ def test_the_command_gives_the_same_json_with_workers(tmp_path: Path, capsys: py
 
 
 @pytest.mark.parametrize(
-    ("extra", "said"),
-    [(["--html", "r.html"], "needs the whole trace in memory"), ([], "is not one: leave out --workers")],
+    ("extra", "code"),
+    [(["--html", "r.html"], ErrorCode.CONFLICTING_OPTIONS), ([], ErrorCode.CONFLICTING_OPTIONS)],
+    ids=["html", "not-a-run"],
 )
 def test_the_command_refuses_workers_where_they_cannot_serve(
-    extra: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    extra: list[str], code: ErrorCode, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     target = _sim(tmp_path, **RUNS["one-stage"]) if extra else _write(tmp_path / "k", gpipe_cpu())
     html = [*extra[:1], str(tmp_path / extra[1])] if extra else []
-    assert main(["analyze", str(target), "--workers", "2", *html]) == 2
-    err = capsys.readouterr().err
-    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    failed = cli_error(capsys, ["analyze", str(target), "--workers", "2", *html])
+    assert failed.exit_code == 2 and failed.code == code and "--workers" in failed.text
+    assert "Traceback" not in failed.err and failed.err.count("\n") == 1
 
 
 def test_gaps_can_be_left_out_and_nothing_else_changes(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 
 from ppscope.balance.advise.rebalance import engine_lines
 from ppscope.balance.costs import LayerCosts
@@ -26,13 +26,12 @@ def test_layer_costs_that_do_not_cover_the_runs_layers_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _run(tmp_path / "r")
-    assert main(["rebalance", str(run), "--layer-costs", "1,1,1,1"]) == 2
-    assert capsys.readouterr().err.strip() == (
-        "ppscope rebalance: error: --layer-costs gives 4 layer cost(s) but the run has 8 layers (split 4,4): "
-        "give one cost per layer of the run's model"
-    )
-    assert main(["rebalance", "--layer-costs", "1,1,1,1", "--stages", "2", "--model", "llama3-8b"]) == 2
-    assert "--model llama3-8b has 32 layers but --layer-costs cover 4" in capsys.readouterr().err
+    failed = cli_error(capsys, ["rebalance", str(run), "--layer-costs", "1,1,1,1"])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.COUNT_MISMATCH and failed.err.count("\n") == 1
+    assert "--layer-costs" in failed.text and "4,4" in failed.text  # the option, and the run's split
+    failed = cli_error(capsys, ["rebalance", "--layer-costs", "1,1,1,1", "--stages", "2", "--model", "llama3-8b"])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.COUNT_MISMATCH
+    assert "llama3-8b" in failed.text and "32" in failed.text  # the model, and its layers
 
 
 def test_given_costs_are_said_to_be_given(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -50,8 +49,9 @@ def test_a_paste_line_never_names_another_models_split() -> None:
 
 def test_runs_of_different_kinds_are_not_fitted_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     gpipe, serve = _run(tmp_path / "g"), _run(tmp_path / "s", schedule="serve", split=(5, 3))
-    assert main(["rebalance", str(gpipe), str(serve)]) == 2
-    assert "the runs differ in schedule (gpipe vs serve)" in capsys.readouterr().err
+    failed = cli_error(capsys, ["rebalance", str(gpipe), str(serve)])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.MIXED_RUNS
+    assert "gpipe" in failed.text and "serve" in failed.text and "--mix" in failed.text  # how, and how to go on
     assert main(["rebalance", str(gpipe), str(serve), "--mix", "--json"]) == 0
     notes = json.loads(capsys.readouterr().out)["fit"]["notes"]
     assert "fitted across runs that differ in schedule (gpipe vs serve) (--mix)" in notes
@@ -71,8 +71,8 @@ def test_a_replay_compares_simulated_with_simulated(tmp_path: Path, capsys: pyte
 
 def test_a_replay_refuses_a_schedule_it_would_ignore(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = _run(tmp_path / "r", schedule="serve")
-    assert main(["simulate", "--from", str(run), "--schedule", "gpipe", "--out", str(tmp_path / "p")]) == 2
-    assert "drop --schedule" in capsys.readouterr().err
+    failed = cli_error(capsys, ["simulate", "--from", str(run), "--schedule", "gpipe", "--out", str(tmp_path / "p")])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.CONFLICTING_OPTIONS and "--schedule" in failed.text
     assert not (tmp_path / "p").exists()
 
 

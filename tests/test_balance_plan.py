@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 
 from ppscope.balance.modelled.plan import GIB, Cluster, PlanConfig, plan
 from ppscope.balance.modelled.shapes import ModelShape
@@ -134,5 +134,6 @@ def test_cli_plan_json_and_text(capsys: pytest.CaptureFixture[str], tmp_path) ->
     )
     assert main(["plan", "--model", str(config), "--gpus", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tp"] == 1
-    assert main(["plan", "--model", "nope", "--gpus", "1"]) == 2
-    assert "unknown model preset" in capsys.readouterr().err
+    failed = cli_error(capsys, ["plan", "--model", "nope", "--gpus", "1"])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.UNKNOWN_CHOICE
+    assert "'nope'" in failed.text and "llama3-8b" in failed.text  # the name, and the valid ones

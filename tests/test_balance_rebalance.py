@@ -8,7 +8,7 @@ import math
 import random
 
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -265,25 +265,27 @@ def test_cli_rebalance_with_memory_shows_kv_capacity(capsys: pytest.CaptureFixtu
 
 
 @pytest.mark.parametrize(
-    ("extra", "fragment"),
-    [
-        (["--layer-costs", "1,nan", "--stages", "2"], "entry 1 is nan"),
-        (["--layer-costs", "1,x", "--stages", "2"], "not a comma-separated list of numbers"),
-        (["--layer-costs", "1,1", "--stages", "3"], "cannot fill 3 stages"),
-        (["--layer-costs", "1,1,1", "--stages", "2", "--current-split", "1,1"], "sums to 2 but the model has 3"),
-        (["--layer-costs", "1,1", "--stages", "2", "--speeds", "1,1,1"], "gives 3 values for 2 stages"),
-        (["--layer-costs", "1,1"], "give --stages P"),
-        ([], "give a RUN"),
+    ("extra", "code", "names"),
+    [  # what the message names: the bad entry, the counts, the option to give
+        (["--layer-costs", "1,nan", "--stages", "2"], ErrorCode.BAD_VALUE, ("--layer-costs", "nan")),
+        (["--layer-costs", "1,x", "--stages", "2"], ErrorCode.BAD_VALUE, ("--layer-costs", "1,x")),
+        (["--layer-costs", "1,1", "--stages", "3"], ErrorCode.TOO_FEW_LAYERS, ("3 stages",)),
+        (
+            ["--layer-costs", "1,1,1", "--stages", "2", "--current-split", "1,1"],
+            ErrorCode.SPLIT_DOES_NOT_COVER_LAYERS,
+            ("1,1", "3 layers"),
+        ),
+        (["--layer-costs", "1,1", "--stages", "2", "--speeds", "1,1,1"], ErrorCode.COUNT_MISMATCH, ("--speeds",)),
+        (["--layer-costs", "1,1"], ErrorCode.MISSING_OPTION, ("--stages",)),
+        ([], ErrorCode.MISSING_OPTION, ("RUN", "--layer-costs")),
     ],
 )
 def test_cli_rebalance_bad_input_is_one_line(
-    extra: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+    extra: list[str], code: ErrorCode, names: tuple[str, ...], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from ppscope.cli.main import main
-
-    assert main(["rebalance", *extra]) == 2
-    err = capsys.readouterr().err
-    assert fragment in err and err.count("\n") == 1
+    failed = cli_error(capsys, ["rebalance", *extra])
+    assert failed.exit_code == 2 and failed.code == code, failed
+    assert failed.err.count("\n") == 1 and all(name in failed.text for name in names), failed
 
 
 def test_the_split_in_the_trainers_own_terms() -> None:

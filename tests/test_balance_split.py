@@ -26,30 +26,26 @@ def test_parse_split_accepts_counts_and_spaces() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "layers", "stages", "fragment"),
-    [
-        ("5,4,4", 16, None, "sums to 13 but the model has 16 layers: add 3"),
-        ("9,4,4", 16, None, "sums to 17 but the model has 16 layers: remove 1"),
-        (
-            "4,8",
-            8,
-            None,
-            "looks like stage boundaries (where each stage ends), but a split is layer counts per stage, "
-            "as in VLLM_PP_LAYER_PARTITION: give 4,4",
-        ),
-        ("20,40,60,80", 80, 4, "give 20,20,20,20"),
-        ("8,4", 8, None, "sums to 12 but the model has 8 layers: remove 4"),
-        ("8,8", 16, 4, "has 2 stage(s) but the pipeline has 4"),
-        ("16,0", 16, None, "fewer than 1 layer"),
-        ("a,b", 16, None, "not a list of integers"),
-        ("4,,4", 8, None, "empty entry"),
-        ("", 8, None, "empty"),
+    ("text", "layers", "stages", "code", "names"),
+    [  # what the message names: the split, and the counts to give where it can tell them
+        ("5,4,4", 16, None, ErrorCode.SPLIT_DOES_NOT_COVER_LAYERS, ("5,4,4",)),
+        ("9,4,4", 16, None, ErrorCode.SPLIT_DOES_NOT_COVER_LAYERS, ("9,4,4",)),
+        ("4,8", 8, None, ErrorCode.SPLIT_LOOKS_LIKE_BOUNDS, ("4,8", "4,4")),
+        ("20,40,60,80", 80, 4, ErrorCode.SPLIT_LOOKS_LIKE_BOUNDS, ("20,20,20,20",)),
+        ("8,4", 8, None, ErrorCode.SPLIT_DOES_NOT_COVER_LAYERS, ("8,4",)),
+        ("8,8", 16, 4, ErrorCode.SPLIT_STAGE_COUNT, ("8,8",)),
+        ("16,0", 16, None, ErrorCode.SPLIT_EMPTY_STAGE, ("16,0",)),
+        ("a,b", 16, None, ErrorCode.SPLIT_NOT_INTEGERS, ("'a,b'",)),
+        ("4,,4", 8, None, ErrorCode.SPLIT_NOT_INTEGERS, ("'4,,4'",)),
+        ("", 8, None, ErrorCode.SPLIT_NOT_INTEGERS, ()),
     ],
 )
-def test_invalid_splits_say_what_is_wrong(text: str, layers: int, stages: int | None, fragment: str) -> None:
-    with pytest.raises(InvalidSplitError) as info:
+def test_invalid_splits_say_what_is_wrong(
+    text: str, layers: int, stages: int | None, code: ErrorCode, names: tuple[str, ...]
+) -> None:
+    with raises_code(InvalidSplitError, code) as info:
         parse_split(text, layers, stages)
-    assert fragment in str(info.value)
+    assert all(name in str(info.value) for name in names), str(info.value)
 
 
 @given(st.lists(st.integers(1, 40), min_size=2, max_size=8))

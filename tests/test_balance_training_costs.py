@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from error_helpers import cli_error
 
 from ppscope.balance.advise.rebalance import engine_lines, megatron_args
 from ppscope.balance.measured.fit import fit_layer_costs
 from ppscope.balance.measured.training import training_passes
 from ppscope.cli.main import main
+from ppscope.errors import ErrorCode
 from ppscope.simulate.simulator import write_run
 from ppscope.trace.model import RankInfo, RunMeta, Trace
 
@@ -144,26 +146,25 @@ def test_a_kineto_trace_takes_its_split_from_the_command_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = write_run(_trace([2, 6], kernels=True), tmp_path / "run")
-    assert main(["rebalance", str(run)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "give --current-split N,N,..." in err
+    failed = cli_error(capsys, ["rebalance", str(run)])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.NO_LAYER_SPLIT
+    assert failed.err.count("\n") == 1 and "--current-split" in failed.text  # how to give it
     out = _rebalance(capsys, str(run), "--current-split", "2,6")
     assert out["proposed_split"] == [4, 4] and out["current_split"] == [2, 6]
     training = out["training"]
     assert isinstance(training, dict) and training["split_source"] == "--current-split"
     assert "Kineto trace's operators" in str(training["from"])
-    assert main(["rebalance", str(run), "--current-split", "2,2,4"]) == 2  # one count per stage it trains
-    assert "gives 3 stages but the run trains 2" in capsys.readouterr().err
+    failed = cli_error(capsys, ["rebalance", str(run), "--current-split", "2,2,4"])  # one count per stage it trains
+    assert failed.exit_code == 2 and failed.code == ErrorCode.COUNT_MISMATCH and "2,2,4" in failed.text
 
 
 def test_a_hook_run_without_a_split_says_how_to_give_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = write_run(_trace([6, 2], record_split=False), tmp_path / "run")
-    assert main(["rebalance", str(run)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("ppscope rebalance: error: the training run does not say how its layers are split")
-    assert len(err.splitlines()) == 1 and "record_pipeline(schedule, run_dir, split=[...])" in err
-    assert main(["rebalance", str(run), "--phase", "decode", "--current-split", "6,2"]) == 2
-    assert "a training run's passes are forward + backward" in capsys.readouterr().err
+    failed = cli_error(capsys, ["rebalance", str(run)])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.NO_LAYER_SPLIT and failed.err.count("\n") == 1
+    assert "record_pipeline(schedule, run_dir, split=[...])" in failed.text  # the call that records one
+    failed = cli_error(capsys, ["rebalance", str(run), "--phase", "decode", "--current-split", "6,2"])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.CONFLICTING_OPTIONS and "--phase" in failed.text
 
 
 def test_virtual_stages_are_balanced_each_as_a_stage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -32,7 +32,7 @@ def test_a_bare_gpipe_pipeline_reaches_most_of_its_ideal() -> None:
 
 
 def test_an_unknown_transport_is_named() -> None:
-    with pytest.raises(ValueError, match="unknown transport 'shm'; valid: gloo, pipe"):
+    with pytest.raises(ValueError, match=r"'shm'.*gloo, pipe"):  # the name, and the valid ones
         ring_efficiency("shm")
 
 

@@ -9,10 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from error_helpers import cli_error
 from test_formats_helpers import KINETO, MFU, fingerprint, make_run, need
 
 from ppscope.cli.main import main
+from ppscope.errors import ErrorCode
 from ppscope.formats.sources import open_trace
+from ppscope.trace.notices import NoticeCode
 
 
 @pytest.mark.parametrize("fmt", ["nsys-sqlite", "chrome", "nvtxt"])
@@ -35,8 +38,9 @@ def test_refuses_existing_output_unless_forced(tmp_path: Path, capsys: pytest.Ca
     run = make_run(tmp_path / "run")
     out = tmp_path / "r.sqlite"
     out.write_bytes(b"precious")
-    assert main(["export", str(run), "--format", "nsys-sqlite", "--out", str(out)]) == 2
-    assert "--force" in capsys.readouterr().err and out.read_bytes() == b"precious"
+    failed = cli_error(capsys, ["export", str(run), "--format", "nsys-sqlite", "--out", str(out)])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.RUN_EXISTS and "--force" in failed.text
+    assert out.read_bytes() == b"precious"
     assert main(["export", str(run), "--format", "nsys-sqlite", "--out", str(out), "--force"]) == 0
     assert open_trace(out).meta.run_id == "interop"
 
@@ -49,15 +53,16 @@ def test_never_writes_into_the_input(tmp_path: Path, capsys: pytest.CaptureFixtu
     exported = tmp_path / "r.sqlite"
     assert main(["export", str(run), "--format", "nsys-sqlite", "--out", str(exported)]) == 0
     again = fingerprint(exported)
-    assert main(["export", str(exported), "--format", "nsys-sqlite", "--out", str(exported), "--force"]) == 2
-    assert "input" in capsys.readouterr().err
+    failed = cli_error(capsys, ["export", str(exported), "--format", "nsys-sqlite", "--out", str(exported), "--force"])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.OUTPUT_INTO_INPUT
     assert fingerprint(run) == before and fingerprint(exported) == again
 
 
 def test_missing_format_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = make_run(tmp_path / "run")
-    assert main(["export", str(run)]) == 2
-    assert capsys.readouterr().err.strip().endswith("give --format, one of nsys-sqlite, chrome, nvtxt")
+    failed = cli_error(capsys, ["export", str(run)])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.MISSING_OPTION and failed.err.count("\n") == 1
+    assert "nsys-sqlite, chrome, nvtxt" in failed.text  # the formats to choose from
 
 
 def test_real_traces_through_the_command_line(tmp_path: Path) -> None:
@@ -67,7 +72,8 @@ def test_real_traces_through_the_command_line(tmp_path: Path) -> None:
     args = ["export", str(disguised), "--format", "chrome", "--out", str(tmp_path / "m.json.gz")]
     out = subprocess.run([sys.executable, "-m", "ppscope", *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "ordered by device id" in out.stderr
+    (order,) = [n for n in open_trace(disguised).warnings if n.code == NoticeCode.STAGES_BY_FALLBACK]
+    assert "device id" in order.text and f"note: {order.text}" in out.stderr  # what it ordered the stages by
     k = tmp_path / "k.sqlite"
     assert main(["export", str(need(KINETO)), "--format", "nsys-sqlite", "--out", str(k)]) == 0
     db = sqlite3.connect(k)

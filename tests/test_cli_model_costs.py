@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from error_helpers import cli_error
 
 from ppscope.balance.modelled.gpus import GPUS
 from ppscope.cli.main import main
@@ -81,32 +82,44 @@ def test_paste_lines_fit_the_job(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "fragment"),
-    [
-        (["--gpu", "v100"], "unknown GPU 'v100'; known GPUs: " + ", ".join(GPUS)),
-        ([], "give --gpu NAME to time llama3-8b without a run (known GPUs: h100-sxm"),
-        (["--gpu", "h100", "--stages", "0"], "at least 1 stage"),
-        (["--gpu", "h100", "--phase", "all"], "give --phase decode or --phase prefill"),
-        (["--gpu", "l4", "--dtype", "fp32"], "give --dtype bf16, fp16 or fp8"),
-        (["--gpu", "l4", "--batch", "0"], "--batch must be >= 1"),
-        (["--gpu", "l4", "--tp", "3"], "--tp 3 does not divide"),
-        (["--gpu", "l4", "--current-split", "8,8"], "has 2 stage(s) but the pipeline has 4"),
+    ("argv", "code", "names"),
+    [  # what the message names: the valid choices, the value refused, the counts
+        (["--gpu", "v100"], ErrorCode.UNKNOWN_CHOICE, ("'v100'", ", ".join(GPUS))),
+        ([], ErrorCode.MISSING_OPTION, ("--gpu", "llama3-8b", ", ".join(GPUS))),
+        (["--gpu", "h100", "--stages", "0"], ErrorCode.BAD_VALUE, ()),
+        (["--gpu", "h100", "--phase", "all"], ErrorCode.CONFLICTING_OPTIONS, ("--phase decode", "--phase prefill")),
+        (["--gpu", "l4", "--dtype", "fp32"], ErrorCode.UNKNOWN_CHOICE, ("bf16, fp16 or fp8",)),
+        (["--gpu", "l4", "--batch", "0"], ErrorCode.BAD_VALUE, ("--batch",)),
+        (["--gpu", "l4", "--tp", "3"], ErrorCode.HEADS_NOT_DIVISIBLE, ("--tp 3",)),
+        (["--gpu", "l4", "--current-split", "8,8"], ErrorCode.SPLIT_STAGE_COUNT, ("8,8",)),
     ],
 )
-def test_bad_input_is_one_line(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_is_one_line(
+    argv: list[str], code: ErrorCode, names: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
     base = ["rebalance", "--model", "llama3-8b"] + ([] if "--stages" in argv else ["--stages", "4"])
-    assert main([*base, *argv]) == 2
-    err = capsys.readouterr().err
-    assert fragment in err and err.count("\n") == 1
+    failed = cli_error(capsys, [*base, *argv])
+    assert failed.exit_code == 2 and failed.code == code, failed
+    assert failed.err.count("\n") == 1 and all(name in failed.text for name in names), failed
 
 
 def test_a_config_without_a_needed_field_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = json.loads((CONFIGS / "qwen3-8b.json").read_text())
     del cfg["num_hidden_layers"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert main(["rebalance", "--model", str(tmp_path / "config.json"), "--stages", "2", "--gpu", "l40s"]) == 2
-    err = capsys.readouterr().err
-    assert "lacks the field 'num_hidden_layers'" in err and err.count("\n") == 1
+    argv = ["rebalance", "--model", str(tmp_path / "config.json"), "--stages", "2", "--gpu", "l40s"]
+    failed = cli_error(capsys, argv)
+    assert failed.exit_code == 2 and failed.code == ErrorCode.BAD_MODEL_CONFIG and failed.err.count("\n") == 1
+    assert "num_hidden_layers" in failed.text  # the field it lacks
+
+
+def _fewest_stages(text: str) -> tuple[int, str]:
+    """The fewest stages that fit and their split, as a refusal names them: in the command to run at that size
+    (`--stages N`), and as the one list of layer counts that sums to deepseek-v3's 61 layers."""
+    stages = re.search(r"--stages (\d+)", text)
+    assert stages is not None, text
+    (split,) = [s for s in re.findall(r"\d+(?:,\d+)+", text) if sum(int(n) for n in s.split(",")) == 61]
+    return int(stages.group(1)), split
 
 
 def test_memory_limits_apply_to_modelled_costs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -125,18 +138,17 @@ def test_a_model_that_does_not_fit_gets_no_split_but_the_fewest_stages_that_fit(
 ) -> None:
     """671 B parameters do not fit on four 80 GB GPUs, even in the FP8 DeepSeek-V3 ships: no split, no paste
     line, exit 5, and the fewest stages at this TP that hold it, with their split."""
-    assert main(["rebalance", "--model", "deepseek-v3", "--stages", "4", "--gpu", "h100-sxm", "--json"]) == 5
-    captured = capsys.readouterr()
-    assert json.loads(captured.out)["error"]["code"] == ErrorCode.NO_SPLIT_FITS  # no split, the refusal's code
-    assert captured.err.count("\n") == 1
-    m = re.search(r"in fp8: .* The fewest stages that hold it at TP 1 are (\d+), split ([\d,]+)", captured.err)
-    assert m is not None, captured.err
-    stages, split = int(m.group(1)), [int(n) for n in m.group(2).split(",")]
+    failed = cli_error(capsys, ["rebalance", "--model", "deepseek-v3", "--stages", "4", "--gpu", "h100-sxm"])
+    assert failed.exit_code == 5 and failed.code == ErrorCode.NO_SPLIT_FITS  # no split, the refusal's code
+    assert failed.err.count("\n") == 1
+    stages, named = _fewest_stages(failed.text)
+    split = [int(n) for n in named.split(",")]
     assert len(split) == stages and sum(split) == 61
     d = _json(capsys, "rebalance", "--model", "deepseek-v3", "--stages", str(stages), "--gpu", "h100-sxm")
     assert d["proposed_split"] == split  # the advice at that size fits, as the refusal said
-    assert main(["rebalance", "--model", "deepseek-v3", "--stages", str(stages - 1), "--gpu", "h100-sxm"]) == 5
-    assert f"are {stages}, split {m.group(2)}" in capsys.readouterr().err  # one stage fewer: refused the same way
+    fewer = ["rebalance", "--model", "deepseek-v3", "--stages", str(stages - 1), "--gpu", "h100-sxm"]
+    failed = cli_error(capsys, fewer)  # one stage fewer: refused the same way
+    assert failed.exit_code == 5 and _fewest_stages(failed.text) == (stages, named)
     assert any("deepseek-v3's checkpoint ships them" in a for a in d["assumptions"])  # its own dtype, said
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("streamlit")
+from error_helpers import raises_code
 from streamlit.testing.v1 import AppTest
 from test_dashboard_runs import record_gpipe_run, span_count
 
@@ -155,10 +156,15 @@ def test_run_deleted_while_shown_is_a_message(tmp_path: Path) -> None:
     assert not at.exception
     import shutil
 
+    from ppscope.dashboard.data import LiveTrace
+
+    live = LiveTrace(run, is_run=True)
+    live.refresh()
     shutil.rmtree(run)
     at.run()
     assert not at.exception
-    assert any("does not exist" in w.value for w in at.warning)
+    live.refresh()
+    assert live.gone and any(md(live.error) in w.value for w in at.warning)  # RunNotFoundError's message, shown
 
 
 def test_rebalance_advises_moving_layers_off_the_slow_stage(tmp_path: Path) -> None:
@@ -215,7 +221,12 @@ def test_rebalance_with_a_damaged_profile_says_so_and_fits_the_spans(tmp_path: P
     at = _app(run).run()
     at.sidebar.radio(key="section").set_value("Rebalance").run()
     assert not at.exception, at.exception
-    assert any("profile" in w.value for w in at.warning)
+    from ppscope.balance.measured.profile import read_profile
+    from ppscope.errors import CorruptFileError, ErrorCode
+
+    with raises_code(CorruptFileError, ErrorCode.NOT_JSON) as err:
+        read_profile(run)
+    assert any(md(str(err.value)) in w.value for w in at.warning)  # the profile's error, shown
     assert {m.label: m.value for m in at.metric}["Proposed split"] == "3,2,1"
 
 

@@ -11,9 +11,12 @@ pytest.importorskip("streamlit")
 from test_dashboard_app import _app
 
 from ppscope.analysis import analyze
+from ppscope.analysis.report import incomplete_line
 from ppscope.balance.costs import LayerCosts
 from ppscope.dashboard.data import LiveTrace
+from ppscope.dashboard.safety import md
 from ppscope.simulate.simulator import SimConfig, simulate, write_run
+from ppscope.trace.notices import NoticeCode
 
 
 def test_the_stages_page_names_the_missing_rank_once(tmp_path: Path) -> None:
@@ -27,8 +30,8 @@ def test_the_stages_page_names_the_missing_rank_once(tmp_path: Path) -> None:
     at.sidebar.radio(key="section").set_value("Stages").run()
     assert not at.exception, at.exception
     said = [w.value for w in at.warning] + [c.value for c in at.caption]
-    assert sum("rank 2 of 4 recorded nothing" in s for s in said) == 1, said
-    assert any(w.value.startswith("Incomplete\\: rank 2 of 4") and "need every stage" in w.value for w in at.warning), (
-        said
-    )
+    assert named.code == NoticeCode.MISSING_RANKS and "rank 2 " in named.text  # the rank
+    assert sum(md(named.text) in s for s in said) == 1, said  # named once, on the Stages page
+    line = incomplete_line(analyze(loaded))
+    assert any(w.value == md(line[:1].upper() + line[1:]) for w in at.warning), said  # with what it withholds
     assert at.metric[0].value == "—"  # the bubble ratio: unknown

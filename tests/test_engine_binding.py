@@ -35,17 +35,17 @@ def test_nccl_needs_a_gpu_of_its_own_for_every_rank(requested: str, gpus: list[s
             decide_backend(requested, gpus)
 
 
-def _agree(requested: str, gpus: list[str]) -> list[str]:
+def _agree(requested: str, gpus: list[str]) -> list[str | InvalidConfigError]:
     """What each rank (a thread) gets from agree_backend, or the error it raises."""
     store = dist.HashStore()
     store.set_timeout(datetime.timedelta(seconds=20))
-    got = [""] * len(gpus)
+    got: list[str | InvalidConfigError] = [""] * len(gpus)
 
     def rank(r: int) -> None:
         try:
             got[r] = agree_backend(store, r, len(gpus), requested, gpus[r])
         except InvalidConfigError as exc:
-            got[r] = f"error: {exc}"
+            got[r] = exc
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in reversed(range(len(gpus)))]  # rank 0 last
     for t in threads:
@@ -60,7 +60,8 @@ def test_every_rank_gets_rank_0s_decision_from_every_rank_s_gpu() -> None:
     # rank 0's node has GPUs, rank 3's has none: every rank takes gloo (deciding per node would hang)
     assert _agree("auto", ["a", "b", "c", ""]) == ["gloo"] * 4
     said = _agree("nccl", ["a", "b", "a"])
-    assert len(set(said)) == 1 and said[0].startswith("error: --backend nccl needs a GPU per rank, and ranks 0 and 2")
+    assert all(isinstance(e, InvalidConfigError) and e.code == ErrorCode.NO_GPU for e in said), said
+    assert len({str(e) for e in said}) == 1 and "--backend nccl" in str(said[0]) and "0 and 2" in str(said[0])
 
 
 class _Cuda:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from error_helpers import CliError, cli_error
 
 from ppscope.balance.modelled.shapes import ModelShape
-from ppscope.cli.main import main
 from ppscope.engine.hf import INDEX, check_checkpoint, read_header
-from ppscope.errors import CorruptFileError
+from ppscope.errors import CorruptFileError, ErrorCode
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 FILE = "model.safetensors"
@@ -63,10 +63,11 @@ def _set_config(ckpt: Path, **fields: object) -> None:
     config.write_text(json.dumps(json.loads(config.read_text()) | fields))
 
 
-def _refused(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """Run it: the exit code and the one line said; no run directory was made."""
+def _refused(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> CliError:
+    """Run it: how it failed, in one line; no run directory was made."""
     out = tmp_path / "run"
-    code = main(
+    failed = cli_error(
+        capsys,
         [
             "run",
             "--model",
@@ -82,12 +83,11 @@ def _refused(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
             "--no-progress",
             "--out",
             str(out),
-        ]
+        ],
     )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
+    assert failed.err.count("\n") == 1, failed.err
     assert not out.exists()
-    return code, err[0]
+    return failed
 
 
 def test_a_good_checkpoint_passes_whole_or_sharded(ckpt: Path, sharded: Path) -> None:
@@ -110,69 +110,63 @@ def test_only_headers_are_read(ckpt: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("damage", "says"),
+    "damage",
     [
-        (lambda b: b[:-100], "is truncated: its header describes"),
-        (lambda b: b"", "is empty"),
-        (lambda b: b"not a safetensors file at all, but long enough", "starts with a header length of"),
-        (lambda b: b[:200], "starts with a header length of"),
-        (lambda b: b + b"\0" * 8, "has 8 bytes after the"),
-        (lambda b: b[:8] + b"[" + b[9:], "has a header that is not JSON"),
+        lambda b: b[:-100],  # truncated
+        lambda b: b"",  # empty
+        lambda b: b"not a safetensors file at all, but long enough",  # a header length beyond the file
+        lambda b: b[:200],  # cut inside the header
+        lambda b: b + b"\0" * 8,  # bytes after the data
+        lambda b: b[:8] + b"[" + b[9:],  # a header that is not JSON
     ],
+    ids=["truncated", "empty", "not-safetensors", "cut-header", "trailing", "header-not-json"],
 )
 def test_damaged_file_is_exit_1_naming_it(
-    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: Callable[[bytes], bytes], says: str
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: Callable[[bytes], bytes]
 ) -> None:
     file = ckpt / FILE
     file.write_bytes(damage(file.read_bytes()))
-    code, line = _refused(ckpt, tmp_path, capsys)
-    assert code == CorruptFileError.exit_code == 1
-    assert line.startswith(f"ppscope run: error: {file} ") and says in line, line
-    assert line.endswith("it is damaged or not a safetensors file; download it again")
+    failed = _refused(ckpt, tmp_path, capsys)
+    assert failed.exit_code == CorruptFileError.exit_code == 1 and failed.code == ErrorCode.DAMAGED_FILE, failed
+    assert failed.text.startswith(f"{file} "), failed.text  # the file to download again
 
 
 def test_no_safetensors_files(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (ckpt / FILE).unlink()
-    assert _refused(ckpt, tmp_path, capsys) == (
-        2,
-        f"ppscope run: error: {ckpt} holds no *.safetensors files: give a Hugging Face checkpoint",
-    )
+    failed = _refused(ckpt, tmp_path, capsys)
+    assert failed[:2] == (2, ErrorCode.CHECKPOINT_INCOMPLETE) and str(ckpt) in failed.text
 
 
 def test_a_layer_missing_a_tensor(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _rewrite(ckpt / FILE, lambda t: t.pop(UP))
-    code, line = _refused(ckpt, tmp_path, capsys)
-    assert code == 2 and f"{ckpt}: no *.safetensors file holds tensor {UP} (1 needed tensor(s) missing)" in line
+    failed = _refused(ckpt, tmp_path, capsys)
+    assert failed[:2] == (2, ErrorCode.CHECKPOINT_INCOMPLETE) and str(ckpt) in failed.text and UP in failed.text
 
 
 def test_config_with_more_layers_than_the_file(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _set_config(ckpt, num_hidden_layers=3)
-    code, line = _refused(ckpt, tmp_path, capsys)
-    assert code == 2 and "holds tensor model.layers.2." in line and "which a 3-layer model needs" in line, line
+    failed = _refused(ckpt, tmp_path, capsys)
+    assert failed[:2] == (2, ErrorCode.CHECKPOINT_INCOMPLETE) and "model.layers.2." in failed.text, failed
 
 
 def test_tensor_of_the_wrong_shape(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _rewrite(ckpt / FILE, lambda t: t.update({UP: torch.zeros(127, 64)}))
-    code, line = _refused(ckpt, tmp_path, capsys)
-    assert code == 2
-    assert line == (
-        f"ppscope run: error: {ckpt / FILE}: tensor {UP} has shape [127, 64] but config.json implies "
-        "[128, 64]: the weights do not match config.json"
-    )
+    failed = _refused(ckpt, tmp_path, capsys)
+    assert failed[:2] == (2, ErrorCode.CHECKPOINT_MISMATCH), failed
+    assert all(name in failed.text for name in (str(ckpt / FILE), UP, "[127, 64]", "[128, 64]")), failed.text
 
 
 def test_vocab_of_config_and_embedding_differ(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _set_config(ckpt, vocab_size=300)
-    code, line = _refused(ckpt, tmp_path, capsys)
-    assert (
-        code == 2 and "tensor model.embed_tokens.weight has shape [256, 64] but config.json implies [300, 64]" in line
-    )
+    failed = _refused(ckpt, tmp_path, capsys)
+    assert failed[:2] == (2, ErrorCode.CHECKPOINT_MISMATCH), failed
+    assert all(name in failed.text for name in ("model.embed_tokens.weight", "[256, 64]", "[300, 64]")), failed.text
 
 
 def test_tensor_that_is_not_floating_point(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _rewrite(ckpt / FILE, lambda t: t.update({UP: torch.zeros(128, 64, dtype=torch.int8)}))
-    code, line = _refused(ckpt, tmp_path, capsys)
-    assert code == 2 and f"tensor {UP} is I8, not a floating-point type" in line
+    failed = _refused(ckpt, tmp_path, capsys)
+    assert failed[:2] == (2, ErrorCode.UNSUPPORTED_CHECKPOINT) and UP in failed.text and "I8" in failed.text
 
 
 def test_index_places_a_tensor_in_a_shard_that_lacks_it(
@@ -180,20 +174,22 @@ def test_index_places_a_tensor_in_a_shard_that_lacks_it(
 ) -> None:
     shard = sharded / json.loads((sharded / INDEX).read_text())["weight_map"][UP]
     _rewrite(shard, lambda t: t.pop(UP))
-    code, line = _refused(sharded, tmp_path, capsys)
-    assert code == 2 and f"{shard} holds no tensor {UP}, which {INDEX} places there" in line
+    failed = _refused(sharded, tmp_path, capsys)
+    assert failed[:2] == (2, ErrorCode.CHECKPOINT_MISMATCH), failed
+    assert str(shard) in failed.text and UP in failed.text and INDEX in failed.text
 
 
 def test_index_that_lacks_a_tensor(sharded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     index = json.loads((sharded / INDEX).read_text())
     del index["weight_map"][UP]
     (sharded / INDEX).write_text(json.dumps(index))
-    code, line = _refused(sharded, tmp_path, capsys)
-    assert code == 2 and f"{sharded / INDEX} lists no tensor {UP}" in line
+    failed = _refused(sharded, tmp_path, capsys)
+    assert failed[:2] == (2, ErrorCode.CHECKPOINT_INCOMPLETE), failed
+    assert str(sharded / INDEX) in failed.text and UP in failed.text
 
 
 def test_damaged_shard_is_named(sharded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     shard = sharded / json.loads((sharded / INDEX).read_text())["weight_map"][UP]
     shard.write_bytes(shard.read_bytes()[:-4])
-    code, line = _refused(sharded, tmp_path, capsys)
-    assert code == 1 and line.startswith(f"ppscope run: error: {shard} is truncated")
+    failed = _refused(sharded, tmp_path, capsys)
+    assert failed[:2] == (1, ErrorCode.DAMAGED_FILE) and failed.text.startswith(f"{shard} ")

@@ -25,7 +25,7 @@ import pytest
 
 from ppscope.analysis import analyze
 from ppscope.dashboard.data import LiveTrace
-from ppscope.errors import PPScopeError, RunNotFoundError
+from ppscope.errors import ErrorCode, PPScopeError, RunNotFoundError
 from ppscope.trace.rankfile import connect_ro
 from ppscope.trace.store import RunTail, load_run, rank_file, read_meta
 
@@ -58,6 +58,7 @@ def _run_cmd(out: Path, *, requests: int = 400, layer_cost_ms: str = "2") -> lis
         "--timeout",
         str(TIMEOUT_S),
         "--no-progress",
+        "--json",  # a failure is also one JSON object on stdout, with its code
         "--out",
         str(out),
     ]
@@ -153,6 +154,8 @@ def _wait_gone(pids: set[int], timeout_s: float = 10.0) -> set[int]:
 class Outcome:
     rc: int
     stderr: str
+    error: dict[str, str] | None
+    """The error that `--json` printed, with its code; None if it printed none."""
     seconds: float
     left: set[int]
     out: Path
@@ -165,10 +168,12 @@ def _signal_run(out: Path, how: str) -> Outcome:
             os.kill(run.rank_pids[1], signal.SIGKILL)
         else:
             os.killpg(run.proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        _, err = run.proc.communicate(timeout=TIMEOUT_S + 30)
+        printed, err = run.proc.communicate(timeout=TIMEOUT_S + 30)
         seconds = time.monotonic() - t0
         left = _wait_gone(run.family | set(run.rank_pids))
-        return Outcome(rc=run.proc.returncode, stderr=err.decode(), seconds=seconds, left=left, out=out)
+        lines = printed.decode().strip().splitlines()
+        error = json.loads(lines[-1]).get("error") if lines else None
+        return Outcome(rc=run.proc.returncode, stderr=err.decode(), error=error, seconds=seconds, left=left, out=out)
 
 
 @pytest.fixture(scope="module")
@@ -185,8 +190,8 @@ def interrupted(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
 def test_sigkilled_rank_fails_the_run_within_its_timeout(killed: Outcome) -> None:
     assert killed.rc == 3, killed.stderr
     assert killed.seconds < TIMEOUT_S + 5
-    last = killed.stderr.strip().splitlines()[-1]  # the ranks share stderr: a library may warn before it
-    assert last.startswith("ppscope run: error: rank") and str(killed.out) in last, killed.stderr
+    assert killed.error is not None and killed.error["code"] == ErrorCode.RANK_KILLED, killed.stderr
+    assert str(killed.out) in killed.error["text"]  # where the trace is
     assert not killed.left, f"processes left behind: {killed.left}"
     meta = read_meta(killed.out)
     assert meta.status == "failed" and "rank" in meta.error
@@ -207,13 +212,13 @@ def test_sigkilled_rank_fails_the_run_within_its_timeout(killed: Outcome) -> Non
 
 @pytest.mark.slow
 def test_sigkilled_rank_is_the_one_named(killed: Outcome) -> None:
-    assert "rank 1 exited" in killed.stderr or "rank 1 was killed" in killed.stderr, killed.stderr
+    assert killed.error is not None and killed.error["text"].startswith("rank 1 "), killed.stderr
 
 
 @pytest.mark.slow
 def test_ctrl_c_marks_the_run_interrupted(interrupted: Outcome) -> None:
     assert interrupted.rc == 130, interrupted.stderr
-    assert "interrupted" in interrupted.stderr
+    assert interrupted.error is None or interrupted.error["code"] == ErrorCode.INTERRUPTED, interrupted.error
     assert not interrupted.left, f"processes left behind: {interrupted.left}"
     meta = read_meta(interrupted.out)
     assert meta.status == "interrupted"

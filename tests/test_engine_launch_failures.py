@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 
-from ppscope.cli.main import main
 from ppscope.engine.config import EngineConfig, ModelConfig, OutputConfig, PipelineConfig, WorkloadConfig
 from ppscope.engine.launch import CPP_LOG_LEVEL_ENV, _interrupt_deferred, _supervise, rank_environment, run
 from ppscope.engine.testing import FAIL_ENV
@@ -64,18 +63,18 @@ def test_ctrl_c_while_the_ranks_start_is_one_line_and_marks_the_run(tmp_path: Pa
     """Ctrl-C from a terminal (SIGINT to the whole process group) once the run directory exists, while the fork
     server imports the engine and the ranks start: one line, exit 130, and the run is marked interrupted."""
     out = tmp_path / "run"
-    args = ["--stages", "2", "--requests", "50", "--max-new-tokens", "50", "--no-progress", "--out", str(out)]
+    args = ["--stages", "2", "--requests", "50", "--max-new-tokens", "50", "--no-progress", "--json", "--out", str(out)]
     with _launched(args) as proc:
         deadline = time.monotonic() + 60
         while not (out / "meta.json").exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(after_s)
         os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        printed, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err.strip().splitlines() == [f"ppscope run: error: interrupted; what was recorded up to then is in {out}"], (
-        err
-    )
+    assert len(err.strip().splitlines()) == 1, err
+    error = json.loads(printed)["error"]
+    assert error["code"] == ErrorCode.INTERRUPTED and str(out) in error["text"], error  # where the record is
     meta = read_meta(out)
     assert meta.status == "interrupted" and meta.error == "interrupted by the user"
 
@@ -172,7 +171,7 @@ class _Proc:
         pass
 
 
-def _supervised(procs: list[_Proc], events: list[tuple[Any, ...]], tmp_path: Path) -> str:
+def _supervised(procs: list[_Proc], events: list[tuple[Any, ...]], tmp_path: Path) -> EngineFailedError:
     q: queue.Queue[tuple[Any, ...]] = queue.Queue()
     for e in events:
         q.put(e)
@@ -180,7 +179,7 @@ def _supervised(procs: list[_Proc], events: list[tuple[Any, ...]], tmp_path: Pat
     with pytest.raises(EngineFailedError) as exc:
         _supervise(cfg, procs, q, tmp_path, 1, None)  # type: ignore[arg-type]
     assert "\n" not in str(exc.value)
-    return str(exc.value)
+    return exc.value
 
 
 def test_the_rank_whose_own_code_failed_is_blamed_not_the_peer_that_lost_it(tmp_path: Path) -> None:
@@ -188,7 +187,7 @@ def test_the_rank_whose_own_code_failed_is_blamed_not_the_peer_that_lost_it(tmp_
     arrives first: the report names the root cause, and the echo is left out."""
     own = "RuntimeError: injected failure after 1 passes"
     procs = [_Proc(1), _Proc(1), _Proc(None)]
-    msg = _supervised(
+    err = _supervised(
         procs,
         [
             ("error", 1, RankError(PEER_ERROR, PEER), None),
@@ -197,18 +196,24 @@ def test_the_rank_whose_own_code_failed_is_blamed_not_the_peer_that_lost_it(tmp_
         ],
         tmp_path,
     )
-    assert msg == f"rank 0 failed: {own}; the trace up to then is in {tmp_path}"
+    msg = str(err)
+    assert err.code == ErrorCode.RANK_FAILED and msg.startswith("rank 0 ") and own in msg  # the cause, its error
+    assert PEER_ERROR not in msg and str(tmp_path) in msg  # not the echo; where the trace is
 
 
 def test_a_killed_rank_is_blamed_before_the_errors_it_caused(tmp_path: Path) -> None:
-    msg = _supervised([_Proc(-signal.SIGKILL), _Proc(1)], [("error", 1, RankError(PEER_ERROR, PEER), None)], tmp_path)
-    assert msg.startswith(f"rank 0 was killed by SIGKILL; rank 1 then failed: {PEER_ERROR}")
-    msg = _supervised([_Proc(7), _Proc(1)], [("error", 1, RankError(PEER_ERROR, PEER), None)], tmp_path)
-    assert msg.startswith("rank 0 exited with code 7 without reporting an error (killed? out of memory?); rank 1 then")
+    err = _supervised([_Proc(-signal.SIGKILL), _Proc(1)], [("error", 1, RankError(PEER_ERROR, PEER), None)], tmp_path)
+    msg = str(err)
+    assert err.code == ErrorCode.RANK_KILLED and msg.startswith("rank 0 ") and "SIGKILL" in msg, msg  # blamed first
+    assert msg.index("SIGKILL") < msg.index("rank 1") < msg.index(PEER_ERROR), msg  # then the error it caused
+    err = _supervised([_Proc(7), _Proc(1)], [("error", 1, RankError(PEER_ERROR, PEER), None)], tmp_path)
+    msg = str(err)
+    assert err.code == ErrorCode.RANK_KILLED and msg.startswith("rank 0 ") and " 7 " in msg, msg  # its exit code
+    assert msg.index(" 7 ") < msg.index("rank 1"), msg
 
 
 def test_only_peer_failures_name_the_first_to_report(tmp_path: Path) -> None:
-    msg = _supervised(
+    err = _supervised(
         [_Proc(1), _Proc(1)],
         [
             ("error", 1, RankError(PEER_ERROR, PEER), None),
@@ -221,7 +226,7 @@ def test_only_peer_failures_name_the_first_to_report(tmp_path: Path) -> None:
         ],
         tmp_path,
     )
-    assert msg.startswith(f"rank 1 failed: {PEER_ERROR}")
+    assert err.code == ErrorCode.RANK_FAILED and str(err).startswith("rank 1 ") and PEER_ERROR in str(err)
 
 
 @pytest.mark.slow
@@ -239,37 +244,18 @@ def test_a_failed_middle_rank_is_named_among_its_peers_errors(tmp_path: Path, mo
     )
     with raises_code(EngineFailedError, ErrorCode.RANK_FAILED) as err:
         run(cfg)
-    assert str(err.value).startswith("rank 1 failed: RuntimeError: injected failure after 1 passes; ")  # the cause
+    assert str(err.value).startswith("rank 1 ") and "RuntimeError: injected failure after 1 passes" in str(err.value)
     meta = read_meta(tmp_path / "run")
-    assert meta.status == "failed" and meta.error.startswith("rank 1 failed: RuntimeError: injected failure")
+    assert meta.status == "failed" and meta.error.startswith("rank 1 ") and "injected failure" in meta.error
 
 
 def test_out_that_cannot_be_made_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "afile.txt").write_text("x")
     out = tmp_path / "afile.txt" / "sub"
-    assert (
-        main(
-            [
-                "run",
-                "--model",
-                "synthetic",
-                "--layers",
-                "2",
-                "--layer-cost-ms",
-                "0",
-                "--requests",
-                "1",
-                "--max-new-tokens",
-                "1",
-                "--no-progress",
-                "--out",
-                str(out),
-            ]
-        )
-        == 2
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"ppscope run: error: cannot create run directory {out}: Not a directory; choose another --out"]
+    argv = ["run", "--model", "synthetic", "--layers", "2", "--layer-cost-ms", "0", "--requests", "1"]
+    failed = cli_error(capsys, [*argv, "--max-new-tokens", "1", "--no-progress", "--out", str(out)])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.OUTPUT_NOT_WRITABLE and failed.err.count("\n") == 1
+    assert str(out) in failed.text and "--out" in failed.text  # the path, and the option that fixes it
     assert (tmp_path / "afile.txt").read_text() == "x" and json.dumps(sorted(os.listdir(tmp_path))) == '["afile.txt"]'
 
 
@@ -278,12 +264,12 @@ def test_a_silent_rank_others_heard_nothing_from_is_named_as_hanging(tmp_path: P
     """A frozen rank (kill -STOP, a deadlock) reports nothing; its successor times out waiting for it and its
     predecessor loses the link when the successor goes: the frozen one is named, not the first to report."""
     timeout = "TimeoutError: rank 2 received nothing from rank 1 for 5 s (a peer failed or hangs)"
-    msg = _supervised(
+    err = _supervised(
         [_Proc(1), _Proc(None), _Proc(1)],
         [("error", 0, RankError(PEER_ERROR, PEER), None), ("error", 2, RankError(timeout, PEER), 1)],
         tmp_path,
     )
-    assert msg.startswith(f"rank 1 hangs (alive, silent): rank 2: {timeout}"), msg
+    assert err.code == ErrorCode.RANK_HANGS and str(err).startswith("rank 1 ") and timeout in str(err), err
 
 
 @pytest.mark.slow
@@ -384,12 +370,12 @@ def test_a_rank_says_whose_failure_it_is_by_the_type_of_its_error() -> None:
 def test_a_message_that_only_reads_like_a_timeout_names_no_hang(tmp_path: Path) -> None:
     """Wording is for people: a rank is named as hanging only when a peer's report says it waited on it."""
     timeout = "TimeoutError: rank 2 received nothing from rank 1 for 5 s (a peer failed or hangs)"
-    msg = _supervised(
+    err = _supervised(
         [_Proc(1), _Proc(None), _Proc(1)],
         [("error", 0, RankError(PEER_ERROR, PEER), None), ("error", 2, RankError(timeout, PEER), None)],
         tmp_path,
     )
-    assert "hangs" not in msg.split(":")[0], msg
+    assert err.code != ErrorCode.RANK_HANGS, err
 
 
 def test_a_rank_interrupted_inside_an_import_is_interrupted_once_it_is_done(monkeypatch: pytest.MonkeyPatch) -> None:

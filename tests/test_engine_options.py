@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 
 from ppscope.cli.main import main
 from ppscope.engine.config import (
@@ -58,34 +58,43 @@ def test_non_finite_and_out_of_range_values_are_refused(
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--rate", "nan"], "--rate must be a finite number, got nan"),
-        (["--timeout", "inf"], "--timeout must be a finite number"),
-        (["--microbatches", "-1"], r"--microbatches must be >= 0 \(0 = one per stage\)"),
-        (["--model", "synthetic", "--layers", "4", "--layer-cost-ms", "1,inf,1,1"], "--layer-cost-ms: entry 1 is inf"),
-        (["--model", "synthetic", "--layers", "4", "--layer-cost-ms", "1,2"], "--layer-cost-ms gives 2 values"),
-        (["--split", "a,b"], "split 'a,b' is not a list of integers"),
-        (["--chunks", "2"], "--chunks 2 needs --schedule interleaved"),
-        (["--model", "nowhere"], "--model 'nowhere' is neither a preset"),
-        (["--schedule", "gpipe", "--rate", "5"], r"--rate has no effect here \(gpipe takes every request at once\)"),
-        (["--schedule", "gpipe", "--max-inflight", "2"], "--max-inflight has no effect here"),
-        (["--schedule", "interleaved", "--max-batch", "2"], "--max-batch has no effect here"),
-        (["--microbatches", "3"], "serve keeps --max-inflight micro-batches in flight"),
-        (["--layers", "3"], "--layers has no effect here .*tiny has its own layers"),
-        (["--layer-cost-ms", "1,2"], "--layer-cost-ms has no effect here"),
-        (["--head-cost-ms", "2"], "--head-cost-ms has no effect here"),
-        (["--prompts", __file__, "--requests", "4"], "--prompts gives the requests"),
-        (["--device", "tpu"], "unknown --device .tpu.; valid: auto, cpu, cuda"),
-        (["--backend", "nccl", "--device", "cpu"], "--backend nccl carries tensors between GPUs: use --device cuda"),
+    ("argv", "code", "names"),
+    [  # the flag the message names (never the config field), and what else it must name: the value, the choices
+        (["--rate", "nan"], ErrorCode.BAD_VALUE, ("--rate", "nan")),
+        (["--timeout", "inf"], ErrorCode.BAD_VALUE, ("--timeout",)),
+        (["--microbatches", "-1"], ErrorCode.BAD_VALUE, ("--microbatches",)),
+        (
+            ["--model", "synthetic", "--layers", "4", "--layer-cost-ms", "1,inf,1,1"],
+            ErrorCode.BAD_VALUE,
+            ("--layer-cost-ms", "inf"),
+        ),
+        (
+            ["--model", "synthetic", "--layers", "4", "--layer-cost-ms", "1,2"],
+            ErrorCode.COUNT_MISMATCH,
+            ("--layer-cost-ms",),
+        ),
+        (["--split", "a,b"], ErrorCode.SPLIT_NOT_INTEGERS, ("'a,b'",)),
+        (["--chunks", "2"], ErrorCode.CONFLICTING_OPTIONS, ("--chunks", "--schedule interleaved")),
+        (["--model", "nowhere"], ErrorCode.BAD_MODEL, ("--model", "'nowhere'")),
+        (["--schedule", "gpipe", "--rate", "5"], ErrorCode.CONFLICTING_OPTIONS, ("--rate",)),
+        (["--schedule", "gpipe", "--max-inflight", "2"], ErrorCode.CONFLICTING_OPTIONS, ("--max-inflight",)),
+        (["--schedule", "interleaved", "--max-batch", "2"], ErrorCode.CONFLICTING_OPTIONS, ("--max-batch",)),
+        (["--microbatches", "3"], ErrorCode.CONFLICTING_OPTIONS, ("--microbatches", "--max-inflight")),
+        (["--layers", "3"], ErrorCode.CONFLICTING_OPTIONS, ("--layers",)),
+        (["--layer-cost-ms", "1,2"], ErrorCode.CONFLICTING_OPTIONS, ("--layer-cost-ms",)),
+        (["--head-cost-ms", "2"], ErrorCode.CONFLICTING_OPTIONS, ("--head-cost-ms",)),
+        (["--prompts", __file__, "--requests", "4"], ErrorCode.CONFLICTING_OPTIONS, ("--requests", "--prompts")),
+        (["--device", "tpu"], ErrorCode.UNKNOWN_CHOICE, ("--device", "'tpu'", "auto, cpu, cuda")),
+        (["--backend", "nccl", "--device", "cpu"], ErrorCode.CONFLICTING_OPTIONS, ("--backend nccl", "--device")),
     ],
 )
 def test_the_command_line_names_flags_where_the_config_names_fields(
-    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    argv: list[str], code: ErrorCode, names: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["run", "--no-progress", "--out", str(tmp_path / "run"), *argv]) == 2
-    err = capsys.readouterr().err
-    assert re.search(message, err) and not re.search(r"\b(pipeline|model|workload|output|runtime)\.\w", err), err
+    failed = cli_error(capsys, ["run", "--no-progress", "--out", str(tmp_path / "run"), *argv])
+    assert failed.exit_code == 2 and failed.code == code, failed
+    assert all(name in failed.text for name in names), failed.text
+    assert not re.search(r"\b(pipeline|model|workload|output|runtime)\.\w", failed.err), failed.err
 
 
 @pytest.mark.parametrize(
@@ -121,9 +130,8 @@ def test_generated_request_options_are_refused_beside_a_prompts_file(tmp_path: P
 
 def test_refusals_are_one_line_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["--rate", "nan"], ["--schedule", "gpipe", "--rate", "5"], ["--layers", "3"]):
-        assert main(["run", "--no-progress", "--out", str(tmp_path / "run"), *argv]) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "Traceback" not in err, err
+        failed = cli_error(capsys, ["run", "--no-progress", "--out", str(tmp_path / "run"), *argv])
+        assert failed.exit_code == 2 and failed.err.count("\n") == 1 and "Traceback" not in failed.err, failed.err
     assert not (tmp_path / "run").exists()
 
 
@@ -300,7 +308,7 @@ def test_device_cuda_without_a_gpu_is_one_line(tmp_path: Path, capsys: pytest.Ca
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: --device cuda runs")
     argv = ["run", "--no-progress", "--out", str(tmp_path / "run"), "--backend", "gloo", "--device", "cuda"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--device cuda needs an NVIDIA GPU" in err, err
+    failed = cli_error(capsys, argv)
+    assert failed.exit_code == 2 and failed.code == ErrorCode.NO_GPU and failed.err.count("\n") == 1, failed.err
+    assert "--device cuda" in failed.text  # the option to change
     assert not (tmp_path / "run").exists()

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 
-from ppscope.cli.main import main
 from ppscope.engine.requests import load_prompts
 from ppscope.errors import ErrorCode, InvalidConfigError
 
@@ -22,8 +20,12 @@ def _load(tmp_path: Path, content: str | bytes, max_len: int | None = None) -> l
     return [(r.prompt_ids, r.max_new_tokens) for r in requests]
 
 
-def _refused(tmp_path: Path, content: str | bytes, *, max_len: int | None = None) -> str:
-    with pytest.raises(InvalidConfigError) as exc:
+def _refused(
+    tmp_path: Path, content: str | bytes, *, max_len: int | None = None, code: ErrorCode = ErrorCode.BAD_PROMPTS
+) -> str:
+    """The message of the refusal, which has `code`: tests check what it names (the file and line, the key, the
+    value), not its words."""
+    with raises_code(InvalidConfigError, code) as exc:
         _load(tmp_path, content, max_len)
     message = str(exc.value)
     assert "\n" not in message
@@ -48,7 +50,7 @@ def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
     ],
 )
 def test_text_that_is_not_utf8_names_the_line(tmp_path: Path, content: bytes, line: int) -> None:
-    assert re.search(rf"p\.jsonl:{line}: not UTF-8 text.*save the file as UTF-8", _refused(tmp_path, content))
+    assert f"p.jsonl:{line}:" in _refused(tmp_path, content)
 
 
 @pytest.mark.parametrize(
@@ -73,38 +75,40 @@ def test_text_that_is_not_utf8_names_the_line(tmp_path: Path, content: bytes, li
 )
 def test_a_value_that_is_not_an_integer_is_refused(tmp_path: Path, line: str, key: str, shown: str) -> None:
     message = _refused(tmp_path, '{"prompt_ids": [4]}\n' + line + "\n")
-    assert message.startswith(f"{tmp_path / 'p.jsonl'}:2: {key} ") and shown in message, message
+    assert message.startswith(f"{tmp_path / 'p.jsonl'}:2:") and key in message and shown in message, message
 
 
 def test_an_unknown_key_is_refused_with_the_valid_ones(tmp_path: Path) -> None:
     message = _refused(tmp_path, '{"prompt_ids": [1, 2], "max_tokens": 2}\n')
-    assert 'p.jsonl:1: unknown key "max_tokens"' in message
-    assert 'valid keys: "prompt_ids", "max_new_tokens"' in message
+    assert "p.jsonl:1:" in message and '"max_tokens"' in message
+    assert '"prompt_ids", "max_new_tokens"' in message  # the valid ones
 
 
 def test_a_repeated_key_is_refused(tmp_path: Path) -> None:
     message = _refused(tmp_path, '{"prompt_ids": [1], "prompt_ids": [2, 3]}\n')
-    assert 'p.jsonl:1: cannot read this line: key "prompt_ids" appears twice' in message
+    assert "p.jsonl:1:" in message and '"prompt_ids"' in message
 
 
-@pytest.mark.parametrize(("line", "what"), [("[1, 2]", "expected a JSON object"), ("{prompt_ids: [1]}", "not JSON")])
-def test_a_line_that_is_not_an_object_is_refused(tmp_path: Path, line: str, what: str) -> None:
-    assert f"p.jsonl:1: {what}" in _refused(tmp_path, line)
+@pytest.mark.parametrize(("line", "shown"), [("[1, 2]", "[1, 2]"), ("{prompt_ids: [1]}", "")])
+def test_a_line_that_is_not_an_object_is_refused(tmp_path: Path, line: str, shown: str) -> None:
+    message = _refused(tmp_path, line)
+    assert "p.jsonl:1:" in message and shown in message  # the line, and what it holds instead
 
 
 def test_a_token_id_outside_the_vocabulary_is_named(tmp_path: Path) -> None:
     message = _refused(tmp_path, '{"prompt_ids": [1, 2]}\n{"prompt_ids": [3, 4, 100, 5]}\n')
-    assert f'p.jsonl:2: "prompt_ids"[2] is 100: token ids of this model are in [0, {VOCAB})' in message
-    assert '"prompt_ids"[0] is -1' in _refused(tmp_path, '{"prompt_ids": [-1]}')
+    assert all(name in message for name in ("p.jsonl:2:", '"prompt_ids"[2]', "100", f"[0, {VOCAB})")), message
+    message = _refused(tmp_path, '{"prompt_ids": [-1]}')
+    assert '"prompt_ids"[0]' in message and "-1" in message
 
 
 def test_a_request_longer_than_the_model_names_its_line(tmp_path: Path) -> None:
     content = '{"prompt_ids": [1, 2]}\n{"prompt_ids": [1, 2, 3], "max_new_tokens": 8}\n'
     assert len(_load(tmp_path, content, max_len=11)) == 2
-    message = _refused(tmp_path, content, max_len=10)
-    assert 'p.jsonl:2: 3 prompt ids + 8 new tokens ("max_new_tokens") = 11 positions, but the model holds 10' in message
-    message = _refused(tmp_path, '{"prompt_ids": [1, 2, 3]}\n', max_len=10)  # 8 from --max-new-tokens
-    assert message.endswith("model holds 10: shorten the prompt or lower --max-new-tokens")
+    message = _refused(tmp_path, content, max_len=10, code=ErrorCode.SEQUENCE_TOO_LONG)
+    assert all(name in message for name in ("p.jsonl:2:", '"max_new_tokens"', "11", "10")), message  # the sizes
+    message = _refused(tmp_path, '{"prompt_ids": [1, 2, 3]}\n', max_len=10, code=ErrorCode.SEQUENCE_TOO_LONG)
+    assert "--max-new-tokens" in message and '"max_new_tokens"' not in message  # where the 8 came from
 
 
 def test_a_directory_is_named_as_one(tmp_path: Path) -> None:
@@ -116,8 +120,8 @@ def test_run_refuses_a_bad_prompts_file_in_one_line(tmp_path: Path, capsys: pyte
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_ids": [1, 2], "max_tokens": 2}\n')
     args = ["--model", "synthetic", "--layers", "2", "--layer-cost-ms", "0", "--stages", "1", "--no-progress"]
-    code = main(["run", *args, "--prompts", str(prompts), "--out", str(tmp_path / "run")])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith(f'ppscope run: error: {prompts}:1: unknown key "max_tokens"')
+    failed = cli_error(capsys, ["run", *args, "--prompts", str(prompts), "--out", str(tmp_path / "run")])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.BAD_PROMPTS
+    assert failed.err.count("\n") == 1 and "Traceback" not in failed.err
+    assert failed.text.startswith(f"{prompts}:1:") and '"max_tokens"' in failed.text  # the file, line and key
     assert not (tmp_path / "run").exists()

@@ -41,7 +41,7 @@ def test_arrivals_out_of_order_are_sorted_stably_and_a_length_mismatch_is_an_err
     reqs = _reqs(4)
     waiting = Arrivals(reqs, [30, 0, 30, 5], start_ns=0)
     assert [waiting.pop().id for _ in range(4)] == [1, 3, 0, 2]
-    with pytest.raises(ValueError, match="4 requests but 3 arrival times"):
+    with pytest.raises(ValueError):  # its one refusal: a count of arrival times unlike the requests
         Arrivals(reqs, [0, 1, 2], start_ns=0)
 
 

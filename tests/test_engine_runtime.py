@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 
 from ppscope.cli.main import main
 from ppscope.engine.config import (
@@ -41,7 +41,7 @@ def test_failed_rank_is_named_and_stops_the_run(tmp_path: Path, monkeypatch: pyt
     cfg = _fast(tmp_path / "run", PipelineConfig(stages=2), WorkloadConfig(requests=4, max_new_tokens=4))
     with raises_code(EngineFailedError, ErrorCode.RANK_FAILED) as exc:
         run(cfg)
-    assert exc.value.exit_code != 0 and str(exc.value).startswith("rank 1 failed: ")  # the rank that failed
+    assert exc.value.exit_code != 0 and str(exc.value).startswith("rank 1 ")  # the rank that failed
     meta = read_meta(tmp_path / "run")
     assert meta.status == "failed" and "rank 1" in meta.error
     trace = load_run(tmp_path / "run")  # what was recorded up to the failure still opens
@@ -50,9 +50,9 @@ def test_failed_rank_is_named_and_stops_the_run(tmp_path: Path, monkeypatch: pyt
 
 def test_bad_split_fails_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    assert main(["run", "--stages", "2", "--split", "3,3", "--out", str(out), "--no-progress"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "sums to 6 but the model has 8 layers" in err[0]
+    failed = cli_error(capsys, ["run", "--stages", "2", "--split", "3,3", "--out", str(out), "--no-progress"])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.SPLIT_DOES_NOT_COVER_LAYERS
+    assert failed.err.count("\n") == 1 and "3,3" in failed.text
     assert not out.exists()
     with raises_code(InvalidConfigError, ErrorCode.UNKNOWN_CHOICE):
         PipelineConfig(schedule="1f1b")

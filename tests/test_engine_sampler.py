@@ -157,6 +157,4 @@ def test_the_analysis_says_which_gpu_ranks_fell_back_to_cpu_counters() -> None:
     why = "cpu: NVML has no device with UUID dead (GPU-dead or MIG-dead)"
     trace.meta.ranks = [RankInfo(rank=0, counters=why)]
     said = [n.text for n in analyze(trace).warnings if n.code == NoticeCode.CPU_COUNTERS]
-    assert said == [
-        "rank 0 recorded CPU counters, not its GPU's: NVML has no device with UUID dead (GPU-dead or MIG-dead)"
-    ]
+    assert len(said) == 1 and "rank 0" in said[0] and why.removeprefix("cpu: ") in said[0]  # the rank, and why

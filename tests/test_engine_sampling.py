@@ -58,5 +58,5 @@ def test_a_draw_depends_on_seed_sequence_and_position_only() -> None:
 
 
 def test_temperature_without_keys_is_refused() -> None:
-    with pytest.raises(ValueError, match="one key per row"):
+    with pytest.raises(ValueError):  # its one refusal
         sample(torch.zeros(2, 3), Sampling(temperature=1.0), [1])

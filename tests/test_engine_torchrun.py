@@ -12,11 +12,14 @@ from pathlib import Path
 import pytest
 
 from ppscope.analysis import analyze
-from ppscope.trace.notices import Notice, NoticeCode
+from ppscope.errors import ErrorCode
+from ppscope.trace.notices import NoticeCode
 from ppscope.trace.store import REQUESTS_FILE, load_run, read_meta
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
+INJECTED = "RuntimeError: injected failure after 1 passes"
+"""What a rank told to fail (`PPSCOPE_TEST_FAIL`) raises: the error its failure must quote."""
 RUN = [
     "--model",
     "synthetic",
@@ -34,7 +37,7 @@ RUN = [
 ]
 
 
-def _torchrun(ranks: int, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def _torchrun(ranks: int, out: Path, *options: str, **env: str) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -48,6 +51,7 @@ def _torchrun(ranks: int, out: Path, **env: str) -> subprocess.CompletedProcess[
         "--stages",
         str(ranks),
         *RUN,
+        *options,
         "--out",
         str(out),
     ]
@@ -79,18 +83,19 @@ def test_a_run_under_torchrun_is_the_run_the_launcher_makes(tmp_path: Path) -> N
 def test_the_rank_that_failed_under_torchrun_is_named_by_the_analysis(tmp_path: Path) -> None:
     """Torchrun stops the other ranks with SIGTERM when rank 1 fails, so rank 0 marks the run interrupted; the
     cause is what rank 1 recorded in its own file."""
-    done = _torchrun(3, tmp_path / "tr", PPSCOPE_TEST_FAIL="1=1")
+    done = _torchrun(3, tmp_path / "tr", "--json", PPSCOPE_TEST_FAIL="1=1")
     assert done.returncode != 0
-    assert "ppscope run: error: rank 1 failed: RuntimeError: injected failure after 1 passes" in done.stderr
-    # each rank says where the trace is; one whose link broke under it (when torchrun's SIGTERM did not stop it
-    # first) says that it most likely echoes another's failure
-    lines = [line for line in done.stderr.splitlines() if line.startswith("ppscope run: error: rank ")]
-    where = f"the trace up to then is in {tmp_path / 'tr'} (`ppscope analyze"
-    assert all(where in line for line in lines), lines
-    echoes = [line for line in lines if "receive from" in line or "send to" in line]
-    assert all("(most likely an echo: the rank that failed first names the cause)" in line for line in echoes), lines
+    # each rank prints its own error: the one that failed in its own code, and those stopped or whose link broke
+    errors = [json.loads(line)["error"] for line in done.stdout.splitlines() if line.startswith('{"error"')]
+    own = [e["text"] for e in errors if e["code"] == ErrorCode.RANK_FAILED]
+    assert len(own) == 1 and own[0].startswith("rank 1 ") and INJECTED in own[0], done.stderr
+    # each says where the trace is and how to read it; one whose link broke under it (when torchrun's SIGTERM
+    # did not stop it first) is told from the cause by its code: most likely an echo
+    assert all(str(tmp_path / "tr") in e["text"] and "ppscope analyze" in e["text"] for e in errors), errors
+    codes = {e["code"] for e in errors}
+    assert codes <= {ErrorCode.RANK_FAILED, ErrorCode.RANK_LOST_PEER, ErrorCode.INTERRUPTED}, errors
     meta = read_meta(tmp_path / "tr")
     assert meta.status in ("interrupted", "failed"), meta
     result = analyze(load_run(tmp_path / "tr"))
-    failed = Notice(NoticeCode.RANK_FAILED, "rank 1 failed: RuntimeError: injected failure after 1 passes")
-    assert failed in result.warnings, result.warnings
+    failed = [n.text for n in result.warnings if n.code == NoticeCode.RANK_FAILED]
+    assert any(text.startswith("rank 1 ") and INJECTED in text for text in failed), result.warnings

@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from error_helpers import cli_error
 from test_formats_helpers import fingerprint, tiny_nsys
 
-from ppscope.cli.main import main
+from ppscope.errors import ErrorCode
 
 
 def _not_sqlite(tmp: Path) -> Path:
@@ -108,19 +109,20 @@ def _folder_of_runs(tmp: Path) -> Path:
     return d
 
 
-CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
-    "not sqlite": (_not_sqlite, "not a trace ppscope reads"),
-    "sqlite, not nsys": (_other_sqlite, "not an nsys export"),
-    "nsys without kernels": (_no_kernels, "without GPU kernels"),
-    "json without traceEvents": (_json_without_events, "no traceEvents"),
-    "truncated gz": (_truncated_gz, "truncated"),
-    "timer trace, truncated gz": (_truncated_timers_gz, "truncated"),
-    "timer trace, cut inside an event": (_timers_cut_inside, "not valid JSON"),
-    "chrome array without pipeline events": (_array_without_pipeline, "neither a Kineto trace nor one of pipeline"),
-    "empty chrome array": (_empty_array, "no timed events"),
-    "directory without traces": (_empty_dir, "holds no traces"),
-    "folder of runs (ppscope tune)": (_folder_of_runs, "a folder of runs (1-before, 2-after): give one of them"),
-    "folder of trace folders": (_folder_of_trace_folders, "its subfolders control, test do: give one of them"),
+CASES: dict[str, tuple[Callable[[Path], Path], ErrorCode, tuple[str, ...]]] = {
+    # case: (make it, its code, what the message names beside the file)
+    "not sqlite": (_not_sqlite, ErrorCode.NOT_A_TRACE, ()),
+    "sqlite, not nsys": (_other_sqlite, ErrorCode.NOT_A_TRACE, ("CUPTI_ACTIVITY_KIND_KERNEL",)),
+    "nsys without kernels": (_no_kernels, ErrorCode.NO_KERNELS, ()),
+    "json without traceEvents": (_json_without_events, ErrorCode.NOT_A_TRACE, ("traceEvents",)),
+    "truncated gz": (_truncated_gz, ErrorCode.DAMAGED_FILE, ()),
+    "timer trace, truncated gz": (_truncated_timers_gz, ErrorCode.DAMAGED_FILE, ()),
+    "timer trace, cut inside an event": (_timers_cut_inside, ErrorCode.NOT_JSON, ()),
+    "chrome array without pipeline events": (_array_without_pipeline, ErrorCode.NOT_A_TRACE, ("forward-compute",)),
+    "empty chrome array": (_empty_array, ErrorCode.NOT_A_TRACE, ()),
+    "directory without traces": (_empty_dir, ErrorCode.NO_TRACES, ()),
+    "folder of runs (ppscope tune)": (_folder_of_runs, ErrorCode.FOLDER_OF_RUNS, ("1-before, 2-after",)),
+    "folder of trace folders": (_folder_of_trace_folders, ErrorCode.FOLDER_OF_RUNS, ("control, test",)),
 }
 
 
@@ -129,17 +131,17 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
 def test_bad_input_is_one_line_naming_the_file(
     case: str, command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    make, what = CASES[case]
+    make, code, names = CASES[case]
     path = make(tmp_path)
     before = fingerprint(path)
     args = [command, str(path)] + (
         ["--format", "chrome", "--out", str(tmp_path / "o.json")] if command == "export" else []
     )
-    code = main(args)
-    err = capsys.readouterr().err
-    assert code != 0
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert "Traceback" not in err and str(path) in lines[0] and what in lines[0], lines[0]
+    failed = cli_error(capsys, args)
+    assert failed.exit_code != 0 and failed.code == code, failed
+    lines = failed.err.strip().splitlines()
+    assert len(lines) == 1, failed.err
+    assert "Traceback" not in failed.err and str(path) in lines[0], lines[0]
+    assert all(name in failed.text for name in names), failed.text  # the subfolders to choose from, the tables
     assert fingerprint(path) == before
     assert not (tmp_path / "o.json").exists()

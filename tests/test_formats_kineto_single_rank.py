@@ -9,12 +9,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from error_helpers import cli_error
 
 from ppscope.analysis import analyze
 from ppscope.analysis.report import render_text
 from ppscope.cli.main import main
+from ppscope.errors import ErrorCode
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.training import replay_training
+from ppscope.trace.notices import NoticeCode
 
 GPIPE = Path(__file__).parent / "data" / "pipelining" / "gpipe"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "kineto" / "trace_filter"
@@ -48,10 +51,12 @@ def test_a_damaged_file_leaves_its_rank_missing_in_the_same_words_everywhere(
     path = folder / f"rank-{damaged}.json.gz"
     path.write_bytes(path.read_bytes()[:300])  # cut short
     result = analyze(open_trace(folder))
-    assert result.missing is not None and str(result.missing).startswith(f"rank {damaged} of 2 recorded nothing")
+    assert result.missing is not None and result.missing.code == NoticeCode.MISSING_RANKS
+    assert f"rank {damaged} " in result.missing.text  # the rank
     assert result.pp_size == 2 and result.bubble_ratio is None
     assert main(["analyze", str(folder)]) == 0
     assert capsys.readouterr().out.startswith(f"incomplete: {result.missing}")
-    assert main(["rebalance", str(folder), "--current-split", "2,2"]) == 2
-    (err,) = capsys.readouterr().err.strip().splitlines()
-    assert err.startswith(f"ppscope rebalance: error: {result.missing}: ")
+    failed = cli_error(capsys, ["rebalance", str(folder), "--current-split", "2,2"])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.MISSING_RANKS
+    (err,) = failed.err.strip().splitlines()
+    assert err.startswith(f"ppscope rebalance: error: {result.missing}: ")  # in the words analyze names it

@@ -14,9 +14,11 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from error_helpers import cli_error
 
 from ppscope.analysis import analyze
 from ppscope.cli.main import main
+from ppscope.errors import ErrorCode
 from ppscope.formats.sources import open_trace
 from ppscope.trace.notices import NoticeCode
 
@@ -188,9 +190,10 @@ def test_an_unknown_action_is_a_warning_naming_the_file(tmp_path: Path, capsys: 
     docs = gpipe_cpu()
     docs[1].append(_ann("PP:1FOO3", 600, 10))
     folder = _write(tmp_path / "t", docs)
-    assert main(["analyze", str(folder)]) == 0
+    assert main(["analyze", str(folder), "--json"]) == 0
     out = capsys.readouterr()
-    assert "rank-1.json.gz: unknown pipelining action(s) PP:1FOO3" in out.out + out.err
+    (unknown,) = [w["text"] for w in json.loads(out.out)["warnings"] if w["code"] == NoticeCode.UNKNOWN_ACTIONS]
+    assert "rank-1.json.gz" in unknown and "PP:1FOO3" in unknown  # the file, and the action
     assert "Traceback" not in out.err
 
 
@@ -201,7 +204,7 @@ def test_a_file_of_another_job_is_left_out_with_a_warning(tmp_path: Path) -> Non
     trace = open_trace(folder)
     assert trace.ranks == [0, 1]
     (other,) = [n.text for n in trace.warnings if n.code == NoticeCode.OTHER_JOB]
-    assert other.startswith("left out rank-5.json.gz")  # names the file
+    assert "rank-5.json.gz" in other  # names the file
 
 
 def test_files_that_do_not_overlap_in_time_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -209,9 +212,9 @@ def test_files_that_do_not_overlap_in_time_are_refused(tmp_path: Path, capsys: p
     for e in docs[1]:
         e["ts"] += 10_000_000  # ten seconds later
     folder = _write(tmp_path / "t", docs)
-    assert main(["analyze", str(folder)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "do not overlap in time" in err[0] and "rank-0.json.gz" in err[0]
+    failed = cli_error(capsys, ["analyze", str(folder)])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.NOT_ONE_JOB
+    assert failed.err.count("\n") == 1 and "rank-0.json.gz" in failed.text
 
 
 @pytest.mark.parametrize("content", [b"", gzip.compress(b"")])
@@ -220,14 +223,12 @@ def test_an_empty_rank_file_is_named_as_empty(
 ) -> None:
     folder = _write(tmp_path / "t", {1: gpipe_cpu()[1]})
     (folder / "rank-0.json.gz").write_bytes(content)
-    assert main(["analyze", str(folder)]) != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "rank-0.json.gz is empty" in err[0], err
+    failed = cli_error(capsys, ["analyze", str(folder)])
+    assert failed.code == ErrorCode.EMPTY_FILE and failed.err.count("\n") == 1 and "rank-0.json.gz" in failed.text
     only = tmp_path / "rank-0.json.gz"
     only.write_bytes(content)
-    assert main(["analyze", str(only)]) != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "rank-0.json.gz is empty" in err[0], err
+    failed = cli_error(capsys, ["analyze", str(only)])
+    assert failed.code == ErrorCode.EMPTY_FILE and failed.err.count("\n") == 1 and str(only) in failed.text
 
 
 def test_a_truncated_rank_file_is_named_and_the_rest_analysed(
@@ -236,14 +237,17 @@ def test_a_truncated_rank_file_is_named_and_the_rest_analysed(
     folder = _write(tmp_path / "t", gpipe_cpu())
     data = (folder / "rank-1.json.gz").read_bytes()
     (folder / "rank-1.json.gz").write_bytes(data[: len(data) // 2])
+    assert main(["analyze", str(folder), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["missing"]["code"] == NoticeCode.MISSING_RANKS and "rank 1 " in report["missing"]["text"]
+    (damaged,) = [w["text"] for w in report["warnings"] if w["code"] == NoticeCode.DAMAGED_FILE]
+    assert "rank-1.json.gz" in damaged  # the file left out
     assert main(["analyze", str(folder)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("incomplete: rank 1 of 2 recorded nothing"), out
-    assert "left out a damaged file" in out and "rank-1.json.gz" in out and "truncated" in out
+    assert out.startswith(f"incomplete: {report['missing']['text']}") and damaged in out, out  # leads the report
     (folder / "rank-0.json.gz").unlink()  # nothing else to read: the damage is the error, in one line
-    assert main(["analyze", str(folder)]) != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "rank-1.json.gz" in err[0] and "truncated" in err[0], err
+    failed = cli_error(capsys, ["analyze", str(folder)])
+    assert failed.code == ErrorCode.DAMAGED_FILE and failed.err.count("\n") == 1 and "rank-1.json.gz" in failed.text
 
 
 def test_gpu_kernels_take_the_action_that_launched_them(tmp_path: Path) -> None:

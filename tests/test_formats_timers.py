@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 
 from ppscope.analysis.placement import apply_placement, placement_of
 from ppscope.analysis.replicas import analyze_replicas
@@ -148,9 +148,9 @@ def test_a_chrome_array_without_pipeline_events_is_refused_in_one_line(
     with raises_code(UnsupportedInputError, ErrorCode.NOT_A_TRACE) as err:
         open_trace(path)
     assert "\n" not in str(err.value)
-    assert main(["analyze", str(path)]) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "forward-compute" in lines[0]
+    failed = cli_error(capsys, ["analyze", str(path)])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.NOT_A_TRACE
+    assert failed.err.count("\n") == 1 and "forward-compute" in failed.text  # the events it looks for
 
 
 def _x(name: str, pid: int, tid: int, ts: float, dur: float, **args: int) -> dict[str, Any]:

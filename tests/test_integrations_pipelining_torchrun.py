@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from error_helpers import cli_error
 
 from ppscope.analysis import AnalysisResult, analyze
 from ppscope.cli.main import main
+from ppscope.errors import ErrorCode
 from ppscope.formats.sources import open_trace
 from ppscope.simulate.training import replay_training
 from ppscope.trace.model import Trace
@@ -146,8 +148,8 @@ def test_an_unbalanced_training_run_is_advised_in_the_trainers_terms(
     text = capsys.readouterr().out
     assert "--pipeline-model-parallel-layout 'Et*" in text and "module_fqns_per_model_part" in text
     prof = tmp_path / "prof"
-    assert main(["rebalance", str(prof)]) == 2  # the profiler's traces record no split
-    assert "give --current-split" in capsys.readouterr().err
+    failed = cli_error(capsys, ["rebalance", str(prof)])  # the profiler's traces record no split
+    assert failed.exit_code == 2 and failed.code == ErrorCode.NO_LAYER_SPLIT and "--current-split" in failed.text
     assert main(["rebalance", str(prof), "--current-split", "6,2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["proposed_split"][0] < 6 and "Kineto" in out["training"]["from"]

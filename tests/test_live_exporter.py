@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 
 from ppscope.analysis import CAUSES, AnalysisConfig, analyze
 from ppscope.cli.main import main
@@ -205,8 +205,7 @@ def test_run_refuses_to_serve_under_torchrun(
     pytest.importorskip("torch", reason="the engine needs torch")
     for key, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
         monkeypatch.setenv(key, value)
-    code = main(["run", "--prometheus-port", "0", "--out", str(tmp_path / "run")])
-    assert code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "under torchrun, serve the run with `ppscope watch RUN" in err[0], err
+    failed = cli_error(capsys, ["run", "--prometheus-port", "0", "--out", str(tmp_path / "run")])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.CONFLICTING_OPTIONS, failed
+    assert failed.err.count("\n") == 1 and "ppscope watch" in failed.text  # the command that serves it instead
     assert not (tmp_path / "run").exists()

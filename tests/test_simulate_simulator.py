@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -170,10 +170,10 @@ def test_cli_simulate_then_rebalance_the_prediction(tmp_path: Path, capsys: pyte
     assert advice["stage_times_ms"]["current"] == pytest.approx([4.5, 4.0, 4.0, 7.0])
     assert max(advice["stage_times_ms"]["proposed"]) == pytest.approx(5.0)
     assert advice["fit"]["r_squared"] is None and advice["fit"]["extras_measured"]  # 4 layers on every stage
-    assert main([*args[:-3], "--out", str(out)]) == 2  # never overwrites a run
-    assert "already holds files" in capsys.readouterr().err
-    assert main(["simulate", "--stages", "2", "--microbatches", "2", "--out", str(tmp_path / "x")]) == 2
-    assert "--layer-costs" in capsys.readouterr().err
+    failed = cli_error(capsys, [*args[:-3], "--out", str(out)])  # never overwrites a run
+    assert failed.exit_code == 2 and failed.code == ErrorCode.RUN_EXISTS
+    failed = cli_error(capsys, ["simulate", "--stages", "2", "--microbatches", "2", "--out", str(tmp_path / "x")])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.MISSING_OPTION and "--layer-costs" in failed.text
 
 
 @pytest.mark.parametrize(
@@ -222,8 +222,10 @@ def test_replaying_a_simulated_run_reproduces_it(tmp_path: Path, capsys: pytest.
     assert replay["measured"]["predicted_speedup"] == pytest.approx(1.0)
     assert main(["simulate", "--from", str(tmp_path / "a"), "--split", "3,3,3", "--out", str(tmp_path / "c")]) == 0
     assert "predicted speedup" in capsys.readouterr().out
-    assert main(["simulate", "--from", str(tmp_path / "a"), "--stages", "2", "--out", str(tmp_path / "d")]) == 2
-    assert "drop --stages" in capsys.readouterr().err
+    failed = cli_error(
+        capsys, ["simulate", "--from", str(tmp_path / "a"), "--stages", "2", "--out", str(tmp_path / "d")]
+    )
+    assert failed.exit_code == 2 and failed.code == ErrorCode.CONFLICTING_OPTIONS and "--stages" in failed.text
 
 
 def test_a_replay_predicts_the_run_under_its_own_split_and_others() -> None:
@@ -366,11 +368,11 @@ def test_cli_rebalance_prefers_the_runs_layer_profile(tmp_path: Path, capsys: py
     assert data["proposed_split"] == [2, 4]  # 3+1 = 4 ms against 4 x 1 ms
     # two stages without embed/head spans cannot be fitted, but the profile does not need the fit
     assert data["fit"] is None and data["measured_stage_ms"] is None
-    assert main(["rebalance", str(run_dir), "--costs", "fit"]) == 2
-    assert "cannot separate the embedding/LM-head cost" in capsys.readouterr().err
+    failed = cli_error(capsys, ["rebalance", str(run_dir), "--costs", "fit"])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.COSTS_NOT_SEPARABLE
     (run_dir / PROFILE_FILE).unlink()
-    assert main(["rebalance", str(run_dir), "--costs", "profile"]) == 2
-    assert "has no profile.json" in capsys.readouterr().err
+    failed = cli_error(capsys, ["rebalance", str(run_dir), "--costs", "profile"])
+    assert failed.exit_code == 2 and failed.code == ErrorCode.NO_PROFILE and PROFILE_FILE in failed.text
 
 
 def test_hop_latency_is_post_to_wake_of_a_waiting_receiver() -> None:

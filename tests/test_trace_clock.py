@@ -204,11 +204,8 @@ def test_the_analyzer_warns_when_offsets_break_causality() -> None:
     assert not _skew(_ring(0, 0))
     # rank 1's common-clock times 50 µs early: each receive ends 40 µs before its send began
     late = _skew(_ring(-50_000, 5_000))
-    assert late == [
-        "3 receive(s) end before their send starts on the common clock (rank pairs 0→1; worst 40.0 µs early, "
-        "micro-batch 0 step 0), beyond the clock offsets' uncertainty: the offsets are off, so waits and hop "
-        "latencies between these ranks are not to be trusted"
-    ]
+    assert len(late) == 1 and late[0].startswith("3 ")  # counted
+    assert all(name in late[0] for name in ("0→1", "40.0 µs", "micro-batch 0 step 0")), late  # which, how much, where
     # within the offsets' stated uncertainty it is not a violation
     assert not _skew(_ring(-50_000, 45_000))
     # ranks that read one clock have no offset to get wrong: nothing to check

@@ -42,7 +42,7 @@ def test_every_code_is_snake_case_distinct_and_documented() -> None:
 def test_the_analysis_json_carries_codes_where_it_carried_sentences() -> None:
     rows = [{"rank": 0, "stage": 0, "kind": "forward", "mb": 0, "start_ns": 0, "end_ns": 10}]
     got = analyze(Trace.from_records(rows, meta=RunMeta(world_size=2, pp_size=2))).to_json()
-    assert got["missing"]["code"] == "missing_ranks" and got["missing"]["text"].startswith("rank 1 of 2")
+    assert got["missing"]["code"] == "missing_ranks" and got["missing"]["text"].startswith("rank 1 ")
     assert {
         "code": "one_stage",
         "text": "one stage only: there is no pipeline; the bubble is that stage's idle time",

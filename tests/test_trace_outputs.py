@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from error_helpers import raises_code
+from error_helpers import cli_error, raises_code
 from test_formats_helpers import fingerprint, make_run
 
 from ppscope.cli.main import main
@@ -52,11 +52,25 @@ CHEAP_RUN = [
 ]
 
 
-def one_line_error(capsys: Capsys, *words: str) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert all(w in err for w in words), err
-    return err
+OUTPUT_CODES = {
+    ErrorCode.OUTPUT_INTO_INPUT,
+    ErrorCode.RUN_EXISTS,
+    ErrorCode.OUTPUT_WRONG_KIND,
+    ErrorCode.OUTPUT_HOLDS_OTHER_FILES,
+}
+"""The refusals of an output that would replace or write into what is there."""
+
+
+def one_line_error(capsys: Capsys, argv: list[str], codes: ErrorCode | set[ErrorCode], *names: str) -> None:
+    """`ppscope ARGV` fails with exit code 2, one of `codes`, one line and no traceback, and its message names
+    `names` (the option, the path)."""
+    failed = cli_error(capsys, argv)
+    assert failed.exit_code == 2 and failed.code in ({codes} if isinstance(codes, ErrorCode) else codes), (
+        argv,
+        failed,
+    )
+    assert "Traceback" not in failed.err and len(failed.err.strip().splitlines()) == 1, failed.err
+    assert all(name in failed.text for name in names), failed.text
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -86,8 +100,9 @@ def test_analyze_html_never_replaces_a_file_of_the_run_it_reads(runs: Runs, caps
     r1, _ = runs
     before = fingerprint(r1)
     for force in ([], ["--force"]):
-        assert main(["analyze", str(r1), "--json", "--html", str(r1 / "meta.json"), *force]) == 2
-        one_line_error(capsys, "input")
+        one_line_error(
+            capsys, ["analyze", str(r1), "--json", "--html", str(r1 / "meta.json"), *force], ErrorCode.OUTPUT_INTO_INPUT
+        )
     assert fingerprint(r1) == before and len(load_run(r1).spans)
 
 
@@ -96,8 +111,12 @@ def test_analyze_html_never_writes_into_another_run(runs: Runs, capsys: Capsys) 
     before = fingerprint(r2)
     for target in (r2 / "rank-00001.sqlite", r2 / "report.html", r2):
         for force in ([], ["--force"]):
-            assert main(["analyze", str(r1), "--json", "--html", str(target), *force]) == 2
-            one_line_error(capsys, str(r2.resolve()), "never writes into a run")
+            one_line_error(
+                capsys,
+                ["analyze", str(r1), "--json", "--html", str(target), *force],
+                ErrorCode.OUTPUT_INTO_INPUT,
+                str(r2.resolve()),
+            )
     assert fingerprint(r2) == before and sorted(p.name for p in r2.iterdir()) == sorted(
         ["meta.json", "rank-00000.sqlite", "rank-00001.sqlite"]
     )
@@ -107,8 +126,7 @@ def test_analyze_html_replaces_an_existing_file_only_with_force(runs: Runs, tmp_
     r1, _ = runs
     report = tmp_path / "report.html"
     report.write_text("my notes")
-    assert main(["analyze", str(r1), "--json", "--html", str(report)]) == 2
-    one_line_error(capsys, "already exists", "--force")
+    one_line_error(capsys, ["analyze", str(r1), "--json", "--html", str(report)], ErrorCode.RUN_EXISTS, "--force")
     assert report.read_text() == "my notes"
     assert main(["analyze", str(r1), "--json", "--html", str(report), "--force"]) == 0
     assert report.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
@@ -137,11 +155,19 @@ def test_a_folder_with_another_tools_meta_json_is_not_a_run(runs: Runs, tmp_path
 def test_a_missing_folder_is_an_error_and_is_not_created(fmt: str, runs: Runs, tmp_path: Path, capsys: Capsys) -> None:
     r1, _ = runs
     missing = tmp_path / "nonexistent"
-    assert main(["export", str(r1), "--format", fmt, "--out", str(missing / EXPORTS[fmt])]) == 2
-    one_line_error(capsys, f"folder {missing} does not exist: create it first")
+    one_line_error(
+        capsys,
+        ["export", str(r1), "--format", fmt, "--out", str(missing / EXPORTS[fmt])],
+        ErrorCode.OUTPUT_NOT_WRITABLE,
+        str(missing),
+    )
     assert not missing.exists()
-    assert main(["analyze", str(r1), "--json", "--html", str(missing / "r.html")]) == 2
-    one_line_error(capsys, "does not exist")
+    one_line_error(
+        capsys,
+        ["analyze", str(r1), "--json", "--html", str(missing / "r.html")],
+        ErrorCode.OUTPUT_NOT_WRITABLE,
+        str(missing),
+    )
     assert not missing.exists()
 
 
@@ -150,10 +176,12 @@ def test_a_missing_folder_is_an_error_and_is_not_created(fmt: str, runs: Runs, t
 def test_an_unwritable_place_is_one_line(place: str, runs: Runs, capsys: Capsys) -> None:
     r1, _ = runs
     for fmt in EXPORTS:
-        assert main(["export", str(r1), "--format", fmt, "--out", place]) == 2
-        one_line_error(capsys, "cannot write", place)
-    assert main(["analyze", str(r1), "--json", "--html", place]) == 2
-    one_line_error(capsys, "--html", "cannot write", place)
+        one_line_error(
+            capsys, ["export", str(r1), "--format", fmt, "--out", place], ErrorCode.OUTPUT_NOT_WRITABLE, place
+        )
+    one_line_error(
+        capsys, ["analyze", str(r1), "--json", "--html", place], ErrorCode.OUTPUT_NOT_WRITABLE, "--html", place
+    )
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="permissions do not stop this user (root)")
@@ -162,8 +190,11 @@ def test_a_read_only_folder_is_one_line(runs: Runs, tmp_path: Path, capsys: Caps
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
     try:
-        assert main(["export", str(r1), "--format", "chrome", "--out", str(locked / "x.json")]) == 2
-        one_line_error(capsys, "cannot write")
+        one_line_error(
+            capsys,
+            ["export", str(r1), "--format", "chrome", "--out", str(locked / "x.json")],
+            ErrorCode.OUTPUT_NOT_WRITABLE,
+        )
     finally:
         locked.chmod(0o755)
 
@@ -175,14 +206,10 @@ def test_dash_is_refused_not_made_a_file(runs: Runs, tmp_path: Path, capsys: Cap
     """`-` is a request for stdout, which carries the report: refused in one line, and `./-` still names a file."""
     r1, _ = runs
     for fmt in EXPORTS:
-        assert main(["export", str(r1), "--format", fmt, "--out", "-"]) == 2
-        one_line_error(capsys, "standard output", "./-")
-    assert main(["analyze", str(r1), "--json", "--html", "-"]) == 2
-    one_line_error(capsys, "--html -")
-    assert main([*SIM, "--out", "-"]) == 2
-    one_line_error(capsys, "--out -")
-    assert main(["run", *CHEAP_RUN, "--out", "-"]) == 2
-    one_line_error(capsys, "--out -")
+        one_line_error(capsys, ["export", str(r1), "--format", fmt, "--out", "-"], ErrorCode.OUTPUT_NOT_WRITABLE, "./-")
+    one_line_error(capsys, ["analyze", str(r1), "--json", "--html", "-"], ErrorCode.OUTPUT_NOT_WRITABLE, "--html")
+    one_line_error(capsys, [*SIM, "--out", "-"], ErrorCode.OUTPUT_NOT_WRITABLE, "--out")
+    one_line_error(capsys, ["run", *CHEAP_RUN, "--out", "-"], ErrorCode.OUTPUT_NOT_WRITABLE, "--out")
     assert not (tmp_path / "-").exists()
     assert main(["export", str(r1), "--format", "chrome", "--out", "./-"]) == 0
     assert (tmp_path / "-").is_file()
@@ -247,8 +274,7 @@ def test_new_runs_are_refused_inside_a_run(runs: Runs, capsys: Capsys) -> None:
         ["tune", *CHEAP_RUN, "--out", str(r2)],
         ["demo", "--no-dashboard", "--out", str(r1 / "demo")],
     ):
-        assert main(args) == 2
-        one_line_error(capsys, "never writes into a run")
+        one_line_error(capsys, args, ErrorCode.OUTPUT_INTO_INPUT)
     assert {r: fingerprint(r) for r in runs} == before
     assert not (r1 / "sub").exists() and not (r2 / "sub").exists() and not (r1 / "demo").exists()
 
@@ -286,14 +312,12 @@ def test_no_command_writes_into_a_run_or_replaces_a_file(runs: Runs, tmp_path: P
     for target in in_runs:
         for force in (False, True):
             for args in _commands(target, r1, force=force):
-                assert main(args) == 2, args
-                one_line_error(capsys)
+                one_line_error(capsys, args, OUTPUT_CODES)
                 assert snapshot(tmp_path) == before, args
     existing = [*_commands(tmp_path / "mine.html", r1, force=False), *_commands(trace, trace, force=True)]
     existing += [a for a in _commands(tmp_path / "mine", r1, force=False) if a[0] not in ("tune", "demo")]
     for args in existing:  # tune and demo add runs to an existing folder: that replaces nothing
-        assert main(args) == 2, args
-        one_line_error(capsys)
+        one_line_error(capsys, args, OUTPUT_CODES)
         assert snapshot(tmp_path) == before, args
 
     # Written where they may, each command adds its output and changes nothing else.

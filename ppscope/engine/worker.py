@@ -36,7 +36,7 @@ from ppscope.engine.testing import HostEvent, HostStream, device_timed, failure_
 from ppscope.engine.testing import clock as test_clock
 from ppscope.engine.usage import CounterSampler, find_gpu
 from ppscope.errors import EngineFailedError, ErrorCode, InterruptedRunError, PPScopeError
-from ppscope.failures import plain_error, rank_failure
+from ppscope.failures import FailureCode, plain_error, rank_failure
 from ppscope.simulate.schedule import ServePolicy
 from ppscope.trace.model import ClockInfo, RankInfo
 from ppscope.trace.recorder import Recorder
@@ -147,9 +147,11 @@ def _run(
             raise
         where = f"the trace up to then is in {run_dir} (`ppscope analyze {shlex.quote(str(run_dir))}` names the cause)"
         if not stopped:
-            raise EngineFailedError(
-                ErrorCode.RANK_FAILED, f"{rank_failure(rank, exc, failure_code(exc))}; {where}"
-            ) from exc
+            whose = failure_code(exc)
+            said = f"{rank_failure(rank, exc, whose)}; {where}"
+            if whose == FailureCode.PEER:  # its link broke under it: most likely an echo of another's failure
+                raise EngineFailedError(ErrorCode.RANK_LOST_PEER, said) from exc
+            raise EngineFailedError(ErrorCode.RANK_FAILED, said) from exc
         # torchrun stops every rank (SIGTERM) when one fails: the failure is in that rank's own line and file
         raise InterruptedRunError(ErrorCode.INTERRUPTED, f"rank {rank} {why}; {where}") from None
 
