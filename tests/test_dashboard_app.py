@@ -143,6 +143,41 @@ def test_folder_of_runs_lists_only_runs_inside_it(tmp_path: Path) -> None:
     assert sum(len(_decode(t["base"])) for t in _span_bars(gantt_b)) == span_count(2, 2)
 
 
+# A cell of a compared figure: a number with its unit (%, pp, ms, tokens/s, ×), a count, or — when not known.
+_WRITTEN = re.compile(
+    "^("
+    + "|".join(
+        [
+            "—",
+            r"[+-]?[\d,]+",  # a count
+            r"[+-]?[\d,]+\.\d(%| pp)",  # a share, a difference of shares
+            r"[+-]?[\d,]+\.\d{3} ms",
+            r"×\d+\.\d{3}|[+-]\d+\.\d{3}",  # a factor, a difference of factors
+            r"[+-]?[\d,]+(\.\d)? tokens/s",
+        ]
+    )
+    + ")$"
+)
+
+
+def test_compare_writes_every_number_with_its_unit(tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    record_gpipe_run(folder / "a", p=2, m=4, requests=4)
+    record_gpipe_run(folder / "b", p=2, m=4, requests=4, fwd_ns=[100_000, 130_000])
+    at = _app(folder).run()
+    at.sidebar.radio(key="section").set_value("Compare").run()
+    assert not at.exception, at.exception
+    (table,) = [d.value for d in at.dataframe]
+    cells = {row["measure"]: row for row in table.to_dict("records")}
+    assert list(table.columns) == ["measure", "A", "B", "B - A", "B / A"]
+    for row in cells.values():
+        for column in ("A", "B", "B - A", "B / A"):
+            assert isinstance(row[column], str) and _WRITTEN.match(row[column]), (row["measure"], row[column])
+    assert cells["bubble ratio"]["A"].endswith("%") and cells["bubble ratio"]["B - A"].endswith(" pp")
+    assert cells["window (ms)"]["A"].endswith(" ms") and cells["window (ms)"]["B / A"].startswith("×")
+    assert cells["balance speedup (max/mean)"]["B"].startswith("×")
+
+
 def test_missing_path_is_a_message(tmp_path: Path) -> None:
     at = _app(tmp_path / "nope").run()
     assert not at.exception
