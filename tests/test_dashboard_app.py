@@ -112,6 +112,25 @@ def test_cpu_usage_is_labelled_as_cpu(tmp_path: Path) -> None:
     assert sorted(t["name"] for t in spec["data"]) == ["rank 0", "rank 1"]
 
 
+@pytest.mark.parametrize("p", [1, 2])
+def test_each_gpu_panel_names_its_lines(tmp_path: Path, p: int) -> None:
+    run = record_gpipe_run(tmp_path / "run", p=p, gpu=True)
+    at = _app(run).run()
+    at.sidebar.radio(key="section").set_value("GPU usage").run()
+    assert not at.exception, at.exception
+    spec = _chart_specs(at)[0]
+    layout = spec["layout"]
+    assert layout["showlegend"] is True  # even for one GPU, whose lone line plotly would leave unnamed
+    memory = [t for t in spec["data"] if t["yaxis"] == "y2"]
+    assert sorted(t["name"] for t in memory) == [f"rank {r} · gpu {r}" for r in range(p)]
+    assert {t["legend"] for t in memory} == {"legend2"} and all(t["showlegend"] for t in memory)
+    assert layout["legend2"]["title"]["text"] == "rank · GPU"
+    top = layout["yaxis2"]["domain"][1]
+    assert layout["legend2"]["y"] == top and layout["legend2"]["x"] > 1  # beside the memory panel, off its plot
+    colour = {(t["name"], t["yaxis"]): t["line"]["color"] for t in spec["data"]}
+    assert all(colour[name, "y"] == colour[name, "y2"] for name, _ in colour)  # a GPU is one colour in every panel
+
+
 def test_requests_section_shows_distributions(tmp_path: Path) -> None:
     run = record_gpipe_run(tmp_path / "run", requests=6)
     at = _app(run).run()

@@ -55,6 +55,9 @@ _CPU_PANELS: tuple[tuple[str, str, float], ...] = (
 )
 
 
+_LINE_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#9D755D", "#79706E")
+
+
 @dataclass(kw_only=True)
 class UsageView:
     figure: go.Figure
@@ -67,13 +70,21 @@ class UsageView:
 def usage_figure(counters: pd.DataFrame, *, origin_ns: int = 0) -> UsageView | None:
     """GPU utilisation, memory, power and SM clock per device over time; per-rank CPU use without GPU counters.
 
-    None when the run recorded no counters at all. x is seconds since `origin_ns`.
+    Each panel has a legend of its own beside it, naming each line's rank and GPU (plotly hides a legend of one
+    line, and one legend at the top names the lines of the first panel alone). None when the run recorded no
+    counters at all. x is seconds since `origin_ns`.
     """
     panels, gpu = _panels(counters)
     if not panels:
         return None
-    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p[1] for p in panels])
+    fig = make_subplots(
+        rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p[1] for p in panels], vertical_spacing=0.08
+    )
+    legends: dict[str, object] = {}
+    devices = sorted({(int(r), int(d)) for r, d in zip(counters["rank"], counters["device"], strict=True)})
+    color = {key: _LINE_COLORS[n % len(_LINE_COLORS)] for n, key in enumerate(devices)}  # one per device, every panel
     for i, (metric, title, scale) in enumerate(panels, start=1):
+        legend = "legend" if i == 1 else f"legend{i}"
         part = counters[counters["metric"].to_numpy() == str(metric)]
         for (rank, device), series in part.groupby(["rank", "device"], sort=True):
             series = series.sort_values("ts_ns")
@@ -84,15 +95,21 @@ def usage_figure(counters: pd.DataFrame, *, origin_ns: int = 0) -> UsageView | N
                     y=series["value"].to_numpy(np.float64) * scale,
                     mode="lines",
                     name=name,
-                    legendgroup=name,
-                    showlegend=i == 1,
+                    line={"color": color[int(rank), int(device)]},
+                    legend=legend,
+                    showlegend=True,
                     hovertemplate=f"{name}<br>%{{x:.3f}} s: %{{y:,.1f}} {title}<extra></extra>",
                 ),
                 row=i,
                 col=1,
             )
+        top = fig.get_subplot(i, 1).yaxis.domain[1]
+        what = "rank · GPU" if gpu else "rank"
+        legends[legend] = {"x": 1.01, "xanchor": "left", "y": top, "yanchor": "top", "title": {"text": what}}
     fig.update_xaxes(title_text="time since run start (s)", row=len(panels), col=1)
-    fig.update_layout(height=180 * len(panels) + 80, margin={"l": 10, "r": 10, "t": 40, "b": 40})
+    fig.update_layout(
+        height=180 * len(panels) + 80, margin={"l": 10, "r": 10, "t": 40, "b": 40}, showlegend=True, **legends
+    )
     if gpu:
         return UsageView(figure=fig, device="gpu", label="GPU usage per device (NVML counters)")
     return UsageView(
