@@ -314,7 +314,16 @@ def _add_binned(fig: go.Figure, spans: pd.DataFrame, origin_ns: int, lo_ns: int,
             colorscale="Blues",
             zmin=0.0,
             zmax=1.0,
-            colorbar={"title": {"text": "computing"}, "tickformat": ".0%", "len": 0.6},
+            # under the legend, both beside the plot: never over the bars
+            colorbar={
+                "title": {"text": "computing"},
+                "tickformat": ".0%",
+                "len": 0.45,
+                "x": 1.02,
+                "xanchor": "left",
+                "y": 0,
+                "yanchor": "bottom",
+            },
             hoverongaps=False,
             ygap=4,
             meta={"role": "binned"},
@@ -431,6 +440,7 @@ def _layout(fig: go.Figure, rows: list[str], origin_ns: int, window_ns: tuple[in
         margin={"l": 10, "r": 10, "t": 40 if title else 10, "b": 40},
         xaxis=xaxis,
         yaxis={"categoryorder": "array", "categoryarray": rows, "autorange": "reversed", "type": "category"},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
+        # beside the plot, top down: a legend above it wrapped onto the title and the first rows
+        legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top"},
         hoverlabel={"namelength": -1},
     )
