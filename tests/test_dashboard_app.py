@@ -195,6 +195,9 @@ def test_compare_writes_every_number_with_its_unit(tmp_path: Path) -> None:
     assert cells["bubble ratio"]["A"].endswith("%") and cells["bubble ratio"]["B - A"].endswith(" pp")
     assert cells["window (ms)"]["A"].endswith(" ms") and cells["window (ms)"]["B / A"].startswith("×")
     assert cells["balance speedup (max/mean)"]["B"].startswith("×")
+    _, gantt_a, gantt_b = _chart_specs(at)  # each run's stage view: in ms, as its table
+    assert gantt_a["layout"]["xaxis"]["title"]["text"] == gantt_b["layout"]["xaxis"]["title"]["text"]
+    assert gantt_a["layout"]["xaxis"]["title"]["text"] == "time since run start (ms)"
 
 
 def test_missing_path_is_a_message(tmp_path: Path) -> None:
