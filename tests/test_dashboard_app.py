@@ -60,6 +60,20 @@ def test_timeline_draws_every_span(tmp_path: Path) -> None:
     assert "one bar each" in at.caption[-1].value
 
 
+def test_the_app_prints_none_of_its_own_source(tmp_path: Path) -> None:
+    # Streamlit's "magic" writes every bare expression of the app's script on the page: a docstring under a
+    # constant would be shown above every page.
+    import ast
+
+    from ppscope.dashboard import app
+
+    tree = ast.parse(Path(app.__file__).read_text(encoding="utf-8"))
+    bare = [n.lineno for n in tree.body[1:] if isinstance(n, ast.Expr)]
+    assert bare == [], f"bare expressions at module level of app.py, lines {bare}"
+    at = _app(record_gpipe_run(tmp_path / "run", p=2, m=2)).run()
+    assert not any("first view" in m.value for m in at.markdown)
+
+
 def test_colour_toggle_and_window(tmp_path: Path) -> None:
     run = record_gpipe_run(tmp_path / "run", p=2, m=4)
     at = _app(run).run()
