@@ -141,7 +141,9 @@ def test_each_gpu_panel_names_its_lines(tmp_path: Path, p: int) -> None:
     assert layout["legend2"]["title"]["text"] == "rank · GPU"
     top = layout["yaxis2"]["domain"][1]
     assert layout["legend2"]["y"] == top and layout["legend2"]["x"] > 1  # beside the memory panel, off its plot
+    assert layout["xaxis2"]["title"]["text"] == "time since run start (ms)"  # as the Gantt's axis
     colour = {(t["name"], t["yaxis"]): t["line"]["color"] for t in spec["data"]}
+    assert len(set(colour.values())) == p  # a colour per GPU drawn
     assert all(colour[name, "y"] == colour[name, "y2"] for name, _ in colour)  # a GPU is one colour in every panel
 
 

@@ -72,7 +72,7 @@ def usage_figure(counters: pd.DataFrame, *, origin_ns: int = 0) -> UsageView | N
 
     Each panel has a legend of its own beside it, naming each line's rank and GPU (plotly hides a legend of one
     line, and one legend at the top names the lines of the first panel alone). None when the run recorded no
-    counters at all. x is seconds since `origin_ns`.
+    counters at all. x is ms since `origin_ns`.
     """
     panels, gpu = _panels(counters)
     if not panels:
@@ -81,7 +81,8 @@ def usage_figure(counters: pd.DataFrame, *, origin_ns: int = 0) -> UsageView | N
         rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p[1] for p in panels], vertical_spacing=0.08
     )
     legends: dict[str, object] = {}
-    devices = sorted({(int(r), int(d)) for r, d in zip(counters["rank"], counters["device"], strict=True)})
+    drawn = counters[counters["metric"].isin([str(p[0]) for p in panels])]
+    devices = sorted({(int(r), int(d)) for r, d in zip(drawn["rank"], drawn["device"], strict=True)})
     color = {key: _LINE_COLORS[n % len(_LINE_COLORS)] for n, key in enumerate(devices)}  # one per device, every panel
     for i, (metric, title, scale) in enumerate(panels, start=1):
         legend = "legend" if i == 1 else f"legend{i}"
@@ -91,14 +92,14 @@ def usage_figure(counters: pd.DataFrame, *, origin_ns: int = 0) -> UsageView | N
             name = f"rank {rank} · gpu {device}" if gpu else f"rank {rank}"
             fig.add_trace(
                 go.Scatter(
-                    x=(series["ts_ns"].to_numpy(np.int64) - origin_ns) / 1e9,
+                    x=(series["ts_ns"].to_numpy(np.int64) - origin_ns) / 1e6,
                     y=series["value"].to_numpy(np.float64) * scale,
                     mode="lines",
                     name=name,
                     line={"color": color[int(rank), int(device)]},
                     legend=legend,
                     showlegend=True,
-                    hovertemplate=f"{name}<br>%{{x:.3f}} s: %{{y:,.1f}} {title}<extra></extra>",
+                    hovertemplate=f"{name}<br>%{{x:,.1f}} ms: %{{y:,.1f}} {title}<extra></extra>",
                 ),
                 row=i,
                 col=1,
@@ -106,7 +107,9 @@ def usage_figure(counters: pd.DataFrame, *, origin_ns: int = 0) -> UsageView | N
         top = fig.get_subplot(i, 1).yaxis.domain[1]
         what = "rank · GPU" if gpu else "rank"
         legends[legend] = {"x": 1.01, "xanchor": "left", "y": top, "yanchor": "top", "title": {"text": what}}
-    fig.update_xaxes(title_text="time since run start (s)", row=len(panels), col=1)
+    # ms since the run's start, as the Gantt's axis and every table (1,500 ms, not 1.5k)
+    fig.update_xaxes(exponentformat="none", separatethousands=True)
+    fig.update_xaxes(title_text="time since run start (ms)", row=len(panels), col=1)
     fig.update_layout(
         height=180 * len(panels) + 80, margin={"l": 10, "r": 10, "t": 40, "b": 40}, showlegend=True, **legends
     )
