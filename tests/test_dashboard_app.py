@@ -61,6 +61,20 @@ def test_timeline_draws_every_span(tmp_path: Path) -> None:
     assert "one bar each" in at.caption[-1].value
 
 
+def test_the_app_prints_none_of_its_own_source(tmp_path: Path) -> None:
+    # Streamlit's "magic" writes every bare expression of the app's script on the page: a docstring under a
+    # constant would be shown above every page.
+    import ast
+
+    from ppscope.dashboard import app
+
+    tree = ast.parse(Path(app.__file__).read_text(encoding="utf-8"))
+    bare = [n.lineno for n in tree.body[1:] if isinstance(n, ast.Expr)]
+    assert bare == [], f"bare expressions at module level of app.py, lines {bare}"
+    at = _app(record_gpipe_run(tmp_path / "run", p=2, m=2)).run()
+    assert not any("first view" in m.value for m in at.markdown)
+
+
 def test_colour_toggle_and_window(tmp_path: Path) -> None:
     run = record_gpipe_run(tmp_path / "run", p=2, m=4)
     at = _app(run).run()
@@ -113,6 +127,27 @@ def test_cpu_usage_is_labelled_as_cpu(tmp_path: Path) -> None:
     assert sorted(t["name"] for t in spec["data"]) == ["rank 0", "rank 1"]
 
 
+@pytest.mark.parametrize("p", [1, 2])
+def test_each_gpu_panel_names_its_lines(tmp_path: Path, p: int) -> None:
+    run = record_gpipe_run(tmp_path / "run", p=p, gpu=True)
+    at = _app(run).run()
+    at.sidebar.radio(key="section").set_value("GPU usage").run()
+    assert not at.exception, at.exception
+    spec = _chart_specs(at)[0]
+    layout = spec["layout"]
+    assert layout["showlegend"] is True  # even for one GPU, whose lone line plotly would leave unnamed
+    memory = [t for t in spec["data"] if t["yaxis"] == "y2"]
+    assert sorted(t["name"] for t in memory) == [f"rank {r} · gpu {r}" for r in range(p)]
+    assert {t["legend"] for t in memory} == {"legend2"} and all(t["showlegend"] for t in memory)
+    assert layout["legend2"]["title"]["text"] == "rank · GPU"
+    top = layout["yaxis2"]["domain"][1]
+    assert layout["legend2"]["y"] == top and layout["legend2"]["x"] > 1  # beside the memory panel, off its plot
+    assert layout["xaxis2"]["title"]["text"] == "time since run start (ms)"  # as the Gantt's axis
+    colour = {(t["name"], t["yaxis"]): t["line"]["color"] for t in spec["data"]}
+    assert len(set(colour.values())) == p  # a colour per GPU drawn
+    assert all(colour[name, "y"] == colour[name, "y2"] for name, _ in colour)  # a GPU is one colour in every panel
+
+
 def test_requests_section_shows_distributions(tmp_path: Path) -> None:
     run = record_gpipe_run(tmp_path / "run", requests=6)
     at = _app(run).run()
@@ -142,6 +177,44 @@ def test_folder_of_runs_lists_only_runs_inside_it(tmp_path: Path) -> None:
     _, gantt_a, gantt_b = _chart_specs(at)  # per-stage bars, then each run's timeline side by side
     assert sum(len(_decode(t["base"])) for t in _span_bars(gantt_a)) == span_count(2, 3)
     assert sum(len(_decode(t["base"])) for t in _span_bars(gantt_b)) == span_count(2, 2)
+
+
+# A cell of a compared figure: a number with its unit (%, pp, ms, tokens/s, ×), a count, or — when not known.
+_WRITTEN = re.compile(
+    "^("
+    + "|".join(
+        [
+            "—",
+            r"[+-]?[\d,]+",  # a count
+            r"[+-]?[\d,]+\.\d(%| pp)",  # a share, a difference of shares
+            r"[+-]?[\d,]+\.\d{3} ms",
+            r"×\d+\.\d{3}|[+-]\d+\.\d{3}",  # a factor, a difference of factors
+            r"[+-]?[\d,]+(\.\d)? tokens/s",
+        ]
+    )
+    + ")$"
+)
+
+
+def test_compare_writes_every_number_with_its_unit(tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    record_gpipe_run(folder / "a", p=2, m=4, requests=4)
+    record_gpipe_run(folder / "b", p=2, m=4, requests=4, fwd_ns=[100_000, 130_000])
+    at = _app(folder).run()
+    at.sidebar.radio(key="section").set_value("Compare").run()
+    assert not at.exception, at.exception
+    (table,) = [d.value for d in at.dataframe]
+    cells = {row["measure"]: row for row in table.to_dict("records")}
+    assert list(table.columns) == ["measure", "A", "B", "B - A", "B / A"]
+    for row in cells.values():
+        for column in ("A", "B", "B - A", "B / A"):
+            assert isinstance(row[column], str) and _WRITTEN.match(row[column]), (row["measure"], row[column])
+    assert cells["bubble ratio"]["A"].endswith("%") and cells["bubble ratio"]["B - A"].endswith(" pp")
+    assert cells["window (ms)"]["A"].endswith(" ms") and cells["window (ms)"]["B / A"].startswith("×")
+    assert cells["balance speedup (max/mean)"]["B"].startswith("×")
+    _, gantt_a, gantt_b = _chart_specs(at)  # each run's stage view: in ms, as its table
+    assert gantt_a["layout"]["xaxis"]["title"]["text"] == gantt_b["layout"]["xaxis"]["title"]["text"]
+    assert gantt_a["layout"]["xaxis"]["title"]["text"] == "time since run start (ms)"
 
 
 def test_missing_path_is_a_message(tmp_path: Path) -> None:

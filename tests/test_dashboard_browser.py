@@ -52,6 +52,13 @@ _SPAN_BARS_ARE = """() => {{
 }}"""
 
 
+# The Gantt's legend and plot area as (left, top, right, bottom).
+_LEGEND_AND_PLOT_JS = """() => ['g.legend', '.nsewdrag'].map(sel => {
+  const r = document.querySelector('.js-plotly-plot ' + sel).getBoundingClientRect();
+  return [r.left, r.top, r.right, r.bottom];
+})"""
+
+
 def _chromium() -> str | None:
     for candidate in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
         if candidate and Path(candidate).is_file():
@@ -102,9 +109,11 @@ def test_dashboard_draws_the_gantt_in_chromium(tmp_path: Path) -> None:
         page.wait_for_function(_ALL_BARS_DRAWN, timeout=60_000)
         traces = page.evaluate(_BAR_TRACES_JS)
         drawn = page.locator(_BARS).count()
+        legend, plot = page.evaluate(_LEGEND_AND_PLOT_JS)
         page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
         text = page.inner_text("body")
     assert traces, "the Gantt chart holds no bar traces"
+    assert legend[0] >= plot[2], "the legend stands beside the plot, never over the bars"
     assert sum(t["n"] for t in traces if t["role"] == "spans") == span_count(3, 4)
     assert drawn == sum(t["n"] for t in traces), "every bar in the figure is drawn as an SVG path"
     assert "Pipeline timeline" in text and "one bar each" in text

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pytest
 
 from ppscope.analysis import analyze
-from ppscope.analysis.gantt import AGGREGATE_BINS, gantt_figure, row_labels
+from ppscope.analysis.figures import CAUSE_COLORS as FIGURE_COLORS
+from ppscope.analysis.gantt import AGGREGATE_BINS, CAUSE_COLORS, CAUSE_DELTA_E, gantt_figure, row_labels
+from ppscope.analysis.result import CAUSES
 from ppscope.dashboard.charts import compare_table, job_compare_table, spread_compare_table, usage_figure
 from ppscope.trace.model import Metric, RunMeta, Trace, counters_frame, spans_frame
 
@@ -139,6 +144,59 @@ def test_large_windows_are_aggregated_into_busy_share_bins() -> None:
     assert float(np.asarray(trace.customdata).sum()) == n  # every span starts in exactly one bin
     assert trace.x0 == pytest.approx(trace.dx / 2)
     assert "aggregated" in view.note and "20,000 spans" in view.note
+
+
+def test_the_aggregate_colours_compute_as_busy_and_waits_and_sends_as_idle() -> None:
+    view = gantt_figure(_trace().spans, max_bars=0)
+    (heat,) = view.figure.data
+    assert view.aggregated and heat.type == "heatmap"
+    share = dict(zip(heat.y, np.asarray(heat.z, float), strict=True))
+    # rank 1 waits 1,000-1,620 ns on its recv lane and rank 0 sends: recorded, never computing
+    assert np.nanmax(share["rank 1 · recv"]) == 0.0 and np.isfinite(share["rank 1 · recv"]).any()
+    assert np.nanmax(share["rank 0 · send"]) == 0.0
+    # compute is busy, and its busy time is conserved (0.5 + 0.75 µs on rank 0, in ms × bins)
+    assert float(np.nansum(share["rank 0 · compute"]) * heat.dx) == pytest.approx(1.25e-3)
+    assert float(np.nansum(share["rank 1 · compute"]) * heat.dx) == pytest.approx(0.38e-3)
+    # an idle stretch with nothing recorded is empty, not 0%
+    assert np.isnan(share["rank 1 · compute"][0])
+
+
+def _lab(hex_color: str) -> npt.NDArray[np.float64]:
+    """sRGB `#RRGGBB` to CIELAB (D65)."""
+    rgb = np.array([int(hex_color[i : i + 2], 16) / 255 for i in (1, 3, 5)])
+    lin = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    m = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]])
+    xyz = m @ lin / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_lab_conversion_matches_known_values() -> None:
+    assert _lab("#FFFFFF") == pytest.approx([100, 0, 0], abs=0.05)
+    assert _lab("#FF0000") == pytest.approx([53.24, 80.09, 67.20], abs=0.05)
+
+
+def test_every_cause_has_a_colour_clearly_apart_from_every_other_and_from_busy() -> None:
+    assert set(CAUSE_COLORS) == set(CAUSES)  # memcpy, dp_sync and optimizer included
+    colours = FIGURE_COLORS  # each cause, and busy time as the breakdown draws it
+    close = [
+        (a, b, round(float(np.linalg.norm(_lab(colours[a]) - _lab(colours[b]))), 1))
+        for a, b in itertools.combinations(colours, 2)
+        if np.linalg.norm(_lab(colours[a]) - _lab(colours[b])) <= CAUSE_DELTA_E
+    ]
+    assert close == [], f"causes whose colours read alike (ΔE ≤ {CAUSE_DELTA_E})"
+
+
+def test_the_time_axis_and_the_notes_are_in_ms() -> None:
+    result = analyze(_trace())
+    gaps, stage_ranks = result.gaps, {s.stage: s.ranks for s in result.stages}
+    for max_bars in (6000, 0, 2):  # each span drawn, aggregated, only the longest gaps shaded
+        view = gantt_figure(_trace().spans, gaps=gaps, stage_ranks=stage_ranks, max_bars=max_bars)
+        assert view.figure.layout.xaxis.title.text == "time since run start (ms)"
+        assert "µs" not in view.note and "us " not in view.note
+        for t in view.figure.data:
+            assert " ms" in t.hovertemplate and "µs" not in t.hovertemplate
+    assert "bins of 0.00000135 ms" in gantt_figure(_trace().spans, max_bars=0).note  # 1,350 ns / 1,000 bins
 
 
 def test_row_labels_order_ranks_then_lanes() -> None:

@@ -105,23 +105,24 @@ def test_the_compare_page_of_a_large_run_shows_the_figures_of_the_whole_load(
     tables = got["tables"]
     both_jobs = hasattr(wa, "results") and hasattr(wb, "results")
     assert len(tables) == (3 if both_jobs else 2)
-    assert tables[0] == _table(charts.job_compare_table(wa, wb).round(4))
-    assert tables[1] == _table(charts.compare_table(_detailed(wa), _detailed(wb)).round(4))
+    assert tables[0] == _table(charts.shown(charts.job_compare_table(wa, wb)))
+    assert tables[1] == _table(charts.shown(charts.compare_table(_detailed(wa), _detailed(wb))))
     if both_jobs:
-        assert tables[2] == _table(charts.spread_compare_table(wa, wb).round(4))
+        assert tables[2] == _table(charts.shown_spread(charts.spread_compare_table(wa, wb)))
     job = dict(zip(tables[0]["measure"], zip(tables[0]["A"], tables[0]["B"], strict=True), strict=True))
-    assert job["data-parallel pipelines"] == ({"before": 8, "one": 1}[a], {"after": 8, "pair": 2}[b])
+    assert job["data-parallel pipelines"] == ({"before": "8", "one": "1"}[a], {"after": "8", "pair": "2"}[b])
     rates = [r.throughput_tokens_per_s for r in (wb.results.values() if hasattr(wb, "results") else [wb])]
-    assert job["throughput, all pipelines (tokens/s)"][1] == round(sum(rates), 4) > 0  # summed over B's pipelines
+    summed = charts.fmt(sum(rates), charts.Unit.TOKENS_PER_S)  # summed over B's pipelines
+    assert sum(rates) > 0 and job["throughput, all pipelines (tokens/s)"][1] == summed
     detailed = next(m for m in got["markdown"] if m.startswith("**The pipelines detailed**"))
     if a == "before":  # its bottleneck: stage 1, replica 6, 1.4 times the stage's median
         assert "A: replica 6 of 8" in detailed
-        assert job["slowest stage vs its median over the pipelines"][0] == pytest.approx(1.4, abs=1e-3)
+        assert job["slowest stage vs its median over the pipelines"][0] == "×1.400"
         assert tables[2]["A straggler"][1] == "rank 14, replica 6, +40.0%"
     else:
         assert "A: its one pipeline" in detailed
     if b == "pair":  # 2 stages against 3: stage 2 is A's alone
-        assert tables[2]["stage"] == [0, 1, 2] and tables[2]["B median"][2] is None
+        assert tables[2]["stage"] == [0, 1, 2] and tables[2]["B median"][2] == "—"
     lanes = [
         {int(y.split(" · ")[0].removeprefix("rank ")) for t in _span_bars(spec) for y in _decode(t["y"])}
         for spec in got["charts"][1:]

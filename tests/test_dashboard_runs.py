@@ -64,7 +64,9 @@ def record_gpipe_run(
     requests: int = 0,
     steps: int = 1,
     fwd_ns: list[int] | None = None,
+    gpu: bool = False,
 ) -> Path:
+    """`gpu`: each rank also samples its GPU's (device = rank) utilisation and memory, as NVML gives them."""
     meta = RunMeta(
         run_id=run_dir.name,
         status=status,
@@ -81,6 +83,11 @@ def record_gpipe_run(
         step_ns = (m + p) * (max(fwd_ns or [FWD_NS]) + SEND_NS)
         spans = [row for s in range(steps) for row in gpipe_spans(rank, p, m, step=s, t0=s * step_ns, fwd_ns=fwd_ns)]
         counters = [(i * 50_000, rank, -1, str(Metric.CPU_UTIL_PCT), 50.0 + 10 * rank) for i in range(10)]
+        if gpu:
+            counters += [(i * 50_000, rank, rank, str(Metric.GPU_UTIL_PCT), 80.0) for i in range(10)]
+            counters += [
+                (i * 50_000, rank, rank, str(Metric.GPU_MEM_USED_BYTES), (rank + 1) * 2.0**30) for i in range(10)
+            ]
         writer.write(spans, counters)
         writer.close()
     if requests:

@@ -5,8 +5,9 @@ The dashboard and the HTML report both draw it from here.
 It draws one horizontal bar per span (`go.Bar(base=start, x=duration, orientation="h")`)
 on a linear ms axis: `plotly.express.timeline` would turn numbers into dates and round widths to whole
 milliseconds, so sub-millisecond spans would vanish. When a window holds more spans than a browser draws
-quickly, each row is aggregated into time bins coloured by how busy the row is in each, and the result
-says so (`GanttView.note`). Idle gaps come from the analyzer and are shaded by cause on the compute rows.
+quickly, each row is aggregated into time bins coloured by the share of each it computes (waits and sends
+are idle, as the analyzer counts them), and the result says so (`GanttView.note`). Idle gaps come from the
+analyzer and are shaded by cause on the compute rows.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import numpy.typing as npt
 import pandas as pd
 import plotly.graph_objects as go
 
+from ppscope.analysis.bubbles import ROLE_COMPUTE, span_roles
 from ppscope.trace.model import COMPUTE_KINDS, Lane, SpanKind
 from ppscope.trace.recorder import KIND_COLORS
 
 __all__ = [
     "AGGREGATE_BINS",
     "CAUSE_COLORS",
+    "CAUSE_DELTA_E",
     "COLOR_MODES",
     "GanttView",
     "gantt_figure",
@@ -51,19 +54,23 @@ _MB_PALETTE = (
 )
 _NO_MB = "#BAB0AC"
 CAUSE_COLORS: dict[str, str] = {  # hatched on the Gantt, so they read as idle time next to solid work
-    "fill": "#D9D9D9",
-    "drain": "#C6DBEF",
-    "upstream": "#FCBBA1",
-    "dependency": "#DADAEB",
-    "downstream": "#FDD0A2",
-    "comm": "#C7E9C0",
-    "memcpy": "#E5F5E0",
-    "dp_sync": "#FDE0EF",
-    "optimizer": "#E6D5F0",
-    "host": "#BDBDBD",
-    "unknown": "#EEEEEE",
-    "no_requests": "#F7F7F7",
+    # Each at least CAUSE_DELTA_E apart from every other and from busy blue in CIELAB (ΔE*76), so that no
+    # two causes read alike even under the hatch; greys for time with no other explanation.
+    "fill": "#C8C8C8",
+    "drain": "#9ECAE1",
+    "upstream": "#FB9A99",
+    "dependency": "#BCA9E0",
+    "downstream": "#FDBF6F",
+    "comm": "#B2DF8A",
+    "memcpy": "#66C2A5",
+    "dp_sync": "#F4A9D8",
+    "optimizer": "#D9C27D",
+    "host": "#8C8C8C",
+    "unknown": "#FFED6F",
+    "no_requests": "#F5F5F5",
 }
+CAUSE_DELTA_E = 10.0
+"""The least CIELAB distance between two causes' colours (side by side, a ΔE of about 2.3 is just noticeable)."""
 _LANE_ORDER = {str(Lane.COMPUTE): 0, str(Lane.LAYERS): 1, str(Lane.RECV): 2, str(Lane.SEND): 3, str(Lane.HOST): 4}
 _MAX_LEGEND_MB = 32
 _HOVER = (
@@ -71,7 +78,9 @@ _HOVER = (
     " · %{customdata[4]}<br>start %{base:,.3f} ms · duration %{customdata[5]:,.3f} ms"
     "<br>bytes %{customdata[6]}<extra></extra>"
 )
-_BINNED_HOVER = "%{y}<br>around %{x:,.3f} ms: busy %{z:.0%}, %{customdata:,} spans start here<extra></extra>"
+_BINNED_HOVER = (
+    "%{y}<br>around %{x:,.3f} ms: computing %{z:.0%} of the time, %{customdata:,} spans start here<extra></extra>"
+)
 _GAP_HOVER = "idle: %{customdata[0]}<br>%{y}<br>start %{base:,.3f} ms · length %{x:,.3f} ms<extra></extra>"
 
 
@@ -147,9 +156,9 @@ def gantt_figure(
         bars = _add_binned(fig, spans, origin, lo_ns, hi_ns, AGGREGATE_BINS)
         note = (
             f"{n:,} spans in the window, more than the {max_bars:,} bars a browser draws quickly: each row is "
-            f"aggregated into {AGGREGATE_BINS:,} bins of {_fmt_us(resolution_us)}, coloured by the share of the "
-            "bin it is busy (the colour choice applies when each span is drawn). Narrow the time window to see "
-            "each span."
+            f"aggregated into {AGGREGATE_BINS:,} bins of {_fmt_ms(resolution_us * 1e3)}, coloured by the share of the "
+            "bin it computes: waits and sends count as idle (the colour choice applies when each span is drawn). "
+            "Narrow the time window to see each span."
         )
     else:
         bars = _add_spans(fig, spans, origin, color_by)
@@ -161,9 +170,9 @@ def gantt_figure(
             fig, gaps, stage_ranks, busy_rows, origin, window_ns, min_ns=int(resolution_us * 1e3), limit=budget
         )
         if aggregated and dropped_ns:
-            note += f" Idle gaps shorter than {_fmt_us(max(resolution_us, dropped_ns / 1e3))} are not shaded."
+            note += f" Idle gaps shorter than {_fmt_ms(max(resolution_us * 1e3, dropped_ns))} are not shaded."
         elif dropped_ns:
-            note += f" Only the {shown:,} longest idle gaps are shaded (none shorter than {_fmt_us(dropped_ns / 1e3)})."
+            note += f" Only the {shown:,} longest idle gaps are shaded (none shorter than {_fmt_ms(dropped_ns)})."
         # Shading goes under the bars.
         fig.data = tuple(sorted(fig.data, key=lambda t: (t.meta or {}).get("role") != "gap"))
     _layout(fig, rows, origin, window_ns, title)
@@ -172,8 +181,14 @@ def gantt_figure(
     )
 
 
-def _fmt_us(us: float) -> str:
-    return f"{us / 1e3:,.2f} ms" if us >= 1e3 else f"{us:,.1f} µs"
+def _fmt_ms(ns: float) -> str:
+    """A length in ms, as the axis and every table give it: 1,250 ms, 12.50 ms, 0.044 ms."""
+    ms = ns / 1e6
+    if ms >= 100:
+        return f"{ms:,.0f} ms"
+    if ms >= 1:
+        return f"{ms:,.2f} ms"
+    return f"{np.format_float_positional(ms, precision=3, fractional=False, trim='-')} ms"  # never 1.35e-03
 
 
 def _labels(spans: pd.DataFrame) -> npt.NDArray[np.object_]:
@@ -258,31 +273,38 @@ def _bar(
 
 
 def _add_binned(fig: go.Figure, spans: pd.DataFrame, origin_ns: int, lo_ns: int, hi_ns: int, bins: int) -> int:
-    """A heatmap over (row, time bin): the share of each bin the row is busy; empty where it does nothing.
+    """A heatmap over (row, time bin): the share of each bin the row computes; empty where it records nothing.
 
-    A heatmap is one image for the browser, so this costs the same for ten bins or ten thousand.
+    Busy is what the analyzer calls busy: compute spans (`span_roles`), and the `layer` spans timed inside a
+    forward. A row's waits, sends and copies are idle time, so a bin it spends waiting is drawn at 0%, not as
+    work. A heatmap is one image for the browser, so this costs the same for ten bins or ten thousand.
     Busy time up to x is B(x) = Σ clamp(x - start, 0, duration) = Σ_{start<x} (x - start) - Σ_{end<x} (x - end),
     evaluated at every bin edge from sorted starts and ends with prefix sums; B(edge[i+1]) - B(edge[i]) is
     the busy time in bin i. Overlapping spans of one row count twice, so the share is capped at 1.
-    Returns the number of bins with work in them.
+    Returns the number of bins with spans in them.
     """
     edges = np.linspace(lo_ns, hi_ns, bins + 1)
     width_ns = (hi_ns - lo_ns) / bins
     codes, names = pd.factorize(pd.Series(_labels(spans)))
     starts_all = spans["start_ns"].to_numpy(np.int64)
     ends_all = spans["end_ns"].to_numpy(np.int64)
+    computing = _computing(spans)
     share = np.full((len(names), bins), np.nan)
     starting = np.zeros((len(names), bins), dtype=np.int64)
     for code in range(len(names)):
         sel = codes == code
         starts = np.sort(starts_all[sel])
-        per_bin = np.diff(_busy_before(starts, np.sort(ends_all[sel]), edges))
-        busy = per_bin > 0
-        share[code, busy] = np.minimum(per_bin[busy] / max(width_ns, 1e-9), 1.0)
+        ends = np.sort(ends_all[sel])
+        # a zero-length span still marks its bin as recorded (and idle)
+        recorded = (np.diff(_busy_before(starts, ends, edges)) > 0) | (np.diff(np.searchsorted(starts, edges)) > 0)
+        busy = sel & computing
+        per_bin = np.diff(_busy_before(np.sort(starts_all[busy]), np.sort(ends_all[busy]), edges))
+        share[code, recorded] = 0.0
+        share[code, per_bin > 0] = np.minimum(per_bin[per_bin > 0] / max(width_ns, 1e-9), 1.0)
         starting[code] = np.diff(np.searchsorted(starts, edges, side="left"))
     fig.add_trace(
         go.Heatmap(
-            name="busy share",
+            name="computing",
             z=share,
             y=list(names),
             x0=(lo_ns - origin_ns + width_ns / 2) / 1e6,
@@ -292,13 +314,28 @@ def _add_binned(fig: go.Figure, spans: pd.DataFrame, origin_ns: int, lo_ns: int,
             colorscale="Blues",
             zmin=0.0,
             zmax=1.0,
-            colorbar={"title": {"text": "busy"}, "tickformat": ".0%", "len": 0.6},
+            # under the legend, both beside the plot: never over the bars
+            colorbar={
+                "title": {"text": "computing"},
+                "tickformat": ".0%",
+                "len": 0.45,
+                "x": 1.02,
+                "xanchor": "left",
+                "y": 0,
+                "yanchor": "bottom",
+            },
             hoverongaps=False,
             ygap=4,
             meta={"role": "binned"},
         )
     )
     return int(np.isfinite(share).sum())
+
+
+def _computing(spans: pd.DataFrame) -> npt.NDArray[np.bool_]:
+    """Which spans are work: the analyzer's compute role, or a `layer` timed inside a forward."""
+    roles = span_roles(spans["kind"], spans["name"])
+    return (roles == ROLE_COMPUTE) | (spans["kind"].to_numpy() == str(SpanKind.LAYER))
 
 
 def _busy_before(
@@ -403,6 +440,7 @@ def _layout(fig: go.Figure, rows: list[str], origin_ns: int, window_ns: tuple[in
         margin={"l": 10, "r": 10, "t": 40 if title else 10, "b": 40},
         xaxis=xaxis,
         yaxis={"categoryorder": "array", "categoryarray": rows, "autorange": "reversed", "type": "category"},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
+        # beside the plot, top down: a legend above it wrapped onto the title and the first rows
+        legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top"},
         hoverlabel={"namelength": -1},
     )

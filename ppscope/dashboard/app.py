@@ -34,10 +34,10 @@ __all__ = ["LANES", "RANKS_OPTION", "SECTIONS", "main"]
 # the lanes of one rank picked from a list. (A comment: a bare string here would be printed on every page.)
 LANES = ("One per stage", "One rank")
 SECTIONS = ("Timeline", "Stages", "GPU usage", "Rebalance", "Compare", "Requests")
+# The Timeline's first view is a few steps with each span drawn: a micro-batch can be followed, a bubble seen.
 WINDOW_MODES = ("A few steps", "Whole run", "Last …", "Range")
-"""The Timeline's first view is a few steps with each span drawn: a micro-batch can be followed, a bubble seen."""
+# A few steps: each micro-batch in flight going round the pipeline this many times.
 FEW_ROUNDS = 4
-"""A few steps: each micro-batch in flight going round the pipeline this many times."""
 OVERVIEW_HEIGHT_PX = 220
 # How often the timeline of a run being written re-reads what arrived. (No bare strings at module level:
 # Streamlit's "magic" would print them on the page.)
@@ -151,9 +151,9 @@ def main(argv: Sequence[str]) -> None:
         jobpages.requests(live)
 
 
+# What a link may open (`?section=Compare&trace=A&compare_with=B`): the sidebar's section and trace, and
+# Compare's B. `ppscope demo` opens on the comparison of its two splits so.
 LINK_KEYS = ("section", "trace", "compare_with")
-"""What a link may open (`?section=Compare&trace=A&compare_with=B`): the sidebar's section and trace, and
-Compare's B. `ppscope demo` opens on the comparison of its two splits so."""
 
 
 def _open_from_link(labels: Sequence[str]) -> None:

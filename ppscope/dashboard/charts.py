@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ppscope.trace.actions import StrEnum
 from ppscope.trace.model import Metric
 
 if TYPE_CHECKING:
@@ -25,11 +26,15 @@ if TYPE_CHECKING:
 __all__ = [
     "BASIS_NAMES",
     "USAGE_COLUMNS",
+    "Unit",
     "UsageView",
     "compare_figure",
     "compare_table",
+    "fmt",
     "job_compare_table",
     "latency_figure",
+    "shown",
+    "shown_spread",
     "split_figure",
     "spread_compare_table",
     "usage_figure",
@@ -50,6 +55,9 @@ _CPU_PANELS: tuple[tuple[str, str, float], ...] = (
 )
 
 
+_LINE_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#9D755D", "#79706E")
+
+
 @dataclass(kw_only=True)
 class UsageView:
     figure: go.Figure
@@ -62,32 +70,49 @@ class UsageView:
 def usage_figure(counters: pd.DataFrame, *, origin_ns: int = 0) -> UsageView | None:
     """GPU utilisation, memory, power and SM clock per device over time; per-rank CPU use without GPU counters.
 
-    None when the run recorded no counters at all. x is seconds since `origin_ns`.
+    Each panel has a legend of its own beside it, naming each line's rank and GPU (plotly hides a legend of one
+    line, and one legend at the top names the lines of the first panel alone). None when the run recorded no
+    counters at all. x is ms since `origin_ns`.
     """
     panels, gpu = _panels(counters)
     if not panels:
         return None
-    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p[1] for p in panels])
+    fig = make_subplots(
+        rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p[1] for p in panels], vertical_spacing=0.08
+    )
+    legends: dict[str, object] = {}
+    drawn = counters[counters["metric"].isin([str(p[0]) for p in panels])]
+    devices = sorted({(int(r), int(d)) for r, d in zip(drawn["rank"], drawn["device"], strict=True)})
+    color = {key: _LINE_COLORS[n % len(_LINE_COLORS)] for n, key in enumerate(devices)}  # one per device, every panel
     for i, (metric, title, scale) in enumerate(panels, start=1):
+        legend = "legend" if i == 1 else f"legend{i}"
         part = counters[counters["metric"].to_numpy() == str(metric)]
         for (rank, device), series in part.groupby(["rank", "device"], sort=True):
             series = series.sort_values("ts_ns")
             name = f"rank {rank} · gpu {device}" if gpu else f"rank {rank}"
             fig.add_trace(
                 go.Scatter(
-                    x=(series["ts_ns"].to_numpy(np.int64) - origin_ns) / 1e9,
+                    x=(series["ts_ns"].to_numpy(np.int64) - origin_ns) / 1e6,
                     y=series["value"].to_numpy(np.float64) * scale,
                     mode="lines",
                     name=name,
-                    legendgroup=name,
-                    showlegend=i == 1,
-                    hovertemplate=f"{name}<br>%{{x:.3f}} s: %{{y:,.1f}} {title}<extra></extra>",
+                    line={"color": color[int(rank), int(device)]},
+                    legend=legend,
+                    showlegend=True,
+                    hovertemplate=f"{name}<br>%{{x:,.1f}} ms: %{{y:,.1f}} {title}<extra></extra>",
                 ),
                 row=i,
                 col=1,
             )
-    fig.update_xaxes(title_text="time since run start (s)", row=len(panels), col=1)
-    fig.update_layout(height=180 * len(panels) + 80, margin={"l": 10, "r": 10, "t": 40, "b": 40})
+        top = fig.get_subplot(i, 1).yaxis.domain[1]
+        what = "rank · GPU" if gpu else "rank"
+        legends[legend] = {"x": 1.01, "xanchor": "left", "y": top, "yanchor": "top", "title": {"text": what}}
+    # ms since the run's start, as the Gantt's axis and every table (1,500 ms, not 1.5k)
+    fig.update_xaxes(exponentformat="none", separatethousands=True)
+    fig.update_xaxes(title_text="time since run start (ms)", row=len(panels), col=1)
+    fig.update_layout(
+        height=180 * len(panels) + 80, margin={"l": 10, "r": 10, "t": 40, "b": 40}, showlegend=True, **legends
+    )
     if gpu:
         return UsageView(figure=fig, device="gpu", label="GPU usage per device (NVML counters)")
     return UsageView(
@@ -194,16 +219,35 @@ def latency_figure(latency: RequestLatency) -> go.Figure | None:
     return fig
 
 
+class Unit(StrEnum):
+    """What a compared figure counts, and so how the page writes it (`shown`)."""
+
+    SHARE = "share"  # a fraction: 12.3%, a difference in percentage points
+    MS = "ms"
+    TOKENS_PER_S = "tokens/s"
+    FACTOR = "factor"  # a ratio of two times: ×1.234
+    COUNT = "count"
+
+
+_Row = tuple[str, Unit, float | None, float | None]
+
+
 def compare_table(a: AnalysisResult, b: AnalysisResult) -> pd.DataFrame:
-    """Headline numbers of two analyses side by side with B - A (and B / A where a ratio reads better)."""
-    rows: list[tuple[str, float | None, float | None]] = [
-        ("bubble ratio", a.bubble_ratio, b.bubble_ratio),
-        ("imbalance", a.imbalance, b.imbalance),
-        ("balance speedup (max/mean)", a.balance_speedup, b.balance_speedup),
-        ("throughput (tokens/s)", a.throughput_tokens_per_s, b.throughput_tokens_per_s),
-        ("window (ms)", _ms(a.window.length_ns if a.window else None), _ms(b.window.length_ns if b.window else None)),
-        ("slowest stage time per micro-batch (ms)", _slowest_ms(a), _slowest_ms(b)),
-        ("TTFT p50 (ms)", _ttft(a), _ttft(b)),
+    """Headline numbers of two analyses side by side with B - A and B / A, and each row's `unit` (numbers as
+    they are: `shown` writes them for the page)."""
+    rows: list[_Row] = [
+        ("bubble ratio", Unit.SHARE, a.bubble_ratio, b.bubble_ratio),
+        ("imbalance", Unit.SHARE, a.imbalance, b.imbalance),
+        ("balance speedup (max/mean)", Unit.FACTOR, a.balance_speedup, b.balance_speedup),
+        ("throughput (tokens/s)", Unit.TOKENS_PER_S, a.throughput_tokens_per_s, b.throughput_tokens_per_s),
+        (
+            "window (ms)",
+            Unit.MS,
+            _ms(a.window.length_ns if a.window else None),
+            _ms(b.window.length_ns if b.window else None),
+        ),
+        ("slowest stage time per micro-batch (ms)", Unit.MS, _slowest_ms(a), _slowest_ms(b)),
+        ("TTFT p50 (ms)", Unit.MS, _ttft(a), _ttft(b)),
     ]
     return _deltas(rows)
 
@@ -281,22 +325,23 @@ def job_compare_table(a: ReplicaAnalysis | AnalysisResult, b: ReplicaAnalysis | 
     per micro-batch, or its busy time for a job whose figures are on that basis (`ReplicaAnalysis.basis`): a row
     per basis, empty for the side on the other one."""
     ja, jb = _job(a), _job(b)
-    rows: list[tuple[str, float | None, float | None]] = [
-        ("data-parallel pipelines", ja.pipelines, jb.pipelines),
-        ("bubble ratio, all pipelines", ja.bubble_ratio, jb.bubble_ratio),
-        ("bubble ratio, worst pipeline", ja.bubble_worst, jb.bubble_worst),
+    rows: list[_Row] = [
+        ("data-parallel pipelines", Unit.COUNT, ja.pipelines, jb.pipelines),
+        ("bubble ratio, all pipelines", Unit.SHARE, ja.bubble_ratio, jb.bubble_ratio),
+        ("bubble ratio, worst pipeline", Unit.SHARE, ja.bubble_worst, jb.bubble_worst),
     ]
     for basis in sorted({ja.basis, jb.basis}, reverse=True):
         rows.append(
             (
                 f"slowest stage of any pipeline: {BASIS_NAMES.get(basis, basis)} (ms)",
+                Unit.MS,
                 _ms(ja.slowest_ns) if ja.basis == basis else None,
                 _ms(jb.slowest_ns) if jb.basis == basis else None,
             )
         )
     rows += [
-        ("slowest stage vs its median over the pipelines", ja.slowdown, jb.slowdown),
-        ("throughput, all pipelines (tokens/s)", ja.tokens_per_s, jb.tokens_per_s),
+        ("slowest stage vs its median over the pipelines", Unit.FACTOR, ja.slowdown, jb.slowdown),
+        ("throughput, all pipelines (tokens/s)", Unit.TOKENS_PER_S, ja.tokens_per_s, jb.tokens_per_s),
     ]
     return _deltas(rows)
 
@@ -329,11 +374,52 @@ def _straggler(s: StageSpread | None) -> str:
     return f"rank {s.straggler_rank}, replica {s.straggler_replica}, +{100 * (s.slowdown - 1):.1f}%"
 
 
-def _deltas(rows: list[tuple[str, float | None, float | None]]) -> pd.DataFrame:
-    out = pd.DataFrame(rows, columns=["measure", "A", "B"])
+def _deltas(rows: list[_Row]) -> pd.DataFrame:
+    out = pd.DataFrame(rows, columns=["measure", "unit", "A", "B"])
     av, bv = out["A"].astype("float64"), out["B"].astype("float64")
     out["B - A"] = bv - av
     out["B / A"] = (bv / av).where(av.abs() > 0)
+    return out[["measure", "A", "B", "B - A", "B / A", "unit"]]
+
+
+_NONE = "—"
+
+
+def fmt(value: float | None, unit: Unit, *, signed: bool = False) -> str:
+    """One figure as the page writes it: its unit, digits that mean something, `—` when not known (None or
+    NaN). `signed`: a difference (a share's in percentage points)."""
+    if value is None or pd.isna(value):
+        return _NONE
+    x = float(value)
+    sign = "+" if signed else ""
+    if unit == Unit.SHARE:
+        return f"{100 * x:{sign},.1f} pp" if signed else f"{100 * x:,.1f}%"
+    if unit == Unit.MS:
+        return f"{x:{sign},.3f} ms"
+    if unit == Unit.TOKENS_PER_S:
+        return f"{x:{sign},.1f} tokens/s" if abs(x) < 100 else f"{x:{sign},.0f} tokens/s"
+    if unit == Unit.FACTOR:
+        return f"{x:{sign}.3f}" if signed else f"×{x:.3f}"
+    return f"{x:{sign},.0f}"
+
+
+def shown(table: pd.DataFrame) -> pd.DataFrame:
+    """A table of `compare_table` or `job_compare_table` as the page shows it: every number written with its
+    unit (`fmt`); B / A as a factor."""
+    units = [Unit(u) for u in table["unit"]]
+    out = pd.DataFrame({"measure": table["measure"]})
+    for column in ("A", "B", "B - A"):
+        out[column] = [fmt(v, u, signed=column == "B - A") for v, u in zip(table[column], units, strict=True)]
+    out["B / A"] = [fmt(v, Unit.FACTOR) for v in table["B / A"]]
+    return out
+
+
+def shown_spread(table: pd.DataFrame) -> pd.DataFrame:
+    """A table of `spread_compare_table` as the page shows it: times in ms with their unit."""
+    out = table.copy()
+    for column in table.columns:
+        if column.endswith(("median", "slowest")) or column.endswith("B - A"):
+            out[column] = [fmt(v, Unit.MS, signed=column.endswith("B - A")) for v in table[column]]
     return out
 
 

@@ -137,13 +137,13 @@ def page(a: Side, others: Sequence[Entry], opener: Callable[[Entry], Side], head
     st.caption("A is the trace picked in the sidebar, B the one chosen here; deltas are B - A.")
     if a.job is not None or b.job is not None:
         st.markdown("**The jobs**, over all their data-parallel pipelines")
-        st.dataframe(charts.job_compare_table(a.job or a.result, b.job or b.result).round(4), hide_index=True)
+        st.dataframe(charts.shown(charts.job_compare_table(a.job or a.result, b.job or b.result)), hide_index=True)
         st.caption(
             "Bubble ratio of all pipelines: Σ bubble / Σ (P × window). Throughput: the sum of each pipeline's "
             "tokens/s over its own window. A run of one pipeline counts as a job of one."
         )
         st.markdown(f"**The pipelines detailed**: A: {_detailed(a)} · B: {_detailed(b)}")
-    st.dataframe(charts.compare_table(a.result, b.result).round(4), hide_index=True)
+    st.dataframe(charts.shown(charts.compare_table(a.result, b.result)), hide_index=True)
     if a.job is not None and b.job is not None:
         _spread(a.job, b.job)
     names = (f"A: {_short(a.label)}", f"B: {_short(b.label)}")
@@ -179,7 +179,7 @@ def _spread(a: ReplicaAnalysis, b: ReplicaAnalysis) -> None:
     basis = charts.BASIS_NAMES
     what = basis.get(a.basis, a.basis) if a.basis == b.basis else None
     st.markdown(f"**Each stage across the pipelines**: {what or 'A and B timed differently'} (ms)")
-    st.dataframe(charts.spread_compare_table(a, b).round(4), hide_index=True)
+    st.dataframe(charts.shown_spread(charts.spread_compare_table(a, b)), hide_index=True)
     if what is None:
         st.caption(
             f"A's stages are timed by {md(basis.get(a.basis, a.basis))}, B's by {md(basis.get(b.basis, b.basis))} "
