@@ -107,7 +107,15 @@ def test_cli_plan_json_and_text(capsys: pytest.CaptureFixture[str], tmp_path) ->
     ]
     assert main([*args, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    for key in ("tp", "pp_size", "stages", "pipeline_kv_tokens", "kv_bytes_per_token_per_layer", "fix_split", "assumptions"):
+    for key in (
+        "tp",
+        "pp_size",
+        "stages",
+        "pipeline_kv_tokens",
+        "kv_bytes_per_token_per_layer",
+        "fix_split",
+        "assumptions",
+    ):
         assert key in data
     assert data["stages"][1]["weights_bytes"] == pytest.approx(35e9, rel=0.05)
     assert main(args) == 0
