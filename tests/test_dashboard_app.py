@@ -398,3 +398,11 @@ def test_stages_section_shows_a_training_runs_replay(tmp_path: Path) -> None:
     table = next(d.value for d in at.dataframe if "what-if" in d.value.columns).set_index("what-if")
     assert list(table.index) == ["measured costs", "balanced", "no straggler"]  # one pipeline: no straggler, why
     assert table.loc["balanced", "speedup"] > 1 and "one replica" in table.loc["no straggler", "changes"]
+
+
+def test_the_status_line_names_the_pipeline_engine_the_trace_shows() -> None:
+    """A DeepSpeed capture's page says DeepSpeed, as `analyze` does."""
+    capture = Path(__file__).parent / "data" / "deepspeed-pipeline"
+    at = _app(capture).run()
+    assert not at.exception, at.exception
+    assert any("engine **DeepSpeed**" in c.value for c in at.caption)

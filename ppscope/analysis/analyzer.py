@@ -209,7 +209,7 @@ def assemble(
         source=meta.source,
         emulated=str(meta.model.get("emulated", "")),
         schedule=meta.schedule,
-        engine=_engine(meta),
+        engine=meta.pipeline_engine,
         window=window,
         stages=results,
         bubble_ratio=None if missing else sum(s.bubble_ns for s in results) / (p * window.length_ns),
@@ -352,7 +352,7 @@ def empty_result(
         source=meta.source,
         emulated=str(meta.model.get("emulated", "")),
         schedule=meta.schedule,
-        engine=_engine(meta),
+        engine=meta.pipeline_engine,
         window=window,
         stages=[],
         bubble_ratio=None,
@@ -368,12 +368,3 @@ def empty_result(
         inflight=None,
         warnings=warnings,
     )
-
-
-def _engine(meta: RunMeta) -> str | None:
-    """The pipeline engine the trace shows: what the Kineto reader recognised (`config.pipelining.engine`),
-    torch.distributed.pipelining for the recording hook's runs, else None."""
-    found = meta.config.get("pipelining")
-    if isinstance(found, dict) and found.get("engine"):
-        return str(found["engine"])
-    return "torch.pipelining" if meta.source == "pipelining" else None

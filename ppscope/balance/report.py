@@ -480,8 +480,7 @@ def job_kind(run: RunTimings) -> JobKind:
     """What a run's split is for: DeepSpeed's when its reader recognised that engine, training when it runs
     backward passes, serving when it is ppscope's engine or its spans are decode or prefill passes, else
     unknown (an imported trace of bare kernels)."""
-    engine = run.meta.config.get("pipelining", {}).get("engine") if isinstance(run.meta.config, dict) else None
-    if engine == Engine.DEEPSPEED:
+    if run.meta.pipeline_engine == Engine.DEEPSPEED:
         return JobKind.DEEPSPEED
     if run.training:
         return JobKind.TRAINING

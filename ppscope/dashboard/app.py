@@ -201,6 +201,8 @@ def _status_line(entry: Entry, meta: RunMeta) -> str:
         f"PP {meta.pp_size}",
         f"schedule {md(meta.schedule or 'unknown')}",
     ]
+    if meta.pipeline_engine:
+        bits.insert(1, f"engine **{md(meta.pipeline_engine)}**")
     if meta.split:
         bits.append(f"split {','.join(map(str, meta.split))}")
     return " · ".join(bits)

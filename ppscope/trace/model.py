@@ -288,6 +288,15 @@ class RunMeta:
         """An engine run made with `--no-record`: no rank writes spans, by design; only requests are kept."""
         return self.source == "ppscope" and self.config.get("record") is False
 
+    @property
+    def pipeline_engine(self) -> str | None:
+        """The pipeline engine the trace shows (a `schedules.Engine` value): what the Kineto reader recognised
+        (`config.pipelining.engine`), torch.distributed.pipelining for the recording hook's runs, else None."""
+        found = self.config.get("pipelining")
+        if isinstance(found, dict) and found.get("engine"):
+            return str(found["engine"])
+        return "torch.pipelining" if self.source == "pipelining" else None
+
     def rank_info(self, rank: int) -> RankInfo | None:
         for info in self.ranks:
             if info.rank == rank:
