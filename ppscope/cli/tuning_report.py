@@ -88,15 +88,26 @@ def _verdict(result: TuneResult) -> str:
 
 def _gain_lines(result: TuneResult) -> list[str]:
     """Predicted against measured, in sentences."""
-    basis = "the stages sharing cores" if result.cores is not None and result.cores.binds else "the slowest stage"
-    shared = "the shared cores bound both splits alike however the stage times vary"
-    point = shared if result.cores is not None and result.cores.binds else ""
+    bound = result.cores is not None and result.cores.binds
+    sim, measured, pairs = result.simulated, result.measured_speedup, result.pair_speedups
+    if bound:
+        basis = "the stages sharing cores"
+    elif sim:
+        basis = "both splits replayed on run 1's schedule"
+    else:
+        basis = "the slowest stage"
+    point = "the shared cores bound both splits alike however the stage times vary" if bound else ""
     lines = [
         f"predicted speedup ×{result.predicted_speedup:.3f}{_interval(result.predicted_interval, point)}, from "
         f"{basis} with the costs measured in run 1"
     ]
-    sim, measured, pairs = result.simulated, result.measured_speedup, result.pair_speedups
-    if sim:
+    if sim and not bound:
+        lines.append(
+            f"the replay: run 1's hops ({sim.hop_latency_us:.0f} µs) and gaps between passes "
+            f"({sim.overhead_ms:.3f} ms); it times run 1 itself within {sim.error:.1%}. The slowest stage alone "
+            f"(closed form) says ×{result.advice.predicted_speedup:.3f}"
+        )
+    elif sim:
         lines.append(
             f"simulated speedup ×{sim.speedup:.3f}: both splits replayed with run 1's hops ({sim.hop_latency_us:.0f} "
             f"µs) and gaps between passes ({sim.overhead_ms:.3f} ms)"

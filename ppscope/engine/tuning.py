@@ -114,10 +114,13 @@ class TuneResult:
 
     @property
     def predicted_speedup(self) -> float:
-        """The slowest stage's ratio, or, where CPU stages share too few free cores, the bound of their total
-        work (`cores`)."""
+        """The headline: where CPU stages share too few free cores, the bound of their total work (`cores`); else
+        the schedule replay of run 1 (`simulated`), which sees fill, drain and hops; else the slowest stage's
+        ratio (`advice.predicted_speedup`, the closed form, always beside it)."""
         if self.cores is not None and self.cores.binds:
             return self.cores.speedup
+        if self.simulated is not None:
+            return self.simulated.speedup
         return self.advice.predicted_speedup
 
     @property
@@ -206,6 +209,9 @@ class Simulated:
     """Simulated time of the given split ÷ that of the advised one."""
     hop_latency_us: float
     overhead_ms: float
+    error: float = 0.0
+    """How far the replay of run 1 with its own split is from run 1's measured time (|measured ÷ replayed − 1|):
+    the replay's own error, which the predicted interval carries."""
 
 
 def _bound_interval(
@@ -253,6 +259,22 @@ def _simulate_both(trace: Trace, costs: LayerCosts, given: tuple[int, ...], advi
         speedup=before.predicted_ms / after.predicted_ms,
         hop_latency_us=cfg.comm.latency_us,
         overhead_ms=cfg.overhead_ms,
+        error=abs(before.throughput_error),
+    )
+
+
+def _replay_interval(interval: Interval | None, closed: float, sim: Simulated) -> Interval | None:
+    """The interval of the replay's speedup: run 1's variability (the slowest-stage interval, carried to the
+    replay's point by the ratio of the two) widened by the replay's own error against run 1, so that the
+    interval holds the model's error as well as the costs' spread."""
+    if interval is None or closed <= 0:
+        return None
+    scale = sim.speedup / closed
+    return Interval(
+        low=interval.low * scale * (1.0 - sim.error),
+        high=interval.high * scale * (1.0 + sim.error),
+        level=interval.level,
+        how=f"{interval.how}, carried to the schedule replay and widened by its error on run 1 (±{sim.error:.1%})",
     )
 
 
@@ -455,7 +477,14 @@ def tune(
     if known and on_cpus and not cfg.model.synthetic and proposed != split:  # synthetic layers sleep: no CPU
         cores, interval, note = _shared(before_trace, problem, advice, load, known, interval)
         notes += note
-    predicted = cores.speedup if cores is not None and cores.binds else advice.predicted_speedup
+    simulated, said = _simulated(before_trace, costs, split, proposed)
+    notes += said
+    if cores is not None and cores.binds:
+        predicted = cores.speedup
+    elif simulated is not None:  # the schedule's replay is the headline; the slowest stage is printed beside it
+        predicted, interval = simulated.speedup, _replay_interval(interval, advice.predicted_speedup, simulated)
+    else:
+        predicted = advice.predicted_speedup
     decision = advise(split, proposed, predicted, interval, _RUN_1_TOO_SHORT)
     if cores is not None and cores.binds:
         decision = dataclasses.replace(decision, reason=f"{decision.reason}. {cores.text()}")
@@ -468,6 +497,7 @@ def tune(
         decision=decision,
         cores=cores,
         predicted_interval=interval,
+        simulated=simulated,
         busy_cores_beside=statistics.mean(known) if known else None,
         emulated=cfg.emulate.text(),
     )
@@ -478,13 +508,8 @@ def tune(
             else "the advice is to keep the given split, so the advised split is not run"
         )
         return TuneResult(after=None, **common)
-    try:
-        simulated: Simulated | None = _simulate_both(before_trace, costs, split, proposed)
-    except PPScopeError as exc:  # a run the simulator cannot replay: the slowest-stage prediction remains
-        simulated = None
-        notes.append(f"no simulated prediction: {exc}")
-    sim = f", simulated ×{simulated.speedup:.3f}" if simulated else ""
-    step(f"run 2: advised split {','.join(map(str, proposed))} (predicted ×{predicted:.3f}{sim})")
+    closed = f", the slowest stage ×{advice.predicted_speedup:.3f}" if simulated else ""
+    step(f"run 2: advised split {','.join(map(str, proposed))} (predicted ×{predicted:.3f}{closed})")
 
     traces: dict[tuple[int, ...], list[Trace]] = {split: [before_trace], proposed: []}
 
@@ -508,13 +533,25 @@ def tune(
     return TuneResult(
         after=got.runs[0],
         reruns=got.runs[1:],
-        simulated=simulated,
         measured_pairs=got.pairs,
         measured_interval=got.interval,
         measurement=got.verdict,
         decided=got.decided,
         **common,
     )
+
+
+def _simulated(
+    trace: Trace, costs: LayerCosts, split: tuple[int, ...], proposed: tuple[int, ...]
+) -> tuple[Simulated | None, list[str]]:
+    """Both splits replayed on run 1's schedule (None where there is nothing to compare, or the simulator cannot
+    replay the run: the slowest-stage prediction remains, and a note says why)."""
+    if proposed == split:
+        return None, []
+    try:
+        return _simulate_both(trace, costs, split, proposed), []
+    except PPScopeError as exc:
+        return None, [f"no simulated prediction: {exc}"]
 
 
 def _shared(
