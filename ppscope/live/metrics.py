@@ -85,7 +85,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "ppscope_hop_latency_seconds",
         "histogram",
         ("src", "dst"),
-        "Time from a rank posting a message to the next rank, already waiting, waking up with it, per link of ranks",
+        "Time from a rank posting a message to the next rank, already waiting, waking up with it, per link of ranks "
+        "(only messages a receiver waited for are seen, so links count differently)",
     ),
     _g("ppscope_run_info", ("run_id", "source", "schedule"), "The run being watched (always 1)"),
     _g("ppscope_run_status", ("status",), "1 for the run's status as meta.json says it, 0 for the others"),
