@@ -183,14 +183,19 @@ class RebalanceRequest:
             raise InvalidConfigError(
                 ErrorCode.MISSING_OPTION, "--gpu-mem-gib needs --model (a preset or config.json) to size weights and KV"
             )
+        return self.memory_of(shape, self.per_stage(self.gpu_mem_gib, "--gpu-mem-gib", stages), dtype)
+
+    def memory_of(self, shape: ModelShape, gpu_mem_gib: list[float], dtype: str, min_kv_tokens: int = 0) -> MemoryModel:
+        """The stages' memory model for GPUs of `gpu_mem_gib` each, with the request's utilisation, TP, reserve
+        and KV tokens every stage must hold (at least `min_kv_tokens`)."""
         return stage_memory_model(
             shape,
-            self.per_stage(self.gpu_mem_gib, "--gpu-mem-gib", stages),
+            gpu_mem_gib,
             gpu_memory_utilization=self.gpu_memory_utilization,
             dtype=dtype,
             tp=self.tp,
             reserve_gib=self.reserve_gib,
-            min_kv_tokens=self.min_kv_tokens,
+            min_kv_tokens=max(self.min_kv_tokens, min_kv_tokens),
         )
 
 
@@ -633,14 +638,8 @@ def _gpu_memory(shape: ModelShape, request: RebalanceRequest, dtype: str, stages
     KV cache of the request's batch and context."""
     if not request.gpu or stages < 1:  # no stage: BalanceProblem says so
         return None
-    return stage_memory_model(
-        shape,
-        [gpu_named(request.gpu).memory_gib] * stages,
-        gpu_memory_utilization=request.gpu_memory_utilization,
-        dtype=dtype,
-        tp=request.tp,
-        reserve_gib=request.reserve_gib,
-        min_kv_tokens=max(request.min_kv_tokens, request.batch * request.context),
+    return request.memory_of(
+        shape, [gpu_named(request.gpu).memory_gib] * stages, dtype, request.batch * request.context
     )
 
 

@@ -25,7 +25,7 @@ from ppscope.dashboard.ranked import RANKS_IN_MEMORY, READ_SHARE, RankedRun
 from ppscope.dashboard.safety import Catalog, Entry, catalog_from_args, md
 from ppscope.errors import PPScopeError
 from ppscope.trace.model import RunMeta, SpanKind
-from ppscope.trace.notices import NoticeCode
+from ppscope.trace.notices import Notice, NoticeCode
 from ppscope.trace.store import rank_file_count
 
 __all__ = ["LANES", "RANKS_OPTION", "SECTIONS", "main"]
@@ -187,11 +187,17 @@ def _header(entry: Entry, live: LiveTrace) -> None:
         st.caption(_status_line(entry, live.meta))
         if live.error:
             st.warning(md(live.error))
-        for warning in live.trace.warnings:
-            if warning.code != NoticeCode.MISSING_RANKS:  # the Stages page names them, with what they withhold
-                st.caption(f"⚠ {md(str(warning))}")
+        _header_warnings(live.trace.warnings)
 
     status()
+
+
+def _header_warnings(warnings: Sequence[Notice]) -> None:
+    """A run's warnings under its title, but for missing ranks: the Stages page names them, with what they
+    withhold, whether the run is in memory or read a rank at a time."""
+    for warning in warnings:
+        if warning.code != NoticeCode.MISSING_RANKS:
+            st.caption(f"⚠ {md(str(warning))}")
 
 
 def _status_line(entry: Entry, meta: RunMeta) -> str:
@@ -218,9 +224,7 @@ def ranked_page(entry: Entry, big: RankedRun, section: str, others: Sequence[Ent
     except PPScopeError as exc:
         st.error(md(exc))
         return
-    for warning in run.said:
-        if warning.code != NoticeCode.MISSING_RANKS:  # the Stages page names them, as for a run in memory
-            st.caption(f"⚠ {md(str(warning))}")
+    _header_warnings(run.said)
     ra = run.analysis
     if ra is None:  # the run changed on disk since it was looked at: no longer many pipelines
         st.error("This run is no longer a job of several pipelines: tick 'Load the whole run' to show it.")
