@@ -98,8 +98,10 @@ def test_ctrl_c_at_50_random_moments_never_leaves_a_run_running(tmp_path: Path) 
                 os.killpg(proc.pid, signal.SIGINT)
             _, err = proc.communicate(timeout=60)
         status = read_meta(out).status
-        # a run that ended first is finished; its process may be stopped by the signal on its way out (-2)
-        assert (status, proc.returncode) in {("interrupted", 130), ("finished", 0), ("finished", -2)}, (i, err)
+        # a run that ended first is finished, its process stopped or not on its way out (130 while it prints its
+        # summary, -2 as the interpreter exits); one that was interrupted says so and exits 130
+        assert status in ("interrupted", "finished"), (i, status, err)
+        assert proc.returncode in ((130,) if status == "interrupted" else (0, 130, -2)), (i, status, err)
         seen[status] = seen.get(status, 0) + 1
     assert seen.get("interrupted", 0) > 0  # the moments reached into the run, not only past its end
 
