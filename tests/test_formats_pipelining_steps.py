@@ -205,3 +205,16 @@ def test_nccl_kernels_of_a_receive_are_waits_without_action_ranges(tmp_path: Pat
         (1, 0, "F", 0),
     ]
     assert list(waits["end_ns"] - waits["start_ns"]) == [140_000, 75_000]
+
+
+CAPTURES = sorted((DATA / "pipelining").glob("*/")) + sorted(NOSTEPS.glob("*/")) + [DEEPSPEED]
+
+
+@pytest.mark.parametrize("folder", CAPTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_micro_batch_sends_once_per_step_and_direction(folder: Path) -> None:
+    """A send is its own micro-batch's: ScheduleGPipe posts it inside its `Forward i` range, taken once for the
+    previous action's (every label one low, the first send of a step lost, receives 'before' their sends)."""
+    trace = open_trace(folder)
+    sends = trace.spans[trace.spans["kind"] == "send"]
+    per_step = sends.groupby(["stage", "phase", "step"])["mb"].apply(lambda mb: sorted(mb.tolist()))
+    assert len(per_step) and all(mbs == list(range(trace.meta.microbatches)) for mbs in per_step), per_step

@@ -367,7 +367,8 @@ def send_rows(
     acts: pd.DataFrame, ops: pd.DataFrame, remote_to: Links, backend: pd.DataFrame | None = None
 ) -> list[tuple[object, ...]]:
     """`send` rows (stage, mb, step, phase, start, end, peer, name): each SEND_F / SEND_B action, or where a
-    schedule has none, each send operator, taken for the last compute action before it, until the end of
+    schedule has none, each send operator, taken for the compute action whose range holds it (ScheduleGPipe's
+    `Forward 3` posts its send inside) or else the last one before it, until the end of
     the backend's send ranges it posted (`backend`: `gloo:send` ranges that start inside it, where a
     blocking send waits for its receiver) or the rank's next operator, whichever comes first: a send that
     does not block (torch's batched P2P) holds the rank no longer than its operator. `remote_to` maps
@@ -391,12 +392,12 @@ def send_rows(
             )
     if len(sends) or acts.empty:
         return rows
-    compute = acts[acts["type"].isin(_WAITING)].sort_values("end_ns")
-    c_end = compute["end_ns"].to_numpy(np.int64)
+    compute = acts[acts["type"].isin(_WAITING)].sort_values("start_ns")
+    c_start = compute["start_ns"].to_numpy(np.int64)
     posts = ops[ops["name"] == "c10d::send"]
     ends = _held_until(posts, backend, ops) if backend is not None else posts["end_ns"].to_numpy(np.int64)
     for name, s, e in zip(posts["name"], posts["start_ns"], ends, strict=True):
-        k = int(np.searchsorted(c_end, s, side="right")) - 1
+        k = int(np.searchsorted(c_start, s, side="right")) - 1  # the action holding it, else the last before it
         if k < 0:
             continue
         a = compute.iloc[k]
