@@ -1,8 +1,9 @@
 """Real torch.distributed.pipelining jobs under torchrun (2 ranks, gloo, CPU), profiled and recorded at once:
 the Kineto traces and the hook's run of the same job name the same schedule, stages, ranks and
 micro-batches, the profiler's bubble lies between the one its action ranges give (waits inside counted
-busy) and the one its compute operators alone give, and `analyze` prints the replay of the run's own action
-order next to the measured bubble of the same steps."""
+busy) and the one its compute operators alone give, both read every cause within 2 points of the window
+(one job, one reading), and `analyze` prints the replay of the run's own action order next to the measured
+bubble of the same steps."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from error_helpers import cli_error
 
 from ppscope.analysis import AnalysisResult, analyze
+from ppscope.analysis.result import CAUSES
 from ppscope.cli.main import main
 from ppscope.errors import ErrorCode
 from ppscope.formats.sources import open_trace
@@ -30,6 +32,10 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--microbatches", "4", "--steps", "2", "--layers", "4", "--dim", "32", "--seq", "16"]
+JOB = ["--microbatches", "4", "--steps", "2", "--layers", "4", "--dim", "256", "--seq", "64"]
+"""SMALL's job with actions of about 5 ms each: each capture's own bookkeeping (the hook's inside the
+profiler's action ranges, the profiler's inside the hook's spans) is idle time to the other, a few tens of µs
+an action, a point of the window or less here and several on SMALL's 0.5 ms actions."""
 SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv", "dualpipev"]
 
 
@@ -85,7 +91,7 @@ def _ranges_busy(trace: Trace) -> Trace:
 def test_profiler_and_hook_see_the_same_pipeline(
     schedule: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _train(schedule, tmp_path)
+    _train(schedule, tmp_path, JOB)
     prof, run = open_trace(tmp_path / "prof"), open_trace(tmp_path / "run")
     assert prof.meta.schedule == run.meta.schedule == schedule
     assert (prof.meta.microbatches, prof.meta.chunks) == (run.meta.microbatches, run.meta.chunks)
@@ -99,16 +105,11 @@ def test_profiler_and_hook_see_the_same_pipeline(
     # them, so the profiler's bubble lies between the actions' whole ranges and the operators alone
     assert lower <= measured.bubble_ratio < upper  # equal where no wait lies inside an action (inferred ones)
     assert sum(st.causes["unknown"] for st in measured.stages) == 0
-    # one job, one reading: the hook and the profiler see each cause alike. Each capture's bookkeeping is idle
-    # time to the other (the hook's runs inside the profiler's action ranges, the profiler's inside the hook's
-    # spans), worth a few points of the window on these tiny CPU models (GPipe's last stage posts its gradient
-    # sends inside its backward actions, 6 points of drain on a loaded machine): hence 8 points, not 2
-    # Schedule1F1B writes no action ranges (torch 2.13): the profiler's actions and their waits are inferred
-    # from the operators, and the time before an action's first operator is all wait (upstream), where the
-    # hook times the wait itself. Its fill and drain still agree.
-    inferred = NoticeCode.INFERRED_ACTIONS in {w.code for w in prof.warnings}
-    for cause in ("fill", "drain") if inferred else ("fill", "drain", "upstream", "downstream", "host"):
-        assert _share(measured, cause) == pytest.approx(_share(hooked, cause), abs=0.08), cause
+    # one job, one reading: the hook and the profiler give each cause within 2 points of the window. The hook
+    # does not see the optimizer (the profiler's `Optimizer.step#` range), about a point here.
+    for cause in CAUSES:
+        assert _share(measured, cause) == pytest.approx(_share(hooked, cause), abs=0.02), cause
+    assert not {w.code for w in measured.warnings} & {NoticeCode.CLOCK_SKEW}  # one host, one clock
     if schedule == "gpipe":
         assert measured.theory.formula == hooked.theory.formula == "GPipe (P-1)/(M+P-1)"
         assert measured.theory.bubble_ratio == pytest.approx(1 / 5)

@@ -288,13 +288,19 @@ class PipelineRecorder:
     # ------------------------------------------------------------ P2P, called by the module wrappers
 
     def posted(self, ops: list[Any], post: Callable[[], list[Any]]) -> list[Any]:
-        """Post `ops`: the time it takes is a `send` span when they include sends (one message per batch)."""
+        """Post `ops`: the time it takes is a `send` span when they include sends (one message per batch).
+        Posting a batch that also holds a receive (Schedule1F1B fuses a send with the next receive) can block
+        on that receive (gloo does): that time is then also a `recv_wait` span, which outranks the send as the
+        cause, without peer or bytes (the message is counted where it is waited for), as a profile of the same
+        job sees it (its time is inside the receive's operator)."""
         tags = tuple(t for t in (self._tags.pop(id(p), None) for p in ops) if t is not None)
         sends = [t for t in tags if t.op == "send"]
-        if sends:
-            with self._p2p(SpanKind.SEND, sends[0], sends[0].peer, sum(t.nbytes for t in sends)):
-                works = post()
-        else:
+        recvs = [t for t in tags if t.op == "recv"]
+        with contextlib.ExitStack() as held:
+            if sends:
+                held.enter_context(self._p2p(SpanKind.SEND, sends[0], sends[0].peer, sum(t.nbytes for t in sends)))
+            if sends and recvs:
+                held.enter_context(self._p2p(SpanKind.RECV_WAIT, recvs[0], -1, 0, " post"))
             works = post()
         for w in works:
             self._works[id(w)] = tags
