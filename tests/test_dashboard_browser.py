@@ -172,3 +172,38 @@ def test_the_timeline_s_first_view_of_a_demo_run_draws_each_span(tmp_path: Path)
     assert overview["heatmap"] and not window["heatmap"]
     assert 0 < window["spans"] < span_count(2, 2) * 12 and window["drawn"] >= window["spans"]
     assert "one bar each" in text and "the newest few steps" in text
+
+
+# The x range of each plot on the page, in ms.
+_X_RANGES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+  .map(gd => gd._fullLayout ? gd._fullLayout.xaxis.range.slice() : null)"""
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_a_drag_across_the_overview_strip_picks_the_gantts_window(tmp_path: Path) -> None:
+    run = record_gpipe_run(tmp_path / "demo-1" / "1-before", p=2, m=2, steps=12)
+    with dashboard_page(run) as page:
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 2", timeout=60_000)
+        (lo_all, hi_all), (lo_few, _) = page.evaluate(_X_RANGES_JS)[:2]
+        assert lo_few > lo_all + 0.5 * (hi_all - lo_all)  # the newest few steps, at the run's end
+        box = page.locator(".js-plotly-plot").first.locator(".nsewdrag").first.bounding_box()
+        y = box["y"] + box["height"] / 2
+        page.mouse.move(box["x"] + 0.1 * box["width"], y)
+        page.mouse.down()
+        page.mouse.move(box["x"] + 0.2 * box["width"], y, steps=5)
+        page.mouse.move(box["x"] + 0.3 * box["width"], y, steps=5)
+        page.mouse.up()
+        picked = "() => document.body.innerText.includes('the window picked on the strip')"
+        page.wait_for_function(picked, timeout=30_000)
+        page.wait_for_function(
+            f"() => {{ const r = ({_X_RANGES_JS})()[1]; return r && r[0] < {lo_few}; }}", timeout=30_000
+        )
+        lo, hi = page.evaluate(_X_RANGES_JS)[1]
+        text = page.inner_text("body")
+        page.screenshot(path=str(tmp_path / "picked.png"), full_page=True)
+    span = hi_all - lo_all
+    # the strip's axis runs from the run's first to its last span: the picked window is about its 10 to 30%
+    assert lo == pytest.approx(lo_all + 0.1 * span, abs=0.03 * span)
+    assert hi == pytest.approx(lo_all + 0.3 * span, abs=0.03 * span)
+    assert "the window picked on the strip" in text

@@ -291,3 +291,19 @@ def test_gap_shading_counts_towards_the_bar_budget_keeping_the_longest() -> None
     widths_ns = sorted(round(w * 1e3) for _, _, w in _bars(view.figure, role="gap"))
     assert widths_ns == list(range(200, 300))  # the 100 longest: budget = max(400 - 300, 400 // 4)
     assert "Only the 100 longest idle gaps are shaded" in view.note
+
+
+def test_a_drag_across_the_overview_strip_is_read_as_a_window() -> None:
+    from ppscope.analysis.gantt import overview_figure, picked_window
+
+    rows = [(r, "compute", "forward", 0, t, t + 500_000) for r in (0, 1) for t in range(0, 20_000_000, 1_000_000)]
+    view = overview_figure(_trace(rows).spans, origin_ns=0, height_px=220)
+    assert view.figure.layout.dragmode == "select" and view.figure.layout.selectdirection == "h"
+    assert any((t.meta or {}).get("role") == "pick" for t in view.figure.data)  # plotly selects only on points
+    origin = 5_000_000_000
+    box = {"box": [{"xref": "x", "yref": "y", "x": [4.0, 2.5], "y": [0, 1]}], "points": []}
+    assert picked_window(box, origin) == (origin + 2_500_000, origin + 4_000_000)
+    points = {"box": [], "points": [{"x": 3.0, "y": "a"}, {"x": 1.5, "y": "a"}, {"x": 2.0}]}
+    assert picked_window(points, origin) == (origin + 1_500_000, origin + 3_000_000)
+    for nothing in (None, {}, {"box": [], "points": []}, {"box": [{"x": [2.0, 2.0]}], "points": [{"x": 2.0}]}):
+        assert picked_window(nothing, origin) is None

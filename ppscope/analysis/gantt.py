@@ -32,6 +32,8 @@ __all__ = [
     "GanttView",
     "gantt_figure",
     "kind_color",
+    "overview_figure",
+    "picked_window",
     "row_labels",
 ]
 
@@ -179,6 +181,50 @@ def gantt_figure(
     return GanttView(
         figure=fig, spans_in_window=n, bars=bars, aggregated=aggregated, resolution_us=resolution_us, note=note
     )
+
+
+def overview_figure(spans: pd.DataFrame, origin_ns: int, height_px: int) -> GanttView:
+    """The whole run as a strip of busy shares (the aggregated Gantt), made to pick a window on: a drag across
+    it selects a span of time (the full height, whatever rows it starts on), read back by `picked_window`.
+    Plotly selects only on traces that hold points, so an invisible point marks every bin along the first row."""
+    view = gantt_figure(spans, max_bars=0, origin_ns=origin_ns, title="The whole run: drag across it to pick a window")
+    spans = spans[spans["kind"].to_numpy() != str(SpanKind.MARK)]
+    rows = row_labels(spans)
+    if rows:
+        lo, hi = (int(spans["start_ns"].min()) - origin_ns) / 1e6, (int(spans["end_ns"].max()) - origin_ns) / 1e6
+        x = np.linspace(lo, hi, AGGREGATE_BINS + 1)
+        view.figure.add_trace(
+            go.Scatter(
+                x=x,
+                y=[rows[0]] * len(x),
+                mode="markers",
+                marker={"opacity": 0, "size": 1},
+                hoverinfo="skip",
+                showlegend=False,
+                meta={"role": "pick"},
+            )
+        )
+    view.figure.update_layout(height=height_px, dragmode="select", selectdirection="h")
+    # a strip's plot area is a hundred pixels or so: its colour bar takes all of it, ticks apart
+    view.figure.update_traces(colorbar={"len": 1.0, "y": 0.5, "yanchor": "middle"}, selector={"type": "heatmap"})
+    return view
+
+
+def picked_window(selection: Mapping[str, object] | None, origin_ns: int) -> tuple[int, int] | None:
+    """The window (start_ns, end_ns) a drag across `overview_figure` picked, from the chart's selection state
+    (Streamlit's: `box`, a list of {x: [x0, x1], ...} in ms since `origin_ns`, else the `points` in it); None
+    when nothing is selected or the selection is narrower than a µs."""
+    if not selection:
+        return None
+    boxes, points = selection.get("box"), selection.get("points")
+    last = boxes[-1] if isinstance(boxes, list) and boxes and isinstance(boxes[-1], Mapping) else {}
+    edges = last.get("x")
+    xs = [float(v) for v in edges if isinstance(v, int | float)] if isinstance(edges, list) else []
+    if len(xs) < 2 and isinstance(points, list):
+        xs = [float(p["x"]) for p in points if isinstance(p, Mapping) and isinstance(p.get("x"), int | float)]
+    if len(xs) < 2 or max(xs) - min(xs) < 1e-3:
+        return None
+    return origin_ns + int(min(xs) * 1e6), origin_ns + int(max(xs) * 1e6)
 
 
 def _fmt_ms(ns: float) -> str:

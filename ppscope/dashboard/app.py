@@ -314,7 +314,7 @@ def timeline(live: LiveTrace) -> None:
                 st.caption(f"Idle gaps are not shaded: {md(problem)}")
         few = _few_steps(spans, trace.meta.microbatches) if look.mode == WINDOW_MODES[0] else None
         if few is not None:
-            _overview(spans, origin)
+            few = _overview(spans, origin) or few
         note = _gantt(spans, look, origin, end, gaps, stage_ranks, few)
         st.caption(note + (f" Live: refreshing every {REFRESH_S:g} s." if live.live else ""))
 
@@ -384,12 +384,26 @@ def _few_steps(spans: pd.DataFrame, inflight: int) -> tuple[int, int] | None:
     return int(starts[-passes]), int(spans["end_ns"].max())
 
 
-def _overview(spans: pd.DataFrame, origin: int) -> None:
-    """The whole run as a strip above the window: each row's busy share in time bins."""
-    view = gantt.gantt_figure(spans, max_bars=0, origin_ns=origin, title="The whole run")
-    view.figure.update_layout(height=OVERVIEW_HEIGHT_PX)
-    st.plotly_chart(view.figure, key="overview", config={"displaylogo": False})
-    st.caption("Below, the newest few steps, each span drawn: pick another window with Whole run, Last … or Range.")
+def _overview(spans: pd.DataFrame, origin: int) -> tuple[int, int] | None:
+    """The whole run as a strip above the window, each row's busy share in time bins; the window a drag across
+    it picked, or None (then the Gantt below shows the newest few steps)."""
+    view = gantt.overview_figure(spans, origin, OVERVIEW_HEIGHT_PX)
+    event = st.plotly_chart(
+        view.figure, key="overview", on_select="rerun", selection_mode="box", config={"displaylogo": False}
+    )
+    picked = gantt.picked_window(event.get("selection") if event else None, origin)
+    if picked is None:
+        st.caption(
+            "Below, the newest few steps, each span drawn: drag across the strip to see another window, or pick "
+            "Whole run, Last … or Range."
+        )
+    else:
+        lo, hi = ((t - origin) / 1e6 for t in picked)
+        st.caption(
+            f"Below, the window picked on the strip, {lo:,.1f}–{hi:,.1f} ms: drag again for another, double-click "
+            "the strip for the newest few steps."
+        )
+    return picked
 
 
 def _window(mode: str, origin_ns: int, end_ns: int, last_ms: float) -> tuple[int, int] | None:
