@@ -115,3 +115,40 @@ def test_the_table_says_which_statistic_each_column_of_ms_is(
     assert "ms per layer under the uniform fit of each stage's mean pass" in out
     report = rebalance_runs([RunTimings.of(load_run(run))], RebalanceRequest())
     assert report.mean_layer_ms == pytest.approx(sum(report.costs.layer_ms) / 8)
+
+
+def test_rebalance_leads_with_the_schedule_replay_which_the_run_then_bears_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a simulated GPipe run of 4,4 (layers of 1 ms, the head 3 ms): the slowest stage alone promises more
+    # than a step of 4 micro-batches, which fills and drains, can gain; the run of the proposed split (the
+    # simulator is the truth here) lands inside the replay's interval and far from the closed form
+    def gpipe(path: Path, split: tuple[int, ...]) -> Path:
+        costs = LayerCosts(layer_ms=(1.0,) * 8, embed_ms=1.0, head_ms=3.0)  # costs a fit of stage spans finds
+        return write_run(
+            simulate(SimConfig(schedule="gpipe", stages=2, microbatches=4, steps=3, costs=costs, split=split)), path
+        )
+
+    run = gpipe(tmp_path / "r", (4, 4))
+    assert main(["rebalance", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    sim = out["simulated"]
+    assert out["predicted_speedup"] == sim["speedup"] and out["simulated_note"] is None
+    assert sim["error"] < 1e-3  # the simulator replays its own run
+    measured = _throughput(gpipe(tmp_path / "n", tuple(out["proposed_split"])), capsys) / _throughput(run, capsys)
+    low, high = out["predicted_interval"]
+    assert low - 1e-3 <= measured <= high + 1e-3 and measured == pytest.approx(sim["speedup"], rel=0.01)
+    assert out["slowest_stage_speedup"] > measured + 0.05  # the closed form, beside it, overshoots
+    assert main(["rebalance", str(run)]) == 0
+    text = capsys.readouterr().out
+    assert f"predicted speedup ×{sim['speedup']:.3f}" in text
+    assert f"the slowest stage alone (closed form, no fill, drain or hops): " in text
+    # no run, no replay: the closed form leads
+    assert main(["rebalance", "--layer-costs", "1,1,1,3", "--stages", "2", "--json"]) == 0
+    given = json.loads(capsys.readouterr().out)
+    assert given["simulated"] is None and given["predicted_speedup"] == given["slowest_stage_speedup"]
+
+
+def _throughput(run: Path, capsys: pytest.CaptureFixture[str]) -> float:
+    assert main(["analyze", str(run), "--json"]) == 0
+    return float(json.loads(capsys.readouterr().out)["throughput_tokens_per_s"])

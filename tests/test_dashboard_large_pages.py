@@ -121,7 +121,12 @@ def test_the_rebalance_page_gives_the_advice_of_the_whole_load_and_of_the_comman
     reads = _counting(monkeypatch)
     got = _section(large, "Rebalance", LARGE, reads=reads)
     assert sorted(reads) == [[r] for r in range(24)]  # every rank file read alone, once: its timed parts
-    assert got["metrics"] == expected["metrics"] and got["success"] == expected["success"]
+    # the page of the whole load leads with the schedule replay; a rank at a time there is none (it needs every
+    # span): the slowest stage's ratio leads, the rest is the same
+    replayed = dict(expected["metrics"]).pop("Predicted speedup")
+    assert [m for m in got["metrics"] if m[0] != "Predicted speedup"] == [
+        m for m in expected["metrics"] if m[0] != "Predicted speedup"
+    ]
     assert got["charts"][0] == expected["charts"][0]  # each stage's predicted time, now and advised
     assert got["captions"][0] == expected["captions"][0]
     cost_source = next(c for c in expected["captions"] if "Costs fitted" in c)
@@ -134,7 +139,8 @@ def test_the_rebalance_page_gives_the_advice_of_the_whole_load_and_of_the_comman
     assert cli["advice"] == "change" and got["success"][0].startswith("Advice: change the split.")
     assert values["Current split"] == ",".join(map(str, cli["current_split"])) == "4,4,4"
     assert values["Proposed split"] == ",".join(map(str, cli["proposed_split"]))
-    assert values["Predicted speedup"] == f"×{cli['predicted_speedup']:.3f}"
+    assert replayed == f"×{cli['predicted_speedup']:.3f}" and cli["simulated"] is not None
+    assert values["Predicted speedup"] == f"×{cli['slowest_stage_speedup']:.3f}"
     assert values["Slowest stage"] == f"{cli['max_stage_ms']['proposed']:.3f} ms"
 
 

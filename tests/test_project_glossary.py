@@ -69,12 +69,12 @@ def _maps(paths: set[str]) -> set[str]:
 
 def _tune_result(tmp: Path) -> TuneResult:
     """A `TuneResult` with every part set, made without running the engine."""
-    from ppscope.balance.advise.advice import Advice, Interval
+    from ppscope.balance.advise.advice import Advice, Interval, Simulated
     from ppscope.balance.advise.cores import SharedCores
     from ppscope.balance.advise.problem import BalanceProblem
     from ppscope.balance.advise.rebalance import rebalance
     from ppscope.balance.costs import LayerCosts
-    from ppscope.engine.tuning import RunSummary, Simulated, TuneResult
+    from ppscope.engine.tuning import RunSummary, TuneResult
 
     costs = LayerCosts(layer_ms=(1.0,) * 8, embed_ms=0.1, head_ms=3.0, sample_ms=0.1)
     advice = rebalance(BalanceProblem(costs=costs, stages=2), current=(4, 4))

@@ -20,6 +20,7 @@ from ppscope.balance.advise.advice import (
     SINGLE_TRACE,
     Advice,
     Interval,
+    Simulated,
     advise,
     speedup_interval,
     too_short,
@@ -281,12 +282,26 @@ class RebalanceReport:
     """Whether the report knew the model (KV sizes), given or the run's."""
     assumed_pipeline: Notice | None = None
     """What the trace lacked to show a pipeline, when the user said it is one (`--assume-pipeline`)."""
+    simulated: Simulated | None = None
+    """Both splits replayed on the run's schedule (`ppscope.simulate.advice.with_replay`): the headline."""
+    simulated_note: str = ""
+    """Why there is no replay, where there is none ("" where none was tried: costs without a run)."""
+
+    @property
+    def predicted_speedup(self) -> float:
+        """The headline: the schedule replay's speedup where the run could be replayed, else the slowest stage's
+        ratio (the closed form, `split.predicted_speedup`, always beside it)."""
+        return self.simulated.speedup if self.simulated is not None else self.split.predicted_speedup
 
     def to_json(self) -> dict[str, Any]:
-        """`ppscope rebalance --json` (keys documented in the README)."""
+        """`ppscope rebalance --json` (keys in docs/GLOSSARY.md)."""
         out = self.split.to_dict()
         iv = self.interval
         out |= {
+            "predicted_speedup": self.predicted_speedup,
+            "slowest_stage_speedup": self.split.predicted_speedup,
+            "simulated": None if self.simulated is None else dataclasses.asdict(self.simulated),
+            "simulated_note": self.simulated_note or None,
             "predicted_interval": None if iv is None else [iv.low, iv.high],
             "predicted_interval_how": None if iv is None else f"{iv.level:.0%} interval, {iv.how}",
             "advice": self.decision.word,

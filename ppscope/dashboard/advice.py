@@ -9,6 +9,7 @@ so a large run's page leaves them out and says so.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from ppscope.trace.model import Trace
 
 if TYPE_CHECKING:
     from ppscope.balance.advise.rebalance import Rebalance
+    from ppscope.balance.costs import LayerCosts
     from ppscope.balance.measured.profile import LayerProfile
     from ppscope.balance.measured.timings import RunTimings
     from ppscope.balance.report import RebalanceReport
@@ -43,11 +45,18 @@ def advice_for(run: Trace | RunTimings, profile: LayerProfile | None) -> tuple[R
     a run's timings read a rank at a time."""
     from ppscope.balance.measured.timings import as_timings
     from ppscope.balance.report import RebalanceRequest, rebalance_runs
+    from ppscope.simulate.advice import with_replay
 
     try:
-        return rebalance_runs([as_timings(run)], RebalanceRequest(), profile=profile), ""
+        report = rebalance_runs([as_timings(run)], RebalanceRequest(), profile=profile)
     except PPScopeError as exc:
         return None, str(exc)
+    if isinstance(run, Trace):
+        return with_replay(report, run), ""
+    return dataclasses.replace(report, simulated_note=_NO_REPLAY), ""
+
+
+_NO_REPLAY = "the replay needs every rank's spans: tick 'Load the whole run' in the sidebar for it"
 
 
 def _cost_source(report: RebalanceReport) -> str:
@@ -98,14 +107,14 @@ def page(live: LiveTrace) -> None:
     advice = show_advice(got, problem)
     if advice is None:
         return
-    new = advice.proposed
-    sim, problem = live.memo("simulated", lambda t: _simulate_advised(t, new.split))
+    new, costs = advice.proposed, got.costs if got is not None else None
+    sim, problem = live.memo(f"simulated-{profile is not None}", lambda t: _simulate_advised(t, new.split, costs))
     if sim is None:
         st.warning(f"No simulated timeline for this trace: {md(problem)}")
     else:
         now, new_ms = sim.current, sim.advised.predicted_ms
         st.markdown(
-            f"**Simulated replay** (the run's schedule and sizes, costs fitted from its spans, measured hops): "
+            f"**Simulated replay** (the run's schedule and sizes, the advice's costs, measured hops): "
             f"current split {now.predicted_ms:,.3f} ms against {now.measured_ms:,.3f} ms measured "
             f"({now.throughput_error:+.1%} simulator error); advised split {new_ms:,.3f} ms, "
             f"×{now.predicted_ms / new_ms if new_ms else 1.0:.3f}."
@@ -155,11 +164,18 @@ def show_advice(got: RebalanceReport | None, problem: str) -> Rebalance | None:
     cols = st.columns(4)
     cols[0].metric("Current split", ",".join(map(str, cur.split)))
     cols[1].metric("Proposed split", ",".join(map(str, new.split)))
+    lead = (
+        f"both splits replayed on the run's schedule, its fill, drain and hops included (the run replayed as it "
+        f"is: {got.simulated.error:.1%} off its measured time); the slowest stage alone says "
+        f"×{advice.predicted_speedup:.3f}"
+        if got.simulated is not None
+        else "slowest stage now / proposed"
+        + (f" (no schedule replay: {got.simulated_note})" if got.simulated_note else "")
+    )
     cols[2].metric(
         "Predicted speedup",
-        f"×{advice.predicted_speedup:.3f}",
-        help="slowest stage now / proposed"
-        + (f"; {interval.level:.0%} interval {interval.text()} ({interval.how})" if interval else ""),
+        f"×{got.predicted_speedup:.3f}",
+        help=lead + (f"; {interval.level:.0%} interval {interval.text()} ({interval.how})" if interval else ""),
     )
     change = new.max_ms - cur.max_ms
     cols[3].metric(
@@ -195,12 +211,13 @@ class _Replay:
     advised: Prediction
 
 
-def _simulate_advised(trace: Trace, split: Sequence[int]) -> tuple[_Replay | None, str]:
-    """Replay the run with the simulator, as it is and with `split` (what `ppscope simulate --from` does)."""
+def _simulate_advised(trace: Trace, split: Sequence[int], costs: LayerCosts | None) -> tuple[_Replay | None, str]:
+    """Replay the run with the simulator, as it is and with `split`, on the costs the advice was made with (those
+    fitted from its spans where None, as `ppscope simulate --from` does)."""
     from ppscope.simulate.calibrate import Replay
 
     try:
-        replay = Replay.of(trace)
+        replay = Replay.of(trace, costs=costs)
         return _Replay(current=replay.predict(), advised=replay.predict(split)), ""
     except PPScopeError as exc:
         return None, str(exc)

@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ppscope.analysis import AnalysisResult, analyze
-from ppscope.balance.advise.advice import Advice, Interval, Part, advise, paired_throughput_ratio, speedup_interval
+from ppscope.balance.advise.advice import (
+    Advice,
+    Interval,
+    Part,
+    Simulated,
+    advise,
+    paired_throughput_ratio,
+    speedup_interval,
+)
 from ppscope.balance.advise.cores import SharedCores, run_usage, shared_cores
 from ppscope.balance.advise.problem import BalanceProblem
 from ppscope.balance.advise.rebalance import JobKind, Rebalance, rebalance
@@ -31,8 +39,9 @@ from ppscope.balance.costs import LayerCosts, StageCosts
 from ppscope.balance.measured.fit import fit_layer_costs, r_squared_text
 from ppscope.balance.measured.insitu import insitu_costs
 from ppscope.engine.machine_load import LoadSampler, busy_cores
-from ppscope.errors import ErrorCode, InvalidConfigError, PPScopeError
-from ppscope.simulate.calibrate import Replay, hop_latency_us
+from ppscope.errors import ErrorCode, InvalidConfigError
+from ppscope.simulate.advice import replay_both, replay_interval
+from ppscope.simulate.calibrate import hop_latency_us
 from ppscope.trace.model import Phase, SpanKind, Trace
 from ppscope.trace.notices import Notice, NoticeCode
 from ppscope.trace.schedules import Schedule
@@ -41,7 +50,7 @@ from ppscope.trace.store import load_run
 if TYPE_CHECKING:
     from ppscope.engine.config import EngineConfig
 
-__all__ = ["COST_SOURCES", "MIN_PAIRS", "RunSummary", "Simulated", "TuneResult", "tune"]
+__all__ = ["COST_SOURCES", "MIN_PAIRS", "RunSummary", "TuneResult", "tune"]
 
 COST_SOURCES = ("insitu", "profile", "fit")
 """insitu: run 1's `layer` spans (the default); profile: each layer timed alone on the device; fit: run 1's stage
@@ -200,20 +209,6 @@ class TuneResult:
         }
 
 
-@dataclass(frozen=True, kw_only=True)
-class Simulated:
-    """Both splits through the simulator with run 1's schedule, sizes, hop latency and host gaps: unlike the
-    slowest-stage ratio, this sees the hops a micro-batch waits for once the stages are balanced."""
-
-    speedup: float
-    """Simulated time of the given split ÷ that of the advised one."""
-    hop_latency_us: float
-    overhead_ms: float
-    error: float = 0.0
-    """How far the replay of run 1 with its own split is from run 1's measured time (|measured ÷ replayed − 1|):
-    the replay's own error, which the predicted interval carries."""
-
-
 def _bound_interval(
     trace: Trace,
     problem: BalanceProblem,
@@ -247,35 +242,6 @@ def _share(measured: float | None, predicted: float) -> float | None:
     if measured is None or predicted - 1.0 < 1e-6:
         return None
     return (measured - 1.0) / (predicted - 1.0)
-
-
-def _simulate_both(trace: Trace, costs: LayerCosts, given: tuple[int, ...], advised: tuple[int, ...]) -> Simulated:
-    """Simulate both splits calibrated on run 1: its pipeline and host gaps (`Replay`), the costs the advice
-    was made with, and the hop latency of its messages (`hop_latency_us`) plus any payload transfer."""
-    replay = Replay.of(trace, costs=costs)
-    before, after = replay.predict(given), replay.predict(advised)
-    cfg = replay.config
-    return Simulated(
-        speedup=before.predicted_ms / after.predicted_ms,
-        hop_latency_us=cfg.comm.latency_us,
-        overhead_ms=cfg.overhead_ms,
-        error=abs(before.throughput_error),
-    )
-
-
-def _replay_interval(interval: Interval | None, closed: float, sim: Simulated) -> Interval | None:
-    """The interval of the replay's speedup: run 1's variability (the slowest-stage interval, carried to the
-    replay's point by the ratio of the two) widened by the replay's own error against run 1, so that the
-    interval holds the model's error as well as the costs' spread."""
-    if interval is None or closed <= 0:
-        return None
-    scale = sim.speedup / closed
-    return Interval(
-        low=interval.low * scale * (1.0 - sim.error),
-        high=interval.high * scale * (1.0 + sim.error),
-        level=interval.level,
-        how=f"{interval.how}, carried to the schedule replay and widened by its error on run 1 (±{sim.error:.1%})",
-    )
 
 
 Step = Callable[[str], None]
@@ -477,12 +443,13 @@ def tune(
     if known and on_cpus and not cfg.model.synthetic and proposed != split:  # synthetic layers sleep: no CPU
         cores, interval, note = _shared(before_trace, problem, advice, load, known, interval)
         notes += note
-    simulated, said = _simulated(before_trace, costs, split, proposed)
-    notes += said
+    simulated, why = replay_both(before_trace, costs, split, proposed)
+    if simulated is None and proposed != split:
+        notes.append(f"no simulated prediction: {why}")
     if cores is not None and cores.binds:
         predicted = cores.speedup
     elif simulated is not None:  # the schedule's replay is the headline; the slowest stage is printed beside it
-        predicted, interval = simulated.speedup, _replay_interval(interval, advice.predicted_speedup, simulated)
+        predicted, interval = simulated.speedup, replay_interval(interval, advice.predicted_speedup, simulated)
     else:
         predicted = advice.predicted_speedup
     decision = advise(split, proposed, predicted, interval, _RUN_1_TOO_SHORT)
@@ -539,19 +506,6 @@ def tune(
         decided=got.decided,
         **common,
     )
-
-
-def _simulated(
-    trace: Trace, costs: LayerCosts, split: tuple[int, ...], proposed: tuple[int, ...]
-) -> tuple[Simulated | None, list[str]]:
-    """Both splits replayed on run 1's schedule (None where there is nothing to compare, or the simulator cannot
-    replay the run: the slowest-stage prediction remains, and a note says why)."""
-    if proposed == split:
-        return None, []
-    try:
-        return _simulate_both(trace, costs, split, proposed), []
-    except PPScopeError as exc:
-        return None, [f"no simulated prediction: {exc}"]
 
 
 def _shared(

@@ -7,6 +7,9 @@ from ppscope.exports import public_names
 
 # public names: what other parts import (scripts/public_names.py)
 if TYPE_CHECKING:
+    from ppscope.simulate.advice import replay_both as replay_both
+    from ppscope.simulate.advice import replay_interval as replay_interval
+    from ppscope.simulate.advice import with_replay as with_replay
     from ppscope.simulate.calibrate import Prediction as Prediction
     from ppscope.simulate.calibrate import Replay as Replay
     from ppscope.simulate.calibrate import hop_latency_us as hop_latency_us
@@ -31,11 +34,14 @@ _WHERE = {
     "hop_latency_us": "calibrate",
     "is_training": "training",
     "make_schedule": "schedule",
+    "replay_both": "advice",
+    "replay_interval": "advice",
     "replay_training": "training",
     "simulate": "simulator",
     "summarize": "simulator",
     "unread_reason": "whatif",
     "what_if": "whatif",
+    "with_replay": "advice",
     "write_run": "simulator",
 }
 __all__ = sorted(_WHERE)

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from ppscope.trace.actions import PASSES as PASSES
     from ppscope.trace.actions import Action as Action
     from ppscope.trace.actions import ActionType as ActionType
+    from ppscope.trace.actions import StrEnum as StrEnum
     from ppscope.trace.clock import causality_violations as causality_violations
     from ppscope.trace.clock import estimate_offset as estimate_offset
     from ppscope.trace.clock import with_drift as with_drift
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from ppscope.trace.model import RankInfo as RankInfo
     from ppscope.trace.model import RunMeta as RunMeta
     from ppscope.trace.model import SpanKind as SpanKind
-    from ppscope.trace.model import StrEnum as StrEnum
     from ppscope.trace.model import Trace as Trace
     from ppscope.trace.model import counters_frame as counters_frame
     from ppscope.trace.model import empty_spans as empty_spans
@@ -95,7 +95,7 @@ _WHERE = {
     "SPAN_COLUMNS": "model",
     "Schedule": "schedules",
     "SpanKind": "model",
-    "StrEnum": "model",
+    "StrEnum": "actions",
     "Trace": "model",
     "atomic_file": "outputs",
     "atomic_folder": "outputs",

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from ppscope.balance.advise.advice import Advice as Advice
     from ppscope.balance.advise.advice import Interval as Interval
     from ppscope.balance.advise.advice import Part as Part
+    from ppscope.balance.advise.advice import Simulated as Simulated
     from ppscope.balance.advise.advice import advise as advise
     from ppscope.balance.advise.advice import paired_throughput_ratio as paired_throughput_ratio
     from ppscope.balance.advise.advice import speedup_interval as speedup_interval
@@ -42,6 +43,7 @@ _WHERE = {
     "Rebalance": "rebalance",
     "SINGLE_TRACE": "advice",
     "SharedCores": "cores",
+    "Simulated": "advice",
     "advise": "advice",
     "balance": "rebalance",
     "engine_lines": "rebalance",

@@ -43,6 +43,7 @@ __all__ = [
     "BlockTimes",
     "Interval",
     "Part",
+    "Simulated",
     "SpeedupOf",
     "advise",
     "paired_throughput_ratio",
@@ -75,6 +76,21 @@ class Interval:
 
     def text(self) -> str:
         return f"×{self.low:.3f}–×{self.high:.3f}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Simulated:
+    """Both splits through the simulator calibrated on the measured run (`ppscope.simulate.advice`): its schedule,
+    sizes, hop latency and host gaps. Unlike the slowest stage's ratio, it sees fill, drain and the hops a
+    micro-batch waits for once the stages are balanced."""
+
+    speedup: float
+    """Simulated time of the current split ÷ that of the proposed one."""
+    hop_latency_us: float
+    overhead_ms: float
+    error: float = 0.0
+    """How far the replay of the run with its own split is from the run's measured time (|measured ÷ replayed −
+    1|): the replay's own error, which the predicted interval carries."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -175,7 +175,8 @@ class Rebalance:
         return {k: v for k, v in every.items() if k in _LINES_OF[self.job]}
 
     def to_dict(self) -> dict[str, Any]:
-        """The advice as JSON-ready data (keys documented in the README)."""
+        """The split search's answer as JSON-ready data (keys in docs/GLOSSARY.md, `rebalance`): its speedup is
+        the slowest stage's ratio, which a report may lead with another prediction (`predicted_speedup`)."""
         both = {"current": self.current, "proposed": self.proposed}
         return {
             "objective": self.objective,
@@ -184,7 +185,7 @@ class Rebalance:
             "stage_times_ms": {k: list(v.stage_ms) for k, v in both.items()},
             "bottleneck_stage": {k: v.bottleneck for k, v in both.items()},
             "max_stage_ms": {k: v.max_ms for k, v in both.items()},
-            "predicted_speedup": self.predicted_speedup,
+            "slowest_stage_speedup": self.predicted_speedup,
             "kv_tokens": {k: None if v.kv_tokens is None else list(v.kv_tokens) for k, v in both.items()},
             "kv_capacity_tokens": {k: v.kv_capacity for k, v in both.items()},
             "job": str(self.job),

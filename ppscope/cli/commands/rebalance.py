@@ -140,9 +140,12 @@ def run(args: argparse.Namespace) -> int:
         trace = _trace_stages(_pipeline_trace(args.runs[-1], args, assumed), args.runs[-1]) if args.runs else None
         report = rebalance_model(request.model, request, trace)
     else:
-        runs = [_timings(r, args, assumed) for r in args.runs]
+        whole: dict[str, Trace] = {}
+        runs = [_timings(r, args, assumed, whole) for r in args.runs]
         where = args.runs[-1] if args.runs else "the run"
         report = rebalance_runs(runs, request, profile=_read_profile(args), where=where)
+        if args.runs:
+            report = _replayed(report, args.runs[-1], whole)
     if assumed:
         report = dataclasses.replace(report, assumed_pipeline=assumed[-1])
     if args.json:
@@ -183,15 +186,43 @@ def _request(args: argparse.Namespace) -> RebalanceRequest:
     )
 
 
-def _timings(path: str, args: argparse.Namespace, assumed: list[Notice]) -> RunTimings:
-    """What the costs read of a run: a run directory rank by rank (`run_timings`), anything else loaded whole."""
+def _timings(path: str, args: argparse.Namespace, assumed: list[Notice], whole: dict[str, Trace]) -> RunTimings:
+    """What the costs read of a run: a run directory rank by rank (`run_timings`), anything else loaded whole
+    (kept in `whole` by path, for the replay)."""
     from ppscope.balance.measured.timings import RunTimings, run_timings
     from ppscope.formats.detect import InputKind, detect
 
     found = detect(path)
     if found.kind == InputKind.RUN:
         return run_timings(found.path, workers=args.workers)
-    return RunTimings.of(_pipeline_trace(path, args, assumed))
+    whole[path] = _pipeline_trace(path, args, assumed)
+    return RunTimings.of(whole[path])
+
+
+REPLAY_RANK_FILES = 256
+"""A run of more rank files than this is not replayed: the replay reads every span of it into memory."""
+
+
+def _replayed(report: RebalanceReport, path: str, whole: dict[str, Trace]) -> RebalanceReport:
+    """The report led by the schedule replay of the last run (`ppscope.simulate.advice.with_replay`), or as it
+    is with the reason where the run is too large to load whole or cannot be replayed."""
+    import dataclasses
+
+    from ppscope.errors import PPScopeError
+    from ppscope.simulate.advice import with_replay
+    from ppscope.trace.store import load_run, rank_file_count
+
+    trace = whole.get(path)
+    if trace is None:
+        files = rank_file_count(path)
+        if files > REPLAY_RANK_FILES:
+            why = f"the run has {files:,} rank files, more than the {REPLAY_RANK_FILES} the replay loads whole"
+            return dataclasses.replace(report, simulated_note=why)
+        try:
+            trace = load_run(path)
+        except PPScopeError as exc:
+            return dataclasses.replace(report, simulated_note=str(exc))
+    return with_replay(report, trace)
 
 
 def _pipeline_trace(path: str, args: argparse.Namespace, assumed: list[Notice]) -> Trace:
@@ -354,11 +385,30 @@ def _print_verdict(report: RebalanceReport) -> None:
     from ppscope.balance.split import format_split
 
     now, new, iv = report.split.current, report.split.proposed, report.interval
-    print(
-        f"slowest stage: {now.bottleneck} at {now.max_ms:.3f} ms now, {new.bottleneck} at {new.max_ms:.3f} ms "
-        f"proposed: predicted speedup ×{report.split.predicted_speedup:.3f}"
-        + (f" ({iv.level:.0%} interval, {iv.how}: {iv.low:.3f}–{iv.high:.3f})" if iv is not None else "")
-    )
+    within = f" ({iv.level:.0%} interval, {iv.how}: {iv.low:.3f}–{iv.high:.3f})" if iv is not None else ""
+    slowest = f"{now.bottleneck} at {now.max_ms:.3f} ms now, {new.bottleneck} at {new.max_ms:.3f} ms proposed"
+    sim = report.simulated
+    if sim is None:
+        print(f"slowest stage: {slowest}: predicted speedup ×{report.split.predicted_speedup:.3f}{within}")
+        if report.simulated_note:
+            print(f"no schedule replay ({report.simulated_note}): the slowest stage's ratio leads")
+    else:
+        sure = f" ({iv.level:.0%} interval {iv.text()})" if iv is not None else ""
+        host = f", host gaps ({sim.overhead_ms:.3f} ms an action)" if sim.overhead_ms > 0 else ""
+        print(
+            f"predicted speedup ×{sim.speedup:.3f}{sure}: both splits replayed on the run's schedule with its fill, "
+            f"drain and hops ({sim.hop_latency_us:,.0f} µs){host}"
+        )
+        if iv is not None:
+            print(f"  interval: {iv.how}")
+        off = f"  the replay of the run as it is: {sim.error:.1%} off its measured time"
+        print(
+            off + (": the replay misses much of what the run spends, hence a wide interval" if sim.error > 0.25 else "")
+        )
+        print(
+            f"  the slowest stage alone (closed form, no fill, drain or hops): {slowest}: "
+            f"×{report.split.predicted_speedup:.3f}"
+        )
     keep = not report.decision.change
     print(f"advice: {'KEEP the current split' if keep else 'change the split'}: {report.decision.reason}")
     lines = report.split.lines
