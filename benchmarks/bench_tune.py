@@ -41,7 +41,7 @@ def main() -> list[Figure]:
         [
             Figure(
                 f"tune: measured speedup against the simulator's (run 1's hop latency "
-                f"{result.simulated.hop_latency_us:.0f} µs)",
+                f"{result.simulated.hop_latency_ns / 1e3:.0f} µs)",
                 measured,
                 "x",
                 "the simulated speedup",

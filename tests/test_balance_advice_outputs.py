@@ -142,7 +142,7 @@ def test_rebalance_leads_with_the_schedule_replay_which_the_run_then_bears_out(
     assert main(["rebalance", str(run)]) == 0
     text = capsys.readouterr().out
     assert f"predicted speedup ×{sim['speedup']:.3f}" in text
-    assert f"the slowest stage alone (closed form, no fill, drain or hops): " in text
+    assert "the slowest stage alone (closed form, no fill, drain or hops): " in text
     # no run, no replay: the closed form leads
     assert main(["rebalance", "--layer-costs", "1,1,1,3", "--stages", "2", "--json"]) == 0
     given = json.loads(capsys.readouterr().out)

@@ -75,5 +75,5 @@ def _run(name: str) -> RunSummary:
         throughput_tokens_per_s=1.0,
         bubble_ratio=0.1,
         bottleneck_stage=0,
-        stage_busy_ms_per_mb=(1.0, 1.0),
+        time_per_mb_ns=(1_000_000, 1_000_000),
     )

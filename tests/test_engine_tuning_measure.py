@@ -24,7 +24,7 @@ def _summary(split: tuple[int, ...], tok_s: float = 100.0) -> RunSummary:
         throughput_tokens_per_s=tok_s,
         bubble_ratio=0.1,
         bottleneck_stage=0,
-        stage_busy_ms_per_mb=(1.0,) * len(split),
+        time_per_mb_ns=(1_000_000,) * len(split),
     )
 
 
@@ -97,7 +97,7 @@ def _printed(result: TuneResult) -> str:
 def test_keep_runs_nothing_more_and_prints_no_lines_to_paste() -> None:
     kept = _result(change=False, after=None)
     data = kept.to_dict()
-    assert data["after"] is None and "lines" not in data and data["measured_speedup"] is None
+    assert data["after"] is None and data["vllm_env"] is None and data["measured_speedup"] is None
     text = _printed(kept)
     assert "advice: KEEP 4,4" in text and "CHANGE" not in text and "VLLM_PP_LAYER_PARTITION" not in text
     assert "advised (not run)" in text and "run 2" not in text and "measured speedup" not in text
@@ -110,7 +110,7 @@ def test_change_prints_the_runs_and_the_lines_to_paste_on_80_columns() -> None:
     assert text.startswith("engine: emulated llama3-8b on h100-sxm (roofline), ×27 slower")
     table = text[text.index("Run 1 and the advised split") : text.index("predicted speedup")]
     assert max(len(line) for line in table.splitlines()) <= 80 and "run 2 (advised)" in table
-    lines = changed.to_dict()["lines"]
-    assert lines["vllm_env"] == "VLLM_PP_LAYER_PARTITION=5,3"
-    assert set(lines) == {"vllm_env", "sglang_env", "ppscope_run"}  # a serving job: no Megatron, no torchtitan
+    lines = changed.to_dict()
+    assert lines["vllm_env"] == "VLLM_PP_LAYER_PARTITION=5,3" and lines["ppscope_run"] == "ppscope run --split 5,3"
+    assert "megatron_args" not in lines and "torchtitan_toml" not in lines  # a serving job: no Megatron, no torchtitan
     assert "Megatron" not in text and "module_fqns_per_model_part" not in text

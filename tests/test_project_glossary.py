@@ -87,7 +87,7 @@ def _tune_result(tmp: Path) -> TuneResult:
             throughput_tokens_per_s=100.0,
             bubble_ratio=0.2,
             bottleneck_stage=1,
-            stage_busy_ms_per_mb=(1.0, 1.0),
+            time_per_mb_ns=(1_000_000, 1_000_000),
         )
 
     cores = SharedCores(cores=2, busy_beside=0.5, free=1.5, slowest_stage_speedup=1.2, speedup=1.1, interval=interval)
@@ -98,7 +98,7 @@ def _tune_result(tmp: Path) -> TuneResult:
         advice=advice,
         costs=costs,
         cost_source="insitu",
-        simulated=Simulated(speedup=1.1, hop_latency_us=300.0, overhead_ms=0.1),
+        simulated=Simulated(speedup=1.1, hop_latency_ns=300_000, overhead_ms=0.1),
         predicted_interval=interval,
         measured_interval=interval,
         decision=Advice(change=True, reason="the gain is real"),

@@ -91,6 +91,15 @@ class LayerCosts:
         """What the last stage does beyond its layers: LM head plus sampling."""
         return self.head_ms + self.sample_ms
 
+    def to_json(self) -> dict[str, object]:
+        """`costs` of `ppscope rebalance --json` and `ppscope tune --json` (docs/GLOSSARY.md)."""
+        return {
+            "layer_ms": list(self.layer_ms),
+            "embed_ms": self.embed_ms,
+            "head_ms": self.head_ms,
+            "sample_ms": self.sample_ms,
+        }
+
 
 def _per_stage(name: str, value: float | Sequence[float], stages: int, *, positive: bool = False) -> list[float]:
     values = [value] * stages if isinstance(value, (int, float)) else list(value)

@@ -307,7 +307,7 @@ class RebalanceReport:
             "advice": self.decision.word,
             "advice_reason": self.decision.reason,
             "no_interval": None if self.decision.no_interval is None else self.decision.no_interval.to_json(),
-            "costs": _costs_json(self.costs),
+            "costs": self.costs.to_json(),
             "kv_bytes_per_token": None if self.kv_bytes_per_token is None else list(self.kv_bytes_per_token),
             "fit": None if self.fit is None else self._fit_json(self.fit),
             "cost_source": self.cost_source,
@@ -366,10 +366,6 @@ _STAGE_MS_STATISTIC = {
     "model": "a pass of each stage, from the cost model",
     "trace": "each stage's busy time over the trace's window, from the calibrated cost model",
 }
-
-
-def _costs_json(c: LayerCosts) -> dict[str, Any]:
-    return {"layer_ms": list(c.layer_ms), "embed_ms": c.embed_ms, "head_ms": c.head_ms, "sample_ms": c.sample_ms}
 
 
 def _insitu_json(got: InSituCosts) -> dict[str, Any]:

@@ -103,14 +103,14 @@ def _gain_lines(result: TuneResult) -> list[str]:
     ]
     if sim and not bound:
         lines.append(
-            f"the replay: run 1's hops ({sim.hop_latency_us:.0f} µs) and gaps between passes "
+            f"the replay: run 1's hops ({sim.hop_latency_ns / 1e3:.0f} µs) and gaps between passes "
             f"({sim.overhead_ms:.3f} ms); it times run 1 itself within {sim.error:.1%}. The slowest stage alone "
             f"(closed form) says ×{result.advice.predicted_speedup:.3f}"
         )
     elif sim:
         lines.append(
-            f"simulated speedup ×{sim.speedup:.3f}: both splits replayed with run 1's hops ({sim.hop_latency_us:.0f} "
-            f"µs) and gaps between passes ({sim.overhead_ms:.3f} ms)"
+            f"simulated speedup ×{sim.speedup:.3f}: both splits replayed with run 1's hops "
+            f"({sim.hop_latency_ns / 1e3:.0f} µs) and gaps between passes ({sim.overhead_ms:.3f} ms)"
         )
     if result.after is None:
         return lines

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ppscope.analysis import AnalysisResult, analyze
+from ppscope.analysis.result import json_ns
 from ppscope.balance.advise.advice import (
     Advice,
     Interval,
@@ -34,7 +35,7 @@ from ppscope.balance.advise.advice import (
 )
 from ppscope.balance.advise.cores import SharedCores, run_usage, shared_cores
 from ppscope.balance.advise.problem import BalanceProblem
-from ppscope.balance.advise.rebalance import JobKind, Rebalance, rebalance
+from ppscope.balance.advise.rebalance import SERVING_LINES, JobKind, Rebalance, rebalance
 from ppscope.balance.costs import LayerCosts, StageCosts
 from ppscope.balance.measured.fit import fit_layer_costs, r_squared_text
 from ppscope.balance.measured.insitu import insitu_costs
@@ -70,8 +71,8 @@ class RunSummary:
     throughput_tokens_per_s: float | None
     bubble_ratio: float | None
     bottleneck_stage: int | None
-    stage_busy_ms_per_mb: tuple[float, ...]
-    """Per-stage busy time per micro-batch pass (the analyzer's time_per_mb), ms: per pass, not a total."""
+    time_per_mb_ns: tuple[int | None, ...]
+    """Each stage's time per micro-batch pass, as `analyze` gives it (None where it has none): per pass."""
 
     @classmethod
     def of(cls, run_dir: Path, result: AnalysisResult, split: tuple[int, ...]) -> RunSummary:
@@ -81,7 +82,7 @@ class RunSummary:
             throughput_tokens_per_s=result.throughput_tokens_per_s,
             bubble_ratio=result.bubble_ratio,
             bottleneck_stage=result.bottleneck_stage,
-            stage_busy_ms_per_mb=tuple((s.time_per_mb_ns or 0) / 1e6 for s in result.stages),
+            time_per_mb_ns=tuple(json_ns(s.time_per_mb_ns) for s in result.stages),
         )
 
 
@@ -176,20 +177,20 @@ class TuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         def run(s: RunSummary | None) -> dict[str, Any] | None:
-            return None if s is None else {**dataclasses.asdict(s), "run_dir": str(s.run_dir)}
+            if s is None:
+                return None
+            lists = {"split": list(s.split), "time_per_mb_ns": list(s.time_per_mb_ns)}
+            return {**dataclasses.asdict(s), "run_dir": str(s.run_dir), **lists}
 
         return {
             "before": run(self.before),
             "after": run(self.after),
             "cost_source": self.cost_source,
-            "layer_costs_ms": list(self.costs.layer_ms),
-            "embed_cost_ms": self.costs.embed_ms,
-            "head_cost_ms": self.costs.head_ms,
-            "sample_cost_ms": self.costs.sample_ms,
+            "costs": self.costs.to_json(),
             "reruns": [run(r) for r in self.reruns],
             "predicted_speedup": self.predicted_speedup,
             "slowest_stage_speedup": self.advice.predicted_speedup,
-            "cores": dataclasses.asdict(self.cores) if self.cores else None,
+            "cores": self.cores.to_json() if self.cores else None,
             "measured_speedup": self.measured_speedup,
             "pair_speedups": self.pair_speedups,
             "realised_share_of_predicted_gain": self.realised,
@@ -200,7 +201,8 @@ class TuneResult:
             "advice": self.decision.word if self.decision else None,
             "advice_reason": self.decision.reason if self.decision else None,
             "rebalance": self.advice.to_dict(),
-            **({"lines": self.lines} if self.lines else {}),
+            **dict.fromkeys(SERVING_LINES),
+            **self.lines,
             "measurement": self.measurement or None,
             "decided": self.decided,
             "busy_cores_beside": self.busy_cores_beside,

@@ -44,7 +44,7 @@ def replay_both(
     return (
         Simulated(
             speedup=before.predicted_ms / after.predicted_ms,
-            hop_latency_us=cfg.comm.latency_us,
+            hop_latency_ns=round(cfg.comm.latency_us * 1e3),
             overhead_ms=cfg.overhead_ms,
             error=abs(before.throughput_error),
         ),
@@ -73,7 +73,7 @@ def replay_training_both(
     return (
         Simulated(
             speedup=before / after,
-            hop_latency_us=job.hop_ns / 1e3,
+            hop_latency_ns=int(job.hop_ns),
             overhead_ms=0.0,
             error=abs(measured / before - 1.0) if measured and before else 0.0,
         ),

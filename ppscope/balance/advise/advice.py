@@ -86,7 +86,8 @@ class Simulated:
 
     speedup: float
     """Simulated time of the current split ÷ that of the proposed one."""
-    hop_latency_us: float
+    hop_latency_ns: int
+    """The hop latency replayed: the median over messages, as `analyze`'s hops give it."""
     overhead_ms: float
     error: float = 0.0
     """How far the replay of the run with its own split is from the run's measured time (|measured ÷ replayed −

@@ -121,6 +121,23 @@ class SharedCores:
     interval: Interval | None
     """The slowest-stage interval carried through the same bound (None without one)."""
 
+    def to_json(self) -> dict[str, object]:
+        """`cores` of `ppscope tune --json` (docs/GLOSSARY.md): counts of cores named as counts of cores, the
+        interval a [low, high] list as every other interval."""
+        iv = self.interval
+        return {
+            "cores": self.cores,
+            "busy_cores_beside": self.busy_beside,
+            "free_cores": self.free,
+            "slowest_stage_speedup": self.slowest_stage_speedup,
+            "extra_ms": self.extra_ms,
+            "loop_ms": self.loop_ms,
+            "inflight": self.inflight,
+            "speedup": self.speedup,
+            "interval": None if iv is None else [iv.low, iv.high],
+            "interval_how": None if iv is None else f"{iv.level:.0%} interval, {iv.how}",
+        }
+
     @property
     def binds(self) -> bool:
         """The shared cores take something off the slowest-stage prediction."""

@@ -397,7 +397,7 @@ def _print_verdict(report: RebalanceReport) -> None:
         host = f", host gaps ({sim.overhead_ms:.3f} ms an action)" if sim.overhead_ms > 0 else ""
         print(
             f"predicted speedup ×{sim.speedup:.3f}{sure}: both splits replayed on the run's schedule with its fill, "
-            f"drain and hops ({sim.hop_latency_us:,.0f} µs){host}"
+            f"drain and hops ({sim.hop_latency_ns / 1e3:,.0f} µs){host}"
         )
         if iv is not None:
             print(f"  interval: {iv.how}")
