@@ -288,7 +288,7 @@ def pages_step(run_dir: Path, *, whole: bool) -> dict[str, Any]:
         counters = big.rank_counters(DASH_STAGES // 2)
         latency = run_latency(big.requests(), big.meta)
     assert placement is not None and latency is not None
-    advice = problem if got is None else (got[0].to_dict(), got[1], got[2], got[3])
+    advice = problem if got is None else got.to_json()
     digest = hashlib.sha256(repr((advice, usage_tables(rows, placement.place), latency.ttft, latency.tpot)).encode())
     digest.update(pd.util.hash_pandas_object(counters).to_numpy().tobytes())
     return {"samples": len(counters), "requests": latency.requests, "json": digest.hexdigest()[:16]}
