@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from ppscope.analysis.result import WhatIfCase as WhatIfCase
     from ppscope.analysis.result import WhatIfStraggler as WhatIfStraggler
     from ppscope.analysis.result import WindowInfo as WindowInfo
+    from ppscope.analysis.result import json_ns as json_ns
     from ppscope.analysis.sharded import analyze_run as analyze_run
     from ppscope.analysis.sharded_replicas import RunReplicas as RunReplicas
     from ppscope.analysis.sharded_replicas import analyze_run_replicas as analyze_run_replicas
@@ -105,6 +106,7 @@ _WHERE = {
     "gpipe_bubble": "theory",
     "incomplete_line": "report",
     "interleaved_bubble": "theory",
+    "json_ns": "result",
     "lane_ranks": "replica_report",
     "message_latencies": "pipeline",
     "parse_stage_of_rank": "placement",

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ppscope.balance.advise.problem import BalanceProblem as BalanceProblem
     from ppscope.balance.advise.problem import MemoryModel as MemoryModel
     from ppscope.balance.advise.rebalance import DEEPSPEED_NOTE as DEEPSPEED_NOTE
+    from ppscope.balance.advise.rebalance import SERVING_LINES as SERVING_LINES
     from ppscope.balance.advise.rebalance import JobKind as JobKind
     from ppscope.balance.advise.rebalance import Rebalance as Rebalance
     from ppscope.balance.advise.rebalance import balance as balance
@@ -41,6 +42,7 @@ _WHERE = {
     "MemoryModel": "problem",
     "Part": "advice",
     "Rebalance": "rebalance",
+    "SERVING_LINES": "rebalance",
     "SINGLE_TRACE": "advice",
     "SharedCores": "cores",
     "Simulated": "advice",
