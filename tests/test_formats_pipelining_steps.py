@@ -228,3 +228,19 @@ def test_a_replay_that_misses_the_run_widens_the_interval_to_keep(capsys: pytest
     out = json.loads(capsys.readouterr().out)
     assert out["slowest_stage_speedup"] > 1.1 and out["simulated"]["error"] > 0.5
     assert out["predicted_speedup"] == out["simulated"]["speedup"] and out["advice"] == "keep"
+
+
+@pytest.mark.parametrize("folder", CAPTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_profile_counts_each_forward_action_as_a_micro_batch_pass(folder: Path) -> None:
+    """A profile holds no `forward` spans: its forward actions' ranges count the passes, so each stage's time per
+    micro-batch is known and the stages compare by it, as the hook's run of the same job compares them."""
+    from ppscope.analysis import analyze
+
+    trace = open_trace(folder)
+    result = analyze(trace)
+    s = trace.spans
+    steps = s[(s["phase"] == "F") & (s["mb"] >= 0)]["step"].nunique()
+    assert result.imbalance_basis == "time_per_mb"
+    assert NoticeCode.BUSY_IMBALANCE not in {w.code for w in result.warnings}
+    for stage in result.stages:
+        assert stage.units == pytest.approx(steps * trace.meta.microbatches), stage.stage

@@ -110,6 +110,10 @@ def test_profiler_and_hook_see_the_same_pipeline(
     for cause in CAUSES:
         assert _share(measured, cause) == pytest.approx(_share(hooked, cause), abs=0.02), cause
     assert not {w.code for w in measured.warnings} & {NoticeCode.CLOCK_SKEW}  # one host, one clock
+    # and the same time per micro-batch pass of each stage: the profile's forward actions count the passes
+    assert measured.imbalance_basis == hooked.imbalance_basis == "time_per_mb"
+    for kineto, hook in zip(measured.stages, hooked.stages, strict=True):
+        assert kineto.time_per_mb_ns == pytest.approx(hook.time_per_mb_ns, rel=0.05)
     if schedule == "gpipe":
         assert measured.theory.formula == hooked.theory.formula == "GPipe (P-1)/(M+P-1)"
         assert measured.theory.bubble_ratio == pytest.approx(1 / 5)

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ppscope.analysis.bubbles import ROLE_COMPUTE, StageTimes, TextCodes, dependency_waits
 from ppscope.analysis.intervals import Intervals, clip, running_max, union_length
-from ppscope.trace.actions import BACKWARDS, PASSES
+from ppscope.trace.actions import BACKWARDS, PASSES, ActionType
 from ppscope.trace.model import Phase, RunMeta, SpanKind
 from ppscope.trace.notices import Notice, NoticeCode
 
@@ -70,6 +70,11 @@ def stage_times(
     # a training backward: phase `backward`, a `backward` span, or a pipelining action's type (B, I, W; also on
     # the waits inside those actions)
     backward = phase.among([Phase.BACKWARD, *BACKWARDS]) | kind.among([SpanKind.BACKWARD])
+    # a micro-batch's pass: a `forward` span, or where a trace has none (a profile of torch.distributed.pipelining,
+    # DeepSpeed), a forward action's range
+    forward = kind.among([SpanKind.FORWARD])
+    if not forward.any():
+        forward = kind.among([SpanKind.RANGE]) & phase.among([ActionType.FORWARD])
     return StageTimes(
         group=layout.group_of(spans["rank"].to_numpy(np.int64)),
         role=role,
@@ -78,7 +83,7 @@ def stage_times(
         backward=backward,
         start_ns=spans["start_ns"].to_numpy(np.int64),
         end_ns=spans["end_ns"].to_numpy(np.int64),
-        forward=kind.among([SpanKind.FORWARD]),
+        forward=forward,
         chunk=spans["chunk"].to_numpy(np.int64),
         action=kind.among([SpanKind.RANGE]) & phase.among(list(PASSES)),
         on_cpu=np.isin(spans["rank"].to_numpy(np.int64), np.fromiter(cpu_ranks, np.int64, len(cpu_ranks))),
