@@ -13,6 +13,7 @@ from ppscope.balance.measured.profile import LayerProfile, PhaseCosts
 from ppscope.errors import ErrorCode, InvalidConfigError, UnsupportedInputError
 from ppscope.simulate.simulator import SimConfig, simulate
 from ppscope.trace.model import Trace
+from ppscope.trace.notices import NoticeCode
 
 # 3 stages of 2 layers: stage times 1.5 + 2, 2, 2 + 3 ms, from 1 ms layers, a 0.5 ms embedding and a 3 ms head
 TRUE = LayerCosts(layer_ms=(1.0,) * 6, embed_ms=0.5, head_ms=3.0)
@@ -59,9 +60,8 @@ def test_a_profile_needs_no_fit_when_the_spans_cannot_give_one() -> None:
 def test_a_profile_of_another_model_is_left_aside_or_refused() -> None:
     other = profile((1.0,) * 4)
     got = run_costs([run()], other, where="runs/r1")
-    assert got.source == "fit" and got.notes == (
-        "runs/r1's profile.json times 4 layers, the run has 6: costs fitted from its spans instead",
-    )
+    assert got.source == "fit" and [n.code for n in got.notes] == [NoticeCode.PROFILE_SET_ASIDE]
+    assert "runs/r1's profile.json times 4 layers, the run has 6" in got.notes[0].text  # the file, both counts
     with raises_code(UnsupportedInputError, ErrorCode.PROFILE_MISMATCH):
         run_costs([run()], other, choice="profile")
 

@@ -13,6 +13,7 @@ from ppscope.balance.measured.fit import fit_layer_costs, observe_stages, r_squa
 from ppscope.balance.split import stage_layer_ranges
 from ppscope.errors import ErrorCode, InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import RankInfo, RunMeta, Trace
+from ppscope.trace.notices import NoticeCode
 
 MS = 1_000_000
 
@@ -90,7 +91,7 @@ def test_one_run_gives_each_stage_time_divided_by_its_layers() -> None:
     fit = fit_layer_costs([fake_run(layer_ms, [4, 4])])
     assert fit.costs.layer_ms == pytest.approx([2.0] * 4 + [2.0] * 4)
     assert fit.r_squared is None  # the same layers on every stage: nothing for R² to measure but noise
-    assert any("cannot be told apart" in n for n in fit.notes)
+    assert NoticeCode.SAME_LAYER_COUNTS in {n.code for n in fit.notes}
     assert r_squared_text(fit.r_squared) == "R² – (no spread in layers per stage to explain)"
     fit = fit_layer_costs([fake_run(layer_ms, [2, 2, 4])])
     assert fit.costs.layer_ms == pytest.approx(layer_ms)
@@ -106,7 +107,7 @@ def test_two_runs_separate_extras_hidden_in_forward_spans() -> None:
     assert fit.costs.layer_ms == pytest.approx([1.5] * 8)
     assert fit.costs.embed_ms == pytest.approx(0.5)
     assert fit.costs.head_ms + fit.costs.sample_ms == pytest.approx(2.25)
-    assert not fit.extras_measured and any("fitted" in n for n in fit.notes)
+    assert not fit.extras_measured and {NoticeCode.EMBED_FITTED, NoticeCode.HEAD_FITTED} <= {n.code for n in fit.notes}
 
 
 def test_one_two_stage_run_without_extra_spans_cannot_tell_and_says_so() -> None:

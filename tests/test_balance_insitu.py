@@ -18,6 +18,7 @@ from ppscope.balance.measured.insitu import has_layer_spans, insitu_costs
 from ppscope.errors import ErrorCode, InvalidConfigError, UnsupportedInputError
 from ppscope.trace.layers import layer_indices, layer_span_name
 from ppscope.trace.model import Lane, SpanKind, Trace
+from ppscope.trace.notices import NoticeCode
 from ppscope.trace.store import load_run
 
 LAYER_MS = (1.0, 2.0, 3.0, 4.0, 1.5, 2.5)
@@ -137,7 +138,7 @@ def test_too_few_sampled_passes_name_the_layers_missing(sampled: Trace) -> None:
     with raises_code(UnsupportedInputError, ErrorCode.TOO_FEW_SAMPLES):
         insitu_costs([trace])
     auto = run_costs([trace], None)  # auto goes on to the fit, and says why
-    assert auto.source == "fit" and any("in-situ costs left aside" in n for n in auto.notes)
+    assert auto.source == "fit" and NoticeCode.INSITU_SET_ASIDE in {n.code for n in auto.notes}
     with raises_code(InvalidConfigError, ErrorCode.UNKNOWN_CHOICE):
         insitu_costs([sampled], phase="warm")
 

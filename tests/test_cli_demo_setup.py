@@ -13,6 +13,7 @@ from ppscope.cli.engine_options import engine_config
 from ppscope.engine.config import EngineConfig
 from ppscope.engine.tuning import RunSummary
 from ppscope.errors import InvalidConfigError
+from ppscope.trace.notices import NoticeCode
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -43,7 +44,7 @@ def test_model_tiny_computes_on_the_cpus_and_says_its_limits(monkeypatch: pytest
     cfg, notes = _config(_args("--model", "tiny"))
     assert not cfg.emulate.on and cfg.model.name == "tiny" and cfg.pipeline.stages == 2
     assert (cfg.workload.requests, cfg.workload.max_new_tokens) == (16, 64)
-    assert len(notes) == 1 and notes[0] == f"limits: {demo.TINY_LIMITS}"
+    assert [n.code for n in notes] == [NoticeCode.DEMO_LIMITS] and demo.TINY_LIMITS in notes[0].text
     with pytest.raises(InvalidConfigError, match="--emulate and --gpu need the emulated demo"):
         demo._setup(_args("--model", "tiny", "--gpu", "h100-sxm"))
 

@@ -267,7 +267,7 @@ class RebalanceReport:
     """KV cache bytes per token of each stage of the proposed split; None without a model."""
     fit: CostFit | None = None
     fit_runs: int = 0
-    fit_notes: tuple[str, ...] = ()
+    fit_notes: tuple[Notice, ...] = ()
     insitu: InSituCosts | None = None
     profile: LayerProfile | None = None
     """The per-layer profile the costs come from (source `profile`), else None."""
@@ -354,7 +354,7 @@ class RebalanceReport:
             "rms_residual_ms": fit.rms_residual_ms,
             "layer_rms_residual_ms": fit.layer_rms_residual_ms,
             "extras_measured": fit.extras_measured,
-            "notes": [*self.fit_notes, *fit.notes],
+            "notes": [n.to_json() for n in (*self.fit_notes, *fit.notes)],
         }
 
 

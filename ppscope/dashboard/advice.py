@@ -81,7 +81,7 @@ def _cost_source(report: RebalanceReport) -> str:
     return (
         f"Costs fitted from {passes} of this trace: {fit.uniform_layer_ms:.3f} ms per layer under the uniform fit "
         "of each stage's mean pass, "
-        f"{r_squared_text(fit.r_squared)}. " + " ".join(f"Note: {md(n)}." for n in (*report.fit_notes, *fit.notes))
+        f"{r_squared_text(fit.r_squared)}. " + " ".join(f"Note: {md(n.text)}." for n in (*report.fit_notes, *fit.notes))
     )
 
 

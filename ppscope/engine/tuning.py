@@ -96,7 +96,7 @@ class TuneResult:
     cost_source: str
     """`insitu` (run 1's layers timed inside it), `profile` (timed layer by layer on the device, alone) or
     `fit` (from run 1's stage spans)."""
-    notes: list[str] = field(default_factory=list)
+    notes: list[Notice] = field(default_factory=list)
     reruns: tuple[RunSummary, ...] = ()
     """Further runs of the two splits (`repeats` > 1), pair by pair in ABBA order after runs 1 and 2."""
     simulated: Simulated | None = None
@@ -207,7 +207,7 @@ class TuneResult:
             "decided": self.decided,
             "busy_cores_beside": self.busy_cores_beside,
             "emulated": self.emulated or None,
-            "notes": self.notes,
+            "notes": [n.to_json() for n in self.notes],
         }
 
 
@@ -251,29 +251,29 @@ Step = Callable[[str], None]
 
 def _costs(
     cfg: EngineConfig, run_dir: Path, source: str, phase: str, step: Step
-) -> tuple[LayerCosts, list[str], tuple[float, ...]]:
+) -> tuple[LayerCosts, list[Notice], tuple[float, ...]]:
     """The layer costs, what they rest on in words, and (insitu) what each stage's pass spends outside its
     layers (ms; empty where the source does not say)."""
     if source == "insitu":
         got = insitu_costs([load_run(run_dir)], phase=phase)
         passes = f"{min(got.passes)}" if min(got.passes) == max(got.passes) else f"{min(got.passes)}-{max(got.passes)}"
-        return (
-            got.costs,
-            [
-                f"costs: each layer timed inside run 1, the median of {passes} {got.phase} passes (every "
-                f"{cfg.output.layer_spans}th pass of each stage)"
-            ],
-            got.rest_ms,
+        text = (
+            f"costs: each layer timed inside run 1, the median of {passes} {got.phase} passes (every "
+            f"{cfg.output.layer_spans}th pass of each stage)"
         )
+        return got.costs, [Notice(NoticeCode.COSTS_FROM, text)], got.rest_ms
     if source == "profile":
         from ppscope.engine.profiler import profile_layers, write_profile
 
         step(f"profiling every layer, the embedding and the head on the device ({phase} pass)")
         profile = profile_layers(cfg)
         write_profile(profile, run_dir)
-        return profile.phase(phase).costs(), [f"costs: {phase} pass timed layer by layer ({profile.how})"], ()
+        text = f"costs: {phase} pass timed layer by layer ({profile.how})"
+        return profile.phase(phase).costs(), [Notice(NoticeCode.COSTS_FROM, text)], ()
     fit = fit_layer_costs([load_run(run_dir)], phase=phase)
-    note = f"costs: fitted from the run's {fit.phase} spans, {r_squared_text(fit.r_squared)}"
+    note = Notice(
+        NoticeCode.COSTS_FROM, f"costs: fitted from the run's {fit.phase} spans, {r_squared_text(fit.r_squared)}"
+    )
     return fit.costs, [note, *fit.notes], ()
 
 
@@ -434,10 +434,11 @@ def tune(
     overhead = [r + gap_ms for r in rest_ms] if rest_ms else gap_ms
     problem = BalanceProblem(costs=costs, stages=pipe.stages, stage_costs=StageCosts(overhead_ms=overhead))
     if gap_ms > 0:
-        notes.append(
+        text = (
             f"each step of a stage also spends {gap_ms:.2f} ms outside its layers (receiving, sending, Python): "
             "the prediction counts it on every stage, since no split moves it"
         )
+        notes.append(Notice(NoticeCode.STAGE_OVERHEAD, text))
     advice = rebalance(problem, current=split)
     proposed = tuple(advice.proposed.split)
     interval = speedup_interval([before_trace], problem, split, proposed) if proposed != split else None
@@ -447,7 +448,7 @@ def tune(
         notes += note
     simulated, why = replay_both(before_trace, costs, split, proposed)
     if simulated is None and proposed != split:
-        notes.append(f"no simulated prediction: {why}")
+        notes.append(Notice(NoticeCode.NO_SIMULATION, f"no simulated prediction: {why}"))
     if cores is not None and cores.binds:
         predicted = cores.speedup
     elif simulated is not None:  # the schedule's replay is the headline; the slowest stage is printed beside it
@@ -472,9 +473,11 @@ def tune(
     )
     if proposed == split or not decision.change:
         notes.append(
-            "the split is already the best one for these costs: no second run"
+            Notice(NoticeCode.ALREADY_BEST, "the split is already the best one for these costs: no second run")
             if proposed == split
-            else "the advice is to keep the given split, so the advised split is not run"
+            else Notice(
+                NoticeCode.KEPT_NOT_RUN, "the advice is to keep the given split, so the advised split is not run"
+            )
         )
         return TuneResult(after=None, **common)
     closed = f", the slowest stage ×{advice.predicted_speedup:.3f}" if simulated else ""
@@ -517,7 +520,7 @@ def _shared(
     load: LoadSampler,
     known: list[float],
     interval: Interval | None,
-) -> tuple[SharedCores, Interval | None, list[str]]:
+) -> tuple[SharedCores, Interval | None, list[Notice]]:
     """CPU stages: the cores they shared with each other and other work, the bound that puts on the gain, and
     the interval of the bounded speedup (`ppscope.balance.advise.cores`)."""
     split, proposed = tuple(advice.current.split), tuple(advice.proposed.split)
@@ -536,7 +539,8 @@ def _shared(
     cores = sharing(advice.current.stage_ms, advice.proposed.stage_ms, interval=interval)
     if not cores.binds:
         return cores, interval, []
-    return cores, _bound_interval(trace, problem, split, proposed, cores, sharing), [cores.text()]
+    said = [Notice(NoticeCode.SHARED_CORES, cores.text())]
+    return cores, _bound_interval(trace, problem, split, proposed, cores, sharing), said
 
 
 _RUN_1_TOO_SHORT = Notice(NoticeCode.TOO_SHORT, "run 1 is too short to tell how it varies")

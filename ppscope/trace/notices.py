@@ -186,6 +186,43 @@ class NoticeCode(StrEnum):
     POORLY_EXPLAINED = "poorly_explained"
     """The calibrated cost model explains a stage poorly: most of its time is left to its fixed overhead."""
 
+    # ---- layer costs from runs (ppscope.balance.measured: `rebalance --json` `fit.notes`, `tune --json` `notes`)
+    EMBED_IN_STAGES = "embed_in_stages"
+    """A training run's embedding and output layer run inside its first and last stages' passes and these runs
+    cannot tell them apart from the layers: they are counted in those stages' layers."""
+    SAME_LAYER_COUNTS = "same_layer_counts"
+    """Every stage holds the same number of layers: per-layer costs cannot be told apart (R² is not defined);
+    each layer costs its stage's time ÷ its layers."""
+    EMBED_FITTED = "embed_fitted"
+    """The runs record no embedding spans: the embedding's cost is fitted from the stage times."""
+    HEAD_FITTED = "head_fitted"
+    """The runs record no LM head spans: the LM head's and sampling's cost is fitted from the stage times."""
+    NEGATIVE_COSTS = "negative_costs"
+    """Some fitted layer costs came out negative and are set to 0: the stage times are noisy."""
+    MIXED_FIT = "mixed_fit"
+    """The runs differ (schedule, model, device, ...) and were fitted together anyway (`--mix`)."""
+    INSITU_SET_ASIDE = "insitu_set_aside"
+    """The run's layer spans do not cover every layer: the in-situ costs are set aside for the others."""
+    PROFILE_SET_ASIDE = "profile_set_aside"
+    """The run's layer profile times another number of layers: costs are fitted from its spans instead."""
+
+    # ---- the tuning loop (ppscope.engine.tuning: `tune --json` and `demo --json` `notes`)
+    COSTS_FROM = "costs_from"
+    """Where the costs of run 1 come from (its layer spans, a profile, a fit of its stage spans), in words."""
+    STAGE_OVERHEAD = "stage_overhead"
+    """Each step of a stage spends time outside its layers (receiving, sending, Python), counted on every stage
+    since no split moves it."""
+    SHARED_CORES = "shared_cores"
+    """CPU stages shared too few free cores: what other work took, and the bound that puts on the gain."""
+    NO_SIMULATION = "no_simulation"
+    """Run 1 could not be replayed with both splits: the slowest stage's ratio stands in for the replay."""
+    ALREADY_BEST = "already_best"
+    """The given split is already the best for these costs: nothing to run a second time."""
+    KEPT_NOT_RUN = "kept_not_run"
+    """The advice is to keep the given split, so the advised split is not run."""
+    DEMO_LIMITS = "demo_limits"
+    """The demo computes a tiny model on CPUs: what that can and cannot show."""
+
     # ---- why a predicted speedup has no interval (ppscope.balance: `rebalance --json` `no_interval`)
     GIVEN_COSTS = "given_costs"
     """The costs were given by hand, with no run: nothing shows how they vary."""

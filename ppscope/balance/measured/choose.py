@@ -20,6 +20,7 @@ from ppscope.balance.measured.timings import RunTimings, as_timings
 from ppscope.balance.measured.training import TRAIN_PASSES, is_training
 from ppscope.errors import ErrorCode, InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import Phase, Trace
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = ["COST_CHOICES", "RunCosts", "mixed_runs", "run_costs"]
 
@@ -43,7 +44,7 @@ class RunCosts:
     """The profile the costs come from (source `profile`), else None."""
     phase: str
     """The pass the costs describe: the profile's `decode`/`prefill`, or the fit's (`all` too)."""
-    notes: tuple[str, ...] = ()
+    notes: tuple[Notice, ...] = ()
     """Why a profile the run has was left aside."""
     insitu: InSituCosts | None = None
     """The in-situ costs, with the passes behind them (source `insitu`), else None."""
@@ -65,7 +66,7 @@ def run_costs(
     Runs of different models, dtypes, devices or schedules are refused unless `mix` (then a note says so).
     A run in memory is reduced to its timings once (`ppscope.balance.measured.timings`); a run directory read rank by
     rank comes as timings already."""
-    notes: tuple[str, ...] = ()
+    notes: tuple[Notice, ...] = ()
     traces = [as_timings(r) for r in runs]
     if choice not in COST_CHOICES:
         raise InvalidConfigError(
@@ -82,7 +83,7 @@ def run_costs(
             "give --mix to fit them together anyway",
         )
     if mixed:
-        notes += (f"fitted across runs that differ in {mixed} (--mix)",)
+        notes += (Notice(NoticeCode.MIXED_FIT, f"fitted across runs that differ in {mixed} (--mix)"),)
     if choice == "insitu" or (choice == "auto" and has_layer_spans(traces[-1])):
         try:
             got = insitu_costs([t for t in traces if has_layer_spans(t)] or traces, phase=phase)
@@ -90,7 +91,7 @@ def run_costs(
             if choice == "insitu":
                 raise
             got = None  # auto: layer spans that do not cover every layer leave the choice to the others
-            notes += (f"in-situ costs left aside: {exc}",)
+            notes += (Notice(NoticeCode.INSITU_SET_ASIDE, f"in-situ costs left aside: {exc}"),)
         if got is not None:
             try:  # a training run's passes are forward + backward whatever the phase asked
                 beside: CostFit | None = fit_layer_costs(traces, phase=None if got.phase == TRAIN_PASSES else got.phase)
@@ -155,7 +156,7 @@ def _check_rebalanceable(trace: RunTimings) -> None:
 
 def _profile_costs(
     profile: LayerProfile | None, layers: int, choice: str, phase: str | None, where: str
-) -> tuple[LayerCosts | None, tuple[str, ...]]:
+) -> tuple[LayerCosts | None, tuple[Notice, ...]]:
     """The profile's costs for `phase` when `choice` takes them (None: fit instead), and why not when the
     run has a profile that is left aside."""
     if choice == "fit":
@@ -179,4 +180,4 @@ def _profile_costs(
         raise UnsupportedInputError(
             ErrorCode.PROFILE_MISMATCH, f"{mismatch}: it profiles another model; use --costs fit"
         )
-    return None, (f"{mismatch}: costs fitted from its spans instead",)
+    return None, (Notice(NoticeCode.PROFILE_SET_ASIDE, f"{mismatch}: costs fitted from its spans instead"),)

@@ -17,6 +17,7 @@ from ppscope.balance.measured.training import TRAIN_PASSES, training_passes
 from ppscope.balance.split import stage_layer_ranges
 from ppscope.errors import ErrorCode, InvalidConfigError, UnsupportedInputError
 from ppscope.trace.model import Phase, SpanKind, Trace
+from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = ["CostFit", "StageObservation", "fit_layer_costs", "observe_stages", "r_squared_text"]
 
@@ -68,7 +69,7 @@ class CostFit:
     """Root-mean-square error of the per-layer costs (0 when the runs determine them exactly)."""
     extras_measured: bool
     """Embedding and head/sample times came from their own spans (True) or were fitted (False)."""
-    notes: tuple[str, ...] = ()
+    notes: tuple[Notice, ...] = ()
 
 
 def r_squared_text(r_squared: float | None) -> str:
@@ -232,7 +233,7 @@ def fit_layer_costs(traces: Sequence[Trace | RunTimings], *, phase: str | None =
     head = _mean([o.head_ms for o in obs if o.stage == last_stage[o.run]])
     sample = _mean([o.sample_ms for o in obs if o.stage == last_stage[o.run]])
     fit_embed, fit_head = embed is None, head is None
-    notes = []
+    notes: list[Notice] = []
 
     # Uniform model: t = c * layers (+ e on the first stage, + h on the last, when they have no spans).
     t = np.array([o.pass_ms for o in obs])
@@ -243,9 +244,12 @@ def fit_layer_costs(traces: Sequence[Trace | RunTimings], *, phase: str | None =
         fit_embed = fit_head = False
         a = np.column_stack(cols)
         notes.append(
-            "the embedding and output layer run inside the first and last stages' passes, and these runs cannot "
-            "tell them from the layers: they are counted in those stages' layers (a run with another split, or "
-            "more stages, separates them)"
+            Notice(
+                NoticeCode.EMBED_IN_STAGES,
+                "the embedding and output layer run inside the first and last stages' passes, and these runs "
+                "cannot tell them from the layers: they are counted in those stages' layers (a run with another "
+                "split, or more stages, separates them)",
+            )
         )
     if np.linalg.matrix_rank(a) < a.shape[1]:
         raise UnsupportedInputError(
@@ -260,8 +264,12 @@ def fit_layer_costs(traces: Sequence[Trace | RunTimings], *, phase: str | None =
     if np.ptp(predicted) <= 1e-12 * max(1.0, float(np.abs(predicted).max())):
         r2: float | None = None  # one prediction for every stage: R² would only measure the noise
         notes.append(
-            "every stage holds the same number of layers, so per-layer costs cannot be told apart from these runs: "
-            "each layer costs its stage's time ÷ its layers (R² is not defined; add a run with another split)"
+            Notice(
+                NoticeCode.SAME_LAYER_COUNTS,
+                "every stage holds the same number of layers, so per-layer costs cannot be told apart from these "
+                "runs: each layer costs its stage's time ÷ its layers (R² is not defined; add a run with another "
+                "split)",
+            )
         )
     else:
         r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-18 else 1.0
@@ -270,12 +278,12 @@ def fit_layer_costs(traces: Sequence[Trace | RunTimings], *, phase: str | None =
     if fit_embed:
         embed = max(float(coef[1]), 0.0)
         extras += is_first * embed
-        notes.append("embedding cost fitted (the runs record no embed spans)")
+        notes.append(Notice(NoticeCode.EMBED_FITTED, "embedding cost fitted (the runs record no embed spans)"))
     if fit_head:
         head = max(float(coef[-1]), 0.0)
         extras += is_last * head
         sample = 0.0  # the fitted head cost includes sampling
-        notes.append("LM head + sampling cost fitted (the runs record no head spans)")
+        notes.append(Notice(NoticeCode.HEAD_FITTED, "LM head + sampling cost fitted (the runs record no head spans)"))
 
     # Per-layer refinement over the segments no split separates: min-norm deviation from the uniform cost.
     bounds = sorted({0, layers} | {o.first_layer for o in obs} | {o.first_layer + o.layers for o in obs})
@@ -291,7 +299,8 @@ def fit_layer_costs(traces: Sequence[Trace | RunTimings], *, phase: str | None =
     for (s0, e0), cost in zip(segs, seg_cost, strict=True):
         per_layer += [float(cost) / (e0 - s0)] * (e0 - s0)
     if min(per_layer) < 0:
-        notes.append("some fitted layer costs were negative and are set to 0: the stage times are noisy")
+        text = "some fitted layer costs were negative and are set to 0: the stage times are noisy"
+        notes.append(Notice(NoticeCode.NEGATIVE_COSTS, text))
         per_layer = [max(v, 0.0) for v in per_layer]
     return CostFit(
         costs=LayerCosts(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ppscope.balance.modelled.gpus import DEFAULT_GPU
 from ppscope.errors import ErrorCode, InvalidConfigError
+from ppscope.trace.notices import Notice, NoticeCode
 
 if TYPE_CHECKING:
     from ppscope.cli.argtypes import Subcommands
@@ -89,12 +90,12 @@ def default_stages(emulated: bool) -> int:
     return max(2, min(4, os.cpu_count() or 2))
 
 
-def _setup(args: argparse.Namespace) -> tuple[dict[str, object], list[str]]:
+def _setup(args: argparse.Namespace) -> tuple[dict[str, object], list[Notice]]:
     """The engine options the demo sets by default (dest -> value), and what it says of them: emulated GPU
     stages where there are fewer than 2 GPUs and no --model, the model computed otherwise."""
     emulated = args.model is None and gpu_count() < 2
     given: dict[str, object] = {}
-    notes = []
+    notes: list[Notice] = []
     if emulated:
         given.update(emulate=args.emulate or EMULATED, gpu=args.gpu or DEFAULT_GPU, model="tiny")
     else:
@@ -104,7 +105,7 @@ def _setup(args: argparse.Namespace) -> tuple[dict[str, object], list[str]]:
             )
         given.update(model=args.model or EMULATED, emulate="", gpu=DEFAULT_GPU)
         if given["model"] == "tiny" and gpu_count() == 0:
-            notes.append(f"limits: {TINY_LIMITS}")
+            notes.append(Notice(NoticeCode.DEMO_LIMITS, f"limits: {TINY_LIMITS}"))
     given["requests"] = args.requests or (8 if emulated else 16)
     given["max_new_tokens"] = args.max_new_tokens or (40 if emulated else 64)
     return given, notes
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"• {msg}", flush=True, file=sys.stderr if args.json else sys.stdout)
 
     for line in said:
-        step(line)
+        step(str(line))
     result = tune(
         cfg,
         out_dir=out,
