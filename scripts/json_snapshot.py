@@ -93,7 +93,10 @@ MODEL_ADVICE = {
 
 
 def _ppscope(argv: list[str], cwd: Path) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "ppscope", *argv], cwd=cwd, capture_output=True, text=True)
+    # this checkout's ppscope, whichever one the interpreter's environment has installed: a snapshot of another
+    # checkout (a worktree at an older commit) must run that checkout's code
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "ppscope", *argv], cwd=cwd, capture_output=True, text=True, env=env)
     out: dict[str, Any] = {"argv": argv, "exit": done.returncode}
     try:
         out["json"] = json.loads(done.stdout)
