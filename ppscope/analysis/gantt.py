@@ -188,10 +188,10 @@ def overview_figure(spans: pd.DataFrame, origin_ns: int, height_px: int) -> Gant
     it selects a span of time (the full height, whatever rows it starts on), read back by `picked_window`.
     Plotly selects only on traces that hold points, so an invisible point marks every bin along the first row."""
     view = gantt_figure(spans, max_bars=0, origin_ns=origin_ns, title="The whole run: drag across it to pick a window")
-    spans = spans[spans["kind"].to_numpy() != str(SpanKind.MARK)]
-    rows = row_labels(spans)
+    rows = view.figure.layout.yaxis.categoryarray  # the figure's own rows, not worked out a second time
     if rows:
-        lo, hi = (int(spans["start_ns"].min()) - origin_ns) / 1e6, (int(spans["end_ns"].max()) - origin_ns) / 1e6
+        drawn = spans[spans["kind"].to_numpy() != str(SpanKind.MARK)]
+        lo, hi = (int(drawn["start_ns"].min()) - origin_ns) / 1e6, (int(drawn["end_ns"].max()) - origin_ns) / 1e6
         x = np.linspace(lo, hi, AGGREGATE_BINS + 1)
         view.figure.add_trace(
             go.Scatter(
