@@ -10,7 +10,6 @@ so a large run's page leaves them out and says so.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +26,6 @@ from ppscope.trace.model import Trace
 
 if TYPE_CHECKING:
     from ppscope.balance.advise.rebalance import Rebalance
-    from ppscope.balance.costs import LayerCosts
     from ppscope.balance.measured.profile import LayerProfile
     from ppscope.balance.measured.timings import RunTimings
     from ppscope.balance.report import RebalanceReport
@@ -45,14 +43,13 @@ def advice_for(run: Trace | RunTimings, profile: LayerProfile | None) -> tuple[R
     a run's timings read a rank at a time."""
     from ppscope.balance.measured.timings import as_timings
     from ppscope.balance.report import RebalanceRequest, rebalance_runs
-    from ppscope.simulate.advice import with_replay
 
     try:
         report = rebalance_runs([as_timings(run)], RebalanceRequest(), profile=profile)
     except PPScopeError as exc:
         return None, str(exc)
     if isinstance(run, Trace):
-        return with_replay(report, run), ""
+        return report, ""  # the page leads it with the replay it also draws (`_replayed`)
     return dataclasses.replace(report, simulated_note=_NO_REPLAY), ""
 
 
@@ -99,18 +96,22 @@ def _profile(path: Path, is_run: bool) -> tuple[LayerProfile | None, str]:
 
 def page(live: LiveTrace) -> None:
     """The page of a trace in memory: the advice, then the run replayed by the simulator with both splits."""
+    from ppscope.simulate.advice import with_replay
+
     st.markdown(_TITLE)
     profile, profile_problem = _profile(live.path, live.is_run)
     if profile_problem:
         st.warning(md(profile_problem))
     got, problem = live.memo(f"advice-{profile is not None}", lambda t: advice_for(t, profile))
-    advice = show_advice(got, problem)
-    if advice is None:
+    if got is None:
+        show_advice(None, problem)
         return
-    new, costs = advice.proposed, got.costs if got is not None else None
-    sim, problem = live.memo(f"simulated-{profile is not None}", lambda t: _simulate_advised(t, new.split, costs))
+    # both splits through the simulator once: the advice's headline and the timeline drawn beside it
+    sim, why_not = live.memo(f"simulated-{profile is not None}", lambda t: _simulate_advised(t, got))
+    pair = None if sim is None else (sim.current, sim.advised)
+    show_advice(live.memo(f"replayed-{profile is not None}", lambda t: with_replay(got, t, replayed=pair)), "")
     if sim is None:
-        st.warning(f"No simulated timeline for this trace: {md(problem)}")
+        st.warning(f"No simulated timeline for this trace: {md(why_not)}")
     else:
         now, new_ms = sim.current, sim.advised.predicted_ms
         st.markdown(
@@ -211,13 +212,13 @@ class _Replay:
     advised: Prediction
 
 
-def _simulate_advised(trace: Trace, split: Sequence[int], costs: LayerCosts | None) -> tuple[_Replay | None, str]:
-    """Replay the run with the simulator, as it is and with `split`, on the costs the advice was made with (those
-    fitted from its spans where None, as `ppscope simulate --from` does)."""
-    from ppscope.simulate.calibrate import Replay
+def _simulate_advised(trace: Trace, report: RebalanceReport) -> tuple[_Replay | None, str]:
+    """The run replayed with the simulator, as it is and with the advised split, on the costs the advice was made
+    with (`replay_splits`); None and why where it cannot be replayed."""
+    from ppscope.simulate.advice import replay_splits
 
     try:
-        replay = Replay.of(trace, costs=costs)
-        return _Replay(current=replay.predict(), advised=replay.predict(split)), ""
+        current, advised = replay_splits(trace, report.costs, report.split.current.split, report.split.proposed.split)
     except PPScopeError as exc:
         return None, str(exc)
+    return _Replay(current=current, advised=advised), ""

@@ -9,6 +9,7 @@ from ppscope.exports import public_names
 if TYPE_CHECKING:
     from ppscope.simulate.advice import replay_both as replay_both
     from ppscope.simulate.advice import replay_interval as replay_interval
+    from ppscope.simulate.advice import replay_splits as replay_splits
     from ppscope.simulate.advice import with_replay as with_replay
     from ppscope.simulate.calibrate import Prediction as Prediction
     from ppscope.simulate.calibrate import Replay as Replay
@@ -36,6 +37,7 @@ _WHERE = {
     "make_schedule": "schedule",
     "replay_both": "advice",
     "replay_interval": "advice",
+    "replay_splits": "advice",
     "replay_training": "training",
     "simulate": "simulator",
     "summarize": "simulator",

@@ -22,25 +22,38 @@ from ppscope.balance.advise.advice import Interval, Simulated, advise
 from ppscope.balance.costs import LayerCosts
 from ppscope.balance.report import RebalanceReport
 from ppscope.errors import PPScopeError
-from ppscope.simulate.calibrate import Replay
+from ppscope.simulate.calibrate import Prediction, Replay
 from ppscope.trace.model import Trace
 
-__all__ = ["replay_both", "replay_interval", "replay_training_both", "with_replay"]
+__all__ = ["replay_both", "replay_interval", "replay_splits", "replay_training_both", "with_replay"]
+
+
+def replay_splits(
+    trace: Trace, costs: LayerCosts, current: Sequence[int], proposed: Sequence[int]
+) -> tuple[Prediction, Prediction]:
+    """Both splits through the simulator calibrated on the run (`Replay`) with `costs`: the run as it is, timed
+    against itself, and the proposed split. Raises PPScopeError where the simulator cannot replay the run."""
+    replay = Replay.of(trace, costs=costs)
+    return replay.predict(tuple(current)), replay.predict(tuple(proposed))
 
 
 def replay_both(
-    trace: Trace, costs: LayerCosts, current: Sequence[int], proposed: Sequence[int]
+    trace: Trace,
+    costs: LayerCosts,
+    current: Sequence[int],
+    proposed: Sequence[int],
+    *,
+    replayed: tuple[Prediction, Prediction] | None = None,
 ) -> tuple[Simulated | None, str]:
-    """Both splits replayed on the run's schedule with `costs`, or None and why not (the same split, or a run
-    the simulator cannot replay: its reason)."""
+    """Both splits replayed on the run's schedule with `costs` (`replayed`: `replay_splits`' answer, where the
+    caller has it already), or None and why not (the same split, or a run the simulator cannot replay)."""
     if tuple(current) == tuple(proposed):
         return None, "the proposed split is the current one"
     try:
-        replay = Replay.of(trace, costs=costs)
-        before, after = replay.predict(tuple(current)), replay.predict(tuple(proposed))
+        before, after = replayed or replay_splits(trace, costs, current, proposed)
     except PPScopeError as exc:
         return None, str(exc)
-    cfg = replay.config
+    cfg = before.config
     return (
         Simulated(
             speedup=before.predicted_ms / after.predicted_ms,
@@ -95,17 +108,20 @@ def replay_interval(interval: Interval | None, closed: float, sim: Simulated) ->
     )
 
 
-def with_replay(report: RebalanceReport, trace: Trace) -> RebalanceReport:
+def with_replay(
+    report: RebalanceReport, trace: Trace, *, replayed: tuple[Prediction, Prediction] | None = None
+) -> RebalanceReport:
     """`report` (of `rebalance_runs`, `trace` its last run) led by the schedule replay: its speedup the headline,
     its interval widened by its error, the keep-or-change rule applied to it. Unchanged, with the reason in
-    `simulated_note`, where the objective is memory or the run cannot be replayed."""
+    `simulated_note`, where the objective is memory or the run cannot be replayed. `replayed`: the report's two
+    splits through `replay_splits` already (the dashboard draws them too)."""
     if report.split.objective == "memory":
         return dataclasses.replace(report, simulated_note="the objective is memory, not speed")
     now, new = report.split.current, report.split.proposed
     if report.training is not None and now.split != new.split:
         sim, why = replay_training_both(trace, now.stage_ms, new.stage_ms)
     else:
-        sim, why = replay_both(trace, report.costs, now.split, new.split)
+        sim, why = replay_both(trace, report.costs, now.split, new.split, replayed=replayed)
     if sim is None:
         return dataclasses.replace(report, simulated_note=why)
     interval = replay_interval(report.interval, report.split.predicted_speedup, sim)
