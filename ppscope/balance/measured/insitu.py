@@ -133,11 +133,10 @@ def _layer_medians(laid: pd.DataFrame, layers: int, chosen: str) -> tuple[list[f
         medians.append(float(np.median(mine)) if mine.size else float("nan"))
     missing = [i for i, n in enumerate(passes) if n == 0]
     if missing:
-        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
         raise UnsupportedInputError(
             ErrorCode.TOO_FEW_SAMPLES,
-            f"no {'' if chosen == 'all' else chosen + ' '}`layer` span of layer(s) {shown} in the run: it sampled "
-            "too few passes; run longer or with a smaller --layer-spans K (or give --phase all)",
+            f"no {'' if chosen == 'all' else chosen + ' '}`layer` span of layer(s) {_first(missing)} in the run: it "
+            "sampled too few passes; run longer or with a smaller --layer-spans K (or give --phase all)",
         )
     return medians, passes
 
@@ -166,11 +165,10 @@ def _training(traces: Sequence[RunTimings], spans: pd.DataFrame, laid: pd.DataFr
         else:
             medians.append(float(np.median(fwd)) + float(np.median(bwd)))
     if missing:
-        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
         raise UnsupportedInputError(
             ErrorCode.TOO_FEW_SAMPLES,
-            f"no forward and backward `layer` spans of layer(s) {shown}: too few sampled micro-batches; train "
-            "longer or record with a smaller layer_spans",
+            f"no forward and backward `layer` spans of layer(s) {_first(missing)}: too few sampled micro-batches; "
+            "train longer or record with a smaller layer_spans",
         )
     if min(passes) < MIN_TRAINING_PASSES:
         raise UnsupportedInputError(
@@ -196,3 +194,8 @@ def _training(traces: Sequence[RunTimings], spans: pd.DataFrame, laid: pd.DataFr
         rest_ms=tuple(rest),
         runs=len(traces),
     )
+
+
+def _first(layers: list[int]) -> str:
+    """The first 8 of `layers` for a message, then `...`."""
+    return ", ".join(map(str, layers[:8])) + (", ..." if len(layers) > 8 else "")
