@@ -10,33 +10,19 @@ a busy machine, so both costs are given, never their ratio alone.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.record import Figure
+from benchmarks.torchrun import ROOT, torchrun
 
-ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ("1f1b", "interleaved-1f1b")
 
 
 def _job(schedule: str, scratch: Path) -> dict[str, object]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(ROOT / "benchmarks" / "pipelining_worker.py"),
-        str(scratch),
-        schedule,
-    ]
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=True)
+    done = torchrun(ROOT / "benchmarks" / "pipelining_worker.py", str(scratch), schedule)
+    done.check_returncode()
     line = next(s for s in done.stdout.splitlines() if s.startswith("{"))
     return dict(json.loads(line))
 

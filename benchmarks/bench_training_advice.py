@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -23,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.record import Figure
+from benchmarks.torchrun import ROOT, torchrun
 
-ROOT = Path(__file__).resolve().parents[1]
 SHAPE = ["--microbatches", "4", "--steps", "8", "--layers", "8", "--dim", "256", "--seq", "64"]
 
 
@@ -50,24 +49,8 @@ def _train(case: Case, split: str, out: Path) -> float:
     on rank 0 (the first period left out: warm-up), what a training job's throughput is. (The extent of a step
     over both ranks is not: a rank that finishes early starts the next step while the other still runs this
     one.)"""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(ROOT / "examples" / "pipelining_train.py"),
-        "--schedule",
-        case.schedule,
-        *SHAPE,
-        "--split",
-        split,
-        "--ppscope",
-        str(out),
-    ]
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    example = ROOT / "examples" / "pipelining_train.py"
+    done = torchrun(example, "--schedule", case.schedule, *SHAPE, "--split", split, "--ppscope", str(out))
     if done.returncode != 0:
         raise RuntimeError(f"{case.schedule} {split}: {done.stderr.strip()[-400:]}")
     from ppscope.formats.sources import open_trace
