@@ -155,14 +155,21 @@ _PLOTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).ma
 }))"""
 
 
+@contextlib.contextmanager
+def _demo_run_page(tmp_path: Path) -> Iterator[Any]:
+    """A page on a run of 12 steps, as a demo's, once its Timeline shows the overview strip and the Gantt."""
+    run = record_gpipe_run(tmp_path / "demo-1" / "1-before", p=2, m=2, steps=12)
+    with dashboard_page(run) as page:
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 2", timeout=60_000)
+        yield page
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 def test_the_timeline_s_first_view_of_a_demo_run_draws_each_span(tmp_path: Path) -> None:
     # a demo's run holds many steps: the first view is its newest few, each span a bar, under the whole run's
     # heatmap strip, not the heatmap alone
-    run = record_gpipe_run(tmp_path / "demo-1" / "1-before", p=2, m=2, steps=12)
-    with dashboard_page(run) as page:
-        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 2", timeout=60_000)
+    with _demo_run_page(tmp_path) as page:
         page.wait_for_function(
             _ALL_BARS_DRAWN.replace("querySelector('.js-plotly-plot')", "querySelectorAll('.js-plotly-plot')[1]"),
             timeout=60_000,
@@ -182,9 +189,7 @@ _X_RANGES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
 @pytest.mark.browser
 @pytest.mark.slow
 def test_a_drag_across_the_overview_strip_picks_the_gantts_window(tmp_path: Path) -> None:
-    run = record_gpipe_run(tmp_path / "demo-1" / "1-before", p=2, m=2, steps=12)
-    with dashboard_page(run) as page:
-        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 2", timeout=60_000)
+    with _demo_run_page(tmp_path) as page:
         (lo_all, hi_all), (lo_few, _) = page.evaluate(_X_RANGES_JS)[:2]
         assert lo_few > lo_all + 0.5 * (hi_all - lo_all)  # the newest few steps, at the run's end
         box = page.locator(".js-plotly-plot").first.locator(".nsewdrag").first.bounding_box()
