@@ -299,7 +299,6 @@ class RebalanceReport:
         iv = self.interval
         out |= {
             "predicted_speedup": self.predicted_speedup,
-            "slowest_stage_speedup": self.split.predicted_speedup,
             "simulated": None if self.simulated is None else dataclasses.asdict(self.simulated),
             "simulated_note": self.simulated_note or None,
             "predicted_interval": None if iv is None else [iv.low, iv.high],
