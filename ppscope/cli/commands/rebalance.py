@@ -140,8 +140,8 @@ def run(args: argparse.Namespace) -> int:
         trace = _trace_stages(_pipeline_trace(args.runs[-1], args, assumed), args.runs[-1]) if args.runs else None
         report = rebalance_model(request.model, request, trace)
     else:
-        whole: dict[str, Trace] = {}
-        runs = [_timings(r, args, assumed, whole) for r in args.runs]
+        whole: dict[str, Trace] = {}  # the last run's trace, where it is loaded whole anyway: the replay's
+        runs = [_timings(r, args, assumed, whole if i == len(args.runs) - 1 else {}) for i, r in enumerate(args.runs)]
         where = args.runs[-1] if args.runs else "the run"
         report = rebalance_runs(runs, request, profile=_read_profile(args), where=where)
         if args.runs:
@@ -188,7 +188,7 @@ def _request(args: argparse.Namespace) -> RebalanceRequest:
 
 def _timings(path: str, args: argparse.Namespace, assumed: list[Notice], whole: dict[str, Trace]) -> RunTimings:
     """What the costs read of a run: a run directory rank by rank (`run_timings`), anything else loaded whole
-    (kept in `whole` by path, for the replay)."""
+    (and kept in `whole` by path, for the replay of the last run)."""
     from ppscope.balance.measured.timings import RunTimings, run_timings
     from ppscope.formats.detect import InputKind, detect
 
