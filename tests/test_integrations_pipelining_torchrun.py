@@ -87,6 +87,13 @@ def _ranges_busy(trace: Trace) -> Trace:
     return dataclasses.replace(trace, spans=pd.concat([s, ranges], ignore_index=True))
 
 
+def _per_mb(result: AnalysisResult) -> list[float]:
+    """Each stage's time per micro-batch pass, all known."""
+    times = [s.time_per_mb_ns for s in result.stages]
+    assert None not in times, times
+    return [float(t) for t in times if t is not None]
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_profiler_and_hook_see_the_same_pipeline(
     schedule: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -112,8 +119,16 @@ def test_profiler_and_hook_see_the_same_pipeline(
     assert not {w.code for w in measured.warnings} & {NoticeCode.CLOCK_SKEW}  # one host, one clock
     # and the same time per micro-batch pass of each stage: the profile's forward actions count the passes
     assert measured.imbalance_basis == hooked.imbalance_basis == "time_per_mb"
-    for kineto, hook in zip(measured.stages, hooked.stages, strict=True):
-        assert kineto.time_per_mb_ns == pytest.approx(hook.time_per_mb_ns, rel=0.05)
+    kineto, hook = _per_mb(measured), _per_mb(hooked)
+    # Where the schedule writes action ranges, they hold the hook's span and the profiler's own cost per
+    # operator: the profile reads 0 to 2.5% more. Where they are inferred (Schedule1F1B) they run from the first
+    # operator to the last, without the Python at each end of the hook's span: 2.4 to 5.9% less seen.
+    inferred = bool(prof.spans["name"].str.endswith("(inferred)").any())
+    low, high = (0.90, 1.02) if inferred else (0.97, 1.07)
+    for k, h in zip(kineto, hook, strict=True):
+        assert low <= k / h <= high, (k, h, inferred)
+    # the stages' ratio, which the advice rests on, is the same either way
+    assert kineto[0] / kineto[1] == pytest.approx(hook[0] / hook[1], rel=0.04)
     if schedule == "gpipe":
         assert measured.theory.formula == hooked.theory.formula == "GPipe (P-1)/(M+P-1)"
         assert measured.theory.bubble_ratio == pytest.approx(1 / 5)
