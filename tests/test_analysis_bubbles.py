@@ -7,9 +7,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ppscope.analysis import CAUSES, AnalysisConfig, analyze
-from ppscope.analysis.intervals import Intervals, union_length
+from ppscope.analysis.intervals import Intervals, clip, covered_within, union_length
 from ppscope.trace.model import RankInfo, RunMeta, Trace, requests_frame
 from ppscope.trace.notices import NoticeCode
 
@@ -309,3 +311,17 @@ def test_training_fill_and_drain_are_exact_at_epoch_times() -> None:
         assert far.end_ns.tolist() == [e + base for e in near.end_ns.tolist()]
     fill = at_zero[0]
     assert (198, 233) in zip(fill.start_ns.tolist(), fill.end_ns.tolist(), strict=True)  # last forward to first B
+
+
+_SPAN = st.tuples(st.integers(-50, 200), st.integers(0, 60)).map(lambda p: (p[0], p[0] + p[1]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_SPAN, max_size=12), st.lists(_SPAN, min_size=1, max_size=8))
+def test_covered_within_is_the_union_clipped_to_each_window(
+    spans: list[tuple[int, int]], windows: list[tuple[int, int]]
+) -> None:
+    iv = Intervals(np.array([a for a, _ in spans], np.int64), np.array([b for _, b in spans], np.int64))
+    lo, hi = np.array([a for a, _ in windows], np.int64), np.array([b for _, b in windows], np.int64)
+    want = [union_length(clip(iv, a, b)) for a, b in windows]
+    assert covered_within(iv, lo, hi).tolist() == want

@@ -28,7 +28,7 @@ from ppscope.errors import ErrorCode, InvalidConfigError
 from ppscope.simulate.simulator import write_run
 from ppscope.simulate.training import MAX_STEPS, replay_order, replay_training, training_actions
 from ppscope.trace.actions import Action, ActionType
-from ppscope.trace.model import RunMeta, Trace
+from ppscope.trace.model import RankInfo, RunMeta, Trace
 from ppscope.trace.store import load_run
 
 EQUAL = {"F": 1000, "B": 2000, "I": 1000, "W": 1000}
@@ -189,9 +189,16 @@ def test_orders_that_cannot_run_are_one_line_errors(order: dict[int, list[Action
         replay_order(order, _costs(2))
 
 
-def _run_of(order: dict[int, list[Action]], cost: dict[tuple[int, str], int], steps: int = 3) -> Trace:
-    """A run of `order`, as its replay writes it (forward/backward spans labelled like the hook's)."""
-    one = replay_order(order, cost)
+def _run_of(
+    order: dict[int, list[Action]],
+    cost: dict[tuple[int, str], int],
+    steps: int = 3,
+    host: dict[tuple[int, str], int] | None = None,
+    device: str = "cpu",
+) -> Trace:
+    """A run of `order`, as its replay writes it (forward/backward spans labelled like the hook's), each
+    action's host time before it a send and its wait for another rank a `recv_wait`, on ranks of `device`."""
+    one = replay_order(order, cost, host_ns=host)
     stages = 1 + max(a.stage for acts in order.values() for a in acts)
     meta = RunMeta(
         source="pipelining",
@@ -201,26 +208,23 @@ def _run_of(order: dict[int, list[Action]], cost: dict[tuple[int, str], int], st
         schedule="1f1b",
         microbatches=1 + max(a.mb for acts in order.values() for a in acts),
         chunks=stages // len(order),
+        ranks=[RankInfo(rank=r, stage=r, device=device) for r in order],
     )
+    period = one.end_ns + 500  # the optimizer between steps
     rows = []
     for k in range(steps):
-        shift = k * (one.window_ns + 500)  # the optimizer between steps
         for t in one.actions:
-            kind = "forward" if t.action.type == "F" else "backward"
-            rows.append(
-                {
-                    "rank": t.rank,
-                    "stage": t.action.stage,
-                    "mb": t.action.mb,
-                    "step": k,
-                    "kind": kind,
-                    "lane": "compute",
-                    "phase": t.action.type,
-                    "start_ns": t.start_ns + shift,
-                    "end_ns": t.end_ns + shift,
-                    "name": str(t.action),
-                }
-            )
+            a = t.action
+            label = {"rank": t.rank, "stage": a.stage, "mb": a.mb, "step": k, "phase": a.type, "name": str(a)}
+            kind = "forward" if a.type == "F" else "backward"
+            shown = [(kind, "compute", t.start_ns, t.end_ns)]
+            before = (host or {}).get((a.stage, a.type), 0)
+            shown += [("send", "send", t.wait_from_ns - before, t.wait_from_ns)] if before else []
+            shown += [("recv_wait", "recv", t.wait_from_ns, t.start_ns)] if t.start_ns > t.wait_from_ns else []
+            for what, lane, lo, hi in shown:
+                rows.append(
+                    {**label, "kind": what, "lane": lane, "start_ns": lo + k * period, "end_ns": hi + k * period}
+                )
     return Trace.from_records(rows, meta=meta)
 
 
@@ -246,6 +250,29 @@ def test_a_runs_actions_costs_and_bubble_are_read_from_its_spans(tmp_path: Path)
     cut = dataclasses.replace(trace, spans=s[~((s["step"] == 2) & (s["phase"] == "B") & (s["mb"] == 3))])
     replay, _ = replay_training(cut)
     assert replay.steps == [0, 1] and "step(s) 2 left out" in replay.note
+
+
+def test_a_cpu_ranks_host_time_before_each_action_is_read_and_replayed() -> None:
+    # on a CPU the rank's thread is the device: what it does between its actions that is no wait (here a send
+    # before each) is its own time, which the replay puts before the action, idle to the ratio
+    cost = {(0, "F"): 1000, (1, "F"): 1500, (0, "B"): 2000, (1, "B"): 2600}
+    host = {(0, "F"): 300, (1, "F"): 200, (0, "B"): 100, (1, "B"): 400}
+    order = _one_f_one_b(2, 4)
+    trace = _run_of(order, cost, host=host)
+    acts = training_actions(trace)
+    first = acts.groupby(["rank", "step"]).cumcount().to_numpy() == 0  # no action before it on its rank
+    assert (acts.loc[first, "host_ns"] == 0).all()
+    later = acts[~first]
+    assert later["host_ns"].tolist() == [host[(s, t)] for s, t in zip(later["stage"], later["phase"], strict=True)]
+    assert acts.groupby(["stage", "phase"])["busy_ns"].median().to_dict() == cost  # waits and sends are not busy
+    expected = replay_order(order, cost, host_ns=host).bubble_ratio
+    assert expected > replay_order(order, cost).bubble_ratio  # the host time is idle to the ratio
+    replay, _ = replay_training(trace)
+    assert replay.bubble_ratio == pytest.approx(expected) and replay.measured_step_ratio == pytest.approx(expected)
+    # on a GPU rank the same spans give none: its device's queue runs ahead of the host
+    assert (training_actions(_run_of(order, cost, host=host, device="cuda:0"))["host_ns"] == 0).all()
+    with raises_code(InvalidConfigError, ErrorCode.BAD_VALUE):
+        replay_order(order, cost, host_ns={(0, "F"): -1})
 
 
 def test_a_long_run_replays_evenly_spaced_steps() -> None:

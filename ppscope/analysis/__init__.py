@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from ppscope.analysis.bubbles import ROLE_SEND as ROLE_SEND
     from ppscope.analysis.bubbles import ROLE_WAIT as ROLE_WAIT
     from ppscope.analysis.bubbles import span_roles as span_roles
+    from ppscope.analysis.facts import cpu_ranks as cpu_ranks
+    from ppscope.analysis.intervals import Intervals as Intervals
+    from ppscope.analysis.intervals import covered_within as covered_within
     from ppscope.analysis.intervals import running_max as running_max
     from ppscope.analysis.latency import request_latency as request_latency
     from ppscope.analysis.pipeline import message_latencies as message_latencies
@@ -77,6 +80,7 @@ _WHERE = {
     "CAUSES": "result",
     "Cause": "result",
     "HopStats": "result",
+    "Intervals": "intervals",
     "LatencyStats": "result",
     "NO_SPANS": "analyzer",
     "PassCosts": "theory",
@@ -101,6 +105,8 @@ _WHERE = {
     "analyze_run": "sharded",
     "analyze_run_replicas": "sharded_replicas",
     "apply_placement": "placement",
+    "covered_within": "intervals",
+    "cpu_ranks": "facts",
     "decode_bubble": "theory",
     "dualpipev_bubble": "theory",
     "gpipe_bubble": "theory",

@@ -16,7 +16,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Intervals", "Segments", "clip", "coverage", "label_segments", "merge_runs", "union_length"]
+__all__ = [
+    "Intervals",
+    "Segments",
+    "clip",
+    "coverage",
+    "covered_within",
+    "label_segments",
+    "merge_runs",
+    "merged",
+    "union_length",
+]
 
 I64 = npt.NDArray[np.int64]
 
@@ -44,10 +54,10 @@ def clip(iv: Intervals, lo_ns: int, hi_ns: int) -> Intervals:
     return Intervals(s[keep], e[keep])
 
 
-def union_length(iv: Intervals) -> int:
-    """Total length of the union of `iv` (overlaps counted once)."""
+def merged(iv: Intervals) -> Intervals:
+    """The union of `iv` as disjoint intervals in order (overlapping and touching ones joined)."""
     if len(iv) == 0:
-        return 0
+        return Intervals.empty()
     order = np.argsort(iv.start_ns, kind="stable")
     s = iv.start_ns[order]
     e = np.maximum.accumulate(iv.end_ns[order])
@@ -57,9 +67,32 @@ def union_length(iv: Intervals) -> int:
     new_run[0] = True
     run_id = np.cumsum(new_run) - 1
     run_start = s[new_run]
-    run_end = np.zeros(run_start.shape[0], np.int64)
+    run_end = run_start.copy()  # never below its start (an end before 0 stays itself)
     np.maximum.at(run_end, run_id, e)
-    return int((run_end - run_start).sum())
+    return Intervals(run_start, run_end)
+
+
+def union_length(iv: Intervals) -> int:
+    """Total length of the union of `iv` (overlaps counted once)."""
+    runs = merged(iv)
+    return int((runs.end_ns - runs.start_ns).sum())
+
+
+def covered_within(iv: Intervals, lo_ns: I64, hi_ns: I64) -> I64:
+    """For each window [lo_ns[i], hi_ns[i]), the length of the union of `iv` inside it (0 for an empty window)."""
+    runs = merged(iv)
+    if not len(runs):
+        return np.zeros(lo_ns.shape[0], np.int64)
+    before = np.concatenate(([0], np.cumsum(runs.end_ns - runs.start_ns)))  # covered before each run starts
+
+    def upto(x: I64) -> I64:
+        """The union's length before x: the runs that start by x, the last of them cut at x."""
+        i = np.searchsorted(runs.start_ns, x, side="right")
+        last = np.maximum(i - 1, 0)
+        inside = np.clip(x - runs.start_ns[last], 0, runs.end_ns[last] - runs.start_ns[last])
+        return np.where(i > 0, before[last] + inside, 0).astype(np.int64)
+
+    return np.maximum(upto(hi_ns) - upto(np.minimum(lo_ns, hi_ns)), 0)
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,22 @@
-"""TrainingReplay of a training pipeline's own action order with its measured per-action costs.
+"""A training pipeline's own action order replayed with its measured per-action costs.
 
 A torch.distributed.pipelining run (recorded by `ppscope.integrations.pipelining`, or imported from Kineto
 traces) labels every compute action with its rank, stage, micro-batch, step and type (F, B, I, W). This module
 takes each rank's order of actions in a step, the measured cost of each action type per stage (the median busy
-time of that action's compute over the steps) and the hop latency (the median post-to-wake latency of the
-run's messages, `ppscope.analysis.pipeline.message_latencies`), and replays the step as discrete events with
-the true dependencies:
+time of that action over the steps), the rank's host time before it (median, on CPU ranks: `training_actions`)
+and the hop latency (the median post-to-wake latency of the run's messages,
+`ppscope.analysis.pipeline.message_latencies`), and replays the step as discrete events with the true
+dependencies:
 
 - F of stage s on micro-batch m after F of s-1 on m;
 - B or I of s on m after its own F, and after B or I of s+1 on m (the gradient's flow);
 - W of s on m after I of s on m;
 - a dependency between stages on different ranks arrives one hop latency after it ends;
-- each rank runs its actions in its recorded order, one at a time.
+- each rank runs its actions in its recorded order, one at a time, each after its host time.
 
-Nothing else is replayed: host time between actions, the optimizer, transfers beyond the hop latency. The
-figure is Σ idle ÷ (ranks × window) over each step's own window, from its first compute to its last (the
-analyzer's `active` window, taken per step), next to the same ratio measured on the run over the same steps.
+Nothing else is replayed: the optimizer, transfers beyond the hop latency, host time on a GPU rank. The figure
+is Σ idle ÷ (ranks × window) over each step's own window, from its first action to its last (host time is
+idle, as to the analyzer), next to the same ratio measured on the run over the same steps.
 It knows nothing about torch.
 """
 
@@ -25,8 +26,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
+from ppscope.analysis.facts import cpu_ranks
+from ppscope.analysis.intervals import Intervals, covered_within
 from ppscope.analysis.pipeline import message_latencies
 from ppscope.analysis.result import TrainingReplay
 from ppscope.balance.measured.training import is_training
@@ -100,12 +104,17 @@ def _dependencies(a: Action, present: set[Action], last_stage: int) -> list[Acti
 
 
 def replay_order(
-    order: Mapping[int, Sequence[Action]], cost_ns: Mapping[tuple[int, str], int], hop_ns: int = 0
+    order: Mapping[int, Sequence[Action]],
+    cost_ns: Mapping[tuple[int, str], int],
+    hop_ns: int = 0,
+    host_ns: Mapping[tuple[int, str], int] | None = None,
 ) -> ReplayedStep:
-    """TrainingReplay one step: `order` is each rank's compute actions in the order it runs them, `cost_ns` the time
-    of each (stage, type), `hop_ns` what a dependency between ranks adds. Raises InvalidConfigError, in one
-    line, when the order cannot run (an action whose input is in no rank's order, a stage on two ranks, two
-    ranks waiting for each other)."""
+    """Replay one step: `order` is each rank's compute actions in the order it runs them, `cost_ns` the time
+    of each (stage, type), `hop_ns` what a dependency between ranks adds, `host_ns` the rank's own time before
+    each (stage, type) (its host work: idle to the ratio, but the rank's), none where not given. Raises
+    InvalidConfigError, in one line, when the order cannot run (an action whose input is in no rank's order, a
+    stage on two ranks, two ranks waiting for each other)."""
+    host = host_ns or {}
     if hop_ns < 0:
         raise InvalidConfigError(ErrorCode.BAD_VALUE, f"the hop latency must be >= 0 ns, got {hop_ns}")
     rank_of: dict[int, int] = {}
@@ -126,6 +135,10 @@ def replay_order(
             if (a.stage, a.type) not in cost_ns or cost_ns[(a.stage, a.type)] < 0:
                 raise InvalidConfigError(
                     ErrorCode.MISSING_OPTION, f"no cost (>= 0 ns) for action type {a.type} of stage {a.stage}"
+                )
+            if host.get((a.stage, a.type), 0) < 0:
+                raise InvalidConfigError(
+                    ErrorCode.BAD_VALUE, f"host time before {a.type} of stage {a.stage} must be >= 0 ns"
                 )
     if not present:
         raise InvalidConfigError(ErrorCode.NO_COMPUTE, "the step has no compute actions to replay")
@@ -148,14 +161,15 @@ def replay_order(
         for r, acts in order.items():
             while pos[r] < len(acts) and all(d in end for d in deps[acts[pos[r]]]):
                 a = acts[pos[r]]
-                start, peer = free[r], -1
+                ready = free[r] + int(host.get((a.stage, a.type), 0))
+                start, peer = ready, -1
                 for d in deps[a]:
                     other = rank_of[d.stage]
                     arrives = end[d] + (hop_ns if other != r else 0)
                     if arrives > start:
                         start, peer = arrives, other
                 end[a] = start + int(cost_ns[(a.stage, a.type)])
-                timed.append(Timed(r, a, start, end[a], free[r], peer))
+                timed.append(Timed(r, a, start, end[a], ready, peer))
                 free[r] = end[a]
                 pos[r] += 1
                 progress = True
@@ -177,33 +191,70 @@ def replay_order(
 
 
 def training_actions(trace: Trace) -> pd.DataFrame:
-    """One row per compute action of a pipelining run: rank, stage, mb, step, phase (the type), start_ns (where
-    it began: its order on the rank) and busy_ns (the union of its compute spans). The actions are the hook's
-    `forward` / `backward` spans (the loss, a `head` span of phase F, joins its forward), or where there are
-    none the Kineto import's action ranges, whose compute is the `kernel` spans labelled with them."""
+    """One row per compute action of a pipelining run: rank, stage, mb, step, phase (the type), start_ns and
+    end_ns (its extent: its marks and its compute spans; the start gives its order on the rank), busy_ns and
+    host_ns. The actions are the hook's `forward` / `backward` spans (the loss, a `head` span of phase F, joins
+    its forward), or where there are none the Kineto import's action ranges, whose compute is the `kernel` spans
+    labelled with them.
+
+    busy_ns is the union of the action's compute spans, except on a rank whose device is a CPU (`cpu_ranks`):
+    there the thread is the device, and the action's whole extent but the waits and sends inside it is its work,
+    as the analyzer counts it. host_ns, on a CPU rank, is the rest of the rank's time from the end of its
+    previous action in the step (this one's start for the step's first) to this one's end that is no wait for a
+    receive: its sends, the schedule's Python, the loss. It is 0 on other ranks, whose device queue runs ahead
+    of the host: time between kernels there is not taken as the host's."""
     s = trace.spans
     labelled = s["phase"].isin(PASSES).to_numpy() & (s["mb"].to_numpy() >= 0) & (s["stage"].to_numpy() >= 0)
     kind = s["kind"].to_numpy(object)
     marks = labelled & np.isin(kind, [str(SpanKind.FORWARD), str(SpanKind.BACKWARD)])
     if not marks.any():
         marks = labelled & (kind == str(SpanKind.RANGE))
-    cols = [*_KEY, "start_ns", "busy_ns"]
+    cols = [*_KEY, "start_ns", "end_ns", "busy_ns", "host_ns"]
     if not marks.any():
         return pd.DataFrame({c: pd.Series(dtype=np.int64 if c != "phase" else object) for c in cols})
-    acts = s.loc[marks].groupby(_KEY, as_index=False)["start_ns"].min()
     compute = s.loc[labelled & np.isin(kind, list(COMPUTE_KINDS)), [*_KEY, "start_ns", "end_ns"]]
+    extent = pd.concat([s.loc[marks, [*_KEY, "start_ns", "end_ns"]], compute], ignore_index=True)
+    acts = extent.groupby(_KEY, as_index=False).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+    acts = acts[acts.set_index(_KEY).index.isin(s.loc[marks].set_index(_KEY).index)]
+    out = acts.merge(_compute_busy(compute), on=_KEY, how="left")
+    out["busy_ns"] = out["busy_ns"].fillna(0).astype(np.int64)
+    out["host_ns"] = np.zeros(len(out), np.int64)
+    out = out[cols].sort_values(["rank", "step", "start_ns"], kind="stable").reset_index(drop=True)
+    for r in cpu_ranks(trace.meta) & {int(x) for x in out["rank"].unique()}:
+        _on_cpu(out, s[s["rank"] == r], np.flatnonzero(out["rank"].to_numpy() == r))
+    return out
+
+
+def _compute_busy(compute: pd.DataFrame) -> pd.DataFrame:
+    """Each action's (`_KEY`) busy_ns: the union of its compute spans, in integer ns."""
     compute = compute.sort_values([*_KEY, "start_ns"], kind="stable")
-    # each span adds what it covers past the spans of its action before it (a union, in integer ns)
+    # each span adds what it covers past the spans of its action before it
     group = compute.groupby(_KEY, sort=False).ngroup().to_numpy()
     reach = compute.groupby(_KEY, sort=False)["end_ns"].cummax().to_numpy(np.int64)
     first = np.concatenate(([True], group[1:] != group[:-1]))
     before = np.where(first, np.iinfo(np.int64).min, np.concatenate(([0], reach[:-1])))
     lo = np.maximum(compute["start_ns"].to_numpy(np.int64), before)
     own = np.maximum(compute["end_ns"].to_numpy(np.int64) - lo, 0)
-    busy = compute[_KEY].assign(busy_ns=own).groupby(_KEY, as_index=False)["busy_ns"].sum()
-    out = acts.merge(busy, on=_KEY, how="left")
-    out["busy_ns"] = out["busy_ns"].fillna(0).astype(np.int64)
-    return out[cols].sort_values(["rank", "step", "start_ns"], kind="stable").reset_index(drop=True)
+    return compute[_KEY].assign(busy_ns=own).groupby(_KEY, as_index=False)["busy_ns"].sum()
+
+
+def _on_cpu(out: pd.DataFrame, spans: pd.DataFrame, rows: npt.NDArray[np.intp]) -> None:
+    """Set busy_ns and host_ns (`training_actions`) of one CPU rank's actions, `rows` of `out` in the rank's
+    order within each step; `spans` are the rank's."""
+    kind = spans["kind"].to_numpy(object)
+    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    wait = kind == str(SpanKind.RECV_WAIT)
+    waits = Intervals(start[wait], end[wait])
+    idle = Intervals(start[wait | (kind == str(SpanKind.SEND))], end[wait | (kind == str(SpanKind.SEND))])
+    a0 = out["start_ns"].to_numpy(np.int64)[rows]
+    a1 = out["end_ns"].to_numpy(np.int64)[rows]
+    step = out["step"].to_numpy(np.int64)[rows]
+    busy = (a1 - a0) - covered_within(idle, a0, a1)
+    same = np.concatenate(([False], step[1:] == step[:-1]))
+    after = np.where(same, np.minimum(np.concatenate(([0], a1[:-1])), a0), a0)  # the previous action's end
+    host = (a1 - after) - busy - covered_within(waits, after, a1)
+    out.loc[rows, "busy_ns"] = busy
+    out.loc[rows, "host_ns"] = np.maximum(host, 0)
 
 
 def is_complete_step(have: set[tuple[int, str, int]], stages: int, mbs: Sequence[int]) -> bool:
@@ -219,28 +270,19 @@ def is_complete_step(have: set[tuple[int, str, int]], stages: int, mbs: Sequence
     return True
 
 
-def _measured(trace: Trace, step: int) -> float | None:
-    """The run's own bubble ratio over the step's window (its first compute to its last), per rank."""
+def _measured(trace: Trace, acts: pd.DataFrame) -> float | None:
+    """The run's own bubble ratio over one step's window (its first compute to its last, as the replay's) from
+    the step's `training_actions`: the window less the actions' busy time, per rank."""
     s = trace.spans
-    comp = s[s["kind"].isin(list(COMPUTE_KINDS))]
-    own = comp[(comp["step"] == step) & comp["phase"].isin(PASSES) & (comp["mb"] >= 0)]
+    own = s[s["kind"].isin(list(COMPUTE_KINDS)) & s["phase"].isin(PASSES) & (s["mb"] >= 0)]
+    own = own[own["step"] == int(acts["step"].iloc[0])]
     if own.empty:
         return None
     lo, hi = int(own["start_ns"].min()), int(own["end_ns"].max())
     if hi <= lo:
         return None
-    ranks = sorted(int(r) for r in own["rank"].unique())
-    idle = 0
-    for r in ranks:
-        mine = comp[(comp["rank"] == r) & (comp["end_ns"] > lo) & (comp["start_ns"] < hi)]
-        start = np.clip(mine["start_ns"].to_numpy(np.int64), lo, hi)
-        end = np.clip(mine["end_ns"].to_numpy(np.int64), lo, hi)
-        order = np.argsort(start, kind="stable")
-        start, end = start[order], end[order]
-        reach = np.maximum.accumulate(end) if len(end) else end
-        prev = np.concatenate(([lo], reach[:-1])) if len(end) else end
-        idle += (hi - lo) - int(np.maximum(end - np.maximum(start, prev), 0).sum())
-    return idle / (len(ranks) * (hi - lo))
+    busy = acts.groupby("rank")["busy_ns"].sum()
+    return max(0.0, float(((hi - lo) - busy).sum() / (len(busy) * (hi - lo))))
 
 
 def measured_hop_ns(trace: Trace) -> int | None:
@@ -288,10 +330,11 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
         )
         return TrainingReplay(bubble_ratio=None, note=why), None
     used = acts[acts["step"].isin(complete)]
-    median = used.groupby(["stage", "phase"])["busy_ns"].median()
-    cost = {(int(s), str(t)): round(float(v)) for (s, t), v in median.items()}
+    median = used.groupby(["stage", "phase"])[["busy_ns", "host_ns"]].median()
+    cost = {(int(s), str(t)): round(float(v)) for (s, t), v in median["busy_ns"].items()}
+    host = {(int(s), str(t)): round(float(v)) for (s, t), v in median["host_ns"].items()}
     costs_ns: dict[int, dict[str, float]] = {}
-    for (s, t), v in median.items():
+    for (s, t), v in median["busy_ns"].items():
         costs_ns.setdefault(int(s), {})[str(t)] = float(v)
     measured_hop = measured_hop_ns(trace) if hop_ns is None else hop_ns
     hop = measured_hop if measured_hop is not None else 0
@@ -309,12 +352,12 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
             for r, rows in by_step[k].groupby("rank", sort=True)
         }
         try:
-            step = replay_order(order, cost, hop)
+            step = replay_order(order, cost, hop, host)
         except InvalidConfigError as exc:
             why = f"step {k} cannot be replayed: {exc}"
             return TrainingReplay(bubble_ratio=None, steps=replayed, costs_ns=costs_ns, hop_ns=hop, note=why), None
         ratios.append(step.bubble_ratio)
-        got = _measured(trace, k)
+        got = _measured(trace, by_step[k])
         if got is not None:
             measured.append(got)
         parts.append((k, step, offset - step.start_ns))

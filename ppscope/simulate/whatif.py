@@ -54,6 +54,9 @@ class JobSteps:
     """Replica -> step -> lead rank (the lowest of a (stage, replica)'s ranks) -> its actions in order."""
     costs: dict[int, Costs]
     """Replica -> the measured costs: each (stage, type)'s median over the steps of its slowest rank's busy time."""
+    host: dict[int, Costs]
+    """Replica -> the rank's host time before each (stage, type), median over the steps (0 on GPU ranks:
+    `ppscope.simulate.training.training_actions`); it stays as measured whatever the costs."""
     units: dict[Unit, list[int]]
     """(stage, replica) -> its ranks."""
     runs: dict[Unit, list[int]]
@@ -99,6 +102,7 @@ def _complete_steps(acts: pd.DataFrame, trace: Trace) -> tuple[list[int], list[i
 
 
 def _measured_step(trace: Trace, steps: list[int]) -> float | None:
+    """The job's step from its first compute to its last on any rank, median over `steps`."""
     s = trace.spans
     own = s[s["kind"].isin(list(COMPUTE_KINDS)) & s["phase"].isin(PASSES) & (s["mb"] >= 0) & s["step"].isin(steps)]
     if own.empty:
@@ -130,11 +134,15 @@ def read_job(
         units.setdefault(unit, []).append(r)
     acts = acts[acts["step"].isin(steps) & ~acts["replica"].isin(left_out)]
     key = ["replica", "unit_stage", "step", "stage", "mb", "phase"]
-    merged = acts.groupby(key, as_index=False).agg(start_ns=("start_ns", "min"), busy_ns=("busy_ns", "max"))
-    median = merged.groupby(["replica", "stage", "phase"])["busy_ns"].median()
+    merged = acts.groupby(key, as_index=False).agg(
+        start_ns=("start_ns", "min"), busy_ns=("busy_ns", "max"), host_ns=("host_ns", "max")
+    )
+    median = merged.groupby(["replica", "stage", "phase"])[["busy_ns", "host_ns"]].median()
     costs: dict[int, Costs] = {}
-    for (rep, s, t), v in median.items():
-        costs.setdefault(int(rep), {})[(int(s), str(t))] = float(v)
+    host: dict[int, Costs] = {}
+    for (rep, s, t), busy, before in median.itertuples(name=None):
+        costs.setdefault(int(rep), {})[(int(s), str(t))] = float(busy)
+        host.setdefault(int(rep), {})[(int(s), str(t))] = float(before)
     runs = {
         (int(u), int(rep)): sorted(int(s) for s in g["stage"].unique())
         for (u, rep), g in merged.groupby(["unit_stage", "replica"])
@@ -143,6 +151,7 @@ def read_job(
     job = JobSteps(
         orders=_orders(merged, units),
         costs=costs,
+        host=host,
         units={u: units[u] for u in runs},
         runs=runs,
         steps=steps,
@@ -183,7 +192,8 @@ def replay_job(job: JobSteps, costs: Mapping[int, Mapping[tuple[int, str], float
             order = by_step[k]
             if id(order) not in replayed:
                 cost_ns = {sk: round(v) for sk, v in costs[rep].items()}
-                replayed[id(order)] = replay_order(order, cost_ns, job.hop_ns).window_ns
+                host_ns = {sk: round(v) for sk, v in job.host.get(rep, {}).items()}
+                replayed[id(order)] = replay_order(order, cost_ns, job.hop_ns, host_ns).window_ns
             worst = max(worst, replayed[id(order)])
         per_step.append(worst)
     return float(np.median(per_step))
