@@ -25,11 +25,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks.record import Figure
+
+C = TypeVar("C")
+"""A benchmark's case."""
 
 COVERAGE = 0.90
 HALF_WIDTH = 0.03
@@ -161,7 +165,7 @@ def run_case(case: Case, out: Path) -> Pair | None:
     )
 
 
-def _figure(p: Pair) -> Figure:
+def pair_figure(p: Pair) -> Figure:
     within = f"×{p.interval[0]:.3f}–×{p.interval[1]:.3f}" if p.interval is not None else "no interval"
     split = f"{','.join(map(str, p.before))} → {','.join(map(str, p.after))}"
     return Figure(
@@ -206,19 +210,25 @@ def summary(pairs: list[Pair], already_best: int) -> list[Figure]:
     ]
 
 
-def main() -> list[Figure]:
+def collect(cases: Sequence[C], run: Callable[[C, Path], Pair | None], what: Callable[[C], str]) -> list[Figure]:
+    """Run every case (`run` gives its Pair, or None where its split is already the best) and return the
+    summary, a figure per pair and one per failed case."""
     pairs: list[Pair] = []
     already_best, failed = 0, []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, case in enumerate(CASES):
+        for i, case in enumerate(cases):
             try:
-                pair = run_case(case, Path(tmp) / f"case-{i}")
+                pair = run(case, Path(tmp) / f"case-{i}")
             except RuntimeError as exc:  # said in the table; the other cases still count
-                failed.append(Figure(f"{case.what}: failed", str(exc)[-300:]))
+                failed.append(Figure(f"{what(case)}: failed", str(exc)[-300:]))
                 continue
-            print(f"{case.what}: {pair}", file=sys.stderr)
+            print(f"{what(case)}: {pair}", file=sys.stderr)
             if pair is None:
                 already_best += 1
             else:
                 pairs.append(pair)
-    return [*summary(pairs, already_best), *(_figure(p) for p in pairs), *failed]
+    return [*summary(pairs, already_best), *(pair_figure(p) for p in pairs), *failed]
+
+
+def main() -> list[Figure]:
+    return collect(CASES, run_case, lambda case: case.what)

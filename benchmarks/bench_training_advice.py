@@ -17,10 +17,10 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.bench_coverage import Pair, collect
 from benchmarks.record import Figure
 from benchmarks.torchrun import ROOT, torchrun
 
@@ -60,7 +60,8 @@ def _train(case: Case, split: str, out: Path) -> float:
     return float(statistics.median([b - a for a, b in itertools.pairwise(ends)][1:])) / 1e6
 
 
-def run_case(case: Case, tmp: Path) -> Figure:
+def run_case(case: Case, tmp: Path) -> Pair | None:
+    """The case's prediction and what its A B A B runs measured; None where A is already the best split."""
     first = _train(case, case.split, tmp / "a0")
     done = subprocess.run(
         [sys.executable, "-m", "ppscope", "rebalance", str(tmp / "a0"), "--json"], capture_output=True, text=True
@@ -68,48 +69,24 @@ def run_case(case: Case, tmp: Path) -> Figure:
     if done.returncode != 0:
         raise RuntimeError(f"rebalance: {done.stderr.strip()[-400:]}")
     got = json.loads(done.stdout)
-    proposed = ",".join(map(str, got["proposed_split"]))
-    name = f"{case.schedule}, {case.split} → {proposed} ({got['advice']})"
-    if proposed == case.split:
-        return Figure(f"{name}: already the best split, nothing to measure", None)
-    b1 = _train(case, proposed, tmp / "b1")
+    proposed = got["proposed_split"]
+    if proposed == [int(n) for n in case.split.split(",")]:
+        return None
+    b1 = _train(case, ",".join(map(str, proposed)), tmp / "b1")
     a2 = _train(case, case.split, tmp / "a2")
-    b2 = _train(case, proposed, tmp / "b2")
-    measured = statistics.median([first / b1, a2 / b2])
+    b2 = _train(case, ",".join(map(str, proposed)), tmp / "b2")
     iv = got["predicted_interval"]
-    inside = iv is not None and iv[0] <= measured <= iv[1]
-    within = f"×{iv[0]:.3f}–×{iv[1]:.3f}" if iv is not None else "no interval"
-    return Figure(
-        f"{name}: measured speedup (median of 2 ABAB pairs of step periods; slowest stage alone "
-        f"×{got['slowest_stage_speedup']:.3f}), ratio = measured gain ÷ predicted gain",
-        measured,
-        "x",
-        f"predicted (the step replayed), 95% interval {within}",
-        got["predicted_speedup"],
-        ratio=(measured - 1) / (got["predicted_speedup"] - 1) if abs(got["predicted_speedup"] - 1) > 1e-9 else None,
-        target="inside the interval",
-        met=inside,
+    return Pair(
+        what=f"{case.schedule} (median of 2 ABAB pairs of step periods; slowest stage alone "
+        f"×{got['slowest_stage_speedup']:.3f})",
+        before=[int(n) for n in case.split.split(",")],
+        after=proposed,
+        predicted=got["predicted_speedup"],
+        interval=(iv[0], iv[1]) if iv is not None else None,
+        measured=statistics.median([first / b1, a2 / b2]),
+        advice=got["advice"],
     )
 
 
 def main() -> list[Figure]:
-    figures = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, case in enumerate(CASES):
-            try:
-                figure = run_case(case, Path(tmp) / f"case-{i}")
-            except RuntimeError as exc:
-                figure = Figure(f"{case.schedule}, {case.split}: failed", str(exc))
-            print(figure, file=sys.stderr)
-            figures.append(figure)
-    measured = [f for f in figures if f.met is not None]
-    inside = sum(bool(f.met) for f in measured)
-    return [
-        Figure(
-            "training cases whose measured speedup lies inside the predicted 95% interval",
-            inside,
-            reference_name="cases measured",
-            reference_value=len(measured),
-        ),
-        *figures,
-    ]
+    return collect(CASES, run_case, lambda case: f"{case.schedule}, {case.split}")
