@@ -269,6 +269,7 @@ def test_a_cpu_ranks_host_time_before_each_action_is_read_and_replayed() -> None
     assert expected > replay_order(order, cost).bubble_ratio  # the host time is idle to the ratio
     replay, _ = replay_training(trace)
     assert replay.bubble_ratio == pytest.approx(expected) and replay.measured_step_ratio == pytest.approx(expected)
+    assert replay.host_ns == {s: {t: float(host[(s, t)]) for t in "FB"} for s in range(2)}
     # on a GPU rank the same spans give none: its device's queue runs ahead of the host
     assert (training_actions(_run_of(order, cost, host=host, device="cuda:0"))["host_ns"] == 0).all()
     with raises_code(InvalidConfigError, ErrorCode.BAD_VALUE):

@@ -175,7 +175,7 @@ def replay_line(res: AnalysisResult) -> str:
     return (
         f"replay: {_pct(rp.bubble_ratio)}   measured {_pct(rp.measured_step_ratio)} over the same steps ({steps}), "
         f"each from its first compute to its last — the run's own action order replayed with its measured "
-        f"per-action costs (median F/B/I/W per stage) and hop latency {hop}; host time between actions left out"
+        f"per-action costs (median F/B/I/W per stage), host time before them (CPU ranks) and hop latency {hop}"
     )
 
 

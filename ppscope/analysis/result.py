@@ -134,7 +134,9 @@ class TrainingReplay:
     steps: list[int] = field(default_factory=list)
     """The steps replayed (complete ones: every stage runs every micro-batch's forward and backward)."""
     costs_ns: dict[int, dict[str, float]] = field(default_factory=dict)
-    """Stage -> action type (F, B, I, W) -> the median busy time of that action's compute, in ns."""
+    """Stage -> action type (F, B, I, W) -> the median busy time of that action, in ns."""
+    host_ns: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Stage -> action type -> the median host time of the rank before that action, in ns (0 on GPU ranks)."""
     hop_ns: int = 0
     """The hop latency added to every dependency between ranks."""
     hop_measured: bool = False
@@ -147,6 +149,7 @@ class TrainingReplay:
             "measured_step_bubble_ratio": self.measured_step_ratio,
             "steps": list(self.steps),
             "costs_ns": {str(s): {a: json_ns(ns) for a, ns in c.items()} for s, c in self.costs_ns.items()},
+            "host_ns": {str(s): {a: json_ns(ns) for a, ns in c.items()} for s, c in self.host_ns.items()},
             "hop_latency_ns": self.hop_ns,
             "hop_measured": self.hop_measured,
             "note": self.note,

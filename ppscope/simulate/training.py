@@ -334,8 +334,10 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
     cost = {(int(s), str(t)): round(float(v)) for (s, t), v in median["busy_ns"].items()}
     host = {(int(s), str(t)): round(float(v)) for (s, t), v in median["host_ns"].items()}
     costs_ns: dict[int, dict[str, float]] = {}
-    for (s, t), v in median["busy_ns"].items():
-        costs_ns.setdefault(int(s), {})[str(t)] = float(v)
+    host_ns: dict[int, dict[str, float]] = {}
+    for (s, t), busy, before in median.itertuples(name=None):
+        costs_ns.setdefault(int(s), {})[str(t)] = float(busy)
+        host_ns.setdefault(int(s), {})[str(t)] = float(before)
     measured_hop = measured_hop_ns(trace) if hop_ns is None else hop_ns
     hop = measured_hop if measured_hop is not None else 0
     if hop_ns is None and measured_hop is None:
@@ -355,7 +357,10 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
             step = replay_order(order, cost, hop, host)
         except InvalidConfigError as exc:
             why = f"step {k} cannot be replayed: {exc}"
-            return TrainingReplay(bubble_ratio=None, steps=replayed, costs_ns=costs_ns, hop_ns=hop, note=why), None
+            failed = TrainingReplay(
+                bubble_ratio=None, steps=replayed, costs_ns=costs_ns, host_ns=host_ns, hop_ns=hop, note=why
+            )
+            return failed, None
         ratios.append(step.bubble_ratio)
         got = _measured(trace, by_step[k])
         if got is not None:
@@ -367,6 +372,7 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
         measured_step_ratio=float(np.median(measured)) if measured else None,
         steps=replayed,
         costs_ns=costs_ns,
+        host_ns=host_ns,
         hop_ns=hop,
         hop_measured=hop_ns is None and measured_hop is not None,
         note="; ".join(notes),
@@ -443,6 +449,7 @@ def _as_trace(trace: Trace, parts: list[tuple[int, ReplayedStep, int]], replay: 
             "steps": list(replay.steps),
             "hop_latency_ns": replay.hop_ns,
             "costs_ns": {str(s): c for s, c in replay.costs_ns.items()},
+            "host_ns": {str(s): c for s, c in replay.host_ns.items()},
         },
     )
     return Trace(spans=spans.reset_index(drop=True), meta=meta)
