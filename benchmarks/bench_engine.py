@@ -163,7 +163,8 @@ def overhead(tmp: Path, pairs: int = 6) -> list[Figure]:
         return _tokens_per_s(run_dir)
 
     once("ovh-warmup", True)  # the first run pays for cold caches; keep it out of both sides
-    on, off = [], []
+    on: list[float] = []
+    off: list[float] = []
     for i in range(pairs):  # on/off in pairs, in ABBA order: both see the same machine load, and a load that
         for record in (True, False) if i % 2 == 0 else (False, True):  # rises or falls favours neither
             (on if record else off).append(once(f"ovh-{i}-{'on' if record else 'off'}", record))

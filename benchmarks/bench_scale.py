@@ -217,7 +217,7 @@ def _usage_and_requests(run_dir: Path, ranks: int, length_ns: int) -> None:
             )
 
 
-def dashboard_step(run_dir: Path, *, whole: bool) -> dict[str, float]:
+def dashboard_step(run_dir: Path, *, whole: bool) -> dict[str, float | str]:
     """The dashboard's data for the timeline of a job of replicas: its stage view, then one rank's lanes (the
     straggler's), read a rank at a time (`RankedRun`) or from the whole run loaded (`LiveTrace`, as a run within
     --ranks-in-memory is). Returns the lanes' span counts and a hash of them, to check both paths agree."""
@@ -363,14 +363,9 @@ def _job(ranks: int, *, sizes: bool = False) -> dict[str, dict[str, float]]:
     return got
 
 
-def main() -> list[Figure]:
-    small_ranks = max(2, RANKS // 10)
-    big, small = _job(RANKS), _job(small_ranks, sizes=True)
+def _path_figures(big: dict[str, Any], select: str) -> list[Figure]:
+    """Time and peak memory of every path through the big job, against a bare SELECT of its spans."""
     ref = big["select"]
-    select = (
-        f"a bare SELECT of every span row of the {RANKS} rank files ({RANKS * SPANS:,} spans, written in "
-        f"{big['write']['s']:.0f} s)"
-    )
     figures = []
     for step, what in (("1", "analyze --workers 1"), ("2", "analyze --workers 2"), ("whole", "analyze (whole)")):
         if step in big:
@@ -415,17 +410,35 @@ def main() -> list[Figure]:
                 Figure(f"{what}: time", r["s"], "s", select, ref["s"]),
                 Figure(f"{what}: peak", r["peak_mb"], "MB", select, ref["peak_mb"]),
             ]
+    return figures
+
+
+def _agreement(big: dict[str, Any]) -> list[Figure]:
+    """Whether every path gives the same answer: rebalance's JSON, export's rows and bytes, the bubble ratio."""
     jsons = {big[s]["json"] for s in ("rebalance", "rebalance:2", "rebalance-whole") if s in big}
     rows = {big[s]["json"] for s in ("export", "export-whole") if s in big}
     chrome = {big[s]["json"] for s in ("export-chrome", "export-chrome-whole") if s in big}
     same = {big[s]["bubble"] for s in ("1", "2", "whole", "ray") if s in big}
-    b = small["bytes"]
-    sent = f"what the driver receives, pickled, from the {small_ranks}-rank job's tasks ({small_ranks * SPANS:,} spans)"
-    figures += [
+    return [
         _same("rebalance --json the same on every path", len(jsons) == 1),
         _same("export's NVTX rows the same on both paths", len(rows) == 1),
         _same("export's Chrome JSON the same bytes on both paths", len(chrome) == 1),
         _same(f"bubble ratio the same on every path ({', '.join(map(str, same))})", len(same) == 1),
+    ]
+
+
+def main() -> list[Figure]:
+    small_ranks = max(2, RANKS // 10)
+    big, small = _job(RANKS), _job(small_ranks, sizes=True)
+    select = (
+        f"a bare SELECT of every span row of the {RANKS} rank files ({RANKS * SPANS:,} spans, written in "
+        f"{big['write']['s']:.0f} s)"
+    )
+    b = small["bytes"]
+    sent = f"what the driver receives, pickled, from the {small_ranks}-rank job's tasks ({small_ranks * SPANS:,} spans)"
+    figures = [
+        *_path_figures(big, select),
+        *_agreement(big),
         Figure(
             f"{sent}: digests ({b['digest_bytes'] / small_ranks / 1e3:,.2f} kB a rank)", b["digest_bytes"] / 1e3, "kB"
         ),

@@ -31,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ppscope.trace.model import SpanKind
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report = [f"# GPU checks on {torch.cuda.get_device_name(0)} (torch {torch.__version__})", ""]
     with tempfile.TemporaryDirectory() as tmp:
-        checks: list[tuple[str, Callable[[], list[str]]]] = [
+        checks: list[tuple[str, Callable[[], Sequence[object]]]] = [  # lines, or Figures
             ("tests", tests),
             ("synthetic", lambda: synthetic(Path(tmp))),
             ("profile", lambda: profile_vs_run(Path(tmp), stages=1, device="cuda")),
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for name, check in checks:
             try:
-                lines = check()
+                lines = [str(line) for line in check()]
             except Exception as exc:  # one failed check must not hide the others' findings
                 lines = [f"{name}: failed: {type(exc).__name__}: {exc}"]
             print("\n".join(lines), flush=True)

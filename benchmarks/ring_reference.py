@@ -66,7 +66,7 @@ def _spawn(
 ) -> dict[int, list[tuple[int, int]]]:
     """Run `target` as P processes; each returns its (start_ns, end_ns) of every hold."""
     # gloo ranks start fresh (spawn); pipe ranks fork, to inherit the pipes, and touch nothing but them
-    ctx = mp.get_context("fork" if links is not None else "spawn")
+    ctx: Any = mp.get_context("fork" if links is not None else "spawn")
     results: Any = ctx.Queue()
     extra = links if links is not None else (free_port(), microbatches)
     procs = [ctx.Process(target=target, args=(r, stages, stage_ms, count, extra, results)) for r in range(stages)]

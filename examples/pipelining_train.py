@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -135,15 +136,16 @@ def layer_range(stage: int, stages: int, layers: int, split: str | None = None) 
 
 
 def build(
-    args: argparse.Namespace, rank: int, ranks: int, device: torch.device, group: object = None
-) -> tuple[object, list[nn.Module]]:
+    args: argparse.Namespace, rank: int, ranks: int, device: torch.device, group: dist.ProcessGroup | None = None
+) -> tuple[Any, list[nn.Module]]:
     """This rank's stages and the schedule over them: `rank` of the `ranks` of its pipeline (`group`)."""
     cls_name, placement = SCHEDULES[args.schedule]
     local = stages_of(rank, ranks, placement, args.chunks)
     n_stages = ranks * len(local)
     if args.layers < n_stages:
         sys.exit(f"--layers {args.layers} is fewer than the {n_stages} stages of {args.schedule}")
-    parts, stages = [], []
+    parts: list[nn.Module] = []
+    stages = []
     for s in local:
         torch.manual_seed(args.seed + s)  # every stage's weights are the same whatever the placement
         part = DecoderPart(args, *layer_range(s, n_stages, args.layers, args.split)).to(device)
@@ -159,7 +161,7 @@ def build(
 
 
 @contextlib.contextmanager
-def profiled(out: str | None, rank: int, steps: int, marks: bool = True) -> Iterator[object]:
+def profiled(out: str | None, rank: int, steps: int, marks: bool = True) -> Iterator[Any]:
     """The PyTorch profiler around the training loop (every step, each a `ProfilerStep#N` range), its trace
     written to OUT/rank-N.json.gz. Without `marks`, a plain `profile()` round the loop that is never
     stepped, as a user wraps a few steps: the trace has no `ProfilerStep#N` range (yields None)."""
