@@ -97,7 +97,8 @@ MAX_FUNCTION_LINES = 60
 
 
 def _functions() -> dict[str, int]:
-    """Every function and method of the package by `path::qualified.name`, with its length in lines."""
+    """Every function and method of the package, the benchmarks, scripts and examples by
+    `path::qualified.name`, with its length in lines."""
     found = {}
 
     def visit(node: ast.AST, path: str, prefix: str) -> None:
@@ -108,8 +109,9 @@ def _functions() -> dict[str, int]:
                     found[f"{path}::{name}"] = child.end_lineno - child.lineno + 1
                 visit(child, path, name + ".")
 
-    for path in (ROOT / "ppscope").rglob("*.py"):
-        visit(ast.parse(path.read_text()), str(path.relative_to(ROOT)), "")
+    for part in ("ppscope", "benchmarks", "scripts", "examples"):
+        for path in (ROOT / part).rglob("*.py"):
+            visit(ast.parse(path.read_text()), str(path.relative_to(ROOT)), "")
     return found
 
 
