@@ -150,6 +150,25 @@ def test_rebalance_leads_with_the_schedule_replay_which_the_run_then_bears_out(
     assert given["simulated"] is None and given["predicted_speedup"] == given["slowest_stage_speedup"]
 
 
+def test_a_run_too_large_to_hold_whole_is_advised_rank_by_rank_without_a_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ppscope.cli.commands import rebalance
+    from ppscope.trace.store import load_run, rank_file, span_count
+
+    costs = LayerCosts(layer_ms=(1.0,) * 8, embed_ms=1.0, head_ms=3.0)
+    run = write_run(simulate(SimConfig(schedule="gpipe", stages=2, microbatches=4, steps=3, costs=costs)), tmp_path)
+    spans = span_count(run)
+    assert spans == len(load_run(run).spans) > 0  # counted without reading a span
+    monkeypatch.setattr(rebalance, "REPLAY_SPANS", spans - 1)
+    assert main(["rebalance", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["simulated"] is None and out["predicted_speedup"] == out["slowest_stage_speedup"]
+    assert f"the run has {spans:,} spans, more than the {spans - 1:,}" in out["simulated_note"]
+    rank_file(run, 1).write_bytes(b"not a database")  # a file that cannot be read counts none: reading it says why
+    assert 0 < span_count(run) < spans
+
+
 def _throughput(run: Path, capsys: pytest.CaptureFixture[str]) -> float:
     assert main(["analyze", str(run), "--json"]) == 0
     return float(json.loads(capsys.readouterr().out)["throughput_tokens_per_s"])

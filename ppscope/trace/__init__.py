@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from ppscope.trace.store import read_requests as read_requests
     from ppscope.trace.store import read_since as read_since
     from ppscope.trace.store import run_files as run_files
+    from ppscope.trace.store import span_count as span_count
     from ppscope.trace.store import write_meta as write_meta
 
 _WHERE = {
@@ -126,6 +127,7 @@ _WHERE = {
     "read_since": "store",
     "requests_frame": "model",
     "run_files": "store",
+    "span_count": "store",
     "spans_frame": "model",
     "start_order": "rankfile",
     "text_column": "rankfile",

@@ -331,6 +331,25 @@ def rank_file_count(run_dir: str | os.PathLike[str]) -> int:
     return len(_rank_files(Path(run_dir)))
 
 
+def span_count(run_dir: str | os.PathLike[str]) -> int:
+    """How many spans the run's rank files hold, without reading them: each file's highest span id (spans are
+    appended, never deleted). A file that cannot be opened counts 0: reading it says what is wrong with it."""
+    total = 0
+    for path in _rank_files(Path(run_dir)).values():
+        try:
+            db = connect_ro(path)
+        except CorruptFileError:
+            continue
+        try:
+            rows = query(db, path, "SELECT max(id) FROM spans")
+        except CorruptFileError:
+            rows = []
+        finally:
+            db.close()
+        total += int(rows[0][0] or 0) if rows else 0
+    return total
+
+
 def _rank_files(path: Path) -> dict[int, Path]:
     found = {}
     for p in path.iterdir():

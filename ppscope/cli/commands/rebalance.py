@@ -199,8 +199,9 @@ def _timings(path: str, args: argparse.Namespace, assumed: list[Notice], whole: 
     return RunTimings.of(whole[path])
 
 
-REPLAY_RANK_FILES = 256
-"""A run of more rank files than this is not replayed: the replay reads every span of it into memory."""
+REPLAY_SPANS = 2_000_000
+"""A run of more spans than this is not replayed: the replay holds every span in memory (about 400 bytes each:
+2,000,000 spans is about 800 MB), where rebalance otherwise reads one rank file at a time."""
 
 
 def _replayed(report: RebalanceReport, path: str, whole: dict[str, Trace]) -> RebalanceReport:
@@ -210,13 +211,16 @@ def _replayed(report: RebalanceReport, path: str, whole: dict[str, Trace]) -> Re
 
     from ppscope.errors import PPScopeError
     from ppscope.simulate.advice import with_replay
-    from ppscope.trace.store import load_run, rank_file_count
+    from ppscope.trace.store import load_run, span_count
 
     trace = whole.get(path)
     if trace is None:
-        files = rank_file_count(path)
-        if files > REPLAY_RANK_FILES:
-            why = f"the run has {files:,} rank files, more than the {REPLAY_RANK_FILES} the replay loads whole"
+        spans = span_count(path)
+        if spans > REPLAY_SPANS:
+            why = (
+                f"the run has {spans:,} spans, more than the {REPLAY_SPANS:,} the replay holds in memory at once; "
+                "record fewer steps (or fewer layer spans) to have it replayed"
+            )
             return dataclasses.replace(report, simulated_note=why)
         try:
             trace = load_run(path)
