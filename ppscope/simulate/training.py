@@ -220,8 +220,16 @@ def training_actions(trace: Trace) -> pd.DataFrame:
     out["busy_ns"] = out["busy_ns"].fillna(0).astype(np.int64)
     out["host_ns"] = np.zeros(len(out), np.int64)
     out = out[cols].sort_values(["rank", "step", "start_ns"], kind="stable").reset_index(drop=True)
-    for r in cpu_ranks(trace.meta) & {int(x) for x in out["rank"].unique()}:
-        _on_cpu(out, s[s["rank"] == r], np.flatnonzero(out["rank"].to_numpy() == r))
+    cpu = cpu_ranks(trace.meta)
+    if cpu:
+        idle = s.loc[
+            np.isin(kind, [str(SpanKind.RECV_WAIT), str(SpanKind.SEND)]), ["rank", "kind", "start_ns", "end_ns"]
+        ]
+        idle_of = idle.groupby("rank").indices
+        empty = idle.iloc[:0]
+        for r, rows in out.groupby("rank").indices.items():
+            if int(r) in cpu:
+                _on_cpu(out, idle.iloc[idle_of[r]] if r in idle_of else empty, rows)
     return out
 
 
@@ -240,7 +248,7 @@ def _compute_busy(compute: pd.DataFrame) -> pd.DataFrame:
 
 def _on_cpu(out: pd.DataFrame, spans: pd.DataFrame, rows: npt.NDArray[np.intp]) -> None:
     """Set busy_ns and host_ns (`training_actions`) of one CPU rank's actions, `rows` of `out` in the rank's
-    order within each step; `spans` are the rank's."""
+    order within each step; `spans` are the rank's receive waits and sends."""
     kind = spans["kind"].to_numpy(object)
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
     wait = kind == str(SpanKind.RECV_WAIT)
