@@ -252,8 +252,8 @@ def _on_cpu(out: pd.DataFrame, spans: pd.DataFrame, rows: npt.NDArray[np.intp]) 
     kind = spans["kind"].to_numpy(object)
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
     wait = kind == str(SpanKind.RECV_WAIT)
-    waits = Intervals(start[wait], end[wait])
-    idle = Intervals(start[wait | (kind == str(SpanKind.SEND))], end[wait | (kind == str(SpanKind.SEND))])
+    either = wait | (kind == str(SpanKind.SEND))
+    waits, idle = Intervals(start[wait], end[wait]), Intervals(start[either], end[either])
     a0 = out["start_ns"].to_numpy(np.int64)[rows]
     a1 = out["end_ns"].to_numpy(np.int64)[rows]
     step = out["step"].to_numpy(np.int64)[rows]
