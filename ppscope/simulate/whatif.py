@@ -2,7 +2,8 @@
 
 The measured costs are those of the replay (`ppscope.simulate.training`): each action type's median busy time
 over the complete steps, here per replica and stage; a (stage, replica)'s tensor-parallel ranks count together,
-an action costing what the slowest of them took (they wait for each other). Each replica's step is replayed on its
+an action costing what the slowest of them took (they wait for each other). The ranks' host time before each
+action (CPU ranks) is replayed as measured whatever the costs. Each replica's step is replayed on its
 own, and the job's step is the slowest replica's (synchronous data parallelism: every replica waits for the
 gradients of all). Two changes are replayed against the replay of the measured costs:
 
