@@ -154,6 +154,13 @@ def test_unequal_costs_and_a_hop_give_the_hand_computed_step() -> None:
     assert times[(0, "0B0")] == (11, 14) and times[(0, "0B1")] == (15, 18)
     assert (step.window_ns, step.busy_ns) == (18, {0: 8, 1: 12})
     assert step.bubble_ratio == pytest.approx(16 / 36)
+    # each link its own latency: 0→1 adds 1, 1→0 adds 3. Rank 1 as before; rank 0's B0 from 10+3 to 16, B1
+    # from 14+3 to 20
+    step = replay_order(_gpipe(2, 2), cost, hop_ns=1, link_ns={(1, 0): 3})
+    times = {(t.rank, str(t.action)): (t.start_ns, t.end_ns) for t in step.actions}
+    assert times[(1, "1F0")] == (2, 4) and times[(0, "0B0")] == (13, 16) and times[(0, "0B1")] == (17, 20)
+    with raises_code(InvalidConfigError, ErrorCode.BAD_VALUE):
+        replay_order(_gpipe(2, 2), cost, link_ns={(1, 0): -1})
 
 
 def test_weights_wait_for_their_inputs_gradient_and_a_hop_only_between_ranks() -> None:

@@ -170,12 +170,15 @@ def replay_line(res: AnalysisResult) -> str:
     assert rp is not None
     if rp.bubble_ratio is None:
         return "replay: -   (the run's own action order replayed with its measured per-action costs: not possible)"
-    hop = f"{rp.hop_ns / 1e3:,.1f} µs" + ("" if rp.hop_measured else " (not measured)")
+    hop = f"hop latency {rp.hop_ns / 1e3:,.1f} µs" + ("" if rp.hop_measured else " (not measured)")
+    if rp.link_ns:
+        each = [f"{a}→{b} {ns / 1e3:,.1f} µs" for (a, b), ns in sorted(rp.link_ns.items())]
+        hop = f"each link's median hop latency ({', '.join(each[:4])}{', …' if len(each) > 4 else ''})"
     steps = ", ".join(map(str, rp.steps)) if len(rp.steps) < 6 else f"{rp.steps[0]}-{rp.steps[-1]}"
     return (
         f"replay: {_pct(rp.bubble_ratio)}   measured {_pct(rp.measured_step_ratio)} over the same steps ({steps}), "
         f"each from its first compute to its last — the run's own action order replayed with its measured "
-        f"per-action costs (median F/B/I/W per stage), host time before them (CPU ranks) and hop latency {hop}"
+        f"per-action costs (median F/B/I/W per stage), host time before them (CPU ranks) and {hop}"
     )
 
 

@@ -138,7 +138,9 @@ class TrainingReplay:
     host_ns: dict[int, dict[str, float]] = field(default_factory=dict)
     """Stage -> action type -> the median host time of the rank before that action, in ns (0 on GPU ranks)."""
     hop_ns: int = 0
-    """The hop latency added to every dependency between ranks."""
+    """The hop latency added to a dependency between ranks on a link not in `link_ns`: the run's median."""
+    link_ns: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(sending rank, receiving rank) -> the hop latency added to that link's dependencies: its own median."""
     hop_measured: bool = False
     """Whether `hop_ns` was measured (median post-to-wake latency of the run's messages) or taken as 0."""
     note: str = ""
@@ -151,6 +153,7 @@ class TrainingReplay:
             "costs_ns": {str(s): {a: json_ns(ns) for a, ns in c.items()} for s, c in self.costs_ns.items()},
             "host_ns": {str(s): {a: json_ns(ns) for a, ns in c.items()} for s, c in self.host_ns.items()},
             "hop_latency_ns": self.hop_ns,
+            "link_latency_ns": {f"{a}->{b}": ns for (a, b), ns in sorted(self.link_ns.items())},
             "hop_measured": self.hop_measured,
             "note": self.note,
         }

@@ -4,14 +4,14 @@ A torch.distributed.pipelining run (recorded by `ppscope.integrations.pipelining
 traces) labels every compute action with its rank, stage, micro-batch, step and type (F, B, I, W). This module
 takes each rank's order of actions in a step, the measured cost of each action type per stage (the median busy
 time of that action over the steps), the rank's host time before it (median, on CPU ranks: `training_actions`)
-and the hop latency (the median post-to-wake latency of the run's messages,
-`ppscope.analysis.pipeline.message_latencies`), and replays the step as discrete events with the true
-dependencies:
+and each link's hop latency (the median post-to-wake latency of its messages,
+`ppscope.analysis.pipeline.message_latencies`; the run's median where a link has none), and replays the step
+as discrete events with the true dependencies:
 
 - F of stage s on micro-batch m after F of s-1 on m;
 - B or I of s on m after its own F, and after B or I of s+1 on m (the gradient's flow);
 - W of s on m after I of s on m;
-- a dependency between stages on different ranks arrives one hop latency after it ends;
+- a dependency between stages on different ranks arrives its link's hop latency after it ends;
 - each rank runs its actions in its recorded order, one at a time, each after its host time.
 
 Nothing else is replayed: the optimizer, transfers beyond the hop latency, host time on a GPU rank. The figure
@@ -45,6 +45,7 @@ __all__ = [
     "is_complete_step",
     "is_training",
     "measured_hop_ns",
+    "measured_link_ns",
     "replay_order",
     "replay_training",
     "training_actions",
@@ -108,15 +109,18 @@ def replay_order(
     cost_ns: Mapping[tuple[int, str], int],
     hop_ns: int = 0,
     host_ns: Mapping[tuple[int, str], int] | None = None,
+    link_ns: Mapping[tuple[int, int], int] | None = None,
 ) -> ReplayedStep:
     """Replay one step: `order` is each rank's compute actions in the order it runs them, `cost_ns` the time
-    of each (stage, type), `hop_ns` what a dependency between ranks adds, `host_ns` the rank's own time before
-    each (stage, type) (its host work: idle to the ratio, but the rank's), none where not given. Raises
-    InvalidConfigError, in one line, when the order cannot run (an action whose input is in no rank's order, a
-    stage on two ranks, two ranks waiting for each other)."""
-    host = host_ns or {}
-    if hop_ns < 0:
-        raise InvalidConfigError(ErrorCode.BAD_VALUE, f"the hop latency must be >= 0 ns, got {hop_ns}")
+    of each (stage, type), `hop_ns` what a dependency between ranks adds (`link_ns[(from, to)]` instead where
+    the link from rank `from` to rank `to` is given), `host_ns` the rank's own time before each (stage, type)
+    (its host work: idle to the ratio, but the rank's), none where not given. Raises InvalidConfigError, in one
+    line, when the order cannot run (an action whose input is in no rank's order, a stage on two ranks, two
+    ranks waiting for each other)."""
+    host, links = host_ns or {}, link_ns or {}
+    for what, ns in [("the hop latency", hop_ns), *((f"link {a}->{b}", v) for (a, b), v in links.items())]:
+        if ns < 0:
+            raise InvalidConfigError(ErrorCode.BAD_VALUE, f"{what} must be >= 0 ns, got {ns}")
     rank_of: dict[int, int] = {}
     present: set[Action] = set()
     for r, acts in order.items():
@@ -165,7 +169,7 @@ def replay_order(
                 start, peer = ready, -1
                 for d in deps[a]:
                     other = rank_of[d.stage]
-                    arrives = end[d] + (hop_ns if other != r else 0)
+                    arrives = end[d] + (links.get((other, r), hop_ns) if other != r else 0)
                     if arrives > start:
                         start, peer = arrives, other
                 end[a] = start + int(cost_ns[(a.stage, a.type)])
@@ -299,6 +303,15 @@ def measured_hop_ns(trace: Trace) -> int | None:
     return int(np.median(lat["latency_ns"].to_numpy())) if len(lat) else None
 
 
+def measured_link_ns(trace: Trace) -> dict[tuple[int, int], int]:
+    """(sending rank, receiving rank) -> the median hop latency of that link's messages (`message_latencies`),
+    for the links where some pair: a run's two directions can differ severalfold (a gradient and an
+    activation of different sizes, a transport that stalls one way)."""
+    lat = message_latencies(trace.spans)
+    median = lat.groupby(["src", "dst"])["latency_ns"].median()
+    return {(int(a), int(b)): round(float(v)) for (a, b), v in median.items()}
+
+
 def _steps_text(steps: Sequence[int]) -> str:
     return ", ".join(map(str, steps)) if len(steps) < 6 else f"{steps[0]}-{steps[-1]} ({len(steps)} steps)"
 
@@ -348,6 +361,7 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
         host_ns.setdefault(int(s), {})[str(t)] = float(before)
     measured_hop = measured_hop_ns(trace) if hop_ns is None else hop_ns
     hop = measured_hop if measured_hop is not None else 0
+    links = measured_link_ns(trace) if hop_ns is None else {}
     if hop_ns is None and measured_hop is None:
         notes.append("hop latency taken as 0: the trace pairs no send with a receive that waited for it")
     replayed = complete
@@ -362,7 +376,7 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
             for r, rows in by_step[k].groupby("rank", sort=True)
         }
         try:
-            step = replay_order(order, cost, hop, host)
+            step = replay_order(order, cost, hop, host, links)
         except InvalidConfigError as exc:
             why = f"step {k} cannot be replayed: {exc}"
             failed = TrainingReplay(
@@ -382,6 +396,7 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
         costs_ns=costs_ns,
         host_ns=host_ns,
         hop_ns=hop,
+        link_ns=links,
         hop_measured=hop_ns is None and measured_hop is not None,
         note="; ".join(notes),
     )

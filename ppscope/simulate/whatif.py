@@ -31,6 +31,7 @@ from ppscope.simulate.training import (
     MAX_STEPS,
     is_complete_step,
     measured_hop_ns,
+    measured_link_ns,
     replay_order,
     training_actions,
 )
@@ -67,6 +68,9 @@ class JobSteps:
     left_out: list[int]
     """Replicas with no complete step (a rank's file missing, say): not replayed."""
     hop_ns: int
+    """What a dependency between ranks adds where its link has no messages of its own: the run's median."""
+    links: dict[tuple[int, int], int]
+    """(sending rank, receiving rank) -> that link's median hop latency (`measured_link_ns`)."""
     measured_step_ns: float | None
     """The job's own step, from its first compute to its last on any rank, median over `steps`."""
 
@@ -158,6 +162,7 @@ def read_job(
         steps=steps,
         left_out=left_out,
         hop_ns=measured_hop or 0,
+        links=measured_link_ns(trace) if hop_ns is None else {},
         measured_step_ns=_measured_step(trace, steps),
     )
     return job, None
@@ -194,7 +199,7 @@ def replay_job(job: JobSteps, costs: Mapping[int, Mapping[tuple[int, str], float
             if id(order) not in replayed:
                 cost_ns = {sk: round(v) for sk, v in costs[rep].items()}
                 host_ns = {sk: round(v) for sk, v in job.host.get(rep, {}).items()}
-                replayed[id(order)] = replay_order(order, cost_ns, job.hop_ns, host_ns).window_ns
+                replayed[id(order)] = replay_order(order, cost_ns, job.hop_ns, host_ns, job.links).window_ns
             worst = max(worst, replayed[id(order)])
         per_step.append(worst)
     return float(np.median(per_step))
