@@ -44,8 +44,7 @@ __all__ = [
     "ReplayedStep",
     "is_complete_step",
     "is_training",
-    "measured_hop_ns",
-    "measured_link_ns",
+    "measured_hops",
     "replay_order",
     "replay_training",
     "training_actions",
@@ -297,19 +296,17 @@ def _measured(trace: Trace, acts: pd.DataFrame) -> float | None:
     return max(0.0, float(((hi - lo) - busy).sum() / (len(busy) * (hi - lo))))
 
 
-def measured_hop_ns(trace: Trace) -> int | None:
-    """The median hop latency of the run's messages (`message_latencies`), or None when none pairs."""
+def measured_hops(trace: Trace) -> tuple[int | None, dict[tuple[int, int], int]]:
+    """The median hop latency of the run's messages (`message_latencies`; None when none pairs), and per link
+    (sending rank, receiving rank) the median of its own messages, for the links where some pair: a run's two
+    directions can differ severalfold (a gradient and an activation of different sizes, a transport that stalls
+    one way)."""
     lat = message_latencies(trace.spans)
-    return int(np.median(lat["latency_ns"].to_numpy())) if len(lat) else None
-
-
-def measured_link_ns(trace: Trace) -> dict[tuple[int, int], int]:
-    """(sending rank, receiving rank) -> the median hop latency of that link's messages (`message_latencies`),
-    for the links where some pair: a run's two directions can differ severalfold (a gradient and an
-    activation of different sizes, a transport that stalls one way)."""
-    lat = message_latencies(trace.spans)
+    if not len(lat):
+        return None, {}
     median = lat.groupby(["src", "dst"])["latency_ns"].median()
-    return {(int(a), int(b)): round(float(v)) for (a, b), v in median.items()}
+    links = {(int(a), int(b)): round(float(v)) for (a, b), v in median.items()}
+    return int(np.median(lat["latency_ns"].to_numpy())), links
 
 
 def _steps_text(steps: Sequence[int]) -> str:
@@ -359,9 +356,8 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
     for (s, t), busy, before in median.itertuples(name=None):
         costs_ns.setdefault(int(s), {})[str(t)] = float(busy)
         host_ns.setdefault(int(s), {})[str(t)] = float(before)
-    measured_hop = measured_hop_ns(trace) if hop_ns is None else hop_ns
+    measured_hop, links = measured_hops(trace) if hop_ns is None else (hop_ns, {})
     hop = measured_hop if measured_hop is not None else 0
-    links = measured_link_ns(trace) if hop_ns is None else {}
     if hop_ns is None and measured_hop is None:
         notes.append("hop latency taken as 0: the trace pairs no send with a receive that waited for it")
     replayed = complete

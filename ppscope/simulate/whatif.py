@@ -30,8 +30,7 @@ from ppscope.errors import InvalidConfigError
 from ppscope.simulate.training import (
     MAX_STEPS,
     is_complete_step,
-    measured_hop_ns,
-    measured_link_ns,
+    measured_hops,
     replay_order,
     training_actions,
 )
@@ -70,7 +69,7 @@ class JobSteps:
     hop_ns: int
     """What a dependency between ranks adds where its link has no messages of its own: the run's median."""
     links: dict[tuple[int, int], int]
-    """(sending rank, receiving rank) -> that link's median hop latency (`measured_link_ns`)."""
+    """(sending rank, receiving rank) -> that link's median hop latency (`measured_hops`)."""
     measured_step_ns: float | None
     """The job's own step, from its first compute to its last on any rank, median over `steps`."""
 
@@ -152,7 +151,7 @@ def read_job(
         (int(u), int(rep)): sorted(int(s) for s in g["stage"].unique())
         for (u, rep), g in merged.groupby(["unit_stage", "replica"])
     }
-    measured_hop = measured_hop_ns(trace) if hop_ns is None else hop_ns
+    measured_hop, links = measured_hops(trace) if hop_ns is None else (hop_ns, {})
     job = JobSteps(
         orders=_orders(merged, units),
         costs=costs,
@@ -162,7 +161,7 @@ def read_job(
         steps=steps,
         left_out=left_out,
         hop_ns=measured_hop or 0,
-        links=measured_link_ns(trace) if hop_ns is None else {},
+        links=links,
         measured_step_ns=_measured_step(trace, steps),
     )
     return job, None
