@@ -216,11 +216,14 @@ def training_actions(trace: Trace) -> pd.DataFrame:
     if not marks.any():
         return pd.DataFrame({c: pd.Series(dtype=np.int64 if c != "phase" else object) for c in cols})
     compute = s.loc[labelled & np.isin(kind, list(COMPUTE_KINDS)), [*_KEY, "start_ns", "end_ns"]]
-    extent = pd.concat([s.loc[marks, [*_KEY, "start_ns", "end_ns"]], compute], ignore_index=True)
-    acts = extent.groupby(_KEY, as_index=False).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
-    acts = acts[acts.set_index(_KEY).index.isin(s.loc[marks].set_index(_KEY).index)]
-    out = acts.merge(_compute_busy(compute), on=_KEY, how="left")
-    out["busy_ns"] = out["busy_ns"].fillna(0).astype(np.int64)
+    out = s.loc[marks].groupby(_KEY, as_index=False).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+    # an action without compute spans keeps its marks' extent and is busy 0 (integer fills: ns stay exact)
+    mine, keys = _compute_busy(compute), pd.MultiIndex.from_frame(out[_KEY])
+    first = mine["first_ns"].reindex(keys, fill_value=np.iinfo(np.int64).max).to_numpy(np.int64)
+    last = mine["last_ns"].reindex(keys, fill_value=np.iinfo(np.int64).min).to_numpy(np.int64)
+    out["start_ns"] = np.minimum(out["start_ns"].to_numpy(np.int64), first)
+    out["end_ns"] = np.maximum(out["end_ns"].to_numpy(np.int64), last)
+    out["busy_ns"] = mine["busy_ns"].reindex(keys, fill_value=0).to_numpy(np.int64)
     out["host_ns"] = np.zeros(len(out), np.int64)
     out = out[cols].sort_values(["rank", "step", "start_ns"], kind="stable").reset_index(drop=True)
     cpu = cpu_ranks(trace.meta)
@@ -237,7 +240,8 @@ def training_actions(trace: Trace) -> pd.DataFrame:
 
 
 def _compute_busy(compute: pd.DataFrame) -> pd.DataFrame:
-    """Each action's (`_KEY`) busy_ns: the union of its compute spans, in integer ns."""
+    """Each action's busy_ns, the union of its compute spans in integer ns, and their first start and last end
+    (first_ns, last_ns), indexed by `_KEY`."""
     compute = compute.sort_values([*_KEY, "start_ns"], kind="stable")
     # each span adds what it covers past the spans of its action before it
     group = compute.groupby(_KEY, sort=False).ngroup().to_numpy()
@@ -246,7 +250,11 @@ def _compute_busy(compute: pd.DataFrame) -> pd.DataFrame:
     before = np.where(first, np.iinfo(np.int64).min, np.concatenate(([0], reach[:-1])))
     lo = np.maximum(compute["start_ns"].to_numpy(np.int64), before)
     own = np.maximum(compute["end_ns"].to_numpy(np.int64) - lo, 0)
-    return compute[_KEY].assign(busy_ns=own).groupby(_KEY, as_index=False)["busy_ns"].sum()
+    return (
+        compute.assign(busy_ns=own)
+        .groupby(_KEY)
+        .agg(busy_ns=("busy_ns", "sum"), first_ns=("start_ns", "min"), last_ns=("end_ns", "max"))
+    )
 
 
 def _on_cpu(out: pd.DataFrame, spans: pd.DataFrame, rows: npt.NDArray[np.intp]) -> None:
