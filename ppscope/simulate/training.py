@@ -47,6 +47,7 @@ __all__ = [
     "measured_hops",
     "replay_order",
     "replay_training",
+    "step_windows",
     "training_actions",
 ]
 
@@ -289,15 +290,21 @@ def is_complete_step(have: set[tuple[int, str, int]], stages: int, mbs: Sequence
     return True
 
 
-def _measured(trace: Trace, acts: pd.DataFrame) -> float | None:
-    """The run's own bubble ratio over one step's window (its first compute to its last, as the replay's) from
-    the step's `training_actions`: the window less the actions' busy time, per rank."""
+def step_windows(trace: Trace) -> pd.DataFrame:
+    """Each step's window, from its first compute to its last on any rank: columns lo_ns and hi_ns, indexed by
+    step (the steps with compute of a micro-batch's pass)."""
     s = trace.spans
     own = s[s["kind"].isin(list(COMPUTE_KINDS)) & s["phase"].isin(PASSES) & (s["mb"] >= 0)]
-    own = own[own["step"] == int(acts["step"].iloc[0])]
-    if own.empty:
+    return own.groupby("step").agg(lo_ns=("start_ns", "min"), hi_ns=("end_ns", "max"))
+
+
+def _measured(windows: pd.DataFrame, acts: pd.DataFrame) -> float | None:
+    """The run's own bubble ratio over one step's window (`step_windows`, as the replay's) from the step's
+    `training_actions`: the window less the actions' busy time, per rank."""
+    step = int(acts["step"].iloc[0])
+    if step not in windows.index:
         return None
-    lo, hi = int(own["start_ns"].min()), int(own["end_ns"].max())
+    lo, hi = int(windows.at[step, "lo_ns"]), int(windows.at[step, "hi_ns"])
     if hi <= lo:
         return None
     busy = acts.groupby("rank")["busy_ns"].sum()
@@ -373,6 +380,7 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
         replayed = [complete[int(i)] for i in np.linspace(0, len(complete) - 1, MAX_STEPS).round()]
         notes.append(f"{MAX_STEPS} of the {len(complete)} complete steps replayed, evenly spaced")
     ratios, measured, parts = [], [], []
+    windows = step_windows(trace)
     offset = 0
     for k in replayed:
         order = {
@@ -388,7 +396,7 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
             )
             return failed, None
         ratios.append(step.bubble_ratio)
-        got = _measured(trace, by_step[k])
+        got = _measured(windows, by_step[k])
         if got is not None:
             measured.append(got)
         parts.append((k, step, offset - step.start_ns))

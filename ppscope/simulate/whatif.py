@@ -32,10 +32,11 @@ from ppscope.simulate.training import (
     is_complete_step,
     measured_hops,
     replay_order,
+    step_windows,
     training_actions,
 )
 from ppscope.trace.actions import PASSES, Action
-from ppscope.trace.model import COMPUTE_KINDS, RunMeta, Trace
+from ppscope.trace.model import RunMeta, Trace
 from ppscope.trace.notices import Notice, NoticeCode
 
 __all__ = ["Costs", "JobSteps", "balanced_costs", "read_job", "replay_job", "straggler_costs", "what_if"]
@@ -106,13 +107,12 @@ def _complete_steps(acts: pd.DataFrame, trace: Trace) -> tuple[list[int], list[i
 
 
 def _measured_step(trace: Trace, steps: list[int]) -> float | None:
-    """The job's step from its first compute to its last on any rank, median over `steps`."""
-    s = trace.spans
-    own = s[s["kind"].isin(list(COMPUTE_KINDS)) & s["phase"].isin(PASSES) & (s["mb"] >= 0) & s["step"].isin(steps)]
-    if own.empty:
+    """The job's step from its first compute to its last on any rank (`step_windows`), median over `steps`."""
+    windows = step_windows(trace)
+    windows = windows[windows.index.isin(steps)]
+    if windows.empty:
         return None
-    g = own.groupby("step")
-    return float(np.median((g["end_ns"].max() - g["start_ns"].min()).to_numpy()))
+    return float(np.median((windows["hi_ns"] - windows["lo_ns"]).to_numpy()))
 
 
 def read_job(
