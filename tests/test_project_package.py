@@ -85,7 +85,6 @@ LONG_FUNCTIONS = {
     "ppscope/formats/kineto/reader.py::load_kineto": "the job's files read in a pipeline of threads (inflate, "
     "decode) whose hand-offs are clearer in one function",
     "ppscope/simulate/simulator.py::simulate": "the discrete-event loop and the spans it writes",
-    "ppscope/simulate/training.py::replay_order": "the replay's event loop over every rank's own action order",
     "ppscope/simulate/training.py::replay_training": "the replay's inputs measured from the trace, then its result",
     "ppscope/simulate/training.py::_as_trace": "every replayed action's span and wait, written as the simulator's",
     "ppscope/engine/comm.py::Ring._take": "the wait for a posted receive, with and without a deadline, and the timing "

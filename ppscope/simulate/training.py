@@ -104,20 +104,15 @@ def _dependencies(a: Action, present: set[Action], last_stage: int) -> list[Acti
     return deps
 
 
-def replay_order(
+def _checked(
     order: Mapping[int, Sequence[Action]],
     cost_ns: Mapping[tuple[int, str], int],
-    hop_ns: int = 0,
-    host_ns: Mapping[tuple[int, str], int] | None = None,
-    link_ns: Mapping[tuple[int, int], int] | None = None,
-) -> ReplayedStep:
-    """Replay one step: `order` is each rank's compute actions in the order it runs them, `cost_ns` the time
-    of each (stage, type), `hop_ns` what a dependency between ranks adds (`link_ns[(from, to)]` instead where
-    the link from rank `from` to rank `to` is given), `host_ns` the rank's own time before each (stage, type)
-    (its host work: idle to the ratio, but the rank's), none where not given. Raises InvalidConfigError, in one
-    line, when the order cannot run (an action whose input is in no rank's order, a stage on two ranks, two
-    ranks waiting for each other)."""
-    host, links = host_ns or {}, link_ns or {}
+    hop_ns: int,
+    host: Mapping[tuple[int, str], int],
+    links: Mapping[tuple[int, int], int],
+) -> tuple[dict[int, int], dict[Action, list[Action]]]:
+    """`replay_order`'s inputs checked: each stage's rank and each action's dependencies, or InvalidConfigError
+    in one line naming what cannot run."""
     for what, ns in [("the hop latency", hop_ns), *((f"link {a}->{b}", v) for (a, b), v in links.items())]:
         if ns < 0:
             raise InvalidConfigError(ErrorCode.BAD_VALUE, f"{what} must be >= 0 ns, got {ns}")
@@ -155,6 +150,24 @@ def replay_order(
                     ErrorCode.BAD_SCHEDULE,
                     f"{a} needs {d}, which no rank runs in this step (a step cut short, or a rank missing)",
                 )
+    return rank_of, deps
+
+
+def replay_order(
+    order: Mapping[int, Sequence[Action]],
+    cost_ns: Mapping[tuple[int, str], int],
+    hop_ns: int = 0,
+    host_ns: Mapping[tuple[int, str], int] | None = None,
+    link_ns: Mapping[tuple[int, int], int] | None = None,
+) -> ReplayedStep:
+    """Replay one step: `order` is each rank's compute actions in the order it runs them, `cost_ns` the time
+    of each (stage, type), `hop_ns` what a dependency between ranks adds (`link_ns[(from, to)]` instead where
+    the link from rank `from` to rank `to` is given), `host_ns` the rank's own time before each (stage, type)
+    (its host work: idle to the ratio, but the rank's), none where not given. Raises InvalidConfigError, in one
+    line, when the order cannot run (an action whose input is in no rank's order, a stage on two ranks, two
+    ranks waiting for each other)."""
+    host, links = host_ns or {}, link_ns or {}
+    rank_of, deps = _checked(order, cost_ns, hop_ns, host, links)
     end: dict[Action, int] = {}
     free = dict.fromkeys(order, 0)
     pos = dict.fromkeys(order, 0)
