@@ -15,8 +15,8 @@ as discrete events with the true dependencies:
 - each rank runs its actions in its recorded order, one at a time, each after its host time.
 
 Nothing else is replayed: the optimizer, transfers beyond the hop latency, host time on a GPU rank. The figure
-is Σ idle ÷ (ranks × window) over each step's own window, from its first action to its last (host time is
-idle, as to the analyzer), next to the same ratio measured on the run over the same steps.
+is Σ idle ÷ (ranks × window) over each step's own window, from its first compute to its last (host time is
+idle, as to the analyzer), next to the same ratio measured on the run over the same steps (`step_windows`).
 It knows nothing about torch.
 """
 
@@ -341,8 +341,21 @@ def _steps_text(steps: Sequence[int]) -> str:
     return ", ".join(map(str, steps)) if len(steps) < 6 else f"{steps[0]}-{steps[-1]} ({len(steps)} steps)"
 
 
+def _per_stage(median: pd.Series) -> dict[int, dict[str, float]]:
+    """(stage, type) -> ns as stage -> type -> ns, as `TrainingReplay` holds them."""
+    out: dict[int, dict[str, float]] = {}
+    for (s, t), v in median.items():
+        out.setdefault(int(s), {})[str(t)] = float(v)
+    return out
+
+
+def _flat(per_stage: Mapping[int, Mapping[str, float]]) -> dict[tuple[int, str], int]:
+    """stage -> type -> ns as (stage, type) -> whole ns, as `replay_order` takes them."""
+    return {(s, t): round(v) for s, c in per_stage.items() for t, v in c.items()}
+
+
 def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[TrainingReplay, Trace | None]:
-    """TrainingReplay every complete step of a pipelining run in its own order with its measured per-action costs (the
+    """Replay every complete step of a pipelining run in its own order with its measured per-action costs (the
     median over those steps of each stage's F, B, I, W) and hop latency (`hop_ns`, default: measured, else 0).
     Returns the figures, and the replayed steps as a Trace (one after another, each starting when the previous
     one has ended on every rank); what cannot be replayed is a note, and no Trace."""
@@ -377,13 +390,8 @@ def replay_training(trace: Trace, *, hop_ns: int | None = None) -> tuple[Trainin
         return TrainingReplay(bubble_ratio=None, note=why), None
     used = acts[acts["step"].isin(complete)]
     median = used.groupby(["stage", "phase"])[["busy_ns", "host_ns"]].median()
-    cost = {(int(s), str(t)): round(float(v)) for (s, t), v in median["busy_ns"].items()}
-    host = {(int(s), str(t)): round(float(v)) for (s, t), v in median["host_ns"].items()}
-    costs_ns: dict[int, dict[str, float]] = {}
-    host_ns: dict[int, dict[str, float]] = {}
-    for (s, t), busy, before in median.itertuples(name=None):
-        costs_ns.setdefault(int(s), {})[str(t)] = float(busy)
-        host_ns.setdefault(int(s), {})[str(t)] = float(before)
+    costs_ns, host_ns = _per_stage(median["busy_ns"]), _per_stage(median["host_ns"])
+    cost, host = _flat(costs_ns), _flat(host_ns)
     measured_hop, links = measured_hops(trace) if hop_ns is None else (hop_ns, {})
     hop = measured_hop if measured_hop is not None else 0
     if hop_ns is None and measured_hop is None:
